@@ -1,0 +1,121 @@
+// The kernel interface: forward and backward of every operator, side by side.
+//
+// ops/cpu/ implements it now (OpenBLAS + OpenMP); ops/cuda/ will implement the same
+// interface. Callers never know which one runs. Pointers are to contiguous row-major
+// fp32 buffers on the backend's device.
+//
+// Shape letters: B batch, T sequence, C channels, V vocabulary, NH heads, HS = C/NH
+// head size, N = B*T rows, OC output channels, H hidden width.
+//
+// Gradient convention (written once, here): EVERY backward ACCUMULATES (+=) into
+// every gradient it produces, parameter and activation gradients alike, so that
+// micro-batches add up and a tensor read by several operators sums its gradients.
+// The caller zeroes gradient buffers before the first use. The one exception is
+// softmax_xent_backward, which overwrites dlogits (it usually aliases the logits).
+// A null gradient pointer means "not needed": skip that work.
+#pragma once
+#include <cstdint>
+
+namespace ops {
+
+struct DropoutSpec {
+  float p = 0.0f;    // drop probability; 0 disables dropout
+  uint64_t key = 0;  // counter-based RNG key (ops/rng.h); element i keeps iff rng_uniform(key, i) >= p
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // Token (+ optional learned position) embedding.
+  // out: (B,T,C) = wte[tokens[b,t]] + (wpe ? wpe[t] : 0)   (overwritten)
+  // tokens: (B,T) int32, wte: (V,C), wpe: (maxT,C) or null
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                                 int B, int T, int C) = 0;
+  // dwte: (V,C) +=, dwpe: (maxT,C) += (either may be null), dout: (B,T,C)
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                  int B, int T, int C) = 0;
+
+  // LayerNorm over the last dimension. out: (N,C) overwritten; mean, rstd: (N) saved for backward.
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                 const float* bias, int N, int C, float eps) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                  const float* weight, const float* mean, const float* rstd, int N, int C) = 0;
+
+  // RMSNorm: out = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps). rstd: (N) saved.
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                               float eps) = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                const float* weight, const float* rstd, int N, int C) = 0;
+
+  // Linear: out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias(OC) (bias may be null). Overwrites out.
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+                              int OC) = 0;
+  // dinp (N,C) +=, dweight (OC,C) +=, dbias (OC) +=; dout (N,OC).
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* weight, int N, int C, int OC) = 0;
+
+  // Rotary position embedding on the q and k thirds of a packed qkv (B,T,3C) tensor; v is copied.
+  // "rotate half" convention (GPT-NeoX / LLaMA): for head channel i < HS/2, with
+  // f_i = theta^(-2i/HS) and angle a = t*f_i: out[i] = x[i]cos a - x[i+HS/2]sin a,
+  // out[i+HS/2] = x[i+HS/2]cos a + x[i]sin a.
+  virtual void rope_forward(float* out, const float* inp, int B, int T, int C, int NH, float theta) = 0;
+  virtual void rope_backward(float* dinp, const float* dout, int B, int T, int C, int NH, float theta) = 0;
+
+  // Causal multi-head self-attention over packed qkv (B,T,3C) = [q | k | v] per token, head h
+  // owning channels [h*HS, (h+1)*HS) of each third. Scores scaled by 1/sqrt(HS).
+  // out: (B,T,C) overwritten. probs: (B,NH,T,T) softmax output (before dropout), saved for
+  // backward; entries above the diagonal are written as 0. Dropout on probs uses drop.key with
+  // counter = ((b*NH + h)*T + t)*T + s, and is regenerated in backward, never stored.
+  virtual void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int NH,
+                                 DropoutSpec drop) = 0;
+  // dqkv: (B,T,3C) +=. dout: (B,T,C).
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B,
+                                  int T, int C, int NH, DropoutSpec drop) = 0;
+
+  // GELU, tanh approximation (GPT-2's gelu_new; PyTorch GELU(approximate="tanh")).
+  virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+
+  // SwiGLU: inp (N, 2H) = [gate | up]; out (N,H) = silu(gate) * up.
+  virtual void swiglu_forward(float* out, const float* inp, int N, int H) = 0;
+  virtual void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int H) = 0;
+
+  // out = a + b (out may alias a or b). Its backward is two add_inplace calls.
+  virtual void add_forward(float* out, const float* a, const float* b, int64_t n) = 0;
+  // dst += src
+  virtual void add_inplace(float* dst, const float* src, int64_t n) = 0;
+
+  // Inverted dropout: out = inp * keep(i) / (1-p), keep(i) = rng_uniform(key, i) >= p.
+  virtual void dropout_forward(float* out, const float* inp, int64_t n, DropoutSpec drop) = 0;
+  virtual void dropout_backward(float* dinp, const float* dout, int64_t n, DropoutSpec drop) = 0;
+
+  // Softmax cross-entropy fused. logits: (N,V), the first Vreal columns are real (the rest is
+  // padding and is ignored). targets: (N) int32, a negative target means "ignore this row"
+  // (loss 0, gradient 0). losses: (N) per-row loss. probs: (N,V) softmax output (may alias logits).
+  virtual void softmax_xent_forward(float* losses, float* probs, const float* logits, const int32_t* targets, int N,
+                                    int V, int Vreal) = 0;
+  // dlogits (N,V) OVERWRITTEN (may alias probs) = (probs - onehot(target)) * dloss; padding columns 0.
+  virtual void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N,
+                                     int V, int Vreal) = 0;
+
+  // AdamW (Loshchilov & Hutter 2019), decoupled weight decay, bias correction with step t >= 1.
+  // grad is multiplied by grad_scale first (clipping, loss-scale removal).
+  // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; mhat = m/(1-b1^t); vhat = v/(1-b2^t);
+  // param -= lr * (mhat / (sqrt(vhat) + eps) + wd * param)
+  virtual void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+                            float beta2, float eps, float weight_decay, int64_t t, float grad_scale) = 0;
+
+  // Sum of squares in double (for the global gradient norm).
+  virtual double sum_squares(const float* x, int64_t n) = 0;
+  virtual void scale(float* x, int64_t n, float s) = 0;
+};
+
+// The CPU backend (OpenBLAS + OpenMP). Thread count comes from OpenMP (OMP_NUM_THREADS
+// or set_num_threads()).
+Backend& cpu_backend();
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace ops

@@ -1,0 +1,147 @@
+// Tensor storage and the per-account memory tracker (see tensor.h).
+#include "ops/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+
+namespace ops {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::BF16: return 2;
+    case DType::F16: return 2;
+    case DType::I32: return 4;
+    case DType::U16: return 2;
+    case DType::U8: return 1;
+    case DType::F64: return 8;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "fp32";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "fp16";
+    case DType::I32: return "int32";
+    case DType::U16: return "uint16";
+    case DType::U8: return "uint8";
+    case DType::F64: return "fp64";
+  }
+  return "?";
+}
+
+bool parse_dtype(const std::string& s, DType* out) {
+  if (s == "fp32" || s == "float32" || s == "f32") *out = DType::F32;
+  else if (s == "bf16" || s == "bfloat16") *out = DType::BF16;
+  else if (s == "fp16" || s == "float16" || s == "f16") *out = DType::F16;
+  else if (s == "int32") *out = DType::I32;
+  else if (s == "uint16") *out = DType::U16;
+  else if (s == "uint8" || s == "int8") *out = DType::U8;
+  else if (s == "fp64" || s == "float64") *out = DType::F64;
+  else return false;
+  return true;
+}
+
+const char* account_name(Account a) {
+  switch (a) {
+    case Account::Parameters: return "parameters";
+    case Account::Gradients: return "gradients";
+    case Account::Optimizer: return "optimizer";
+    case Account::Activations: return "activations";
+    case Account::Workspace: return "workspace";
+    case Account::Communication: return "communication";
+    case Account::Count: break;
+  }
+  return "?";
+}
+
+MemoryTracker& MemoryTracker::instance() {
+  static MemoryTracker t;
+  return t;
+}
+
+static void raise_max(std::atomic<size_t>& m, size_t v) {
+  size_t cur = m.load();
+  while (v > cur && !m.compare_exchange_weak(cur, v)) {}
+}
+
+void MemoryTracker::on_alloc(Account a, size_t bytes) {
+  size_t now = current_[static_cast<int>(a)].fetch_add(bytes) + bytes;
+  raise_max(peak_[static_cast<int>(a)], now);
+  raise_max(peak_total_, current_total());
+}
+
+void MemoryTracker::on_free(Account a, size_t bytes) { current_[static_cast<int>(a)].fetch_sub(bytes); }
+
+size_t MemoryTracker::current_total() const {
+  size_t s = 0;
+  for (auto& c : current_) s += c.load();
+  return s;
+}
+
+void MemoryTracker::reset_peaks() {
+  for (int i = 0; i < kAccounts; ++i) peak_[i].store(current_[i].load());
+  peak_total_.store(current_total());
+}
+
+Storage::Storage(size_t n, Account a) : bytes(n), account(a) {
+  size_t rounded = (n + 63) / 64 * 64;
+  ptr = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+  if (rounded && !ptr) throw std::bad_alloc();
+  if (ptr) std::memset(ptr, 0, rounded);
+  MemoryTracker::instance().on_alloc(account, bytes);
+}
+
+Storage::~Storage() {
+  std::free(ptr);
+  MemoryTracker::instance().on_free(account, bytes);
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string shape_to_string(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+Tensor::Tensor(std::vector<int64_t> shape, DType dtype, Account account)
+    : shape_(std::move(shape)), dtype_(dtype),
+      storage_(std::make_shared<Storage>(static_cast<size_t>(numel_of(shape_)) * dtype_size(dtype), account)) {}
+
+int64_t Tensor::numel() const { return numel_of(shape_); }
+
+void Tensor::zero() {
+  if (raw()) std::memset(raw(), 0, nbytes());
+}
+
+Tensor Tensor::reshape(std::vector<int64_t> shape) const {
+  if (numel_of(shape) != numel()) throw std::logic_error("reshape " + shape_str() + " -> " + shape_to_string(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::clone(Account account) const {
+  Tensor t(shape_, dtype_, account);
+  if (nbytes()) std::memcpy(t.raw(), raw(), nbytes());
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& other) {
+  if (other.numel() != numel() || other.dtype() != dtype())
+    throw std::logic_error("copy_from " + other.shape_str() + " -> " + shape_str());
+  if (nbytes()) std::memcpy(raw(), other.raw(), nbytes());
+}
+
+std::string Tensor::shape_str() const { return shape_to_string(shape_); }
+
+}  // namespace ops

@@ -1,0 +1,96 @@
+// Tensors and the accounting allocator.
+//
+// Every byte the runner allocates is tagged with one ledger account (parameters,
+// gradients, optimizer, activations, workspace, communication), so that the measured
+// peak of each account can be compared with the plan's prediction (ARCHITECTURE.md,
+// invariant 4). A Tensor is a shape, a dtype and a shared storage block; it knows
+// nothing of recipes, ranks or files.
+#pragma once
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ops {
+
+enum class DType : uint8_t { F32, BF16, F16, I32, U16, U8, F64 };
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+// Parses "fp32"/"float32"/"f32", "bf16", "fp16"/"f16", "int32", "uint16", "uint8", "fp64".
+bool parse_dtype(const std::string& s, DType* out);
+
+enum class Account : uint8_t { Parameters, Gradients, Optimizer, Activations, Workspace, Communication, Count };
+constexpr int kAccounts = static_cast<int>(Account::Count);
+const char* account_name(Account a);
+
+// Process-wide counters of live and peak bytes per account. Thread-safe.
+class MemoryTracker {
+ public:
+  static MemoryTracker& instance();
+  void on_alloc(Account a, size_t bytes);
+  void on_free(Account a, size_t bytes);
+  size_t current(Account a) const { return current_[static_cast<int>(a)].load(); }
+  size_t peak(Account a) const { return peak_[static_cast<int>(a)].load(); }
+  size_t current_total() const;
+  size_t peak_total() const { return peak_total_.load(); }
+  void reset_peaks();  // peaks := current values
+ private:
+  std::array<std::atomic<size_t>, kAccounts> current_{};
+  std::array<std::atomic<size_t>, kAccounts> peak_{};
+  std::atomic<size_t> peak_total_{0};
+};
+
+// One 64-byte aligned block, freed (and un-counted) when the last Tensor drops it.
+struct Storage {
+  Storage(size_t bytes, Account account);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  Account account;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Allocates zero-initialised storage.
+  Tensor(std::vector<int64_t> shape, DType dtype, Account account);
+  static Tensor zeros(std::vector<int64_t> shape, DType dtype, Account account) {
+    return Tensor(std::move(shape), dtype, account);
+  }
+
+  bool defined() const { return storage_ != nullptr; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_[i < 0 ? shape_.size() + i : i]; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t numel() const;
+  DType dtype() const { return dtype_; }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  Account account() const { return storage_ ? storage_->account : Account::Workspace; }
+
+  void* raw() { return storage_ ? storage_->ptr : nullptr; }
+  const void* raw() const { return storage_ ? storage_->ptr : nullptr; }
+  template <class T> T* data() { return static_cast<T*>(raw()); }
+  template <class T> const T* data() const { return static_cast<const T*>(raw()); }
+
+  void zero();
+  // A view with another shape over the same storage (numel must match).
+  Tensor reshape(std::vector<int64_t> shape) const;
+  Tensor clone(Account account) const;
+  void copy_from(const Tensor& other);  // same numel and dtype
+  std::string shape_str() const;
+
+ private:
+  std::vector<int64_t> shape_;
+  DType dtype_ = DType::F32;
+  std::shared_ptr<Storage> storage_;
+};
+
+int64_t numel_of(const std::vector<int64_t>& shape);
+std::string shape_to_string(const std::vector<int64_t>& shape);
+
+}  // namespace ops

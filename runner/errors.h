@@ -1,0 +1,41 @@
+// User-facing errors.
+//
+// Anything a user can cause (a recipe, a data file, a checkpoint, a world size) throws
+// UserError; the CLI prints it as `file:line:col: what; how to fix` and exits with
+// code 2 before anything is allocated or written. Broken internal invariants use
+// RUNNER_CHECK, which aborts loudly with where it happened.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace runner {
+
+struct SourceLoc {
+  std::string file;  // empty when the problem has no file (e.g. --set on the command line)
+  int line = 0;      // 1-based; 0 when unknown
+  int col = 0;       // 1-based; 0 when unknown
+  std::string str() const;  // "file:line:col" (parts omitted when unknown)
+};
+
+class UserError : public std::runtime_error {
+ public:
+  UserError(SourceLoc loc, std::string what, std::string fix = "")
+      : std::runtime_error(format(loc, what, fix)), loc_(std::move(loc)), what_(std::move(what)), fix_(std::move(fix)) {}
+  const SourceLoc& loc() const { return loc_; }
+  const std::string& problem() const { return what_; }
+  const std::string& fix() const { return fix_; }
+  static std::string format(const SourceLoc& loc, const std::string& what, const std::string& fix);
+
+ private:
+  SourceLoc loc_;
+  std::string what_, fix_;
+};
+
+constexpr int kExitUserError = 2;
+
+[[noreturn]] void check_failed(const char* cond, const char* file, int line, const std::string& msg);
+
+}  // namespace runner
+
+#define RUNNER_CHECK(cond, msg) \
+  do { if (!(cond)) ::runner::check_failed(#cond, __FILE__, __LINE__, (msg)); } while (0)

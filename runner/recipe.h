@@ -1,0 +1,175 @@
+// The typed recipe.
+//
+// schemas/recipe.schema.json is the single source of truth for the recipe's structure;
+// load_recipe() validates the YAML against it (valijson over yaml-cpp nodes) and then
+// fills these plain structs, defaults included. Nothing after loading reads raw YAML.
+// Every field remembers where it came from (Recipe::loc) so that later checks (the
+// plan's batch equation, divisibility rules) can still say file:line:col.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runner/errors.h"
+
+namespace runner {
+
+struct ModelConfig {
+  std::string family = "gpt";
+  int64_t vocab_size = 256;
+  int64_t seq_len = 256;
+  int64_t d_model = 384;
+  int64_t n_layers = 6;
+  int64_t n_heads = 6;
+  double mlp_ratio = 4.0;          // hidden width = round(mlp_ratio * d_model)
+  std::string norm = "layernorm";  // layernorm | rmsnorm
+  std::string activation = "gelu"; // gelu | swiglu
+  std::string position = "learned";// learned | rope
+  bool tie_embeddings = true;
+  bool bias = true;                // biases in linear layers and layernorm
+  double dropout = 0.0;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  double init_std = 0.02;
+  int64_t mlp_hidden() const;      // the MLP width H
+};
+
+struct DataConfig {
+  std::string kind = "addition";   // addition | text | hdf5 | bin
+  std::string path;                // text file, HDF5 token file, or .bin token file
+  std::string val_path;            // optional held-out file (else the last val_fraction of path)
+  double val_fraction = 0.05;
+  std::string dataset = "tokens";  // dataset name inside an HDF5 token file
+  int64_t digits = 3;              // addition: operand digits
+  int64_t workers = 1;             // background loader threads
+  int64_t prefetch = 4;            // batches prepared ahead
+};
+
+struct ParallelConfig {
+  int64_t dp = 0;                  // 0: derived from world size / (tp*pp)
+  int64_t tp = 1;
+  int64_t pp = 1;
+  std::string schedule = "1f1b";   // 1f1b | gpipe | interleaved
+  int64_t virtual_stages = 1;      // interleaved 1F1B: model chunks per stage
+  int64_t zero = 0;                // 0 | 1
+  bool sequence_parallel = false;
+  std::vector<int64_t> stage_layers;  // explicit split of n_layers over pp stages (empty: even)
+  double bucket_mb = 25.0;
+};
+
+struct BatchConfig {
+  int64_t global = 0;  // 0: derive (sequences per optimizer step)
+  int64_t micro = 0;   // 0: derive (sequences per micro-batch per dp rank)
+  int64_t accum = 0;   // 0: derive (micro-batches per step per dp rank)
+};
+
+struct LossScaleConfig {
+  std::string mode = "dynamic";  // dynamic | static | none (fp16 only)
+  double init = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+};
+
+struct PrecisionConfig {
+  std::string compute = "fp32";        // fp32 | bf16 | fp16
+  std::string master_weights = "fp32"; // fp32 | same (keep no fp32 master copy)
+  std::string grad_accum = "fp32";     // fp32 | bf16 | fp16
+  LossScaleConfig loss_scale;
+};
+
+struct RecomputeConfig {
+  std::string mode = "none";          // none | full | selective
+  std::vector<int64_t> layers;        // layers that recompute (empty: all layers)
+  std::vector<std::string> modules;   // selective: attention_core | attention | mlp | norm
+};
+
+struct ScheduleConfig {
+  std::string kind = "cosine";  // cosine | linear | constant
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.1;    // final lr = min_lr_ratio * lr
+};
+
+struct OptimizerConfig {
+  std::string name = "adamw";
+  double lr = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0 disables clipping
+  ScheduleConfig schedule;
+};
+
+struct CheckpointConfig {
+  std::string dir;                 // default: RUN_DIR/checkpoints
+  std::string cadence = "steps";   // steps | minutes | auto | never
+  int64_t every_steps = 0;         // cadence steps
+  double every_minutes = 0.0;      // cadence minutes
+  int64_t keep_last = 3;
+  int64_t keep_every = 0;          // also keep every N-th step for the long term (0: none)
+  bool async = false;
+  std::string optimizer_dtype = "fp32";  // fp32 | bf16 (halves the file, breaks bit-exactness)
+  int64_t snapshot_every = 0;      // in-memory snapshot cadence (0: off)
+  double spike_threshold = 0.0;    // roll back when loss > threshold x running mean (0: off)
+};
+
+struct HardwareConfig {
+  std::string device = "cpu";      // cpu | a100-40gb | a100-80gb | h100-80gb | h200 | custom
+  double memory_gb = 0.0;          // per device (0: from device kind; cpu: host memory)
+  int64_t devices_per_node = 1;
+  int64_t nodes = 1;
+  double peak_tflops = 0.0;        // for MFU (0: from device kind; cpu: measured)
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  int64_t seed = 1234;
+  int64_t log_every = 10;
+  int64_t eval_every = 0;          // 0: only at the end
+  int64_t eval_batches = 8;
+  int64_t threads = 0;             // 0: OMP_NUM_THREADS or all cores
+  std::string run_dir;             // default runs/<name>
+};
+
+struct InferenceConfig {
+  int64_t batch = 1;
+  int64_t context = 0;             // 0: model.seq_len
+  std::string kv_dtype = "bf16";   // fp16 | bf16 | int8
+};
+
+struct Recipe {
+  std::string name;
+  ModelConfig model;
+  DataConfig data;
+  ParallelConfig parallel;
+  BatchConfig batch;
+  PrecisionConfig precision;
+  RecomputeConfig recompute;
+  OptimizerConfig optimizer;
+  CheckpointConfig checkpoint;
+  HardwareConfig hardware;
+  TrainConfig train;
+  std::optional<InferenceConfig> inference;
+
+  std::string source_file;                 // path the recipe was read from
+  std::string source_text;                 // the YAML text as read (after --set overrides)
+  std::map<std::string, SourceLoc> locs;   // dotted path ("batch.micro") -> where it was written
+
+  // Where a field was written; falls back to its nearest written parent, then to the file.
+  SourceLoc loc(const std::string& dotted_path) const;
+};
+
+// Reads, schema-validates and types a recipe. `overrides` are "a.b.c=value" strings
+// (--set), applied to the YAML tree before validation (values parsed as YAML scalars).
+// Throws UserError (file:line:col) on any problem.
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+Recipe load_recipe_text(const std::string& text, const std::string& display_name,
+                        const std::vector<std::string>& overrides = {});
+
+// The recipe as resolved, every default filled in, as YAML text (saved in the run directory).
+std::string recipe_to_yaml(const Recipe& r);
+
+}  // namespace runner
