@@ -1,0 +1,15 @@
+// Causal multi-head self-attention on the CPU (see ops/backend.h for the contract).
+#pragma once
+#include "ops/backend.h"
+
+namespace ops::cpu {
+
+void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int NH, DropoutSpec drop);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C,
+                        int NH, DropoutSpec drop);
+
+// Rows per block of the blocked causal product (tuned with bench/bench_kernels).
+int attention_block_rows();
+void set_attention_block_rows(int rows);
+
+}  // namespace ops::cpu

@@ -1,0 +1,279 @@
+// Attention-family operators (causal self-attention with dropout on the probabilities,
+// rotary position embedding) against double references, driven by tables of cases
+// (gradcheck.h), plus the properties the training loop relies on: causality, dropout
+// determinism and its counter convention, rotation invariants.
+#include <cmath>
+
+#include "ops/cpu/attention.h"
+#include "tests/gradcheck.h"
+
+using namespace gc;
+
+namespace {
+
+// Sets the attention block size for one scope, so that small T still crosses block edges.
+struct BlockRows {
+  int saved;
+  explicit BlockRows(int rows) : saved(ops::cpu::attention_block_rows()) {
+    if (rows > 0) ops::cpu::set_attention_block_rows(rows);
+  }
+  ~BlockRows() { ops::cpu::set_attention_block_rows(saved); }
+};
+
+double keep_scale(const ops::DropoutSpec& d, uint64_t counter) {
+  if (d.p <= 0) return 1.0;
+  return ops::rng_uniform(d.key, counter) >= d.p ? 1.0 / (1.0 - static_cast<double>(d.p)) : 0.0;
+}
+
+// out (B,T,C) from qkv (B,T,3C): softmax(q k^T / sqrt(HS)) causal, dropout on the
+// probabilities with counter ((b*NH + h)*T + t)*T + s, times v. probs: (B,NH,T,T) pre-dropout.
+DVec ref_attention(const DVec& qkv, int B, int T, int C, int NH, ops::DropoutSpec drop, DVec* probs = nullptr) {
+  const int HS = C / NH;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
+  DVec out(static_cast<size_t>(B) * T * C, 0.0);
+  if (probs) probs->assign(static_cast<size_t>(B) * NH * T * T, 0.0);
+  DVec p(T);
+  auto at = [&](int b, int t, int part, int h, int i) {
+    return qkv[(static_cast<size_t>(b) * T + t) * 3 * C + part * C + h * HS + i];
+  };
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int t = 0; t < T; t++) {
+        double mx = -1e300;
+        for (int s = 0; s <= t; s++) {
+          double d = 0;
+          for (int i = 0; i < HS; i++) d += at(b, t, 0, h, i) * at(b, s, 1, h, i);
+          p[s] = d * scale;
+          mx = std::max(mx, p[s]);
+        }
+        double sum = 0;
+        for (int s = 0; s <= t; s++) sum += (p[s] = std::exp(p[s] - mx));
+        const uint64_t row = ((static_cast<uint64_t>(b) * NH + h) * T + t) * T;
+        for (int s = 0; s <= t; s++) {
+          p[s] /= sum;
+          if (probs) (*probs)[row + s] = p[s];
+          const double pd = p[s] * keep_scale(drop, row + s);
+          for (int i = 0; i < HS; i++) out[(static_cast<size_t>(b) * T + t) * C + h * HS + i] += pd * at(b, s, 2, h, i);
+        }
+      }
+  return out;
+}
+
+struct AttnShape {
+  int B, T, C, NH;
+  float p = 0.0f;     // attention dropout
+  int block = 0;      // block rows (0 = the kernel's default)
+};
+// T=1, HS not a multiple of 16, B*NH = 1 (the serial path with threaded GEMMs), several
+// blocks with a ragged last one, T beyond the default block of 64, dropout on and off.
+const AttnShape kAttn[] = {
+    {1, 1, 4, 1},          {2, 5, 12, 3},          {1, 8, 16, 2, 0.2f},   {2, 17, 24, 2, 0.1f, 4},
+    {1, 70, 16, 2},        {1, 33, 40, 5, 0.3f, 7}, {3, 9, 18, 3, 0.0f, 2}, {1, 40, 8, 1, 0.25f, 16},
+    {2, 67, 32, 2, 0.1f},
+};
+
+OpCase attention_case(const AttnShape& s) {
+  const int B = s.B, T = s.T, C = s.C, NH = s.NH, block = s.block;
+  const ops::DropoutSpec drop{s.p, ops::rng_key(5, static_cast<uint64_t>(T), static_cast<uint64_t>(C))};
+  OpCase c;
+  c.name = "attention B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+           " NH=" + std::to_string(NH) + " p=" + std::to_string(s.p) + " block=" + std::to_string(block);
+  c.inputs = {{"qkv", randn(static_cast<size_t>(B) * T * 3 * C, 500 + T * C + B, 0.8f)}};
+  c.ref_forward = [=](const std::vector<DVec>& a) { return ref_attention(a[0], B, T, C, NH, drop); };
+  c.forward = [=](const std::vector<Vec>& a) {
+    BlockRows br(block);
+    Vec out(static_cast<size_t>(B) * T * C, 9.0f), probs(static_cast<size_t>(B) * NH * T * T, 9.0f);
+    be().attention_forward(out.data(), probs.data(), a[0].data(), B, T, C, NH, drop);
+    return out;
+  };
+  // With p > 0 the backward must regenerate exactly the forward's mask, or it disagrees with
+  // the finite differences of the reference (which uses the forward's mask).
+  c.backward = [=](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
+    BlockRows br(block);
+    Vec out(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T * T);
+    be().attention_forward(out.data(), probs.data(), a[0].data(), B, T, C, NH, drop);
+    be().attention_backward(g[0], dout.data(), a[0].data(), probs.data(), B, T, C, NH, drop);
+  };
+  c.max_coords = 250;
+  return c;
+}
+
+// Rotary embedding, "rotate half": pairs (i, i + HS/2), angle t * theta^(-2i/HS).
+DVec ref_rope(const DVec& x, int B, int T, int C, int NH, double theta) {
+  const int HS = C / NH, half = HS / 2;
+  DVec out = x;
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int hh = 0; hh < 2 * NH; hh++)  // q heads, then k heads
+        for (int i = 0; i < half; i++) {
+          const size_t base = (static_cast<size_t>(b) * T + t) * 3 * C + static_cast<size_t>(hh) * HS;
+          const double a = t * std::pow(theta, -2.0 * i / HS);
+          const double x1 = x[base + i], x2 = x[base + i + half];
+          out[base + i] = x1 * std::cos(a) - x2 * std::sin(a);
+          out[base + i + half] = x2 * std::cos(a) + x1 * std::sin(a);
+        }
+  return out;
+}
+
+struct RopeShape {
+  int B, T, C, NH;
+  float theta;
+};
+// T up to 300 checks that the angles are accurate at large t (an fp32 t*f would not be).
+const RopeShape kRope[] = {{1, 1, 2, 1, 10000.0f}, {2, 5, 16, 2, 10000.0f}, {1, 37, 24, 3, 500.0f},
+                           {2, 130, 64, 4, 10000.0f}, {1, 300, 12, 2, 10000.0f}};
+
+OpCase rope_case(const RopeShape& s) {
+  const int B = s.B, T = s.T, C = s.C, NH = s.NH;
+  const float theta = s.theta;
+  OpCase c;
+  c.name = "rope B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+           " NH=" + std::to_string(NH);
+  c.inputs = {{"qkv", randn(static_cast<size_t>(B) * T * 3 * C, 600 + T + C)}};
+  c.ref_forward = [=](const std::vector<DVec>& a) { return ref_rope(a[0], B, T, C, NH, theta); };
+  c.forward = [=](const std::vector<Vec>& a) {
+    Vec out(a[0].size(), 3.0f);
+    be().rope_forward(out.data(), a[0].data(), B, T, C, NH, theta);
+    return out;
+  };
+  c.backward = [=](const std::vector<Vec>&, const Vec& dout, const std::vector<float*>& g) {
+    be().rope_backward(g[0], dout.data(), B, T, C, NH, theta);
+  };
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("attention: forward and backward against double reference (with and without dropout)") {
+  for (const AttnShape& s : kAttn) run_case(attention_case(s));
+}
+
+TEST_CASE("attention: saved probabilities are the pre-dropout softmax, zero above the diagonal") {
+  const int B = 2, T = 19, C = 12, NH = 2;
+  BlockRows br(5);
+  const Vec qkv = randn(static_cast<size_t>(B) * T * 3 * C, 11);
+  Vec out(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T * T, 7.0f);
+  const ops::DropoutSpec drop{0.4f, 99};
+  be().attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, drop);
+  DVec rp;
+  ref_attention(to_double(qkv), B, T, C, NH, drop, &rp);
+  CHECK(rel_err(probs, rp) < 1e-5);
+  for (int bh = 0; bh < B * NH; bh++)
+    for (int t = 0; t < T; t++)
+      for (int s = t + 1; s < T; s++) REQUIRE(probs[(static_cast<size_t>(bh) * T + t) * T + s] == 0.0f);
+}
+
+TEST_CASE("attention: GPT-sized shape (B=2, T=256, C=384, NH=6) against double reference") {
+  // Default block size, both threads; FD on a handful of coordinates (each costs two full
+  // double forwards).
+  const AttnShape s{2, 256, 384, 6, 0.1f, 0};
+  OpCase c = attention_case(s);
+  c.max_coords = 6;
+  run_case(c);
+}
+
+TEST_CASE("attention: causal mask — future tokens do not change earlier outputs") {
+  const int B = 2, T = 40, C = 32, NH = 4, t0 = 17;
+  for (int block : {0, 8}) {
+    BlockRows br(block);
+    for (float p : {0.0f, 0.2f}) {
+      const ops::DropoutSpec drop{p, 321};
+      Vec qkv = randn(static_cast<size_t>(B) * T * 3 * C, 12);
+      Vec out1(static_cast<size_t>(B) * T * C), out2(out1.size()), probs(static_cast<size_t>(B) * NH * T * T);
+      be().attention_forward(out1.data(), probs.data(), qkv.data(), B, T, C, NH, drop);
+      const Vec other = randn(qkv.size(), 13, 5.0f);
+      for (int b = 0; b < B; b++)
+        for (int t = t0 + 1; t < T; t++)
+          for (int i = 0; i < 3 * C; i++) {
+            const size_t k = (static_cast<size_t>(b) * T + t) * 3 * C + i;
+            qkv[k] = other[k];
+          }
+      be().attention_forward(out2.data(), probs.data(), qkv.data(), B, T, C, NH, drop);
+      for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+          const float* a = &out1[(static_cast<size_t>(b) * T + t) * C];
+          const float* z = &out2[(static_cast<size_t>(b) * T + t) * C];
+          bool same = true;
+          for (int i = 0; i < C; i++) same = same && a[i] == z[i];
+          if (t <= t0) REQUIRE(same);  // bit-identical: masked terms contribute exact zeros
+          if (t > t0) REQUIRE(!same);
+        }
+    }
+  }
+}
+
+TEST_CASE("attention: dropout determinism, counter convention and keep fraction") {
+  // With HS >= T and v_s = e_s (one-hot), out[t][s] = Pd[t][s] = P[t][s] * keep / (1-p),
+  // which exposes the dropout mask of every (b, h, t, s).
+  const int B = 4, T = 64, NH = 2, HS = 64, C = NH * HS;
+  const float p = 0.3f;
+  Vec qkv = randn(static_cast<size_t>(B) * T * 3 * C, 14, 0.3f);
+  for (int b = 0; b < B; b++)
+    for (int t = 0; t < T; t++)
+      for (int h = 0; h < NH; h++)
+        for (int i = 0; i < HS; i++) qkv[(static_cast<size_t>(b) * T + t) * 3 * C + 2 * C + h * HS + i] = i == t;
+  const size_t nout = static_cast<size_t>(B) * T * C, nprob = static_cast<size_t>(B) * NH * T * T;
+  Vec a(nout), b2(nout), c2(nout), d(nout), e(nout), probs(nprob);
+  be().attention_forward(a.data(), probs.data(), qkv.data(), B, T, C, NH, {p, 1000});
+  be().attention_forward(b2.data(), probs.data(), qkv.data(), B, T, C, NH, {p, 1000});
+  be().attention_forward(c2.data(), probs.data(), qkv.data(), B, T, C, NH, {p, 1001});
+  CHECK(a == b2);  // same key: bit-identical
+  CHECK(a != c2);  // another key: another mask
+  // p = 0 ignores the key and equals no dropout.
+  be().attention_forward(d.data(), probs.data(), qkv.data(), B, T, C, NH, {0.0f, 1000});
+  be().attention_forward(e.data(), probs.data(), qkv.data(), B, T, C, NH, {0.0f, 0});
+  CHECK(d == e);
+  // The mask is rng_uniform(key, ((b*NH + h)*T + t)*T + s) >= p, the documented counter.
+  be().attention_forward(a.data(), probs.data(), qkv.data(), B, T, C, NH, {p, 1000});
+  int64_t kept = 0, total = 0, mismatches = 0;
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int t = 0; t < T; t++)
+        for (int s = 0; s <= t; s++) {
+          const uint64_t ctr = ((static_cast<uint64_t>(b) * NH + h) * T + t) * T + s;
+          const float P = probs[ctr];
+          const float pd = a[(static_cast<size_t>(b) * T + t) * C + h * HS + s];
+          const bool keep = ops::rng_uniform(1000, ctr) >= p;
+          total++;
+          kept += keep;
+          const float want = keep ? P / (1.0f - p) : 0.0f;
+          mismatches += std::fabs(pd - want) > 1e-6f * std::max(1.0f, std::fabs(want));
+        }
+  CHECK(mismatches == 0);
+  // Binomial(total ~ 16640, 0.7): std of the fraction ~ 3.6e-3; allow 5 sigma.
+  CHECK(std::fabs(static_cast<double>(kept) / total - (1.0 - p)) < 0.018);
+}
+
+TEST_CASE("attention: null dqkv is a no-op") {
+  const int B = 1, T = 4, C = 8, NH = 2;
+  const Vec qkv = randn(static_cast<size_t>(B) * T * 3 * C, 15), dout = randn(static_cast<size_t>(B) * T * C, 16);
+  Vec out(dout.size()), probs(static_cast<size_t>(B) * NH * T * T);
+  be().attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, {});
+  be().attention_backward(nullptr, dout.data(), qkv.data(), probs.data(), B, T, C, NH, {});
+}
+
+TEST_CASE("rope: forward and backward against double reference") {
+  for (const RopeShape& s : kRope) run_case(rope_case(s));
+}
+
+TEST_CASE("rope: rotation preserves each pair's norm; backward is the inverse rotation; v passes through") {
+  const int B = 2, T = 50, C = 48, NH = 3, HS = C / NH, half = HS / 2;
+  const Vec x = randn(static_cast<size_t>(B) * T * 3 * C, 17);
+  Vec y(x.size());
+  be().rope_forward(y.data(), x.data(), B, T, C, NH, 10000.0f);
+  for (int r = 0; r < B * T; r++) {
+    for (int hh = 0; hh < 2 * NH; hh++)
+      for (int i = 0; i < half; i++) {
+        const size_t k = static_cast<size_t>(r) * 3 * C + static_cast<size_t>(hh) * HS + i;
+        const double n0 = std::hypot(x[k], x[k + half]), n1 = std::hypot(y[k], y[k + half]);
+        REQUIRE(std::fabs(n1 - n0) <= 1e-6 * std::max(1.0, n0));
+      }
+    for (int i = 2 * C; i < 3 * C; i++) REQUIRE(y[static_cast<size_t>(r) * 3 * C + i] == x[static_cast<size_t>(r) * 3 * C + i]);
+  }
+  // t = 0 is the identity rotation.
+  for (int i = 0; i < 2 * C; i++) REQUIRE(y[i] == x[i]);
+  // R^T R = I: backward of the forward's output recovers the input.
+  Vec back(x.size(), 0.0f);
+  be().rope_backward(back.data(), y.data(), B, T, C, NH, 10000.0f);
+  CHECK(rel_err(back, x) < 1e-6);
+}

@@ -1,0 +1,216 @@
+// Pointwise operators (GELU, SwiGLU, add, dropout, scale) and the vectorized exp of
+// ops/cpu/vecmath.h, against double references, driven by tables of cases (gradcheck.h).
+#include <cmath>
+#include <limits>
+
+#include "ops/cpu/vecmath.h"
+#include "tests/gradcheck.h"
+
+using namespace gc;
+
+namespace {
+
+// Sizes: tiny, odd, not a multiple of the 16-lane vector, and large enough to be split
+// across threads (the kernels go parallel above 2 * 4096 or 2 * 16384 elements).
+const int64_t kSizes[] = {1, 7, 33, 1000, 40001};
+
+// Inputs spanning the interesting range of the nonlinearities, plus their far tails.
+Vec wide_inputs(int64_t n, uint64_t seed) {
+  Vec x = randn(static_cast<size_t>(n), seed, 3.0f);
+  const float tails[] = {-30.0f, -12.0f, -6.0f, 6.0f, 12.0f, 30.0f, 0.0f};
+  for (size_t i = 0; i < std::size(tails) && i < x.size(); i++) x[x.size() - 1 - i] = tails[i];
+  return x;
+}
+
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch GELU(approximate="tanh").
+double ref_gelu(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+OpCase gelu_case(int64_t n) {
+  OpCase c;
+  c.name = "gelu n=" + std::to_string(n);
+  c.inputs = {{"inp", wide_inputs(n, 100 + n)}};
+  c.ref_forward = [](const std::vector<DVec>& a) {
+    DVec out(a[0].size());
+    for (size_t i = 0; i < out.size(); i++) out[i] = ref_gelu(a[0][i]);
+    return out;
+  };
+  c.forward = [](const std::vector<Vec>& a) {
+    Vec out(a[0].size());
+    be().gelu_forward(out.data(), a[0].data(), static_cast<int64_t>(a[0].size()));
+    return out;
+  };
+  c.backward = [](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
+    be().gelu_backward(g[0], a[0].data(), dout.data(), static_cast<int64_t>(a[0].size()));
+  };
+  return c;
+}
+
+OpCase swiglu_case(int N, int H) {
+  OpCase c;
+  c.name = "swiglu N=" + std::to_string(N) + " H=" + std::to_string(H);
+  c.inputs = {{"inp", wide_inputs(static_cast<int64_t>(N) * 2 * H, 200 + N * H)}};
+  c.ref_forward = [=](const std::vector<DVec>& a) {
+    DVec out(static_cast<size_t>(N) * H);
+    for (int r = 0; r < N; r++)
+      for (int i = 0; i < H; i++) {
+        const double g = a[0][static_cast<size_t>(r) * 2 * H + i], u = a[0][static_cast<size_t>(r) * 2 * H + H + i];
+        out[static_cast<size_t>(r) * H + i] = g / (1.0 + std::exp(-g)) * u;
+      }
+    return out;
+  };
+  c.forward = [=](const std::vector<Vec>& a) {
+    Vec out(static_cast<size_t>(N) * H);
+    be().swiglu_forward(out.data(), a[0].data(), N, H);
+    return out;
+  };
+  c.backward = [=](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
+    be().swiglu_backward(g[0], dout.data(), a[0].data(), N, H);
+  };
+  return c;
+}
+
+OpCase add_case(int64_t n) {
+  OpCase c;
+  c.name = "add n=" + std::to_string(n);
+  c.inputs = {{"a", randn(static_cast<size_t>(n), 300 + n)}, {"b", randn(static_cast<size_t>(n), 301 + n)}};
+  c.ref_forward = [](const std::vector<DVec>& a) {
+    DVec out(a[0].size());
+    for (size_t i = 0; i < out.size(); i++) out[i] = a[0][i] + a[1][i];
+    return out;
+  };
+  c.forward = [](const std::vector<Vec>& a) {
+    Vec out(a[0].size());
+    be().add_forward(out.data(), a[0].data(), a[1].data(), static_cast<int64_t>(out.size()));
+    return out;
+  };
+  // The backward of add is two add_inplace calls (ops/backend.h); add_inplace(null) skips.
+  c.backward = [](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
+    be().add_inplace(g[0], dout.data(), static_cast<int64_t>(dout.size()));
+    be().add_inplace(g[1], dout.data(), static_cast<int64_t>(dout.size()));
+  };
+  return c;
+}
+
+double keep_scale(uint64_t key, uint64_t i, float p) {
+  return ops::rng_uniform(key, i) >= p ? 1.0 / (1.0 - static_cast<double>(p)) : 0.0;
+}
+
+OpCase dropout_case(int64_t n, float p) {
+  const ops::DropoutSpec drop{p, ops::rng_key(99, 1, 2, static_cast<uint64_t>(n))};
+  OpCase c;
+  c.name = "dropout n=" + std::to_string(n) + " p=" + std::to_string(p);
+  c.inputs = {{"inp", randn(static_cast<size_t>(n), 400 + n)}};
+  c.ref_forward = [=](const std::vector<DVec>& a) {
+    DVec out(a[0].size());
+    for (size_t i = 0; i < out.size(); i++) out[i] = a[0][i] * keep_scale(drop.key, i, drop.p);
+    return out;
+  };
+  c.forward = [=](const std::vector<Vec>& a) {
+    Vec out(a[0].size());
+    be().dropout_forward(out.data(), a[0].data(), static_cast<int64_t>(out.size()), drop);
+    return out;
+  };
+  // The backward regenerates the mask from the key: FD through the double reference (which
+  // uses the forward's mask) only agrees if the regenerated mask is the same.
+  c.backward = [=](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
+    be().dropout_backward(g[0], dout.data(), static_cast<int64_t>(dout.size()), drop);
+  };
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("gelu: forward and backward against double reference") {
+  for (int64_t n : kSizes) run_case(gelu_case(n));
+}
+
+TEST_CASE("swiglu: forward and backward against double reference") {
+  const int shapes[][2] = {{1, 1}, {3, 7}, {5, 33}, {16, 1536}, {2, 100}};
+  for (auto& s : shapes) run_case(swiglu_case(s[0], s[1]));
+}
+
+TEST_CASE("add: forward, add_inplace backward, and aliasing") {
+  for (int64_t n : kSizes) run_case(add_case(n));
+  // out may alias a or b
+  const int64_t n = 40001;
+  Vec a = randn(n, 1), b = randn(n, 2), a0 = a;
+  be().add_forward(a.data(), a.data(), b.data(), n);
+  for (int64_t i = 0; i < n; i++) REQUIRE(a[i] == a0[i] + b[i]);
+  be().add_forward(b.data(), a0.data(), b.data(), n);
+  CHECK(b == a);
+}
+
+TEST_CASE("dropout: forward and backward against double reference") {
+  for (int64_t n : kSizes)
+    for (float p : {0.0f, 0.1f, 0.5f}) run_case(dropout_case(n, p));
+}
+
+TEST_CASE("dropout: determinism, keep fraction, p = 0") {
+  const int64_t n = 200000;
+  const Vec x = uniform(n, 5, 1.0f, 2.0f);  // nonzero, so out == 0 means dropped
+  const float p = 0.3f;
+  Vec a(n), b(n), c(n);
+  be().dropout_forward(a.data(), x.data(), n, {p, 1234});
+  be().dropout_forward(b.data(), x.data(), n, {p, 1234});
+  be().dropout_forward(c.data(), x.data(), n, {p, 1235});
+  CHECK(a == b);  // same key: bit-identical
+  CHECK(a != c);  // another key: another mask
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (a[i] != 0.0f) {
+      kept++;
+      REQUIRE(a[i] == doctest::Approx(x[i] / (1.0f - p)).epsilon(1e-6));
+    }
+  }
+  // Binomial(n, 0.7): std of the kept fraction is sqrt(0.21 / n) ~ 1e-3; allow 5 sigma.
+  CHECK(std::fabs(static_cast<double>(kept) / n - (1.0 - p)) < 5e-3);
+  // p = 0 is the identity (out-of-place and in-place), for any key.
+  Vec d(n), e = x;
+  be().dropout_forward(d.data(), x.data(), n, {0.0f, 77});
+  be().dropout_forward(e.data(), e.data(), n, {0.0f, 77});
+  CHECK(d == x);
+  CHECK(e == x);
+  // backward with p = 0 adds dout through.
+  Vec g(n, 1.0f);
+  be().dropout_backward(g.data(), x.data(), n, {0.0f, 77});
+  for (int64_t i = 0; i < n; i++) REQUIRE(g[i] == 1.0f + x[i]);
+  // backward zeroes exactly the dropped positions of the forward.
+  Vec gb(n, 0.0f);
+  be().dropout_backward(gb.data(), x.data(), n, {p, 1234});
+  for (int64_t i = 0; i < n; i++) REQUIRE((gb[i] == 0.0f) == (a[i] == 0.0f));
+}
+
+TEST_CASE("scale") {
+  for (int64_t n : kSizes) {
+    Vec x = randn(static_cast<size_t>(n), 6), y = x;
+    be().scale(y.data(), n, -0.37f);
+    for (int64_t i = 0; i < n; i++) REQUIRE(y[i] == x[i] * -0.37f);
+  }
+}
+
+TEST_CASE("vecmath: exp_f accuracy over the whole fp32 range") {
+  // Relative error vs double exp on a dense sweep up to the overflow threshold; the Cephes
+  // polynomial is good to ~1-2 ulp (2^-23 = 1.2e-7).
+  double worst = 0;
+  for (double x = -87.3; x <= 88.72; x += 1e-3) {
+    const float xf = static_cast<float>(x);
+    const double want = std::exp(static_cast<double>(xf));
+    worst = std::max(worst, std::fabs(ops::cpu::exp_f(xf) - want) / want);
+  }
+  INFO("worst relative error " << worst);
+  CHECK(worst < 2e-7);
+  CHECK(ops::cpu::exp_f(0.0f) == 1.0f);
+  CHECK(ops::cpu::exp_f(-100.0f) == 0.0f);
+  CHECK(ops::cpu::exp_f(-std::numeric_limits<float>::infinity()) == 0.0f);
+  CHECK(std::isfinite(ops::cpu::exp_f(88.72f)));
+  CHECK(ops::cpu::exp_f(100.0f) == std::numeric_limits<float>::infinity());
+  CHECK(std::isnan(ops::cpu::exp_f(std::numeric_limits<float>::quiet_NaN())));
+  // gelu far tails: exactly 0 / x, no NaN from inf/inf.
+  CHECK(ops::cpu::gelu_f(-100.0f) == 0.0f);
+  CHECK(ops::cpu::gelu_f(100.0f) == 100.0f);
+  CHECK(ops::cpu::gelu_grad_f(-100.0f) == 0.0f);
+  CHECK(ops::cpu::gelu_grad_f(100.0f) == 1.0f);
+}
