@@ -20,7 +20,9 @@ namespace ops {
 
 struct DropoutSpec {
   float p = 0.0f;    // drop probability; 0 disables dropout
-  uint64_t key = 0;  // counter-based RNG key (ops/rng.h); element i keeps iff rng_uniform(key, i) >= p
+  uint64_t key = 0;  // counter-based RNG key (ops/rng.h)
+  uint64_t offset = 0;  // element i of the buffer keeps iff rng_uniform(key, offset + i) >= p; the offset
+                        // places a micro-batch inside the global batch so masks do not depend on the layout
 };
 
 class Backend {
@@ -67,7 +69,7 @@ class Backend {
   // owning channels [h*HS, (h+1)*HS) of each third. Scores scaled by 1/sqrt(HS).
   // out: (B,T,C) overwritten. probs: (B,NH,T,T) softmax output (before dropout), saved for
   // backward; entries above the diagonal are written as 0. Dropout on probs uses drop.key with
-  // counter = ((b*NH + h)*T + t)*T + s, and is regenerated in backward, never stored.
+  // counter = offset + ((b*NH + h)*T + t)*T + s, and is regenerated in backward, never stored.
   virtual void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int NH,
                                  DropoutSpec drop) = 0;
   // dqkv: (B,T,3C) +=. dout: (B,T,C).
@@ -87,7 +89,7 @@ class Backend {
   // dst += src
   virtual void add_inplace(float* dst, const float* src, int64_t n) = 0;
 
-  // Inverted dropout: out = inp * keep(i) / (1-p), keep(i) = rng_uniform(key, i) >= p.
+  // Inverted dropout: out = inp * keep(i) / (1-p), keep(i) = rng_uniform(key, offset + i) >= p.
   virtual void dropout_forward(float* out, const float* inp, int64_t n, DropoutSpec drop) = 0;
   virtual void dropout_backward(float* dinp, const float* dout, int64_t n, DropoutSpec drop) = 0;
 

@@ -16,6 +16,13 @@ inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// A stable 64-bit hash of a name (FNV-1a), for keys derived from tensor names.
+inline uint64_t hash_name(const char* s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (; *s; ++s) h = (h ^ static_cast<unsigned char>(*s)) * 0x100000001b3ull;
+  return h;
+}
+
 // A key for one use site: combine any number of integers.
 inline uint64_t rng_key(uint64_t seed, uint64_t a, uint64_t b = 0, uint64_t c = 0) {
   return mix64(mix64(mix64(mix64(seed) ^ a) ^ b) ^ c);

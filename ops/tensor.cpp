@@ -2,6 +2,8 @@
 #include "ops/tensor.h"
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -88,16 +90,63 @@ void MemoryTracker::reset_peaks() {
   peak_total_.store(current_total());
 }
 
-Storage::Storage(size_t n, Account a) : bytes(n), account(a) {
-  size_t rounded = (n + 63) / 64 * 64;
-  ptr = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-  if (rounded && !ptr) throw std::bad_alloc();
-  if (ptr) std::memset(ptr, 0, rounded);
+namespace {
+struct BlockCache {
+  std::mutex mu;
+  std::multimap<size_t, void*> free_blocks;
+  size_t cached = 0;
+  ~BlockCache() { for (auto& [n, p] : free_blocks) std::free(p); }
+};
+BlockCache& block_cache() {
+  static BlockCache c;
+  return c;
+}
+size_t rounded_size(size_t n) { return (n + 63) / 64 * 64; }
+}  // namespace
+
+size_t release_cached_memory() {
+  auto& c = block_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (auto& [n, p] : c.free_blocks) std::free(p);
+  c.free_blocks.clear();
+  size_t freed = c.cached;
+  c.cached = 0;
+  return freed;
+}
+
+size_t cached_memory() {
+  auto& c = block_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.cached;
+}
+
+Storage::Storage(size_t n, Account a, bool zero) : bytes(n), account(a) {
+  size_t rounded = rounded_size(n);
+  if (rounded) {
+    auto& c = block_cache();
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      auto it = c.free_blocks.find(rounded);
+      if (it != c.free_blocks.end()) {
+        ptr = it->second;
+        c.free_blocks.erase(it);
+        c.cached -= rounded;
+      }
+    }
+    if (!ptr) ptr = std::aligned_alloc(64, rounded);
+    if (!ptr) throw std::bad_alloc();
+    if (zero) std::memset(ptr, 0, rounded);
+  }
   MemoryTracker::instance().on_alloc(account, bytes);
 }
 
 Storage::~Storage() {
-  std::free(ptr);
+  if (ptr) {
+    auto& c = block_cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.free_blocks.emplace(rounded_size(bytes), ptr);
+    c.cached += rounded_size(bytes);
+  }
   MemoryTracker::instance().on_free(account, bytes);
 }
 
@@ -113,9 +162,9 @@ std::string shape_to_string(const std::vector<int64_t>& shape) {
   return s + ")";
 }
 
-Tensor::Tensor(std::vector<int64_t> shape, DType dtype, Account account)
+Tensor::Tensor(std::vector<int64_t> shape, DType dtype, Account account, bool zero)
     : shape_(std::move(shape)), dtype_(dtype),
-      storage_(std::make_shared<Storage>(static_cast<size_t>(numel_of(shape_)) * dtype_size(dtype), account)) {}
+      storage_(std::make_shared<Storage>(static_cast<size_t>(numel_of(shape_)) * dtype_size(dtype), account, zero)) {}
 
 int64_t Tensor::numel() const { return numel_of(shape_); }
 

@@ -45,7 +45,7 @@ class MemoryTracker {
 
 // One 64-byte aligned block, freed (and un-counted) when the last Tensor drops it.
 struct Storage {
-  Storage(size_t bytes, Account account);
+  Storage(size_t bytes, Account account, bool zero = true);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -57,10 +57,13 @@ struct Storage {
 class Tensor {
  public:
   Tensor() = default;
-  // Allocates zero-initialised storage.
-  Tensor(std::vector<int64_t> shape, DType dtype, Account account);
+  // Allocates zero-initialised storage (zero=false leaves it uninitialised).
+  Tensor(std::vector<int64_t> shape, DType dtype, Account account, bool zero = true);
   static Tensor zeros(std::vector<int64_t> shape, DType dtype, Account account) {
-    return Tensor(std::move(shape), dtype, account);
+    return Tensor(std::move(shape), dtype, account, true);
+  }
+  static Tensor empty(std::vector<int64_t> shape, DType dtype, Account account) {
+    return Tensor(std::move(shape), dtype, account, false);
   }
 
   bool defined() const { return storage_ != nullptr; }
@@ -89,6 +92,12 @@ class Tensor {
   DType dtype_ = DType::F32;
   std::shared_ptr<Storage> storage_;
 };
+
+// Storage blocks are cached by size and reused (shapes repeat every micro-batch), so the
+// training loop does not pay for malloc and page faults each step. The tracker counts bytes
+// in use, not bytes cached. Returns the cached bytes freed.
+size_t release_cached_memory();
+size_t cached_memory();
 
 int64_t numel_of(const std::vector<int64_t>& shape);
 std::string shape_to_string(const std::vector<int64_t>& shape);

@@ -1,2 +1,96 @@
-// Placeholder entry point; the CLI lands with runner/cli.cpp.
-int main() { return 0; }
+// The `runner` command line: plan, train, resume, inspect, data prepare.
+//
+// Every user error ends here as `file:line:col: what; how to fix` on stderr with exit
+// code 2, before anything is allocated or written.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "runner/data.h"
+#include "runner/errors.h"
+#include "runner/plan.h"
+#include "runner/recipe.h"
+#include "runner/train.h"
+
+using namespace runner;
+
+int main(int argc, char** argv) {
+  CLI::App app{"runner: a declarative training job runner for transformer language models"};
+  app.set_version_flag("--version", std::string("runner ") + RUNNER_VERSION);
+  app.require_subcommand(1);
+
+  std::string recipe_path;
+  std::vector<std::string> sets;
+  bool json = false;
+  int64_t world = 0;
+  auto* plan_cmd = app.add_subcommand("plan", "check a recipe and print its plan and per-rank memory ledger");
+  plan_cmd->add_option("recipe", recipe_path, "recipe YAML")->required();
+  plan_cmd->add_option("--set", sets, "override a recipe field, e.g. --set batch.micro=8")->take_all();
+  plan_cmd->add_flag("--json", json, "print the plan as JSON (the same as the run directory's plan.json)");
+  plan_cmd->add_option("--world", world, "plan for this many ranks (default: from the recipe)");
+
+  TrainOptions topts;
+  auto* train_cmd = app.add_subcommand("train", "train a recipe (under mpirun or srun for several ranks)");
+  train_cmd->add_option("recipe", recipe_path, "recipe YAML")->required();
+  train_cmd->add_option("--set", sets, "override a recipe field, e.g. --set train.steps=100")->take_all();
+  train_cmd->add_option("--run-dir", topts.run_dir, "run directory (default: train.run_dir or runs/<name>)");
+  train_cmd->add_flag("--quiet", topts.quiet, "no progress lines on stdout (the log file keeps them)");
+
+  std::string resume_dir;
+  auto* resume_cmd = app.add_subcommand("resume", "continue a run from its last checkpoint");
+  resume_cmd->add_option("run_dir", resume_dir, "run directory")->required();
+  resume_cmd->add_option("--step", topts.resume_step, "resume from this step's checkpoint instead of LATEST");
+  resume_cmd->add_flag("--strict", topts.strict, "fail on a corrupt checkpoint instead of falling back");
+
+  std::string ckpt_path;
+  auto* inspect_cmd = app.add_subcommand("inspect", "print what a checkpoint holds and verify its checksums");
+  inspect_cmd->add_option("checkpoint", ckpt_path, "checkpoint .h5 file")->required();
+
+  std::string text_path, out_path;
+  auto* data_cmd = app.add_subcommand("data", "data utilities");
+  data_cmd->require_subcommand(1);
+  auto* prep_cmd = data_cmd->add_subcommand("prepare", "turn a text file into an HDF5 token dataset (byte-level)");
+  prep_cmd->add_option("text", text_path, "UTF-8 text file")->required();
+  prep_cmd->add_option("out", out_path, "output .h5 file")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitUserError;
+  }
+
+  try {
+    if (*plan_cmd) {
+      Recipe r = load_recipe(recipe_path, sets);
+      Plan p = make_plan(r, world);
+      if (json) std::cout << p.to_json().dump(2) << "\n";
+      else std::cout << p.table();
+      return 0;
+    }
+    if (*train_cmd) {
+      Recipe r = load_recipe(recipe_path, sets);
+      Plan p = make_plan(r, 0);
+      return run_training(p, topts);
+    }
+    if (*resume_cmd) {
+      throw UserError({resume_dir, 0, 0}, "resume is not available in this build yet",
+                      "start the run again with `runner train`");
+    }
+    if (*inspect_cmd) {
+      throw UserError({ckpt_path, 0, 0}, "inspect is not available in this build yet", "");
+    }
+    if (*prep_cmd) {
+      int64_t n = prepare_text_to_hdf5(text_path, out_path);
+      std::cout << "wrote " << n << " tokens to " << out_path << "\n";
+      return 0;
+    }
+  } catch (const UserError& e) {
+    std::cout.flush();
+    std::fprintf(stderr, "%s\n", e.what());
+    return kExitUserError;
+  }
+  return 0;
+}

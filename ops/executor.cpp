@@ -1,0 +1,458 @@
+// Graph executor (see executor.h). Forward walks the nodes in order, backward in
+// reverse; a tensor is released when its last reader is done. One code path serves the
+// real run and the dry run that predicts memory.
+#include "ops/executor.h"
+
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+
+#include "ops/rng.h"
+
+namespace ops {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+constexpr int kKinds = static_cast<int>(OpKind::SoftmaxXent) + 1;
+}  // namespace
+
+struct Executor::Impl {
+  const Graph& g;
+  Backend* be;  // null in dry-run mode
+  bool dry() const { return be == nullptr; }
+
+  std::vector<Tensor> vals, grads;
+  std::vector<char> live, glive, galias;
+  std::vector<Tensor*> pval, pgrad;
+  std::vector<Account> acc;
+  bool train = false;
+  uint64_t key = 0;
+  int64_t sample_offset = 0;
+
+  // Dry-run counters.
+  std::array<size_t, kAccounts> cur{}, peak{};
+  size_t peak_total = 0;
+
+  std::array<OpProfile, kKinds> prof{};
+
+  Impl(const Graph& graph, Backend* backend) : g(graph), be(backend) {
+    size_t n = g.tensors.size();
+    vals.resize(n);
+    grads.resize(n);
+    live.assign(n, 0);
+    glive.assign(n, 0);
+    galias.assign(n, 0);
+    pval.assign(n, nullptr);
+    pgrad.assign(n, nullptr);
+    acc.assign(n, Account::Workspace);
+    for (int k = 0; k < kKinds; ++k) prof[k].name = op_name(static_cast<OpKind>(k));
+  }
+
+  void count(Account a, long long delta) {
+    if (!dry()) return;
+    cur[static_cast<int>(a)] += delta;
+    size_t total = 0;
+    for (int i = 0; i < kAccounts; ++i) {
+      peak[i] = std::max(peak[i], cur[i]);
+      total += cur[i];
+    }
+    peak_total = std::max(peak_total, total);
+  }
+
+  void alloc(int id, Account a) {
+    const TensorDesc& d = g.tensors[id];
+    acc[id] = a;
+    live[id] = 1;
+    if (dry()) count(a, static_cast<long long>(d.nbytes()));
+    else vals[id] = Tensor::empty(d.shape, d.dtype, a);
+  }
+  void release(int id) {
+    if (!live[id]) return;
+    live[id] = 0;
+    if (dry()) count(acc[id], -static_cast<long long>(g.tensors[id].nbytes()));
+    else vals[id] = Tensor();
+  }
+  // Activation gradients live in the workspace account, zeroed (backwards accumulate).
+  float* grad(int id) {
+    const TensorDesc& d = g.tensors[id];
+    if (d.kind == TensorKind::Param) return pgrad[id] ? pgrad[id]->data<float>() : nullptr;
+    if (d.kind == TensorKind::Input) return nullptr;
+    if (!glive[id]) {
+      glive[id] = 1;
+      if (dry()) count(Account::Workspace, static_cast<long long>(d.nbytes()));
+      else grads[id] = Tensor::zeros(d.shape, d.dtype, Account::Workspace);
+    }
+    return dry() ? nullptr : grads[id].data<float>();
+  }
+  float* grad_if_live(int id) { return glive[id] && !dry() ? grads[id].data<float>() : nullptr; }
+  void release_grad(int id) {
+    if (!glive[id]) return;
+    glive[id] = 0;
+    if (galias[id]) { galias[id] = 0; grads[id] = Tensor(); return; }
+    if (dry()) count(Account::Workspace, -static_cast<long long>(g.tensors[id].nbytes()));
+    else grads[id] = Tensor();
+  }
+
+  float* f(int id) {
+    if (dry()) return nullptr;
+    const TensorDesc& d = g.tensors[id];
+    if (d.kind == TensorKind::Param) return pval[id]->data<float>();
+    return vals[id].data<float>();
+  }
+  const int32_t* i32(int id) { return dry() ? nullptr : vals[id].data<int32_t>(); }
+
+  Account out_account(int id) const {
+    return (train && g.tensors[id].saved) ? Account::Activations : Account::Workspace;
+  }
+
+  DropoutSpec drop_for(const Node& n, int64_t per_sample) const {
+    DropoutSpec d;
+    d.p = train ? n.dropout : 0.0f;
+    d.key = rng_key(key, n.site);
+    d.offset = static_cast<uint64_t>(sample_offset * per_sample);
+    return d;
+  }
+
+  static int64_t rows(const TensorDesc& d) { return numel_of(d.shape) / d.shape.back(); }
+
+  // Runs node n's forward kernel writing into `outs` (tensor pointers by output position).
+  void kernel_forward(const Node& n, const std::vector<float*>& o) {
+    if (dry()) return;
+    const auto& in = n.in;
+    const TensorDesc& x = g.tensors[in[0]];
+    switch (n.kind) {
+      case OpKind::Embedding: {
+        int C = static_cast<int>(g.tensors[n.out[0]].shape.back());
+        be->embedding_forward(o[0], i32(in[0]), f(in[1]), in.size() > 2 ? f(in[2]) : nullptr,
+                              static_cast<int>(g.B), static_cast<int>(g.T), C);
+        break;
+      }
+      case OpKind::LayerNorm:
+        be->layernorm_forward(o[0], o[1], o[2], f(in[0]), f(in[1]), in.size() > 2 ? f(in[2]) : nullptr,
+                              static_cast<int>(rows(x)), static_cast<int>(x.shape.back()), n.eps);
+        break;
+      case OpKind::RMSNorm:
+        be->rmsnorm_forward(o[0], o[1], f(in[0]), f(in[1]), static_cast<int>(rows(x)),
+                            static_cast<int>(x.shape.back()), n.eps);
+        break;
+      case OpKind::Linear: {
+        const TensorDesc& w = g.tensors[in[1]];
+        be->matmul_forward(o[0], f(in[0]), f(in[1]), in.size() > 2 ? f(in[2]) : nullptr, static_cast<int>(rows(x)),
+                           static_cast<int>(w.shape[1]), static_cast<int>(w.shape[0]));
+        break;
+      }
+      case OpKind::Rope:
+        be->rope_forward(o[0], f(in[0]), static_cast<int>(g.B), static_cast<int>(g.T),
+                         static_cast<int>(x.shape.back() / 3), n.heads, n.theta);
+        break;
+      case OpKind::Attention: {
+        int C = static_cast<int>(x.shape.back() / 3);
+        const TensorDesc& probs = g.tensors[n.out[1]];
+        be->attention_forward(o[0], o[1], f(in[0]), static_cast<int>(g.B), static_cast<int>(g.T), C, n.heads,
+                              drop_for(n, numel_of(probs.shape) / g.B));
+        break;
+      }
+      case OpKind::Gelu: be->gelu_forward(o[0], f(in[0]), numel_of(x.shape)); break;
+      case OpKind::SwiGLU:
+        be->swiglu_forward(o[0], f(in[0]), static_cast<int>(rows(x)), static_cast<int>(x.shape.back() / 2));
+        break;
+      case OpKind::Add: be->add_forward(o[0], f(in[0]), f(in[1]), numel_of(x.shape)); break;
+      case OpKind::Dropout:
+        be->dropout_forward(o[0], f(in[0]), numel_of(x.shape), drop_for(n, numel_of(x.shape) / g.B));
+        break;
+      case OpKind::SoftmaxXent: {
+        float* probs = n.inplace ? f(in[0]) : o[1];
+        be->softmax_xent_forward(o[0], probs, f(in[0]), i32(in[1]), static_cast<int>(rows(x)),
+                                 static_cast<int>(x.shape.back()), static_cast<int>(n.vocab_real));
+        break;
+      }
+    }
+  }
+
+  void kernel_backward(const Node& n, float dloss) {
+    const auto& in = n.in;
+    const TensorDesc& x = g.tensors[in[0]];
+    float* dout = n.kind == OpKind::SoftmaxXent ? nullptr : grad_if_live(n.out[0]);
+    bool have_dout = n.kind == OpKind::SoftmaxXent || glive[n.out[0]];
+    if (!have_dout) return;  // nothing downstream needed this output
+    switch (n.kind) {
+      case OpKind::Embedding: {
+        float* dwte = grad(in[1]);
+        float* dwpe = in.size() > 2 ? grad(in[2]) : nullptr;
+        if (dry()) break;
+        be->embedding_backward(dwte, dwpe, dout, i32(in[0]), static_cast<int>(g.B), static_cast<int>(g.T),
+                               static_cast<int>(g.tensors[n.out[0]].shape.back()));
+        break;
+      }
+      case OpKind::LayerNorm: {
+        float* dx = grad(in[0]);
+        float* dw = grad(in[1]);
+        float* db = in.size() > 2 ? grad(in[2]) : nullptr;
+        if (dry()) break;
+        be->layernorm_backward(dx, dw, db, dout, f(in[0]), f(in[1]), f(n.out[1]), f(n.out[2]),
+                               static_cast<int>(rows(x)), static_cast<int>(x.shape.back()));
+        break;
+      }
+      case OpKind::RMSNorm: {
+        float* dx = grad(in[0]);
+        float* dw = grad(in[1]);
+        if (dry()) break;
+        be->rmsnorm_backward(dx, dw, dout, f(in[0]), f(in[1]), f(n.out[1]), static_cast<int>(rows(x)),
+                             static_cast<int>(x.shape.back()));
+        break;
+      }
+      case OpKind::Linear: {
+        const TensorDesc& w = g.tensors[in[1]];
+        float* dx = x.kind == TensorKind::Activation ? grad(in[0]) : nullptr;
+        float* dw = grad(in[1]);
+        float* db = in.size() > 2 ? grad(in[2]) : nullptr;
+        if (dry()) break;
+        be->matmul_backward(dx, dw, db, dout, f(in[0]), f(in[1]), static_cast<int>(rows(x)),
+                            static_cast<int>(w.shape[1]), static_cast<int>(w.shape[0]));
+        break;
+      }
+      case OpKind::Rope: {
+        float* dx = grad(in[0]);
+        if (dry()) break;
+        be->rope_backward(dx, dout, static_cast<int>(g.B), static_cast<int>(g.T),
+                          static_cast<int>(x.shape.back() / 3), n.heads, n.theta);
+        break;
+      }
+      case OpKind::Attention: {
+        float* dx = grad(in[0]);
+        if (dry()) break;
+        const TensorDesc& probs = g.tensors[n.out[1]];
+        be->attention_backward(dx, dout, f(in[0]), f(n.out[1]), static_cast<int>(g.B), static_cast<int>(g.T),
+                               static_cast<int>(x.shape.back() / 3), n.heads, drop_for(n, numel_of(probs.shape) / g.B));
+        break;
+      }
+      case OpKind::Gelu: {
+        float* dx = grad(in[0]);
+        if (!dry()) be->gelu_backward(dx, f(in[0]), dout, numel_of(x.shape));
+        break;
+      }
+      case OpKind::SwiGLU: {
+        float* dx = grad(in[0]);
+        if (!dry())
+          be->swiglu_backward(dx, dout, f(in[0]), static_cast<int>(rows(x)), static_cast<int>(x.shape.back() / 2));
+        break;
+      }
+      case OpKind::Add: {
+        float* da = grad(in[0]);
+        float* db = grad(in[1]);
+        if (!dry()) {
+          be->add_inplace(da, dout, numel_of(x.shape));
+          be->add_inplace(db, dout, numel_of(x.shape));
+        }
+        break;
+      }
+      case OpKind::Dropout: {
+        float* dx = grad(in[0]);
+        if (!dry()) be->dropout_backward(dx, dout, numel_of(x.shape), drop_for(n, numel_of(x.shape) / g.B));
+        break;
+      }
+      case OpKind::SoftmaxXent: {
+        // dlogits overwrite the probabilities in place: the gradient aliases the value.
+        int lg = in[0];
+        glive[lg] = 1;
+        galias[lg] = 1;
+        if (!dry()) {
+          grads[lg] = vals[lg];
+          be->softmax_xent_backward(grads[lg].data<float>(), f(lg), i32(in[1]), dloss, static_cast<int>(rows(x)),
+                                    static_cast<int>(x.shape.back()), static_cast<int>(n.vocab_real));
+        }
+        break;
+      }
+    }
+  }
+
+  // Forward of node i: allocate its outputs, run it, release what is no longer needed.
+  void forward_node(int i) {
+    const Node& n = g.nodes[i];
+    std::vector<float*> outs;
+    for (int o : n.out) {
+      alloc(o, out_account(o));
+      outs.push_back(dry() || g.tensors[o].dtype != DType::F32 ? nullptr : vals[o].data<float>());
+    }
+    auto t0 = Clock::now();
+    kernel_forward(n, outs);
+    auto& p = prof[static_cast<int>(n.kind)];
+    p.forward_ms += ms_since(t0);
+    p.calls++;
+    for (int x : n.in) {
+      const TensorDesc& d = g.tensors[x];
+      if (d.kind == TensorKind::Activation && d.last_use == i && !(train && d.saved)) release(x);
+    }
+    for (int o : n.out) {
+      const TensorDesc& d = g.tensors[o];
+      if (d.last_use == -1 && o != g.losses && !(train && d.saved)) release(o);
+    }
+  }
+
+  void end_segment(int first, int last) {
+    for (int j = first; j <= last; ++j)
+      for (int o : g.nodes[j].out)
+        if (g.tensors[o].last_use <= last) release(o);
+  }
+
+  void recompute_segment(int first, int last) {
+    for (int j = first; j <= last; ++j) {
+      const Node& n = g.nodes[j];
+      std::vector<float*> outs;
+      std::vector<int> scratch;
+      std::vector<Tensor> scratch_vals;
+      for (int o : n.out) {
+        if (live[o]) {  // still alive from forward (read outside the segment): recompute into scratch
+          const TensorDesc& d = g.tensors[o];
+          if (dry()) { count(Account::Workspace, static_cast<long long>(d.nbytes())); outs.push_back(nullptr); }
+          else { scratch_vals.push_back(Tensor::empty(d.shape, d.dtype, Account::Workspace)); outs.push_back(scratch_vals.back().data<float>()); }
+          scratch.push_back(o);
+        } else {
+          alloc(o, Account::Activations);
+          outs.push_back(dry() ? nullptr : vals[o].data<float>());
+        }
+      }
+      auto t0 = Clock::now();
+      kernel_forward(n, outs);
+      prof[static_cast<int>(n.kind)].recompute_ms += ms_since(t0);
+      for (int o : scratch)
+        if (dry()) count(Account::Workspace, -static_cast<long long>(g.tensors[o].nbytes()));
+      for (int x : n.in) {
+        const TensorDesc& d = g.tensors[x];
+        if (d.kind == TensorKind::Activation && d.last_use == j && !d.saved && d.producer >= first) release(x);
+      }
+    }
+  }
+
+  void set_inputs(const int32_t* tokens, const int32_t* targets) {
+    if (g.stage_input >= 0) alloc(g.stage_input, out_account(g.stage_input));
+    for (int id : {g.tokens, g.targets}) {
+      if (id < 0) continue;
+      const TensorDesc& d = g.tensors[id];
+      alloc(id, Account::Workspace);
+      if (!dry()) std::memcpy(vals[id].raw(), id == g.tokens ? static_cast<const void*>(tokens) : targets, d.nbytes());
+    }
+  }
+
+  void release_all() {
+    for (size_t i = 0; i < g.tensors.size(); ++i) {
+      release_grad(static_cast<int>(i));
+      release(static_cast<int>(i));
+    }
+  }
+
+  LossSum forward(const int32_t* tokens, const int32_t* targets, bool is_train) {
+    release_all();
+    train = is_train;
+    set_inputs(tokens, targets);
+    int nn = static_cast<int>(g.nodes.size());
+    for (int i = 0; i < nn; ++i) {
+      forward_node(i);
+      int s = g.segment_of(i);
+      if (train && s >= 0) {
+        auto seg = g.recompute_segments()[s];
+        if (seg.second == i) end_segment(seg.first, seg.second);
+      }
+    }
+    LossSum ls;
+    if (!dry() && g.losses >= 0) {
+      const float* l = vals[g.losses].data<float>();
+      const int32_t* t = vals[g.targets].data<int32_t>();
+      int64_t n = numel_of(g.tensors[g.losses].shape);
+      for (int64_t k = 0; k < n; ++k)
+        if (t[k] >= 0) { ls.sum += l[k]; ls.count++; }
+    }
+    release(g.losses);
+    if (!train) release_all();
+    return ls;
+  }
+
+  void backward(float dloss) {
+    if (!train) throw std::logic_error("backward without a training forward");
+    auto segs = g.recompute_segments();
+    for (int i = static_cast<int>(g.nodes.size()) - 1; i >= 0; --i) {
+      int s = g.segment_of(i);
+      if (s >= 0 && segs[s].second == i) recompute_segment(segs[s].first, segs[s].second);
+      const Node& n = g.nodes[i];
+      auto t0 = Clock::now();
+      kernel_backward(n, dloss);
+      prof[static_cast<int>(n.kind)].backward_ms += ms_since(t0);
+      for (int o : n.out) { release_grad(o); release(o); }
+      if (n.kind == OpKind::SoftmaxXent) {}  // logits are released by the lm-head linear
+    }
+    release_all();
+    train = false;
+  }
+};
+
+Executor::Executor(const Graph& g, Backend& be) : impl_(new Impl(g, &be)) {}
+Executor::~Executor() { delete impl_; }
+
+void Executor::bind_param(int id, Tensor* value, Tensor* grad) {
+  const TensorDesc& d = impl_->g.tensors[id];
+  if (d.kind != TensorKind::Param || value->shape() != d.shape)
+    throw std::logic_error("bind_param " + d.name + ": shape " + value->shape_str() + " vs graph " +
+                           shape_to_string(d.shape));
+  impl_->pval[id] = value;
+  impl_->pgrad[id] = grad;
+}
+
+Executor::LossSum Executor::forward(const int32_t* tokens, const int32_t* targets, bool train, uint64_t key,
+                                    int64_t sample_offset) {
+  impl_->key = key;
+  impl_->sample_offset = sample_offset;
+  return impl_->forward(tokens, targets, train);
+}
+
+void Executor::backward(float dloss) { impl_->backward(dloss); }
+
+const Tensor& Executor::forward_logits(const int32_t* tokens) {
+  auto& m = *impl_;
+  m.release_all();
+  m.train = false;
+  const Graph& g = m.g;
+  const TensorDesc& td = g.tensors[g.tokens];
+  m.alloc(g.tokens, Account::Workspace);
+  std::memcpy(m.vals[g.tokens].raw(), tokens, td.nbytes());
+  int producer = g.tensors[g.logits].producer;
+  for (int i = 0; i <= producer; ++i) {
+    const Node& n = g.nodes[i];
+    std::vector<float*> outs;
+    for (int o : n.out) { m.alloc(o, Account::Workspace); outs.push_back(m.vals[o].data<float>()); }
+    m.kernel_forward(n, outs);
+    for (int x : n.in) {
+      const TensorDesc& d = g.tensors[x];
+      if (d.kind == TensorKind::Activation && d.last_use == i && x != g.logits) m.release(x);
+    }
+    for (int o : n.out)
+      if (g.tensors[o].last_use == -1 && o != g.logits) m.release(o);
+  }
+  return m.vals[g.logits];
+}
+
+MemoryEstimate Executor::simulate(const Graph& g) {
+  Impl m(g, nullptr);
+  m.forward(nullptr, nullptr, true);
+  MemoryEstimate est;
+  est.activations_after_forward = m.cur[static_cast<int>(Account::Activations)];
+  m.backward(1.0f);
+  est.peak = m.peak;
+  est.peak_total = m.peak_total;
+  return est;
+}
+
+std::vector<OpProfile> Executor::profile() const {
+  std::vector<OpProfile> out;
+  for (auto& p : impl_->prof)
+    if (p.calls) out.push_back(p);
+  return out;
+}
+
+void Executor::reset_profile() {
+  for (auto& p : impl_->prof) { p.forward_ms = p.backward_ms = p.recompute_ms = 0; p.calls = 0; }
+}
+
+}  // namespace ops

@@ -1,0 +1,67 @@
+// The graph executor: forward, backward and recompute of one micro-batch over a Backend.
+//
+// Memory follows the graph's liveness exactly: a forward output lives in the activations
+// account if some backward reads it (TensorDesc::saved) and in the workspace account
+// otherwise, and is released at its last forward use; recompute segments release their
+// internals when the segment ends and rebuild them just before their backward. The same
+// code path runs in dry-run mode (no kernels, no storage, bytes counted), which is how the
+// plan's ledger predicts each account: prediction and measurement share one schedule.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ops/backend.h"
+#include "ops/graph.h"
+#include "ops/tensor.h"
+
+namespace ops {
+
+struct MemoryEstimate {
+  std::array<size_t, kAccounts> peak{};  // peak bytes per account during one forward+backward
+  size_t peak_total = 0;                 // peak of the sum (accounts peak at different moments)
+  size_t activations_after_forward = 0;  // bytes held for backward when forward ends
+};
+
+struct OpProfile {
+  std::string name;       // op kind
+  double forward_ms = 0, backward_ms = 0, recompute_ms = 0;
+  int64_t calls = 0;
+};
+
+class Executor {
+ public:
+  Executor(const Graph& g, Backend& be);
+  ~Executor();
+
+  // Binds a parameter's value and gradient (shapes must match the graph).
+  void bind_param(int tensor_id, Tensor* value, Tensor* grad);
+
+  struct LossSum {
+    double sum = 0;      // sum of per-position losses over targets >= 0
+    int64_t count = 0;   // number of positions with targets >= 0
+  };
+  // One micro-batch forward. train=false keeps nothing for backward. `sample_offset` is the
+  // index of this micro-batch's first sample in the global batch and `key` the step's dropout
+  // key: masks are a function of (key, site, global element index), never of the layout.
+  LossSum forward(const int32_t* tokens, const int32_t* targets, bool train, uint64_t key = 0,
+                  int64_t sample_offset = 0);
+  // Backward of the last training forward; dloss is d(total loss)/d(each position's loss).
+  // Parameter gradients accumulate into the bound grad tensors.
+  void backward(float dloss);
+  // Forward up to the logits only (inference); returns (B*T, V) logits valid until the next call.
+  const Tensor& forward_logits(const int32_t* tokens);
+
+  // Dry run of forward+backward (train) counting bytes per account, no kernels executed.
+  static MemoryEstimate simulate(const Graph& g);
+
+  std::vector<OpProfile> profile() const;
+  void reset_profile();
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace ops

@@ -1,0 +1,99 @@
+// The operator graph: one micro-batch's forward pass of one rank, as a list of nodes
+// over named tensors with shapes and dtypes.
+//
+// The model family is expanded into this graph once (runner/model), and every reader
+// works from it (ARCHITECTURE.md invariant 1): the executor runs it, the plan's memory
+// ledger dry-runs the executor over it, the recompute planner marks its nodes, the
+// profiler names its nodes. Backward is implied: each node kind knows which of its
+// tensors its backward reads (Node::saves), and the executor walks the nodes in reverse.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ops/tensor.h"
+
+namespace ops {
+
+enum class OpKind : uint8_t { Embedding, LayerNorm, RMSNorm, Linear, Rope, Attention, Gelu, SwiGLU, Add, Dropout, SoftmaxXent };
+const char* op_name(OpKind k);
+
+enum class TensorKind : uint8_t { Param, Input, Activation };
+
+// How a parameter shard relates to its full logical tensor (tensor parallelism).
+struct ShardSpec {
+  int dim = -1;          // split dimension; -1: replicated
+  int parts = 1;         // number of shards (tp size)
+  int index = 0;         // this rank's shard
+  int blocks = 1;        // the dim is `blocks` equal blocks each split separately (qkv: 3, swiglu fc: 2)
+};
+
+struct TensorDesc {
+  std::string name;             // params: "h.3.attn.qkv.weight"; activations: "h.3.attn.qkv.out"
+  std::vector<int64_t> shape;   // this rank's shape for one micro-batch
+  DType dtype = DType::F32;
+  TensorKind kind = TensorKind::Activation;
+  int layer = -1;               // transformer layer, -1 outside the blocks
+  // Parameters only.
+  std::vector<int64_t> full_shape;  // the logical tensor across all tp ranks
+  ShardSpec shard;
+  bool decay = true;            // weight decay applies
+  // Filled by Graph::finalize().
+  int producer = -1;            // node that writes it (-1: param or input)
+  int last_use = -1;            // last node (forward order) that reads it
+  bool saved = false;           // some backward (or a recompute) reads it
+  size_t nbytes() const { return static_cast<size_t>(numel_of(shape)) * dtype_size(dtype); }
+};
+
+struct Node {
+  OpKind kind;
+  std::string name;             // "h.3.attn.core"
+  std::vector<int> in, out;     // tensor ids (see the builder functions for each kind's order)
+  std::vector<int> saves;       // tensor ids that backward reads (derived from kind by add_node)
+  int layer = -1;
+  std::string module;           // embed | norm | attention | attention_core | mlp | residual | head | loss
+  bool recompute = false;       // discard this node's outputs after forward; recompute in backward
+  // Attributes (meaning depends on kind).
+  float eps = 0.0f;
+  int heads = 0;
+  float theta = 0.0f;
+  float dropout = 0.0f;
+  uint32_t site = 0;            // dropout site id, part of the RNG key
+  int64_t vocab_real = 0;       // SoftmaxXent: real (unpadded) vocabulary
+  bool inplace = false;         // SoftmaxXent: probs overwrite logits (in[0])
+};
+
+class Graph {
+ public:
+  int add_tensor(TensorDesc d);
+  int add_param(const std::string& name, std::vector<int64_t> shape, int layer, bool decay = true,
+                ShardSpec shard = {}, std::vector<int64_t> full_shape = {});
+  int add_input(const std::string& name, std::vector<int64_t> shape, DType dtype);
+  int add_activation(const std::string& name, std::vector<int64_t> shape, int layer, DType dtype = DType::F32);
+  int add_node(Node n);  // fills n.saves from its kind
+  // Computes producers, last uses and saved flags (including the inputs of recompute
+  // segments, which must stay alive for the recompute). Call once after building.
+  void finalize();
+
+  std::vector<TensorDesc> tensors;
+  std::vector<Node> nodes;
+  std::vector<int> params;   // tensor ids of parameters, in creation order
+  int tokens = -1, targets = -1;   // inputs (B,T) int32
+  int logits = -1;                 // (B*T, V)
+  int stage_input = -1;            // pipeline stages after the first: the activation received
+  int stage_output = -1;           // pipeline stages before the last: the activation sent on
+  int losses = -1;                 // (B*T) per-position loss
+  int64_t B = 0, T = 0;
+
+  int find(const std::string& name) const;  // -1 if absent
+  int64_t param_count() const;
+  // Recompute segments: maximal runs of consecutive recompute nodes in one layer, as
+  // [first, last] node indices.
+  std::vector<std::pair<int, int>> recompute_segments() const;
+  int segment_of(int node) const { return node_segment_[node]; }
+
+ private:
+  std::vector<int> node_segment_;
+};
+
+}  // namespace ops

@@ -1,0 +1,291 @@
+// The gpt family: a pre-norm decoder (GPT-2 with layernorm + gelu + learned positions,
+// LLaMA-style with rmsnorm + swiglu + rope) expanded into one graph per rank.
+#include "runner/model.h"
+
+#include <cmath>
+
+#include "ops/rng.h"
+
+namespace runner {
+
+using ops::DType;
+using ops::Graph;
+using ops::Node;
+using ops::OpKind;
+using ops::ShardSpec;
+
+int64_t padded_vocab(int64_t vocab, int64_t multiple) {
+  if (multiple <= 1) return vocab;
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+
+std::vector<std::set<std::string>> recompute_sets(const RecomputeConfig& rc, int64_t n_layers) {
+  std::vector<std::set<std::string>> sets(static_cast<size_t>(n_layers));
+  if (rc.mode == "none") return sets;
+  std::set<std::string> mods;
+  if (rc.mode == "full") mods = {"norm", "attention", "attention_core", "mlp", "residual"};
+  else mods.insert(rc.modules.begin(), rc.modules.end());
+  if (mods.count("attention")) mods.insert("attention_core");
+  if (rc.layers.empty()) {
+    for (auto& s : sets) s = mods;
+  } else {
+    for (int64_t l : rc.layers)
+      if (l >= 0 && l < n_layers) sets[static_cast<size_t>(l)] = mods;
+  }
+  return sets;
+}
+
+namespace {
+
+struct Builder {
+  const GptSpec& s;
+  Graph g;
+  int64_t C, H, V, NH, t, N;
+  DType act;
+
+  explicit Builder(const GptSpec& spec) : s(spec) {
+    const ModelConfig& m = s.model;
+    t = s.tp;
+    C = m.d_model;
+    H = m.mlp_hidden();
+    V = s.vocab_padded ? s.vocab_padded : padded_vocab(m.vocab_size, t);
+    NH = m.n_heads;
+    g.B = s.B;
+    g.T = s.T ? s.T : m.seq_len;
+    N = g.B * g.T;
+    act = s.act_dtype;
+  }
+
+  bool recomputes(int layer, const std::string& module) const {
+    if (layer < 0 || layer >= static_cast<int>(s.recompute.size())) return false;
+    return s.recompute[static_cast<size_t>(layer)].count(module) > 0;
+  }
+
+  int node(OpKind k, const std::string& name, std::vector<int> in, std::vector<int> out, int layer,
+           const std::string& module) {
+    Node n;
+    n.kind = k;
+    n.name = name;
+    n.in = std::move(in);
+    n.out = std::move(out);
+    n.layer = layer;
+    n.module = module;
+    n.recompute = recomputes(layer, module);
+    n.eps = static_cast<float>(s.model.norm_eps);
+    n.heads = static_cast<int>(NH / t);
+    n.theta = static_cast<float>(s.model.rope_theta);
+    return g.add_node(std::move(n));
+  }
+
+  // A column-parallel weight (OC, IC): output rows split across tp ranks.
+  int col_weight(const std::string& name, int64_t OC, int64_t IC, int layer, int blocks = 1) {
+    ShardSpec sh{t > 1 ? 0 : -1, static_cast<int>(t), static_cast<int>(s.tp_rank), blocks};
+    return g.add_param(name, {OC / t, IC}, layer, true, sh, {OC, IC});
+  }
+  int col_bias(const std::string& name, int64_t OC, int layer, int blocks = 1) {
+    ShardSpec sh{t > 1 ? 0 : -1, static_cast<int>(t), static_cast<int>(s.tp_rank), blocks};
+    return g.add_param(name, {OC / t}, layer, false, sh, {OC});
+  }
+  // A row-parallel weight (OC, IC): input columns split across tp ranks.
+  int row_weight(const std::string& name, int64_t OC, int64_t IC, int layer) {
+    ShardSpec sh{t > 1 ? 1 : -1, static_cast<int>(t), static_cast<int>(s.tp_rank), 1};
+    return g.add_param(name, {OC, IC / t}, layer, true, sh, {OC, IC});
+  }
+
+  // Pre-norm: returns the normalised activation.
+  int norm(const std::string& prefix, int x, int layer, const std::string& module) {
+    const ModelConfig& m = s.model;
+    int w = g.add_param(prefix + ".weight", {C}, layer, false);
+    int y = g.add_activation(prefix + ".out", {N, C}, layer, act);
+    if (m.norm == "rmsnorm") {
+      int rstd = g.add_activation(prefix + ".rstd", {N}, layer, DType::F32);
+      node(OpKind::RMSNorm, prefix, {x, w}, {y, rstd}, layer, module);
+    } else {
+      std::vector<int> in{x, w};
+      if (m.bias) in.push_back(g.add_param(prefix + ".bias", {C}, layer, false));
+      int mean = g.add_activation(prefix + ".mean", {N}, layer, DType::F32);
+      int rstd = g.add_activation(prefix + ".rstd", {N}, layer, DType::F32);
+      node(OpKind::LayerNorm, prefix, in, {y, mean, rstd}, layer, module);
+    }
+    return y;
+  }
+
+  int linear(const std::string& prefix, int x, int w, int b, int64_t out_cols, int layer, const std::string& module) {
+    std::vector<int> in{x, w};
+    if (b >= 0) in.push_back(b);
+    int y = g.add_activation(prefix + ".out", {N, out_cols}, layer, act);
+    node(OpKind::Linear, prefix, in, {y}, layer, module);
+    return y;
+  }
+
+  int dropout(const std::string& prefix, int x, int layer, const std::string& module, uint32_t site) {
+    if (s.model.dropout <= 0.0) return x;
+    int y = g.add_activation(prefix + ".out", g.tensors[x].shape, layer, act);
+    int id = node(OpKind::Dropout, prefix, {x}, {y}, layer, module);
+    g.nodes[id].dropout = static_cast<float>(s.model.dropout);
+    g.nodes[id].site = site;
+    return y;
+  }
+
+  int add(const std::string& name, int a, int b, int layer) {
+    int y = g.add_activation(name + ".out", {N, C}, layer, act);
+    node(OpKind::Add, name, {a, b}, {y}, layer, "residual");
+    return y;
+  }
+
+  int block(int x, int l) {
+    const ModelConfig& m = s.model;
+    std::string p = "h." + std::to_string(l);
+    uint32_t site = static_cast<uint32_t>(l + 1) * 8;
+    // Attention.
+    int a = norm(p + ".ln1", x, l, "norm");
+    int wqkv = col_weight(p + ".attn.qkv.weight", 3 * C, C, l, 3);
+    int bqkv = m.bias ? col_bias(p + ".attn.qkv.bias", 3 * C, l, 3) : -1;
+    int qkv = linear(p + ".attn.qkv", a, wqkv, bqkv, 3 * C / t, l, "attention");
+    if (m.position == "rope") {
+      int r = g.add_activation(p + ".attn.rope.out", {N, 3 * C / t}, l, act);
+      node(OpKind::Rope, p + ".attn.rope", {qkv}, {r}, l, "attention");
+      qkv = r;
+    }
+    int y = g.add_activation(p + ".attn.core.out", {N, C / t}, l, act);
+    int probs = g.add_activation(p + ".attn.core.probs", {g.B, NH / t, g.T, g.T}, l, act);
+    int core = node(OpKind::Attention, p + ".attn.core", {qkv}, {y, probs}, l, "attention_core");
+    g.nodes[core].dropout = static_cast<float>(m.dropout);
+    g.nodes[core].site = site + 1;
+    int wo = row_weight(p + ".attn.proj.weight", C, C, l);
+    int bo = m.bias ? g.add_param(p + ".attn.proj.bias", {C}, l, false) : -1;
+    int o = linear(p + ".attn.proj", y, wo, bo, C, l, "attention");
+    o = dropout(p + ".attn.drop", o, l, "attention", site + 2);
+    int x1 = add(p + ".res1", x, o, l);
+    // MLP.
+    int mm = norm(p + ".ln2", x1, l, "norm");
+    bool glu = m.activation == "swiglu";
+    int64_t fc_out = glu ? 2 * H : H;
+    int wfc = col_weight(p + ".mlp.fc.weight", fc_out, C, l, glu ? 2 : 1);
+    int bfc = m.bias ? col_bias(p + ".mlp.fc.bias", fc_out, l, glu ? 2 : 1) : -1;
+    int u = linear(p + ".mlp.fc", mm, wfc, bfc, fc_out / t, l, "mlp");
+    int h = g.add_activation(p + ".mlp.act.out", {N, H / t}, l, act);
+    node(glu ? OpKind::SwiGLU : OpKind::Gelu, p + ".mlp.act", {u}, {h}, l, "mlp");
+    int wp = row_weight(p + ".mlp.proj.weight", C, H, l);
+    int bp = m.bias ? g.add_param(p + ".mlp.proj.bias", {C}, l, false) : -1;
+    int o2 = linear(p + ".mlp.proj", h, wp, bp, C, l, "mlp");
+    o2 = dropout(p + ".mlp.drop", o2, l, "mlp", site + 3);
+    return add(p + ".res2", x1, o2, l);
+  }
+
+  Graph build() {
+    const ModelConfig& m = s.model;
+    int64_t last = s.last_layer < 0 ? m.n_layers : s.last_layer;
+    int x;
+    int wte = -1;
+    if (s.first_stage) {
+      g.tokens = g.add_input("tokens", {g.B, g.T}, DType::I32);
+      ShardSpec sh{t > 1 ? 0 : -1, static_cast<int>(t), static_cast<int>(s.tp_rank), 1};
+      wte = g.add_param("wte", {V / t, C}, -1, true, sh, {V, C});
+      std::vector<int> in{g.tokens, wte};
+      if (m.position == "learned") in.push_back(g.add_param("wpe", {m.seq_len, C}, -1, true));
+      x = g.add_activation("embed.out", {N, C}, -1, act);
+      node(OpKind::Embedding, "embed", in, {x}, -1, "embed");
+      x = dropout("embed.drop", x, -1, "embed", 1);
+    } else {
+      x = g.add_activation("stage.in", {N, C}, static_cast<int>(s.first_layer), act);
+      g.stage_input = x;
+    }
+    for (int64_t l = s.first_layer; l < last; ++l) x = block(x, static_cast<int>(l));
+    if (s.last_stage) {
+      int xf = norm("ln_f", x, -1, "head");
+      int wlm = wte;
+      if (!m.tie_embeddings || wlm < 0) {
+        ShardSpec sh{t > 1 ? 0 : -1, static_cast<int>(t), static_cast<int>(s.tp_rank), 1};
+        wlm = g.add_param(m.tie_embeddings ? "wte" : "lm_head.weight", {V / t, C}, -1, true, sh, {V, C});
+      }
+      g.logits = linear("lm_head", xf, wlm, -1, V / t, -1, "head");
+      g.tensors[g.logits].dtype = DType::F32;  // the loss is always computed in fp32
+      g.targets = g.add_input("targets", {g.B, g.T}, DType::I32);
+      g.losses = g.add_activation("loss.per_position", {N}, -1, DType::F32);
+      int xe = node(OpKind::SoftmaxXent, "loss", {g.logits, g.targets}, {g.losses}, -1, "loss");
+      g.nodes[xe].inplace = true;
+      g.nodes[xe].vocab_real = t > 1 ? V / t : m.vocab_size;
+    } else {
+      g.stage_output = x;
+    }
+    g.finalize();
+    return std::move(g);
+  }
+};
+
+}  // namespace
+
+Graph build_gpt_graph(const GptSpec& spec) { return Builder(spec).build(); }
+
+int64_t ParamSet::numel() const {
+  int64_t n = 0;
+  for (auto& v : values) n += v.numel();
+  return n;
+}
+
+int ParamSet::index(const std::string& name) const {
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return static_cast<int>(i);
+  return -1;
+}
+
+int64_t shard_to_full_index(const ops::TensorDesc& d, int64_t i) {
+  if (d.shard.dim < 0 || d.shard.parts <= 1) return i;
+  const auto& S = d.shape;
+  const auto& F = d.full_shape;
+  int nd = static_cast<int>(S.size());
+  int64_t full = 0, rem = i;
+  std::vector<int64_t> idx(nd);
+  for (int k = nd - 1; k >= 0; --k) { idx[k] = rem % S[k]; rem /= S[k]; }
+  int dd = d.shard.dim;
+  int64_t sb = S[dd] / d.shard.blocks, fb = F[dd] / d.shard.blocks;
+  int64_t block = idx[dd] / sb, within = idx[dd] % sb;
+  idx[dd] = block * fb + d.shard.index * sb + within;
+  for (int k = 0; k < nd; ++k) full = full * F[k] + idx[k];
+  return full;
+}
+
+ParamSet init_params(const Graph& g, const ModelConfig& m, uint64_t seed) {
+  ParamSet ps;
+  double proj_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.n_layers));
+  for (int id : g.params) {
+    const ops::TensorDesc& d = g.tensors[id];
+    if (ps.index(d.name) >= 0) continue;  // tied weights appear once
+    ops::Tensor v(d.shape, ops::DType::F32, ops::Account::Parameters);
+    ops::Tensor gr(d.shape, ops::DType::F32, ops::Account::Gradients);
+    float* p = v.data<float>();
+    int64_t n = v.numel();
+    auto ends_with = [&](const std::string& suf) {
+      return d.name.size() >= suf.size() && d.name.compare(d.name.size() - suf.size(), suf.size(), suf) == 0;
+    };
+    bool is_norm = d.name.find(".ln") != std::string::npos || d.name.rfind("ln_f", 0) == 0;
+    if (ends_with(".bias")) {
+      // zeros
+    } else if (is_norm) {
+      for (int64_t i = 0; i < n; ++i) p[i] = 1.0f;
+    } else {
+      double std = (ends_with("attn.proj.weight") || ends_with("mlp.proj.weight")) ? proj_std : m.init_std;
+      uint64_t key = ops::rng_key(seed, ops::hash_name(d.name.c_str()));
+      for (int64_t i = 0; i < n; ++i)
+        p[i] = static_cast<float>(std * ops::rng_normal(key, static_cast<uint64_t>(shard_to_full_index(d, i))));
+    }
+    ps.names.push_back(d.name);
+    ps.values.push_back(std::move(v));
+    ps.grads.push_back(std::move(gr));
+    ps.decay.push_back(d.decay);
+  }
+  return ps;
+}
+
+}  // namespace runner
+
+namespace runner {
+void bind_params(ops::Executor& ex, const ops::Graph& g, ParamSet& ps) {
+  for (int id : g.params) {
+    int i = ps.index(g.tensors[id].name);
+    RUNNER_CHECK(i >= 0, "parameter " + g.tensors[id].name + " missing from the parameter set");
+    ex.bind_param(id, &ps.values[static_cast<size_t>(i)], &ps.grads[static_cast<size_t>(i)]);
+  }
+}
+}  // namespace runner

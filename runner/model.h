@@ -1,0 +1,67 @@
+// Model families expanded into operator graphs.
+//
+// The `gpt` family (pre-norm GPT-2 / LLaMA-style decoder) becomes one ops::Graph per
+// rank: this rank's tensor-parallel shard of every matrix, this pipeline stage's layers,
+// one micro-batch. The plan's ledger, the recompute planner and the executor all read
+// that graph. Parameter names are stable paths ("h.3.attn.qkv.weight") used by
+// checkpoints and the PyTorch fixtures (docs/fixtures.md).
+#pragma once
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ops/executor.h"
+#include "ops/graph.h"
+#include "ops/tensor.h"
+#include "runner/recipe.h"
+
+namespace runner {
+
+struct GptSpec {
+  ModelConfig model;
+  int64_t B = 1;                 // micro-batch sequences
+  int64_t T = 0;                 // sequence length (0: model.seq_len)
+  int64_t tp = 1, tp_rank = 0;
+  int64_t first_layer = 0;       // this pipeline stage's layers [first_layer, last_layer)
+  int64_t last_layer = -1;       // -1: n_layers
+  bool first_stage = true, last_stage = true;
+  int64_t vocab_padded = 0;      // 0: vocab_size rounded up to a multiple of tp
+  ops::DType act_dtype = ops::DType::F32;
+  // recompute[layer] = modules of that layer to recompute (norm, attention, attention_core, mlp, residual)
+  std::vector<std::set<std::string>> recompute;
+};
+
+// Vocabulary padded to a multiple of `multiple` (tp): returns the padded size.
+int64_t padded_vocab(int64_t vocab, int64_t multiple);
+
+// Per-layer recompute sets from the recipe's recompute section.
+std::vector<std::set<std::string>> recompute_sets(const RecomputeConfig& rc, int64_t n_layers);
+
+ops::Graph build_gpt_graph(const GptSpec& spec);
+
+// Parameter values and gradients bound to a graph, in graph.params order.
+struct ParamSet {
+  std::vector<std::string> names;
+  std::vector<ops::Tensor> values;   // account: parameters
+  std::vector<ops::Tensor> grads;    // account: gradients
+  std::vector<bool> decay;
+  int64_t numel() const;
+  int index(const std::string& name) const;  // -1 if absent
+};
+
+// Allocates and initialises parameters: normal(0, init_std) for matrices and embeddings
+// (residual output projections scaled by 1/sqrt(2*n_layers), GPT-2), ones for norm weights,
+// zeros for biases. Values are a function of (seed, name, logical element index), so every
+// tensor-parallel layout initialises the same logical model.
+ParamSet init_params(const ops::Graph& g, const ModelConfig& m, uint64_t seed);
+
+// Index of element `i` of a shard in its full logical tensor.
+int64_t shard_to_full_index(const ops::TensorDesc& d, int64_t i);
+
+}  // namespace runner
+
+namespace runner {
+// Binds every parameter of `g` (tied weights included) to its value and gradient in `ps`.
+void bind_params(ops::Executor& ex, const ops::Graph& g, ParamSet& ps);
+}  // namespace runner

@@ -1,0 +1,82 @@
+// The plan: what a recipe resolves to before any compute is spent.
+//
+// make_plan() resolves the batch equation (global = micro x dp x accum), the process
+// grid, the pipeline stage split and the recompute set, checks every divisibility rule,
+// and computes the per-rank memory ledger by building each pipeline stage's operator
+// graph and dry-running the executor over it (invariant 1: the ledger reads the graph).
+// Problems a user can fix are UserErrors at the recipe field's file:line:col.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runner/model.h"
+#include "runner/recipe.h"
+
+namespace runner {
+
+// Bytes per rank of one pipeline stage (all tensor-parallel ranks of a stage are alike).
+struct StageLedger {
+  int stage = 0;
+  int64_t first_layer = 0, last_layer = 0;  // [first, last)
+  int64_t params = 0;                       // parameter elements held by one rank
+  double parameters = 0;                    // weights in the compute dtype
+  double gradients = 0;                     // in the gradient-accumulation dtype
+  double optimizer = 0;                     // Adam m, v (+ fp32 master weights), / dp under ZeRO-1
+  double activations = 0;                   // peak: in-flight micro-batches x per-micro + recompute transient
+  double activations_per_micro = 0;         // held for backward after one micro-batch's forward
+  double recompute_transient = 0;           // rebuilt during backward for one recompute segment
+  int64_t micro_in_flight = 1;              // 1F1B: p - stage; GPipe: all micro-batches
+  double workspace = 0;                     // activation gradients and forward temporaries at peak
+  double communication = 0;                 // gradient buckets, tp and pipeline buffers
+  double total() const { return parameters + gradients + optimizer + activations + workspace + communication; }
+};
+
+struct InferencePlan {
+  int64_t batch = 1, context = 0;
+  std::string kv_dtype;
+  double weights = 0;        // per rank, worst stage
+  double kv_cache = 0;       // per rank, worst stage, at `batch`
+  double kv_per_sequence = 0;
+  int64_t max_batch = 0;     // largest batch whose KV cache fits beside the weights
+};
+
+struct Plan {
+  Recipe recipe;
+  int64_t world = 1, dp = 1, tp = 1, pp = 1;
+  int64_t global = 0, micro = 0, accum = 0;
+  std::vector<std::string> derived;   // which of global/micro/accum were derived
+  int64_t vocab_padded = 0;
+  std::vector<int64_t> stage_layers;
+  double bubble = 0;                  // (p-1)/(v*m + p-1)
+  int64_t param_count = 0;            // logical model parameters (padded vocabulary included)
+  int64_t tokens_per_step = 0;
+  double flops_per_token = 0;         // training FLOPs per token (6N + attention)
+  std::vector<StageLedger> stages;
+  double device_memory = 0;           // bytes per device
+  bool fits = true;
+  std::vector<std::string> notes, warnings, suggestions;
+  std::optional<InferencePlan> inference;
+
+  const StageLedger& worst_stage() const;
+  nlohmann::json to_json() const;
+  std::string table() const;          // the human report
+  // The graph of one stage for this plan's micro-batch (what train executes).
+  GptSpec stage_spec(int stage, int64_t tp_rank = 0) const;
+};
+
+// world_size 0: take it from the recipe (dp x tp x pp when dp is given, else hardware
+// nodes x devices_per_node). A nonzero world_size (the MPI world) must match the recipe.
+Plan make_plan(const Recipe& r, int64_t world_size = 0);
+
+// Device memory in bytes for a hardware section (cpu: this host's memory).
+double device_memory_bytes(const HardwareConfig& hw);
+// Peak dense FLOP/s per device for MFU (0 when unknown).
+double device_peak_flops(const HardwareConfig& hw, const std::string& compute_dtype);
+
+std::string format_bytes(double bytes);  // "3.21 GiB"
+
+}  // namespace runner

@@ -1,0 +1,46 @@
+// Everything needed to continue training bit for bit: what a checkpoint holds.
+//
+// All randomness in the runner is counter-based (ops/rng.h): parameter initialisation is a
+// function of (init_seed, name, element), dropout of (dropout_seed, step, site, element),
+// data order of (data_seed, epoch, index). So "every RNG state" is a handful of integers,
+// stored per rank all the same so that a future stateful generator has its place.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ops/tensor.h"
+#include "runner/data.h"
+#include "runner/model.h"
+
+namespace runner {
+
+struct RngState {
+  uint64_t init_seed = 0;     // parameter initialisation
+  uint64_t dropout_seed = 0;  // dropout masks: key = rng_key(dropout_seed, step, ...)
+  uint64_t data_seed = 0;     // data shuffling
+  uint64_t sample_seed = 0;   // host-side sampling (ops::SplitMix key)
+  uint64_t sample_counter = 0;
+};
+
+struct LossScalerState {
+  double scale = 1.0;          // 1 for fp32/bf16
+  int64_t good_steps = 0;      // consecutive finite steps since the last change
+  int64_t skipped_steps = 0;   // total overflowed steps skipped
+};
+
+struct TrainState {
+  int64_t step = 0;            // optimizer steps completed
+  int64_t tokens = 0;          // training tokens consumed
+  ParamSet params;             // values (parameters account) and grads (gradients account)
+  std::vector<ops::Tensor> adam_m, adam_v;  // one per parameter, fp32, optimizer account
+  LoaderState loader;          // the train loader's cursor at the step boundary
+  RngState rng;
+  LossScalerState scaler;
+  double loss_ema = 0;         // running mean of the loss (spike detection)
+  std::string recipe_yaml;     // the resolved recipe
+  // Per rank (world rank order); a single-rank run has one entry.
+  int world_rank = 0, world_size = 1;
+};
+
+}  // namespace runner

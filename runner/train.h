@@ -1,0 +1,24 @@
+// `runner train`: the training loop of one rank over the plan's graph.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "runner/plan.h"
+
+namespace runner {
+
+struct TrainOptions {
+  std::string run_dir;       // empty: recipe.train.run_dir, else runs/<name>
+  bool resume = false;       // continue from the run directory's checkpoints
+  int64_t resume_step = -1;  // -1: LATEST
+  bool strict = false;       // a corrupt checkpoint is an error instead of a fallback
+  bool quiet = false;        // no progress lines on stdout (the log file still gets them)
+};
+
+// Runs training; returns the process exit code (0 done, 2 bad input, 3 preempted).
+int run_training(const Plan& plan, const TrainOptions& opts);
+
+// Default run directory for a recipe.
+std::string default_run_dir(const Recipe& r);
+
+}  // namespace runner
