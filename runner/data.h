@@ -33,6 +33,7 @@ class DataSource {
   virtual std::string describe() const = 0;    // one line for the startup table
   virtual int64_t num_samples() const = 0;     // samples in one epoch (may be huge for generated tasks)
   virtual int64_t max_token() const = 0;       // largest token id that can appear (checked against vocab)
+  virtual int64_t seq_len() const = 0;         // T: tokens per sample (the loader sizes batches by it)
   // Writes sample `index` (0 <= index < num_samples) as T tokens and T targets.
   virtual void sample(int64_t index, int32_t* tokens, int32_t* targets) const = 0;
 };
@@ -43,6 +44,12 @@ class DataSource {
 std::unique_ptr<DataSource> open_source(const DataConfig& cfg, Split split, int64_t seq_len, int64_t vocab_size,
                                         uint64_t seed);
 
+// sample_cursor counts global samples consumed by all dp ranks together, ranks assumed in
+// lockstep: after each rank has taken j of the accum micro-batches of step g it is
+// g*global + j*micro*dp. At a step boundary it is step*global in every layout (so such a
+// checkpoint resumes under any layout); mid-step it still names each rank's next
+// micro-batch exactly, for the same layout. restore() adopts `seed` too (the order the run
+// was trained on wins over the recipe's).
 struct LoaderState {
   int64_t sample_cursor = 0;  // global samples consumed (all dp ranks together)
   uint64_t seed = 0;
@@ -70,10 +77,13 @@ class DataLoader {
   Batch next();
   // Milliseconds next() spent waiting since the last call to take_wait_ms().
   double take_wait_ms();
-  // State at a step boundary (every micro-batch of the step consumed).
+  // State at a step boundary (every micro-batch of the step consumed); callable anywhere,
+  // see LoaderState. Counts micro-batches returned by next(), not those prefetched.
   LoaderState state() const;
-  void restore(const LoaderState& s);  // drops prefetched batches and restarts at s
-  int64_t epoch() const;
+  // Drops prefetched batches and restarts at s. A cursor that is not a micro-batch
+  // boundary of this layout (a mid-step checkpoint from another layout) is a UserError.
+  void restore(const LoaderState& s);
+  int64_t epoch() const;  // sample_cursor / num_samples
 
  private:
   struct Impl;

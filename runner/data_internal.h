@@ -1,0 +1,105 @@
+// Pieces of runner/data shared by its .cpp files and its tests; not part of the public API.
+//
+// - IndexPermutation: the O(1)-memory shuffle (a Feistel bijection with cycle-walking).
+// - The addition task's held-out rule.
+// - hdf5_mutex(): the HDF5 library on this system is built WITHOUT thread safety, so every
+//   HDF5 call made while another thread may also call HDF5 (loader workers, an async
+//   checkpoint writer) must hold this one process-wide lock.
+// - The concrete sources' factories (one per file kind) and the split arithmetic they share.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "runner/data.h"
+
+namespace runner::data_detail {
+
+// A pseudo-random bijection of [0, n), keyed by `key`, evaluated in O(1) time and memory.
+//
+// A balanced Feistel network is a permutation of [0, 2^(2h)) whatever its round function
+// (Luby-Rackoff); we take the smallest 2h >= bits(n-1) and "cycle-walk": re-apply the
+// network until the value lands back in [0, n). Restricting a permutation to a subset by
+// following its cycles is again a permutation of that subset, and since 2^(2h) < 4n the
+// expected number of walks is below 4. This lets the loader shuffle 2^40 generated samples
+// without materialising anything.
+class IndexPermutation {
+ public:
+  IndexPermutation(uint64_t n, uint64_t key);
+  uint64_t operator()(uint64_t i) const;  // requires i < n
+  uint64_t size() const { return n_; }
+
+ private:
+  static constexpr int kRounds = 6;
+  uint64_t feistel(uint64_t x) const;
+  uint64_t n_;
+  int half_bits_;
+  uint64_t mask_;
+  uint64_t round_key_[kRounds];
+};
+
+// The addition task holds out every problem (a, b) whose hash lands in 1/20 of the range.
+// The rule depends only on (digits, a, b), never on a seed, so no seed can ever train on a
+// problem that addition_eval_problems() or the Val split may return.
+bool addition_held_out(int64_t digits, uint64_t a, uint64_t b);
+constexpr uint64_t kAdditionHeldOutModulus = 20;
+constexpr int64_t kAdditionMaxDigits = 18;  // a + b must fit in 64 bits
+
+std::mutex& hdf5_mutex();
+
+// An HDF5 split whose tokens take at most this many bytes (default 512 MiB) is read into
+// memory at open, fully verified, and served without touching HDF5 again; a larger one is
+// streamed window by window (serialized on hdf5_mutex()). Tests lower it to exercise both.
+std::atomic<int64_t>& hdf5_in_memory_limit();
+
+// Token range [begin, end) of one split of a token stream of n tokens. `whole` means the
+// split has a file of its own (val_path) and so takes everything.
+struct SplitRange {
+  int64_t begin = 0, end = 0;
+};
+SplitRange split_range(int64_t n, const DataConfig& cfg, Split split, bool whole);
+
+// Base of the file sources: sample i is the window of T+1 tokens starting at token
+// begin + i*T of the split (stride T, so consecutive windows share one token: the last
+// target of one is the first token of the next). num_samples = (end - begin - 1) / T.
+class WindowSource : public DataSource {
+ public:
+  WindowSource(std::string path, SplitRange range, int64_t T) : path_(std::move(path)), range_(range), T_(T) {}
+  int64_t num_samples() const override { return (range_.end - range_.begin - 1) / T_; }
+  int64_t seq_len() const override { return T_; }
+  void sample(int64_t index, int32_t* tokens, int32_t* targets) const override;
+
+ protected:
+  // Tokens [start, start+count) of the whole file (not of the split).
+  virtual void read(int64_t start, int64_t count, int32_t* out) const = 0;
+  // "train split: tokens [a, b) of N, K samples of T+1 at stride T".
+  std::string describe_windows(int64_t total_tokens) const;
+  std::string path_;
+  SplitRange range_;
+  int64_t T_;
+};
+
+// Throws UserError unless the split holds at least T+1 tokens (one sample).
+void check_split_length(const std::string& path, int64_t total_tokens, SplitRange range, Split split, bool whole,
+                        int64_t T);
+
+// The concrete sources. `path` is the file for this split (cfg.path, or cfg.val_path for
+// Val when given); each checks format, length and token range and throws UserError.
+std::unique_ptr<DataSource> open_addition(const DataConfig& cfg, Split split, int64_t T, int64_t vocab_size,
+                                          uint64_t seed);
+std::unique_ptr<DataSource> open_text(const std::string& path, const DataConfig& cfg, Split split, bool whole,
+                                      int64_t T, int64_t vocab_size);
+std::unique_ptr<DataSource> open_bin(const std::string& path, const DataConfig& cfg, Split split, bool whole,
+                                     int64_t T, int64_t vocab_size);
+std::unique_ptr<DataSource> open_hdf5(const std::string& path, const DataConfig& cfg, Split split, bool whole,
+                                      int64_t T, int64_t vocab_size);
+
+// The llm.c token file header: 256 int32, [0] magic, [1] version, [2] token count.
+constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcVersion = 1;
+constexpr int64_t kLlmcHeaderBytes = 256 * 4;
+
+}  // namespace runner::data_detail
