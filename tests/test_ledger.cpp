@@ -1,0 +1,198 @@
+// The memory ledger against published arithmetic.
+//
+// Static memory: mixed-precision Adam costs 2 + 2 + 12 = 16 bytes per parameter (ZeRO,
+// Rajbhandari et al. 2020), ZeRO-1 per device 4P + 12P/N. Activations per layer:
+// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+// Models", 16-bit: sbh(34 + 5as/h) with dropout and no parallelism, sbh(10 + 24/t +
+// 5as/(ht)) under tensor parallelism t, full recompute 2sbh.
+//
+// Our graph keeps different tensors than Megatron in three places, and these tests pin our
+// numbers as (Megatron's) - (what we do not store) + (what we store in addition):
+//  - dropout masks are regenerated from the counter-based RNG, never stored: -2sbh for the
+//    two residual dropouts, -as^2b for the attention-probability dropout;
+//  - attention keeps only the softmax output and re-applies the (regenerated) dropout in
+//    backward, so the dropped probabilities (2as^2b) are not stored either;
+//  - LayerNorm keeps its fp32 mean and rstd (8 bytes per row, 2 norms: +16sb), which the
+//    paper neglects.
+// See docs/ledger.md.
+#include <doctest/doctest.h>
+
+#include "ops/executor.h"
+#include "runner/model.h"
+#include "runner/plan.h"
+
+using namespace runner;
+
+namespace {
+
+ModelConfig gpt_model(int64_t h, int64_t a, int64_t s, int64_t layers, double dropout) {
+  ModelConfig m;
+  m.vocab_size = 1000;
+  m.seq_len = s;
+  m.d_model = h;
+  m.n_heads = a;
+  m.n_layers = layers;
+  m.dropout = dropout;
+  return m;
+}
+
+// Activation bytes held for backward by ONE transformer layer: the difference between a
+// model with L and L-1 layers, so embedding and head drop out.
+double per_layer_activations(ModelConfig m, int64_t b, int64_t t, const std::string& recompute_modules = "") {
+  auto held = [&](int64_t layers) {
+    GptSpec spec;
+    spec.model = m;
+    spec.model.n_layers = layers;
+    spec.B = b;
+    spec.tp = t;
+    spec.act_dtype = ops::DType::BF16;
+    spec.recompute.resize(static_cast<size_t>(layers));
+    if (!recompute_modules.empty())
+      for (auto& r : spec.recompute)
+        r = recompute_modules == "full" ? std::set<std::string>{"norm", "attention", "attention_core", "mlp", "residual"}
+                                        : std::set<std::string>{recompute_modules};
+    return static_cast<double>(ops::Executor::simulate(build_gpt_graph(spec)).activations_after_forward);
+  };
+  return held(3) - held(2);
+}
+
+Recipe recipe_7b(const std::string& grad_accum, int64_t zero, int64_t dp) {
+  Recipe r;
+  r.name = "7b";
+  r.model.vocab_size = 32000;
+  r.model.seq_len = 4096;
+  r.model.d_model = 4096;
+  r.model.n_layers = 32;
+  r.model.n_heads = 32;
+  r.model.norm = "rmsnorm";
+  r.model.activation = "swiglu";
+  r.model.position = "rope";
+  r.model.mlp_ratio = 11008.0 / 4096.0;
+  r.model.tie_embeddings = false;
+  r.model.bias = false;
+  r.precision.compute = "bf16";
+  r.precision.grad_accum = grad_accum;
+  r.parallel.dp = dp;
+  r.parallel.zero = zero;
+  r.batch.micro = 1;
+  r.batch.accum = 1;
+  r.hardware.device = "h100-80gb";
+  r.hardware.devices_per_node = 8;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("mixed-precision Adam: 2 + 2 + 12 = 16 bytes per parameter; a 7B model needs ~112 GB") {
+  Plan p = make_plan(recipe_7b("bf16", 0, 1));
+  const StageLedger& L = p.stages[0];
+  double P = static_cast<double>(L.params);
+  CHECK(L.parameters == doctest::Approx(2 * P));
+  CHECK(L.gradients == doctest::Approx(2 * P));
+  CHECK(L.optimizer == doctest::Approx(12 * P));
+  CHECK((L.parameters + L.gradients + L.optimizer) / P == doctest::Approx(16.0));
+  // LLaMA-7B's shapes give 6.74e9 parameters: 16 bytes each is 107.8 GB (112 GB for 7e9).
+  CHECK(p.param_count == 6738415616);
+  CHECK((L.parameters + L.gradients + L.optimizer) / 1e9 == doctest::Approx(16 * 6.738415616).epsilon(1e-9));
+  // Our default keeps gradient accumulation in fp32: 2 + 4 + 12 = 18 bytes per parameter.
+  Plan q = make_plan(recipe_7b("fp32", 0, 1));
+  CHECK((q.stages[0].parameters + q.stages[0].gradients + q.stages[0].optimizer) / P == doctest::Approx(18.0));
+}
+
+TEST_CASE("ZeRO stage 1: 4P + 12P/N bytes per device") {
+  for (int64_t N : {2, 4, 8, 64}) {
+    Plan p = make_plan(recipe_7b("bf16", 1, N));
+    const StageLedger& L = p.stages[0];
+    double P = static_cast<double>(L.params);
+    CHECK((L.parameters + L.gradients + L.optimizer) == doctest::Approx(4 * P + 12 * P / static_cast<double>(N)));
+  }
+}
+
+TEST_CASE("activations per layer, no parallelism: Korthikanti sbh(34 + 5as/h), less what we regenerate") {
+  for (auto [s, b, h, a] : {std::array<int64_t, 4>{128, 2, 256, 4}, {2048, 1, 1024, 16}, {64, 8, 768, 12}}) {
+    double sbh = static_cast<double>(s * b * h), as2b = static_cast<double>(a * s * s * b), sb = static_cast<double>(s * b);
+    double megatron = sbh * (34.0 + 5.0 * a * s / h);
+    CHECK(megatron == doctest::Approx(34 * sbh + 5 * as2b));
+    double ours_expected = megatron - (2 * sbh + 3 * as2b) + 16 * sb;
+    CHECK(per_layer_activations(gpt_model(h, a, s, 3, 0.1), b, 1) == ours_expected);
+    // Without dropout nothing changes for us (masks were never stored).
+    CHECK(per_layer_activations(gpt_model(h, a, s, 3, 0.0), b, 1) == ours_expected);
+  }
+}
+
+TEST_CASE("activations per layer under tensor parallelism t: sbh(10 + 24/t + 5as/(ht))") {
+  int64_t s = 256, b = 2, h = 512, a = 8;
+  double sbh = static_cast<double>(s * b * h), as2b = static_cast<double>(a * s * s * b), sb = static_cast<double>(s * b);
+  for (int64_t t : {1, 2, 4, 8}) {
+    double megatron = sbh * (10.0 + 24.0 / t + 5.0 * a * s / (h * t));
+    double ours_expected = megatron - 2 * sbh - 3 * as2b / t + 16 * sb;
+    CHECK(per_layer_activations(gpt_model(h, a, s, 3, 0.1), b, t) == doctest::Approx(ours_expected).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("selective recompute of the attention core drops the as^2b terms: sbh(10 + 24/t) less masks") {
+  int64_t s = 256, b = 2, h = 512, a = 8;
+  double sbh = static_cast<double>(s * b * h), sb = static_cast<double>(s * b);
+  for (int64_t t : {1, 2, 4}) {
+    double megatron = sbh * (10.0 + 24.0 / t);  // Korthikanti Table 2, selective, no sequence parallelism
+    double ours_expected = megatron - 2 * sbh + 16 * sb;
+    CHECK(per_layer_activations(gpt_model(h, a, s, 3, 0.1), b, t, "attention_core") == ours_expected);
+  }
+}
+
+TEST_CASE("full recompute keeps only each layer's input: 2sbh") {
+  int64_t s = 128, b = 4, h = 256, a = 4;
+  CHECK(per_layer_activations(gpt_model(h, a, s, 3, 0.1), b, 1, "full") == 2.0 * s * b * h);
+}
+
+TEST_CASE("recompute transient: one layer's internals are rebuilt at a time") {
+  Recipe r = recipe_7b("bf16", 0, 1);
+  r.model.n_layers = 4;
+  r.model.seq_len = 512;
+  r.recompute.mode = "full";
+  Plan full = make_plan(r);
+  r.recompute.mode = "none";
+  Plan none = make_plan(r);
+  const StageLedger &F = full.stages[0], &N = none.stages[0];
+  CHECK(F.activations_per_micro < N.activations_per_micro);
+  CHECK(F.recompute_transient > 0);
+  CHECK(N.recompute_transient == 0);
+  // The transient is at most one layer's worth of what no-recompute keeps.
+  CHECK(F.recompute_transient <= N.activations_per_micro / 4 + 1);
+}
+
+TEST_CASE("1F1B: stage i holds p - i micro-batches; GPipe holds all of them") {
+  Recipe r = recipe_7b("bf16", 0, 1);
+  r.model.n_layers = 8;
+  r.model.seq_len = 256;
+  r.parallel.pp = 4;
+  r.parallel.dp = 1;
+  r.batch.accum = 8;
+  Plan p = make_plan(r);
+  REQUIRE(p.stages.size() == 4);
+  for (int i = 0; i < 4; ++i) {
+    CHECK(p.stages[i].micro_in_flight == 4 - i);
+    CHECK(p.stages[i].activations ==
+          doctest::Approx(p.stages[i].activations_per_micro * (4 - i) + p.stages[i].recompute_transient));
+  }
+  CHECK(p.bubble == doctest::Approx(3.0 / (8 + 3)));
+  r.parallel.schedule = "gpipe";
+  Plan g = make_plan(r);
+  for (auto& st : g.stages) CHECK(st.micro_in_flight == 8);
+}
+
+TEST_CASE("inference sizing: KV cache per rank and the largest batch that fits") {
+  Recipe r = recipe_7b("bf16", 0, 1);
+  r.inference = InferenceConfig{4, 4096, "fp16"};
+  Plan p = make_plan(r);
+  REQUIRE(p.inference);
+  // 2 (K and V) x layers x context x d_model x 2 bytes per sequence.
+  double per_seq = 2.0 * 32 * 4096 * 4096 * 2;
+  CHECK(p.inference->kv_per_sequence == per_seq);
+  CHECK(p.inference->kv_cache == 4 * per_seq);
+  double weights = 2.0 * static_cast<double>(p.stages[0].params);
+  CHECK(p.inference->weights == weights);
+  CHECK(p.inference->max_batch == static_cast<int64_t>((80.0 * (1ull << 30) - weights) / per_seq));
+  r.inference->kv_dtype = "int8";
+  CHECK(make_plan(r).inference->kv_per_sequence == per_seq / 2);
+}
