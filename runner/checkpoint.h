@@ -1,0 +1,217 @@
+// Checkpoints: the training state as one HDF5 file per step, written atomically, read as
+// untrusted input. The format is documented for h5dump/h5py users in docs/checkpoint-format.md.
+//
+// Design:
+// - One logical tensor per dataset (/params/<name>, /optimizer/adam_m/<name>, ...), contiguous,
+//   uncompressed, each with a crc32c attribute over its stored bytes. A contiguous dataset's
+//   bytes sit at one file offset (H5Dget_offset), so verifying and loading read them with
+//   pread, in bounded pieces, whatever the file claims; HDF5 is asked only for metadata, and
+//   every shape, type and size is checked against what the state expects before any byte of
+//   it is read.
+// - Publication is a rename: write `.step_N.h5.tmp.<pid>`, verify it, fsync, rename, fsync the
+//   directory, then replace LATEST the same way. A crash at any instant leaves the previous
+//   checkpoint and LATEST as they were (ARCHITECTURE.md, invariant 5).
+// - CheckpointManager owns cadence, asynchronous writing (a snapshot in host memory at the
+//   step boundary, one background writer, errors rethrown on the training thread), retention
+//   and loading with fallback to the newest checkpoint that verifies.
+// - The HDF5 library here is built without thread safety: every HDF5 call holds the process
+//   lock data_detail::hdf5_mutex() (shared with the data loader's workers), taken per slab so
+//   a background write never starves the loader for long.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runner/recipe.h"
+#include "runner/state.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace runner {
+
+constexpr int kCheckpointFormatVersion = 1;  // bumped on any incompatible change of the layout
+
+// ---- checksums ----
+// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), zlib-style chaining:
+// crc32c(crc32c(0, a), b) == crc32c(0, a+b). Hardware instruction when the build targets
+// SSE4.2 or ARMv8 CRC, else slicing-by-8 tables. crc32c(0, "123456789", 9) == 0xE3069283.
+uint32_t crc32c(uint32_t crc, const void* data, size_t n);
+uint32_t crc32c_portable(uint32_t crc, const void* data, size_t n);  // the table version, for tests
+
+// ---- names in a checkpoint directory ----
+std::string checkpoint_file_name(int64_t step);                          // "step_00000020.h5"
+bool parse_checkpoint_file_name(const std::string& name, int64_t* step);  // false unless step_<digits>.h5
+std::vector<int64_t> list_checkpoint_steps(const std::string& dir);      // ascending; [] if no dir
+// The file name LATEST points to ("" when LATEST is missing or malformed).
+std::string read_latest(const std::string& dir);
+// Removes leftover temporaries (".*.tmp.*" regular files) of crashed writers. Returns how many.
+int cleanup_stale(const std::string& dir);
+
+// ---- one file ----
+// Which rank of how many. Single-rank runs write everything; with issue 5 each rank writes its
+// slice of every logical tensor and its own /rng/rank_<r> and /data/rank_<r>.
+struct CheckpointRank {
+  int rank = 0;
+  int size = 1;
+};
+
+struct WriteOptions {
+  bool optimizer_bf16 = false;  // moments stored as bf16 (uint16 + dtype=bf16): halves them, NOT bit-exact
+  CheckpointRank rank;
+};
+
+struct SaveResult {
+  std::string path;        // the published file
+  int64_t step = 0;
+  int64_t tensor_bytes = 0;  // tensor data written
+  int64_t file_bytes = 0;
+  double write_seconds = 0;  // write + verify + fsync + rename + LATEST (the whole disk cost)
+};
+
+// Writes `state` into a new file at `path` (must not exist) and closes it. Throws
+// std::runtime_error (I/O, disk full) naming the path; a fault injected by the hooks below
+// throws CheckpointFault (or _exits). Returns the tensor bytes written.
+int64_t write_checkpoint_file(const std::string& path, const TrainState& state, const WriteOptions& opt);
+
+// The whole atomic protocol: temporary, verify, fsync, rename, fsync dir, LATEST (rank 0).
+// Creates `dir` if needed. Leaves no temporary behind when it throws (a crash may, see cleanup_stale).
+SaveResult write_checkpoint_atomic(const std::string& dir, const TrainState& state, const WriteOptions& opt);
+
+// Reads `path` into `state`, whose ParamSet names and shapes say what is expected. Checks every
+// dataset's presence, type, shape and storage before reading any, then verifies each checksum.
+// Throws UserError (loc = the file) naming the dataset at fault. On throw, `state`'s tensors
+// may be partly overwritten (its scalars are not): load another checkpoint or discard it.
+// Moments (adam_m/adam_v) are allocated (fp32, optimizer account) when `state` has none.
+// Gradients are not part of a checkpoint (they are zero at a step boundary).
+void load_checkpoint_file(const std::string& path, TrainState& state);
+
+// Verifies every dataset's checksum and /state's without a model. Throws UserError at the first problem.
+void verify_checkpoint_file(const std::string& path);
+
+// The resolved recipe stored in a checkpoint (checksum verified), for `runner resume`.
+std::string read_recipe_text(const std::string& path);
+// The step stored in a checkpoint's /state (checksum verified).
+int64_t read_checkpoint_step(const std::string& path);
+
+// `runner inspect`: step, tokens, versions, recipe summary, every dataset with shape, dtype,
+// bytes and checksum status, and a verdict line. Throws UserError when the file cannot be opened
+// as a checkpoint at all. *ok (if given) is set to whether everything verified.
+std::string inspect_checkpoint(const std::string& path, bool* ok = nullptr);
+
+// ---- fault injection (tests) ----
+// A write that reaches `n` bytes of tensor data (n >= 0) stops: it throws CheckpointFault, or,
+// when the environment has RUNNER_CKPT_FAULT_EXIT=1, calls _exit(137) to simulate a crash.
+// n < 0 disables. Without a call, RUNNER_CKPT_FAULT_AFTER_BYTES from the environment is used.
+void set_write_fault_after_bytes(int64_t n);
+// Faults at a stage of the atomic protocol instead (same throw / _exit behaviour).
+enum class WriteFault { None, BeforeClose, BeforeRename, BeforeLatest, BeforeLatestRename };
+void set_write_fault_at(WriteFault where);
+struct CheckpointFault : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ---- in-memory copies ----
+// A deep copy of everything a checkpoint holds (params and moments cloned into `account`;
+// gradients are not copied). What the async writer snapshots.
+TrainState clone_state(const TrainState& s, ops::Account account);
+
+// The cheap tier: a copy of the state in host memory every K steps, so a non-finite loss or a
+// spike rolls back without touching disk. Buffers are reused when shapes do not change.
+class MemorySnapshot {
+ public:
+  void take(const TrainState& s);
+  // Copies params, moments, loader, rng, scaler, step, tokens, loss_ema back into `s` (whose
+  // tensors must have the snapshot's shapes). Gradients and recipe_yaml are left alone.
+  void restore(TrainState& s) const;
+  bool valid() const { return valid_; }
+  int64_t step() const { return state_.step; }
+  size_t bytes() const;
+  void clear();
+
+ private:
+  TrainState state_;
+  bool valid_ = false;
+};
+
+// ---- the manager ----
+class CheckpointManager {
+ public:
+  // Writes nothing until the first save (the directory is created then).
+  CheckpointManager(std::string dir, CheckpointConfig cfg, CheckpointRank rank = {});
+  ~CheckpointManager();  // joins a write in flight (its error is logged, not thrown)
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  void set_logger(std::shared_ptr<spdlog::logger> log);  // default: spdlog's default logger
+  const std::string& dir() const { return dir_; }
+
+  // Whether a checkpoint is due after `step` (steps completed), `elapsed_seconds` into the run.
+  // steps: step % every_steps == 0; minutes: every_minutes since the last due; auto: at the first
+  // call, then every max(20 x measured write time, auto_min_interval_seconds) seconds; never: false.
+  bool due(int64_t step, double elapsed_seconds);
+
+  // Saves `s`. Sync: writes now. Async (config) and !final: snapshots `s` into host memory and
+  // returns; a background thread writes; the next save waits for it. final: always synchronous
+  // and durable on return. A save of a step already saved is skipped. Rethrows a stored
+  // background error before anything else.
+  void save(const TrainState& s, bool final = false);
+  void wait();  // joins a write in flight; rethrows its error
+  void poll();  // rethrows a finished background write's error without waiting
+
+  // Loads LATEST (or, without LATEST, the newest step file). A checkpoint that does not verify:
+  // strict -> its UserError; otherwise logged (file and dataset) and the next older one is tried,
+  // saying so; none verifies -> UserError listing each failure. Returns the step loaded, or
+  // nullopt when the directory holds no checkpoint at all.
+  std::optional<int64_t> load_latest(TrainState& s, bool strict);
+  // Loads step_<step>.h5; if it does not verify and !strict, falls back to older ones.
+  int64_t load_step(int64_t step, TrainState& s, bool strict);
+  bool has_checkpoints() const;
+  // The recipe stored in the checkpoint a resume would start from (step < 0: LATEST), for
+  // `runner resume RUN_DIR`, read BEFORE anything is built: candidates in load_latest's order,
+  // the first whose /state and /recipe verify. Throws UserError when none does.
+  std::string resume_recipe_text(bool strict, int64_t step = -1);
+
+  // Measurements.
+  double last_stall_seconds() const;    // time save() blocked the caller (sync: whole write; async: snapshot)
+  double last_write_seconds() const;    // disk cost of the last completed write
+  double auto_interval_seconds() const; // 0 until measured (auto cadence)
+  int64_t last_saved_step() const;
+  int64_t saves_completed() const;
+  double auto_min_interval_seconds = 10.0;  // floor of the auto interval (tiny models write in ms)
+
+ private:
+  void write_now(const TrainState& s);  // write + retention + measurements (either thread)
+  void apply_retention(int64_t newest);
+  void join_and_rethrow();
+  // Files to try, newest first: LATEST (or the step asked for), then older steps. Empty: none at all.
+  std::vector<std::string> candidates(int64_t step) const;
+  int64_t load_from(const std::vector<std::string>& candidates, TrainState& s, bool strict);
+  spdlog::logger& log() const;
+
+  std::string dir_;
+  CheckpointConfig cfg_;
+  CheckpointRank rank_;
+  WriteOptions wopt_;
+  std::shared_ptr<spdlog::logger> log_;
+
+  std::thread worker_;
+  mutable std::mutex mu_;           // guards the fields below, shared with the writer thread
+  std::exception_ptr error_;
+  double last_stall_ = 0, last_write_ = 0, auto_interval_ = 0;
+  int64_t last_saved_step_ = -1, saves_ = 0;
+  double next_due_elapsed_ = -1;    // minutes/auto: when the next save is due (-1: not yet known)
+  double last_due_elapsed_ = 0;     // auto: when the save whose cost is being measured was due
+  bool auto_pending_ = false;       // auto: first save requested, its cost not yet known
+};
+
+}  // namespace runner

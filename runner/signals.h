@@ -1,0 +1,30 @@
+// Preemption: SIGTERM and SIGUSR1 (what Slurm sends before it kills or requeues a job).
+//
+// The first signal only sets a flag: the runner finishes the current step, writes a
+// checkpoint and exits with kExitPreempted. Every loop that can run long (training,
+// evaluation, warm-up, data preparation) polls stop_requested(). A second signal means
+// "now": the handler calls _exit(kExitSignalAbort) at once (the last published checkpoint
+// stays valid: checkpoints are atomic). Handlers are async-signal-safe: an atomic store,
+// a write(2) of a fixed message, _exit.
+#pragma once
+#include <atomic>
+
+namespace runner {
+
+constexpr int kExitPreempted = 3;      // stopped by a signal after writing a checkpoint
+constexpr int kExitSignalAbort = 143;  // second signal: exited at once (128 + SIGTERM)
+
+// Installs the handlers (idempotent). Call once at start, before training.
+void install_signal_handlers();
+// Restores the default dispositions (tests, or a runner embedded in something else).
+void uninstall_signal_handlers();
+
+bool stop_requested();
+int stop_signal();  // the signal that asked to stop (SIGTERM, SIGUSR1), 0 if none (or a test request)
+// The flag itself, for code that takes a `const std::atomic<bool>*` (prepare_text_to_hdf5).
+const std::atomic<bool>& stop_flag();
+
+void request_stop_for_test();  // as if a first signal had arrived (stop_signal() stays 0)
+void reset_stop_for_test();    // clears the flag and the count of signals seen
+
+}  // namespace runner

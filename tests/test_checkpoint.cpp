@@ -1,0 +1,773 @@
+// Checkpoints: bit-exact round trips, atomic publication under injected crashes, corruption
+// detection with fallback, retention, cadence, async == sync, signals, inspect.
+//
+// The state is built by hand (a few named fp32 tensors with random bits, moments, cursor,
+// RNG, scaler), so these tests need no model, recipe or data. Crashes are real: a forked
+// child writes with RUNNER_CKPT_FAULT_EXIT=1 and dies with _exit(137) partway, leaving
+// whatever a killed process leaves; the parent then checks what a resume would see.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+
+#include "ops/rng.h"
+#include "runner/checkpoint.h"
+#include "runner/errors.h"
+#include "runner/signals.h"
+
+using namespace runner;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/test_checkpoint_XXXXXX";
+    char* p = mkdtemp(tmpl);
+    REQUIRE(p != nullptr);
+    path = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (fs::path(path) / name).string(); }
+};
+
+using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+Shapes default_shapes() {
+  return {{"wte.weight", {64, 32}},        {"h.0.attn.qkv.weight", {96, 32}}, {"h.0.attn.qkv.bias", {96}},
+          {"h.0.ln_1.weight", {32}},       {"h.0.mlp.fc.weight", {128, 32}},  {"lnf.weight", {32}}};
+}
+
+// Random bits, including the values a careless format would mangle (NaN payloads, -0, inf, denormals).
+void fill_random(ops::Tensor& t, uint64_t key) {
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    uint32_t bits = ops::rng_u32(key, static_cast<uint64_t>(i));
+    if (i % 17 == 5) bits = 0x7fc01234u;       // NaN with a payload
+    else if (i % 19 == 3) bits = 0x80000000u;  // -0
+    else if (i % 23 == 7) bits = 0x00000003u;  // denormal
+    else if (i % 29 == 11) bits = 0xff800000u; // -inf
+    std::memcpy(p + i, &bits, 4);
+  }
+}
+
+TrainState make_state(uint64_t seed, int64_t step, const Shapes& shapes = default_shapes()) {
+  TrainState s;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& [name, shape] = shapes[i];
+    s.params.names.push_back(name);
+    s.params.values.push_back(ops::Tensor::empty(shape, ops::DType::F32, ops::Account::Parameters));
+    s.params.grads.push_back(ops::Tensor::zeros(shape, ops::DType::F32, ops::Account::Gradients));
+    s.params.decay.push_back(shape.size() > 1);
+    s.adam_m.push_back(ops::Tensor::empty(shape, ops::DType::F32, ops::Account::Optimizer));
+    s.adam_v.push_back(ops::Tensor::empty(shape, ops::DType::F32, ops::Account::Optimizer));
+    fill_random(s.params.values.back(), ops::rng_key(seed, 1, i));
+    fill_random(s.adam_m.back(), ops::rng_key(seed, 2, i));
+    fill_random(s.adam_v.back(), ops::rng_key(seed, 3, i));
+  }
+  s.step = step;
+  s.tokens = step * 4096 + static_cast<int64_t>(seed);
+  s.loader = LoaderState{step * 8 + 3, seed * 7 + 1};
+  s.rng = RngState{seed, seed + 1, seed + 2, seed + 3, static_cast<uint64_t>(step) * 11};
+  s.scaler = LossScalerState{32768.0 + static_cast<double>(seed), step, 2};
+  s.loss_ema = 2.718281828 + static_cast<double>(seed) * 1e-3;
+  s.recipe_yaml = "name: tiny\nmodel:\n  d_model: 32\n  n_layers: 1\n  n_heads: 4\ntrain:\n  steps: 100\n# seed " +
+                  std::to_string(seed) + "\n";
+  return s;
+}
+
+bool same_bits(const ops::Tensor& a, const ops::Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+void check_equal(const TrainState& a, const TrainState& b) {
+  REQUIRE(a.params.values.size() == b.params.values.size());
+  for (size_t i = 0; i < a.params.values.size(); ++i) {
+    CHECK_MESSAGE(same_bits(a.params.values[i], b.params.values[i]), a.params.names[i]);
+    CHECK_MESSAGE(same_bits(a.adam_m[i], b.adam_m[i]), "adam_m " << a.params.names[i]);
+    CHECK_MESSAGE(same_bits(a.adam_v[i], b.adam_v[i]), "adam_v " << a.params.names[i]);
+  }
+  CHECK(a.step == b.step);
+  CHECK(a.tokens == b.tokens);
+  CHECK(a.loader == b.loader);
+  CHECK(a.rng.init_seed == b.rng.init_seed);
+  CHECK(a.rng.dropout_seed == b.rng.dropout_seed);
+  CHECK(a.rng.data_seed == b.rng.data_seed);
+  CHECK(a.rng.sample_seed == b.rng.sample_seed);
+  CHECK(a.rng.sample_counter == b.rng.sample_counter);
+  CHECK(std::memcmp(&a.scaler.scale, &b.scaler.scale, sizeof(double)) == 0);
+  CHECK(a.scaler.good_steps == b.scaler.good_steps);
+  CHECK(a.scaler.skipped_steps == b.scaler.skipped_steps);
+  CHECK(std::memcmp(&a.loss_ema, &b.loss_ema, sizeof(double)) == 0);
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << bytes;
+}
+
+// The message of the UserError `fn` throws ("" if none).
+template <class Fn>
+std::string user_error(Fn&& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+CheckpointConfig config(const std::string& cadence = "steps", bool async = false) {
+  CheckpointConfig c;
+  c.cadence = cadence;
+  c.every_steps = 10;
+  c.async = async;
+  c.keep_last = 100;
+  return c;
+}
+
+int open_fds() {
+  int n = 0;
+  for ([[maybe_unused]] auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+int count_temporaries(const std::string& dir) {
+  int n = 0;
+  for (auto& e : fs::directory_iterator(dir)) {
+    std::string name = e.path().filename().string();
+    if (name[0] == '.' && name.find(".tmp.") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+// HDF5 file surgery for the corruption tests (single-threaded here, so no lock needed).
+haddr_t dataset_offset(const std::string& file, const std::string& ds) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  hid_t d = H5Dopen2(f, ds.c_str(), H5P_DEFAULT);
+  REQUIRE(d >= 0);
+  haddr_t off = H5Dget_offset(d);
+  H5Dclose(d);
+  H5Fclose(f);
+  return off;
+}
+
+void flip_byte(const std::string& file, uint64_t offset) {
+  int fd = ::open(file.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  unsigned char b;
+  REQUIRE(::pread(fd, &b, 1, static_cast<off_t>(offset)) == 1);
+  b ^= 0x40;
+  REQUIRE(::pwrite(fd, &b, 1, static_cast<off_t>(offset)) == 1);
+  ::close(fd);
+}
+
+void delete_dataset(const std::string& file, const std::string& ds) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  REQUIRE(H5Ldelete(f, ds.c_str(), H5P_DEFAULT) >= 0);
+  H5Fclose(f);
+}
+
+void set_state_attr(const std::string& file, const char* name, int64_t v) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  hid_t g = H5Gopen2(f, "/state", H5P_DEFAULT);  // (H5Aopen_by_name + H5Awrite fails in HDF5 1.10)
+  hid_t a = H5Aopen(g, name, H5P_DEFAULT);
+  REQUIRE(a >= 0);
+  REQUIRE(H5Awrite(a, H5T_NATIVE_INT64, &v) >= 0);
+  H5Aclose(a);
+  H5Gclose(g);
+  H5Fclose(f);
+}
+
+}  // namespace
+
+TEST_CASE("crc32c: the standard check value, and hardware == portable") {
+  CHECK(crc32c(0, "123456789", 9) == 0xE3069283u);
+  CHECK(crc32c_portable(0, "123456789", 9) == 0xE3069283u);
+  CHECK(crc32c(0, "", 0) == 0u);
+  std::vector<unsigned char> buf(4099);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(ops::mix64(i) >> 17);
+  for (size_t off : {0, 1, 3, 7}) {
+    for (size_t n : {0, 1, 7, 8, 9, 63, 64, 1000, 4090}) {
+      CHECK(crc32c(0, buf.data() + off, n) == crc32c_portable(0, buf.data() + off, n));
+      // Chaining: crc(a+b) from crc(a) then b.
+      size_t cut = n / 3;
+      CHECK(crc32c(crc32c(0, buf.data() + off, cut), buf.data() + off + cut, n - cut) == crc32c(0, buf.data() + off, n));
+    }
+  }
+}
+
+TEST_CASE("file names") {
+  CHECK(checkpoint_file_name(20) == "step_00000020.h5");
+  CHECK(checkpoint_file_name(123456789) == "step_123456789.h5");
+  int64_t s = -1;
+  CHECK(parse_checkpoint_file_name("step_00000020.h5", &s));
+  CHECK(s == 20);
+  CHECK(parse_checkpoint_file_name("step_123456789.h5", &s));
+  CHECK(s == 123456789);
+  CHECK_FALSE(parse_checkpoint_file_name("step_.h5", &s));
+  CHECK_FALSE(parse_checkpoint_file_name("step_0001.h5.tmp.3", &s));
+  CHECK_FALSE(parse_checkpoint_file_name(".step_00000020.h5.tmp.77", &s));
+  CHECK_FALSE(parse_checkpoint_file_name("step_00x0.h5", &s));
+}
+
+TEST_CASE("round trip is bit-exact, and LATEST names the file") {
+  TempDir dir;
+  TrainState a = make_state(7, 20);
+  SaveResult r = write_checkpoint_atomic(dir.path, a, {});
+  CHECK(r.path == dir / "step_00000020.h5");
+  CHECK(r.tensor_bytes == 3 * 9376 * 4);
+  CHECK(file_bytes(dir / "LATEST") == "step_00000020.h5\n");
+  CHECK(read_latest(dir.path) == "step_00000020.h5");
+  CHECK(count_temporaries(dir.path) == 0);
+
+  TrainState b = make_state(99, 0);  // same shapes, other values
+  load_checkpoint_file(r.path, b);
+  check_equal(a, b);
+  CHECK(b.recipe_yaml == a.recipe_yaml);
+  CHECK(read_recipe_text(r.path) == a.recipe_yaml);
+  CHECK(read_checkpoint_step(r.path) == 20);
+
+  SUBCASE("a state without moments gets them allocated") {
+    TrainState c = make_state(5, 0);
+    c.adam_m.clear();
+    c.adam_v.clear();
+    load_checkpoint_file(r.path, c);
+    check_equal(a, c);
+  }
+  SUBCASE("the same state writes the same bytes") {
+    TempDir other;
+    write_checkpoint_atomic(other.path, a, {});
+    CHECK(file_bytes(r.path) == file_bytes(other / "step_00000020.h5"));
+  }
+}
+
+TEST_CASE("bf16 moments: half the bytes, rounded to nearest even, parameters still exact") {
+  TempDir dir;
+  TrainState a = make_state(3, 5);
+  WriteOptions opt;
+  opt.optimizer_bf16 = true;
+  SaveResult r = write_checkpoint_atomic(dir.path, a, opt);
+  CHECK(r.tensor_bytes == 9376 * 4 + 2 * 9376 * 2);
+  TrainState b = make_state(4, 0);
+  load_checkpoint_file(r.path, b);
+  for (size_t i = 0; i < a.params.values.size(); ++i) {
+    CHECK(same_bits(a.params.values[i], b.params.values[i]));
+    const float* m = a.adam_m[i].data<float>();
+    const float* mb = b.adam_m[i].data<float>();
+    for (int64_t k = 0; k < a.adam_m[i].numel(); ++k) {
+      if (std::isnan(m[k]) || std::isinf(m[k])) {
+        CHECK((std::isnan(m[k]) ? std::isnan(mb[k]) : mb[k] == m[k]));
+        continue;
+      }
+      uint32_t x, y;
+      std::memcpy(&x, &m[k], 4);
+      std::memcpy(&y, &mb[k], 4);
+      CHECK((y & 0xffffu) == 0);                         // a bf16 value
+      CHECK(std::fabs(mb[k] - m[k]) <= std::fabs(m[k]) * (1.0f / 256) + 1e-38f);  // 8 mantissa bits; denormals flush
+    }
+  }
+  CHECK(inspect_checkpoint(r.path).find("bf16") != std::string::npos);
+}
+
+TEST_CASE("async saves produce the same file as sync saves, and return before the write") {
+  TempDir d_sync, d_async;
+  TrainState s = make_state(11, 10);
+  {
+    CheckpointManager sync(d_sync.path, config("steps", false));
+    sync.save(s);
+    CHECK(sync.saves_completed() == 1);
+  }
+  {
+    CheckpointManager async(d_async.path, config("steps", true));
+    TrainState live = make_state(11, 10);
+    async.save(live);
+    fill_random(live.params.values[0], 12345);  // training continues: the snapshot must not see this
+    live.step = 11;
+    async.wait();
+    CHECK(async.saves_completed() == 1);
+    CHECK(async.last_stall_seconds() >= 0);
+  }
+  const std::string name = "step_00000010.h5";
+  CHECK(file_bytes(d_sync / name) == file_bytes(d_async / name));
+  // And dataset by dataset, as loaded.
+  TrainState a = make_state(0, 0), b = make_state(1, 0);
+  load_checkpoint_file(d_sync / name, a);
+  load_checkpoint_file(d_async / name, b);
+  check_equal(a, b);
+  check_equal(a, s);
+}
+
+TEST_CASE("an error in the background write fails the next save, wait or poll") {
+  TempDir dir;
+  CheckpointManager m(dir.path, config("steps", true));
+  TrainState s10 = make_state(1, 10);
+  m.save(s10);
+  m.wait();
+  set_write_fault_after_bytes(1000);
+  TrainState s20 = make_state(1, 20);
+  m.save(s20);  // returns: the fault happens on the writer thread
+  CHECK_THROWS_AS(m.wait(), CheckpointFault);
+  set_write_fault_after_bytes(-1);
+  m.wait();  // reported once
+  CHECK(read_latest(dir.path) == "step_00000010.h5");
+  CHECK(count_temporaries(dir.path) == 0);  // a throwing writer removes its temporary
+
+  set_write_fault_after_bytes(0);  // stays armed until the failure has been observed
+  TrainState s30 = make_state(1, 30);
+  m.save(s30);
+  TrainState s40 = make_state(1, 40);
+  CHECK_THROWS_AS(m.save(s40), CheckpointFault);  // the previous failure surfaces at the next save
+
+  TrainState s50 = make_state(1, 50);
+  m.save(s50);
+  bool seen = false;
+  for (int i = 0; i < 1000 && !seen; ++i) {
+    try {
+      m.poll();
+      usleep(10000);
+    } catch (const CheckpointFault&) {
+      seen = true;
+    }
+  }
+  CHECK(seen);  // poll() reports it without a save
+  set_write_fault_after_bytes(-1);
+  m.wait();
+  CHECK(count_temporaries(dir.path) == 0);
+  TrainState back = make_state(2, 0);
+  CHECK(m.load_latest(back, true) == 10);
+  check_equal(back, s10);
+}
+
+TEST_CASE("a crash at any point of a save leaves the previous checkpoint and LATEST loadable") {
+  TempDir dir;
+  TrainState s10 = make_state(21, 10);
+  SaveResult first = write_checkpoint_atomic(dir.path, s10, {});
+  const std::string latest_before = file_bytes(dir / "LATEST");
+  const std::string file_before = file_bytes(first.path);
+  TrainState s20 = make_state(22, 20);
+  const int64_t total = first.tensor_bytes;
+
+  // Runs a save of s20 in a child that dies (_exit(137)) at the injected point.
+  auto crash_child = [&](int64_t after_bytes, WriteFault stage) {
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      setenv("RUNNER_CKPT_FAULT_EXIT", "1", 1);
+      set_write_fault_after_bytes(after_bytes);
+      set_write_fault_at(stage);
+      try {
+        write_checkpoint_atomic(dir.path, s20, {});
+      } catch (...) {
+        _exit(1);
+      }
+      _exit(0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+
+  auto check_previous_intact = [&](const std::string& when) {
+    INFO(when);
+    CHECK(file_bytes(dir / "LATEST") == latest_before);
+    CHECK(file_bytes(first.path) == file_before);
+    CheckpointManager m(dir.path, config());
+    TrainState back = make_state(0, 0);
+    CHECK(m.load_latest(back, /*strict=*/true) == 10);
+    check_equal(back, s10);
+  };
+
+  for (int k = 0; k < 20; ++k) {
+    int64_t at = total * k / 20 + (k % 3);  // 20 points spread over the tensor data
+    CHECK_MESSAGE(crash_child(at, WriteFault::None) == 137, "fault after " << at << " bytes");
+    CHECK(count_temporaries(dir.path) == 1);  // what a crash leaves
+    CHECK_FALSE(fs::exists(dir / "step_00000020.h5"));
+    check_previous_intact("crash after " + std::to_string(at) + " bytes");
+    CHECK(cleanup_stale(dir.path) == 1);
+    CHECK(count_temporaries(dir.path) == 0);
+  }
+  for (WriteFault f : {WriteFault::BeforeClose, WriteFault::BeforeRename}) {
+    CHECK(crash_child(-1, f) == 137);
+    CHECK_FALSE(fs::exists(dir / "step_00000020.h5"));
+    check_previous_intact("crash at stage " + std::to_string(static_cast<int>(f)));
+    CHECK(cleanup_stale(dir.path) == 1);
+  }
+  // After the rename the new file is complete and verified; LATEST still names the old one.
+  for (WriteFault f : {WriteFault::BeforeLatest, WriteFault::BeforeLatestRename}) {
+    CHECK(crash_child(-1, f) == 137);
+    CHECK(fs::exists(dir / "step_00000020.h5"));
+    verify_checkpoint_file(dir / "step_00000020.h5");
+    check_previous_intact("crash at stage " + std::to_string(static_cast<int>(f)));
+    cleanup_stale(dir.path);
+    fs::remove(dir / "step_00000020.h5");
+  }
+  // In-process (throwing) faults clean up after themselves.
+  for (int64_t at : {int64_t{0}, total / 2}) {
+    set_write_fault_after_bytes(at);
+    CHECK_THROWS_AS(write_checkpoint_atomic(dir.path, s20, {}), CheckpointFault);
+    set_write_fault_after_bytes(-1);
+    CHECK(count_temporaries(dir.path) == 0);
+    check_previous_intact("in-process fault");
+  }
+  // And the next save goes through.
+  write_checkpoint_atomic(dir.path, s20, {});
+  CHECK(read_latest(dir.path) == "step_00000020.h5");
+}
+
+TEST_CASE("corruption: each damage has its own message, and the loader falls back unless strict") {
+  TempDir dir;
+  TrainState s10 = make_state(31, 10), s20 = make_state(32, 20);
+  write_checkpoint_atomic(dir.path, s10, {});
+  write_checkpoint_atomic(dir.path, s20, {});
+  const std::string f20 = dir / "step_00000020.h5";
+  const std::string good20 = file_bytes(f20);
+
+  auto expect_fallback = [&](const std::string& needle) {
+    INFO("expected message: " << needle);
+    const int fds_before = open_fds();
+    TrainState t = make_state(0, 0);
+    std::string direct = user_error([&] { load_checkpoint_file(f20, t); });
+    CHECK(direct.find(needle) != std::string::npos);
+    CHECK(direct.find(f20) != std::string::npos);  // names the file
+    CheckpointManager m(dir.path, config());
+    TrainState strict_state = make_state(0, 0);
+    std::string strict = user_error([&] { m.load_latest(strict_state, true); });
+    CHECK(strict.find(needle) != std::string::npos);
+    TrainState back = make_state(0, 0);
+    CHECK(m.load_latest(back, false) == 10);
+    check_equal(back, s10);
+    bool ok = true;
+    try {
+      std::string report = inspect_checkpoint(f20, &ok);
+      CHECK(report.find("BAD") != std::string::npos);
+    } catch (const UserError&) {
+      ok = false;  // not openable at all: inspect reports it as an error
+    }
+    CHECK_FALSE(ok);
+    // Failed loads leak neither file descriptors nor HDF5 handles.
+    CHECK(open_fds() == fds_before);
+    CHECK(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL) == 0);
+    write_bytes(f20, good20);
+  };
+
+  SUBCASE("truncated file") {
+    write_bytes(f20, good20.substr(0, good20.size() / 2));
+    expect_fallback("truncated");
+  }
+  SUBCASE("truncated inside the last dataset only") {
+    write_bytes(f20, good20.substr(0, good20.size() - 10));
+    expect_fallback("truncated");
+  }
+  SUBCASE("a flipped byte inside a tensor") {
+    flip_byte(f20, dataset_offset(f20, "/params/h.0.attn.qkv.weight") + 4 * 100 + 1);
+    expect_fallback("dataset /params/h.0.attn.qkv.weight fails its checksum");
+  }
+  SUBCASE("a flipped byte inside a moment") {
+    flip_byte(f20, dataset_offset(f20, "/optimizer/adam_v/lnf.weight") + 7);
+    expect_fallback("dataset /optimizer/adam_v/lnf.weight fails its checksum");
+  }
+  SUBCASE("a flipped byte in the stored recipe") {
+    flip_byte(f20, dataset_offset(f20, "/recipe") + 3);
+    expect_fallback("dataset /recipe fails its checksum");
+  }
+  SUBCASE("a deleted dataset") {
+    delete_dataset(f20, "/optimizer/adam_m/h.0.mlp.fc.weight");
+    expect_fallback("dataset /optimizer/adam_m/h.0.mlp.fc.weight is missing");
+  }
+  SUBCASE("garbage named like a checkpoint") {
+    std::string junk(5000, '\0');
+    for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>(ops::mix64(i));
+    write_bytes(f20, junk);
+    expect_fallback("not an HDF5 file");
+  }
+  SUBCASE("an empty file") {
+    write_bytes(f20, "");
+    expect_fallback("empty");
+  }
+  SUBCASE("written by a newer format") {
+    set_state_attr(f20, "format_version", kCheckpointFormatVersion + 1);
+    expect_fallback("newer than this runner's");
+  }
+  SUBCASE("a changed step fails the /state checksum") {
+    set_state_attr(f20, "step", 21);
+    expect_fallback("/state attributes fail their checksum");
+  }
+  SUBCASE("a dataset of the wrong type") {
+    hid_t f = H5Fopen(f20.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(f >= 0);
+    REQUIRE(H5Ldelete(f, "/params/lnf.weight", H5P_DEFAULT) >= 0);
+    hsize_t n = 32;
+    hid_t sp = H5Screate_simple(1, &n, nullptr);
+    hid_t d = H5Dcreate2(f, "/params/lnf.weight", H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    std::vector<int32_t> zeros(32, 0);
+    H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, zeros.data());
+    H5Dclose(d);
+    H5Sclose(sp);
+    H5Fclose(f);
+    expect_fallback("dataset /params/lnf.weight holds int32 but fp32");
+  }
+  SUBCASE("LATEST names a file that is gone") {
+    fs::remove(f20);
+    TrainState back = make_state(0, 0);
+    CheckpointManager m(dir.path, config());
+    CHECK(m.load_latest(back, false) == 10);
+    CHECK(user_error([&] { m.load_latest(back, true); }).find("does not exist") != std::string::npos);
+  }
+  SUBCASE("no LATEST: the newest verifying step file, skipping garbage") {
+    fs::remove(dir / "LATEST");
+    write_bytes(dir / "step_00000030.h5", "not a checkpoint at all");
+    TrainState back = make_state(0, 0);
+    CheckpointManager m(dir.path, config());
+    CHECK(m.load_latest(back, false) == 20);
+    check_equal(back, s20);
+  }
+  SUBCASE("the recipe for `runner resume` comes from the newest checkpoint whose recipe verifies") {
+    CheckpointManager m(dir.path, config());
+    CHECK(m.resume_recipe_text(false) == s20.recipe_yaml);
+    CHECK(m.resume_recipe_text(false, 10) == s10.recipe_yaml);
+    flip_byte(f20, dataset_offset(f20, "/recipe") + 3);
+    CHECK(m.resume_recipe_text(false) == s10.recipe_yaml);
+    CHECK(user_error([&] { m.resume_recipe_text(true); }).find("dataset /recipe fails its checksum") != std::string::npos);
+  }
+  SUBCASE("nothing verifies: one error listing every failure") {
+    write_bytes(f20, "junk");
+    write_bytes(dir / "step_00000010.h5", "more junk");
+    TrainState back = make_state(0, 0);
+    CheckpointManager m(dir.path, config());
+    std::string msg = user_error([&] { m.load_latest(back, false); });
+    CHECK(msg.find("no checkpoint in this directory verifies") != std::string::npos);
+    CHECK(msg.find("step_00000020.h5") != std::string::npos);
+    CHECK(msg.find("step_00000010.h5") != std::string::npos);
+  }
+}
+
+TEST_CASE("a model of another shape is refused with both shapes named") {
+  TempDir dir;
+  TrainState s10 = make_state(41, 10), s20 = make_state(42, 20);
+  write_checkpoint_atomic(dir.path, s10, {});
+  write_checkpoint_atomic(dir.path, s20, {});
+  Shapes other = default_shapes();
+  other[1].second = {48, 16};  // h.0.attn.qkv.weight
+
+  TrainState wrong = make_state(0, 0, other);
+  std::string msg = user_error([&] { load_checkpoint_file(dir / "step_00000020.h5", wrong); });
+  CHECK(msg.find("dataset /params/h.0.attn.qkv.weight has shape (96, 32) but the model expects (48, 16)") != std::string::npos);
+  CHECK(wrong.step == 0);  // scalars untouched on failure
+
+  SUBCASE("a foreign checkpoint of another model as LATEST: fall back to the newest that fits") {
+    write_checkpoint_atomic(dir.path, make_state(43, 30, other), {});
+    CheckpointManager m(dir.path, config());
+    TrainState back = make_state(0, 0);
+    CHECK(user_error([&] { m.load_latest(back, true); }).find("but the model expects (96, 32)") != std::string::npos);
+    CHECK(m.load_latest(back, false) == 20);
+    check_equal(back, s20);
+  }
+  SUBCASE("a parameter the model lacks") {
+    Shapes fewer = default_shapes();
+    fewer.pop_back();
+    TrainState t = make_state(0, 0, fewer);
+    CHECK(user_error([&] { load_checkpoint_file(dir / "step_00000020.h5", t); })
+              .find("dataset /params/lnf.weight is a parameter the model does not have") != std::string::npos);
+  }
+}
+
+TEST_CASE("retention keeps the last K plus every M-th, and deletes only after publishing") {
+  TempDir dir;
+  CheckpointConfig c = config();
+  c.keep_last = 2;
+  c.keep_every = 5;
+  CheckpointManager m(dir.path, c);
+  TrainState s = make_state(51, 0);
+  for (int64_t step = 1; step <= 12; ++step) {
+    s.step = step;
+    m.save(s);
+  }
+  CHECK(list_checkpoint_steps(dir.path) == std::vector<int64_t>{5, 10, 11, 12});
+  CHECK(read_latest(dir.path) == "step_00000012.h5");
+  m.save(s);  // same step again: skipped
+  CHECK(m.saves_completed() == 12);
+
+  SUBCASE("checkpoints newer than a resume point are left alone") {
+    CheckpointConfig c2 = c;
+    c2.keep_every = 0;
+    CheckpointManager m2(dir.path, c2);
+    TrainState back = make_state(0, 0);
+    CHECK(m2.load_step(5, back, true) == 5);
+    back.step = 6;
+    m2.save(back);
+    CHECK(list_checkpoint_steps(dir.path) == std::vector<int64_t>{5, 6, 10, 11, 12});
+    CHECK(read_latest(dir.path) == "step_00000006.h5");
+  }
+  SUBCASE("load_step of a missing step lists what exists") {
+    TrainState back = make_state(0, 0);
+    std::string msg = user_error([&] { m.load_step(7, back, false); });
+    CHECK(msg.find("no checkpoint for step 7") != std::string::npos);
+    CHECK(msg.find("5, 10, 11, 12") != std::string::npos);
+  }
+}
+
+TEST_CASE("cadence: steps, minutes, auto (20 x the measured write time), never") {
+  TempDir dir;
+  SUBCASE("steps") {
+    CheckpointManager m(dir.path, config("steps"));
+    CHECK_FALSE(m.due(5, 0));
+    CHECK(m.due(10, 0));
+    CHECK(m.due(20, 0));
+  }
+  SUBCASE("minutes") {
+    CheckpointConfig c = config("minutes");
+    c.every_minutes = 1;
+    CheckpointManager m(dir.path, c);
+    CHECK_FALSE(m.due(1, 30));
+    CHECK(m.due(2, 60));
+    CHECK_FALSE(m.due(3, 100));
+    CHECK(m.due(4, 121));
+  }
+  SUBCASE("never") {
+    CheckpointManager m(dir.path, config("never"));
+    for (int64_t s = 1; s < 50; ++s) CHECK_FALSE(m.due(s, 1e9));
+  }
+  SUBCASE("auto") {
+    for (bool async : {false, true}) {
+      TempDir d;
+      CheckpointManager m(d.path, config("auto", async));
+      m.auto_min_interval_seconds = 0;
+      CHECK(m.auto_interval_seconds() == 0);
+      CHECK(m.due(1, 0.5));  // the first boundary saves, to measure
+      TrainState s = make_state(61, 1);
+      m.save(s);
+      m.wait();
+      const double w = m.last_write_seconds();
+      CHECK(w > 0);
+      CHECK(m.auto_interval_seconds() == doctest::Approx(20 * w));
+      CHECK_FALSE(m.due(2, 0.5 + 20 * w * 0.5));
+      CHECK_FALSE(m.due(3, 0.5 + 20 * w * 0.9));
+      CHECK(m.due(4, 0.5 + 20 * w * 1.01));
+      CHECK_FALSE(m.due(5, 0.5 + 20 * w * 1.02));
+    }
+    TempDir d;
+    CheckpointManager m(d.path, config("auto"));  // the default floor keeps tiny models from saving constantly
+    CHECK(m.due(1, 0));
+    TrainState s = make_state(62, 1);
+    m.save(s);
+    CHECK(m.auto_interval_seconds() == doctest::Approx(m.auto_min_interval_seconds));
+  }
+}
+
+TEST_CASE("cleanup_stale removes crashed writers' temporaries only") {
+  TempDir dir;
+  write_bytes(dir / ".step_00000005.h5.tmp.12345", "partial");
+  write_bytes(dir / ".LATEST.tmp.999", "step_");
+  write_bytes(dir / "notes.txt", "keep");
+  write_bytes(dir / "step_00000001.h5", "keep");
+  write_bytes(dir / "LATEST", "step_00000001.h5\n");
+  CHECK(cleanup_stale(dir.path) == 2);
+  CHECK(fs::exists(dir / "notes.txt"));
+  CHECK(fs::exists(dir / "step_00000001.h5"));
+  CHECK(fs::exists(dir / "LATEST"));
+  CHECK(count_temporaries(dir.path) == 0);
+  CHECK(cleanup_stale(dir.path + "/does-not-exist") == 0);
+}
+
+TEST_CASE("memory snapshot restores the state bit for bit") {
+  TrainState s = make_state(71, 30);
+  MemorySnapshot snap;
+  CHECK_FALSE(snap.valid());
+  snap.take(s);
+  CHECK(snap.valid());
+  CHECK(snap.step() == 30);
+  CHECK(snap.bytes() == 3 * 9376 * 4);
+  TrainState expect = clone_state(s, ops::Account::Workspace);
+  // Train on: everything moves.
+  for (size_t i = 0; i < s.params.values.size(); ++i) {
+    fill_random(s.params.values[i], 900 + i);
+    fill_random(s.adam_m[i], 950 + i);
+  }
+  s.step = 31;
+  s.tokens += 100;
+  s.loader.sample_cursor += 8;
+  s.rng.sample_counter += 1;
+  s.scaler.scale = 1;
+  s.loss_ema = 99;
+  snap.restore(s);
+  check_equal(s, expect);
+  // Taken again (shapes unchanged: buffers reused), then restored after more changes.
+  s.step = 32;
+  snap.take(s);
+  CHECK(snap.step() == 32);
+  fill_random(s.adam_v[2], 4242);
+  snap.restore(s);
+  expect.step = 32;
+  check_equal(s, expect);
+}
+
+TEST_CASE("inspect lists every dataset with its checksum status") {
+  TempDir dir;
+  TrainState s = make_state(81, 20);
+  SaveResult r = write_checkpoint_atomic(dir.path, s, {});
+  bool ok = false;
+  std::string rep = inspect_checkpoint(r.path, &ok);
+  CHECK(ok);
+  for (const char* needle : {"step 20", "format 1", "runner " RUNNER_VERSION, "recipe: tiny", "d_model=32",
+                             "/params/h.0.attn.qkv.weight", "(96, 32)", "fp32", "/optimizer/adam_v/lnf.weight",
+                             "/rng/rank_0", "/data/rank_0", "sample_cursor 163", "verdict: OK"})
+    CHECK_MESSAGE(rep.find(needle) != std::string::npos, needle << "\n" << rep);
+  flip_byte(r.path, dataset_offset(r.path, "/params/wte.weight") + 9);
+  rep = inspect_checkpoint(r.path, &ok);
+  CHECK_FALSE(ok);
+  CHECK(rep.find("/params/wte.weight") != std::string::npos);
+  CHECK(rep.find("BAD: dataset /params/wte.weight fails its checksum") != std::string::npos);
+  CHECK(rep.find("verdict: BAD (1 problem in 21 datasets)") != std::string::npos);
+  CHECK(user_error([&] { inspect_checkpoint(dir / "nope.h5"); }).find("does not exist") != std::string::npos);
+}
+
+TEST_CASE("signals: the first sets the stop flag, the second exits with 143") {
+  reset_stop_for_test();
+  CHECK_FALSE(stop_requested());
+  request_stop_for_test();
+  CHECK(stop_requested());
+  CHECK(stop_flag().load());
+  reset_stop_for_test();
+  CHECK_FALSE(stop_requested());
+
+  for (int sig : {SIGTERM, SIGUSR1}) {
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      install_signal_handlers();
+      raise(sig);
+      if (!stop_requested() || stop_signal() != sig) _exit(10);
+      raise(SIGTERM);  // the second signal: never returns
+      _exit(11);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == kExitSignalAbort);
+  }
+  CHECK(kExitPreempted == 3);
+  CHECK(kExitSignalAbort == 143);
+}
