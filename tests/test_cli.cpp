@@ -1,0 +1,162 @@
+// The command line end to end: exit codes, error format, nothing written on bad input,
+// and a short training run that leaves the run directory ARCHITECTURE.md describes.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result run(const std::string& args, const std::string& cwd = "") {
+  std::string cmd = (cwd.empty() ? "" : "cd '" + cwd + "' && ") + std::string(RUNNER_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("runner_cli_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string first_line(const fs::path& f) {
+  std::ifstream in(f);
+  std::string l;
+  std::getline(in, l);
+  return l;
+}
+
+const std::string kRecipes = std::string(RUNNER_SOURCE_DIR) + "/recipes/";
+
+}  // namespace
+
+TEST_CASE("runner plan prints the table for every shipped recipe, quickly") {
+  for (const char* name : {"quickstart", "gpt2-124m", "llama-7b-8xh100", "llama-70b-64gpu", "does-not-fit"}) {
+    CAPTURE(name);
+    auto t0 = std::chrono::steady_clock::now();
+    Result r = run("plan " + kRecipes + name + ".yaml");
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(r.code == 0);
+    CHECK(r.out.find("memory per rank") != std::string::npos);
+    CHECK(r.out.find("verdict") != std::string::npos);
+    CHECK(s < 5.0);  // generous bound for a loaded CI machine; measured ~0.05 s (0.5 s for does-not-fit)
+  }
+  Result j = run("plan " + kRecipes + "quickstart.yaml --json");
+  REQUIRE(j.code == 0);
+  auto js = nlohmann::json::parse(j.out);
+  CHECK(js["fits"] == true);
+  CHECK(js["batch"]["global"].get<int64_t>() > 0);
+}
+
+TEST_CASE("every bad recipe exits 2 with file:line:col and writes nothing") {
+  fs::path dir = fs::path(RUNNER_TEST_DIR) / "bad_recipes";
+  int n = 0;
+  for (auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".yaml") continue;
+    CAPTURE(e.path().filename().string());
+    std::string expect = first_line(e.path());
+    REQUIRE(expect.rfind("# expect: ", 0) == 0);
+    std::string loc = expect.substr(10, expect.find(": ", 10) - 10);  // "line:col"
+    fs::path cwd = temp_dir("bad");
+    for (const char* cmd : {"plan", "train"}) {
+      Result r = run(std::string(cmd) + " " + e.path().string(), cwd.string());
+      CHECK(r.code == 2);
+      CHECK(r.out.rfind(e.path().string() + ":" + loc + ": ", 0) == 0);
+      CHECK(r.out.find("terminate called") == std::string::npos);
+      CHECK(r.out.find("what():") == std::string::npos);
+      CHECK(fs::is_empty(cwd));  // no run directory, no partial output
+    }
+    fs::remove_all(cwd);
+    ++n;
+  }
+  CHECK(n >= 25);
+}
+
+TEST_CASE("bad command lines and missing files exit 2") {
+  CHECK(run("plan /nonexistent/recipe.yaml").code == 2);
+  CHECK(run("plan").code == 2);
+  CHECK(run("frobnicate").code == 2);
+  Result r = run("plan " + kRecipes + "quickstart.yaml --set batch.micro=eight");
+  CHECK(r.code == 2);
+  CHECK(r.out.find("batch.micro") != std::string::npos);
+}
+
+TEST_CASE("train refuses a missing data file before writing anything") {
+  fs::path cwd = temp_dir("nodata");
+  Result r = run("train " + kRecipes + "quickstart.yaml --set data.kind=text --set data.path=missing.txt", cwd.string());
+  CHECK(r.code == 2);
+  CHECK(r.out.find("missing.txt") != std::string::npos);
+  CHECK(fs::is_empty(cwd));
+  fs::remove_all(cwd);
+}
+
+TEST_CASE("train refuses options it does not implement yet instead of ignoring them") {
+  fs::path cwd = temp_dir("unsupported");
+  Result r = run("train " + kRecipes + "quickstart.yaml --set precision.compute=bf16", cwd.string());
+  CHECK(r.code == 2);
+  CHECK(r.out.find("not supported") != std::string::npos);
+  CHECK(fs::is_empty(cwd));
+  fs::remove_all(cwd);
+}
+
+TEST_CASE("a short training run leaves the run directory and learns") {
+  fs::path cwd = temp_dir("train");
+  Result r = run("train " + kRecipes +
+                     "quickstart.yaml --set train.steps=60 --set train.log_every=20 --set train.eval_every=0 "
+                     "--run-dir run",
+                 cwd.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  fs::path run_dir = cwd / "run";
+  CHECK(fs::exists(run_dir / "recipe.yaml"));
+  CHECK(fs::exists(run_dir / "plan.json"));
+  CHECK(fs::exists(run_dir / "log.rank0.txt"));
+  CHECK(r.out.find("step 20/60 | loss") != std::string::npos);
+  CHECK(r.out.find("tok/s") != std::string::npos);
+  CHECK(r.out.find("ETA") != std::string::npos);
+  std::ifstream m(run_dir / "metrics.jsonl");
+  std::vector<double> losses;
+  nlohmann::json summary;
+  for (std::string line; std::getline(m, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("summary")) summary = j;
+    else if (!j.contains("eval")) {
+      losses.push_back(j["loss"].get<double>());
+      for (const char* k : {"lr", "grad_norm", "tokens_per_s", "mfu", "step_ms", "data_ms", "peak_bytes"})
+        CHECK_MESSAGE(j.contains(k), k);
+    }
+  }
+  REQUIRE(losses.size() == 60);
+  CHECK(losses.back() < 0.6 * losses.front());
+  REQUIRE(!summary.is_null());
+  // Ledger honesty on a real run: each account within 5% of the plan.
+  for (auto& [name, v] : summary["ledger"].items()) {
+    CAPTURE(name);
+    double pred = v["predicted"], meas = v["measured"];
+    CHECK(std::abs(meas - pred) <= 0.05 * pred + 1024);
+  }
+  // The resolved recipe in the run directory plans to the same numbers.
+  Result again = run("plan " + (run_dir / "recipe.yaml").string() + " --json");
+  CHECK(again.code == 0);
+  fs::remove_all(cwd);
+}
