@@ -155,8 +155,10 @@ struct Recipe {
   std::optional<InferenceConfig> inference;
 
   std::string source_file;                 // path the recipe was read from
-  std::string source_text;                 // the YAML text as read (after --set overrides)
-  std::map<std::string, SourceLoc> locs;   // dotted path ("batch.micro") -> where it was written
+  std::string source_text;                 // the YAML text as read; each --set override is appended
+                                           // as a "# --set a.b=v" comment line, so file line numbers hold
+  std::map<std::string, SourceLoc> locs;   // dotted path ("batch.micro", list items "recompute.layers[1]")
+                                           // -> where its key was written ("--set" for overrides)
 
   // Where a field was written; falls back to its nearest written parent, then to the file.
   SourceLoc loc(const std::string& dotted_path) const;
@@ -168,6 +170,12 @@ struct Recipe {
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
 Recipe load_recipe_text(const std::string& text, const std::string& display_name,
                         const std::vector<std::string>& overrides = {});
+
+// Cross-field checks that need no world size (d_model divisible by n_heads, rope head size,
+// stage_layers against pp and n_layers, recompute layers and modules, checkpoint cadence,
+// data path, custom hardware memory, inference context). load_recipe calls it; call it
+// again after editing a Recipe in code. Throws UserError at the field's Recipe::loc.
+void validate_recipe(const Recipe& r);
 
 // The recipe as resolved, every default filled in, as YAML text (saved in the run directory).
 std::string recipe_to_yaml(const Recipe& r);
