@@ -22,11 +22,11 @@ struct BlockRows {
 
 double keep_scale(const ops::DropoutSpec& d, uint64_t counter) {
   if (d.p <= 0) return 1.0;
-  return ops::rng_uniform(d.key, counter) >= d.p ? 1.0 / (1.0 - static_cast<double>(d.p)) : 0.0;
+  return ops::rng_uniform(d.key, d.offset + counter) >= d.p ? 1.0 / (1.0 - static_cast<double>(d.p)) : 0.0;
 }
 
 // out (B,T,C) from qkv (B,T,3C): softmax(q k^T / sqrt(HS)) causal, dropout on the
-// probabilities with counter ((b*NH + h)*T + t)*T + s, times v. probs: (B,NH,T,T) pre-dropout.
+// probabilities with counter offset + ((b*NH + h)*T + t)*T + s, times v. probs: (B,NH,T,T) pre-dropout.
 DVec ref_attention(const DVec& qkv, int B, int T, int C, int NH, ops::DropoutSpec drop, DVec* probs = nullptr) {
   const int HS = C / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
@@ -63,21 +63,23 @@ struct AttnShape {
   int B, T, C, NH;
   float p = 0.0f;     // attention dropout
   int block = 0;      // block rows (0 = the kernel's default)
+  uint64_t offset = 0;  // dropout counter offset
 };
 // T=1, HS not a multiple of 16, B*NH = 1 (the serial path with threaded GEMMs), several
 // blocks with a ragged last one, T beyond the default block of 64, dropout on and off.
 const AttnShape kAttn[] = {
     {1, 1, 4, 1},          {2, 5, 12, 3},          {1, 8, 16, 2, 0.2f},   {2, 17, 24, 2, 0.1f, 4},
     {1, 70, 16, 2},        {1, 33, 40, 5, 0.3f, 7}, {3, 9, 18, 3, 0.0f, 2}, {1, 40, 8, 1, 0.25f, 16},
-    {2, 67, 32, 2, 0.1f},
+    {2, 67, 32, 2, 0.1f},  {2, 6, 8, 2, 0.5f, 4, 1000003},
 };
 
 OpCase attention_case(const AttnShape& s) {
   const int B = s.B, T = s.T, C = s.C, NH = s.NH, block = s.block;
-  const ops::DropoutSpec drop{s.p, ops::rng_key(5, static_cast<uint64_t>(T), static_cast<uint64_t>(C))};
+  const ops::DropoutSpec drop{s.p, ops::rng_key(5, static_cast<uint64_t>(T), static_cast<uint64_t>(C)), s.offset};
   OpCase c;
   c.name = "attention B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
-           " NH=" + std::to_string(NH) + " p=" + std::to_string(s.p) + " block=" + std::to_string(block);
+           " NH=" + std::to_string(NH) + " p=" + std::to_string(s.p) + " block=" + std::to_string(block) +
+           (s.offset ? " offset=" + std::to_string(s.offset) : "");
   c.inputs = {{"qkv", randn(static_cast<size_t>(B) * T * 3 * C, 500 + T * C + B, 0.8f)}};
   c.ref_forward = [=](const std::vector<DVec>& a) { return ref_attention(a[0], B, T, C, NH, drop); };
   c.forward = [=](const std::vector<Vec>& a) {
@@ -242,6 +244,26 @@ TEST_CASE("attention: dropout determinism, counter convention and keep fraction"
   CHECK(mismatches == 0);
   // Binomial(total ~ 16640, 0.7): std of the fraction ~ 3.6e-3; allow 5 sigma.
   CHECK(std::fabs(static_cast<double>(kept) / total - (1.0 - p)) < 0.018);
+}
+
+TEST_CASE("attention: a micro-batch at its offset reproduces its rows of the full batch") {
+  // The dropout offset of batch row b0 is b0*NH*T*T: running rows one at a time gives the
+  // same outputs and gradients, bit for bit, as running the whole batch.
+  const int B = 3, T = 21, C = 24, NH = 3;
+  const ops::DropoutSpec drop{0.3f, 777, 5};
+  const size_t nq = static_cast<size_t>(T) * 3 * C, no = static_cast<size_t>(T) * C, np = static_cast<size_t>(NH) * T * T;
+  const Vec qkv = randn(B * nq, 40), dout = randn(B * no, 41);
+  Vec out(B * no), probs(B * np), dqkv(B * nq, 0.0f);
+  be().attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, drop);
+  be().attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, NH, drop);
+  for (int b = 0; b < B; b++) {
+    const ops::DropoutSpec d1{drop.p, drop.key, drop.offset + static_cast<uint64_t>(b) * np};
+    Vec o1(no), p1(np), g1(nq, 0.0f);
+    be().attention_forward(o1.data(), p1.data(), qkv.data() + b * nq, 1, T, C, NH, d1);
+    be().attention_backward(g1.data(), dout.data() + b * no, qkv.data() + b * nq, p1.data(), 1, T, C, NH, d1);
+    CHECK(std::equal(o1.begin(), o1.end(), out.begin() + b * no));
+    CHECK(std::equal(g1.begin(), g1.end(), dqkv.begin() + b * nq));
+  }
 }
 
 TEST_CASE("attention: null dqkv is a no-op") {

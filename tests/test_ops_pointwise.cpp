@@ -98,14 +98,14 @@ double keep_scale(uint64_t key, uint64_t i, float p) {
   return ops::rng_uniform(key, i) >= p ? 1.0 / (1.0 - static_cast<double>(p)) : 0.0;
 }
 
-OpCase dropout_case(int64_t n, float p) {
-  const ops::DropoutSpec drop{p, ops::rng_key(99, 1, 2, static_cast<uint64_t>(n))};
+OpCase dropout_case(int64_t n, float p, uint64_t offset = 0) {
+  const ops::DropoutSpec drop{p, ops::rng_key(99, 1, 2, static_cast<uint64_t>(n)), offset};
   OpCase c;
-  c.name = "dropout n=" + std::to_string(n) + " p=" + std::to_string(p);
+  c.name = "dropout n=" + std::to_string(n) + " p=" + std::to_string(p) + " offset=" + std::to_string(offset);
   c.inputs = {{"inp", randn(static_cast<size_t>(n), 400 + n)}};
   c.ref_forward = [=](const std::vector<DVec>& a) {
     DVec out(a[0].size());
-    for (size_t i = 0; i < out.size(); i++) out[i] = a[0][i] * keep_scale(drop.key, i, drop.p);
+    for (size_t i = 0; i < out.size(); i++) out[i] = a[0][i] * keep_scale(drop.key, drop.offset + i, drop.p);
     return out;
   };
   c.forward = [=](const std::vector<Vec>& a) {
@@ -146,6 +146,24 @@ TEST_CASE("add: forward, add_inplace backward, and aliasing") {
 TEST_CASE("dropout: forward and backward against double reference") {
   for (int64_t n : kSizes)
     for (float p : {0.0f, 0.1f, 0.5f}) run_case(dropout_case(n, p));
+  run_case(dropout_case(999, 0.2f, 123456789));
+}
+
+TEST_CASE("dropout: the offset places a slice inside a larger buffer (layout independence)") {
+  // Dropping a whole buffer at once equals dropping two slices, the second at offset n1.
+  const int64_t n = 50000, n1 = 20001;
+  const ops::DropoutSpec whole{0.25f, 4321, 7};
+  const Vec x = randn(n, 30);
+  Vec all(n), parts(n);
+  be().dropout_forward(all.data(), x.data(), n, whole);
+  be().dropout_forward(parts.data(), x.data(), n1, whole);
+  be().dropout_forward(parts.data() + n1, x.data() + n1, n - n1, {whole.p, whole.key, whole.offset + n1});
+  CHECK(all == parts);
+  Vec gall(n, 0.0f), gparts(n, 0.0f);
+  be().dropout_backward(gall.data(), x.data(), n, whole);
+  be().dropout_backward(gparts.data(), x.data(), n1, whole);
+  be().dropout_backward(gparts.data() + n1, x.data() + n1, n - n1, {whole.p, whole.key, whole.offset + n1});
+  CHECK(gall == gparts);
 }
 
 TEST_CASE("dropout: determinism, keep fraction, p = 0") {

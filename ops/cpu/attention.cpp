@@ -13,7 +13,8 @@
 //
 // Forward (per head, scale = 1/sqrt(HS), Vaswani et al. 2017 eq. 1):
 //   S = scale Q K^T;  P = softmax_rows(S) (causal);  Pd = P * M / (1-p);  O = Pd V
-// Backward (M is the dropout keep mask, regenerated from the counter RNG):
+// Backward (M is the dropout keep mask, regenerated from the counter RNG with the forward's
+// counters offset + ((b*NH + h)*T + t)*T + s):
 //   dV += Pd^T dO;  dPd = dO V^T;  dP = dPd * M / (1-p);
 //   dS = P * (dP - rowsum(dP * P))   (softmax Jacobian);
 //   dQ += scale dS K;  dK += scale dS^T Q.
@@ -72,7 +73,8 @@ OPS_INLINE void softmax_causal_row(float* row, int n, int len) {
 }
 
 // One (b, h) pair. q, k, v: (T, HS) views with row stride 3C; o: (T, HS) view with row
-// stride C; P: (T, T) contiguous. counter0 = (b*NH + h) * T.
+// stride C; P: (T, T) contiguous. counter0 = (b*NH + h) * T; the dropout counter of (t, s) is
+// drop.offset + (counter0 + t) * T + s.
 void forward_head(float* o, float* P, const float* q, const float* k, const float* v, int T, int C, int HS,
                   DropoutSpec drop, uint64_t counter0) {
   const int C3 = 3 * C;
@@ -95,7 +97,7 @@ void forward_head(float* o, float* P, const float* q, const float* k, const floa
       for (int t = r0; t < r1; t++) {
         float* pd = Pd + static_cast<size_t>(t - r0) * r1;
         const float* p = P + static_cast<size_t>(t) * T;
-        dropout_factors(pd, t + 1, drop.key, (counter0 + t) * T, drop.p, kscale);
+        dropout_factors(pd, t + 1, drop.key, drop.offset + (counter0 + t) * T, drop.p, kscale);
 #pragma omp simd
         for (int s = 0; s <= t; s++) pd[s] *= p[s];
         for (int s = t + 1; s < r1; s++) pd[s] = 0.0f;
@@ -133,7 +135,7 @@ void backward_head(float* dq, float* dk, float* dv, const float* dO, const float
         float* mk = M + static_cast<size_t>(t - r0) * r1;
         float* pd = Pd + static_cast<size_t>(t - r0) * r1;
         const float* p = P + static_cast<size_t>(t) * T;
-        dropout_factors(mk, t + 1, drop.key, (counter0 + t) * T, drop.p, kscale);
+        dropout_factors(mk, t + 1, drop.key, drop.offset + (counter0 + t) * T, drop.p, kscale);
 #pragma omp simd
         for (int s = 0; s <= t; s++) pd[s] = p[s] * mk[s];
         for (int s = t + 1; s < r1; s++) pd[s] = 0.0f;

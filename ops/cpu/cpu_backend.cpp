@@ -1,17 +1,29 @@
 // The CPU backend: every kernel of ops/backend.h, forward and backward side by side.
 //
 // GEMMs go to OpenBLAS (its OpenMP build, so BLAS and these loops share one thread pool);
-// everything else is a plain loop written so that GCC vectorizes it (`#pragma omp simd`,
-// the exp_f of vecmath.h instead of libm's scalar expf) and split across the OpenMP team
-// only when the work repays a parallel region (parallel_chunks). Attention lives in
-// attention.cpp. Conventions (ops/backend.h): every backward accumulates (+=) into its
-// gradients except softmax_xent_backward, which overwrites; a null gradient pointer skips
-// that gradient's work.
+// attention lives in attention.cpp. Everything else is a plain loop that GCC vectorizes
+// (`#pragma omp simd`, and vecmath.h's exp_f instead of libm's scalar expf).
+//
+// Structure: each operator is a pair of free "range kernels" (forward, backward) that take
+// plain pointers and a range of rows or elements, followed at the bottom by the Backend
+// class, which only splits the range across the OpenMP team (parallel_chunks) when the
+// work repays a parallel region. Keeping the loops out of the lambdas matters: inside a
+// lambda GCC reloads captured variables on every iteration of a simd reduction and gives up
+// vectorizing it.
+//
+// Conventions (ops/backend.h): every backward accumulates (+=) into its gradients except
+// softmax_xent_backward, which overwrites; a null gradient pointer skips that work.
 #include <cblas.h>
 #include <omp.h>
+#include <strings.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -28,29 +40,29 @@ namespace ops {
 namespace cpu {
 namespace {
 
-// Minimum elements per thread before an elementwise loop goes parallel: ~64 KiB of
-// streaming per thread, which takes about as long as waking a passive OpenMP worker.
+// Minimum elements per thread before a loop goes parallel: ~64 KiB of streaming per thread
+// takes about as long as waking a passive OpenMP worker.
 constexpr int64_t kGrainStream = 1 << 14;
-// The same for loops that spend ~10+ flops per element (exp, sqrt, division).
+// The same for loops that spend ~10+ flops per element (exp, sqrt, division, hashing).
 constexpr int64_t kGrainMath = 1 << 12;
 
-// Rows per thread so that each thread gets at least `grain` elements of a (rows, C) tensor.
+// Rows per chunk so that each chunk of a (rows, C) tensor has at least `grain` elements.
 int64_t row_grain(int64_t C, int64_t grain) { return std::max<int64_t>(1, grain / std::max<int64_t>(C, 1)); }
 
-// Per-thread partial sums of a reduction over rows (dweight, dbias), folded into dst after.
+// Per-chunk partial sums of a reduction over rows (dweight, dbias), folded into dst after
+// in chunk order, so the result is deterministic for a given thread count.
 struct Partials {
   std::vector<float> buf;
-  int nt = 1;
+  int chunks = 1;
   int64_t width = 0;
-  Partials(int64_t width_) : width(width_) {
-    nt = std::max(1, omp_get_max_threads());
-    buf.assign(static_cast<size_t>(nt) * width, 0.0f);
+  Partials(int chunks_, int64_t width_) : chunks(chunks_), width(width_) {
+    buf.assign(static_cast<size_t>(chunks) * width, 0.0f);
   }
   float* slot(int i) { return buf.data() + static_cast<size_t>(i) * width; }
-  // dst[j] += sum over threads of slot[j] for j in [off, off+n)
+  // dst[j] += sum over chunks of slot[off + j], j in [0, n)
   void fold(float* dst, int64_t off, int64_t n) {
     if (!dst) return;
-    for (int i = 0; i < nt; i++) {
+    for (int i = 0; i < chunks; i++) {
       const float* s = slot(i) + off;
 #pragma omp simd
       for (int64_t j = 0; j < n; j++) dst[j] += s[j];
@@ -58,185 +70,445 @@ struct Partials {
   }
 };
 
-// Runs f(r0, r1, tid) over row ranges, each thread one contiguous range; tid indexes Partials.
-template <class F>
-void parallel_rows(int64_t N, int64_t min_rows, F&& f) {
-  parallel_chunks(N, min_rows, [=](int64_t r0, int64_t r1) { f(r0, r1, omp_get_thread_num()); }, 1);
+// =============================================================================== embedding
+// out[r] = wte[tokens[r]] + wpe[r % T], rows r in [r0, r1). out: (N,C), wte: (V,C), wpe: (maxT,C) or null
+void embedding_forward_rows(float* __restrict out, const int32_t* tokens, const float* __restrict wte,
+                            const float* __restrict wpe, int64_t r0, int64_t r1, int T, int C) {
+  for (int64_t r = r0; r < r1; r++) {
+    float* o = out + r * C;
+    const float* w = wte + static_cast<int64_t>(tokens[r]) * C;
+    if (wpe) {
+      const float* p = wpe + (r % T) * C;
+#pragma omp simd
+      for (int i = 0; i < C; i++) o[i] = w[i] + p[i];
+    } else {
+      std::memcpy(o, w, sizeof(float) * C);
+    }
+  }
+}
+// dwte[tokens[r]] += dout[r], dwpe[r % T] += dout[r] over all N rows, channels [c0, c1) only:
+// tokens repeat, so threads split the channels, never the rows.
+void embedding_backward_cols(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t N,
+                             int T, int C, int64_t c0, int64_t c1) {
+  for (int64_t r = 0; r < N; r++) {
+    const float* d = dout + r * C;
+    if (dwte) {
+      float* w = dwte + static_cast<int64_t>(tokens[r]) * C;
+#pragma omp simd
+      for (int64_t i = c0; i < c1; i++) w[i] += d[i];
+    }
+    if (dwpe) {
+      float* p = dwpe + (r % T) * C;
+#pragma omp simd
+      for (int64_t i = c0; i < c1; i++) p[i] += d[i];
+    }
+  }
 }
 
+// =============================================================================== layernorm
+// Ba, Kiros & Hinton 2016: out = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), var
+// biased. inp, out: (N,C); weight, bias: (C) (never null here); mean, rstd: (N) or null.
+void layernorm_forward_rows(float* __restrict out, float* mean, float* rstd, const float* __restrict inp,
+                            const float* __restrict weight, const float* __restrict bias, int64_t r0, int64_t r1,
+                            int C, float eps) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = inp + r * C;
+    float* o = out + r * C;
+    // Two passes (mean, then squared deviations) rather than E[x^2] - E[x]^2, which cancels
+    // catastrophically in fp32 when |mean| >> std.
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < C; i++) s += x[i];
+    const float m = s / C;
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+    const float rs = 1.0f / std::sqrt(v / C + eps);
+#pragma omp simd
+    for (int i = 0; i < C; i++) o[i] = (x[i] - m) * rs * weight[i] + bias[i];
+    if (mean) mean[r] = m;
+    if (rstd) rstd[r] = rs;
+  }
+}
+// With xhat = (x - mean) rstd and g = w * dout (per row):
+//   dx += rstd (g - mean(g) - xhat mean(g xhat)),  dw += sum_rows dout xhat,  db += sum_rows dout.
+// dinp: (N,C) or null; pw, pb: (C) this chunk's partial dweight/dbias or null.
+void layernorm_backward_rows(float* __restrict dinp, float* __restrict pw, float* __restrict pb,
+                             const float* __restrict dout, const float* __restrict inp, const float* __restrict weight,
+                             const float* mean, const float* rstd, int64_t r0, int64_t r1, int C) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = inp + r * C;
+    const float* dy = dout + r * C;
+    const float m = mean[r], rs = rstd[r];
+    if (dinp) {
+      float g_mean = 0.0f, gx_mean = 0.0f;
+#pragma omp simd reduction(+ : g_mean, gx_mean)
+      for (int i = 0; i < C; i++) {
+        const float g = weight[i] * dy[i];
+        g_mean += g;
+        gx_mean += g * (x[i] - m) * rs;
+      }
+      g_mean /= C;
+      gx_mean /= C;
+      float* dx = dinp + r * C;
+#pragma omp simd
+      for (int i = 0; i < C; i++) dx[i] += rs * (weight[i] * dy[i] - g_mean - (x[i] - m) * rs * gx_mean);
+    }
+    if (pw) {
+#pragma omp simd
+      for (int i = 0; i < C; i++) pw[i] += dy[i] * (x[i] - m) * rs;
+    }
+    if (pb) {
+#pragma omp simd
+      for (int i = 0; i < C; i++) pb[i] += dy[i];
+    }
+  }
+}
+
+// =============================================================================== rmsnorm
+// Zhang & Sennrich 2019: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
+void rmsnorm_forward_rows(float* __restrict out, float* rstd, const float* __restrict inp,
+                          const float* __restrict weight, int64_t r0, int64_t r1, int C, float eps) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = inp + r * C;
+    float* o = out + r * C;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int i = 0; i < C; i++) ss += x[i] * x[i];
+    const float rs = 1.0f / std::sqrt(ss / C + eps);
+#pragma omp simd
+    for (int i = 0; i < C; i++) o[i] = x[i] * rs * weight[i];
+    if (rstd) rstd[r] = rs;
+  }
+}
+// With xhat = x rstd and g = w dout: dx += rstd (g - xhat mean(g xhat)), dw += sum_rows dout xhat.
+void rmsnorm_backward_rows(float* __restrict dinp, float* __restrict pw, const float* __restrict dout,
+                           const float* __restrict inp, const float* __restrict weight, const float* rstd, int64_t r0,
+                           int64_t r1, int C) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = inp + r * C;
+    const float* dy = dout + r * C;
+    const float rs = rstd[r];
+    if (dinp) {
+      float gx_mean = 0.0f;
+#pragma omp simd reduction(+ : gx_mean)
+      for (int i = 0; i < C; i++) gx_mean += weight[i] * dy[i] * x[i] * rs;
+      gx_mean /= C;
+      float* dx = dinp + r * C;
+#pragma omp simd
+      for (int i = 0; i < C; i++) dx[i] += rs * (weight[i] * dy[i] - x[i] * rs * gx_mean);
+    }
+    if (pw) {
+#pragma omp simd
+      for (int i = 0; i < C; i++) pw[i] += dy[i] * x[i] * rs;
+    }
+  }
+}
+
+// =============================================================================== matmul (bias part)
+// out[r] = bias for rows [r0, r1) of (N,OC): the GEMM then accumulates into it (beta = 1).
+void bias_fill_rows(float* __restrict out, const float* __restrict bias, int64_t r0, int64_t r1, int OC) {
+  for (int64_t r = r0; r < r1; r++) std::memcpy(out + r * OC, bias, sizeof(float) * OC);
+}
+// dbias[j] += sum over all N rows of dout[r, j], columns [c0, c1) only (threads own columns).
+void bias_backward_cols(float* __restrict dbias, const float* __restrict dout, int64_t N, int OC, int64_t c0,
+                        int64_t c1) {
+  for (int64_t r = 0; r < N; r++) {
+    const float* d = dout + r * OC;
+#pragma omp simd
+    for (int64_t j = c0; j < c1; j++) dbias[j] += d[j];
+  }
+}
+
+// =============================================================================== rope
+// Su et al. 2021 (RoFormer), "rotate half" pairing (i, i + HS/2), angle t * theta^(-2i/HS).
+// Rows [r0, r1) of (B*T, 3C): q and k heads rotated by +a (forward, overwrite) or by -a
+// (backward: a rotation's adjoint is its inverse, accumulate); v copied or accumulated.
+// cos_tab, sin_tab: (T, HS/2). dst may alias src in the forward.
+void rope_rows(float* dst, const float* src, const float* cos_tab, const float* sin_tab, int64_t r0, int64_t r1,
+               int T, int C, int NH, bool inverse) {
+  const int HS = C / NH, half = HS / 2;
+  const float sgn = inverse ? -1.0f : 1.0f;
+  for (int64_t r = r0; r < r1; r++) {
+    const int t = static_cast<int>(r % T);
+    const float* cs = cos_tab + static_cast<size_t>(t) * half;
+    const float* sn = sin_tab + static_cast<size_t>(t) * half;
+    const float* x = src + r * 3 * C;
+    float* y = dst + r * 3 * C;
+    for (int hh = 0; hh < 2 * NH; hh++) {  // q heads, then k heads
+      const float* x1 = x + hh * HS;
+      const float* x2 = x1 + half;
+      float* y1 = y + hh * HS;
+      float* y2 = y1 + half;
+      if (inverse) {
+#pragma omp simd
+        for (int i = 0; i < half; i++) {
+          const float a = x1[i], b = x2[i], s = sgn * sn[i];
+          y1[i] += a * cs[i] - b * s;
+          y2[i] += b * cs[i] + a * s;
+        }
+      } else {
+#pragma omp simd
+        for (int i = 0; i < half; i++) {
+          const float a = x1[i], b = x2[i], s = sn[i];
+          y1[i] = a * cs[i] - b * s;
+          y2[i] = b * cs[i] + a * s;
+        }
+      }
+    }
+    const float* xv = x + 2 * C;
+    float* yv = y + 2 * C;
+    if (inverse) {
+#pragma omp simd
+      for (int i = 0; i < C; i++) yv[i] += xv[i];
+    } else if (yv != xv) {
+      std::memcpy(yv, xv, sizeof(float) * C);
+    }
+  }
+}
+
+// =============================================================================== gelu
+// gelu(x) = x sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3) (see vecmath.h).
+void gelu_forward_range(float* __restrict out, const float* __restrict inp, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) out[i] = gelu_f(inp[i]);
+}
+void gelu_backward_range(float* __restrict dinp, const float* __restrict inp, const float* __restrict dout,
+                         int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) dinp[i] += dout[i] * gelu_grad_f(inp[i]);
+}
+
+// =============================================================================== swiglu
+// Shazeer 2020. inp: (N, 2H) = [gate | up], out: (N, H) = silu(gate) * up, silu(g) = g s,
+// s = sigmoid(g), silu'(g) = s (1 + g (1 - s)).
+void swiglu_forward_rows(float* __restrict out, const float* __restrict inp, int64_t r0, int64_t r1, int H) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* g = inp + r * 2 * H;
+    const float* u = g + H;
+    float* o = out + r * H;
+#pragma omp simd
+    for (int i = 0; i < H; i++) o[i] = g[i] * sigmoid_f(g[i]) * u[i];
+  }
+}
+void swiglu_backward_rows(float* __restrict dinp, const float* __restrict dout, const float* __restrict inp,
+                          int64_t r0, int64_t r1, int H) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* g = inp + r * 2 * H;
+    const float* u = g + H;
+    const float* dy = dout + r * H;
+    float* dg = dinp + r * 2 * H;
+    float* du = dg + H;
+#pragma omp simd
+    for (int i = 0; i < H; i++) {
+      const float s = sigmoid_f(g[i]);
+      dg[i] += dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+      du[i] += dy[i] * g[i] * s;
+    }
+  }
+}
+
+// =============================================================================== add, scale
+// out may alias a or b (same index only), so no __restrict.
+void add_range(float* out, const float* a, const float* b, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+void add_inplace_range(float* __restrict dst, const float* __restrict src, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) dst[i] += src[i];
+}
+void scale_range(float* x, int64_t n, float s) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+// =============================================================================== dropout
+// Inverted dropout (Srivastava et al. 2014, scaled at train time): element i (its global
+// index, i0 + local) keeps iff rng_uniform(key, offset + i) >= p and is then scaled by 1/(1-p).
+void dropout_forward_range(float* out, const float* inp, int64_t i0, int64_t i1, uint64_t key, uint64_t offset,
+                           float p, float scale) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; i++) out[i] = rng_uniform(key, offset + static_cast<uint64_t>(i)) >= p ? inp[i] * scale : 0.0f;
+}
+void dropout_backward_range(float* __restrict dinp, const float* __restrict dout, int64_t i0, int64_t i1,
+                            uint64_t key, uint64_t offset, float p, float scale) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; i++)
+    dinp[i] += rng_uniform(key, offset + static_cast<uint64_t>(i)) >= p ? dout[i] * scale : 0.0f;
+}
+
+// =============================================================================== softmax cross-entropy
+// Rows [r0, r1) of (N,V): probs = softmax(logits[:, :Vreal]) (padding columns -> 0) and
+// loss = logsumexp(x) - x[target] = log(sum exp(x - max)) - (x[target] - max), or 0 when the
+// target is negative. probs may alias logits.
+void softmax_xent_forward_rows(float* losses, float* probs, const float* logits, const int32_t* targets, int64_t r0,
+                               int64_t r1, int V, int Vreal) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = logits + r * V;
+    float* p = probs + r * V;
+    const int tgt = targets[r];
+    RUNNER_CHECK(tgt < Vreal, "softmax_xent: target " + std::to_string(tgt) + " >= Vreal " + std::to_string(Vreal));
+    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int i = 0; i < Vreal; i++) mx = x[i] > mx ? x[i] : mx;
+    const float xt = tgt >= 0 ? x[tgt] : 0.0f;  // read before p (which may alias x) is written
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < Vreal; i++) {
+      const float e = exp_f(x[i] - mx);
+      p[i] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int i = 0; i < Vreal; i++) p[i] *= inv;
+    for (int i = Vreal; i < V; i++) p[i] = 0.0f;
+    losses[r] = tgt >= 0 ? std::log(sum) - (xt - mx) : 0.0f;
+  }
+}
+// dlogits = (probs - onehot(target)) * dloss, OVERWRITTEN, rows [r0, r1); may alias probs.
+// Ignored rows and padding columns get 0.
+void softmax_xent_backward_rows(float* dlogits, const float* probs, const int32_t* targets, float dloss, int64_t r0,
+                                int64_t r1, int V, int Vreal) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* p = probs + r * V;
+    float* d = dlogits + r * V;
+    const int tgt = targets[r];
+    if (tgt < 0) {
+      std::memset(d, 0, sizeof(float) * V);
+      continue;
+    }
+#pragma omp simd
+    for (int i = 0; i < Vreal; i++) d[i] = p[i] * dloss;
+    for (int i = Vreal; i < V; i++) d[i] = 0.0f;
+    d[tgt] -= dloss;
+  }
+}
+
+// =============================================================================== optimizer
+// AdamW (Loshchilov & Hutter 2019, Algorithm 2) on n contiguous elements, with Adam's bias
+// correction passed in as 1/(1 - beta^t). GCC does not vectorize a loop calling sqrt unless
+// -fno-math-errno is on (it keeps a scalar errno path for negative inputs), so the AVX-512
+// body is written with intrinsics; vsqrtps is correctly rounded like sqrtf, so both paths
+// compute the same function. The remainder (and other ISAs) run the scalar loop.
+// (GCC 12 warns "__Y may be used uninitialized" inside its own _mm512_sqrt_ps, a known false
+// positive of its _mm512_undefined_ps; silenced for this function only.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+void adamw_range(float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v,
+                 int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float inv_bc1,
+                 float inv_bc2, float grad_scale) {
+  const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 vgs = _mm512_set1_ps(grad_scale), vb1 = _mm512_set1_ps(beta1), vb2 = _mm512_set1_ps(beta2),
+               va1 = _mm512_set1_ps(a1), va2 = _mm512_set1_ps(a2), vc1 = _mm512_set1_ps(inv_bc1),
+               vc2 = _mm512_set1_ps(inv_bc2), veps = _mm512_set1_ps(eps), vlr = _mm512_set1_ps(lr),
+               vwd = _mm512_set1_ps(weight_decay);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), vgs);
+    const __m512 mi = _mm512_fmadd_ps(vb1, _mm512_loadu_ps(m + i), _mm512_mul_ps(va1, g));
+    const __m512 vi = _mm512_fmadd_ps(vb2, _mm512_loadu_ps(v + i), _mm512_mul_ps(_mm512_mul_ps(va2, g), g));
+    _mm512_storeu_ps(m + i, mi);
+    _mm512_storeu_ps(v + i, vi);
+    const __m512 mhat = _mm512_mul_ps(mi, vc1), vhat = _mm512_mul_ps(vi, vc2);
+    const __m512 p = _mm512_loadu_ps(param + i);
+    const __m512 upd = _mm512_fmadd_ps(vwd, p, _mm512_div_ps(mhat, _mm512_add_ps(_mm512_sqrt_ps(vhat), veps)));
+    _mm512_storeu_ps(param + i, _mm512_fnmadd_ps(vlr, upd, p));
+  }
+#endif
+  for (; i < n; i++) {
+    const float g = grad[i] * grad_scale;
+    const float mi = beta1 * m[i] + a1 * g;
+    const float vi = beta2 * v[i] + a2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi * inv_bc1, vhat = vi * inv_bc2;
+    param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
+  }
+}
+#pragma GCC diagnostic pop
+
+// sum x^2 accumulated in double.
+double sum_squares_range(const float* __restrict x, int64_t n) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; i++) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return s;
+}
+
+// =============================================================================== the backend
 class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
 
-  // ---------------------------------------------------------------- embedding
-  // out: (B,T,C), tokens: (B,T), wte: (V,C), wpe: (maxT,C) or null
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                          int C) override {
     const int64_t N = static_cast<int64_t>(B) * T;
     parallel_chunks(N, row_grain(C, kGrainStream), [=](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; r++) {
-        float* o = out + r * C;
-        const float* w = wte + static_cast<int64_t>(tokens[r]) * C;
-        if (wpe) {
-          const float* p = wpe + (r % T) * C;
-#pragma omp simd
-          for (int i = 0; i < C; i++) o[i] = w[i] + p[i];
-        } else {
-          std::memcpy(o, w, sizeof(float) * C);
-        }
-      }
+      embedding_forward_rows(out, tokens, wte, wpe, r0, r1, T, C);
     }, 1);
   }
-  // dwte: (V,C) +=, dwpe: (maxT,C) +=, dout: (B,T,C)
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                           int C) override {
     if (!dwte && !dwpe) return;
     const int64_t N = static_cast<int64_t>(B) * T;
-    // Tokens repeat, so rows of dwte collide: split the channels, not the rows, across threads.
     parallel_chunks(C, std::max<int64_t>(16, kGrainStream / std::max<int64_t>(N, 1)), [=](int64_t c0, int64_t c1) {
-      for (int64_t r = 0; r < N; r++) {
-        const float* d = dout + r * C;
-        if (dwte) {
-          float* w = dwte + static_cast<int64_t>(tokens[r]) * C;
-#pragma omp simd
-          for (int64_t i = c0; i < c1; i++) w[i] += d[i];
-        }
-        if (dwpe) {
-          float* p = dwpe + (r % T) * C;
-#pragma omp simd
-          for (int64_t i = c0; i < c1; i++) p[i] += d[i];
-        }
-      }
+      embedding_backward_cols(dwte, dwpe, dout, tokens, N, T, C, c0, c1);
     });
   }
 
-  // ---------------------------------------------------------------- layernorm
-  // out: (N,C), mean, rstd: (N), inp: (N,C), weight, bias: (C) (null = ones / zeros)
-  // Ba, Kiros & Hinton 2016: out = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps).
+  // Null weight / bias mean ones / zeros (a LayerNorm without affine parameters).
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                          const float* bias, int N, int C, float eps) override {
+    std::vector<float> ones, zeros;
+    if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
+    if (!bias) bias = (zeros.assign(C, 0.0f), zeros.data());
     parallel_chunks(N, row_grain(C, kGrainStream), [=](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; r++) {
-        const float* x = inp + r * C;
-        float* o = out + r * C;
-        // Two passes (mean, then squared deviations) rather than E[x^2]-E[x]^2, which
-        // cancels catastrophically in fp32 when |mean| >> std.
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int i = 0; i < C; i++) s += x[i];
-        const float m = s / C;
-        float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-        for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
-        const float rs = 1.0f / std::sqrt(v / C + eps);
-        if (weight && bias) {
-#pragma omp simd
-          for (int i = 0; i < C; i++) o[i] = (x[i] - m) * rs * weight[i] + bias[i];
-        } else {
-#pragma omp simd
-          for (int i = 0; i < C; i++) o[i] = (x[i] - m) * rs * (weight ? weight[i] : 1.0f) + (bias ? bias[i] : 0.0f);
-        }
-        if (mean) mean[r] = m;
-        if (rstd) rstd[r] = rs;
-      }
+      layernorm_forward_rows(out, mean, rstd, inp, weight, bias, r0, r1, C, eps);
     }, 1);
   }
-  // dinp: (N,C) +=, dweight, dbias: (C) +=, dout, inp: (N,C), mean, rstd: (N)
-  // With xhat = (x - mean) rstd and g = w * dout:
-  //   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dw = sum_rows dout xhat,  db = sum_rows dout.
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, const float* mean, const float* rstd, int N, int C) override {
     if (!dinp && !dweight && !dbias) return;
-    Partials part(2 * static_cast<int64_t>(C));  // [dweight | dbias] per thread
-    parallel_rows(N, row_grain(C, kGrainStream), [=, &part](int64_t r0, int64_t r1, int tid) {
-      float* pw = part.slot(tid);
-      float* pb = pw + C;
-      for (int64_t r = r0; r < r1; r++) {
-        const float* x = inp + r * C;
-        const float* dy = dout + r * C;
-        const float m = mean[r], rs = rstd[r];
-        if (dinp) {
-          float g_mean = 0.0f, gx_mean = 0.0f;
-#pragma omp simd reduction(+ : g_mean, gx_mean)
-          for (int i = 0; i < C; i++) {
-            const float g = (weight ? weight[i] : 1.0f) * dy[i];
-            g_mean += g;
-            gx_mean += g * (x[i] - m) * rs;
-          }
-          g_mean /= C;
-          gx_mean /= C;
-          float* dx = dinp + r * C;
-#pragma omp simd
-          for (int i = 0; i < C; i++) {
-            const float g = (weight ? weight[i] : 1.0f) * dy[i];
-            dx[i] += rs * (g - g_mean - (x[i] - m) * rs * gx_mean);
-          }
-        }
-        if (dweight) {
-#pragma omp simd
-          for (int i = 0; i < C; i++) pw[i] += dy[i] * (x[i] - m) * rs;
-        }
-        if (dbias) {
-#pragma omp simd
-          for (int i = 0; i < C; i++) pb[i] += dy[i];
-        }
-      }
-    });
+    std::vector<float> ones;
+    if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
+    const int64_t grain = row_grain(C, kGrainStream);
+    Partials part(num_chunks(N, grain), 2 * static_cast<int64_t>(C));  // [dweight | dbias] per chunk
+    Partials* pp = &part;
+    parallel_chunks(N, grain, [=](int64_t r0, int64_t r1, int chunk) {
+      float* pw = pp->slot(chunk);
+      layernorm_backward_rows(dinp, dweight ? pw : nullptr, dbias ? pw + C : nullptr, dout, inp, weight, mean, rstd,
+                              r0, r1, C);
+    }, 1);
     part.fold(dweight, 0, C);
     part.fold(dbias, C, C);
   }
 
-  // ---------------------------------------------------------------- rmsnorm
-  // out: (N,C), rstd: (N), inp: (N,C), weight: (C) (null = ones)
-  // Zhang & Sennrich 2019: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
                        float eps) override {
+    std::vector<float> ones;
+    if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
     parallel_chunks(N, row_grain(C, kGrainStream), [=](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; r++) {
-        const float* x = inp + r * C;
-        float* o = out + r * C;
-        float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-        for (int i = 0; i < C; i++) ss += x[i] * x[i];
-        const float rs = 1.0f / std::sqrt(ss / C + eps);
-#pragma omp simd
-        for (int i = 0; i < C; i++) o[i] = x[i] * rs * (weight ? weight[i] : 1.0f);
-        if (rstd) rstd[r] = rs;
-      }
+      rmsnorm_forward_rows(out, rstd, inp, weight, r0, r1, C, eps);
     }, 1);
   }
-  // dinp: (N,C) +=, dweight: (C) +=. With xhat = x rstd and g = w dout:
-  //   dx = rstd (g - xhat mean(g xhat)),  dw = sum_rows dout xhat.
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                         const float* rstd, int N, int C) override {
     if (!dinp && !dweight) return;
-    Partials part(C);
-    parallel_rows(N, row_grain(C, kGrainStream), [=, &part](int64_t r0, int64_t r1, int tid) {
-      float* pw = part.slot(tid);
-      for (int64_t r = r0; r < r1; r++) {
-        const float* x = inp + r * C;
-        const float* dy = dout + r * C;
-        const float rs = rstd[r];
-        if (dinp) {
-          float gx_mean = 0.0f;
-#pragma omp simd reduction(+ : gx_mean)
-          for (int i = 0; i < C; i++) gx_mean += (weight ? weight[i] : 1.0f) * dy[i] * x[i] * rs;
-          gx_mean /= C;
-          float* dx = dinp + r * C;
-#pragma omp simd
-          for (int i = 0; i < C; i++) dx[i] += rs * ((weight ? weight[i] : 1.0f) * dy[i] - x[i] * rs * gx_mean);
-        }
-        if (dweight) {
-#pragma omp simd
-          for (int i = 0; i < C; i++) pw[i] += dy[i] * x[i] * rs;
-        }
-      }
-    });
+    std::vector<float> ones;
+    if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
+    const int64_t grain = row_grain(C, kGrainStream);
+    Partials part(num_chunks(N, grain), C);
+    Partials* pp = &part;
+    parallel_chunks(N, grain, [=](int64_t r0, int64_t r1, int chunk) {
+      rmsnorm_backward_rows(dinp, dweight ? pp->slot(chunk) : nullptr, dout, inp, weight, rstd, r0, r1, C);
+    }, 1);
     part.fold(dweight, 0, C);
   }
 
-  // ---------------------------------------------------------------- matmul
-  // out: (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC)
+  // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
                       int OC) override {
     float beta = 0.0f;
@@ -244,7 +516,7 @@ class CpuBackend final : public Backend {
       // Prefill with the bias and let the GEMM accumulate (beta = 1): the same memory
       // traffic as OpenBLAS zeroing C for beta = 0, and no extra pass afterwards.
       parallel_chunks(N, row_grain(OC, kGrainStream), [=](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; r++) std::memcpy(out + r * OC, bias, sizeof(float) * OC);
+        bias_fill_rows(out, bias, r0, r1, OC);
       }, 1);
       beta = 1.0f;
     }
@@ -257,30 +529,20 @@ class CpuBackend final : public Backend {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
     if (dweight)
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-    if (dbias) {
-      // Threads own disjoint column ranges and sweep all rows, so no partials are needed.
+    if (dbias)
       parallel_chunks(OC, std::max<int64_t>(16, kGrainStream / std::max(N, 1)), [=](int64_t c0, int64_t c1) {
-        for (int64_t r = 0; r < N; r++) {
-          const float* d = dout + r * OC;
-#pragma omp simd
-          for (int64_t j = c0; j < c1; j++) dbias[j] += d[j];
-        }
+        bias_backward_cols(dbias, dout, N, OC, c0, c1);
       });
-    }
   }
 
-  // ---------------------------------------------------------------- rope
-  // out, inp: (B,T,3C). Su et al. 2021 (RoFormer), "rotate half" pairing (i, i + HS/2).
   void rope_forward(float* out, const float* inp, int B, int T, int C, int NH, float theta) override {
-    rope_apply(out, inp, B, T, C, NH, theta, /*inverse=*/false, /*accumulate=*/false);
+    rope_dispatch(out, inp, B, T, C, NH, theta, /*inverse=*/false);
   }
-  // dinp += R^T dout: a rotation's adjoint is the rotation by -a; v's gradient passes through.
   void rope_backward(float* dinp, const float* dout, int B, int T, int C, int NH, float theta) override {
     if (!dinp) return;
-    rope_apply(dinp, dout, B, T, C, NH, theta, /*inverse=*/true, /*accumulate=*/true);
+    rope_dispatch(dinp, dout, B, T, C, NH, theta, /*inverse=*/true);
   }
 
-  // ---------------------------------------------------------------- attention
   void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int NH,
                          DropoutSpec drop) override {
     cpu::attention_forward(out, probs, qkv, B, T, C, NH, drop);
@@ -290,190 +552,110 @@ class CpuBackend final : public Backend {
     cpu::attention_backward(dqkv, dout, qkv, probs, B, T, C, NH, drop);
   }
 
-  // ---------------------------------------------------------------- gelu
   void gelu_forward(float* out, const float* inp, int64_t n) override {
-    parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) {
-#pragma omp simd
-      for (int64_t i = i0; i < i1; i++) out[i] = gelu_f(inp[i]);
-    });
+    parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) { gelu_forward_range(out + i0, inp + i0, i1 - i0); });
   }
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
     if (!dinp) return;
     parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) {
-#pragma omp simd
-      for (int64_t i = i0; i < i1; i++) dinp[i] += dout[i] * gelu_grad_f(inp[i]);
+      gelu_backward_range(dinp + i0, inp + i0, dout + i0, i1 - i0);
     });
   }
 
-  // ---------------------------------------------------------------- swiglu
-  // inp: (N, 2H) = [gate | up], out: (N, H) = silu(gate) * up (Shazeer 2020).
-  // silu(g) = g s, s = sigmoid(g); silu'(g) = s (1 + g (1 - s)).
   void swiglu_forward(float* out, const float* inp, int N, int H) override {
     parallel_chunks(N, row_grain(H, kGrainMath), [=](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; r++) {
-        const float* g = inp + r * 2 * H;
-        const float* u = g + H;
-        float* o = out + r * H;
-#pragma omp simd
-        for (int i = 0; i < H; i++) o[i] = g[i] * sigmoid_f(g[i]) * u[i];
-      }
+      swiglu_forward_rows(out, inp, r0, r1, H);
     }, 1);
   }
-  // dinp: (N, 2H) +=, dout: (N, H)
   void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int H) override {
     if (!dinp) return;
     parallel_chunks(N, row_grain(H, kGrainMath), [=](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; r++) {
-        const float* g = inp + r * 2 * H;
-        const float* u = g + H;
-        const float* dy = dout + r * H;
-        float* dg = dinp + r * 2 * H;
-        float* du = dg + H;
-#pragma omp simd
-        for (int i = 0; i < H; i++) {
-          const float s = sigmoid_f(g[i]);
-          dg[i] += dy[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
-          du[i] += dy[i] * g[i] * s;
-        }
-      }
+      swiglu_backward_rows(dinp, dout, inp, r0, r1, H);
     }, 1);
   }
 
-  // ---------------------------------------------------------------- add
   void add_forward(float* out, const float* a, const float* b, int64_t n) override {
-    parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1) {
-#pragma omp simd
-      for (int64_t i = i0; i < i1; i++) out[i] = a[i] + b[i];
-    });
+    parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1) { add_range(out + i0, a + i0, b + i0, i1 - i0); });
   }
   void add_inplace(float* dst, const float* src, int64_t n) override {
     if (!dst) return;
-    parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1) {
-#pragma omp simd
-      for (int64_t i = i0; i < i1; i++) dst[i] += src[i];
-    });
+    parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1) { add_inplace_range(dst + i0, src + i0, i1 - i0); });
   }
 
-  // ---------------------------------------------------------------- dropout
-  // Inverted dropout (Srivastava et al. 2014, scaled at train time): out = inp * keep / (1-p).
   void dropout_forward(float* out, const float* inp, int64_t n, DropoutSpec drop) override {
+    check_dropout(drop);
     if (drop.p <= 0.0f) {
-      if (out != inp) parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1) {
-        std::memcpy(out + i0, inp + i0, sizeof(float) * (i1 - i0));
-      });
+      if (out != inp)
+        parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1) {
+          std::memcpy(out + i0, inp + i0, sizeof(float) * (i1 - i0));
+        });
       return;
     }
-    const float p = drop.p, ks = drop.p < 1.0f ? 1.0f / (1.0f - drop.p) : 0.0f;
-    const uint64_t key = drop.key;
+    const float scale = 1.0f / (1.0f - drop.p);
     parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) {
-#pragma omp simd
-      for (int64_t i = i0; i < i1; i++)
-        out[i] = rng_uniform(key, static_cast<uint64_t>(i)) >= p ? inp[i] * ks : 0.0f;
+      dropout_forward_range(out, inp, i0, i1, drop.key, drop.offset, drop.p, scale);
     });
   }
   void dropout_backward(float* dinp, const float* dout, int64_t n, DropoutSpec drop) override {
     if (!dinp) return;
+    check_dropout(drop);
     if (drop.p <= 0.0f) return add_inplace(dinp, dout, n);
-    const float p = drop.p, ks = drop.p < 1.0f ? 1.0f / (1.0f - drop.p) : 0.0f;
-    const uint64_t key = drop.key;
+    const float scale = 1.0f / (1.0f - drop.p);
     parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) {
-#pragma omp simd
-      for (int64_t i = i0; i < i1; i++)
-        dinp[i] += rng_uniform(key, static_cast<uint64_t>(i)) >= p ? dout[i] * ks : 0.0f;
+      dropout_backward_range(dinp, dout, i0, i1, drop.key, drop.offset, drop.p, scale);
     });
   }
 
-  // ---------------------------------------------------------------- softmax cross-entropy
-  // losses: (N), probs: (N,V) (may alias logits), logits: (N,V), targets: (N)
-  // loss = logsumexp(x) - x[target], computed as log(sum exp(x - max)) - (x[target] - max).
+  // Parallel over rows (one row of GPT-2's vocabulary is 50257 exps).
   void softmax_xent_forward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V,
                             int Vreal) override {
     RUNNER_CHECK(Vreal > 0 && Vreal <= V, "softmax_xent: need 0 < Vreal <= V, got Vreal=" + std::to_string(Vreal) +
                                               " V=" + std::to_string(V));
-    const bool par = N > 1 && static_cast<int64_t>(N) * Vreal >= 2 * kGrainMath && !omp_in_parallel();
-#pragma omp parallel for schedule(static) if (par)
-    for (int r = 0; r < N; r++) {
-      const float* x = logits + static_cast<int64_t>(r) * V;
-      float* p = probs + static_cast<int64_t>(r) * V;
-      const int tgt = targets[r];
-      RUNNER_CHECK(tgt < Vreal, "softmax_xent: target " + std::to_string(tgt) + " >= Vreal " + std::to_string(Vreal));
-      float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-      for (int i = 0; i < Vreal; i++) mx = x[i] > mx ? x[i] : mx;
-      const float xt = tgt >= 0 ? x[tgt] : 0.0f;  // read before p (which may alias x) is written
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int i = 0; i < Vreal; i++) {
-        const float e = exp_f(x[i] - mx);
-        p[i] = e;
-        sum += e;
-      }
-      const float inv = 1.0f / sum;
-#pragma omp simd
-      for (int i = 0; i < Vreal; i++) p[i] *= inv;
-      for (int i = Vreal; i < V; i++) p[i] = 0.0f;
-      losses[r] = tgt >= 0 ? std::log(sum) - (xt - mx) : 0.0f;
-    }
+    parallel_chunks(N, row_grain(V, kGrainMath), [=](int64_t r0, int64_t r1) {
+      softmax_xent_forward_rows(losses, probs, logits, targets, r0, r1, V, Vreal);
+    }, 1);
   }
-  // dlogits (N,V) = (probs - onehot(target)) * dloss, OVERWRITTEN; may alias probs.
   void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V,
                              int Vreal) override {
     if (!dlogits) return;
-    const bool par = N > 1 && static_cast<int64_t>(N) * V >= 2 * kGrainStream && !omp_in_parallel();
-#pragma omp parallel for schedule(static) if (par)
-    for (int r = 0; r < N; r++) {
-      const float* p = probs + static_cast<int64_t>(r) * V;
-      float* d = dlogits + static_cast<int64_t>(r) * V;
-      const int tgt = targets[r];
-      if (tgt < 0) {
-        std::memset(d, 0, sizeof(float) * V);
-        continue;
-      }
-#pragma omp simd
-      for (int i = 0; i < Vreal; i++) d[i] = p[i] * dloss;
-      for (int i = Vreal; i < V; i++) d[i] = 0.0f;
-      d[tgt] -= dloss;
-    }
+    parallel_chunks(N, row_grain(V, kGrainStream), [=](int64_t r0, int64_t r1) {
+      softmax_xent_backward_rows(dlogits, probs, targets, dloss, r0, r1, V, Vreal);
+    }, 1);
   }
 
-  // ---------------------------------------------------------------- optimizer
-  // AdamW (Loshchilov & Hutter 2019, Algorithm 2), bias-corrected, decoupled weight decay.
   void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
                     float beta2, float eps, float weight_decay, int64_t t, float grad_scale) override {
     RUNNER_CHECK(t >= 1, "adamw_update: step t must be >= 1, got " + std::to_string(t));
+    // Bias corrections in double: beta2^t for t ~ 1e5 underflows nothing but loses digits in fp32.
     const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t))));
     const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t))));
-    const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
     parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) {
-#pragma omp simd
-      for (int64_t i = i0; i < i1; i++) {
-        const float g = grad[i] * grad_scale;
-        const float mi = beta1 * m[i] + a1 * g;
-        const float vi = beta2 * v[i] + a2 * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        const float mhat = mi * inv_bc1, vhat = vi * inv_bc2;
-        param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
-      }
+      adamw_range(param + i0, grad + i0, m + i0, v + i0, i1 - i0, lr, beta1, beta2, eps, weight_decay, inv_bc1,
+                  inv_bc2, grad_scale);
     });
   }
 
+  // Per-chunk partials summed in chunk order: deterministic for a given thread count.
   double sum_squares(const float* x, int64_t n) override {
+    std::vector<double> part(num_chunks(n, kGrainStream), 0.0);
+    double* pp = part.data();
+    parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1, int chunk) {
+      pp[chunk] = sum_squares_range(x + i0, i1 - i0);
+    });
     double total = 0.0;
-    const bool par = n >= 2 * kGrainStream && omp_get_max_threads() > 1 && !omp_in_parallel();
-#pragma omp parallel for simd reduction(+ : total) schedule(static) if (par)
-    for (int64_t i = 0; i < n; i++) total += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    for (double s : part) total += s;
     return total;
   }
 
   void scale(float* x, int64_t n, float s) override {
-    parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1) {
-#pragma omp simd
-      for (int64_t i = i0; i < i1; i++) x[i] *= s;
-    });
+    parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1) { scale_range(x + i0, i1 - i0, s); });
   }
 
  private:
+  static void check_dropout(const DropoutSpec& drop) {
+    RUNNER_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "dropout: p must be in [0, 1), got " + std::to_string(drop.p));
+  }
+
   // cos/sin of t * theta^(-2i/HS) for t < T, i < HS/2, computed in double (an fp32 angle
   // t * f would be off by ~t * 6e-8 rad) and cached: the table depends only on (T, HS, theta).
   struct RopeTable {
@@ -508,63 +690,64 @@ class CpuBackend final : public Backend {
     return tab;
   }
 
-  // dst (+)= R(+-a) src on q and k; v copied (or accumulated).
-  void rope_apply(float* dst, const float* src, int B, int T, int C, int NH, float theta, bool inverse,
-                  bool accumulate) {
+  void rope_dispatch(float* dst, const float* src, int B, int T, int C, int NH, float theta, bool inverse) {
     RUNNER_CHECK(NH > 0 && C % NH == 0 && (C / NH) % 2 == 0,
                  "rope: head size C/NH must be even, got C=" + std::to_string(C) + " NH=" + std::to_string(NH));
-    const int HS = C / NH, half = HS / 2;
-    const std::shared_ptr<const RopeTable> tabp = rope_table(T, HS, theta);
-    const float* cos_tab = tabp->cos.data();
-    const float* sin_tab = tabp->sin.data();
-    const float sgn = inverse ? -1.0f : 1.0f;
-    const int64_t N = static_cast<int64_t>(B) * T;
-    parallel_chunks(N, row_grain(3 * C, kGrainStream), [=](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; r++) {
-        const int t = static_cast<int>(r % T);
-        const float* cs = cos_tab + static_cast<size_t>(t) * half;
-        const float* sn = sin_tab + static_cast<size_t>(t) * half;
-        const float* x = src + r * 3 * C;
-        float* y = dst + r * 3 * C;
-        for (int hh = 0; hh < 2 * NH; hh++) {  // q heads then k heads
-          const float* x1 = x + hh * HS;
-          const float* x2 = x1 + half;
-          float* y1 = y + hh * HS;
-          float* y2 = y1 + half;
-          if (accumulate) {
-#pragma omp simd
-            for (int i = 0; i < half; i++) {
-              const float a = x1[i], b = x2[i], s = sgn * sn[i];
-              y1[i] += a * cs[i] - b * s;
-              y2[i] += b * cs[i] + a * s;
-            }
-          } else {
-#pragma omp simd
-            for (int i = 0; i < half; i++) {
-              const float a = x1[i], b = x2[i], s = sgn * sn[i];
-              y1[i] = a * cs[i] - b * s;
-              y2[i] = b * cs[i] + a * s;
-            }
-          }
-        }
-        const float* xv = x + 2 * C;
-        float* yv = y + 2 * C;
-        if (accumulate) {
-#pragma omp simd
-          for (int i = 0; i < C; i++) yv[i] += xv[i];
-        } else if (yv != xv) {
-          std::memcpy(yv, xv, sizeof(float) * C);
-        }
-      }
+    const std::shared_ptr<const RopeTable> tab = rope_table(T, C / NH, theta);
+    const float* cos_tab = tab->cos.data();
+    const float* sin_tab = tab->sin.data();
+    parallel_chunks(static_cast<int64_t>(B) * T, row_grain(3 * C, kGrainStream), [=](int64_t r0, int64_t r1) {
+      rope_rows(dst, src, cos_tab, sin_tab, r0, r1, T, C, NH, inverse);
     }, 1);
   }
 };
+
+// Debian 12's OpenBLAS 0.3.21 is a DYNAMIC_ARCH build that picks its kernels from the CPU
+// model number at load time. CPUs released after it (e.g. Emerald Rapids, family 6 model
+// 0xCF, this project's CI machine) are unknown to it and get the generic "Prescott" SSE3
+// kernels: ~5x slower SGEMM than its AVX-512 ones (bench/bench_kernels). When the user has
+// not chosen a core with OPENBLAS_CORETYPE, pick the best one the instruction set supports
+// and re-run OpenBLAS's core selection (the same path OPENBLAS_CORETYPE takes at load).
+// The symbols are weak so that a non-DYNAMIC_ARCH OpenBLAS still links (and is left alone).
+extern "C" {
+__attribute__((weak)) void gotoblas_dynamic_init(void);
+__attribute__((weak)) void gotoblas_dynamic_quit(void);
+}
+
+void select_openblas_core() {
+#if defined(__x86_64__)
+  if (std::getenv("OPENBLAS_CORETYPE") || !gotoblas_dynamic_init || !gotoblas_dynamic_quit) return;
+  const char* core = openblas_get_corename();
+  auto is_one_of = [&](std::initializer_list<const char*> names) {
+    for (const char* n : names)
+      if (core && strcasecmp(core, n) == 0) return true;
+    return false;
+  };
+  const char* want = nullptr;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq")) {
+    if (!is_one_of({"SkylakeX", "Cooperlake", "SapphireRapids"}))
+      want = __builtin_cpu_supports("avx512bf16") ? "Cooperlake" : "SkylakeX";
+  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (!is_one_of({"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})) want = "Haswell";
+  }
+  if (!want) return;
+  setenv("OPENBLAS_CORETYPE", want, 0);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  unsetenv("OPENBLAS_CORETYPE");
+#endif
+}
 
 }  // namespace
 }  // namespace cpu
 
 Backend& cpu_backend() {
-  static cpu::CpuBackend backend;
+  static cpu::CpuBackend backend = [] {
+    cpu::select_openblas_core();
+    return cpu::CpuBackend();
+  }();
   return backend;
 }
 

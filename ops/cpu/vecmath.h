@@ -18,6 +18,7 @@
 #include <bit>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 namespace ops::cpu {
 
@@ -71,26 +72,42 @@ OPS_INLINE float gelu_grad_f(float x) {
   return s + 2.0f * x * s * (1.0f - s) * du;
 }
 
-// Splits [0, n) into one contiguous chunk per OpenMP thread and calls f(begin, end) on
-// each. Runs inline when n < 2 * min_chunk (a parallel region costs ~5-20 us with
-// OMP_WAIT_POLICY=PASSIVE, which a small loop does not repay) or when already inside a
-// parallel region. Chunk boundaries are multiples of `align` elements so that each chunk
-// starts on a vector boundary.
+// How many chunks parallel_chunks(n, min_chunk, ...) splits [0, n) into: one per OpenMP
+// thread, but none smaller than min_chunk, and 1 when already inside a parallel region.
+inline int num_chunks(int64_t n, int64_t min_chunk) {
+  if (omp_in_parallel()) return 1;
+  int nt = omp_get_max_threads();
+  const int64_t by_size = n / std::max<int64_t>(min_chunk, 1);
+  if (nt > by_size) nt = static_cast<int>(by_size);
+  return std::max(nt, 1);
+}
+
+// Splits [0, n) into num_chunks(n, min_chunk) contiguous chunks, one per OpenMP thread, and
+// calls f(begin, end) or f(begin, end, chunk) on each (chunk in [0, num_chunks), for
+// per-chunk partial results). Runs inline when n < 2 * min_chunk (a parallel region costs
+// ~5-20 us with OMP_WAIT_POLICY=PASSIVE, which a small loop does not repay) or when already
+// inside a parallel region. Chunk boundaries are multiples of `align` elements so that each
+// chunk starts on a vector boundary.
 template <class F>
 void parallel_chunks(int64_t n, int64_t min_chunk, F&& f, int64_t align = 16) {
-  int nt = omp_get_max_threads();
-  int64_t by_size = n / std::max<int64_t>(min_chunk, 1);
-  if (nt > by_size) nt = static_cast<int>(by_size);
-  if (nt <= 1 || omp_in_parallel()) {
-    if (n > 0) f(int64_t{0}, n);
+  auto call = [&](int64_t b, int64_t e, int chunk) {
+    if constexpr (std::is_invocable_v<F&, int64_t, int64_t, int>) {
+      f(b, e, chunk);
+    } else {
+      f(b, e);
+    }
+  };
+  const int nt = num_chunks(n, min_chunk);
+  if (nt <= 1) {
+    if (n > 0) call(int64_t{0}, n, 0);
     return;
   }
 #pragma omp parallel num_threads(nt)
   {
-    int i = omp_get_thread_num(), k = omp_get_num_threads();
-    int64_t b = (n * i / k) / align * align;
-    int64_t e = i + 1 == k ? n : (n * (i + 1) / k) / align * align;
-    if (e > b) f(b, e);
+    const int i = omp_get_thread_num(), k = omp_get_num_threads();
+    const int64_t b = (n * i / k) / align * align;
+    const int64_t e = i + 1 == k ? n : (n * (i + 1) / k) / align * align;
+    if (e > b) call(b, e, i);
   }
 }
 

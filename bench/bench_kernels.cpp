@@ -1,0 +1,191 @@
+// Kernel benchmark for the CPU backend: GEMM throughput at the shapes a GPT step runs,
+// attention forward/backward, and the pointwise kernels, at the current OpenMP thread
+// count. Run as
+//   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE build/bench_kernels [--quick]
+// Each number is the best of several repetitions (the minimum is the least noisy
+// estimate on a shared machine), after one warm-up call.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "ops/backend.h"
+#include "ops/cpu/attention.h"
+#include "ops/rng.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int g_reps = 7;
+
+// Best wall time of f() in seconds over g_reps runs, after one warm-up.
+double best_time(const std::function<void()>& f, int reps = 0) {
+  if (reps <= 0) reps = g_reps;
+  f();
+  double best = 1e30;
+  for (int r = 0; r < reps; r++) {
+    const auto t0 = Clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::vector<float> v(n);
+  const uint64_t key = ops::rng_key(0xbe7c, seed);
+  for (size_t i = 0; i < n; i++) v[i] = scale * ops::rng_normal(key, i);
+  return v;
+}
+
+void bench_gemm(ops::Backend& be) {
+  std::printf("\n== GEMM (cblas_sgemm via matmul_forward/backward), GFLOP/s ==\n");
+  std::printf("%-34s %9s %9s %9s\n", "shape (N x C -> OC)", "fwd", "bwd dinp", "bwd dW");
+  struct Shape {
+    int N, C, OC;
+    const char* what;
+  };
+  const Shape shapes[] = {
+      {1024, 1024, 1024, "square 1024^3"},
+      {2048, 384, 1152, "GPT qkv      (B*T=2048, C=384)"},
+      {2048, 384, 1536, "GPT mlp fc   (C=384 -> 4C)"},
+      {2048, 1536, 384, "GPT mlp proj (4C -> C)"},
+      {2048, 384, 384, "GPT attn proj"},
+      {256, 768, 50304, "lm head      (N=256, C=768, V=50304)"},
+  };
+  for (const Shape& s : shapes) {
+    const auto inp = randn(static_cast<size_t>(s.N) * s.C, 1), w = randn(static_cast<size_t>(s.OC) * s.C, 2, 0.02f),
+               b = randn(s.OC, 3), dout = randn(static_cast<size_t>(s.N) * s.OC, 4);
+    std::vector<float> out(static_cast<size_t>(s.N) * s.OC), dinp(inp.size()), dw(w.size());
+    const double flops = 2.0 * s.N * s.C * s.OC;
+    const double tf = best_time([&] { be.matmul_forward(out.data(), inp.data(), w.data(), b.data(), s.N, s.C, s.OC); });
+    const double ti = best_time([&] {
+      be.matmul_backward(dinp.data(), nullptr, nullptr, dout.data(), inp.data(), w.data(), s.N, s.C, s.OC);
+    });
+    const double tw = best_time([&] {
+      be.matmul_backward(nullptr, dw.data(), nullptr, dout.data(), inp.data(), w.data(), s.N, s.C, s.OC);
+    });
+    char name[64];
+    std::snprintf(name, sizeof name, "%d x %d -> %d", s.N, s.C, s.OC);
+    std::printf("%-34s %9.1f %9.1f %9.1f   %s\n", name, flops / tf * 1e-9, flops / ti * 1e-9, flops / tw * 1e-9,
+                s.what);
+  }
+}
+
+void bench_attention(ops::Backend& be) {
+  const int B = 8, T = 256, C = 384, NH = 6, HS = C / NH;
+  std::printf("\n== attention B=%d T=%d C=%d NH=%d (causal) ==\n", B, T, C, NH);
+  const auto qkv = randn(static_cast<size_t>(B) * T * 3 * C, 5, 0.5f), dout = randn(static_cast<size_t>(B) * T * C, 6);
+  std::vector<float> out(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T * T),
+      dqkv(qkv.size());
+  // Useful (causal) flops: QK^T and PV over the lower triangle forward; four such products backward.
+  const double tri = static_cast<double>(T) * (T + 1) / 2;
+  const double fwd_flops = 2.0 * 2 * B * NH * tri * HS, bwd_flops = 2.0 * fwd_flops;
+  const int saved = ops::cpu::attention_block_rows();
+  std::printf("%-12s %10s %10s %10s %10s %12s\n", "block rows", "fwd ms", "bwd ms", "fwd p=0.1", "bwd p=0.1",
+              "fwd GFLOP/s");
+  for (int block : {32, 64, 128, 256}) {
+    ops::cpu::set_attention_block_rows(block);
+    const double tf = best_time([&] { be.attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, {}); });
+    const double tb = best_time([&] {
+      be.attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, NH, {});
+    });
+    const ops::DropoutSpec drop{0.1f, 42};
+    const double tfd = best_time([&] { be.attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, drop); });
+    const double tbd = best_time([&] {
+      be.attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, NH, drop);
+    });
+    std::printf("%-12d %10.3f %10.3f %10.3f %10.3f %12.1f\n", block, tf * 1e3, tb * 1e3, tfd * 1e3, tbd * 1e3,
+                fwd_flops / tf * 1e-9);
+  }
+  ops::cpu::set_attention_block_rows(saved);
+  (void)bwd_flops;
+}
+
+void bench_pointwise(ops::Backend& be) {
+  std::printf("\n== pointwise and reductions ==\n");
+  const int N = 2048, C = 384, H = 4 * C;
+  const auto x = randn(static_cast<size_t>(N) * C, 7), w = randn(C, 8), b = randn(C, 9),
+             dy = randn(static_cast<size_t>(N) * C, 10);
+  std::vector<float> out(x.size()), mean(N), rstd(N), dx(x.size()), dw(C), db(C);
+  auto row = [](const char* name, double t, double bytes) {
+    std::printf("%-44s %9.3f ms %8.1f GB/s\n", name, t * 1e3, bytes / t * 1e-9);
+  };
+  const double nc = static_cast<double>(N) * C * 4;
+  row("layernorm fwd (2048 x 384)",
+      best_time([&] { be.layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f); }),
+      2 * nc);
+  row("layernorm bwd (2048 x 384)", best_time([&] {
+        be.layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(),
+                              N, C);
+      }),
+      4 * nc);
+  const auto h = randn(static_cast<size_t>(N) * H, 11, 2.0f), dh = randn(h.size(), 12);
+  std::vector<float> ho(h.size()), dhi(h.size());
+  const double nh = static_cast<double>(N) * H * 4;
+  row("gelu fwd (2048 x 1536)", best_time([&] { be.gelu_forward(ho.data(), h.data(), static_cast<int64_t>(h.size())); }),
+      2 * nh);
+  row("gelu bwd (2048 x 1536)",
+      best_time([&] { be.gelu_backward(dhi.data(), h.data(), dh.data(), static_cast<int64_t>(h.size())); }), 3 * nh);
+  // The exact-libm alternative, for comparison: scalar tanhf, single thread.
+  row("  gelu fwd with libm tanhf (1 thread)", best_time([&] {
+        const float k = 0.7978845608f;
+        for (size_t i = 0; i < h.size(); i++) {
+          const float v = h[i];
+          ho[i] = 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
+        }
+      }),
+      2 * nh);
+  row("add_inplace (2048 x 1536)",
+      best_time([&] { be.add_inplace(dhi.data(), dh.data(), static_cast<int64_t>(h.size())); }), 3 * nh);
+  row("dropout fwd p=0.1 (2048 x 384)",
+      best_time([&] { be.dropout_forward(out.data(), x.data(), static_cast<int64_t>(x.size()), {0.1f, 3}); }), 2 * nc);
+
+  const int NV = 256, V = 50304, Vreal = 50257;
+  const auto logits = randn(static_cast<size_t>(NV) * V, 13, 2.0f);
+  std::vector<float> probs(logits.size()), losses(NV);
+  std::vector<int32_t> tgt(NV);
+  for (int i = 0; i < NV; i++) tgt[i] = (i * 7919) % Vreal;
+  const double nv = static_cast<double>(NV) * V * 4;
+  row("softmax_xent fwd (256 x 50304)", best_time([&] {
+        be.softmax_xent_forward(losses.data(), probs.data(), logits.data(), tgt.data(), NV, V, Vreal);
+      }),
+      2 * nv);
+  row("softmax_xent bwd (256 x 50304, in place)", best_time([&] {
+        be.softmax_xent_backward(probs.data(), probs.data(), tgt.data(), 1.0f / NV, NV, V, Vreal);
+      }),
+      2 * nv);
+
+  const int64_t np = 30'000'000;  // ~ a 30M-parameter model
+  auto p = randn(np, 14, 0.02f), g = randn(np, 15, 1e-3f);
+  std::vector<float> m(np, 0.0f), v(np, 0.0f);
+  int64_t t = 1;
+  row("adamw (30M params)", best_time([&] {
+        be.adamw_update(p.data(), g.data(), m.data(), v.data(), np, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t++, 1.0f);
+      }, 3),
+      7.0 * np * 4);
+  double sink = 0;
+  row("sum_squares (30M)", best_time([&] { sink += be.sum_squares(g.data(), np); }, 3), 1.0 * np * 4);
+  if (sink < 0) std::printf("%g\n", sink);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; i++)
+    if (std::strcmp(argv[i], "--quick") == 0) g_reps = 2;
+  ops::Backend& be = ops::cpu_backend();
+  std::printf("backend %s, OpenMP threads %d, OpenBLAS threads %d, %s\n", be.name(), ops::num_threads(),
+              openblas_get_num_threads(), openblas_get_config());
+  bench_gemm(be);
+  bench_attention(be);
+  bench_pointwise(be);
+  return 0;
+}
