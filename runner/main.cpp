@@ -3,15 +3,18 @@
 // Every user error ends here as `file:line:col: what; how to fix` on stderr with exit
 // code 2, before anything is allocated or written.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 
+#include "runner/checkpoint.h"
 #include "runner/data.h"
 #include "runner/errors.h"
 #include "runner/plan.h"
 #include "runner/recipe.h"
+#include "runner/signals.h"
 #include "runner/train.h"
 
 using namespace runner;
@@ -43,6 +46,8 @@ int main(int argc, char** argv) {
   resume_cmd->add_option("run_dir", resume_dir, "run directory")->required();
   resume_cmd->add_option("--step", topts.resume_step, "resume from this step's checkpoint instead of LATEST");
   resume_cmd->add_flag("--strict", topts.strict, "fail on a corrupt checkpoint instead of falling back");
+  resume_cmd->add_flag("--quiet", topts.quiet, "no progress lines on stdout (the log file keeps them)");
+  train_cmd->add_flag("--strict", topts.strict, "when resuming, fail on a corrupt checkpoint instead of falling back");
 
   std::string ckpt_path;
   auto* inspect_cmd = app.add_subcommand("inspect", "print what a checkpoint holds and verify its checksums");
@@ -76,14 +81,34 @@ int main(int argc, char** argv) {
       return run_training(p, topts);
     }
     if (*resume_cmd) {
-      throw UserError({resume_dir, 0, 0}, "resume is not available in this build yet",
-                      "start the run again with `runner train`");
+      namespace fs = std::filesystem;
+      if (!fs::is_directory(resume_dir))
+        throw UserError({resume_dir, 0, 0}, "not a run directory", "pass the directory `runner train` wrote (runs/NAME)");
+      // The checkpoint directory: the run's resolved recipe may place it elsewhere.
+      std::string ckpt_dir = (fs::path(resume_dir) / "checkpoints").string();
+      fs::path saved = fs::path(resume_dir) / "recipe.yaml";
+      if (fs::exists(saved)) {
+        Recipe rr = load_recipe(saved.string());
+        if (!rr.checkpoint.dir.empty()) ckpt_dir = rr.checkpoint.dir;
+      }
+      CheckpointManager probe(ckpt_dir, CheckpointConfig{});
+      if (!probe.has_checkpoints())
+        throw UserError({ckpt_dir, 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
+      std::string text = probe.resume_recipe_text(topts.strict, topts.resume_step);
+      Recipe r = load_recipe_text(text, saved.string());
+      Plan p = make_plan(r, 0);
+      topts.run_dir = resume_dir;
+      topts.resume = true;
+      return run_training(p, topts);
     }
     if (*inspect_cmd) {
-      throw UserError({ckpt_path, 0, 0}, "inspect is not available in this build yet", "");
+      bool ok = false;
+      std::cout << inspect_checkpoint(ckpt_path, &ok);
+      return ok ? 0 : kExitUserError;
     }
     if (*prep_cmd) {
-      int64_t n = prepare_text_to_hdf5(text_path, out_path);
+      install_signal_handlers();
+      int64_t n = prepare_text_to_hdf5(text_path, out_path, &stop_flag());
       std::cout << "wrote " << n << " tokens to " << out_path << "\n";
       return 0;
     }

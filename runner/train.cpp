@@ -8,6 +8,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
 
 #include <cblas.h>
 #include <fmt/format.h>
@@ -19,8 +21,10 @@
 #include "ops/backend.h"
 #include "ops/executor.h"
 #include "ops/rng.h"
+#include "runner/checkpoint.h"
 #include "runner/data.h"
 #include "runner/optimizer.h"
+#include "runner/signals.h"
 #include "runner/state.h"
 
 namespace fs = std::filesystem;
@@ -91,6 +95,11 @@ struct Trainer {
   std::shared_ptr<spdlog::logger> log;
   double peak_flops = 0;
   std::array<size_t, ops::kAccounts> measured_peak{};
+  std::unique_ptr<CheckpointManager> ckpt;
+  MemorySnapshot snapshot;
+  int64_t resumed_from = -1;
+  int64_t rollbacks = 0;
+  std::set<int64_t> skip_batches;  // steps whose batch is skipped after a rollback
 
   Trainer(const Plan& p, TrainOptions o) : plan(p), r(p.recipe), opts(std::move(o)) {}
 
@@ -103,6 +112,52 @@ struct Trainer {
     val_src = open_source(r.data, Split::Val, r.model.seq_len, r.model.vocab_size, seed());
   }
 
+  std::string checkpoint_dir() const {
+    return r.checkpoint.dir.empty() ? (fs::path(run_dir) / "checkpoints").string() : r.checkpoint.dir;
+  }
+
+  // Resumes from the run directory's checkpoints when there are any (a requeued job runs the
+  // same command line). Loading writes nothing; a corrupt checkpoint falls back unless strict.
+  void maybe_resume() {
+    ckpt = std::make_unique<CheckpointManager>(checkpoint_dir(), r.checkpoint);
+    if (!ckpt->has_checkpoints()) {
+      if (opts.resume) throw UserError({checkpoint_dir(), 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
+      return;
+    }
+    std::optional<int64_t> step;
+    if (opts.resume_step >= 0) step = ckpt->load_step(opts.resume_step, st, opts.strict);
+    else step = ckpt->load_latest(st, opts.strict);
+    if (!step) return;
+    resumed_from = *step;
+    loader->restore(st.loader);
+  }
+
+  // On resume, metrics.jsonl keeps only what happened up to the checkpoint, so the file reads
+  // as one uninterrupted run.
+  void truncate_metrics_after(int64_t step) {
+    fs::path path = fs::path(run_dir) / "metrics.jsonl";
+    if (!fs::exists(path)) return;
+    std::ifstream in(path);
+    std::ostringstream kept;
+    for (std::string line; std::getline(in, line);) {
+      try {
+        auto j = nlohmann::json::parse(line);
+        if (j.contains("summary") || !j.contains("step") || j["step"].get<int64_t>() > step) continue;
+      } catch (const nlohmann::json::exception&) {
+        continue;  // a line torn by a kill
+      }
+      kept << line << "\n";
+    }
+    in.close();
+    fs::path tmp = path;
+    tmp += ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << kept.str();
+    }
+    fs::rename(tmp, path);
+  }
+
   void setup_logging() {
     fs::create_directories(run_dir);
     auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>((fs::path(run_dir) / "log.rank0.txt").string());
@@ -113,15 +168,24 @@ struct Trainer {
     log->flush_on(spdlog::level::info);
   }
 
+  // The recipe as resolved: every default and every derived number filled in.
+  std::string resolved_recipe_yaml() const {
+    Recipe rr = r;
+    rr.batch = {plan.global, plan.micro, plan.accum};
+    rr.parallel.dp = plan.dp;
+    return recipe_to_yaml(rr);
+  }
+
   void write_run_files() {
     {
       std::ofstream f(fs::path(run_dir) / "recipe.yaml");
-      f << recipe_to_yaml(r);
+      f << resolved_recipe_yaml();
     }
     {
       std::ofstream f(fs::path(run_dir) / "plan.json");
       f << plan.to_json().dump(2) << "\n";
     }
+    if (resumed_from >= 0) truncate_metrics_after(resumed_from);
     metrics.open(fs::path(run_dir) / "metrics.jsonl", std::ios::app);
   }
 
@@ -143,7 +207,7 @@ struct Trainer {
     lc.prefetch = r.data.prefetch;
     loader = std::make_unique<DataLoader>(train_src, lc, st.rng.data_seed);
     st.loader = loader->state();
-    st.recipe_yaml = recipe_to_yaml(r);
+    st.recipe_yaml = resolved_recipe_yaml();
   }
 
   void print_startup() {
@@ -171,6 +235,12 @@ struct Trainer {
     auto t0 = Clock::now();
     std::vector<Batch> mbs;
     for (int64_t k = 0; k < plan.accum; ++k) mbs.push_back(loader->next());
+    while (skip_batches.count(st.step)) {  // the batch that made the loss spike: skip it
+      skip_batches.erase(st.step);
+      log->warn("step {}: skipping the batch that caused the rollback", st.step + 1);
+      mbs.clear();
+      for (int64_t k = 0; k < plan.accum; ++k) mbs.push_back(loader->next());
+    }
     res.data_ms = loader->take_wait_ms();
     int64_t count = 0;
     for (auto& b : mbs)
@@ -229,7 +299,7 @@ struct Trainer {
     DataLoader vl(val_src, lc, st.rng.data_seed);
     double sum = 0;
     int64_t count = 0;
-    for (int64_t i = 0; i < r.train.eval_batches; ++i) {
+    for (int64_t i = 0; i < r.train.eval_batches && !stop_requested(); ++i) {
       Batch b = vl.next();
       auto ls = exec->forward(b.tokens.data(), b.targets.data(), false);
       sum += ls.sum;
@@ -241,7 +311,7 @@ struct Trainer {
       int64_t correct = 0;
       int64_t B = plan.micro, T = r.model.seq_len;
       int64_t V = graph.tensors[graph.logits].shape.back();
-      for (size_t start = 0; start < problems.size(); start += static_cast<size_t>(B)) {
+      for (size_t start = 0; start < problems.size() && !stop_requested(); start += static_cast<size_t>(B)) {
         size_t n = std::min(problems.size() - start, static_cast<size_t>(B));
         std::vector<int32_t> tokens(static_cast<size_t>(B * T), '\n');
         std::vector<std::vector<int32_t>> pred(n);
@@ -286,14 +356,19 @@ struct Trainer {
   }
 
   int run() {
+    install_signal_handlers();
     open_inputs();
     run_dir = opts.run_dir.empty() ? default_run_dir(r) : opts.run_dir;
     if (r.train.threads > 0) ops::set_num_threads(static_cast<int>(r.train.threads));
-    setup_logging();
-    write_run_files();
     build();
+    maybe_resume();
+    setup_logging();
+    ckpt->set_logger(log);
+    cleanup_stale(checkpoint_dir());
+    write_run_files();
     peak_flops = measure_cpu_peak_flops();
     print_startup();
+    if (resumed_from >= 0) log->info("resumed from step {} ({})", resumed_from, checkpoint_dir());
 
     const int64_t total = r.train.steps;
     double tok_per_step = static_cast<double>(plan.tokens_per_step);
@@ -303,8 +378,14 @@ struct Trainer {
     int64_t window = 0;
     EvalResult last_eval;
     auto run_t0 = Clock::now();
+    double pending_ckpt_ms = 0;
     while (st.step < total) {
+      if (stop_requested()) return preempt();
+      if (r.checkpoint.snapshot_every > 0 && st.step % r.checkpoint.snapshot_every == 0 &&
+          (!snapshot.valid() || snapshot.step() != st.step))
+        snapshot.take(st);
       StepResult s = train_step();
+      if (rollback_needed(s)) continue;
       if (st.step > 1) { sum_ms += s.total_ms; timed++; }  // the first step warms caches
       window_ms += s.total_ms;
       window_data += s.data_ms;
@@ -316,9 +397,19 @@ struct Trainer {
                        {"grad_norm", s.norm},      {"tokens", st.tokens},      {"tokens_per_s", tps},
                        {"mfu", mfu},               {"step_ms", s.total_ms},    {"data_ms", s.data_ms},
                        {"forward_ms", s.fwd_ms},   {"backward_ms", s.bwd_ms},  {"optimizer_ms", s.opt_ms},
-                       {"comm_exposed_ms", 0.0},   {"comm_hidden_ms", 0.0},    {"checkpoint_ms", 0.0},
+                       {"comm_exposed_ms", 0.0},   {"comm_hidden_ms", 0.0},
                        {"peak_bytes", mem},        {"skipped", s.skipped}};
+      // A save's stall is reported in the next step's record: the step record is written first,
+      // so a kill during the save never loses the history the checkpoint covers.
+      j["checkpoint_ms"] = pending_ckpt_ms;
+      pending_ckpt_ms = 0;
       metrics << j.dump() << "\n";
+      metrics.flush();  // one small write per step, so a killed run keeps its history
+      if (st.step < total && ckpt->due(st.step, ms_between(run_t0, Clock::now()) / 1e3)) {
+        ckpt->save(st);
+        pending_ckpt_ms = ckpt->last_stall_seconds() * 1e3;
+      }
+      ckpt->poll();
       if (st.step % r.train.log_every == 0 || st.step == total || st.step == 1) {
         double avg = window_ms / window;
         double eta = (total - st.step) * (timed ? sum_ms / timed : avg) / 1e3;
@@ -333,11 +424,46 @@ struct Trainer {
       if (s.skipped) log->warn("step {}: non-finite loss or gradient norm; update skipped", st.step);
       if (r.train.eval_every > 0 && st.step % r.train.eval_every == 0 && st.step != total) log_eval(evaluate());
     }
+    ckpt->save(st, true);
+    ckpt->wait();
+    if (stop_requested()) return preempt();
     last_eval = evaluate();
+    if (stop_requested()) return preempt();
     log_eval(last_eval);
     double wall = ms_between(run_t0, Clock::now()) / 1e3;
     summarize(last_eval, timed ? sum_ms / timed : 0, wall);
     return 0;
+  }
+
+  // A signal asked us to stop: checkpoint at this step boundary and exit with kExitPreempted.
+  int preempt() {
+    log->warn("signal {} received: writing a checkpoint at step {} and exiting (code {})", stop_signal(), st.step,
+              kExitPreempted);
+    ckpt->save(st, true);
+    ckpt->wait();
+    metrics.flush();
+    return kExitPreempted;
+  }
+
+  // The in-memory tier: a non-finite loss, or a loss above spike_threshold x its running mean,
+  // rolls back to the last snapshot and skips the offending batch, without touching disk.
+  bool rollback_needed(const StepResult& s) {
+    bool bad = !std::isfinite(s.loss) || !std::isfinite(s.norm);
+    bool spike = r.checkpoint.spike_threshold > 0 && st.loss_ema > 0 && st.step > 10 &&
+                 s.loss > r.checkpoint.spike_threshold * st.loss_ema;
+    if (!bad && std::isfinite(s.loss)) st.loss_ema = st.loss_ema > 0 ? 0.9 * st.loss_ema + 0.1 * s.loss : s.loss;
+    if (!(bad || spike) || !snapshot.valid() || r.checkpoint.snapshot_every <= 0) return false;
+    int64_t offending = st.step - 1;
+    log->warn("step {}: loss {:.4f} ({}); rolling back to the in-memory snapshot of step {} and skipping that batch",
+              st.step, s.loss, bad ? "not finite" : fmt::format("{:.1f}x its running mean", s.loss / st.loss_ema),
+              snapshot.step());
+    snapshot.restore(st);
+    loader->restore(st.loader);
+    skip_batches.insert(offending);
+    rollbacks++;
+    nlohmann::json j{{"rollback", true}, {"step", offending + 1}, {"to_step", st.step}, {"loss", s.loss}};
+    metrics << j.dump() << "\n";
+    return true;
   }
 
   void summarize(const EvalResult& e, double avg_ms, double wall_s) {
