@@ -71,6 +71,7 @@ const AttnShape kAttn[] = {
     {1, 1, 4, 1},          {2, 5, 12, 3},          {1, 8, 16, 2, 0.2f},   {2, 17, 24, 2, 0.1f, 4},
     {1, 70, 16, 2},        {1, 33, 40, 5, 0.3f, 7}, {3, 9, 18, 3, 0.0f, 2}, {1, 40, 8, 1, 0.25f, 16},
     {2, 67, 32, 2, 0.1f},  {2, 6, 8, 2, 0.5f, 4, 1000003},
+    {2, 40, 16, 2},  // one block whose padded width (48) exceeds T: the scores go to scratch
 };
 
 OpCase attention_case(const AttnShape& s) {

@@ -1,16 +1,5 @@
 // Causal multi-head self-attention on the CPU: forward and backward side by side.
 //
-// Design: one (batch, head) pair is one unit of work; the OpenMP team splits the B*NH
-// pairs, and inside a pair every product is a single-threaded cblas_sgemm (OpenBLAS runs
-// serially when called inside an active parallel region, so BLAS and our loops share the
-// one OpenMP pool). q, k, v are read in place from the packed (B,T,3C) tensor with row
-// stride 3C, so nothing is transposed or copied.
-//
-// Causality is exploited by blocking the query rows: for rows [r0, r1) only keys [0, r1)
-// can be attended, so the scores block is (r1-r0) x r1 instead of (r1-r0) x T. That
-// skips ~(1 - 1/2 - BQ/2T) of the T^2 products; only the diagonal block wastes work,
-// and its upper triangle is overwritten by zeros after the softmax.
-//
 // Forward (per head, scale = 1/sqrt(HS), Vaswani et al. 2017 eq. 1):
 //   S = scale Q K^T;  P = softmax_rows(S) (causal);  Pd = P * M / (1-p);  O = Pd V
 // Backward (M is the dropout keep mask, regenerated from the counter RNG with the forward's
@@ -18,15 +7,32 @@
 //   dV += Pd^T dO;  dPd = dO V^T;  dP = dPd * M / (1-p);
 //   dS = P * (dP - rowsum(dP * P))   (softmax Jacobian);
 //   dQ += scale dS K;  dK += scale dS^T Q.
+//
+// Design:
+// - Causality is exploited by blocking the query rows: rows [r0, r1) attend to keys
+//   [0, r1) only, so a block's scores are (r1-r0) x r1, not (r1-r0) x T; only the diagonal
+//   block computes (and then discards) masked entries.
+// - The products run in small_gemm.h's register-tiled kernel rather than cblas_sgemm: at
+//   these sizes (K = HS = 64) OpenBLAS spends as long packing operands as multiplying.
+//   B operands are packed once per unit of work into panels whose rows are padded to 16
+//   floats; A operands are read in place through strides (q from the (B,T,3C) tensor, P^T
+//   and dS^T by swapping strides), so no transposes are materialized for them.
+// - Row-wise softmax and dropout run over rows padded to a multiple of 16 with the masked
+//   lanes selected away, so every loop is whole vectors without scalar tails.
+// - One (b, h) is one unit of work (its operands are packed once); the OpenMP team takes
+//   units dynamically. Per-thread scratch is grown once and reused.
 #include "ops/cpu/attention.h"
 
-#include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
+#include "ops/cpu/small_gemm.h"
 #include "ops/cpu/vecmath.h"
 #include "ops/rng.h"
 #include "runner/errors.h"
@@ -37,143 +43,219 @@ namespace {
 
 int g_block_rows = 64;
 
+inline int round16(int n) { return (n + 15) & ~15; }
+
 // Per-thread scratch, grown on demand and kept for the life of the (persistent) OpenMP
 // worker thread, so steady-state training allocates nothing here.
 struct Scratch {
-  std::vector<float> a, b, c;
+  std::vector<float> buf[10];
 };
 thread_local Scratch t_scratch;
-float* grow(std::vector<float>& v, size_t n) {
+float* grow(int slot, size_t n) {
+  std::vector<float>& v = t_scratch.buf[slot];
   if (v.size() < n) v.resize(n);
   return v.data();
 }
 
-// keep[s] = (1/(1-p) if rng_uniform(key, counter0 + s) >= p else 0), s in [0, n).
+// Packs rows [0, n) of a (n, HS) strided view into a row-major (n, HSp) panel, padding with 0.
+void pack_rows(float* dst, const float* src, int64_t ld, int n, int HS, int HSp) {
+  for (int t = 0; t < n; t++) {
+    std::memcpy(dst + static_cast<size_t>(t) * HSp, src + t * ld, sizeof(float) * HS);
+    for (int i = HS; i < HSp; i++) dst[static_cast<size_t>(t) * HSp + i] = 0.0f;
+  }
+}
+// Packs rows [0, n) of a (n, HS) strided view transposed into a row-major (HS, np) panel,
+// columns [n, np) zero. In 16-row tiles, so that the 16 source rows stay in L1 while each
+// destination row gets one contiguous 64-byte write.
+void pack_transposed(float* dst, const float* src, int64_t ld, int n, int HS, int np) {
+  for (int i = 0; i < HS; i++) std::fill(dst + static_cast<size_t>(i) * np + n, dst + static_cast<size_t>(i + 1) * np, 0.0f);
+  int t0 = 0;
+  for (; t0 + 16 <= n; t0 += 16) {
+    const float* s = src + t0 * ld;
+    for (int i = 0; i < HS; i++) {
+      float* d = dst + static_cast<size_t>(i) * np + t0;
+#pragma omp simd
+      for (int tt = 0; tt < 16; tt++) d[tt] = s[tt * ld + i];  // a 16-lane gather
+    }
+  }
+  if (t0 < n) {
+    const float* s = src + t0 * ld;
+    for (int i = 0; i < HS; i++)
+      for (int tt = 0; tt < n - t0; tt++) dst[static_cast<size_t>(i) * np + t0 + tt] = s[tt * ld + i];
+  }
+}
+
+// keep[s] = 1/(1-p) if rng_uniform(key, counter0 + s) >= p else 0, s in [0, n) (n a multiple of 16).
 OPS_INLINE void dropout_factors(float* keep, int n, uint64_t key, uint64_t counter0, float p, float kscale) {
 #pragma omp simd
   for (int s = 0; s < n; s++) keep[s] = rng_uniform(key, counter0 + static_cast<uint64_t>(s)) >= p ? kscale : 0.0f;
 }
 
-// Causal softmax of one score row in place: row[0..n) -> probabilities, row[n..len) -> 0.
-OPS_INLINE void softmax_causal_row(float* row, int n, int len) {
-  float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int s = 0; s < n; s++) mx = row[s] > mx ? row[s] : mx;
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int s = 0; s < n; s++) {
-    float e = exp_f(row[s] - mx);
-    row[s] = e;
-    sum += e;
+// One row of the causal softmax. In: scores row[0, n16) (valid for s < n, n16 = round16(n)).
+// Out: row[s] = exp(score - max) for s < n, 0 for n <= s < n16; returns 1 / sum.
+OPS_INLINE float softmax_row_exp(float* row, int n, int n16) {
+  const vf16 ninf = splat16(-std::numeric_limits<float>::infinity());
+  vf16 vmx = ninf;
+  for (int s0 = 0; s0 < n16; s0 += 16) {
+    const vf16 x = load16(row + s0);
+    const vf16 xm = iota16() + s0 < n ? x : ninf;
+    vmx = xm > vmx ? xm : vmx;
   }
-  float inv = 1.0f / sum;
-#pragma omp simd
-  for (int s = 0; s < n; s++) row[s] *= inv;
-  for (int s = n; s < len; s++) row[s] = 0.0f;
+  const float mx = hmax16(vmx);
+  vf16 vsum{};
+  for (int s0 = 0; s0 < n16; s0 += 16) {
+    const vf16 e = iota16() + s0 < n ? exp16(load16(row + s0) - mx) : vf16{};
+    store16(row + s0, e);
+    vsum += e;
+  }
+  return 1.0f / hsum16(vsum);
 }
 
-// One (b, h) pair. q, k, v: (T, HS) views with row stride 3C; o: (T, HS) view with row
-// stride C; P: (T, T) contiguous. counter0 = (b*NH + h) * T; the dropout counter of (t, s) is
-// drop.offset + (counter0 + t) * T + s.
+// dS = P * (dP - rowsum(dP * P)) on one row of nv entries (a multiple of 16 or the row end T),
+// keeping only s < n.
+OPS_INLINE void softmax_row_backward(float* ds, const float* p, int n, int nv) {
+  int s0 = 0;
+  vf16 vdot{};
+  for (; s0 + 16 <= nv; s0 += 16) vdot += load16(ds + s0) * load16(p + s0);
+  float dot = hsum16(vdot);
+  for (int s = s0; s < nv; s++) dot += ds[s] * p[s];
+  for (s0 = 0; s0 + 16 <= nv; s0 += 16) {
+    const vf16 r = load16(p + s0) * (load16(ds + s0) - dot);
+    store16(ds + s0, iota16() + s0 < n ? r : vf16{});
+  }
+  for (int s = s0; s < nv; s++) ds[s] = s < n ? p[s] * (ds[s] - dot) : 0.0f;
+}
+
+// Forward of one (b, h). q, k, v: (T, HS) views with row stride 3C; o: (T, HS) view with row
+// stride C; P: (T, T) contiguous. ctr0 = offset + (b*NH + h)*T*T is the dropout counter of
+// (t=0, s=0).
 void forward_head(float* o, float* P, const float* q, const float* k, const float* v, int T, int C, int HS,
-                  DropoutSpec drop, uint64_t counter0) {
-  const int C3 = 3 * C;
+                  DropoutSpec drop, uint64_t ctr0) {
+  const int C3 = 3 * C, HSp = round16(HS), Tp = round16(T), BQ = g_block_rows, MB = std::min(BQ, T);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const bool dropout = drop.p > 0.0f;
   const float kscale = dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
-  const int BQ = g_block_rows;
+  float* KT = grow(0, static_cast<size_t>(HS) * Tp);   // (HS, Tp) K^T
+  float* Vp = grow(1, static_cast<size_t>(T) * HSp);   // (T, HSp) V
+  float* S = grow(2, static_cast<size_t>(MB) * Tp);    // (m, np)  scores (if not in P), or Pd
+  float* Ob = grow(3, static_cast<size_t>(MB) * HSp);  // (m, HSp) output rows
+  float* keep = grow(4, static_cast<size_t>(Tp));
+  pack_transposed(KT, k, C3, T, HS, Tp);
+  pack_rows(Vp, v, C3, T, HS, HSp);
   for (int r0 = 0; r0 < T; r0 += BQ) {
-    const int r1 = std::min(T, r0 + BQ), m = r1 - r0;
-    float* Pb = P + static_cast<size_t>(r0) * T;
-    // S[r0:r1, 0:r1] = scale * Q[r0:r1] K[0:r1]^T        (m, r1)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, r1, HS, scale, q + static_cast<size_t>(r0) * C3, C3, k,
-                C3, 0.0f, Pb, T);
-    for (int t = r0; t < r1; t++) softmax_causal_row(P + static_cast<size_t>(t) * T, t + 1, T);
-    // A = P (or P * M / (1-p)) for the rows of this block, as an (m, r1) matrix.
-    const float* A = Pb;
-    int lda = T;
-    if (dropout) {
-      float* Pd = grow(t_scratch.a, static_cast<size_t>(m) * r1);
-      for (int t = r0; t < r1; t++) {
-        float* pd = Pd + static_cast<size_t>(t - r0) * r1;
-        const float* p = P + static_cast<size_t>(t) * T;
-        dropout_factors(pd, t + 1, drop.key, drop.offset + (counter0 + t) * T, drop.p, kscale);
+    const int r1 = std::min(T, r0 + BQ), m = r1 - r0, np = round16(r1);
+    // S = scale Q[r0:r1] K[0:r1]^T                                   (m, np)
+    // computed straight into the probs rows when the padded width fits in them (it does
+    // not only for the last block when T is not a multiple of 16).
+    const bool direct = np <= T;
+    float* Sb = direct ? P + static_cast<size_t>(r0) * T : S;
+    const int lds = direct ? T : np;
+    small_gemm(m, np, HS, scale, q + static_cast<int64_t>(r0) * C3, C3, 1, KT, Tp, Sb, lds, false);
+    for (int t = r0; t < r1; t++) {
+      float* srow = Sb + static_cast<size_t>(t - r0) * lds;
+      float* prow = P + static_cast<size_t>(t) * T;
+      const int n = t + 1, n16 = round16(n), nv = std::min(n16, T);
+      const float inv = softmax_row_exp(srow, n, n16);
 #pragma omp simd
-        for (int s = 0; s <= t; s++) pd[s] *= p[s];
-        for (int s = t + 1; s < r1; s++) pd[s] = 0.0f;
+      for (int s = 0; s < n16; s++) srow[s] *= inv;  // P (0 beyond t)
+      if (nv < T) std::memset(prow + nv, 0, sizeof(float) * (T - nv));  // (zeroes srow's tail when direct)
+      if (!direct) {
+        std::memcpy(prow, srow, sizeof(float) * nv);
+        for (int s = n16; s < np; s++) srow[s] = 0.0f;
       }
-      A = Pd;
-      lda = r1;
+      if (dropout) {
+        float* pd = S + static_cast<size_t>(t - r0) * np;
+        dropout_factors(keep, n16, drop.key, ctr0 + static_cast<uint64_t>(t) * T, drop.p, kscale);
+#pragma omp simd
+        for (int s = 0; s < n16; s++) pd[s] = srow[s] * keep[s];  // Pd
+        for (int s = n16; s < np; s++) pd[s] = 0.0f;
+      }
     }
-    // O[r0:r1] = A V[0:r1]                              (m, HS)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, r1, 1.0f, A, lda, v, C3, 0.0f,
-                o + static_cast<size_t>(r0) * C, C);
+    // O[r0:r1] = Pd[r0:r1, 0:r1] V[0:r1]                              (m, HSp)
+    const float* A = dropout ? S : Sb;
+    const int lda = dropout ? np : lds;
+    small_gemm(m, HSp, r1, 1.0f, A, lda, 1, Vp, HSp, Ob, HSp, false);
+    for (int t = r0; t < r1; t++)
+      std::memcpy(o + static_cast<int64_t>(t) * C, Ob + static_cast<size_t>(t - r0) * HSp, sizeof(float) * HS);
   }
 }
 
-// One (b, h) pair of the backward. dq, dk, dv: views into dqkv (row stride 3C), dO: view
-// into dout (row stride C), P: (T, T) saved probabilities.
+// Backward of one (b, h). dq, dk, dv: views into dqkv (row stride 3C), dO: view into dout
+// (row stride C), q, k, v: views into qkv, P: (T, T) saved probabilities.
 void backward_head(float* dq, float* dk, float* dv, const float* dO, const float* q, const float* k, const float* v,
-                   const float* P, int T, int C, int HS, DropoutSpec drop, uint64_t counter0) {
-  const int C3 = 3 * C;
+                   const float* P, int T, int C, int HS, DropoutSpec drop, uint64_t ctr0) {
+  const int C3 = 3 * C, HSp = round16(HS), Tp = round16(T), BQ = g_block_rows;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const bool dropout = drop.p > 0.0f;
   const float kscale = dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
-  const int BQ = g_block_rows;
+  const size_t panel = static_cast<size_t>(T) * HSp;
+  float* VT = grow(0, static_cast<size_t>(HS) * Tp);  // (HS, Tp) V^T
+  float* Kp = grow(1, panel);                          // (T, HSp) K
+  float* Qp = grow(2, panel);                          // (T, HSp) Q
+  float* dOp = grow(3, panel);                         // (T, HSp) dO
+  float* dQp = grow(4, panel);                         // (T, HSp) dQ, dK, dV for this head, added to dqkv at the end
+                                                       // (dQ rows are written once, by their own block)
+  float* dKp = grow(5, panel);
+  float* dVp = grow(6, panel);
+  float* dS = grow(7, static_cast<size_t>(std::min(BQ, T)) * Tp);  // (m, np) dPd, then dS
+  float* Pd = grow(8, static_cast<size_t>(std::min(BQ, T)) * Tp);  // (m, np) P * M / (1-p)
+  float* Mk = grow(9, static_cast<size_t>(std::min(BQ, T)) * Tp);  // (m, np) M / (1-p)
+  pack_transposed(VT, v, C3, T, HS, Tp);
+  pack_rows(Kp, k, C3, T, HS, HSp);
+  pack_rows(Qp, q, C3, T, HS, HSp);
+  pack_rows(dOp, dO, C, T, HS, HSp);
+  std::memset(dKp, 0, sizeof(float) * panel);
+  std::memset(dVp, 0, sizeof(float) * panel);
   for (int r0 = 0; r0 < T; r0 += BQ) {
-    const int r1 = std::min(T, r0 + BQ), m = r1 - r0;
-    const float* Pb = P + static_cast<size_t>(r0) * T;
-    const float* dOb = dO + static_cast<size_t>(r0) * C;
-    // Keep factors M and Pd = P * M for this block, both (m, r1).
-    const float* A = Pb;
-    int lda = T;
-    float* M = nullptr;
+    const int r1 = std::min(T, r0 + BQ), m = r1 - r0, np = round16(r1);
+    // A = Pd[r0:r1, 0:r1] as (m, r1): the saved probabilities, or P * M / (1-p).
+    const float* A = P + static_cast<size_t>(r0) * T;
+    int64_t lda = T;
     if (dropout) {
-      M = grow(t_scratch.b, static_cast<size_t>(m) * r1);
-      float* Pd = grow(t_scratch.a, static_cast<size_t>(m) * r1);
       for (int t = r0; t < r1; t++) {
-        float* mk = M + static_cast<size_t>(t - r0) * r1;
-        float* pd = Pd + static_cast<size_t>(t - r0) * r1;
+        const int n16 = round16(t + 1), nv = std::min(n16, T);
+        float* mk = Mk + static_cast<size_t>(t - r0) * np;
+        float* pd = Pd + static_cast<size_t>(t - r0) * np;
         const float* p = P + static_cast<size_t>(t) * T;
-        dropout_factors(mk, t + 1, drop.key, drop.offset + (counter0 + t) * T, drop.p, kscale);
+        dropout_factors(mk, n16, drop.key, ctr0 + static_cast<uint64_t>(t) * T, drop.p, kscale);
 #pragma omp simd
-        for (int s = 0; s <= t; s++) pd[s] = p[s] * mk[s];
-        for (int s = t + 1; s < r1; s++) pd[s] = 0.0f;
+        for (int s = 0; s < nv; s++) pd[s] = p[s] * mk[s];  // P is 0 beyond t
+        for (int s = nv; s < np; s++) pd[s] = 0.0f;
       }
       A = Pd;
-      lda = r1;
+      lda = np;
     }
-    // dV[0:r1] += Pd[r0:r1, 0:r1]^T dO[r0:r1]              (r1, HS)
-    if (dv) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, HS, m, 1.0f, A, lda, dOb, C, 1.0f, dv, C3);
-    if (!dq && !dk) continue;
-    // dPd[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T                (m, r1)
-    float* dS = grow(t_scratch.c, static_cast<size_t>(m) * r1);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, r1, HS, 1.0f, dOb, C, v, C3, 0.0f, dS, r1);
-    // dS = P * (dP - rowsum(dP * P)), dP = dPd * M; zero above the diagonal.
+    // dV[0:r1] += Pd[r0:r1, 0:r1]^T dO[r0:r1]                        (r1, HSp)
+    small_gemm(r1, HSp, m, 1.0f, A, 1, lda, dOp + static_cast<size_t>(r0) * HSp, HSp, dVp, HSp, true);
+    // dPd[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T                           (m, np)
+    small_gemm(m, np, HS, 1.0f, dO + static_cast<int64_t>(r0) * C, C, 1, VT, Tp, dS, np, false);
+    // dS = P * (dP - rowsum(dP * P)), dP = dPd * M / (1-p); 0 beyond the diagonal.
     for (int t = r0; t < r1; t++) {
-      float* ds = dS + static_cast<size_t>(t - r0) * r1;
+      float* ds = dS + static_cast<size_t>(t - r0) * np;
       const float* p = P + static_cast<size_t>(t) * T;
-      const int n = t + 1;
+      const int n = t + 1, nv = std::min(round16(n), T);
       if (dropout) {
-        const float* mk = M + static_cast<size_t>(t - r0) * r1;
+        const float* mk = Mk + static_cast<size_t>(t - r0) * np;
 #pragma omp simd
-        for (int s = 0; s < n; s++) ds[s] *= mk[s];
+        for (int s = 0; s < nv; s++) ds[s] *= mk[s];
       }
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int s = 0; s < n; s++) dot += ds[s] * p[s];
-#pragma omp simd
-      for (int s = 0; s < n; s++) ds[s] = p[s] * (ds[s] - dot);
-      for (int s = n; s < r1; s++) ds[s] = 0.0f;
+      softmax_row_backward(ds, p, n, nv);
+      for (int s = nv; s < np; s++) ds[s] = 0.0f;
     }
-    // dQ[r0:r1] += scale dS K[0:r1]                          (m, HS)
-    if (dq)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, HS, r1, scale, dS, r1, k, C3, 1.0f,
-                  dq + static_cast<size_t>(r0) * C3, C3);
-    // dK[0:r1] += scale dS^T Q[r0:r1]                        (r1, HS)
-    if (dk)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, HS, m, scale, dS, r1,
-                  q + static_cast<size_t>(r0) * C3, C3, 1.0f, dk, C3);
+    // dQ[r0:r1] += scale dS K[0:r1]                                    (m, HSp)
+    small_gemm(m, HSp, r1, scale, dS, np, 1, Kp, HSp, dQp + static_cast<size_t>(r0) * HSp, HSp, false);
+    // dK[0:r1] += scale dS^T Q[r0:r1]                                  (r1, HSp)
+    small_gemm(r1, HSp, m, scale, dS, 1, np, Qp + static_cast<size_t>(r0) * HSp, HSp, dKp, HSp, true);
+  }
+  for (int t = 0; t < T; t++) {
+    const size_t src = static_cast<size_t>(t) * HSp;
+    const int64_t dst = static_cast<int64_t>(t) * C3;
+#pragma omp simd
+    for (int i = 0; i < HS; i++) {
+      dq[dst + i] += dQp[src + i];
+      dk[dst + i] += dKp[src + i];
+      dv[dst + i] += dVp[src + i];
+    }
   }
 }
 
@@ -200,7 +282,7 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
     const float* q = qkv + static_cast<size_t>(b) * T * 3 * C + static_cast<size_t>(h) * HS;
     float* o = out + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
     float* P = probs + static_cast<size_t>(bh) * T * T;
-    forward_head(o, P, q, q + C, q + 2 * C, T, C, HS, drop, static_cast<uint64_t>(bh) * T);
+    forward_head(o, P, q, q + C, q + 2 * C, T, C, HS, drop, drop.offset + static_cast<uint64_t>(bh) * T * T);
   }
 }
 
@@ -219,8 +301,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     float* dq = dqkv + qoff;
     const float* dO = dout + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
     const float* P = probs + static_cast<size_t>(bh) * T * T;
-    backward_head(dq, dq + C, dq + 2 * C, dO, q, q + C, q + 2 * C, P, T, C, HS, drop,
-                  static_cast<uint64_t>(bh) * T);
+    const uint64_t ctr0 = drop.offset + static_cast<uint64_t>(bh) * T * T;
+    backward_head(dq, dq + C, dq + 2 * C, dO, q, q + C, q + 2 * C, P, T, C, HS, drop, ctr0);
   }
 }
 

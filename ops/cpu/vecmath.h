@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -70,6 +71,55 @@ OPS_INLINE float gelu_grad_f(float x) {
   float du = kGeluA * (1.0f + 3.0f * kGeluB * x * x);
   float s = sigmoid_f(2.0f * u);
   return s + 2.0f * x * s * (1.0f - s) * du;
+}
+
+// ---- explicit 16-float vectors (GCC vector extensions: one zmm register with AVX-512,
+// split into native widths elsewhere), for the row loops where `omp simd` reductions are
+// lowered poorly (a lane array spilled to the stack, and a scalar epilogue even when the trip
+// count is a multiple of 16).
+typedef float vf16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+
+OPS_INLINE vf16 load16(const float* p) {
+  vf16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+OPS_INLINE void store16(float* p, vf16 v) { std::memcpy(p, &v, sizeof v); }
+OPS_INLINE vf16 splat16(float x) { return vf16{} + x; }
+OPS_INLINE vi16 iota16() { return vi16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; }
+OPS_INLINE float hsum16(vf16 v) {
+  float s = 0.0f;
+  for (int i = 0; i < 16; i++) s += v[i];
+  return s;
+}
+OPS_INLINE float hmax16(vf16 v) {
+  float m = v[0];
+  for (int i = 1; i < 16; i++) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+// exp_f on 16 lanes: the same algorithm and constants, lane for lane the same results.
+OPS_INLINE vf16 exp16(vf16 x) {
+  const float lo = -87.3365f, hi = 88.7228f;
+  const vf16 vlo = splat16(lo), vhi = splat16(hi);
+  vf16 xc = x < vlo ? vlo : (x > vhi ? vhi : x);
+  const vf16 magic = splat16(12582912.0f);
+  vf16 n = (xc * 1.44269504088896341f + magic) - magic;
+  vf16 r = xc - n * 0.693359375f;
+  r = r - n * (-2.12194440e-4f);
+  vf16 p = splat16(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const vi16 ni = __builtin_convertvector(n, vi16);
+  const vi16 n1 = ni >> 1, n2 = ni - n1;
+  vf16 y = p * (vf16)((n1 + 127) << 23) * (vf16)((n2 + 127) << 23);  // vector casts reinterpret bits
+  y = x > vhi ? splat16(std::numeric_limits<float>::infinity()) : y;
+  return x < vlo ? vf16{} : y;
 }
 
 // How many chunks parallel_chunks(n, min_chunk, ...) splits [0, n) into: one per OpenMP
