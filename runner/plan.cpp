@@ -218,10 +218,13 @@ void compute_ledger(const Recipe& r, Plan& p) {
     L.activations = L.activations_per_micro * L.micro_in_flight + L.recompute_transient;
     L.workspace = static_cast<double>(est.peak[static_cast<int>(ops::Account::Workspace)]);
     // Host copies of the state: the asynchronous checkpoint's snapshot buffers and the
-    // in-memory rollback snapshot each hold the parameters and the optimizer states.
-    double state_copy = static_cast<double>(L.params) * 4.0 + L.optimizer;
-    if (r.checkpoint.async) L.workspace += state_copy;
-    if (r.checkpoint.snapshot_every > 0) L.workspace += state_copy;
+    // in-memory rollback snapshot each hold the parameters and the optimizer states. They
+    // live in host memory, which is the device's memory only when the device is the CPU.
+    if (r.hardware.device == "cpu") {
+      double state_copy = static_cast<double>(L.params) * 4.0 + L.optimizer;
+      if (r.checkpoint.async) L.workspace += state_copy;
+      if (r.checkpoint.snapshot_every > 0) L.workspace += state_copy;
+    }
     // Communication buffers: data-parallel gradient buckets (two in flight), the tensor-parallel
     // all-reduce of one (B*T, C) activation, and pipeline send/recv buffers.
     double act_bytes = static_cast<double>(spec.B * (spec.T ? spec.T : r.model.seq_len) * r.model.d_model) * wbytes;
