@@ -265,6 +265,14 @@ struct Trainer {
     }
     auto o0 = Clock::now();
     res.loss = count > 0 ? loss_sum / static_cast<double>(count) : 0.0;
+    // Fault injection for tests (RUNNER_FAULT_NAN_STEP=N): the first time step N runs, its loss
+    // and gradients become NaN, as a numerical blow-up would make them.
+    static int64_t nan_step = std::getenv("RUNNER_FAULT_NAN_STEP") ? std::atoll(std::getenv("RUNNER_FAULT_NAN_STEP")) : -1;
+    if (st.step + 1 == nan_step) {
+      nan_step = -1;
+      res.loss = std::nan("");
+      st.params.grads[0].data<float>()[0] = std::nanf("");
+    }
     res.norm = grad_norm(be, st.params);
     res.lr = lr_at(r.optimizer, st.step, r.train.steps);
     if (!std::isfinite(res.loss) || !std::isfinite(res.norm)) {

@@ -12,7 +12,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -206,4 +208,38 @@ TEST_CASE("SIGTERM: checkpoint at the next step boundary, exit code 3, the same 
   CHECK(latest.find("step_00000010") == std::string::npos);
   REQUIRE(train(dir.string()) == 0);
   require_same_final(ref, dir);
+}
+
+TEST_CASE("in-memory snapshot tier: a non-finite loss rolls back and skips the batch, without touching disk") {
+  fs::path dir = fresh("rollback");
+  std::string cmd = std::string("RUNNER_FAULT_NAN_STEP=13 ") + RUNNER_BINARY + " train " + std::string(RUNNER_SOURCE_DIR) +
+                    "/recipes/quickstart.yaml --quiet --set train.steps=20 --set checkpoint.every_steps=100 "
+                    "--set checkpoint.snapshot_every=5 --set train.eval_every=0 --run-dir " + dir.string();
+  int st = std::system(cmd.c_str());
+  REQUIRE(WIFEXITED(st));
+  REQUIRE(WEXITSTATUS(st) == 0);
+  std::ifstream m(dir / "metrics.jsonl");
+  int rollbacks = 0;
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(m, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("rollback")) {
+      rollbacks++;
+      CHECK(j["step"] == 13);
+      CHECK(j["to_step"] == 10);
+    } else if (j.contains("loss") && !j.contains("eval")) {
+      CHECK(std::isfinite(j["loss"].get<double>()));
+      steps.push_back(j["step"]);
+    }
+  }
+  CHECK(rollbacks == 1);
+  // Steps 11 and 12 ran twice (before and after the rollback); the run still ends at 20.
+  CHECK(steps.back() == 20);
+  CHECK(std::count(steps.begin(), steps.end(), 11) == 2);
+  // Only the final checkpoint was written: the rollback never touched disk.
+  auto files = std::distance(fs::directory_iterator(dir / "checkpoints"), fs::directory_iterator{});
+  CHECK(files == 2);  // step_00000020.h5 and LATEST
+  std::string log = read_file(dir / "log.rank0.txt");
+  CHECK(log.find("rolling back to the in-memory snapshot of step 10") != std::string::npos);
+  CHECK(log.find("skipping the batch") != std::string::npos);
 }
