@@ -160,3 +160,46 @@ TEST_CASE("a short training run leaves the run directory and learns") {
   CHECK(again.code == 0);
   fs::remove_all(cwd);
 }
+
+TEST_CASE("data prepare turns a text file into an HDF5 token dataset that trains") {
+  fs::path cwd = temp_dir("prepare");
+  {
+    std::ofstream t(cwd / "corpus.txt");
+    for (int i = 0; i < 400; ++i) t << "the quick brown fox jumps over the lazy dog " << i << "\n";
+  }
+  Result p = run("data prepare corpus.txt corpus.h5", cwd.string());
+  INFO(p.out);
+  REQUIRE(p.code == 0);
+  CHECK(p.out.find("wrote") != std::string::npos);
+  REQUIRE(fs::exists(cwd / "corpus.h5"));
+  Result t = run("train " + kRecipes +
+                     "quickstart.yaml --quiet --set data.kind=hdf5 --set data.path=corpus.h5 --set train.steps=5 "
+                     "--set checkpoint.every_steps=5 --run-dir run",
+                 cwd.string());
+  INFO(t.out);
+  CHECK(t.code == 0);
+  CHECK(fs::exists(cwd / "run" / "checkpoints" / "step_00000005.h5"));
+  Result missing = run("data prepare nothing.txt out.h5", cwd.string());
+  CHECK(missing.code == 2);
+  CHECK(missing.out.find("nothing.txt") != std::string::npos);
+  CHECK_FALSE(fs::exists(cwd / "out.h5"));
+  fs::remove_all(cwd);
+}
+
+TEST_CASE("inspect reports a checkpoint, and exits 2 on garbage") {
+  fs::path cwd = temp_dir("inspect");
+  Result t = run("train " + kRecipes + "quickstart.yaml --quiet --set train.steps=3 --set checkpoint.every_steps=3 --run-dir run",
+                 cwd.string());
+  REQUIRE(t.code == 0);
+  Result i = run("inspect run/checkpoints/step_00000003.h5", cwd.string());
+  CHECK(i.code == 0);
+  CHECK(i.out.find("step 3") != std::string::npos);
+  CHECK(i.out.find("/params/wte") != std::string::npos);
+  {
+    std::ofstream g(cwd / "step_00000009.h5");
+    g << "not hdf5 at all";
+  }
+  Result bad = run("inspect step_00000009.h5", cwd.string());
+  CHECK(bad.code == 2);
+  fs::remove_all(cwd);
+}
