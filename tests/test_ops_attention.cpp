@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ops/cpu/attention.h"
+#include "ops/cpu/small_gemm.h"
 #include "tests/gradcheck.h"
 
 using namespace gc;
@@ -299,4 +300,36 @@ TEST_CASE("rope: rotation preserves each pair's norm; backward is the inverse ro
   Vec back(x.size(), 0.0f);
   be().rope_backward(back.data(), y.data(), B, T, C, NH, 10000.0f);
   CHECK(rel_err(back, x) < 1e-6);
+}
+
+TEST_CASE("small_gemm (attention's per-head GEMM): all tile remainders, transposed A, accumulate") {
+  // M covers every row remainder of the 6-row tile, N both the 32- and 16-column tiles, K
+  // includes 1. A is read through (sa_i, sa_k) strides, both as stored and transposed.
+  for (int M : {1, 5, 6, 7, 13, 64})
+    for (int N : {16, 32, 48, 80})
+      for (int K : {1, 3, 64, 70})
+        for (bool transA : {false, true})
+          for (bool acc : {false, true}) {
+            INFO("M=" << M << " N=" << N << " K=" << K << " transA=" << transA << " acc=" << acc);
+            const int lda = (transA ? M : K) + 3, ldb = N + 16, ldc = N + 32;
+            const Vec A = randn(static_cast<size_t>(transA ? K : M) * lda, 50 + M),
+                      Bm = randn(static_cast<size_t>(K) * ldb, 51 + N);
+            Vec Cm = randn(static_cast<size_t>(M) * ldc, 52 + K);
+            const Vec C0 = Cm;
+            const int64_t sa_i = transA ? 1 : lda, sa_k = transA ? lda : 1;
+            ops::cpu::small_gemm(M, N, K, 0.7f, A.data(), sa_i, sa_k, Bm.data(), ldb, Cm.data(), ldc, acc);
+            DVec want(Cm.size());
+            for (int i = 0; i < M; i++)
+              for (int j = 0; j < ldc; j++) {
+                const size_t c = static_cast<size_t>(i) * ldc + j;
+                if (j >= N) {  // outside the N columns: untouched
+                  want[c] = C0[c];
+                  continue;
+                }
+                double sum = 0;
+                for (int k = 0; k < K; k++) sum += static_cast<double>(A[i * sa_i + k * sa_k]) * Bm[static_cast<size_t>(k) * ldb + j];
+                want[c] = 0.7 * sum + (acc ? C0[c] : 0.0);
+              }
+            REQUIRE(rel_err(Cm, want) < 1e-5);
+          }
 }

@@ -226,6 +226,13 @@ TEST_CASE("vecmath: exp_f accuracy over the whole fp32 range") {
   CHECK(std::isfinite(ops::cpu::exp_f(88.72f)));
   CHECK(ops::cpu::exp_f(100.0f) == std::numeric_limits<float>::infinity());
   CHECK(std::isnan(ops::cpu::exp_f(std::numeric_limits<float>::quiet_NaN())));
+  // exp16 (16 lanes, vector extensions) is exp_f lane for lane, bit for bit.
+  for (double x0 = -100.0; x0 <= 100.0; x0 += 16 * 0.0123) {
+    float xs[16];
+    for (int l = 0; l < 16; l++) xs[l] = static_cast<float>(x0 + 0.0123 * l);
+    const ops::cpu::vf16 y = ops::cpu::exp16(ops::cpu::load16(xs));
+    for (int l = 0; l < 16; l++) REQUIRE(y[l] == ops::cpu::exp_f(xs[l]));
+  }
   // gelu far tails: exactly 0 / x, no NaN from inf/inf.
   CHECK(ops::cpu::gelu_f(-100.0f) == 0.0f);
   CHECK(ops::cpu::gelu_f(100.0f) == 100.0f);
