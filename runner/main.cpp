@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ops/backend.h"
 #include "runner/checkpoint.h"
 #include "runner/data.h"
 #include "runner/errors.h"
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (*train_cmd || *resume_cmd) ops::cpu_backend();  // selects OpenBLAS's kernels before any GEMM runs
     if (*plan_cmd) {
       Recipe r = load_recipe(recipe_path, sets);
       Plan p = make_plan(r, world);
