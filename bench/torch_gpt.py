@@ -12,15 +12,25 @@ PyTorch gets its best setup: torch.set_num_threads(--threads), and the process r
 OMP_WAIT_POLICY=PASSIVE (idle OpenMP workers sleep instead of spinning, so they do not steal
 the cores from the threads that have work). The OpenMP runtime reads that variable when it
 starts, i.e. before torch is imported, so the script re-executes itself with it set when it
-is missing. One step = zero_grad, forward, cross-entropy, backward, clip_grad_norm_(1.0),
+is missing (it also sets OPENBLAS_CORETYPE, see openblas_coretype() below, and
+OMP_NUM_THREADS=--threads unless the caller set them). One step = zero_grad, forward, cross-entropy, backward, clip_grad_norm_(1.0),
 AdamW step: what our runner does per optimizer step.
 
-Variants measured on the 2-core dev machine (torch 1.13.1, OpenBLAS-OpenMP) and the defaults
-kept (see --attn/--foreach/--mkldnn to re-measure):
-  attention   manual masked_fill+softmax  vs  baddbmm with an additive causal mask
-              vs  torch 1.13's private F._scaled_dot_product_attention (math kernel)
-  AdamW       foreach=True (multi-tensor)  vs  foreach=False (per-tensor loop)
-  mkldnn      torch.backends.mkldnn.enabled on/off (fp32 Linear goes to BLAS either way)
+Variants measured on the 2-core dev machine (Xeon family 6 model 207, torch 1.13.1,
+OpenBLAS 0.3.21-OpenMP; min-of-N micro-benchmarks, the machine was shared) and the defaults
+kept (--attn/--foreach/--mkldnn re-measure them):
+  OpenBLAS    auto-detected "Prescott" 640 tok/s, Haswell 1330, SkylakeX ~2050, Cooperlake
+              ~2100 (d384 config): the OPENBLAS_CORETYPE fix above is worth 3.3x
+  attention   baddbmm with an additive causal mask: 42 ms fwd+bwd per layer (d384, B8, T256);
+              masked_fill + softmax: 55-63 ms; torch 1.13's private
+              F._scaled_dot_product_attention (math kernel): 44 ms          -> baddbmm
+  AdamW       foreach=False 30 ms (10.8M) / 365-385 ms (124M); foreach=True 42 ms / 405-580 ms
+              (1.13's CPU foreach path materialises whole-list temporaries) -> foreach=False
+              (fused=True does not exist for AdamW on CPU in 1.13)
+  mkldnn      torch.backends.mkldnn.enabled on/off: no measurable difference (fp32 nn.Linear
+              goes to BLAS either way)                                     -> left on (default)
+  OpenMP      OMP_WAIT_POLICY PASSIVE 2020-2100 tok/s, ACTIVE 1880, unset (libgomp default)
+              1850 (d384 config, shared machine: differences near the noise) -> PASSIVE
 """
 import argparse
 import json
@@ -45,7 +55,7 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     # variants (defaults: the fastest measured)
     p.add_argument("--attn", choices=["masked_fill", "baddbmm", "sdpa"], default="baddbmm")
-    p.add_argument("--foreach", type=int, choices=[0, 1], default=1)
+    p.add_argument("--foreach", type=int, choices=[0, 1], default=0)
     p.add_argument("--mkldnn", type=int, choices=[0, 1], default=1)
     return p.parse_args()
 
@@ -155,7 +165,7 @@ class GPT(nn.Module):
         for blk in self.h:
             x = blk(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)  # tied lm_head
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
 
 
 def main():
