@@ -121,6 +121,8 @@ struct Executor::Impl {
   // Runs node n's forward kernel writing into `outs` (tensor pointers by output position).
   void kernel_forward(const Node& n, const std::vector<float*>& o) {
     if (dry()) return;
+    if (n.gather_input || n.scatter_output)
+      throw std::logic_error("node " + n.name + ": sequence-parallel communication needs a tensor-parallel executor");
     const auto& in = n.in;
     const TensorDesc& x = g.tensors[in[0]];
     switch (n.kind) {

@@ -61,6 +61,11 @@ struct Node {
   uint32_t site = 0;            // dropout site id, part of the RNG key
   int64_t vocab_real = 0;       // SoftmaxXent: real (unpadded) vocabulary
   bool inplace = false;         // SoftmaxXent: probs overwrite logits (in[0])
+  // Sequence parallelism (Korthikanti et al. 2022): a column-parallel Linear all-gathers its
+  // sequence-sharded input (and saves the shard, re-gathering in backward); a row-parallel
+  // Linear reduce-scatters its output back to sequence shards.
+  bool gather_input = false;
+  bool scatter_output = false;
 };
 
 class Graph {

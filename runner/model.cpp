@@ -41,6 +41,8 @@ struct Builder {
   const GptSpec& s;
   Graph g;
   int64_t C, H, V, NH, t, N;
+  int64_t Ns;  // rows of the sequence-sharded regions (N, or N/t under sequence parallelism)
+  bool sp;
   DType act;
 
   explicit Builder(const GptSpec& spec) : s(spec) {
@@ -53,6 +55,8 @@ struct Builder {
     g.B = s.B;
     g.T = s.T ? s.T : m.seq_len;
     N = g.B * g.T;
+    sp = s.sequence_parallel && t > 1;
+    Ns = sp ? N / t : N;
     act = s.act_dtype;
   }
 
@@ -96,25 +100,30 @@ struct Builder {
   int norm(const std::string& prefix, int x, int layer, const std::string& module) {
     const ModelConfig& m = s.model;
     int w = g.add_param(prefix + ".weight", {C}, layer, false);
-    int y = g.add_activation(prefix + ".out", {N, C}, layer, act);
+    int y = g.add_activation(prefix + ".out", {Ns, C}, layer, act);
     if (m.norm == "rmsnorm") {
-      int rstd = g.add_activation(prefix + ".rstd", {N}, layer, DType::F32);
+      int rstd = g.add_activation(prefix + ".rstd", {Ns}, layer, DType::F32);
       node(OpKind::RMSNorm, prefix, {x, w}, {y, rstd}, layer, module);
     } else {
       std::vector<int> in{x, w};
       if (m.bias) in.push_back(g.add_param(prefix + ".bias", {C}, layer, false));
-      int mean = g.add_activation(prefix + ".mean", {N}, layer, DType::F32);
-      int rstd = g.add_activation(prefix + ".rstd", {N}, layer, DType::F32);
+      int mean = g.add_activation(prefix + ".mean", {Ns}, layer, DType::F32);
+      int rstd = g.add_activation(prefix + ".rstd", {Ns}, layer, DType::F32);
       node(OpKind::LayerNorm, prefix, in, {y, mean, rstd}, layer, module);
     }
     return y;
   }
 
-  int linear(const std::string& prefix, int x, int w, int b, int64_t out_cols, int layer, const std::string& module) {
+  // kind: 'c' column-parallel (gathers a sequence-sharded input under sp), 'r' row-parallel
+  // (scatters its output to sequence shards under sp), 'n' neither.
+  int linear(const std::string& prefix, int x, int w, int b, int64_t out_cols, int layer, const std::string& module,
+             char kind = 'n') {
     std::vector<int> in{x, w};
     if (b >= 0) in.push_back(b);
-    int y = g.add_activation(prefix + ".out", {N, out_cols}, layer, act);
-    node(OpKind::Linear, prefix, in, {y}, layer, module);
+    int y = g.add_activation(prefix + ".out", {sp && kind == 'r' ? Ns : N, out_cols}, layer, act);
+    int id = node(OpKind::Linear, prefix, in, {y}, layer, module);
+    g.nodes[id].gather_input = sp && kind == 'c';
+    g.nodes[id].scatter_output = sp && kind == 'r';
     return y;
   }
 
@@ -128,7 +137,7 @@ struct Builder {
   }
 
   int add(const std::string& name, int a, int b, int layer) {
-    int y = g.add_activation(name + ".out", {N, C}, layer, act);
+    int y = g.add_activation(name + ".out", {Ns, C}, layer, act);
     node(OpKind::Add, name, {a, b}, {y}, layer, "residual");
     return y;
   }
@@ -141,7 +150,7 @@ struct Builder {
     int a = norm(p + ".ln1", x, l, "norm");
     int wqkv = col_weight(p + ".attn.qkv.weight", 3 * C, C, l, 3);
     int bqkv = m.bias ? col_bias(p + ".attn.qkv.bias", 3 * C, l, 3) : -1;
-    int qkv = linear(p + ".attn.qkv", a, wqkv, bqkv, 3 * C / t, l, "attention");
+    int qkv = linear(p + ".attn.qkv", a, wqkv, bqkv, 3 * C / t, l, "attention", 'c');
     if (m.position == "rope") {
       int r = g.add_activation(p + ".attn.rope.out", {N, 3 * C / t}, l, act);
       node(OpKind::Rope, p + ".attn.rope", {qkv}, {r}, l, "attention");
@@ -154,7 +163,7 @@ struct Builder {
     g.nodes[core].site = site + 1;
     int wo = row_weight(p + ".attn.proj.weight", C, C, l);
     int bo = m.bias ? g.add_param(p + ".attn.proj.bias", {C}, l, false) : -1;
-    int o = linear(p + ".attn.proj", y, wo, bo, C, l, "attention");
+    int o = linear(p + ".attn.proj", y, wo, bo, C, l, "attention", 'r');
     o = dropout(p + ".attn.drop", o, l, "attention", site + 2);
     int x1 = add(p + ".res1", x, o, l);
     // MLP.
@@ -163,12 +172,12 @@ struct Builder {
     int64_t fc_out = glu ? 2 * H : H;
     int wfc = col_weight(p + ".mlp.fc.weight", fc_out, C, l, glu ? 2 : 1);
     int bfc = m.bias ? col_bias(p + ".mlp.fc.bias", fc_out, l, glu ? 2 : 1) : -1;
-    int u = linear(p + ".mlp.fc", mm, wfc, bfc, fc_out / t, l, "mlp");
+    int u = linear(p + ".mlp.fc", mm, wfc, bfc, fc_out / t, l, "mlp", 'c');
     int h = g.add_activation(p + ".mlp.act.out", {N, H / t}, l, act);
     node(glu ? OpKind::SwiGLU : OpKind::Gelu, p + ".mlp.act", {u}, {h}, l, "mlp");
     int wp = row_weight(p + ".mlp.proj.weight", C, H, l);
     int bp = m.bias ? g.add_param(p + ".mlp.proj.bias", {C}, l, false) : -1;
-    int o2 = linear(p + ".mlp.proj", h, wp, bp, C, l, "mlp");
+    int o2 = linear(p + ".mlp.proj", h, wp, bp, C, l, "mlp", 'r');
     o2 = dropout(p + ".mlp.drop", o2, l, "mlp", site + 3);
     return add(p + ".res2", x1, o2, l);
   }
@@ -184,11 +193,11 @@ struct Builder {
       wte = g.add_param("wte", {V / t, C}, -1, true, sh, {V, C});
       std::vector<int> in{g.tokens, wte};
       if (m.position == "learned") in.push_back(g.add_param("wpe", {m.seq_len, C}, -1, true));
-      x = g.add_activation("embed.out", {N, C}, -1, act);
+      x = g.add_activation("embed.out", {Ns, C}, -1, act);
       node(OpKind::Embedding, "embed", in, {x}, -1, "embed");
       x = dropout("embed.drop", x, -1, "embed", 1);
     } else {
-      x = g.add_activation("stage.in", {N, C}, static_cast<int>(s.first_layer), act);
+      x = g.add_activation("stage.in", {Ns, C}, static_cast<int>(s.first_layer), act);
       g.stage_input = x;
     }
     for (int64_t l = s.first_layer; l < last; ++l) x = block(x, static_cast<int>(l));
@@ -199,7 +208,7 @@ struct Builder {
         ShardSpec sh{t > 1 ? 0 : -1, static_cast<int>(t), static_cast<int>(s.tp_rank), 1};
         wlm = g.add_param(m.tie_embeddings ? "wte" : "lm_head.weight", {V / t, C}, -1, true, sh, {V, C});
       }
-      g.logits = linear("lm_head", xf, wlm, -1, V / t, -1, "head");
+      g.logits = linear("lm_head", xf, wlm, -1, V / t, -1, "head", 'c');
       g.tensors[g.logits].dtype = DType::F32;  // the loss is always computed in fp32
       g.targets = g.add_input("targets", {g.B, g.T}, DType::I32);
       g.losses = g.add_activation("loss.per_position", {N}, -1, DType::F32);

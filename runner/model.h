@@ -23,6 +23,7 @@ struct GptSpec {
   int64_t B = 1;                 // micro-batch sequences
   int64_t T = 0;                 // sequence length (0: model.seq_len)
   int64_t tp = 1, tp_rank = 0;
+  bool sequence_parallel = false;  // with tp > 1: norms, dropout and residuals on sequence shards
   int64_t first_layer = 0;       // this pipeline stage's layers [first_layer, last_layer)
   int64_t last_layer = -1;       // -1: n_layers
   bool first_stage = true, last_stage = true;

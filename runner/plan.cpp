@@ -137,6 +137,11 @@ void check_layout(const Recipe& r, Plan& p) {
                     fmt::format("MLP width {} (mlp_ratio {} x d_model {}) is not divisible by parallel.tp {}",
                                 m.mlp_hidden(), m.mlp_ratio, m.d_model, tp),
                     "choose tp among " + or_list(nearest_divisors(m.mlp_hidden(), tp, 3)) + " or change mlp_ratio");
+  if (r.parallel.sequence_parallel && tp > 1 && m.seq_len % tp != 0)
+    throw UserError(r.loc("parallel.sequence_parallel"),
+                    fmt::format("sequence parallelism splits seq_len {} over tp {}, which does not divide it", m.seq_len, tp),
+                    "choose a seq_len divisible by tp, or turn sequence_parallel off");
+  if (r.parallel.sequence_parallel && tp == 1) p.notes.push_back("sequence_parallel has no effect with tp 1");
   p.vocab_padded = padded_vocab(m.vocab_size, tp);
   if (p.vocab_padded != m.vocab_size)
     p.notes.push_back(fmt::format("vocabulary padded from {} to {} (a multiple of tp {}); padded logits are masked out",
@@ -340,6 +345,7 @@ GptSpec Plan::stage_spec(int stage, int64_t tp_rank) const {
   s.T = recipe.model.seq_len;
   s.tp = tp;
   s.tp_rank = tp_rank;
+  s.sequence_parallel = recipe.parallel.sequence_parallel;
   int64_t first = 0;
   for (int i = 0; i < stage; ++i) first += stage_layers[i];
   s.first_layer = first;

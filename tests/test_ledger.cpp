@@ -38,13 +38,15 @@ ModelConfig gpt_model(int64_t h, int64_t a, int64_t s, int64_t layers, double dr
 
 // Activation bytes held for backward by ONE transformer layer: the difference between a
 // model with L and L-1 layers, so embedding and head drop out.
-double per_layer_activations(ModelConfig m, int64_t b, int64_t t, const std::string& recompute_modules = "") {
+double per_layer_activations(ModelConfig m, int64_t b, int64_t t, const std::string& recompute_modules = "",
+                             bool sequence_parallel = false) {
   auto held = [&](int64_t layers) {
     GptSpec spec;
     spec.model = m;
     spec.model.n_layers = layers;
     spec.B = b;
     spec.tp = t;
+    spec.sequence_parallel = sequence_parallel;
     spec.act_dtype = ops::DType::BF16;
     spec.recompute.resize(static_cast<size_t>(layers));
     if (!recompute_modules.empty())
@@ -137,6 +139,20 @@ TEST_CASE("selective recompute of the attention core drops the as^2b terms: sbh(
     double megatron = sbh * (10.0 + 24.0 / t);  // Korthikanti Table 2, selective, no sequence parallelism
     double ours_expected = megatron - 2 * sbh + 16 * sb;
     CHECK(per_layer_activations(gpt_model(h, a, s, 3, 0.1), b, t, "attention_core") == ours_expected);
+  }
+}
+
+TEST_CASE("sequence parallelism with selective recompute: 34sbh/t, less the masks") {
+  int64_t s = 256, b = 2, h = 512, a = 8;
+  double sbh = static_cast<double>(s * b * h), sb = static_cast<double>(s * b);
+  for (int64_t t : {2, 4, 8}) {
+    double megatron = 34.0 * sbh / t;  // Korthikanti Table 2: sequence parallel + selective recompute
+    double ours_expected = megatron - 2 * sbh / t + 16 * sb / t;
+    CHECK(per_layer_activations(gpt_model(h, a, s, 3, 0.1), b, t, "attention_core", true) == ours_expected);
+    // Without recompute the as^2b/t term returns: sbh(34/t + 5as/(ht)) in the paper.
+    double as2b = static_cast<double>(a * s * s * b);
+    CHECK(per_layer_activations(gpt_model(h, a, s, 3, 0.1), b, t, "", true) ==
+          sbh * (34.0 / t + 5.0 * a * s / (h * t)) - 2 * sbh / t - 3 * as2b / t + 16 * sb / t);
   }
 }
 
