@@ -112,7 +112,7 @@ void resolve_batch(const Recipe& r, Plan& p) {
     a = 1;
     if (g % dp != 0)
       throw UserError(r.loc("batch.global"), fmt::format("global batch {} is not divisible by dp {}", g, dp),
-                      fmt::format("try global {} or {}", g / dp * dp ? g / dp * dp : dp, (g / dp + 1) * dp));
+                      fmt::format("try global {} or {}", std::max<int64_t>(dp, g / dp * dp), (g / dp + 1) * dp));
     m = g / dp;
     p.derived.insert(p.derived.end(), {"micro", "accum"});
   } else {
