@@ -413,25 +413,13 @@ void Executor::backward(float dloss) { impl_->backward(dloss); }
 
 const Tensor& Executor::forward_logits(const int32_t* tokens) {
   auto& m = *impl_;
+  const Graph& g = m.g;
   m.release_all();
   m.train = false;
-  const Graph& g = m.g;
-  const TensorDesc& td = g.tensors[g.tokens];
   m.alloc(g.tokens, Account::Workspace);
-  std::memcpy(m.vals[g.tokens].raw(), tokens, td.nbytes());
-  int producer = g.tensors[g.logits].producer;
-  for (int i = 0; i <= producer; ++i) {
-    const Node& n = g.nodes[i];
-    std::vector<float*> outs;
-    for (int o : n.out) { m.alloc(o, Account::Workspace); outs.push_back(m.vals[o].data<float>()); }
-    m.kernel_forward(n, outs);
-    for (int x : n.in) {
-      const TensorDesc& d = g.tensors[x];
-      if (d.kind == TensorKind::Activation && d.last_use == i && x != g.logits) m.release(x);
-    }
-    for (int o : n.out)
-      if (g.tensors[o].last_use == -1 && o != g.logits) m.release(o);
-  }
+  std::memcpy(m.vals[g.tokens].raw(), tokens, g.tensors[g.tokens].nbytes());
+  // The logits' only reader is the loss node, which is not run: they stay alive.
+  for (int i = 0; i <= g.tensors[g.logits].producer; ++i) m.forward_node(i);
   return m.vals[g.logits];
 }
 

@@ -65,6 +65,26 @@ double host_memory_bytes() {
   return 16.0 * (1ull << 30);
 }
 
+// global = known x dp x other: derives `other` from global and the `known` factor, or says
+// which values of the known factor (or of global) would divide.
+int64_t derive_factor(const Recipe& r, Plan& p, int64_t g, int64_t known, const char* known_name,
+                      const char* other_name) {
+  int64_t dp = p.dp;
+  if (g % (known * dp) != 0) {
+    std::string fix = g % dp == 0 ? fmt::format("try {} {}, or global {}", known_name,
+                                                or_list(nearest_divisors(g / dp, known)),
+                                                (g + known * dp - 1) / (known * dp) * known * dp)
+                                  : fmt::format("global must be a multiple of dp {}: try global {}", dp,
+                                                (g + dp - 1) / dp * dp);
+    throw UserError(r.loc("batch.global"),
+                    fmt::format("global batch {} is not divisible by {} {} x dp {} = {} ({} = global / ({} x dp))", g,
+                                known_name, known, dp, known * dp, other_name, known_name),
+                    fix);
+  }
+  p.derived.push_back(other_name);
+  return g / (known * dp);
+}
+
 void resolve_batch(const Recipe& r, Plan& p) {
   const BatchConfig& b = r.batch;
   int64_t dp = p.dp;
@@ -81,30 +101,9 @@ void resolve_batch(const Recipe& r, Plan& p) {
       throw UserError(r.loc("batch.global"), "batch equation does not hold: " + eq(g, m, a), fix);
     }
   } else if (g && m) {
-    if (g % (m * dp) != 0) {
-      std::string fix = g % dp == 0 ? "try micro " + or_list(nearest_divisors(g / dp, m)) + ", or global " +
-                                          std::to_string((g + m * dp - 1) / (m * dp) * m * dp)
-                                    : fmt::format("global must be a multiple of dp {}: try global {}", dp,
-                                                  (g + dp - 1) / dp * dp);
-      throw UserError(r.loc("batch.global"),
-                      fmt::format("global batch {} is not divisible by micro {} x dp {} = {} (accum = global / (micro x dp))",
-                                  g, m, dp, m * dp),
-                      fix);
-    }
-    a = g / (m * dp);
-    p.derived.push_back("accum");
+    a = derive_factor(r, p, g, m, "micro", "accum");
   } else if (g && a) {
-    if (g % (a * dp) != 0) {
-      std::string fix = g % dp == 0 ? "try accum " + or_list(nearest_divisors(g / dp, a))
-                                    : fmt::format("global must be a multiple of dp {}: try global {}", dp,
-                                                  (g + dp - 1) / dp * dp);
-      throw UserError(r.loc("batch.global"),
-                      fmt::format("global batch {} is not divisible by accum {} x dp {} = {} (micro = global / (accum x dp))",
-                                  g, a, dp, a * dp),
-                      fix);
-    }
-    m = g / (a * dp);
-    p.derived.push_back("micro");
+    m = derive_factor(r, p, g, a, "accum", "micro");
   } else if (m && a) {
     g = m * dp * a;
     p.derived.push_back("global");
