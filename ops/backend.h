@@ -23,6 +23,13 @@ struct DropoutSpec {
   uint64_t key = 0;  // counter-based RNG key (ops/rng.h)
   uint64_t offset = 0;  // element i of the buffer keeps iff rng_uniform(key, offset + i) >= p; the offset
                         // places a micro-batch inside the global batch so masks do not depend on the layout
+  // Attention only, for tensor parallelism: this call computes heads [head_start, head_start + NH)
+  // of a model with heads_total heads (0: NH, i.e. all of them), and the mask counter of
+  // (b, h, t, s) is offset + ((b*heads_total + head_start + h)*T + t)*T + s, the counter the
+  // unsharded model uses for that logical head. `offset` is then in units of the full model's
+  // probabilities (sample_index * heads_total * T * T).
+  int heads_total = 0;
+  int head_start = 0;
 };
 
 class Backend {
@@ -38,6 +45,14 @@ class Backend {
   // dwte: (V,C) +=, dwpe: (maxT,C) += (either may be null), dout: (B,T,C)
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                                   int B, int T, int C) = 0;
+  // Vocabulary-parallel embedding (tensor parallelism): wte holds rows [vstart, vstart+Vlocal) of
+  // the full table. A token inside that range contributes its row; a token outside contributes
+  // zeros (forward) and nothing (backward). The caller all-reduces `out` over the group, passing
+  // wpe on exactly one rank, and passes dwpe on every rank (dout is replicated).
+  virtual void embedding_shard_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                                       int B, int T, int C, int vstart, int Vlocal) = 0;
+  virtual void embedding_shard_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                        int B, int T, int C, int vstart, int Vlocal) = 0;
 
   // LayerNorm over the last dimension. out: (N,C) overwritten; mean, rstd: (N) saved for backward.
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -101,6 +116,27 @@ class Backend {
   // dlogits (N,V) OVERWRITTEN (may alias probs) = (probs - onehot(target)) * dloss; padding columns 0.
   virtual void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N,
                                      int V, int Vreal) = 0;
+
+  // Vocabulary-parallel softmax cross-entropy (Megatron), never gathering the logits. This rank
+  // holds columns [vstart, vstart+V) of the full (N, Vfull) logits, of which its first Vreal are
+  // real (Vreal may be 0 for a shard that is all padding). Targets are full-vocabulary ids.
+  // Phase 1: rowmax[r] = max over this shard's real columns (-inf when Vreal == 0).
+  //   The caller all-reduces rowmax with MAX.
+  virtual void xent_shard_max(float* rowmax, const float* logits, int N, int V, int Vreal) = 0;
+  // Phase 2: sumexp[r] = sum over real columns of exp(logit - rowmax[r]);
+  //   tlogit[r] = logits[r, targets[r] - vstart] - rowmax[r] when the target is in this shard, else 0.
+  //   The caller all-reduces sumexp and tlogit with SUM.
+  virtual void xent_shard_sumexp(float* sumexp, float* tlogit, const float* logits, const float* rowmax,
+                                 const int32_t* targets, int N, int V, int Vreal, int vstart) = 0;
+  // Phase 3: probs = exp(logit - rowmax) / sumexp on real columns, 0 on padding (probs may alias
+  // logits); losses[r] = log(sumexp[r]) - tlogit[r], 0 for a negative target.
+  virtual void xent_shard_finish(float* losses, float* probs, const float* logits, const float* rowmax,
+                                 const float* sumexp, const float* tlogit, const int32_t* targets, int N, int V,
+                                 int Vreal) = 0;
+  // dlogits (N,V) OVERWRITTEN (may alias probs) = (probs - onehot(target - vstart)) * dloss; rows
+  // with a negative target and padding columns get 0.
+  virtual void xent_shard_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N,
+                                   int V, int Vreal, int vstart) = 0;
 
   // AdamW (Loshchilov & Hutter 2019), decoupled weight decay, bias correction with step t >= 1.
   // grad is multiplied by grad_scale first (clipping, loss-scale removal).

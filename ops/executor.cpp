@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 
 #include "ops/rng.h"
@@ -31,6 +32,16 @@ struct Executor::Impl {
   bool train = false;
   uint64_t key = 0;
   int64_t sample_offset = 0;
+  ReduceGroup* group = nullptr;   // tensor-parallel group (null: no tensor parallelism)
+  std::function<void(int)> grad_hook;
+  const float* stage_in = nullptr;
+  float* stage_out = nullptr;
+  std::vector<float> xent_stats;  // vocabulary-parallel cross-entropy: rowmax, sumexp, tlogit (3N floats)
+
+  int tp_rank() const { return group ? group->rank() : 0; }
+  void allreduce(float* x, int64_t n) {
+    if (group && group->size() > 1) group->allreduce_sum(x, n);
+  }
 
   // Dry-run counters.
   std::array<size_t, kAccounts> cur{}, peak{};
@@ -116,20 +127,39 @@ struct Executor::Impl {
     return d;
   }
 
+  // Attention dropout counters are those of the logical head in the whole model, so a head
+  // shard draws the masks the unsharded model draws (ops/backend.h, DropoutSpec).
+  DropoutSpec attention_drop(const Node& n, const TensorDesc& probs) const {
+    int total = n.heads_total > 0 ? n.heads_total : n.heads;
+    DropoutSpec d = drop_for(n, numel_of(probs.shape) / g.B / n.heads * total);
+    d.heads_total = total;
+    d.head_start = n.head_start;
+    return d;
+  }
+
   static int64_t rows(const TensorDesc& d) { return numel_of(d.shape) / d.shape.back(); }
 
   // Runs node n's forward kernel writing into `outs` (tensor pointers by output position).
   void kernel_forward(const Node& n, const std::vector<float*>& o) {
     if (dry()) return;
     if (n.gather_input || n.scatter_output)
-      throw std::logic_error("node " + n.name + ": sequence-parallel communication needs a tensor-parallel executor");
+      throw std::logic_error("node " + n.name + ": sequence parallelism is not implemented in the executor");
+    if (n.tp != TpMode::None && !group)
+      throw std::logic_error("node " + n.name + " is tensor-parallel: the executor needs a ReduceGroup (set_group)");
     const auto& in = n.in;
     const TensorDesc& x = g.tensors[in[0]];
     switch (n.kind) {
       case OpKind::Embedding: {
         int C = static_cast<int>(g.tensors[n.out[0]].shape.back());
-        be->embedding_forward(o[0], i32(in[0]), f(in[1]), in.size() > 2 ? f(in[2]) : nullptr,
-                              static_cast<int>(g.B), static_cast<int>(g.T), C);
+        const float* wpe = in.size() > 2 ? f(in[2]) : nullptr;
+        if (n.tp == TpMode::VocabEmbed) {  // each rank adds its vocabulary rows; wpe once
+          be->embedding_shard_forward(o[0], i32(in[0]), f(in[1]), tp_rank() == 0 ? wpe : nullptr,
+                                      static_cast<int>(g.B), static_cast<int>(g.T), C,
+                                      static_cast<int>(n.vocab_start), static_cast<int>(g.tensors[in[1]].shape[0]));
+          allreduce(o[0], numel_of(g.tensors[n.out[0]].shape));
+        } else {
+          be->embedding_forward(o[0], i32(in[0]), f(in[1]), wpe, static_cast<int>(g.B), static_cast<int>(g.T), C);
+        }
         break;
       }
       case OpKind::LayerNorm:
@@ -142,8 +172,12 @@ struct Executor::Impl {
         break;
       case OpKind::Linear: {
         const TensorDesc& w = g.tensors[in[1]];
-        be->matmul_forward(o[0], f(in[0]), f(in[1]), in.size() > 2 ? f(in[2]) : nullptr, static_cast<int>(rows(x)),
-                           static_cast<int>(w.shape[1]), static_cast<int>(w.shape[0]));
+        const float* bias = in.size() > 2 ? f(in[2]) : nullptr;
+        bool row = n.tp == TpMode::Row;
+        if (row && tp_rank() != 0) bias = nullptr;  // partial sums: the bias is added once
+        be->matmul_forward(o[0], f(in[0]), f(in[1]), bias, static_cast<int>(rows(x)), static_cast<int>(w.shape[1]),
+                           static_cast<int>(w.shape[0]));
+        if (row) allreduce(o[0], numel_of(g.tensors[n.out[0]].shape));
         break;
       }
       case OpKind::Rope:
@@ -154,7 +188,7 @@ struct Executor::Impl {
         int C = static_cast<int>(x.shape.back() / 3);
         const TensorDesc& probs = g.tensors[n.out[1]];
         be->attention_forward(o[0], o[1], f(in[0]), static_cast<int>(g.B), static_cast<int>(g.T), C, n.heads,
-                              drop_for(n, numel_of(probs.shape) / g.B));
+                              attention_drop(n, probs));
         break;
       }
       case OpKind::Gelu: be->gelu_forward(o[0], f(in[0]), numel_of(x.shape)); break;
@@ -167,8 +201,20 @@ struct Executor::Impl {
         break;
       case OpKind::SoftmaxXent: {
         float* probs = n.inplace ? f(in[0]) : o[1];
-        be->softmax_xent_forward(o[0], probs, f(in[0]), i32(in[1]), static_cast<int>(rows(x)),
-                                 static_cast<int>(x.shape.back()), static_cast<int>(n.vocab_real));
+        int N = static_cast<int>(rows(x)), V = static_cast<int>(x.shape.back()), Vr = static_cast<int>(n.vocab_real);
+        if (n.tp == TpMode::VocabXent) {
+          xent_stats.resize(3 * static_cast<size_t>(N));
+          float* mx = xent_stats.data();
+          float* se = mx + N;
+          float* tl = se + N;
+          be->xent_shard_max(mx, f(in[0]), N, V, Vr);
+          group->allreduce_max(mx, N);
+          be->xent_shard_sumexp(se, tl, f(in[0]), mx, i32(in[1]), N, V, Vr, static_cast<int>(n.vocab_start));
+          group->allreduce_sum(se, 2 * static_cast<int64_t>(N));  // sumexp and tlogit are adjacent
+          be->xent_shard_finish(o[0], probs, f(in[0]), mx, se, tl, i32(in[1]), N, V, Vr);
+        } else {
+          be->softmax_xent_forward(o[0], probs, f(in[0]), i32(in[1]), N, V, Vr);
+        }
         break;
       }
     }
@@ -185,8 +231,12 @@ struct Executor::Impl {
         float* dwte = grad(in[1]);
         float* dwpe = in.size() > 2 ? grad(in[2]) : nullptr;
         if (dry()) break;
-        be->embedding_backward(dwte, dwpe, dout, i32(in[0]), static_cast<int>(g.B), static_cast<int>(g.T),
-                               static_cast<int>(g.tensors[n.out[0]].shape.back()));
+        int C = static_cast<int>(g.tensors[n.out[0]].shape.back());
+        if (n.tp == TpMode::VocabEmbed)
+          be->embedding_shard_backward(dwte, dwpe, dout, i32(in[0]), static_cast<int>(g.B), static_cast<int>(g.T), C,
+                                       static_cast<int>(n.vocab_start), static_cast<int>(g.tensors[in[1]].shape[0]));
+        else
+          be->embedding_backward(dwte, dwpe, dout, i32(in[0]), static_cast<int>(g.B), static_cast<int>(g.T), C);
         break;
       }
       case OpKind::LayerNorm: {
@@ -214,6 +264,9 @@ struct Executor::Impl {
         if (dry()) break;
         be->matmul_backward(dx, dw, db, dout, f(in[0]), f(in[1]), static_cast<int>(rows(x)),
                             static_cast<int>(w.shape[1]), static_cast<int>(w.shape[0]));
+        // Column-parallel: each rank holds part of d(input); the input's only reader is this
+        // node (a norm's output), so its gradient buffer holds exactly this sum's terms.
+        if (n.tp == TpMode::Column && dx) allreduce(dx, numel_of(x.shape));
         break;
       }
       case OpKind::Rope: {
@@ -228,7 +281,7 @@ struct Executor::Impl {
         if (dry()) break;
         const TensorDesc& probs = g.tensors[n.out[1]];
         be->attention_backward(dx, dout, f(in[0]), f(n.out[1]), static_cast<int>(g.B), static_cast<int>(g.T),
-                               static_cast<int>(x.shape.back() / 3), n.heads, drop_for(n, numel_of(probs.shape) / g.B));
+                               static_cast<int>(x.shape.back() / 3), n.heads, attention_drop(n, probs));
         break;
       }
       case OpKind::Gelu: {
@@ -263,8 +316,13 @@ struct Executor::Impl {
         galias[lg] = 1;
         if (!dry()) {
           grads[lg] = vals[lg];
-          be->softmax_xent_backward(grads[lg].data<float>(), f(lg), i32(in[1]), dloss, static_cast<int>(rows(x)),
-                                    static_cast<int>(x.shape.back()), static_cast<int>(n.vocab_real));
+          if (n.tp == TpMode::VocabXent)
+            be->xent_shard_backward(grads[lg].data<float>(), f(lg), i32(in[1]), dloss, static_cast<int>(rows(x)),
+                                    static_cast<int>(x.shape.back()), static_cast<int>(n.vocab_real),
+                                    static_cast<int>(n.vocab_start));
+          else
+            be->softmax_xent_backward(grads[lg].data<float>(), f(lg), i32(in[1]), dloss, static_cast<int>(rows(x)),
+                                      static_cast<int>(x.shape.back()), static_cast<int>(n.vocab_real));
         }
         break;
       }
@@ -281,6 +339,8 @@ struct Executor::Impl {
     }
     auto t0 = Clock::now();
     kernel_forward(n, outs);
+    if (!dry() && stage_out && g.stage_output >= 0 && n.out[0] == g.stage_output)
+      std::memcpy(stage_out, outs[0], g.tensors[g.stage_output].nbytes());
     auto& p = prof[static_cast<int>(n.kind)];
     p.forward_ms += ms_since(t0);
     p.calls++;
@@ -330,7 +390,13 @@ struct Executor::Impl {
   }
 
   void set_inputs(const int32_t* tokens, const int32_t* targets) {
-    if (g.stage_input >= 0) alloc(g.stage_input, out_account(g.stage_input));
+    if (g.stage_input >= 0) {
+      alloc(g.stage_input, out_account(g.stage_input));
+      if (!dry()) {
+        if (!stage_in) throw std::logic_error("forward of a pipeline stage needs its input activation");
+        std::memcpy(vals[g.stage_input].raw(), stage_in, g.tensors[g.stage_input].nbytes());
+      }
+    }
     for (int id : {g.tokens, g.targets}) {
       if (id < 0) continue;
       const TensorDesc& d = g.tensors[id];
@@ -372,8 +438,15 @@ struct Executor::Impl {
     return ls;
   }
 
-  void backward(float dloss) {
+  void backward(float dloss, const float* dstage_out, float* dstage_in) {
     if (!train) throw std::logic_error("backward without a training forward");
+    if (g.stage_output >= 0) {  // the gradient received from the next pipeline stage
+      float* d = grad(g.stage_output);
+      if (!dry()) {
+        if (!dstage_out) throw std::logic_error("backward of a pipeline stage needs its output's gradient");
+        std::memcpy(d, dstage_out, g.tensors[g.stage_output].nbytes());
+      }
+    }
     auto segs = g.recompute_segments();
     for (int i = static_cast<int>(g.nodes.size()) - 1; i >= 0; --i) {
       int s = g.segment_of(i);
@@ -383,7 +456,11 @@ struct Executor::Impl {
       kernel_backward(n, dloss);
       prof[static_cast<int>(n.kind)].backward_ms += ms_since(t0);
       for (int o : n.out) { release_grad(o); release(o); }
-      if (n.kind == OpKind::SoftmaxXent) {}  // logits are released by the lm-head linear
+      if (grad_hook && !dry()) grad_hook(i);
+    }
+    if (g.stage_input >= 0 && dstage_in && !dry()) {  // the gradient sent to the previous stage
+      if (glive[g.stage_input]) std::memcpy(dstage_in, grads[g.stage_input].raw(), g.tensors[g.stage_input].nbytes());
+      else std::memset(dstage_in, 0, g.tensors[g.stage_input].nbytes());
     }
     release_all();
     train = false;
@@ -403,13 +480,23 @@ void Executor::bind_param(int id, Tensor* value, Tensor* grad) {
 }
 
 Executor::LossSum Executor::forward(const int32_t* tokens, const int32_t* targets, bool train, uint64_t key,
-                                    int64_t sample_offset) {
+                                    int64_t sample_offset, const float* stage_in, float* stage_out) {
   impl_->key = key;
   impl_->sample_offset = sample_offset;
-  return impl_->forward(tokens, targets, train);
+  impl_->stage_in = stage_in;
+  impl_->stage_out = stage_out;
+  auto r = impl_->forward(tokens, targets, train);
+  impl_->stage_in = nullptr;
+  impl_->stage_out = nullptr;
+  return r;
 }
 
-void Executor::backward(float dloss) { impl_->backward(dloss); }
+void Executor::backward(float dloss, const float* dstage_out, float* dstage_in) {
+  impl_->backward(dloss, dstage_out, dstage_in);
+}
+
+void Executor::set_group(ReduceGroup* group) { impl_->group = group; }
+void Executor::set_grad_hook(std::function<void(int)> hook) { impl_->grad_hook = std::move(hook); }
 
 const Tensor& Executor::forward_logits(const int32_t* tokens) {
   auto& m = *impl_;
@@ -428,7 +515,7 @@ MemoryEstimate Executor::simulate(const Graph& g) {
   m.forward(nullptr, nullptr, true);
   MemoryEstimate est;
   est.activations_after_forward = m.cur[static_cast<int>(Account::Activations)];
-  m.backward(1.0f);
+  m.backward(1.0f, nullptr, nullptr);
   est.peak = m.peak;
   est.peak_total = m.peak_total;
   return est;

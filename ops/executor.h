@@ -9,11 +9,13 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "ops/backend.h"
 #include "ops/graph.h"
+#include "ops/group.h"
 #include "ops/tensor.h"
 
 namespace ops {
@@ -45,11 +47,25 @@ class Executor {
   // One micro-batch forward. train=false keeps nothing for backward. `sample_offset` is the
   // index of this micro-batch's first sample in the global batch and `key` the step's dropout
   // key: masks are a function of (key, site, global element index), never of the layout.
+  // Pipeline stages: `stage_in` is the activation received from the previous stage (graphs with
+  // a stage_input), copied in; `stage_out` receives this stage's output (graphs with a
+  // stage_output) for sending on.
   LossSum forward(const int32_t* tokens, const int32_t* targets, bool train, uint64_t key = 0,
-                  int64_t sample_offset = 0);
+                  int64_t sample_offset = 0, const float* stage_in = nullptr, float* stage_out = nullptr);
   // Backward of the last training forward; dloss is d(total loss)/d(each position's loss).
-  // Parameter gradients accumulate into the bound grad tensors.
-  void backward(float dloss);
+  // Parameter gradients accumulate into the bound grad tensors. Pipeline stages: `dstage_out`
+  // is the gradient of the stage output received from the next stage; `dstage_in` receives the
+  // gradient of the stage input, to send to the previous stage.
+  void backward(float dloss, const float* dstage_out = nullptr, float* dstage_in = nullptr);
+
+  // Tensor parallelism: the group that the graph's TpMode nodes reduce over (must outlive the
+  // executor's use). Required when the graph has tensor-parallel nodes.
+  void set_group(ReduceGroup* group);
+  // Called with node i after node i's backward (and any recompute before it) finished, in
+  // reverse node order: a parameter's gradient is complete for this micro-batch once the hook
+  // has run for the first node (in forward order) that reads it. Data parallelism launches
+  // gradient all-reduces from here. Empty: no hook.
+  void set_grad_hook(std::function<void(int)> hook);
   // Forward up to the logits only (inference); returns (B*T, V) logits valid until the next call.
   const Tensor& forward_logits(const int32_t* tokens);
 

@@ -20,6 +20,17 @@ const char* op_name(OpKind k);
 
 enum class TensorKind : uint8_t { Param, Input, Activation };
 
+// Tensor-parallel role of a node (Megatron-LM, Shoeybi et al. 2019). The executor performs the
+// collective over its ops::ReduceGroup:
+//   Column      Linear with a column-split weight: identity forward; all-reduce of d(input) in
+//               backward (Megatron's "f").
+//   Row         Linear with a row-split weight: all-reduce of the output in forward, the bias
+//               added once (Megatron's "g"); identity backward.
+//   VocabEmbed  Embedding over a vocabulary shard [vocab_start, +V/t): all-reduce of the output.
+//   VocabXent   Cross-entropy over a vocabulary shard: max and sum all-reduces, never gathering
+//               the logits.
+enum class TpMode : uint8_t { None, Column, Row, VocabEmbed, VocabXent };
+
 // How a parameter shard relates to its full logical tensor (tensor parallelism).
 struct ShardSpec {
   int dim = -1;          // split dimension; -1: replicated
@@ -59,7 +70,11 @@ struct Node {
   float theta = 0.0f;
   float dropout = 0.0f;
   uint32_t site = 0;            // dropout site id, part of the RNG key
-  int64_t vocab_real = 0;       // SoftmaxXent: real (unpadded) vocabulary
+  int64_t vocab_real = 0;       // SoftmaxXent: real (unpadded) vocabulary columns of this shard
+  TpMode tp = TpMode::None;
+  int64_t vocab_start = 0;      // VocabEmbed / VocabXent: first vocabulary id of this shard
+  int heads_total = 0;          // Attention: heads of the whole model (0: heads); this shard computes
+  int head_start = 0;           //   [head_start, head_start + heads) -- dropout counters use the logical head
   bool inplace = false;         // SoftmaxXent: probs overwrite logits (in[0])
   // Sequence parallelism (Korthikanti et al. 2022): a column-parallel Linear all-gathers its
   // sequence-sharded input (and saves the shard, re-gathering in backward); a row-parallel

@@ -179,6 +179,18 @@ Tensor Tensor::reshape(std::vector<int64_t> shape) const {
   return t;
 }
 
+Tensor Tensor::view(int64_t elem_offset, std::vector<int64_t> shape) const {
+  size_t off = static_cast<size_t>(elem_offset) * dtype_size(dtype_);
+  size_t len = static_cast<size_t>(numel_of(shape)) * dtype_size(dtype_);
+  if (!storage_ || elem_offset < 0 || offset_ + off + len > storage_->bytes)
+    throw std::logic_error("view at " + std::to_string(elem_offset) + " of " + shape_to_string(shape) +
+                           " outside a tensor of " + shape_str());
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  t.offset_ = offset_ + off;
+  return t;
+}
+
 Tensor Tensor::clone(Account account) const {
   Tensor t(shape_, dtype_, account);
   if (nbytes()) std::memcpy(t.raw(), raw(), nbytes());

@@ -75,14 +75,18 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
   Account account() const { return storage_ ? storage_->account : Account::Workspace; }
 
-  void* raw() { return storage_ ? storage_->ptr : nullptr; }
-  const void* raw() const { return storage_ ? storage_->ptr : nullptr; }
+  void* raw() { return storage_ ? static_cast<char*>(storage_->ptr) + offset_ : nullptr; }
+  const void* raw() const { return storage_ ? static_cast<const char*>(storage_->ptr) + offset_ : nullptr; }
   template <class T> T* data() { return static_cast<T*>(raw()); }
   template <class T> const T* data() const { return static_cast<const T*>(raw()); }
 
   void zero();
   // A view with another shape over the same storage (numel must match).
   Tensor reshape(std::vector<int64_t> shape) const;
+  // A view of `shape` starting `elem_offset` elements into this tensor's storage (sharing it;
+  // the bytes stay counted once, in this tensor's account). Flat gradient and parameter
+  // buffers hand out one view per parameter, so buckets and ZeRO shards are contiguous ranges.
+  Tensor view(int64_t elem_offset, std::vector<int64_t> shape) const;
   Tensor clone(Account account) const;
   void copy_from(const Tensor& other);  // same numel and dtype
   std::string shape_str() const;
@@ -91,6 +95,7 @@ class Tensor {
   std::vector<int64_t> shape_;
   DType dtype_ = DType::F32;
   std::shared_ptr<Storage> storage_;
+  size_t offset_ = 0;  // bytes into storage_
 };
 
 // Storage blocks are cached by size and reused (shapes repeat every micro-batch), so the

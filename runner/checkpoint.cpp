@@ -329,7 +329,7 @@ int64_t CheckpointManager::load_from(const std::vector<std::string>& cands, Trai
   for (size_t i = 0; i < cands.size(); ++i) {
     const std::string path = (fs::path(dir_) / cands[i]).string();
     try {
-      load_checkpoint_file(path, s);
+      load_checkpoint_file(path, s, subset_);
     } catch (const UserError& e) {
       if (strict) throw;
       log().warn("checkpoint {} does not verify: {}", path, e.what());

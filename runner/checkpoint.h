@@ -93,7 +93,10 @@ SaveResult write_checkpoint_atomic(const std::string& dir, const TrainState& sta
 // may be partly overwritten (its scalars are not): load another checkpoint or discard it.
 // Moments (adam_m/adam_v) are allocated (fp32, optimizer account) when `state` has none.
 // Gradients are not part of a checkpoint (they are zero at a step boundary).
-void load_checkpoint_file(const std::string& path, TrainState& state);
+// subset: the file may hold parameters `state` does not ask for (a pipeline stage loads its
+// own layers). The RNG and data entries of rank state.world_rank are used when the file has
+// them, else rank 0's (another layout).
+void load_checkpoint_file(const std::string& path, TrainState& state, bool subset = false);
 
 // Verifies every dataset's checksum and /state's without a model. Throws UserError at the first problem.
 void verify_checkpoint_file(const std::string& path);
@@ -173,6 +176,8 @@ class CheckpointManager {
   // saying so; none verifies -> UserError listing each failure. Returns the step loaded, or
   // nullopt when the directory holds no checkpoint at all.
   std::optional<int64_t> load_latest(TrainState& s, bool strict);
+  // Loads may fill only part of the parameters (see load_checkpoint_file's subset).
+  void set_subset_load(bool subset) { subset_ = subset; }
   // Loads step_<step>.h5; if it does not verify and !strict, falls back to older ones.
   int64_t load_step(int64_t step, TrainState& s, bool strict);
   bool has_checkpoints() const;
@@ -199,6 +204,7 @@ class CheckpointManager {
   spdlog::logger& log() const;
 
   std::string dir_;
+  bool subset_ = false;
   CheckpointConfig cfg_;
   CheckpointRank rank_;
   WriteOptions wopt_;

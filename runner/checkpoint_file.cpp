@@ -927,12 +927,17 @@ int64_t write_checkpoint_file(const std::string& path, const TrainState& s, cons
   sc.world_size = s.world_size;
   w.state(sc);
   w.text("/recipe", s.recipe_yaml);
+  // One entry per rank of the writing job. The runner's RNGs are counter-based and its data
+  // cursor global, so every rank's entry holds the same values today; the per-rank places are
+  // the format's room for per-rank generators.
   w.group("/rng");
-  w.u64_array(fmt::format("/rng/rank_{}", s.world_rank),
-              {s.rng.init_seed, s.rng.dropout_seed, s.rng.data_seed, s.rng.sample_seed, s.rng.sample_counter}, kRngFields);
+  for (int r = 0; r < std::max(1, s.world_size); ++r)
+    w.u64_array(fmt::format("/rng/rank_{}", r),
+                {s.rng.init_seed, s.rng.dropout_seed, s.rng.data_seed, s.rng.sample_seed, s.rng.sample_counter}, kRngFields);
   w.group("/data");
-  w.u64_array(fmt::format("/data/rank_{}", s.world_rank),
-              {static_cast<uint64_t>(s.loader.sample_cursor), s.loader.seed}, kDataFields);
+  for (int r = 0; r < std::max(1, s.world_size); ++r)
+    w.u64_array(fmt::format("/data/rank_{}", r), {static_cast<uint64_t>(s.loader.sample_cursor), s.loader.seed},
+                kDataFields);
   w.group("/params");
   for (size_t i = 0; i < ps.names.size(); ++i) {
     RUNNER_CHECK(valid_name(ps.names[i]), "parameter name '" + ps.names[i] + "' cannot be an HDF5 dataset name");
@@ -998,16 +1003,15 @@ SaveResult write_checkpoint_atomic(const std::string& dir, const TrainState& s, 
   return r;
 }
 
-void load_checkpoint_file(const std::string& path, TrainState& s) {
+void load_checkpoint_file(const std::string& path, TrainState& s, bool subset) {
   H5Lock lock;  // the whole load: loader workers wait (this happens at start or on resume)
   FileReader rd(path);
   const StateScalars sc = rd.state();
   const ParamSet& ps = s.params;
   RUNNER_CHECK(ps.names.size() == ps.values.size(), "ParamSet names and values differ in length");
-  if (sc.world_size != s.world_size && !rd.exists(fmt::format("/rng/rank_{}", s.world_rank)))
-    bad(path, fmt::format("checkpoint was written by {} ranks and holds no /rng/rank_{} for this run of {} ranks", sc.world_size,
-                          s.world_rank, s.world_size),
-        "resume with the layout that wrote it (resharding on load arrives with sharded checkpoints)");
+  // Every RNG in the runner is counter-based and layout-independent, and the data cursor counts
+  // global samples, so a rank of another layout continues from rank 0's entries.
+  const int src_rank = rd.exists(fmt::format("/rng/rank_{}", s.world_rank)) ? s.world_rank : 0;
 
   // 1. Structure of everything, before any data is read.
   struct Planned {
@@ -1025,7 +1029,7 @@ void load_checkpoint_file(const std::string& path, TrainState& s) {
     plan.push_back({d, &s.params.values[i], i, 0, ps.values[i].dtype()});
   }
   for (auto& n : rd.members("/params"))
-    if (!expected_names.count(n))
+    if (!subset && !expected_names.count(n))
       bad(path, "dataset /params/" + n + " is a parameter the model does not have",
           "the recipe's model differs from the one that wrote this checkpoint; resume with the stored recipe");
   const bool have_moments = !s.adam_m.empty();
@@ -1038,10 +1042,10 @@ void load_checkpoint_file(const std::string& path, TrainState& s) {
       plan.push_back({d, nullptr, i, which, stored});
     }
     for (auto& n : rd.members(g))
-      if (!expected_names.count(n)) bad(path, "dataset " + g + "/" + n + " is a moment of a parameter the model does not have");
+      if (!subset && !expected_names.count(n)) bad(path, "dataset " + g + "/" + n + " is a moment of a parameter the model does not have");
   }
-  const std::string rng_path = fmt::format("/rng/rank_{}", s.world_rank);
-  const std::string data_path = fmt::format("/data/rank_{}", s.world_rank);
+  const std::string rng_path = fmt::format("/rng/rank_{}", src_rank);
+  const std::string data_path = fmt::format("/data/rank_{}", src_rank);
   for (const std::string& p : {rng_path, data_path, std::string("/recipe")}) rd.check_storage(rd.info(p));
 
   // 2. Small datasets (checksummed) into locals.

@@ -6,10 +6,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 
 #include "ops/backend.h"
+#include "parallel/comm.h"
+#include "parallel/grid.h"
 #include "runner/checkpoint.h"
 #include "runner/data.h"
 #include "runner/errors.h"
@@ -19,6 +22,47 @@
 #include "runner/train.h"
 
 using namespace runner;
+
+namespace {
+
+// Under mpirun/srun: every rank runs the same command. Recipe and plan errors are the same on
+// every rank, so each exits with code 2 and only rank 0 prints; an error during training stops
+// the whole job at once (MPI_Abort) with the failing rank's message, named by its coordinates.
+struct Launch {
+  std::unique_ptr<parallel::Communicator> world;
+  int rank = 0, size = 1;
+  Launch(int* argc, char*** argv) {
+    if (!parallel::mpi_launched()) return;
+    parallel::init_mpi(argc, argv);
+    world = parallel::mpi_world();
+    rank = world->rank();
+    size = world->size();
+  }
+  ~Launch() { parallel::finalize_mpi(); }
+};
+
+int train_on_grid(Launch& launch, const Plan& p, const TrainOptions& opts) {
+  if (!launch.world) return run_training(p, opts);
+  parallel::Grid grid(std::move(launch.world), {static_cast<int>(p.dp), static_cast<int>(p.tp), static_cast<int>(p.pp)});
+  try {
+    return run_training(p, opts, grid);
+  } catch (const SilentExit& e) {
+    return e.code;
+  } catch (const AgreedUserError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return kExitUserError;
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "[rank %d %s] %s\n", grid.rank(), grid.name().c_str(), e.what());
+    std::fflush(stderr);
+    grid.world().abort(kExitUserError);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[rank %d %s] error: %s\n", grid.rank(), grid.name().c_str(), e.what());
+    std::fflush(stderr);
+    grid.world().abort(1);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"runner: a declarative training job runner for transformer language models"};
@@ -48,6 +92,9 @@ int main(int argc, char** argv) {
   resume_cmd->add_option("--step", topts.resume_step, "resume from this step's checkpoint instead of LATEST");
   resume_cmd->add_flag("--strict", topts.strict, "fail on a corrupt checkpoint instead of falling back");
   resume_cmd->add_flag("--quiet", topts.quiet, "no progress lines on stdout (the log file keeps them)");
+  resume_cmd->add_option("--set", sets,
+                         "override a field of the stored recipe, e.g. --set parallel.tp=2 to resume on another layout")
+      ->take_all();
   train_cmd->add_flag("--strict", topts.strict, "when resuming, fail on a corrupt checkpoint instead of falling back");
 
   std::string ckpt_path;
@@ -68,6 +115,9 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitUserError;
   }
 
+  std::optional<Launch> launch;
+  if (*train_cmd || *resume_cmd) launch.emplace(&argc, &argv);
+  const bool quiet_rank = launch && launch->rank != 0;  // identical errors print once
   try {
     if (*train_cmd || *resume_cmd) ops::cpu_backend();  // selects OpenBLAS's kernels before any GEMM runs
     if (*plan_cmd) {
@@ -79,8 +129,8 @@ int main(int argc, char** argv) {
     }
     if (*train_cmd) {
       Recipe r = load_recipe(recipe_path, sets);
-      Plan p = make_plan(r, 0);
-      return run_training(p, topts);
+      Plan p = make_plan(r, launch->world ? launch->size : 0);
+      return train_on_grid(*launch, p, topts);
     }
     if (*resume_cmd) {
       namespace fs = std::filesystem;
@@ -97,11 +147,11 @@ int main(int argc, char** argv) {
       if (!probe.has_checkpoints())
         throw UserError({ckpt_dir, 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
       std::string text = probe.resume_recipe_text(topts.strict, topts.resume_step);
-      Recipe r = load_recipe_text(text, saved.string());
-      Plan p = make_plan(r, 0);
+      Recipe r = load_recipe_text(text, saved.string(), sets);
+      Plan p = make_plan(r, launch->world ? launch->size : 0);
       topts.run_dir = resume_dir;
       topts.resume = true;
-      return run_training(p, topts);
+      return train_on_grid(*launch, p, topts);
     }
     if (*inspect_cmd) {
       bool ok = false;
@@ -116,7 +166,7 @@ int main(int argc, char** argv) {
     }
   } catch (const UserError& e) {
     std::cout.flush();
-    std::fprintf(stderr, "%s\n", e.what());
+    if (!quiet_rank) std::fprintf(stderr, "%s\n", e.what());
     return kExitUserError;
   }
   return 0;

@@ -2,6 +2,7 @@
 // LLaMA-style with rmsnorm + swiglu + rope) expanded into one graph per rank.
 #include "runner/model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/rng.h"
@@ -124,6 +125,8 @@ struct Builder {
     int id = node(OpKind::Linear, prefix, in, {y}, layer, module);
     g.nodes[id].gather_input = sp && kind == 'c';
     g.nodes[id].scatter_output = sp && kind == 'r';
+    if (t > 1 && kind == 'c') g.nodes[id].tp = ops::TpMode::Column;
+    if (t > 1 && kind == 'r') g.nodes[id].tp = ops::TpMode::Row;
     return y;
   }
 
@@ -161,6 +164,8 @@ struct Builder {
     int core = node(OpKind::Attention, p + ".attn.core", {qkv}, {y, probs}, l, "attention_core");
     g.nodes[core].dropout = static_cast<float>(m.dropout);
     g.nodes[core].site = site + 1;
+    g.nodes[core].heads_total = static_cast<int>(NH);
+    g.nodes[core].head_start = static_cast<int>(s.tp_rank * (NH / t));
     int wo = row_weight(p + ".attn.proj.weight", C, C, l);
     int bo = m.bias ? g.add_param(p + ".attn.proj.bias", {C}, l, false) : -1;
     int o = linear(p + ".attn.proj", y, wo, bo, C, l, "attention", 'r');
@@ -194,7 +199,11 @@ struct Builder {
       std::vector<int> in{g.tokens, wte};
       if (m.position == "learned") in.push_back(g.add_param("wpe", {m.seq_len, C}, -1, true));
       x = g.add_activation("embed.out", {Ns, C}, -1, act);
-      node(OpKind::Embedding, "embed", in, {x}, -1, "embed");
+      int e = node(OpKind::Embedding, "embed", in, {x}, -1, "embed");
+      if (t > 1) {
+        g.nodes[e].tp = ops::TpMode::VocabEmbed;
+        g.nodes[e].vocab_start = s.tp_rank * (V / t);
+      }
       x = dropout("embed.drop", x, -1, "embed", 1);
     } else {
       x = g.add_activation("stage.in", {Ns, C}, static_cast<int>(s.first_layer), act);
@@ -214,7 +223,13 @@ struct Builder {
       g.losses = g.add_activation("loss.per_position", {N}, -1, DType::F32);
       int xe = node(OpKind::SoftmaxXent, "loss", {g.logits, g.targets}, {g.losses}, -1, "loss");
       g.nodes[xe].inplace = true;
-      g.nodes[xe].vocab_real = t > 1 ? V / t : m.vocab_size;
+      g.nodes[xe].vocab_real = m.vocab_size;
+      if (t > 1) {  // this shard's real columns: the padding sits at the end of the last shards
+        int64_t start = s.tp_rank * (V / t);
+        g.nodes[xe].tp = ops::TpMode::VocabXent;
+        g.nodes[xe].vocab_start = start;
+        g.nodes[xe].vocab_real = std::clamp<int64_t>(m.vocab_size - start, 0, V / t);
+      }
     } else {
       g.stage_output = x;
     }

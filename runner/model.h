@@ -47,6 +47,13 @@ struct ParamSet {
   std::vector<ops::Tensor> values;   // account: parameters
   std::vector<ops::Tensor> grads;    // account: gradients
   std::vector<bool> decay;
+  // Per parameter, the element range [begin, end) this rank's optimizer updates and holds Adam
+  // moments for: everything, except under ZeRO-1 (its data-parallel piece). Empty: everything.
+  std::vector<std::pair<int64_t, int64_t>> owned;
+  std::vector<bool> sharded;  // ZeRO-1 splits this parameter over the data-parallel ranks
+  std::pair<int64_t, int64_t> owned_range(size_t i) const {
+    return owned.empty() ? std::make_pair<int64_t, int64_t>(0, values[i].numel()) : owned[i];
+  }
   int64_t numel() const;
   int index(const std::string& name) const;  // -1 if absent
 };

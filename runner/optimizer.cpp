@@ -33,18 +33,27 @@ void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, doub
   if (st.adam_m.size() != ps.values.size()) {
     st.adam_m.clear();
     st.adam_v.clear();
-    for (auto& v : ps.values) {
-      st.adam_m.emplace_back(v.shape(), ops::DType::F32, ops::Account::Optimizer);
-      st.adam_v.emplace_back(v.shape(), ops::DType::F32, ops::Account::Optimizer);
+    for (size_t i = 0; i < ps.values.size(); ++i) {
+      auto shape = moment_shape(ps, i);
+      st.adam_m.emplace_back(shape, ops::DType::F32, ops::Account::Optimizer);
+      st.adam_v.emplace_back(shape, ops::DType::F32, ops::Account::Optimizer);
     }
   }
   for (size_t i = 0; i < ps.values.size(); ++i) {
-    be.adamw_update(ps.values[i].data<float>(), ps.grads[i].data<float>(), st.adam_m[i].data<float>(),
-                    st.adam_v[i].data<float>(), ps.values[i].numel(), static_cast<float>(lr),
+    auto [a, e] = ps.owned_range(i);
+    if (e <= a) continue;
+    be.adamw_update(ps.values[i].data<float>() + a, ps.grads[i].data<float>() + a, st.adam_m[i].data<float>(),
+                    st.adam_v[i].data<float>(), e - a, static_cast<float>(lr),
                     static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps),
                     ps.decay[i] ? static_cast<float>(o.weight_decay) : 0.0f, st.step + 1,
                     static_cast<float>(grad_scale));
   }
+}
+
+std::vector<int64_t> moment_shape(const ParamSet& ps, size_t i) {
+  auto [a, e] = ps.owned_range(i);
+  if (a == 0 && e == ps.values[i].numel()) return ps.values[i].shape();
+  return {e - a};
 }
 
 void zero_grads(ParamSet& ps) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -24,8 +25,11 @@
 #include "runner/checkpoint.h"
 #include "runner/data.h"
 #include "runner/optimizer.h"
+#include "parallel/grad_sync.h"
+#include "parallel/pipeline.h"
 #include "runner/signals.h"
 #include "runner/state.h"
+#include "runner/state_shards.h"
 
 namespace fs = std::filesystem;
 
@@ -79,20 +83,38 @@ void check_supported(const Plan& p) {
   if (r.precision.compute != "fp32")
     unsupported("precision.compute", "precision.compute " + r.precision.compute,
                 "train with precision.compute: fp32 (runner plan accepts it for sizing)");
-  if (p.world > 1 || p.tp > 1 || p.pp > 1)
-    unsupported("parallel", fmt::format("a {}-rank layout (dp {} x tp {} x pp {})", p.world, p.dp, p.tp, p.pp),
-                "train on one rank (dp 1, tp 1, pp 1) for now");
+  if (r.parallel.sequence_parallel && p.tp > 1)
+    unsupported("parallel.sequence_parallel", "sequence parallelism",
+                "set parallel.sequence_parallel: false (runner plan sizes it)");
+  if (r.parallel.schedule == "interleaved" && p.pp > 1)
+    unsupported("parallel.schedule", "the interleaved pipeline schedule", "use parallel.schedule: 1f1b or gpipe");
 }
+
+constexpr int kTagAct = 1, kTagGrad = 2, kTagEval = 3;
 
 struct Trainer {
   const Plan& plan;
   const Recipe& r;
   TrainOptions opts;
+  parallel::Grid& grid;
   ops::Backend& be = ops::cpu_backend();
   std::shared_ptr<const DataSource> train_src, val_src;
   std::unique_ptr<DataLoader> loader;
   ops::Graph graph;
-  std::unique_ptr<ops::Executor> exec;
+  // One executor per micro-batch a pipeline stage holds at once (1 without pipelining); all
+  // share the parameters.
+  std::vector<std::unique_ptr<ops::Executor>> execs;
+  ops::Executor* exec = nullptr;  // execs[0]: evaluation
+  std::unique_ptr<parallel::GradSync> sync;
+  std::vector<std::vector<int>> ready_at;  // node -> parameters whose gradient is complete after its backward
+  std::vector<parallel::PipeAction> sched;
+  std::vector<ops::Tensor> act_in, act_out, grad_in;  // pipeline buffers, per executor slot
+  ops::Tensor grad_out;
+  std::vector<std::unique_ptr<parallel::Request>> act_sends, grad_sends;
+  int tied_wte = -1;           // ParamSet index of the embedding tied across the first and last stage
+  double pipe_wait_total = 0, step_ms_total = 0, comm_hidden_total = 0, comm_exposed_total = 0;
+  bool multi() const { return grid.world_size() > 1; }
+  bool lead() const { return grid.rank() == 0; }
   TrainState st;
   std::string run_dir;
   std::ofstream metrics;
@@ -105,15 +127,39 @@ struct Trainer {
   int64_t rollbacks = 0;
   std::set<int64_t> skip_batches;  // steps whose batch is skipped after a rollback
 
-  Trainer(const Plan& p, TrainOptions o) : plan(p), r(p.recipe), opts(std::move(o)) {}
+  Trainer(const Plan& p, TrainOptions o, parallel::Grid& g) : plan(p), r(p.recipe), opts(std::move(o)), grid(g) {}
 
   uint64_t seed() const { return static_cast<uint64_t>(r.train.seed); }
 
   // Everything that can fail on user input happens here, before any file is written.
   void open_inputs() {
     check_supported(plan);
-    train_src = open_source(r.data, Split::Train, r.model.seq_len, r.model.vocab_size, seed());
-    val_src = open_source(r.data, Split::Val, r.model.seq_len, r.model.vocab_size, seed());
+    agree([&] {
+      train_src = open_source(r.data, Split::Train, r.model.seq_len, r.model.vocab_size, seed());
+      val_src = open_source(r.data, Split::Val, r.model.seq_len, r.model.vocab_size, seed());
+    });
+  }
+
+  // Runs `f` on every rank; if it throws a UserError on any rank, every rank throws (the lowest
+  // failing rank's error is the one printed, by that rank), so the job exits with code 2 as one
+  // and no rank is left waiting in a collective.
+  template <class F>
+  void agree(F&& f) {
+    std::optional<UserError> err;
+    try {
+      f();
+    } catch (const UserError& e) {
+      err = e;
+    }
+    if (!multi()) {
+      if (err) throw *err;
+      return;
+    }
+    int64_t first = err ? grid.rank() : grid.world_size();
+    grid.world().allreduce_min(&first, 1);
+    if (first == grid.world_size()) return;
+    if (grid.rank() == first) throw AgreedUserError(*err);
+    throw SilentExit{kExitUserError};
   }
 
   std::string checkpoint_dir() const {
@@ -129,8 +175,28 @@ struct Trainer {
       return;
     }
     std::optional<int64_t> step;
-    if (opts.resume_step >= 0) step = ckpt->load_step(opts.resume_step, st, opts.strict);
-    else step = ckpt->load_latest(st, opts.strict);
+    agree([&] {
+      if (!multi()) {  // the logical tensors are this rank's tensors
+        if (opts.resume_step >= 0) step = ckpt->load_step(opts.resume_step, st, opts.strict);
+        else step = ckpt->load_latest(st, opts.strict);
+        return;
+      }
+      // Each rank reads the logical tensors of its own parameters and keeps its slice, so a
+      // checkpoint of any layout resumes on this one.
+      TrainState t = logical_template(graph, r.model.vocab_size, grid.rank(), grid.world_size());
+      ckpt->set_subset_load(true);
+      if (opts.resume_step >= 0) step = ckpt->load_step(opts.resume_step, t, opts.strict);
+      else step = ckpt->load_latest(t, opts.strict);
+      if (step) load_local_from_logical(graph, r.model.vocab_size, t, st);
+    });
+    if (multi()) {  // every rank must continue from the same step
+      int64_t lo = step ? *step : -1, hi = lo;
+      grid.world().allreduce_min(&lo, 1);
+      grid.world().allreduce_max(&hi, 1);
+      if (lo != hi)
+        throw std::runtime_error(fmt::format("ranks loaded different checkpoints (steps {} to {}); is the checkpoint "
+                                             "directory on a file system all ranks share?", lo, hi));
+    }
     if (!step) return;
     resumed_from = *step;
     loader->restore(st.loader);
@@ -164,11 +230,13 @@ struct Trainer {
 
   void setup_logging() {
     fs::create_directories(run_dir);
-    auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>((fs::path(run_dir) / "log.rank0.txt").string());
+    auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
+        (fs::path(run_dir) / fmt::format("log.rank{}.txt", grid.rank())).string());
     std::vector<spdlog::sink_ptr> sinks{file_sink};
-    if (!opts.quiet) sinks.push_back(std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
+    if (!opts.quiet && lead()) sinks.push_back(std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
     log = std::make_shared<spdlog::logger>("runner", sinks.begin(), sinks.end());
-    log->set_pattern("%H:%M:%S %v");
+    // Ranks are named by their grid coordinates.
+    log->set_pattern(multi() ? fmt::format("%H:%M:%S [{}] %v", grid.name()) : std::string("%H:%M:%S %v"));
     log->flush_on(spdlog::level::info);
   }
 
@@ -181,6 +249,7 @@ struct Trainer {
   }
 
   void write_run_files() {
+    if (!lead()) return;
     {
       std::ofstream f(fs::path(run_dir) / "recipe.yaml");
       f << resolved_recipe_yaml();
@@ -194,18 +263,76 @@ struct Trainer {
   }
 
   void build() {
-    graph = build_gpt_graph(plan.stage_spec(0));
+    const parallel::Coords c = grid.coords();
+    graph = build_gpt_graph(plan.stage_spec(c.pp, c.tp));
     st.rng.init_seed = seed();
     st.rng.dropout_seed = ops::rng_key(seed(), 1);
     st.rng.data_seed = ops::rng_key(seed(), 2);
     st.rng.sample_seed = ops::rng_key(seed(), 3);
+    st.world_rank = grid.rank();
+    st.world_size = grid.world_size();
     st.params = init_params(graph, r.model, st.rng.init_seed);
-    exec = std::make_unique<ops::Executor>(graph, be);
-    bind_params(*exec, graph, st.params);
+    ParamSet& ps = st.params;
+    // The embedding tied across the first and last stage: two copies whose gradients are summed
+    // over the embedding group before the data-parallel reduction.
+    if (plan.pp > 1 && r.model.tie_embeddings && (grid.first_stage() || grid.last_stage())) tied_wte = ps.index("wte");
+    std::vector<parallel::GradTensor> gts;
+    for (size_t i = 0; i < ps.values.size(); ++i)
+      gts.push_back({&ps.values[i], &ps.grads[i], static_cast<int>(i) == tied_wte});
+    sync = std::make_unique<parallel::GradSync>(grid.dp(), std::move(gts), r.parallel.bucket_mb * 1024.0 * 1024.0,
+                                                r.parallel.zero == 1);
+    if (sync->zero1()) {
+      for (size_t i = 0; i < ps.values.size(); ++i) {
+        ps.owned.push_back(sync->owned(static_cast<int>(i)));
+        ps.sharded.push_back(sync->sharded(static_cast<int>(i)));
+      }
+    }
+    // Gradients become final after the backward of the first node (in forward order) reading them.
+    ready_at.assign(graph.nodes.size(), {});
+    for (size_t i = 0; i < ps.names.size(); ++i) {
+      int first = -1;
+      int id = graph.find(ps.names[i]);
+      for (int n = 0; n < static_cast<int>(graph.nodes.size()) && first < 0; ++n)
+        for (int x : graph.nodes[static_cast<size_t>(n)].in)
+          if (x == id) { first = n; break; }
+      if (first >= 0) ready_at[static_cast<size_t>(first)].push_back(static_cast<int>(i));
+    }
+    sched = plan.pp > 1 ? parallel::pipeline_schedule(r.parallel.schedule, c.pp, static_cast<int>(plan.pp),
+                                                      static_cast<int>(plan.accum))
+                        : std::vector<parallel::PipeAction>{};
+    if (plan.pp == 1)
+      for (int k = 0; k < plan.accum; ++k) {
+        sched.push_back({true, k});
+        sched.push_back({false, k});
+      }
+    const int slots = std::max(1, parallel::max_in_flight(sched));
+    for (int k = 0; k < slots; ++k) {
+      execs.push_back(std::make_unique<ops::Executor>(graph, be));
+      bind_params(*execs.back(), graph, ps);
+      if (plan.tp > 1) execs.back()->set_group(&grid.tp());
+    }
+    exec = execs[0].get();
+    // Pipeline buffers (communication account): per slot, the activation received and sent and
+    // the gradient sent back; one gradient received.
+    auto buffer = [&](int id) {
+      return ops::Tensor::zeros(graph.tensors[static_cast<size_t>(id)].shape, ops::DType::F32, ops::Account::Communication);
+    };
+    for (int k = 0; k < slots; ++k) {
+      if (graph.stage_input >= 0) { act_in.push_back(buffer(graph.stage_input)); grad_in.push_back(buffer(graph.stage_input)); }
+      if (graph.stage_output >= 0) act_out.push_back(buffer(graph.stage_output));
+    }
+    if (graph.stage_output >= 0) grad_out = buffer(graph.stage_output);
+    act_sends.resize(static_cast<size_t>(slots));
+    grad_sends.resize(static_cast<size_t>(slots));
+    // Adam moments exist from the start (the ledger counts them), on this rank's ZeRO piece only.
+    for (size_t i = 0; i < ps.values.size(); ++i) {
+      st.adam_m.emplace_back(moment_shape(ps, i), ops::DType::F32, ops::Account::Optimizer);
+      st.adam_v.emplace_back(moment_shape(ps, i), ops::DType::F32, ops::Account::Optimizer);
+    }
     LoaderConfig lc;
     lc.global_batch = plan.global;
     lc.micro = plan.micro;
-    lc.dp_rank = 0;
+    lc.dp_rank = c.dp;
     lc.dp_size = static_cast<int>(plan.dp);
     lc.workers = r.data.workers;
     lc.prefetch = r.data.prefetch;
@@ -216,6 +343,11 @@ struct Trainer {
 
   void print_startup() {
     log->info("runner {} | run dir {}", RUNNER_VERSION, run_dir);
+    if (multi())
+      log->info("  grid       {} ranks = dp {} x tp {} x pp {} (tp fastest, then dp, then pp) | this rank {} | "
+                "{} gradient bucket(s){}",
+                grid.world_size(), plan.dp, plan.tp, plan.pp, grid.name(), sync->bucket_count(),
+                sync->zero1() ? " | ZeRO-1" : "");
     for (std::string line; const auto& chunk : {plan.table()}) {
       std::istringstream in(chunk);
       while (std::getline(in, line)) log->info("{}", line);
@@ -231,8 +363,104 @@ struct Trainer {
   struct StepResult {
     double loss = 0, norm = 0, lr = 0;
     double data_ms = 0, fwd_ms = 0, bwd_ms = 0, opt_ms = 0, total_ms = 0;
+    double comm_hidden_ms = 0, comm_exposed_ms = 0, pipe_wait_ms = 0;
     bool skipped = false;
   };
+
+  // Index of a micro-batch's first sample in the global batch: dp rank r holds the contiguous
+  // slice [r*global/dp, (r+1)*global/dp), cut into micro-batches (runner/data.h).
+  int64_t sample_offset(int64_t k) const { return grid.coords().dp * (plan.global / plan.dp) + k * plan.micro; }
+
+  void wait_send(std::unique_ptr<parallel::Request>& req, double& wait_ms) {
+    if (!req) return;
+    auto t = Clock::now();
+    req->wait();
+    req.reset();
+    wait_ms += ms_between(t, Clock::now());
+  }
+
+  // Forward and backward of every micro-batch of the step, in the pipeline schedule's order
+  // (one forward then its backward without pipelining). Gradients of the last micro-batch's
+  // backward are handed to the data-parallel buckets as they complete.
+  void run_schedule(const std::vector<Batch>& mbs, float dloss, uint64_t key, StepResult& res, double& loss_sum) {
+    const int slots = static_cast<int>(execs.size());
+    const int prev = grid.prev_stage_rank(), next = grid.next_stage_rank();
+    const int last_micro = static_cast<int>(plan.accum) - 1;
+    for (const parallel::PipeAction& a : sched) {
+      const size_t slot = static_cast<size_t>(a.micro % slots);
+      ops::Executor& ex = *execs[slot];
+      const Batch& mb = mbs[static_cast<size_t>(a.micro)];
+      if (a.forward) {
+        float* in = nullptr;
+        float* out = nullptr;
+        if (prev >= 0) {
+          auto t = Clock::now();
+          grid.world().recv(act_in[slot].raw(), act_in[slot].nbytes(), prev, kTagAct);
+          res.pipe_wait_ms += ms_between(t, Clock::now());
+          in = act_in[slot].data<float>();
+        }
+        if (next >= 0) {
+          wait_send(act_sends[slot], res.pipe_wait_ms);
+          out = act_out[slot].data<float>();
+        }
+        auto t0 = Clock::now();
+        auto ls = ex.forward(mb.tokens.data(), mb.targets.data(), true, key, sample_offset(a.micro), in, out);
+        res.fwd_ms += ms_between(t0, Clock::now());
+        loss_sum += ls.sum;
+        if (next >= 0) act_sends[slot] = grid.world().isend(act_out[slot].raw(), act_out[slot].nbytes(), next, kTagAct);
+      } else {
+        const float* dout = nullptr;
+        float* din = nullptr;
+        if (next >= 0) {
+          auto t = Clock::now();
+          grid.world().recv(grad_out.raw(), grad_out.nbytes(), next, kTagGrad);
+          res.pipe_wait_ms += ms_between(t, Clock::now());
+          dout = grad_out.data<float>();
+        }
+        if (prev >= 0) {
+          wait_send(grad_sends[slot], res.pipe_wait_ms);
+          din = grad_in[slot].data<float>();
+        }
+        const bool final_pass = a.micro == last_micro;
+        if (final_pass) {
+          sync->start_step();
+          ex.set_grad_hook([this](int node) {
+            for (int p : ready_at[static_cast<size_t>(node)]) sync->grad_ready(p);
+            sync->progress();
+          });
+        }
+        auto t0 = Clock::now();
+        ex.backward(dloss, dout, din);
+        res.bwd_ms += ms_between(t0, Clock::now());
+        if (final_pass) ex.set_grad_hook(nullptr);
+        if (prev >= 0) grad_sends[slot] = grid.world().isend(grad_in[slot].raw(), grad_in[slot].nbytes(), prev, kTagGrad);
+      }
+    }
+    for (auto& r : act_sends) wait_send(r, res.pipe_wait_ms);
+    for (auto& r : grad_sends) wait_send(r, res.pipe_wait_ms);
+  }
+
+  // Global gradient norm over the logical model: every element counted once, whichever ranks
+  // hold copies of it (data-parallel replicas, tensor-parallel replicated norms and biases, the
+  // tied embedding on two stages). `extra` is summed along (the step's loss), in one all-reduce.
+  double global_sum_squares(double& extra) {
+    const ParamSet& ps = st.params;
+    const parallel::Coords c = grid.coords();
+    double ss = 0;
+    for (size_t i = 0; i < ps.grads.size(); ++i) {
+      if (static_cast<int>(i) == tied_wte && !grid.first_stage()) continue;
+      const ops::TensorDesc& d = graph.tensors[static_cast<size_t>(graph.find(ps.names[i]))];
+      if (d.shard.dim < 0 && c.tp != 0) continue;
+      const bool sharded = !ps.sharded.empty() && ps.sharded[i];
+      if (!sharded && c.dp != 0) continue;
+      auto [a, e] = ps.owned_range(i);
+      if (e > a) ss += be.sum_squares(ps.grads[i].data<float>() + a, e - a);
+    }
+    double v[2] = {ss, extra};
+    grid.world().allreduce_sum(v, 2);
+    extra = v[1];
+    return v[0];
+  }
 
   StepResult train_step() {
     StepResult res;
@@ -246,41 +474,44 @@ struct Trainer {
       for (int64_t k = 0; k < plan.accum; ++k) mbs.push_back(loader->next());
     }
     res.data_ms = loader->take_wait_ms();
+    // The loss is the mean over every target token of the global batch.
     int64_t count = 0;
     for (auto& b : mbs)
       for (int32_t t : b.targets) count += t >= 0;
+    grid.dp().allreduce_sum(&count, 1);
     float dloss = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
     uint64_t key = ops::rng_key(st.rng.dropout_seed, static_cast<uint64_t>(st.step));
     double loss_sum = 0;
     ops::MemoryTracker::instance().reset_peaks();
-    for (int64_t k = 0; k < plan.accum; ++k) {
-      auto a = Clock::now();
-      auto ls = exec->forward(mbs[k].tokens.data(), mbs[k].targets.data(), true, key, k * plan.micro);
-      auto b = Clock::now();
-      exec->backward(dloss);
-      auto c = Clock::now();
-      loss_sum += ls.sum;
-      res.fwd_ms += ms_between(a, b);
-      res.bwd_ms += ms_between(b, c);
-    }
+    run_schedule(mbs, dloss, key, res, loss_sum);
     auto o0 = Clock::now();
-    res.loss = count > 0 ? loss_sum / static_cast<double>(count) : 0.0;
+    sync->finish_grads();
+    if (tied_wte >= 0) {  // the two copies of the tied embedding: sum over stages, then over dp
+      ops::Tensor& g = st.params.grads[static_cast<size_t>(tied_wte)];
+      if (grid.embed()) grid.embed()->allreduce_sum(g.data<float>(), g.numel());
+      grid.dp().allreduce_sum(g.data<float>(), g.numel());
+    }
+    res.comm_hidden_ms = sync->stats().hidden_ms;
     // Fault injection for tests (RUNNER_FAULT_NAN_STEP=N): the first time step N runs, its loss
     // and gradients become NaN, as a numerical blow-up would make them.
     static int64_t nan_step = std::getenv("RUNNER_FAULT_NAN_STEP") ? std::atoll(std::getenv("RUNNER_FAULT_NAN_STEP")) : -1;
     if (st.step + 1 == nan_step) {
       nan_step = -1;
-      res.loss = std::nan("");
+      loss_sum = std::nan("");
       st.params.grads[0].data<float>()[0] = std::nanf("");
     }
-    res.norm = grad_norm(be, st.params);
+    double loss_part = (grid.last_stage() && grid.coords().tp == 0) ? loss_sum : 0.0;
+    res.norm = std::sqrt(global_sum_squares(loss_part));
+    res.loss = count > 0 ? loss_part / static_cast<double>(count) : 0.0;
     res.lr = lr_at(r.optimizer, st.step, r.train.steps);
     if (!std::isfinite(res.loss) || !std::isfinite(res.norm)) {
       res.skipped = true;
       st.scaler.skipped_steps++;
     } else {
       adamw_step(be, r.optimizer, st, res.lr, clip_factor(res.norm, r.optimizer.grad_clip));
+      sync->gather_params();
     }
+    res.comm_exposed_ms = sync->stats().exposed_ms;
     zero_grads(st.params);
     auto& mt = ops::MemoryTracker::instance();
     for (int a = 0; a < ops::kAccounts; ++a)
@@ -311,14 +542,27 @@ struct Trainer {
     DataLoader vl(val_src, lc, st.rng.data_seed);
     double sum = 0;
     int64_t count = 0;
-    for (int64_t i = 0; i < r.train.eval_batches && !stop_requested(); ++i) {
+    const int prev = grid.prev_stage_rank(), next = grid.next_stage_rank();
+    // The number of batches is fixed before the loop: every rank must run the same passes (a
+    // stop request is acted on after evaluation).
+    for (int64_t i = 0; i < r.train.eval_batches && (multi() || !stop_requested()); ++i) {
       Batch b = vl.next();
-      auto ls = exec->forward(b.tokens.data(), b.targets.data(), false);
+      if (prev >= 0) grid.world().recv(act_in[0].raw(), act_in[0].nbytes(), prev, kTagEval);
+      auto ls = exec->forward(b.tokens.data(), b.targets.data(), false, 0, 0, prev >= 0 ? act_in[0].data<float>() : nullptr,
+                              next >= 0 ? act_out[0].data<float>() : nullptr);
+      if (next >= 0) grid.world().send(act_out[0].raw(), act_out[0].nbytes(), next, kTagEval);
       sum += ls.sum;
       count += ls.count;
     }
+    if (multi()) {  // the last stage's tensor- and data-parallel rank 0 holds the loss
+      double v[2] = {0, 0};
+      if (grid.last_stage() && grid.coords().tp == 0 && grid.coords().dp == 0) v[0] = sum, v[1] = static_cast<double>(count);
+      grid.world().allreduce_sum(v, 2);
+      sum = v[0];
+      count = static_cast<int64_t>(v[1]);
+    }
     er.loss = count ? sum / static_cast<double>(count) : 0.0;
-    if (r.data.kind == "addition") {
+    if (r.data.kind == "addition" && plan.tp == 1 && plan.pp == 1) {
       auto problems = addition_eval_problems(r.data.digits, 256, seed());
       int64_t correct = 0;
       int64_t B = plan.micro, T = r.model.seq_len;
@@ -355,6 +599,7 @@ struct Trainer {
   }
 
   void log_eval(const EvalResult& e) {
+    if (!lead()) return;
     nlohmann::json j{{"eval", true}, {"step", st.step}, {"val_loss", e.loss}};
     if (e.accuracy >= 0) {
       j["accuracy"] = e.accuracy;
@@ -376,9 +621,16 @@ struct Trainer {
     maybe_resume();
     setup_logging();
     ckpt->set_logger(log);
-    cleanup_stale(checkpoint_dir());
+    if (lead()) cleanup_stale(checkpoint_dir());
     write_run_files();
-    peak_flops = r.hardware.peak_tflops > 0 ? r.hardware.peak_tflops * 1e12 : measure_cpu_peak_flops();
+    // MFU is against the peak of all ranks together.
+    if (r.hardware.peak_tflops > 0) {
+      peak_flops = r.hardware.peak_tflops * 1e12 * grid.world_size();
+    } else {
+      double v = measure_cpu_peak_flops();
+      grid.world().allreduce_sum(&v, 1);
+      peak_flops = v;
+    }
     print_startup();
     if (resumed_from >= 0) log->info("resumed from step {} ({})", resumed_from, checkpoint_dir());
 
@@ -392,7 +644,7 @@ struct Trainer {
     auto run_t0 = Clock::now();
     double pending_ckpt_ms = 0;
     while (st.step < total) {
-      if (stop_requested()) return preempt();
+      if (stop_agreed()) return preempt();
       if (r.checkpoint.snapshot_every > 0 && st.step % r.checkpoint.snapshot_every == 0 &&
           (!snapshot.valid() || snapshot.step() != st.step))
         snapshot.take(st);
@@ -409,19 +661,29 @@ struct Trainer {
                        {"grad_norm", s.norm},      {"tokens", st.tokens},      {"tokens_per_s", tps},
                        {"mfu", mfu},               {"step_ms", s.total_ms},    {"data_ms", s.data_ms},
                        {"forward_ms", s.fwd_ms},   {"backward_ms", s.bwd_ms},  {"optimizer_ms", s.opt_ms},
-                       {"comm_exposed_ms", 0.0},   {"comm_hidden_ms", 0.0},
+                       {"comm_exposed_ms", s.comm_exposed_ms},     {"comm_hidden_ms", s.comm_hidden_ms},
+                       {"pipeline_wait_ms", s.pipe_wait_ms},
                        {"peak_bytes", mem},        {"skipped", s.skipped}};
+      pipe_wait_total += s.pipe_wait_ms;
+      step_ms_total += s.total_ms;
+      comm_hidden_total += s.comm_hidden_ms;
+      comm_exposed_total += s.comm_exposed_ms;
       // A save's stall is reported in the next step's record: the step record is written first,
       // so a kill during the save never loses the history the checkpoint covers.
       j["checkpoint_ms"] = pending_ckpt_ms;
       pending_ckpt_ms = 0;
-      metrics << j.dump() << "\n";
-      metrics.flush();  // one small write per step, so a killed run keeps its history
-      if (st.step < total && ckpt->due(st.step, ms_between(run_t0, Clock::now()) / 1e3)) {
-        ckpt->save(st);
-        pending_ckpt_ms = ckpt->last_stall_seconds() * 1e3;
+      if (lead()) {
+        metrics << j.dump() << "\n";
+        metrics.flush();  // one small write per step, so a killed run keeps its history
       }
-      ckpt->poll();
+      // Rank 0 decides (time-based cadences differ between ranks' clocks); everyone takes part.
+      int64_t due = lead() && st.step < total && ckpt->due(st.step, ms_between(run_t0, Clock::now()) / 1e3);
+      grid.world().allreduce_max(&due, 1);
+      if (due) {
+        save(false);
+        pending_ckpt_ms = lead() ? ckpt->last_stall_seconds() * 1e3 : 0.0;
+      }
+      if (lead()) ckpt->poll();
       if (st.step % r.train.log_every == 0 || st.step == total || st.step == 1) {
         double avg = window_ms / window;
         double eta = (total - st.step) * (timed ? sum_ms / timed : avg) / 1e3;
@@ -436,11 +698,10 @@ struct Trainer {
       if (s.skipped) log->warn("step {}: non-finite loss or gradient norm; update skipped", st.step);
       if (r.train.eval_every > 0 && st.step % r.train.eval_every == 0 && st.step != total) log_eval(evaluate());
     }
-    ckpt->save(st, true);
-    ckpt->wait();
-    if (stop_requested()) return preempt();
+    save(true);
+    if (stop_agreed()) return preempt();
     last_eval = evaluate();
-    if (stop_requested()) return preempt();
+    if (stop_agreed()) return preempt();
     log_eval(last_eval);
     double wall = ms_between(run_t0, Clock::now()) / 1e3;
     summarize(last_eval, timed ? sum_ms / timed : 0, wall);
@@ -451,10 +712,32 @@ struct Trainer {
   int preempt() {
     log->warn("signal {} received: writing a checkpoint at step {} and exiting (code {})", stop_signal(), st.step,
               kExitPreempted);
-    ckpt->save(st, true);
-    ckpt->wait();
-    metrics.flush();
+    save(true);
+    if (lead()) metrics.flush();
     return kExitPreempted;
+  }
+
+  // A stop signal reaches the ranks at different moments: they agree at step boundaries.
+  bool stop_agreed() {
+    int64_t stop = stop_requested() ? 1 : 0;
+    grid.world().allreduce_max(&stop, 1);
+    return stop != 0;
+  }
+
+  // Collective: the logical state is assembled on rank 0, which writes it (in the background
+  // unless final). A single rank writes its own state.
+  void save(bool final) {
+    if (!multi()) {
+      ckpt->save(st, final);
+      if (final) ckpt->wait();
+      return;
+    }
+    TrainState logical = gather_logical_state(plan, grid, graph, st);
+    if (lead()) {
+      ckpt->save(logical, final);
+      if (final) ckpt->wait();
+    }
+    grid.world().barrier();  // a final checkpoint is published before any rank exits
   }
 
   // The in-memory tier: a non-finite loss, or a loss above spike_threshold x its running mean,
@@ -474,17 +757,32 @@ struct Trainer {
     skip_batches.insert(offending);
     rollbacks++;
     nlohmann::json j{{"rollback", true}, {"step", offending + 1}, {"to_step", st.step}, {"loss", s.loss}};
-    metrics << j.dump() << "\n";
+    if (lead()) metrics << j.dump() << "\n";
     return true;
   }
 
   void summarize(const EvalResult& e, double avg_ms, double wall_s) {
+    // Pipeline idle time per stage, measured (time blocked on neighbours) against the plan's bubble.
+    std::vector<double> idle(static_cast<size_t>(plan.pp), 0.0);
+    if (grid.coords().dp == 0 && grid.coords().tp == 0 && step_ms_total > 0)
+      idle[static_cast<size_t>(grid.coords().pp)] = pipe_wait_total / step_ms_total;
+    grid.world().allreduce_sum(idle.data(), static_cast<int64_t>(idle.size()));
+    double hidden_frac = comm_hidden_total + comm_exposed_total > 0
+                             ? comm_hidden_total / (comm_hidden_total + comm_exposed_total) : 0.0;
+    if (!lead()) return;
+    if (plan.pp > 1)
+      for (int64_t sidx = 0; sidx < plan.pp; ++sidx)
+        log->info("pipeline stage {}: idle {:.1f}% of the step (plan bubble {:.1f}%)", sidx, 100 * idle[static_cast<size_t>(sidx)],
+                  100 * plan.bubble);
+    if (plan.dp > 1)
+      log->info("data-parallel gradients: {:.0f} ms communication hidden behind backward, {:.0f} ms exposed ({:.0f}% hidden)",
+                comm_hidden_total, comm_exposed_total, 100 * hidden_frac);
     double tps = avg_ms > 0 ? plan.tokens_per_step / (avg_ms / 1e3) : 0;
     log->info("done: {} steps in {} | {} tok/s | MFU {:.0f}% | final val loss {:.4f}{}", st.step, human_duration(wall_s),
               human_count(tps), 100 * plan.flops_per_token * tps / std::max(1.0, peak_flops), e.loss,
               e.accuracy >= 0 ? fmt::format(" | accuracy {:.1f}%", 100 * e.accuracy) : "");
     // Ledger honesty: measured peak of each account against the plan's prediction.
-    const StageLedger& L = plan.stages[0];
+    const StageLedger& L = plan.stages[static_cast<size_t>(grid.coords().pp)];
     std::pair<const char*, std::pair<double, ops::Account>> rows[] = {
         {"parameters", {L.parameters, ops::Account::Parameters}},
         {"gradients", {L.gradients, ops::Account::Gradients}},
@@ -499,7 +797,16 @@ struct Trainer {
       ledger[name] = {{"predicted", pa.first}, {"measured", measured}};
     }
     // Top operators by time.
-    auto prof = exec->profile();
+    std::vector<ops::OpProfile> prof;
+    for (auto& ex : execs)
+      for (auto& p : ex->profile()) {
+        auto it = std::find_if(prof.begin(), prof.end(), [&](const ops::OpProfile& q) { return q.name == p.name; });
+        if (it == prof.end()) { prof.push_back(p); continue; }
+        it->forward_ms += p.forward_ms;
+        it->backward_ms += p.backward_ms;
+        it->recompute_ms += p.recompute_ms;
+        it->calls += p.calls;
+      }
     std::sort(prof.begin(), prof.end(), [](const ops::OpProfile& a, const ops::OpProfile& b) {
       return a.forward_ms + a.backward_ms + a.recompute_ms > b.forward_ms + b.backward_ms + b.recompute_ms;
     });
@@ -518,6 +825,13 @@ struct Trainer {
                      {"tokens_per_s", tps}, {"wall_s", wall_s},       {"val_loss", e.loss},
                      {"ledger", ledger}, {"top_ops", ops_json},       {"peak_flops", peak_flops}};
     if (e.accuracy >= 0) j["accuracy"] = e.accuracy;
+    j["layout"] = {{"world", grid.world_size()}, {"dp", plan.dp}, {"tp", plan.tp}, {"pp", plan.pp},
+                   {"zero", r.parallel.zero}, {"schedule", r.parallel.schedule}};
+    j["comm_hidden_ms"] = comm_hidden_total;
+    j["comm_exposed_ms"] = comm_exposed_total;
+    j["comm_hidden_fraction"] = hidden_frac;
+    j["pipeline_idle_fraction"] = idle;
+    j["plan_bubble"] = plan.bubble;
     metrics << j.dump() << "\n";
     metrics.flush();
   }
@@ -530,9 +844,14 @@ std::string default_run_dir(const Recipe& r) {
   return (fs::path("runs") / r.name).string();
 }
 
-int run_training(const Plan& plan, const TrainOptions& opts) {
-  Trainer t(plan, opts);
+int run_training(const Plan& plan, const TrainOptions& opts, parallel::Grid& grid) {
+  Trainer t(plan, opts, grid);
   return t.run();
+}
+
+int run_training(const Plan& plan, const TrainOptions& opts) {
+  parallel::Grid grid(parallel::self_comm(), {1, 1, 1});
+  return run_training(plan, opts, grid);
 }
 
 }  // namespace runner

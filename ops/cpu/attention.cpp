@@ -3,7 +3,8 @@
 // Forward (per head, scale = 1/sqrt(HS), Vaswani et al. 2017 eq. 1):
 //   S = scale Q K^T;  P = softmax_rows(S) (causal);  Pd = P * M / (1-p);  O = Pd V
 // Backward (M is the dropout keep mask, regenerated from the counter RNG with the forward's
-// counters offset + ((b*NH + h)*T + t)*T + s):
+// counters offset + ((b*NH + h)*T + t)*T + s; under tensor parallelism the head index is the
+// global one, b*heads_total + head_start + h, so a head shard draws the unsharded model's mask):
 //   dV += Pd^T dO;  dPd = dO V^T;  dP = dPd * M / (1-p);
 //   dS = P * (dP - rowsum(dP * P))   (softmax Jacobian);
 //   dQ += scale dS K;  dK += scale dS^T Q.
@@ -127,7 +128,7 @@ OPS_INLINE void softmax_row_backward(float* ds, const float* p, int n, int nv) {
 }
 
 // Forward of one (b, h). q, k, v: (T, HS) views with row stride 3C; o: (T, HS) view with row
-// stride C; P: (T, T) contiguous. ctr0 = offset + (b*NH + h)*T*T is the dropout counter of
+// stride C; P: (T, T) contiguous. ctr0 = head_counter0(...) is the dropout counter of
 // (t=0, s=0).
 void forward_head(float* o, float* P, const float* q, const float* k, const float* v, int T, int C, int HS,
                   DropoutSpec drop, uint64_t ctr0) {
@@ -264,6 +265,18 @@ void check_shapes(int B, int T, int C, int NH, DropoutSpec drop) {
                "attention: bad shape B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" +
                    std::to_string(C) + " NH=" + std::to_string(NH) + " (C must be a multiple of NH)");
   RUNNER_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "attention: dropout p must be in [0, 1), got " + std::to_string(drop.p));
+  RUNNER_CHECK(drop.heads_total > 0 ? drop.head_start >= 0 && drop.head_start + NH <= drop.heads_total
+                                    : drop.heads_total == 0 && drop.head_start == 0,
+               "attention: head shard [" + std::to_string(drop.head_start) + ", " +
+                   std::to_string(drop.head_start + NH) + ") outside heads_total=" + std::to_string(drop.heads_total));
+}
+
+// The dropout counter of (b, h, t=0, s=0): offset + (global head)*T*T, the global head being
+// b*heads_total + head_start + h for a head shard, b*NH + h otherwise (ops/backend.h).
+uint64_t head_counter0(const DropoutSpec& drop, int b, int h, int T, int NH) {
+  const uint64_t heads = drop.heads_total > 0 ? static_cast<uint64_t>(drop.heads_total) : static_cast<uint64_t>(NH);
+  const uint64_t g = static_cast<uint64_t>(b) * heads + static_cast<uint64_t>(drop.head_start) + static_cast<uint64_t>(h);
+  return drop.offset + g * static_cast<uint64_t>(T) * static_cast<uint64_t>(T);
 }
 
 }  // namespace
@@ -282,7 +295,7 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
     const float* q = qkv + static_cast<size_t>(b) * T * 3 * C + static_cast<size_t>(h) * HS;
     float* o = out + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
     float* P = probs + static_cast<size_t>(bh) * T * T;
-    forward_head(o, P, q, q + C, q + 2 * C, T, C, HS, drop, drop.offset + static_cast<uint64_t>(bh) * T * T);
+    forward_head(o, P, q, q + C, q + 2 * C, T, C, HS, drop, head_counter0(drop, b, h, T, NH));
   }
 }
 
@@ -301,7 +314,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     float* dq = dqkv + qoff;
     const float* dO = dout + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
     const float* P = probs + static_cast<size_t>(bh) * T * T;
-    const uint64_t ctr0 = drop.offset + static_cast<uint64_t>(bh) * T * T;
+    const uint64_t ctr0 = head_counter0(drop, b, h, T, NH);
     backward_head(dq, dq + C, dq + 2 * C, dO, q, q + C, q + 2 * C, P, T, C, HS, drop, ctr0);
   }
 }

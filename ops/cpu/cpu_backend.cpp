@@ -12,7 +12,8 @@
 // vectorizing it.
 //
 // Conventions (ops/backend.h): every backward accumulates (+=) into its gradients except
-// softmax_xent_backward, which overwrites; a null gradient pointer skips that work.
+// softmax_xent_backward and xent_shard_backward, which overwrite; a null gradient pointer
+// skips that work.
 #include <cblas.h>
 #include <omp.h>
 #include <strings.h>
@@ -71,31 +72,44 @@ struct Partials {
 };
 
 // =============================================================================== embedding
-// out[r] = wte[tokens[r]] + wpe[r % T], rows r in [r0, r1). out: (N,C), wte: (V,C), wpe: (maxT,C) or null
+// A vocabulary shard holds rows [vstart, vstart + Vlocal) of the token table; the unsharded
+// table is the shard vstart = 0, Vlocal = INT_MAX. wte_row(token) is the token's row in this
+// shard, or null when another shard owns it.
+template <class F>
+inline F* wte_row(F* wte, int32_t token, int vstart, int Vlocal, int C) {
+  const int64_t local = static_cast<int64_t>(token) - vstart;
+  return local >= 0 && local < Vlocal ? wte + local * C : nullptr;
+}
+// out[r] = wte[tokens[r]] (0 for a token of another shard) + wpe[r % T], rows r in [r0, r1).
+// out: (N,C), wte: (Vlocal,C), wpe: (maxT,C) or null
 void embedding_forward_rows(float* __restrict out, const int32_t* tokens, const float* __restrict wte,
-                            const float* __restrict wpe, int64_t r0, int64_t r1, int T, int C) {
+                            const float* __restrict wpe, int64_t r0, int64_t r1, int T, int C, int vstart,
+                            int Vlocal) {
   for (int64_t r = r0; r < r1; r++) {
     float* o = out + r * C;
-    const float* w = wte + static_cast<int64_t>(tokens[r]) * C;
-    if (wpe) {
-      const float* p = wpe + (r % T) * C;
+    const float* w = wte_row(wte, tokens[r], vstart, Vlocal, C);
+    const float* p = wpe ? wpe + (r % T) * C : nullptr;
+    if (w && p) {
 #pragma omp simd
       for (int i = 0; i < C; i++) o[i] = w[i] + p[i];
+    } else if (w || p) {
+      std::memcpy(o, w ? w : p, sizeof(float) * C);
     } else {
-      std::memcpy(o, w, sizeof(float) * C);
+      std::memset(o, 0, sizeof(float) * C);
     }
   }
 }
-// dwte[tokens[r]] += dout[r], dwpe[r % T] += dout[r] over all N rows, channels [c0, c1) only:
-// tokens repeat, so threads split the channels, never the rows.
+// dwte[tokens[r]] += dout[r] (tokens of this shard only), dwpe[r % T] += dout[r] over all N
+// rows, channels [c0, c1) only: tokens repeat, so threads split the channels, never the rows.
 void embedding_backward_cols(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t N,
-                             int T, int C, int64_t c0, int64_t c1) {
+                             int T, int C, int vstart, int Vlocal, int64_t c0, int64_t c1) {
   for (int64_t r = 0; r < N; r++) {
     const float* d = dout + r * C;
     if (dwte) {
-      float* w = dwte + static_cast<int64_t>(tokens[r]) * C;
+      if (float* w = wte_row(dwte, tokens[r], vstart, Vlocal, C)) {
 #pragma omp simd
-      for (int64_t i = c0; i < c1; i++) w[i] += d[i];
+        for (int64_t i = c0; i < c1; i++) w[i] += d[i];
+      }
     }
     if (dwpe) {
       float* p = dwpe + (r % T) * C;
@@ -367,10 +381,11 @@ void softmax_xent_forward_rows(float* losses, float* probs, const float* logits,
     losses[r] = tgt >= 0 ? std::log(sum) - (xt - mx) : 0.0f;
   }
 }
-// dlogits = (probs - onehot(target)) * dloss, OVERWRITTEN, rows [r0, r1); may alias probs.
-// Ignored rows and padding columns get 0.
+// dlogits = (probs - onehot(target - vstart)) * dloss, OVERWRITTEN, rows [r0, r1); may alias
+// probs. Ignored rows and padding columns get 0; a target outside [vstart, vstart + Vreal)
+// (another vocabulary shard's) has no one-hot term here. The unsharded kernel is vstart = 0.
 void softmax_xent_backward_rows(float* dlogits, const float* probs, const int32_t* targets, float dloss, int64_t r0,
-                                int64_t r1, int V, int Vreal) {
+                                int64_t r1, int V, int Vreal, int vstart) {
   for (int64_t r = r0; r < r1; r++) {
     const float* p = probs + r * V;
     float* d = dlogits + r * V;
@@ -382,7 +397,61 @@ void softmax_xent_backward_rows(float* dlogits, const float* probs, const int32_
 #pragma omp simd
     for (int i = 0; i < Vreal; i++) d[i] = p[i] * dloss;
     for (int i = Vreal; i < V; i++) d[i] = 0.0f;
-    d[tgt] -= dloss;
+    const int64_t local = static_cast<int64_t>(tgt) - vstart;
+    if (local >= 0 && local < Vreal) d[local] -= dloss;
+  }
+}
+
+// ---- vocabulary-parallel softmax cross-entropy (Megatron-LM, Shoeybi et al. 2019) ----
+// The three forward phases of softmax_xent_forward_rows on a column shard of the logits
+// (V columns, the first Vreal real), with the caller reducing over the shards in between.
+// A target owned by this shard must be a real column: a padding column is an error.
+inline int64_t shard_target(int tgt, int vstart, int V, int Vreal) {
+  const int64_t local = static_cast<int64_t>(tgt) - vstart;
+  RUNNER_CHECK(!(local >= Vreal && local < V), "xent_shard: target " + std::to_string(tgt) +
+                                                   " is a padding column of the shard starting at " +
+                                                   std::to_string(vstart));
+  return tgt >= 0 && local >= 0 && local < Vreal ? local : -1;
+}
+// Phase 1: rowmax[r] = max of the real columns (-inf when Vreal == 0).
+void xent_shard_max_rows(float* rowmax, const float* logits, int64_t r0, int64_t r1, int V, int Vreal) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = logits + r * V;
+    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int i = 0; i < Vreal; i++) mx = x[i] > mx ? x[i] : mx;
+    rowmax[r] = mx;
+  }
+}
+// Phase 2: sumexp[r] = sum exp(x - rowmax) over the real columns; tlogit[r] = x[target] -
+// rowmax when this shard owns the target, else 0.
+void xent_shard_sumexp_rows(float* sumexp, float* tlogit, const float* logits, const float* rowmax,
+                            const int32_t* targets, int64_t r0, int64_t r1, int V, int Vreal, int vstart) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = logits + r * V;
+    const float mx = rowmax[r];
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < Vreal; i++) sum += exp_f(x[i] - mx);
+    sumexp[r] = sum;
+    const int64_t t = shard_target(targets[r], vstart, V, Vreal);
+    tlogit[r] = t >= 0 ? x[t] - mx : 0.0f;
+  }
+}
+// Phase 3: probs = exp(x - rowmax) / sumexp (padding 0; may alias logits), losses = log(sumexp)
+// - tlogit, 0 for an ignored row. The same arithmetic as softmax_xent_forward_rows, so only
+// the order of the shard sums separates the two.
+void xent_shard_finish_rows(float* losses, float* probs, const float* logits, const float* rowmax,
+                            const float* sumexp, const float* tlogit, const int32_t* targets, int64_t r0, int64_t r1,
+                            int V, int Vreal) {
+  for (int64_t r = r0; r < r1; r++) {
+    const float* x = logits + r * V;
+    float* p = probs + r * V;
+    const float mx = rowmax[r], inv = 1.0f / sumexp[r];
+#pragma omp simd
+    for (int i = 0; i < Vreal; i++) p[i] = exp_f(x[i] - mx) * inv;
+    for (int i = Vreal; i < V; i++) p[i] = 0.0f;
+    if (losses) losses[r] = targets[r] >= 0 ? std::log(sumexp[r]) - tlogit[r] : 0.0f;
   }
 }
 
@@ -443,19 +512,28 @@ class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
 
+  // The unsharded embedding is the shard that holds the whole table.
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                          int C) override {
-    const int64_t N = static_cast<int64_t>(B) * T;
-    parallel_chunks(N, row_grain(C, kGrainStream), [=](int64_t r0, int64_t r1) {
-      embedding_forward_rows(out, tokens, wte, wpe, r0, r1, T, C);
-    }, 1);
+    embedding_shard_forward(out, tokens, wte, wpe, B, T, C, 0, std::numeric_limits<int>::max());
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                           int C) override {
+    embedding_shard_backward(dwte, dwpe, dout, tokens, B, T, C, 0, std::numeric_limits<int>::max());
+  }
+  void embedding_shard_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                               int C, int vstart, int Vlocal) override {
+    const int64_t N = static_cast<int64_t>(B) * T;
+    parallel_chunks(N, row_grain(C, kGrainStream), [=](int64_t r0, int64_t r1) {
+      embedding_forward_rows(out, tokens, wte, wpe, r0, r1, T, C, vstart, Vlocal);
+    }, 1);
+  }
+  void embedding_shard_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                                int C, int vstart, int Vlocal) override {
     if (!dwte && !dwpe) return;
     const int64_t N = static_cast<int64_t>(B) * T;
     parallel_chunks(C, std::max<int64_t>(16, kGrainStream / std::max<int64_t>(N, 1)), [=](int64_t c0, int64_t c1) {
-      embedding_backward_cols(dwte, dwpe, dout, tokens, N, T, C, c0, c1);
+      embedding_backward_cols(dwte, dwpe, dout, tokens, N, T, C, vstart, Vlocal, c0, c1);
     });
   }
 
@@ -619,7 +697,37 @@ class CpuBackend final : public Backend {
                              int Vreal) override {
     if (!dlogits) return;
     parallel_chunks(N, row_grain(V, kGrainStream), [=](int64_t r0, int64_t r1) {
-      softmax_xent_backward_rows(dlogits, probs, targets, dloss, r0, r1, V, Vreal);
+      softmax_xent_backward_rows(dlogits, probs, targets, dloss, r0, r1, V, Vreal, 0);
+    }, 1);
+  }
+
+  // Vocabulary-parallel cross-entropy: the phases of softmax_xent_forward on a column shard.
+  void xent_shard_max(float* rowmax, const float* logits, int N, int V, int Vreal) override {
+    check_shard(V, Vreal);
+    parallel_chunks(N, row_grain(V, kGrainStream), [=](int64_t r0, int64_t r1) {
+      xent_shard_max_rows(rowmax, logits, r0, r1, V, Vreal);
+    }, 1);
+  }
+  void xent_shard_sumexp(float* sumexp, float* tlogit, const float* logits, const float* rowmax,
+                         const int32_t* targets, int N, int V, int Vreal, int vstart) override {
+    check_shard(V, Vreal);
+    parallel_chunks(N, row_grain(V, kGrainMath), [=](int64_t r0, int64_t r1) {
+      xent_shard_sumexp_rows(sumexp, tlogit, logits, rowmax, targets, r0, r1, V, Vreal, vstart);
+    }, 1);
+  }
+  void xent_shard_finish(float* losses, float* probs, const float* logits, const float* rowmax, const float* sumexp,
+                         const float* tlogit, const int32_t* targets, int N, int V, int Vreal) override {
+    check_shard(V, Vreal);
+    parallel_chunks(N, row_grain(V, kGrainMath), [=](int64_t r0, int64_t r1) {
+      xent_shard_finish_rows(losses, probs, logits, rowmax, sumexp, tlogit, targets, r0, r1, V, Vreal);
+    }, 1);
+  }
+  void xent_shard_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V,
+                           int Vreal, int vstart) override {
+    if (!dlogits) return;
+    check_shard(V, Vreal);
+    parallel_chunks(N, row_grain(V, kGrainStream), [=](int64_t r0, int64_t r1) {
+      softmax_xent_backward_rows(dlogits, probs, targets, dloss, r0, r1, V, Vreal, vstart);
     }, 1);
   }
 
@@ -652,6 +760,10 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  static void check_shard(int V, int Vreal) {
+    RUNNER_CHECK(V > 0 && Vreal >= 0 && Vreal <= V, "xent_shard: need 0 <= Vreal <= V, got Vreal=" +
+                                                        std::to_string(Vreal) + " V=" + std::to_string(V));
+  }
   static void check_dropout(const DropoutSpec& drop) {
     RUNNER_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "dropout: p must be in [0, 1), got " + std::to_string(drop.p));
   }

@@ -1,0 +1,357 @@
+// Communicators: SelfComm (one rank, no MPI) and MpiComm (the MPI C API).
+//
+// Bit-identical reductions. We rely on the MPI library rather than adding a second collective:
+// every allreduce algorithm in Open MPI (coll/basic, coll/tuned: linear, nonoverlapping,
+// recursive doubling, ring, segmented ring, Rabenseifner; coll/han; libnbc for the
+// non-blocking MPI_Iallreduce: binomial reduce+bcast, ring, recursive doubling,
+// reduce-scatter+allgather) either computes each result element once and then copies it to
+// every member, or computes it symmetrically (recursive doubling: both partners combine the
+// same two partial results, ordered by rank, so both get the same bits). MPICH's algorithms
+// have the same property. tests/mpi/test_mpi_comm.cpp checks it byte for byte. If a future
+// MPI broke this, MpiComm::allreduce_sum/max would have to become MPI_Reduce_scatter +
+// MPI_Allgatherv (each element reduced on exactly one rank), which guarantees it by
+// construction at the same bandwidth.
+//
+// Counts above INT_MAX (the MPI C API's count type) are split into chunks: blocking calls
+// loop, non-blocking calls return one Request holding every chunk's MPI_Request. The
+// reduce-scatter and allgather take a per-root path (MPI_Ireduce / MPI_Ibcast per block)
+// when size()*n would not fit an int either, since MPI implementations compute that total
+// internally.
+#include "parallel/comm.h"
+
+// The C API only: without these, Open MPI's mpi.h pulls in its deprecated C++ bindings, whose
+// symbols live in libmpi_cxx, which MPI::MPI_C does not link.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace parallel {
+
+// Test hook: the largest count one MPI call is given (elements for typed calls, bytes for raw
+// ones). INT_MAX in production; tests lower it to exercise the chunked paths with small
+// buffers. Not in the header on purpose: tests declare it themselves.
+namespace testing {
+int64_t g_mpi_max_count = INT_MAX;
+void set_mpi_max_count(int64_t n) { g_mpi_max_count = n > 0 ? std::min<int64_t>(n, INT_MAX) : INT_MAX; }
+}  // namespace testing
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// SelfComm
+
+class DoneRequest final : public Request {
+ public:
+  bool test() override { return true; }
+  void wait() override {}
+};
+
+class SelfComm final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void allreduce_sum(float*, int64_t) override {}
+  void allreduce_max(float*, int64_t) override {}
+  void allreduce_sum(double*, int64_t) override {}
+  void allreduce_sum(int64_t*, int64_t) override {}
+  void allreduce_min(int64_t*, int64_t) override {}
+  void allreduce_max(int64_t*, int64_t) override {}
+  std::unique_ptr<Request> iallreduce_sum(float*, int64_t) override { return std::make_unique<DoneRequest>(); }
+  std::unique_ptr<Request> ireduce_scatter_sum(const float* in, float* out, int64_t n) override {
+    if (n > 0) std::memcpy(out, in, size_t(n) * sizeof(float));
+    return std::make_unique<DoneRequest>();
+  }
+  std::unique_ptr<Request> iallgather_inplace(float*, int64_t) override { return std::make_unique<DoneRequest>(); }
+  void allgather_inplace(float*, int64_t) override {}
+  void broadcast(void*, size_t, int root) override {
+    if (root != 0) throw std::invalid_argument("SelfComm::broadcast: root " + std::to_string(root) + " of 1 rank");
+  }
+  void send(const void*, size_t, int dst, int) override { no_p2p("send"); }
+  void recv(void*, size_t, int src, int) override { no_p2p("recv"); }
+  std::unique_ptr<Request> isend(const void*, size_t, int, int) override { no_p2p("isend"); }
+  std::unique_ptr<Request> irecv(void*, size_t, int, int) override { no_p2p("irecv"); }
+  void barrier() override {}
+  [[noreturn]] void abort(int code) override {
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }
+  std::unique_ptr<Communicator> split(int, int) override { return self_comm(); }
+
+ private:
+  [[noreturn]] static void no_p2p(const char* what) {
+    throw std::logic_error(std::string("SelfComm::") + what + ": a one-rank communicator has no peer");
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// MPI helpers
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) len = 0;
+  throw std::runtime_error(std::string(what) + " failed: " + std::string(msg, size_t(len)));
+}
+
+bool finalized() {
+  int f = 0;
+  MPI_Finalized(&f);
+  return f != 0;
+}
+
+// The chunks [off, off + c) that cover [0, n) with c <= the per-call limit.
+template <class F>
+void for_chunks(int64_t n, F&& f) {
+  const int64_t lim = testing::g_mpi_max_count;
+  if (n <= 0) {
+    f(int64_t(0), 0);  // MPI accepts count 0; keep the collective call sequence uniform
+    return;
+  }
+  for (int64_t off = 0; off < n; off += lim) f(off, int(std::min(lim, n - off)));
+}
+
+class MpiRequest final : public Request {
+ public:
+  MpiRequest() = default;
+  MpiRequest(const MpiRequest&) = delete;
+  MpiRequest& operator=(const MpiRequest&) = delete;
+  ~MpiRequest() override {
+    if (done_ || reqs_.empty() || finalized()) return;
+    MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);  // no throwing here
+  }
+  std::vector<MPI_Request>& reqs() { return reqs_; }
+
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    check(MPI_Testall(int(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE), "MPI_Testall");
+    done_ = flag != 0;
+    return done_;
+  }
+  void wait() override {
+    if (done_) return;
+    check(MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+    done_ = true;
+  }
+
+ private:
+  std::vector<MPI_Request> reqs_;
+  bool done_ = false;
+};
+
+// ---------------------------------------------------------------------------------------
+// MpiComm
+
+class MpiComm final : public Communicator {
+ public:
+  // Takes ownership of `comm` (freed on destruction unless it is MPI_COMM_WORLD).
+  explicit MpiComm(MPI_Comm comm) : comm_(comm) {
+    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  }
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+  ~MpiComm() override {
+    if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL && !finalized()) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void allreduce_sum(float* x, int64_t n) override { allreduce(x, n, MPI_FLOAT, MPI_SUM); }
+  void allreduce_max(float* x, int64_t n) override { allreduce(x, n, MPI_FLOAT, MPI_MAX); }
+  void allreduce_sum(double* x, int64_t n) override { allreduce(x, n, MPI_DOUBLE, MPI_SUM); }
+  void allreduce_sum(int64_t* x, int64_t n) override { allreduce(x, n, MPI_INT64_T, MPI_SUM); }
+  void allreduce_min(int64_t* x, int64_t n) override { allreduce(x, n, MPI_INT64_T, MPI_MIN); }
+  void allreduce_max(int64_t* x, int64_t n) override { allreduce(x, n, MPI_INT64_T, MPI_MAX); }
+
+  std::unique_ptr<Request> iallreduce_sum(float* x, int64_t n) override {
+    auto r = std::make_unique<MpiRequest>();
+    for_chunks(n, [&](int64_t off, int c) {
+      MPI_Request q;
+      check(MPI_Iallreduce(MPI_IN_PLACE, x + off, c, MPI_FLOAT, MPI_SUM, comm_, &q), "MPI_Iallreduce");
+      r->reqs().push_back(q);
+    });
+    return r;
+  }
+
+  std::unique_ptr<Request> ireduce_scatter_sum(const float* in, float* out, int64_t n) override {
+    auto r = std::make_unique<MpiRequest>();
+    if (fits(n * size_)) {
+      MPI_Request q;
+      check(MPI_Ireduce_scatter_block(in, out, int(n), MPI_FLOAT, MPI_SUM, comm_, &q), "MPI_Ireduce_scatter_block");
+      r->reqs().push_back(q);
+      return r;
+    }
+    // Huge blocks: reduce chunk [off, off+c) of every rank's block b onto rank b.
+    for_chunks(n, [&](int64_t off, int c) {
+      for (int b = 0; b < size_; ++b) {
+        MPI_Request q;
+        check(MPI_Ireduce(in + int64_t(b) * n + off, b == rank_ ? out + off : nullptr, c, MPI_FLOAT, MPI_SUM, b,
+                          comm_, &q),
+              "MPI_Ireduce");
+        r->reqs().push_back(q);
+      }
+    });
+    return r;
+  }
+
+  std::unique_ptr<Request> iallgather_inplace(float* buf, int64_t n) override {
+    auto r = std::make_unique<MpiRequest>();
+    if (fits(n * size_)) {
+      MPI_Request q;
+      check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, int(n), MPI_FLOAT, comm_, &q), "MPI_Iallgather");
+      r->reqs().push_back(q);
+      return r;
+    }
+    for_chunks(n, [&](int64_t off, int c) {
+      for (int b = 0; b < size_; ++b) {
+        MPI_Request q;
+        check(MPI_Ibcast(buf + int64_t(b) * n + off, c, MPI_FLOAT, b, comm_, &q), "MPI_Ibcast");
+        r->reqs().push_back(q);
+      }
+    });
+    return r;
+  }
+
+  void allgather_inplace(float* buf, int64_t n) override {
+    if (fits(n * size_)) {
+      check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, int(n), MPI_FLOAT, comm_), "MPI_Allgather");
+      return;
+    }
+    iallgather_inplace(buf, n)->wait();
+  }
+
+  void broadcast(void* buf, size_t bytes, int root) override {
+    char* p = static_cast<char*>(buf);
+    for_chunks(int64_t(bytes), [&](int64_t off, int c) {
+      check(MPI_Bcast(p + off, c, MPI_BYTE, root, comm_), "MPI_Bcast");
+    });
+  }
+
+  // Point-to-point: a message above the limit travels as several messages with the same tag;
+  // MPI's non-overtaking rule matches them in order.
+  void send(const void* buf, size_t bytes, int dst, int tag) override {
+    const char* p = static_cast<const char*>(buf);
+    for_chunks(int64_t(bytes), [&](int64_t off, int c) {
+      check(MPI_Send(p + off, c, MPI_BYTE, dst, tag, comm_), "MPI_Send");
+    });
+  }
+  void recv(void* buf, size_t bytes, int src, int tag) override {
+    char* p = static_cast<char*>(buf);
+    for_chunks(int64_t(bytes), [&](int64_t off, int c) {
+      check(MPI_Recv(p + off, c, MPI_BYTE, src, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+    });
+  }
+  std::unique_ptr<Request> isend(const void* buf, size_t bytes, int dst, int tag) override {
+    auto r = std::make_unique<MpiRequest>();
+    const char* p = static_cast<const char*>(buf);
+    for_chunks(int64_t(bytes), [&](int64_t off, int c) {
+      MPI_Request q;
+      check(MPI_Isend(p + off, c, MPI_BYTE, dst, tag, comm_, &q), "MPI_Isend");
+      r->reqs().push_back(q);
+    });
+    return r;
+  }
+  std::unique_ptr<Request> irecv(void* buf, size_t bytes, int src, int tag) override {
+    auto r = std::make_unique<MpiRequest>();
+    char* p = static_cast<char*>(buf);
+    for_chunks(int64_t(bytes), [&](int64_t off, int c) {
+      MPI_Request q;
+      check(MPI_Irecv(p + off, c, MPI_BYTE, src, tag, comm_, &q), "MPI_Irecv");
+      r->reqs().push_back(q);
+    });
+    return r;
+  }
+
+  void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+  [[noreturn]] void abort(int code) override {
+    std::fflush(nullptr);
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; this satisfies [[noreturn]]
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    if (color < 0) throw std::invalid_argument("MpiComm::split: negative color " + std::to_string(color));
+    MPI_Comm sub = MPI_COMM_NULL;
+    check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
+    return std::make_unique<MpiComm>(sub);
+  }
+
+ private:
+  static bool fits(int64_t n) { return n <= testing::g_mpi_max_count; }
+
+  void allreduce(void* x, int64_t n, MPI_Datatype t, MPI_Op op) {
+    int sz = 0;
+    check(MPI_Type_size(t, &sz), "MPI_Type_size");
+    char* p = static_cast<char*>(x);
+    for_chunks(n, [&](int64_t off, int c) {
+      check(MPI_Allreduce(MPI_IN_PLACE, p + off * sz, c, t, op, comm_), "MPI_Allreduce");
+    });
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> self_comm() { return std::make_unique<SelfComm>(); }
+
+bool mpi_launched() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "MPI_LOCALNRANKS"})
+    if (env_set(v)) return true;
+  // Slurm sets SLURM_PROCID in batch scripts too; only a step started by srun has task counts.
+  return env_set("SLURM_PROCID") && (env_set("SLURM_NTASKS") || env_set("SLURM_STEP_NUM_TASKS"));
+}
+
+bool mpi_initialized() {
+  int init = 0;
+  MPI_Initialized(&init);
+  return init != 0 && !finalized();
+}
+
+void init_mpi(int* argc, char*** argv) {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (init) return;
+  int provided = MPI_THREAD_SINGLE;
+  check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  if (provided < MPI_THREAD_FUNNELED)
+    std::fprintf(stderr, "warning: MPI provides thread level %d < MPI_THREAD_FUNNELED; OpenMP threads never call MPI\n",
+                 provided);
+}
+
+void finalize_mpi() {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (init && !finalized()) MPI_Finalize();
+}
+
+std::unique_ptr<Communicator> mpi_world() {
+  if (!mpi_initialized()) throw std::logic_error("mpi_world: MPI is not initialised (call init_mpi first)");
+  return std::make_unique<MpiComm>(MPI_COMM_WORLD);
+}
+
+}  // namespace parallel

@@ -1,0 +1,75 @@
+// Communicators: the collectives and point-to-point messages that ranks exchange.
+//
+// `Communicator` is the interface the rest of the runner programs against; MpiComm implements
+// it over an MPI communicator (CPU), and a NCCL implementation will slot in for GPUs with the
+// same calls. SelfComm is the one-rank communicator (no MPI needed), so single-rank training
+// runs the same code path with every collective a no-op.
+//
+// Conventions: counts are elements; every call is in place unless it names an output; all
+// members of the communicator must make the same collective calls in the same order (MPI's
+// rule). Results of reductions are bit-identical on every member. Counts above INT_MAX are
+// split internally.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/group.h"
+
+namespace parallel {
+
+// A non-blocking operation in flight. Destroying an unfinished request waits for it.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual bool test() = 0;  // true once complete (drives progress; cheap)
+  virtual void wait() = 0;
+};
+
+class Communicator : public ops::ReduceGroup {
+ public:
+  // ops::ReduceGroup: rank(), size(), allreduce_sum(float*), allreduce_max(float*).
+  virtual void allreduce_sum(double* x, int64_t n) = 0;
+  virtual void allreduce_sum(int64_t* x, int64_t n) = 0;
+  virtual void allreduce_min(int64_t* x, int64_t n) = 0;
+  virtual void allreduce_max(int64_t* x, int64_t n) = 0;
+  using ops::ReduceGroup::allreduce_sum;
+  using ops::ReduceGroup::allreduce_max;
+  // Non-blocking in-place sum.
+  virtual std::unique_ptr<Request> iallreduce_sum(float* x, int64_t n) = 0;
+  // in: size()*n elements (rank r's block is in[r*n, (r+1)*n)); out: n elements = sum over
+  // ranks of their block `rank()`. out must not overlap in.
+  virtual std::unique_ptr<Request> ireduce_scatter_sum(const float* in, float* out, int64_t n) = 0;
+  // buf: size()*n elements; this rank's block buf[rank()*n, (rank()+1)*n) is sent to all, and
+  // every other block is received in place.
+  virtual std::unique_ptr<Request> iallgather_inplace(float* buf, int64_t n) = 0;
+  virtual void allgather_inplace(float* buf, int64_t n) = 0;
+  // Raw bytes.
+  virtual void broadcast(void* buf, size_t bytes, int root) = 0;
+  virtual void send(const void* buf, size_t bytes, int dst, int tag) = 0;
+  virtual void recv(void* buf, size_t bytes, int src, int tag) = 0;
+  virtual std::unique_ptr<Request> isend(const void* buf, size_t bytes, int dst, int tag) = 0;
+  virtual std::unique_ptr<Request> irecv(void* buf, size_t bytes, int src, int tag) = 0;
+  virtual void barrier() = 0;
+  // Stops every process of the job (MPI_Abort on the world); never returns.
+  [[noreturn]] virtual void abort(int code) = 0;
+  // Splits into sub-communicators: members with the same color form one, ordered by key.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+};
+
+// The one-rank communicator: reductions and gathers are no-ops, point-to-point throws.
+std::unique_ptr<Communicator> self_comm();
+
+// MPI. init_mpi() initialises MPI (MPI_THREAD_FUNNELED, or higher if offered) once per process;
+// mpi_launched() says whether the environment looks like mpirun/srun started us (Open MPI,
+// PMI/PMIx or Slurm variables), so a plain `runner train` never touches MPI.
+bool mpi_launched();
+void init_mpi(int* argc, char*** argv);
+bool mpi_initialized();
+void finalize_mpi();
+// The world communicator (init_mpi first).
+std::unique_ptr<Communicator> mpi_world();
+
+}  // namespace parallel

@@ -1,0 +1,197 @@
+// Between shards and logical tensors (see state_shards.h).
+#include "runner/state_shards.h"
+
+#include <cstring>
+#include <map>
+
+#include "runner/errors.h"
+#include "runner/model.h"
+#include "runner/optimizer.h"
+
+namespace runner {
+
+namespace {
+
+bool is_vocab_tensor(const std::string& name) { return name == "wte" || name == "lm_head.weight"; }
+
+// Logical index of shard element i, or -1 for a vocabulary padding row.
+int64_t logical_index(const ops::TensorDesc& d, int64_t i, int64_t vocab) {
+  int64_t full = shard_to_full_index(d, i);
+  if (is_vocab_tensor(d.name) && full >= vocab * d.full_shape.back()) return -1;
+  return full;
+}
+
+int64_t numel(const std::vector<int64_t>& s) { return ops::numel_of(s); }
+
+constexpr int kTagState = 70;
+
+}  // namespace
+
+std::vector<int64_t> logical_shape(const ops::TensorDesc& d, int64_t vocab) {
+  std::vector<int64_t> s = d.full_shape;
+  if (is_vocab_tensor(d.name)) s[0] = vocab;
+  return s;
+}
+
+void shard_to_logical(const ops::TensorDesc& d, const float* shard, float* logical, int64_t vocab) {
+  const int64_t n = numel(d.shape);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t j = logical_index(d, i, vocab);
+    if (j >= 0) logical[j] = shard[i];
+  }
+}
+
+void logical_to_shard(const ops::TensorDesc& d, const float* logical, float* shard, int64_t vocab) {
+  const int64_t n = numel(d.shape);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t j = logical_index(d, i, vocab);
+    shard[i] = j >= 0 ? logical[j] : 0.0f;
+  }
+}
+
+TrainState gather_logical_state(const Plan& plan, parallel::Grid& grid, const ops::Graph& g, const TrainState& local) {
+  const int64_t vocab = plan.recipe.model.vocab_size;
+  const parallel::Coords me = grid.coords();
+  const parallel::GridShape& shape = grid.shape();
+  const ParamSet& ps = local.params;
+  // 1. Full local moments (ZeRO pieces assembled over dp; zeros before the first update).
+  std::vector<ops::Tensor> m(ps.values.size()), v(ps.values.size());
+  const bool have = !local.adam_m.empty();
+  for (size_t i = 0; i < ps.values.size(); ++i) {
+    const bool sharded = !ps.owned.empty() && i < ps.sharded.size() && ps.sharded[i];
+    if (!sharded && me.dp != 0) continue;  // only the sending replica needs them
+    m[i] = ops::Tensor::zeros(ps.values[i].shape(), ops::DType::F32, ops::Account::Workspace);
+    v[i] = ops::Tensor::zeros(ps.values[i].shape(), ops::DType::F32, ops::Account::Workspace);
+    if (have) {
+      auto [a, e] = ps.owned_range(i);
+      if (e > a) {
+        std::memcpy(m[i].data<float>() + a, local.adam_m[i].raw(), static_cast<size_t>(e - a) * sizeof(float));
+        std::memcpy(v[i].data<float>() + a, local.adam_v[i].raw(), static_cast<size_t>(e - a) * sizeof(float));
+      }
+    }
+    if (sharded) {
+      grid.dp().allreduce_sum(m[i].data<float>(), m[i].numel());
+      grid.dp().allreduce_sum(v[i].data<float>(), v[i].numel());
+    }
+  }
+  // 2. Scalars are rank 0's (identical everywhere).
+  TrainState out;
+  out.step = local.step;
+  out.tokens = local.tokens;
+  out.loader = local.loader;
+  out.rng = local.rng;
+  out.scaler = local.scaler;
+  out.loss_ema = local.loss_ema;
+  out.recipe_yaml = local.recipe_yaml;
+  out.world_rank = 0;
+  out.world_size = grid.world_size();
+  // 3. Replica dp 0 of every (stage, tp) shard sends to world rank 0, parameter by parameter in
+  //    graph order; the tied embedding is taken from the first stage only.
+  auto sends = [](const ops::TensorDesc& d, int stage) { return !(stage > 0 && d.name == "wte"); };
+  if (me.dp == 0 && grid.rank() != 0) {
+    for (int id : g.params) {
+      const ops::TensorDesc& d = g.tensors[id];
+      int i = ps.index(d.name);
+      if (!sends(d, me.pp) || g.find(d.name) != id) continue;
+      grid.world().send(ps.values[static_cast<size_t>(i)].raw(), ps.values[static_cast<size_t>(i)].nbytes(), 0, kTagState);
+      grid.world().send(m[static_cast<size_t>(i)].raw(), m[static_cast<size_t>(i)].nbytes(), 0, kTagState);
+      grid.world().send(v[static_cast<size_t>(i)].raw(), v[static_cast<size_t>(i)].nbytes(), 0, kTagState);
+    }
+  }
+  if (grid.rank() != 0) return out;
+  std::map<std::string, size_t> slot;
+  std::vector<float> buf;
+  for (int s = 0; s < shape.pp; ++s) {
+    for (int t = 0; t < shape.tp; ++t) {
+      const int src = parallel::world_rank_of(shape, {0, t, s});
+      ops::Graph sg = src == 0 ? ops::Graph() : build_gpt_graph(plan.stage_spec(s, t));
+      const ops::Graph& gg = src == 0 ? g : sg;
+      for (int id : gg.params) {
+        const ops::TensorDesc& d = gg.tensors[id];
+        if (!sends(d, s) || gg.find(d.name) != id) continue;
+        auto it = slot.find(d.name);
+        if (it == slot.end()) {
+          auto lshape = logical_shape(d, vocab);
+          out.params.names.push_back(d.name);
+          out.params.values.push_back(ops::Tensor::zeros(lshape, ops::DType::F32, ops::Account::Workspace));
+          out.adam_m.push_back(ops::Tensor::zeros(lshape, ops::DType::F32, ops::Account::Workspace));
+          out.adam_v.push_back(ops::Tensor::zeros(lshape, ops::DType::F32, ops::Account::Workspace));
+          out.params.decay.push_back(d.decay);
+          it = slot.emplace(d.name, out.params.names.size() - 1).first;
+        }
+        const size_t j = it->second;
+        const size_t n = static_cast<size_t>(numel(d.shape));
+        const float* parts[3];
+        std::vector<float> tmp[3];
+        if (src == 0) {
+          int i = ps.index(d.name);
+          parts[0] = ps.values[static_cast<size_t>(i)].data<float>();
+          parts[1] = m[static_cast<size_t>(i)].data<float>();
+          parts[2] = v[static_cast<size_t>(i)].data<float>();
+        } else {
+          for (int k = 0; k < 3; ++k) {
+            tmp[k].resize(n);
+            grid.world().recv(tmp[k].data(), n * sizeof(float), src, kTagState);
+            parts[k] = tmp[k].data();
+          }
+        }
+        shard_to_logical(d, parts[0], out.params.values[j].data<float>(), vocab);
+        shard_to_logical(d, parts[1], out.adam_m[j].data<float>(), vocab);
+        shard_to_logical(d, parts[2], out.adam_v[j].data<float>(), vocab);
+      }
+    }
+  }
+  return out;
+}
+
+TrainState logical_template(const ops::Graph& g, int64_t vocab, int world_rank, int world_size) {
+  TrainState t;
+  for (int id : g.params) {
+    const ops::TensorDesc& d = g.tensors[id];
+    if (t.params.index(d.name) >= 0) continue;
+    t.params.names.push_back(d.name);
+    t.params.values.push_back(ops::Tensor::zeros(logical_shape(d, vocab), ops::DType::F32, ops::Account::Workspace));
+    t.params.decay.push_back(d.decay);
+  }
+  t.world_rank = world_rank;
+  t.world_size = world_size;
+  return t;
+}
+
+void load_local_from_logical(const ops::Graph& g, int64_t vocab, const TrainState& logical, TrainState& local) {
+  ParamSet& ps = local.params;
+  const bool moments = !logical.adam_m.empty();
+  if (moments && local.adam_m.size() != ps.values.size()) {
+    local.adam_m.clear();
+    local.adam_v.clear();
+    for (size_t i = 0; i < ps.values.size(); ++i) {
+      local.adam_m.emplace_back(moment_shape(ps, i), ops::DType::F32, ops::Account::Optimizer);
+      local.adam_v.emplace_back(moment_shape(ps, i), ops::DType::F32, ops::Account::Optimizer);
+    }
+  }
+  for (int id : g.params) {
+    const ops::TensorDesc& d = g.tensors[id];
+    if (g.find(d.name) != id) continue;
+    int i = ps.index(d.name), j = logical.params.index(d.name);
+    RUNNER_CHECK(i >= 0 && j >= 0, "parameter " + d.name + " missing when loading the logical state");
+    logical_to_shard(d, logical.params.values[static_cast<size_t>(j)].data<float>(), ps.values[static_cast<size_t>(i)].data<float>(), vocab);
+    if (!moments) continue;
+    auto [a, e] = ps.owned_range(static_cast<size_t>(i));
+    std::vector<float> tmp(static_cast<size_t>(numel(d.shape)));
+    for (int which = 0; which < 2; ++which) {
+      const ops::Tensor& src = (which == 0 ? logical.adam_m : logical.adam_v)[static_cast<size_t>(j)];
+      ops::Tensor& dst = (which == 0 ? local.adam_m : local.adam_v)[static_cast<size_t>(i)];
+      logical_to_shard(d, src.data<float>(), tmp.data(), vocab);
+      if (e > a) std::memcpy(dst.raw(), tmp.data() + a, static_cast<size_t>(e - a) * sizeof(float));
+    }
+  }
+  local.step = logical.step;
+  local.tokens = logical.tokens;
+  local.loader = logical.loader;
+  local.rng = logical.rng;
+  local.scaler = logical.scaler;
+  local.loss_ema = logical.loss_ema;
+  local.recipe_yaml = logical.recipe_yaml;
+}
+
+}  // namespace runner
