@@ -148,6 +148,15 @@ int main(int argc, char** argv) {
         throw UserError({ckpt_dir, 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
       std::string text = probe.resume_recipe_text(topts.strict, topts.resume_step);
       Recipe r = load_recipe_text(text, saved.string(), sets);
+      // Resuming on another layout: the stored recipe holds the old layout's derived dp and
+      // accum; unless given, they are derived again (the global batch stays).
+      auto overrides = [&](const std::string& prefix) {
+        for (auto& s : sets)
+          if (s.rfind(prefix, 0) == 0) return true;
+        return false;
+      };
+      if (overrides("parallel.") && !overrides("parallel.dp")) r.parallel.dp = 0;
+      if (overrides("parallel.") && !overrides("batch.")) r.batch.accum = 0;
       Plan p = make_plan(r, launch->world ? launch->size : 0);
       topts.run_dir = resume_dir;
       topts.resume = true;

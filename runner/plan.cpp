@@ -156,6 +156,11 @@ void check_layout(const Recipe& r, Plan& p) {
                       "list one layer count per pipeline stage");
     p.stage_layers = sl;
   } else {
+    if (pp > m.n_layers)
+      throw UserError(r.loc("parallel.pp"),
+                      fmt::format("parallel.pp {} exceeds model.n_layers {}: every pipeline stage needs at least one layer",
+                                  pp, m.n_layers),
+                      "choose pp among " + or_list(nearest_divisors(m.n_layers, m.n_layers, 3)));
     if (m.n_layers % pp != 0) {
       std::vector<int64_t> split(pp, m.n_layers / pp);
       for (int64_t i = 0; i < m.n_layers % pp; ++i) split[pp - 1 - i]++;

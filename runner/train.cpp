@@ -170,6 +170,7 @@ struct Trainer {
   // same command line). Loading writes nothing; a corrupt checkpoint falls back unless strict.
   void maybe_resume() {
     ckpt = std::make_unique<CheckpointManager>(checkpoint_dir(), r.checkpoint);
+    ckpt->set_logger(log);
     if (!ckpt->has_checkpoints()) {
       if (opts.resume) throw UserError({checkpoint_dir(), 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
       return;
@@ -483,6 +484,12 @@ struct Trainer {
     uint64_t key = ops::rng_key(st.rng.dropout_seed, static_cast<uint64_t>(st.step));
     double loss_sum = 0;
     ops::MemoryTracker::instance().reset_peaks();
+    // Fault injection for tests (RUNNER_FAULT_FAIL_RANK=R, RUNNER_FAULT_FAIL_STEP=N): world rank
+    // R fails in the middle of step N, as a crashed kernel or a lost node would.
+    static const int64_t fail_rank = std::getenv("RUNNER_FAULT_FAIL_RANK") ? std::atoll(std::getenv("RUNNER_FAULT_FAIL_RANK")) : -1;
+    static const int64_t fail_step = std::getenv("RUNNER_FAULT_FAIL_STEP") ? std::atoll(std::getenv("RUNNER_FAULT_FAIL_STEP")) : -1;
+    if (grid.rank() == fail_rank && st.step + 1 == fail_step)
+      throw std::runtime_error(fmt::format("injected fault at step {} (RUNNER_FAULT_FAIL_RANK)", st.step + 1));
     run_schedule(mbs, dloss, key, res, loss_sum);
     auto o0 = Clock::now();
     sync->finish_grads();
@@ -618,9 +625,8 @@ struct Trainer {
     run_dir = opts.run_dir.empty() ? default_run_dir(r) : opts.run_dir;
     if (r.train.threads > 0) ops::set_num_threads(static_cast<int>(r.train.threads));
     build();
-    maybe_resume();
     setup_logging();
-    ckpt->set_logger(log);
+    maybe_resume();
     if (lead()) cleanup_stale(checkpoint_dir());
     write_run_files();
     // MFU is against the peak of all ranks together.
