@@ -234,12 +234,19 @@ void compute_ledger(const Recipe& r, Plan& p) {
       if (r.checkpoint.async) L.workspace += state_copy;
       if (r.checkpoint.snapshot_every > 0) L.workspace += state_copy;
     }
-    // Communication buffers: data-parallel gradient buckets (two in flight), the tensor-parallel
-    // all-reduce of one (B*T, C) activation, and pipeline send/recv buffers.
+    // Communication buffers, as the trainer allocates them: data-parallel buckets are reduced in
+    // place in the flat gradient buffer (no copy), except under ZeRO-1, where each rank receives
+    // its reduced piece of every bucket (params / dp elements); tensor-parallel all-reduces are
+    // in place; a pipeline stage holds, per micro-batch in flight, the activation it received and
+    // the gradient it sends back (stages after the first) and the activation it sends (stages
+    // before the last), plus one received gradient.
     double act_bytes = static_cast<double>(spec.B * (spec.T ? spec.T : r.model.seq_len) * r.model.d_model) * wbytes;
-    if (p.dp > 1) L.communication += std::min(2.0 * r.parallel.bucket_mb * 1e6, L.gradients);
-    if (p.tp > 1) L.communication += act_bytes;
-    if (p.pp > 1) L.communication += 2.0 * act_bytes;
+    if (p.dp > 1 && r.parallel.zero >= 1) L.communication += static_cast<double>(L.params) * gbytes / static_cast<double>(p.dp);
+    if (p.pp > 1) {
+      double k = static_cast<double>(L.micro_in_flight);
+      if (s > 0) L.communication += 2.0 * k * act_bytes;
+      if (s < p.pp - 1) L.communication += (k + 1.0) * act_bytes;
+    }
     p.stages.push_back(L);
   }
 }

@@ -794,7 +794,8 @@ struct Trainer {
         {"gradients", {L.gradients, ops::Account::Gradients}},
         {"optimizer", {L.optimizer, ops::Account::Optimizer}},
         {"activations", {L.activations, ops::Account::Activations}},
-        {"workspace", {L.workspace, ops::Account::Workspace}}};
+        {"workspace", {L.workspace, ops::Account::Workspace}},
+        {"communication", {L.communication, ops::Account::Communication}}};
     nlohmann::json ledger = nlohmann::json::object();
     log->info("memory ledger      predicted     measured");
     for (auto& [name, pa] : rows) {

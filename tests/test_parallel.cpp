@@ -169,6 +169,24 @@ double max_param_rel(const std::map<std::string, std::vector<float>>& a, const s
   return std::sqrt(diff / norm);
 }
 
+// Invariant 4 on every layout: rank 0's measured peak of each account against the plan's
+// prediction for its stage (from the run's summary record).
+void check_ledger(const fs::path& run) {
+  std::ifstream in(run / "metrics.jsonl");
+  nlohmann::json summary;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("summary")) summary = j;
+  }
+  REQUIRE(summary.contains("ledger"));
+  for (auto& [account, v] : summary["ledger"].items()) {
+    CAPTURE(account);
+    double predicted = v["predicted"].get<double>(), measured = v["measured"].get<double>();
+    if (predicted == 0) CHECK(measured == 0);
+    else CHECK(std::abs(measured - predicted) <= 0.05 * predicted);
+  }
+}
+
 const std::map<int64_t, double>& serial() {
   static std::map<int64_t, double> s = train("serial", 0, "");
   return s;
@@ -203,6 +221,7 @@ TEST_CASE("every dp x tp x pp layout reproduces the single-rank run") {
     CHECK(losses.size() == base.size());
     CHECK(max_rel(base, losses) < 1e-5);
     CHECK(max_param_rel(base_params, params_of(kDir / l.name / "checkpoints" / "step_00000010.h5")) < 1e-5);
+    check_ledger(kDir / l.name);
   }
 }
 
