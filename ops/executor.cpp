@@ -498,13 +498,20 @@ void Executor::backward(float dloss, const float* dstage_out, float* dstage_in) 
 void Executor::set_group(ReduceGroup* group) { impl_->group = group; }
 void Executor::set_grad_hook(std::function<void(int)> hook) { impl_->grad_hook = std::move(hook); }
 
-const Tensor& Executor::forward_logits(const int32_t* tokens) {
+const Tensor& Executor::forward_logits(const int32_t* tokens, const float* stage_in) {
   auto& m = *impl_;
   const Graph& g = m.g;
   m.release_all();
   m.train = false;
-  m.alloc(g.tokens, Account::Workspace);
-  std::memcpy(m.vals[g.tokens].raw(), tokens, g.tensors[g.tokens].nbytes());
+  if (g.tokens >= 0) {
+    m.alloc(g.tokens, Account::Workspace);
+    std::memcpy(m.vals[g.tokens].raw(), tokens, g.tensors[g.tokens].nbytes());
+  }
+  if (g.stage_input >= 0) {
+    if (!stage_in) throw std::logic_error("forward_logits of a pipeline stage needs its input activation");
+    m.alloc(g.stage_input, Account::Workspace);
+    std::memcpy(m.vals[g.stage_input].raw(), stage_in, g.tensors[g.stage_input].nbytes());
+  }
   // The logits' only reader is the loss node, which is not run: they stay alive.
   for (int i = 0; i <= g.tensors[g.logits].producer; ++i) m.forward_node(i);
   return m.vals[g.logits];

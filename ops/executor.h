@@ -67,7 +67,8 @@ class Executor {
   // gradient all-reduces from here. Empty: no hook.
   void set_grad_hook(std::function<void(int)> hook);
   // Forward up to the logits only (inference); returns (B*T, V) logits valid until the next call.
-  const Tensor& forward_logits(const int32_t* tokens);
+  // A pipeline's last stage passes its received activation as stage_in (tokens may be null).
+  const Tensor& forward_logits(const int32_t* tokens, const float* stage_in = nullptr);
 
   // Dry run of forward+backward (train) counting bytes per account, no kernels executed.
   static MemoryEstimate simulate(const Graph& g);

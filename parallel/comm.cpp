@@ -172,6 +172,7 @@ class MpiComm final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  MPI_Comm* handle() { return &comm_; }
 
   void allreduce_sum(float* x, int64_t n) override { allreduce(x, n, MPI_FLOAT, MPI_SUM); }
   void allreduce_max(float* x, int64_t n) override { allreduce(x, n, MPI_FLOAT, MPI_MAX); }
@@ -352,6 +353,11 @@ void finalize_mpi() {
 std::unique_ptr<Communicator> mpi_world() {
   if (!mpi_initialized()) throw std::logic_error("mpi_world: MPI is not initialised (call init_mpi first)");
   return std::make_unique<MpiComm>(MPI_COMM_WORLD);
+}
+
+void* mpi_handle(Communicator& c) {
+  auto* m = dynamic_cast<MpiComm*>(&c);
+  return m ? static_cast<void*>(m->handle()) : nullptr;
 }
 
 }  // namespace parallel

@@ -71,5 +71,9 @@ bool mpi_initialized();
 void finalize_mpi();
 // The world communicator (init_mpi first).
 std::unique_ptr<Communicator> mpi_world();
+// The MPI communicator behind `c`, as a pointer to its MPI_Comm (valid while `c` lives), for
+// libraries that take one (parallel HDF5's H5Pset_fapl_mpio); nullptr when `c` is not an MPI
+// communicator (SelfComm).
+void* mpi_handle(Communicator& c);
 
 }  // namespace parallel

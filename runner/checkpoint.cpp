@@ -243,11 +243,30 @@ void CheckpointManager::save(const TrainState& s, bool final) {
   last_stall_ = stall;
 }
 
+void CheckpointManager::save_external(int64_t step, const std::function<SaveResult()>& write, bool publisher) {
+  join_and_rethrow();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (step == last_saved_step_) return;
+    last_saved_step_ = step;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  SaveResult r = write();
+  record_write(r, publisher);
+  const double stall = seconds_since(t0);
+  std::lock_guard<std::mutex> lk(mu_);
+  last_stall_ = stall;
+}
+
 void CheckpointManager::write_now(const TrainState& s) {
   SaveResult r = write_checkpoint_atomic(dir_, s, wopt_);
-  if (rank_.rank == 0) apply_retention(s.step);
+  record_write(r, rank_.rank == 0);
+}
+
+void CheckpointManager::record_write(const SaveResult& r, bool publisher) {
+  if (publisher) apply_retention(r.step);
   const double mb = static_cast<double>(r.file_bytes) / 1e6;
-  log().info("checkpoint step {} -> {} ({:.1f} MB in {:.3f} s, {:.0f} MB/s)", s.step, r.path, mb, r.write_seconds,
+  log().info("checkpoint step {} -> {} ({:.1f} MB in {:.3f} s, {:.0f} MB/s)", r.step, r.path, mb, r.write_seconds,
              r.write_seconds > 0 ? mb / r.write_seconds : 0.0);
   std::lock_guard<std::mutex> lk(mu_);
   last_write_ = r.write_seconds;

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -35,6 +36,9 @@
 
 namespace spdlog {
 class logger;
+}
+namespace parallel {
+class Communicator;
 }
 
 namespace runner {
@@ -86,6 +90,56 @@ int64_t write_checkpoint_file(const std::string& path, const TrainState& state, 
 // The whole atomic protocol: temporary, verify, fsync, rename, fsync dir, LATEST (rank 0).
 // Creates `dir` if needed. Leaves no temporary behind when it throws (a crash may, see cleanup_stale).
 SaveResult write_checkpoint_atomic(const std::string& dir, const TrainState& state, const WriteOptions& opt);
+
+// ---- collective writing (parallel HDF5): multi-rank checkpoints ----
+// The same file, written by every rank of a job at once: each rank writes the part of each
+// logical tensor it holds (state_shards.h maps shards to these slices), through one MPI-IO file,
+// collectively. Nothing here knows about graphs or layouts.
+//
+// The rows of a logical tensor's dim 0 that this rank writes, and within each such row either
+// everything or, along one logical dim >= 1, the HDF5 hyperslab (start, stride, count, block)
+// with every other dim whole. The source holds those elements row by row: source row
+// `src_row + k` is logical row `dst_row + k`, each `src_row_elems` elements in the selection's
+// row-major order (a tensor-parallel shard in its own memory order is exactly that).
+struct SliceRun {
+  int64_t src_row = 0, dst_row = 0, rows = 0;
+};
+struct TensorSlice {
+  const float* src = nullptr;   // fp32 source rows; nullptr: zeros (moments before the first update)
+  int64_t src_row_elems = 0;
+  std::vector<SliceRun> runs;   // ascending, disjoint dst rows; empty: this rank writes nothing
+  int split_dim = -1;           // -1: whole rows
+  int64_t start = 0, stride = 1, count = 1, block = 0;
+};
+struct CollectiveTensor {
+  std::string name;             // parameter name: /params/<name>, /optimizer/adam_m/<name>, ...
+  std::vector<int64_t> shape;   // logical shape (at least one dim)
+};
+
+// Collective over `comm` (every rank calls it with identical `tensors` and `opt`): writes the
+// checkpoint of step s.step into `dir` and publishes it with the atomic protocol.
+// - One temporary file, created collectively (parallel HDF5 over MPI-IO; `comm` must be an MPI
+//   communicator unless it has one rank, which writes through the serial driver). Every group,
+//   dataset and attribute is created by all ranks with identical arguments, in the serial
+//   writer's order, so the file holds exactly what write_checkpoint_file writes.
+// - /state and /recipe hold rank 0's scalars (broadcast); /rng/rank_<r> and /data/rank_<r> hold
+//   rank r's own RNG state and data cursor (all-gathered; rank 0 writes the small datasets).
+// - `slice(which, i)` (which: 0 parameter, 1 adam_m, 2 adam_v; i indexes `tensors`) is called on
+//   every rank in that order and says what this rank writes of that dataset. It may run
+//   collectives of its own (e.g. over a data-parallel group; the call order is the same on every
+//   rank); its buffer must stay valid until the next call. The data is written with collective
+//   H5Dwrite calls in bounded rounds (ranks without data in a round select nothing).
+// - Checksums: after a flush and a barrier, the ranks read the tensor datasets' stored bytes back
+//   (pread at H5Dget_offset, dataset k by rank k % size), all-reduce the crc32c values, and every
+//   rank writes the identical attributes; then the file is closed collectively.
+// - Rank 0 then verifies the temporary, fsyncs, renames, fsyncs the directory and writes LATEST.
+// A failure on any rank (I/O, an injected fault) is agreed on before anything is published: the
+// temporary is removed and every rank throws (std::runtime_error naming the first failing rank,
+// or CheckpointFault). Returns the same SaveResult on every rank (write_seconds: this rank's).
+SaveResult write_checkpoint_collective(parallel::Communicator& comm, const std::string& dir, const TrainState& s,
+                                       const std::vector<CollectiveTensor>& tensors,
+                                       const std::function<TensorSlice(int which, size_t i)>& slice,
+                                       const WriteOptions& opt);
 
 // Reads `path` into `state`, whose ParamSet names and shapes say what is expected. Checks every
 // dataset's presence, type, shape and storage before reading any, then verifies each checksum.
@@ -168,6 +222,13 @@ class CheckpointManager {
   // and durable on return. A save of a step already saved is skipped. Rethrows a stored
   // background error before anything else.
   void save(const TrainState& s, bool final = false);
+  // Records a save that `write` performs and publishes itself (the collective writer of a
+  // multi-rank run, save_sharded in state_shards.h): joins a write in flight (rethrowing its
+  // error), skips a step already saved, runs `write` synchronously, then applies retention when
+  // `publisher` (world rank 0; other ranks' managers write nothing) and records the measurements
+  // (stall = write time, last write, auto cadence) as save() does. Every rank of the job calls it.
+  void save_external(int64_t step, const std::function<SaveResult()>& write, bool publisher);
+  const WriteOptions& write_options() const { return wopt_; }
   void wait();  // joins a write in flight; rethrows its error
   void poll();  // rethrows a finished background write's error without waiting
 
@@ -196,6 +257,7 @@ class CheckpointManager {
 
  private:
   void write_now(const TrainState& s);  // write + retention + measurements (either thread)
+  void record_write(const SaveResult& r, bool publisher);  // retention (publisher) + log + measurements
   void apply_retention(int64_t newest);
   void join_and_rethrow();
   // Files to try, newest first: LATEST (or the step asked for), then older steps. Empty: none at all.
