@@ -245,13 +245,22 @@ void CheckpointManager::save(const TrainState& s, bool final) {
 
 void CheckpointManager::save_external(int64_t step, const std::function<SaveResult()>& write, bool publisher) {
   join_and_rethrow();
+  int64_t previous;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (step == last_saved_step_) return;
+    previous = last_saved_step_;
     last_saved_step_ = step;
   }
   auto t0 = std::chrono::steady_clock::now();
-  SaveResult r = write();
+  SaveResult r;
+  try {
+    r = write();
+  } catch (...) {
+    std::lock_guard<std::mutex> lk(mu_);
+    last_saved_step_ = previous;  // nothing was published: the same step may be saved again
+    throw;
+  }
   record_write(r, publisher);
   const double stall = seconds_since(t0);
   std::lock_guard<std::mutex> lk(mu_);
@@ -266,7 +275,8 @@ void CheckpointManager::write_now(const TrainState& s) {
 void CheckpointManager::record_write(const SaveResult& r, bool publisher) {
   if (publisher) apply_retention(r.step);
   const double mb = static_cast<double>(r.file_bytes) / 1e6;
-  log().info("checkpoint step {} -> {} ({:.1f} MB in {:.3f} s, {:.0f} MB/s)", r.step, r.path, mb, r.write_seconds,
+  // Every rank of a collective save records it; the publisher says so at info level.
+  log().log(publisher ? spdlog::level::info : spdlog::level::debug, "checkpoint step {} -> {} ({:.1f} MB in {:.3f} s, {:.0f} MB/s)", r.step, r.path, mb, r.write_seconds,
              r.write_seconds > 0 ? mb / r.write_seconds : 0.0);
   std::lock_guard<std::mutex> lk(mu_);
   last_write_ = r.write_seconds;

@@ -62,8 +62,9 @@ std::string read_latest(const std::string& dir);
 int cleanup_stale(const std::string& dir);
 
 // ---- one file ----
-// Which rank of how many. Single-rank runs write everything; with issue 5 each rank writes its
-// slice of every logical tensor and its own /rng/rank_<r> and /data/rank_<r>.
+// Which rank of how many writes through this path (write_checkpoint_atomic: rank 0 writes
+// LATEST). Multi-rank runs write through write_checkpoint_collective (below) or gather the
+// logical state to rank 0 (state_shards.h).
 struct CheckpointRank {
   int rank = 0;
   int size = 1;
@@ -224,7 +225,8 @@ class CheckpointManager {
   void save(const TrainState& s, bool final = false);
   // Records a save that `write` performs and publishes itself (the collective writer of a
   // multi-rank run, save_sharded in state_shards.h): joins a write in flight (rethrowing its
-  // error), skips a step already saved, runs `write` synchronously, then applies retention when
+  // error), skips a step already saved, runs `write` synchronously (when it throws, the step
+  // does not count as saved and the error propagates), then applies retention when
   // `publisher` (world rank 0; other ranks' managers write nothing) and records the measurements
   // (stall = write time, last write, auto cadence) as save() does. Every rank of the job calls it.
   void save_external(int64_t step, const std::function<SaveResult()>& write, bool publisher);

@@ -25,6 +25,7 @@
 #include <map>
 #include <set>
 
+#include "parallel/comm.h"
 #include "runner/checkpoint.h"
 #include "runner/data_internal.h"
 #include "runner/errors.h"
@@ -1009,8 +1010,7 @@ SaveResult write_checkpoint_atomic(const std::string& dir, const TrainState& s, 
   r.path = final_path;
   r.step = s.step;
   try {
-    // TODO(issue 5): every rank writes its slices of the same temporary (collective), then a
-    // barrier; rank 0 verifies, renames and writes LATEST; another barrier before returning.
+    // (Multi-rank runs write one file from every rank: write_checkpoint_collective.)
     r.tensor_bytes = write_checkpoint_file(tmp, s, opt);
     try {
       verify_checkpoint_file(tmp);
@@ -1032,6 +1032,425 @@ SaveResult write_checkpoint_atomic(const std::string& dir, const TrainState& s, 
   r.file_bytes = static_cast<int64_t>(fs::file_size(final_path, ec));
   r.write_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Collective writing (see checkpoint.h). Every rank runs the same sequence of phases; a phase
+// that fails on any rank is agreed on at its end (Agreement::settle), so that no rank is left
+// waiting in a collective and nothing is published.
+namespace {
+
+// This rank's first failure, and the job-wide agreement on failures.
+struct Agreement {
+  bool failed = false, fault = false;
+  std::string msg;
+  std::exception_ptr ep;
+
+  void capture() noexcept {  // call inside a catch block
+    if (failed) return;
+    failed = true;
+    ep = std::current_exception();
+    try {
+      throw;
+    } catch (const CheckpointFault& e) {
+      fault = true;
+      msg = e.what();
+    } catch (const std::exception& e) {
+      msg = e.what();
+    } catch (...) {
+      msg = "unknown error";
+    }
+    if (msg.empty()) msg = "unknown error";
+  }
+
+  // Collective: returns when no rank has failed; otherwise every rank throws (a failed rank its
+  // own exception, the others the lowest failed rank's message).
+  void settle(parallel::Communicator& comm) {
+    if (comm.size() == 1) {
+      if (failed) std::rethrow_exception(ep);
+      return;
+    }
+    int64_t first = failed ? comm.rank() : comm.size();
+    comm.allreduce_min(&first, 1);
+    if (first == comm.size()) return;
+    int64_t hdr[2] = {static_cast<int64_t>(msg.size()), fault ? 1 : 0};
+    comm.broadcast(hdr, sizeof hdr, static_cast<int>(first));
+    std::string text(static_cast<size_t>(hdr[0]), '\0');
+    if (comm.rank() == first) text = msg;
+    comm.broadcast(text.data(), text.size(), static_cast<int>(first));
+    if (failed) std::rethrow_exception(ep);
+    std::string m = fmt::format("checkpoint: rank {} failed: {}", first, text);
+    if (hdr[1]) throw CheckpointFault(m);
+    throw std::runtime_error(m);
+  }
+};
+
+// /state scalars and the recipe, as rank 0 holds them.
+struct CollectiveHeader {
+  int64_t step, tokens, good_steps, skipped_steps, recipe_bytes;
+  double loss_ema, scale;
+};
+
+constexpr int kRankEntries = 7;  // 5 RNG words + 2 data-cursor words per rank
+
+// Bytes of logical rows per collective write round (kSlabBytes; tests lower it to exercise
+// tensors written in many rounds).
+std::atomic<size_t> g_round_bytes{kSlabBytes};
+
+std::string dataset_path(int which, const std::string& name) {
+  return (which == 0 ? "/params/" : which == 1 ? "/optimizer/adam_m/" : "/optimizer/adam_v/") + name;
+}
+
+}  // namespace
+
+// Test hook (not in the header: tests declare it): bytes per collective write round; 0 restores
+// the default.
+namespace testing {
+void set_checkpoint_round_bytes(size_t n) { g_round_bytes.store(n ? n : kSlabBytes); }
+}  // namespace testing
+
+SaveResult write_checkpoint_collective(parallel::Communicator& comm, const std::string& dir, const TrainState& s,
+                                       const std::vector<CollectiveTensor>& tensors,
+                                       const std::function<TensorSlice(int which, size_t i)>& slice,
+                                       const WriteOptions& opt) {
+  auto t0 = std::chrono::steady_clock::now();
+  const int rank = comm.rank(), size = comm.size();
+  void* mpi_comm = parallel::mpi_handle(comm);
+  RUNNER_CHECK(mpi_comm || size == 1, "write_checkpoint_collective: a multi-rank communicator must be an MPI one");
+  const size_t n = tensors.size();
+  for (auto& t : tensors) {
+    RUNNER_CHECK(valid_name(t.name), "parameter name '" + t.name + "' cannot be an HDF5 dataset name");
+    RUNNER_CHECK(!t.shape.empty(), "checkpoint tensor " + t.name + " has no dimensions");
+    for (auto d : t.shape) RUNNER_CHECK(d >= 0, "checkpoint tensor " + t.name + " has a negative dimension");
+  }
+  const ops::DType mdt = opt.optimizer_bf16 ? ops::DType::BF16 : ops::DType::F32;
+  auto stored_of = [&](int which) { return which == 0 ? ops::DType::F32 : mdt; };
+
+  Agreement err;
+  // 0. Rank 0's scalars and recipe (the step names the file).
+  CollectiveHeader h{s.step, s.tokens, s.scaler.good_steps, s.scaler.skipped_steps,
+                     static_cast<int64_t>(s.recipe_yaml.size()), s.loss_ema, s.scaler.scale};
+  comm.broadcast(&h, sizeof h, 0);
+  std::string recipe = rank == 0 ? s.recipe_yaml : std::string(static_cast<size_t>(h.recipe_bytes), '\0');
+  comm.broadcast(recipe.data(), recipe.size(), 0);
+  // 1. Rank 0 prepares the directory; the temporary's name is rank 0's (its pid).
+  const std::string name = checkpoint_file_name(h.step);
+  const std::string final_path = (fs::path(dir) / name).string();
+  int64_t pid = rank == 0 ? static_cast<int64_t>(::getpid()) : 0;
+  comm.allreduce_sum(&pid, 1);
+  const std::string tmp = (fs::path(dir) / fmt::format(".{}.tmp.{}", name, pid)).string();
+  if (rank == 0) {
+    try {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      if (ec) throw std::runtime_error("checkpoint: cannot create directory " + dir + ": " + ec.message());
+      ::unlink(tmp.c_str());  // a leftover of an earlier failed attempt by this process
+    } catch (...) {
+      err.capture();
+    }
+  }
+  err.settle(comm);
+
+  // 2. Every rank's RNG words and data cursor.
+  std::vector<int64_t> table(static_cast<size_t>(size) * kRankEntries, 0);
+  {
+    const uint64_t mine[kRankEntries] = {s.rng.init_seed, s.rng.dropout_seed, s.rng.data_seed, s.rng.sample_seed,
+                                         s.rng.sample_counter, static_cast<uint64_t>(s.loader.sample_cursor), s.loader.seed};
+    std::memcpy(&table[static_cast<size_t>(rank) * kRankEntries], mine, sizeof mine);
+    comm.allreduce_sum(table.data(), static_cast<int64_t>(table.size()));  // one nonzero term each: exact
+  }
+  auto word = [&](int r, int k) {
+    uint64_t v;
+    std::memcpy(&v, &table[static_cast<size_t>(r) * kRankEntries + static_cast<size_t>(k)], 8);
+    return v;
+  };
+
+  SaveResult res;
+  res.path = final_path;
+  res.step = h.step;
+  for (int which = 0; which < 3; ++which)
+    for (auto& t : tensors)
+      res.tensor_bytes += ops::numel_of(t.shape) * static_cast<int64_t>(ops::dtype_size(stored_of(which)));
+  bool renamed = false;
+  try {
+    {
+      // 3. Structure, collectively, in the serial writer's order.
+      std::unique_ptr<FileWriter> w;
+      std::vector<H5Id> ds;  // declared after w: closed before the file
+      try {
+        w = std::make_unique<FileWriter>(tmp, mpi_comm, rank == 0);
+      } catch (...) {
+        err.capture();
+      }
+      err.settle(comm);
+      try {
+        StateScalars sc;
+        sc.format_version = kCheckpointFormatVersion;
+        sc.program_version = RUNNER_VERSION;
+        sc.step = h.step;
+        sc.tokens = h.tokens;
+        sc.loss_ema = h.loss_ema;
+        sc.scale = h.scale;
+        sc.good_steps = h.good_steps;
+        sc.skipped_steps = h.skipped_steps;
+        sc.world_size = size;
+        w->state(sc);
+        w->text("/recipe", recipe);
+        w->group("/rng");
+        for (int r = 0; r < size; ++r)
+          w->u64_array(fmt::format("/rng/rank_{}", r), {word(r, 0), word(r, 1), word(r, 2), word(r, 3), word(r, 4)}, kRngFields);
+        w->group("/data");
+        for (int r = 0; r < size; ++r) w->u64_array(fmt::format("/data/rank_{}", r), {word(r, 5), word(r, 6)}, kDataFields);
+        w->group("/params");
+        for (auto& t : tensors) ds.push_back(w->create_tensor("/params/" + t.name, t.shape, stored_of(0)));
+        w->group("/optimizer");
+        for (int which = 1; which <= 2; ++which) {
+          const std::string g = which == 1 ? "/optimizer/adam_m" : "/optimizer/adam_v";
+          w->group(g);
+          for (auto& t : tensors) ds.push_back(w->create_tensor(g + "/" + t.name, t.shape, stored_of(which)));
+        }
+      } catch (...) {
+        err.capture();
+      }
+      err.settle(comm);
+
+      // 4. Data: each dataset in rounds of at most kSlabBytes of logical rows; every rank takes
+      //    part in every round's collective H5Dwrite, selecting its part of those rows or nothing.
+      H5Id dxpl;
+      {
+        H5Lock l;
+        dxpl = H5Id(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+#ifdef H5_HAVE_PARALLEL
+        if (mpi_comm) H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+#endif
+      }
+      int64_t written = 0;
+      std::vector<char> pack;
+      for (int which = 0; which < 3; ++which) {
+        const ops::DType st = stored_of(which);
+        const size_t esize = ops::dtype_size(st);
+        for (size_t i = 0; i < n; ++i) {
+          const CollectiveTensor& t = tensors[i];
+          hid_t d = ds[static_cast<size_t>(which) * n + i];
+          const int nd = static_cast<int>(t.shape.size());
+          const int64_t rows = t.shape[0], numel = ops::numel_of(t.shape);
+          const int64_t row_elems = rows ? numel / rows : 0;
+          TensorSlice sl;
+          try {
+            sl = slice(which, i);  // always called: it may run collectives of its own
+            if (!sl.runs.empty() && !err.failed) {
+              int64_t sel = 1;
+              for (int k = 1; k < nd; ++k) sel *= k == sl.split_dim ? sl.count * sl.block : t.shape[static_cast<size_t>(k)];
+              bool ok = sel == sl.src_row_elems && (sl.split_dim == -1 || (sl.split_dim >= 1 && sl.split_dim < nd));
+              if (ok && sl.split_dim >= 1) {
+                const int64_t dim = t.shape[static_cast<size_t>(sl.split_dim)];
+                ok = sl.start >= 0 && sl.count >= 1 && sl.block >= 1 && sl.stride >= 1 &&
+                     (sl.count == 1 || sl.stride >= sl.block) && sl.start + (sl.count - 1) * sl.stride + sl.block <= dim;
+              }
+              int64_t prev_end = 0;
+              for (auto& r : sl.runs) {
+                ok = ok && r.rows >= 0 && r.src_row >= 0 && r.dst_row >= prev_end && r.dst_row + r.rows <= rows;
+                prev_end = r.dst_row + r.rows;
+              }
+              RUNNER_CHECK(ok, "checkpoint: the slice of " + t.name + " this rank writes does not fit its logical shape " +
+                                   ops::shape_to_string(t.shape));
+            }
+          } catch (...) {
+            err.capture();
+          }
+          if (err.failed) sl.runs.clear();  // a failed rank keeps taking part, writing nothing
+          H5Id filespace;
+          {
+            H5Lock l;
+            filespace = H5Id(H5Dget_space(d), H5Sclose);
+          }
+          const size_t round_bytes = g_round_bytes.load();
+          const int64_t per_round = row_elems ? std::max<int64_t>(1, static_cast<int64_t>(round_bytes / (row_elems * esize))) : 1;
+          for (int64_t r0 = 0; numel > 0 && r0 < rows; r0 += per_round) {
+            const int64_t r1 = std::min(rows, r0 + per_round);
+            std::vector<SliceRun> pieces;  // this round's part of the runs
+            for (auto& r : sl.runs) {
+              int64_t a = std::max(r0, r.dst_row), b = std::min(r1, r.dst_row + r.rows);
+              if (a < b) pieces.push_back({r.src_row + (a - r.dst_row), a, b - a});
+            }
+            try {
+              if (!pieces.empty()) fault_check_bytes(written);
+            } catch (...) {
+              err.capture();
+              pieces.clear();
+            }
+            int64_t elems = 0;
+            for (auto& p : pieces) elems += p.rows * sl.src_row_elems;
+            static const char kNothing = 0;
+            const void* buf = &kNothing;
+            if (elems > 0) {
+              if (pieces.size() == 1 && sl.src && st == ops::DType::F32) {
+                buf = sl.src + pieces[0].src_row * sl.src_row_elems;
+              } else {
+                pack.resize(static_cast<size_t>(elems) * esize);
+                char* out = pack.data();
+                for (auto& p : pieces) {
+                  const size_t m = static_cast<size_t>(p.rows * sl.src_row_elems);
+                  const float* f = sl.src ? sl.src + p.src_row * sl.src_row_elems : nullptr;
+                  if (!f) std::memset(out, 0, m * esize);
+                  else if (st == ops::DType::F32) std::memcpy(out, f, m * 4);
+                  else
+                    for (size_t k = 0; k < m; ++k) {
+                      uint16_t b = f32_to_bf16(f[k]);
+                      std::memcpy(out + 2 * k, &b, 2);
+                    }
+                  out += m * esize;
+                }
+                buf = pack.data();
+              }
+            }
+            try {
+              H5Lock l;
+              H5Sselect_none(filespace);
+              for (size_t p = 0; p < pieces.size(); ++p) {
+                std::vector<hsize_t> start(static_cast<size_t>(nd)), stride(static_cast<size_t>(nd), 1),
+                    count(static_cast<size_t>(nd), 1), block(static_cast<size_t>(nd));
+                start[0] = static_cast<hsize_t>(pieces[p].dst_row);
+                block[0] = static_cast<hsize_t>(pieces[p].rows);
+                for (int k = 1; k < nd; ++k) {
+                  const size_t kk = static_cast<size_t>(k);
+                  if (k == sl.split_dim) {
+                    start[kk] = static_cast<hsize_t>(sl.start);
+                    stride[kk] = static_cast<hsize_t>(std::max<int64_t>(sl.stride, 1));
+                    count[kk] = static_cast<hsize_t>(sl.count);
+                    block[kk] = static_cast<hsize_t>(sl.block);
+                  } else {
+                    start[kk] = 0;
+                    block[kk] = static_cast<hsize_t>(t.shape[kk]);
+                  }
+                }
+                if (H5Sselect_hyperslab(filespace, p == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), stride.data(),
+                                        count.data(), block.data()) < 0)
+                  w->fail("cannot select this rank's slice of dataset " + dataset_path(which, t.name) + " in");
+              }
+              hsize_t mdim = static_cast<hsize_t>(std::max<int64_t>(elems, 1));
+              H5Id mem(H5Screate_simple(1, &mdim, nullptr), H5Sclose);
+              if (elems == 0) H5Sselect_none(mem);
+              if (H5Dwrite(d, h5_type(st), mem, filespace, dxpl, buf) < 0)
+                w->fail("cannot write dataset " + dataset_path(which, t.name) + " in");
+            } catch (...) {
+              err.capture();
+            }
+            written += elems * static_cast<int64_t>(esize);
+            try {
+              if (elems > 0) fault_check_bytes(written);
+            } catch (...) {
+              err.capture();
+            }
+          }
+        }
+      }
+      // Every rank's bytes on disk before anyone reads them back.
+      try {
+        H5Lock l;
+        if (H5Fflush(w->file(), H5F_SCOPE_GLOBAL) < 0) w->fail("cannot flush");
+      } catch (...) {
+        err.capture();
+      }
+      err.settle(comm);  // an all-reduce: every rank has flushed once it returns
+
+      // 5. Checksums of the tensor datasets' stored bytes, read back (dataset k by rank k % size).
+      std::vector<int64_t> crcs(ds.size(), 0);
+      try {
+        std::vector<haddr_t> offsets(ds.size(), HADDR_UNDEF);
+        {
+          H5Lock l;
+          for (size_t k = 0; k < ds.size(); ++k) offsets[k] = H5Dget_offset(ds[k]);
+          H5Eclear2(H5E_DEFAULT);
+        }
+        int fd = -1;
+        std::vector<char> buf;
+        for (size_t k = static_cast<size_t>(rank); k < ds.size(); k += static_cast<size_t>(size)) {
+          const CollectiveTensor& t = tensors[k % n];
+          const uint64_t bytes = static_cast<uint64_t>(ops::numel_of(t.shape)) * ops::dtype_size(stored_of(static_cast<int>(k / n)));
+          if (bytes == 0) continue;
+          const std::string p = dataset_path(static_cast<int>(k / n), t.name);
+          if (offsets[k] == HADDR_UNDEF) throw std::runtime_error("checkpoint: dataset " + p + " has no storage in " + tmp);
+          if (fd < 0) {
+            fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+            if (fd < 0) throw std::runtime_error(sys_error("cannot open for reading", tmp));
+          }
+          buf.resize(static_cast<size_t>(std::min<uint64_t>(bytes, kReadChunkBytes)));
+          uint32_t crc = 0;
+          bool ok = true;
+          for (uint64_t done = 0; ok && done < bytes;) {
+            size_t want = static_cast<size_t>(std::min<uint64_t>(bytes - done, kReadChunkBytes));
+            ssize_t r = ::pread(fd, buf.data(), want, static_cast<off_t>(offsets[k] + done));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+              ok = false;
+              break;
+            }
+            crc = crc32c(crc, buf.data(), static_cast<size_t>(r));
+            done += static_cast<uint64_t>(r);
+          }
+          if (!ok) {
+            std::string e = sys_error("cannot read back dataset " + p + " of", tmp);
+            ::close(fd);
+            throw std::runtime_error(e);
+          }
+          crcs[k] = crc;
+        }
+        if (fd >= 0) ::close(fd);
+      } catch (...) {
+        err.capture();
+      }
+      comm.allreduce_sum(crcs.data(), static_cast<int64_t>(crcs.size()));  // one nonzero term each
+      err.settle(comm);
+
+      // 6. Identical attributes on every rank, then a collective close.
+      try {
+        for (size_t k = 0; k < ds.size(); ++k) {
+          w->attr_crc(ds[k], static_cast<uint32_t>(crcs[k]));
+          if (!ds[k].close()) {
+            H5Lock l;
+            w->fail("cannot close dataset " + dataset_path(static_cast<int>(k / n), tensors[k % n].name) + " in");
+          }
+        }
+        ds.clear();
+        w->close();
+      } catch (...) {
+        err.capture();
+      }
+      err.settle(comm);
+    }
+
+    // 7. Rank 0 publishes: verify, fsync, rename, fsync the directory, LATEST.
+    int64_t file_bytes = 0;
+    if (rank == 0) {
+      try {
+        try {
+          verify_checkpoint_file(tmp);
+        } catch (const UserError& e) {
+          throw std::runtime_error(std::string("checkpoint: the file just written does not verify: ") + e.what());
+        }
+        fsync_path(tmp, false);
+        fault_check_stage(WriteFault::BeforeRename);
+        rename_or_throw(tmp, final_path);
+        renamed = true;
+        fsync_path(dir, true);
+        fault_check_stage(WriteFault::BeforeLatest);
+        write_latest(dir, name);
+        std::error_code ec;
+        file_bytes = static_cast<int64_t>(fs::file_size(final_path, ec));
+      } catch (...) {
+        err.capture();
+      }
+    }
+    err.settle(comm);
+    comm.allreduce_sum(&file_bytes, 1);
+    res.file_bytes = file_bytes;
+  } catch (...) {
+    if (rank == 0 && !renamed) ::unlink(tmp.c_str());
+    throw;
+  }
+  res.write_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
 }
 
 void load_checkpoint_file(const std::string& path, TrainState& s, bool subset) {

@@ -1,9 +1,12 @@
 // Between shards and logical tensors (see state_shards.h).
 #include "runner/state_shards.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <stdexcept>
 
+#include "runner/checkpoint.h"
 #include "runner/errors.h"
 #include "runner/model.h"
 #include "runner/optimizer.h"
@@ -142,6 +145,126 @@ TrainState gather_logical_state(const Plan& plan, parallel::Grid& grid, const op
     }
   }
   return out;
+}
+
+TensorSlice shard_slice(const ops::TensorDesc& d, int64_t vocab, int tp_rank, const float* src) {
+  TensorSlice sl;
+  sl.src = src;
+  const auto& S = d.shape;
+  const auto& F = d.full_shape;
+  const std::vector<int64_t> L = logical_shape(d, vocab);
+  RUNNER_CHECK(!S.empty() && S.size() == F.size(), "parameter " + d.name + " has no dimensions or no full shape");
+  sl.src_row_elems = S[0] ? numel(S) / S[0] : 0;
+  const bool split = d.shard.dim >= 0 && d.shard.parts > 1;
+  if (!split) {  // replicated: one copy, from tensor-parallel rank 0
+    if (tp_rank == 0 && std::min(S[0], L[0]) > 0) sl.runs.push_back({0, 0, std::min(S[0], L[0])});
+    return sl;
+  }
+  const int dd = d.shard.dim, b = d.shard.blocks;
+  RUNNER_CHECK(dd < static_cast<int>(S.size()) && b >= 1 && S[static_cast<size_t>(dd)] % b == 0 && F[static_cast<size_t>(dd)] % b == 0,
+               "parameter " + d.name + " has an inconsistent shard spec");
+  const int64_t sb = S[static_cast<size_t>(dd)] / b, fb = F[static_cast<size_t>(dd)] / b;
+  if (dd == 0) {  // one run of rows per block; rows past the logical (vocabulary) end are padding
+    for (int k = 0; k < b; ++k) {
+      const int64_t dst = k * fb + d.shard.index * sb;
+      const int64_t rows = std::clamp<int64_t>(L[0] - dst, 0, sb);
+      if (rows > 0) sl.runs.push_back({k * sb, dst, rows});
+    }
+    return sl;
+  }
+  // A split inside the row: every row of the shard, and in it `b` blocks of `sb` along dim dd.
+  const int64_t rows = std::min(S[0], L[0]);
+  if (rows > 0) sl.runs.push_back({0, 0, rows});
+  sl.split_dim = dd;
+  sl.start = d.shard.index * sb;
+  sl.stride = fb;
+  sl.count = b;
+  sl.block = sb;
+  return sl;
+}
+
+void save_sharded(CheckpointManager& mgr, const Plan& plan, parallel::Grid& grid, const ops::Graph& g, const TrainState& local) {
+  parallel::Communicator& world = grid.world();
+  // 1. A failed background write (rank 0's manager) fails every rank; a step already saved is
+  //    skipped by every rank (the managers of other ranks may not know of it).
+  std::exception_ptr pending;
+  try {
+    mgr.wait();
+  } catch (...) {
+    pending = std::current_exception();
+  }
+  int64_t flags[2] = {pending ? 1 : 0, mgr.last_saved_step() == local.step ? 1 : 0};
+  world.allreduce_max(flags, 2);
+  if (flags[0]) {
+    if (pending) std::rethrow_exception(pending);
+    throw std::runtime_error("checkpoint: an earlier background checkpoint write failed on rank 0 (see its log)");
+  }
+  if (flags[1]) return;
+
+  // 2. Every logical tensor, in the order gather_logical_state produces them: stage by stage,
+  //    parameters in graph order, the first stage holding a name writes it (the tied embedding:
+  //    the first stage). Identical on every rank.
+  const int64_t vocab = plan.recipe.model.vocab_size;
+  const parallel::Coords me = grid.coords();
+  std::vector<CollectiveTensor> tensors;
+  std::map<std::string, size_t> slot;
+  std::vector<int> writer_stage;
+  for (int s = 0; s < grid.shape().pp; ++s) {
+    const ops::Graph sg = build_gpt_graph(plan.stage_spec(s, 0));
+    for (int id : sg.params) {
+      const ops::TensorDesc& d = sg.tensors[id];
+      if (slot.count(d.name)) continue;
+      slot.emplace(d.name, tensors.size());
+      tensors.push_back({d.name, logical_shape(d, vocab)});
+      writer_stage.push_back(s);
+    }
+  }
+  // 3. This rank's shards of them (its stage writes them; dp rank 0 of each shard writes).
+  const ParamSet& ps = local.params;
+  std::vector<int> desc(tensors.size(), -1), index(tensors.size(), -1);
+  for (int id : g.params) {
+    const ops::TensorDesc& d = g.tensors[id];
+    auto it = slot.find(d.name);
+    RUNNER_CHECK(it != slot.end(), "parameter " + d.name + " of this rank is not in the plan's graphs");
+    if (g.find(d.name) != id || writer_stage[it->second] != me.pp) continue;
+    desc[it->second] = id;
+    index[it->second] = ps.index(d.name);
+    RUNNER_CHECK(index[it->second] >= 0, "parameter " + d.name + " missing from this rank's state");
+  }
+  const bool have_moments = !local.adam_m.empty();
+  std::vector<float> full;  // a ZeRO-1 moment assembled over dp (one at a time)
+  auto slice = [&](int which, size_t j) -> TensorSlice {
+    if (desc[j] < 0) return {};
+    const ops::TensorDesc& d = g.tensors[static_cast<size_t>(desc[j])];
+    const size_t i = static_cast<size_t>(index[j]);
+    const int64_t n = numel(d.shape);
+    const float* src = nullptr;
+    if (which == 0) {
+      src = ps.values[i].data<float>();
+    } else {
+      const bool sharded = !ps.owned.empty() && i < ps.sharded.size() && ps.sharded[i];
+      if (sharded) {  // every dp rank of this shard takes part (the same sequence on each)
+        full.assign(static_cast<size_t>(n), 0.0f);
+        if (have_moments) {
+          const ops::Tensor& m = (which == 1 ? local.adam_m : local.adam_v)[i];
+          auto [a, e] = ps.owned_range(i);
+          if (e > a) std::memcpy(full.data() + a, m.raw(), static_cast<size_t>(e - a) * sizeof(float));
+        }
+        grid.dp().allreduce_sum(full.data(), n);
+        src = full.data();
+      } else if (have_moments) {
+        const ops::Tensor& m = (which == 1 ? local.adam_m : local.adam_v)[i];
+        RUNNER_CHECK(m.numel() == n && m.dtype() == ops::DType::F32, "moment of " + d.name + " must be fp32 " + ps.values[i].shape_str());
+        src = m.data<float>();
+      }  // else: zeros (no update yet)
+    }
+    if (me.dp != 0) return {};
+    return shard_slice(d, vocab, me.tp, src);
+  };
+  const bool publisher = grid.rank() == 0;
+  mgr.save_external(
+      local.step, [&] { return write_checkpoint_collective(world, mgr.dir(), local, tensors, slice, mgr.write_options()); },
+      publisher);
 }
 
 TrainState logical_template(const ops::Graph& g, int64_t vocab, int world_rank, int world_size) {

@@ -6,11 +6,16 @@
 // stored and load as zeros). Any layout can therefore read what any other layout wrote:
 // each rank maps its shard's elements to logical indices (runner::shard_to_full_index).
 //
-// Saving gathers the logical state on world rank 0, which writes it through the atomic
-// CheckpointManager (synchronously or in the background). One replica of each shard sends
-// (data-parallel rank 0); ZeRO-1 pieces of the Adam moments are first assembled over the
-// data-parallel group. Loading: every rank reads the logical tensors of its own parameters
-// from the file and keeps its slice.
+// Saving, two ways, the same file:
+// - save_sharded (synchronous): every rank writes its slice of every logical tensor into the one
+//   file with parallel HDF5 (write_checkpoint_collective); one replica of each shard writes
+//   (data-parallel rank 0), ZeRO-1 pieces of the Adam moments assembled over the data-parallel
+//   group first. Nothing is gathered on one rank.
+// - gather_logical_state: the logical state assembled on world rank 0, which writes it through
+//   the CheckpointManager (what asynchronous saves use: the writer thread needs the whole state
+//   in host memory).
+// Loading: every rank reads the logical tensors of its own parameters from the file and keeps
+// its slice.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -18,6 +23,7 @@
 
 #include "ops/graph.h"
 #include "parallel/grid.h"
+#include "runner/checkpoint.h"
 #include "runner/plan.h"
 #include "runner/state.h"
 
@@ -32,6 +38,24 @@ void logical_to_shard(const ops::TensorDesc& d, const float* logical, float* sha
 // Collective over grid.world(): the logical training state, complete on world rank 0 (other
 // ranks return a state without tensors). `g` and `local` are this rank's graph and state.
 TrainState gather_logical_state(const Plan& plan, parallel::Grid& grid, const ops::Graph& g, const TrainState& local);
+
+// Collective over grid.world() (every rank calls it at the same step): writes the checkpoint of
+// local.step with parallel HDF5 — each logical tensor's slices are written by the ranks holding
+// them (data-parallel rank 0 of each shard; ZeRO-1 moment pieces assembled over dp first), into
+// one temporary file, collectively; then rank 0 verifies, fsyncs, renames, writes LATEST and
+// applies retention through `mgr`; returns on every rank once the checkpoint is published (or
+// throws on every rank). Synchronous. A write `mgr` has in flight (rank 0, asynchronous saves)
+// is joined first; a step already saved (on any rank's `mgr`) is skipped on every rank. Every
+// rank's /rng/rank_<r> and /data/rank_<r> hold its own RNG state and data cursor. `g` and
+// `local` are this rank's graph and state. With a one-rank grid (no MPI) the same code writes
+// through the serial HDF5 driver.
+void save_sharded(CheckpointManager& mgr, const Plan& plan, parallel::Grid& grid, const ops::Graph& g, const TrainState& local);
+
+// What this rank writes of logical tensor `logical_shape(d, vocab)` from its shard `d`
+// (TensorDesc::shard), as write_checkpoint_collective takes it: dim-0 splits as row runs (one
+// per block), other splits as a strided hyperslab of each row; vocabulary padding rows dropped;
+// a replicated tensor written by tensor-parallel rank 0 only (`tp_rank`). src: the shard's data.
+TensorSlice shard_slice(const ops::TensorDesc& d, int64_t vocab, int tp_rank, const float* src);
 
 // What this rank loads: its parameters under their logical names and shapes, no moments.
 TrainState logical_template(const ops::Graph& g, int64_t vocab, int world_rank, int world_size);

@@ -761,14 +761,20 @@ struct Trainer {
     return stop != 0;
   }
 
-  // Collective: the logical state is assembled on rank 0, which writes it (in the background
-  // unless final). A single rank writes its own state.
+  // Collective over all ranks (a single rank writes its own state).
   void save(bool final) {
     if (!multi()) {
       ckpt->save(st, final);
       if (final) ckpt->wait();
       return;
     }
+    if (!r.checkpoint.async || final) {  // each rank writes its slices into the one file (parallel HDF5)
+      save_sharded(*ckpt, plan, grid, graph, st);
+      return;
+    }
+    // Asynchronous: the logical state is assembled on rank 0, whose writer thread saves it
+    // while training continues (collective MPI-IO cannot run behind the training thread's
+    // own collectives).
     TrainState logical = gather_logical_state(plan, grid, graph, st);
     if (lead()) {
       ckpt->save(logical, final);
