@@ -60,14 +60,7 @@ void copy_into(ops::Tensor& dst, const ops::Tensor& src, const std::string& what
   parallel_copy(dst.raw(), src.raw(), src.nbytes());
 }
 
-void copy_scalars(TrainState& dst, const TrainState& src) {
-  dst.step = src.step;
-  dst.tokens = src.tokens;
-  dst.loader = src.loader;
-  dst.rng = src.rng;
-  dst.scaler = src.scaler;
-  dst.loss_ema = src.loss_ema;
-}
+void copy_scalars(TrainState& dst, const TrainState& src) { dst.copy_scalars_from(src); }
 
 bool same_layout(const std::vector<ops::Tensor>& a, const std::vector<ops::Tensor>& b) {
   if (a.size() != b.size()) return false;

@@ -997,6 +997,26 @@ int64_t write_checkpoint_file(const std::string& path, const TrainState& s, cons
   return w.tensor_bytes();
 }
 
+// The end of the atomic protocol, shared by the serial and the collective writer: verify the
+// finished temporary, make it durable, rename it to dir/name, make the rename durable, then
+// (latest) point LATEST at it. *renamed says whether the rename happened before a throw.
+static void publish(const std::string& tmp, const std::string& dir, const std::string& name, bool latest, bool* renamed) {
+  try {
+    verify_checkpoint_file(tmp);
+  } catch (const UserError& e) {
+    throw std::runtime_error(std::string("checkpoint: the file just written does not verify: ") + e.what());
+  }
+  fsync_path(tmp, false);
+  fault_check_stage(WriteFault::BeforeRename);
+  rename_or_throw(tmp, (fs::path(dir) / name).string());
+  *renamed = true;
+  fsync_path(dir, true);
+  if (latest) {
+    fault_check_stage(WriteFault::BeforeLatest);
+    write_latest(dir, name);
+  }
+}
+
 SaveResult write_checkpoint_atomic(const std::string& dir, const TrainState& s, const WriteOptions& opt) {
   auto t0 = std::chrono::steady_clock::now();
   std::error_code ec;
@@ -1009,25 +1029,14 @@ SaveResult write_checkpoint_atomic(const std::string& dir, const TrainState& s, 
   SaveResult r;
   r.path = final_path;
   r.step = s.step;
+  bool renamed = false;
   try {
     // (Multi-rank runs write one file from every rank: write_checkpoint_collective.)
     r.tensor_bytes = write_checkpoint_file(tmp, s, opt);
-    try {
-      verify_checkpoint_file(tmp);
-    } catch (const UserError& e) {
-      throw std::runtime_error(std::string("checkpoint: the file just written does not verify: ") + e.what());
-    }
-    fsync_path(tmp, false);
-    fault_check_stage(WriteFault::BeforeRename);
-    rename_or_throw(tmp, final_path);
+    publish(tmp, dir, name, opt.rank.rank == 0, &renamed);
   } catch (...) {
-    ::unlink(tmp.c_str());
+    if (!renamed) ::unlink(tmp.c_str());
     throw;
-  }
-  fsync_path(dir, true);
-  if (opt.rank.rank == 0) {
-    fault_check_stage(WriteFault::BeforeLatest);
-    write_latest(dir, name);
   }
   r.file_bytes = static_cast<int64_t>(fs::file_size(final_path, ec));
   r.write_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1424,18 +1433,7 @@ SaveResult write_checkpoint_collective(parallel::Communicator& comm, const std::
     int64_t file_bytes = 0;
     if (rank == 0) {
       try {
-        try {
-          verify_checkpoint_file(tmp);
-        } catch (const UserError& e) {
-          throw std::runtime_error(std::string("checkpoint: the file just written does not verify: ") + e.what());
-        }
-        fsync_path(tmp, false);
-        fault_check_stage(WriteFault::BeforeRename);
-        rename_or_throw(tmp, final_path);
-        renamed = true;
-        fsync_path(dir, true);
-        fault_check_stage(WriteFault::BeforeLatest);
-        write_latest(dir, name);
+        publish(tmp, dir, name, true, &renamed);
         std::error_code ec;
         file_bytes = static_cast<int64_t>(fs::file_size(final_path, ec));
       } catch (...) {

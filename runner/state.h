@@ -41,6 +41,17 @@ struct TrainState {
   std::string recipe_yaml;     // the resolved recipe
   // Per rank (world rank order); a single-rank run has one entry.
   int world_rank = 0, world_size = 1;
+
+  // The step-boundary scalars (step, tokens, loader cursor, RNG, loss scaler, loss mean), not
+  // the tensors, the recipe or the rank.
+  void copy_scalars_from(const TrainState& o) {
+    step = o.step;
+    tokens = o.tokens;
+    loader = o.loader;
+    rng = o.rng;
+    scaler = o.scaler;
+    loss_ema = o.loss_ema;
+  }
 };
 
 }  // namespace runner

@@ -79,12 +79,7 @@ TrainState gather_logical_state(const Plan& plan, parallel::Grid& grid, const op
   }
   // 2. Scalars are rank 0's (identical everywhere).
   TrainState out;
-  out.step = local.step;
-  out.tokens = local.tokens;
-  out.loader = local.loader;
-  out.rng = local.rng;
-  out.scaler = local.scaler;
-  out.loss_ema = local.loss_ema;
+  out.copy_scalars_from(local);
   out.recipe_yaml = local.recipe_yaml;
   out.world_rank = 0;
   out.world_size = grid.world_size();
@@ -308,12 +303,7 @@ void load_local_from_logical(const ops::Graph& g, int64_t vocab, const TrainStat
       if (e > a) std::memcpy(dst.raw(), tmp.data() + a, static_cast<size_t>(e - a) * sizeof(float));
     }
   }
-  local.step = logical.step;
-  local.tokens = logical.tokens;
-  local.loader = logical.loader;
-  local.rng = logical.rng;
-  local.scaler = logical.scaler;
-  local.loss_ema = logical.loss_ema;
+  local.copy_scalars_from(logical);
   local.recipe_yaml = logical.recipe_yaml;
 }
 

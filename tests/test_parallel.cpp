@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mpirun_util.h"
 #include "runner/checkpoint.h"
 #include "runner/model.h"
 #include "runner/plan.h"
@@ -39,76 +40,24 @@ struct Cleanup {
   }
 } cleanup;
 
-const char* kRecipe = R"(name: layout
-model:
-  family: gpt
-  vocab_size: 63
-  seq_len: 32
-  d_model: 64
-  n_layers: 2
-  n_heads: 4
-  norm: layernorm
-  activation: gelu
-  position: learned
-  tie_embeddings: true
-  dropout: 0.1
-data:
-  kind: addition
-  digits: 2
-batch:
-  global: 8
-  micro: 2
-optimizer:
-  lr: 3.0e-3
-  weight_decay: 0.1
-  grad_clip: 1.0
-  schedule:
-    kind: cosine
-    warmup_steps: 2
-train:
-  steps: 10
-  log_every: 5
-  eval_every: 5
-  eval_batches: 2
-  threads: 1
-checkpoint:
-  cadence: steps
-  every_steps: 5
-  keep_last: 5
-hardware:
-  device: cpu
-)";
+using mpirun_util::kLayoutRecipe;
+using mpirun_util::mpirun;
+using mpirun_util::Result;
+using mpirun_util::sh;
 
-struct Result {
-  int rc = -1;
-  std::string out;
-};
 
-Result sh(const std::string& cmd) {
-  Result r;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  int st = ::pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  return r;
-}
 
 std::string recipe_path() {
   static bool written = false;
   fs::path p = kDir / "layout.yaml";
   if (!written) {
     fs::create_directories(kDir);
-    std::ofstream(p) << kRecipe;
+    std::ofstream(p) << kLayoutRecipe;
     written = true;
   }
   return p.string();
 }
 
-std::string mpirun(int np) {
-  return std::string(RUNNER_MPIEXEC) + " -np " + std::to_string(np) + " --oversubscribe -x OMP_NUM_THREADS=1 ";
-}
 
 // Trains (np 0: plain process, no mpirun) into kDir/name; returns its per-step losses.
 std::map<int64_t, double> train(const std::string& name, int np, const std::string& sets) {
