@@ -39,6 +39,37 @@ struct Executor::Impl {
   std::vector<float> xent_stats;  // vocabulary-parallel cross-entropy: rowmax, sumexp, tlogit (3N floats)
 
   int tp_rank() const { return group ? group->rank() : 0; }
+
+  // Sequence parallelism's full-sequence temporaries (workspace account). The dry run counts
+  // the same bytes at the same moment (scratch_bytes), so the ledger predicts them.
+  Tensor scratch(std::vector<int64_t> shape, bool zero) {
+    return zero ? Tensor::zeros(std::move(shape), DType::F32, Account::Workspace)
+                : Tensor::empty(std::move(shape), DType::F32, Account::Workspace);
+  }
+  size_t scratch_bytes(const Node& n, bool backward) const {
+    if (g.sp_parts <= 1) return 0;
+    const int64_t P = g.sp_parts;
+    if (n.kind == OpKind::Embedding && n.scatter_output) return static_cast<size_t>(numel_of(g.tensors[n.out[0]].shape) * P) * 4;
+    if (n.kind != OpKind::Linear) return 0;
+    const TensorDesc& x = g.tensors[n.in[0]];
+    const TensorDesc& y = g.tensors[n.out[0]];
+    if (n.gather_input) return static_cast<size_t>(numel_of(x.shape) * (backward ? 2 * P + 1 : P)) * 4;
+    if (n.scatter_output) return static_cast<size_t>(numel_of(y.shape) * P) * 4;
+    return 0;
+  }
+  void count_scratch(const Node& n, bool backward) {
+    size_t b = scratch_bytes(n, backward);
+    if (!dry() || b == 0) return;
+    count(Account::Workspace, static_cast<long long>(b));
+    count(Account::Workspace, -static_cast<long long>(b));
+  }
+  // Dropout on a sequence shard: counters of this rank's rows of the micro-batch.
+  DropoutSpec shard_drop(const Node& n, int64_t numel) const {
+    if (!n.seq_shard) return drop_for(n, numel / g.B);
+    DropoutSpec d = drop_for(n, numel * g.sp_parts / g.B);
+    d.offset += static_cast<uint64_t>(g.sp_index) * static_cast<uint64_t>(numel);
+    return d;
+  }
   void allreduce(float* x, int64_t n) {
     if (group && group->size() > 1) group->allreduce_sum(x, n);
   }
@@ -142,8 +173,6 @@ struct Executor::Impl {
   // Runs node n's forward kernel writing into `outs` (tensor pointers by output position).
   void kernel_forward(const Node& n, const std::vector<float*>& o) {
     if (dry()) return;
-    if (n.gather_input || n.scatter_output)
-      throw std::logic_error("node " + n.name + ": sequence parallelism is not implemented in the executor");
     if (n.tp != TpMode::None && !group)
       throw std::logic_error("node " + n.name + " is tensor-parallel: the executor needs a ReduceGroup (set_group)");
     const auto& in = n.in;
@@ -153,10 +182,18 @@ struct Executor::Impl {
         int C = static_cast<int>(g.tensors[n.out[0]].shape.back());
         const float* wpe = in.size() > 2 ? f(in[2]) : nullptr;
         if (n.tp == TpMode::VocabEmbed) {  // each rank adds its vocabulary rows; wpe once
-          be->embedding_shard_forward(o[0], i32(in[0]), f(in[1]), tp_rank() == 0 ? wpe : nullptr,
+          const int64_t out_n = numel_of(g.tensors[n.out[0]].shape);
+          Tensor full;
+          float* dst = o[0];
+          if (n.scatter_output) {  // sequence parallel: sum, and keep this rank's rows
+            full = scratch({out_n * g.sp_parts}, false);
+            dst = full.data<float>();
+          }
+          be->embedding_shard_forward(dst, i32(in[0]), f(in[1]), tp_rank() == 0 ? wpe : nullptr,
                                       static_cast<int>(g.B), static_cast<int>(g.T), C,
                                       static_cast<int>(n.vocab_start), static_cast<int>(g.tensors[in[1]].shape[0]));
-          allreduce(o[0], numel_of(g.tensors[n.out[0]].shape));
+          if (n.scatter_output) group->reduce_scatter_sum(dst, o[0], out_n);
+          else allreduce(o[0], out_n);
         } else {
           be->embedding_forward(o[0], i32(in[0]), f(in[1]), wpe, static_cast<int>(g.B), static_cast<int>(g.T), C);
         }
@@ -172,11 +209,29 @@ struct Executor::Impl {
         break;
       case OpKind::Linear: {
         const TensorDesc& w = g.tensors[in[1]];
+        const int IC = static_cast<int>(w.shape[1]), OC = static_cast<int>(w.shape[0]);
         const float* bias = in.size() > 2 ? f(in[2]) : nullptr;
+        const float* xin = f(in[0]);
+        int64_t nrows = rows(x);
+        Tensor xfull, yfull;
+        if (n.gather_input) {  // sequence parallel: the whole sequence's input
+          xfull = scratch({nrows * g.sp_parts, IC}, false);
+          group->allgather(xin, xfull.data<float>(), numel_of(x.shape));
+          xin = xfull.data<float>();
+          nrows *= g.sp_parts;
+        }
+        if (n.scatter_output) {  // sequence parallel: partial sums reduce-scattered to this rank's rows
+          yfull = scratch({nrows, OC}, false);
+          be->matmul_forward(yfull.data<float>(), xin, f(in[1]), nullptr, static_cast<int>(nrows), IC, OC);
+          const TensorDesc& y = g.tensors[n.out[0]];
+          group->reduce_scatter_sum(yfull.data<float>(), o[0], numel_of(y.shape));
+          if (bias)
+            for (int64_t r = 0; r < rows(y); ++r) be->add_inplace(o[0] + r * OC, bias, OC);
+          break;
+        }
         bool row = n.tp == TpMode::Row;
         if (row && tp_rank() != 0) bias = nullptr;  // partial sums: the bias is added once
-        be->matmul_forward(o[0], f(in[0]), f(in[1]), bias, static_cast<int>(rows(x)), static_cast<int>(w.shape[1]),
-                           static_cast<int>(w.shape[0]));
+        be->matmul_forward(o[0], xin, f(in[1]), bias, static_cast<int>(nrows), IC, OC);
         if (row) allreduce(o[0], numel_of(g.tensors[n.out[0]].shape));
         break;
       }
@@ -197,7 +252,7 @@ struct Executor::Impl {
         break;
       case OpKind::Add: be->add_forward(o[0], f(in[0]), f(in[1]), numel_of(x.shape)); break;
       case OpKind::Dropout:
-        be->dropout_forward(o[0], f(in[0]), numel_of(x.shape), drop_for(n, numel_of(x.shape) / g.B));
+        be->dropout_forward(o[0], f(in[0]), numel_of(x.shape), shard_drop(n, numel_of(x.shape)));
         break;
       case OpKind::SoftmaxXent: {
         float* probs = n.inplace ? f(in[0]) : o[1];
@@ -230,8 +285,16 @@ struct Executor::Impl {
       case OpKind::Embedding: {
         float* dwte = grad(in[1]);
         float* dwpe = in.size() > 2 ? grad(in[2]) : nullptr;
+        count_scratch(n, true);
         if (dry()) break;
         int C = static_cast<int>(g.tensors[n.out[0]].shape.back());
+        Tensor dfull;
+        if (n.scatter_output) {  // sequence parallel: the whole sequence's output gradient
+          const int64_t out_n = numel_of(g.tensors[n.out[0]].shape);
+          dfull = scratch({out_n * g.sp_parts}, false);
+          group->allgather(dout, dfull.data<float>(), out_n);
+          dout = dfull.data<float>();
+        }
         if (n.tp == TpMode::VocabEmbed)
           be->embedding_shard_backward(dwte, dwpe, dout, i32(in[0]), static_cast<int>(g.B), static_cast<int>(g.T), C,
                                        static_cast<int>(n.vocab_start), static_cast<int>(g.tensors[in[1]].shape[0]));
@@ -261,9 +324,43 @@ struct Executor::Impl {
         float* dx = x.kind == TensorKind::Activation ? grad(in[0]) : nullptr;
         float* dw = grad(in[1]);
         float* db = in.size() > 2 ? grad(in[2]) : nullptr;
+        count_scratch(n, true);
         if (dry()) break;
-        be->matmul_backward(dx, dw, db, dout, f(in[0]), f(in[1]), static_cast<int>(rows(x)),
-                            static_cast<int>(w.shape[1]), static_cast<int>(w.shape[0]));
+        const int IC = static_cast<int>(w.shape[1]), OC = static_cast<int>(w.shape[0]);
+        if (n.gather_input || n.scatter_output) {  // sequence parallel
+          const float* xin = f(in[0]);
+          const float* dy = dout;
+          int64_t nrows = rows(x);
+          Tensor xfull, dyfull, dxfull, dxpart;
+          if (n.gather_input) {  // re-gather the input (only the shard was kept)
+            xfull = scratch({nrows * g.sp_parts, IC}, false);
+            group->allgather(xin, xfull.data<float>(), numel_of(x.shape));
+            xin = xfull.data<float>();
+            nrows *= g.sp_parts;
+          }
+          if (n.scatter_output) {
+            const TensorDesc& y = g.tensors[n.out[0]];
+            // This rank's rows' share of the bias gradient (the caller sums it over tp).
+            if (db) be->matmul_backward(nullptr, nullptr, db, dout, xin, f(in[1]), static_cast<int>(rows(y)), IC, OC);
+            db = nullptr;
+            dyfull = scratch({rows(y) * g.sp_parts, OC}, false);
+            group->allgather(dout, dyfull.data<float>(), numel_of(y.shape));
+            dy = dyfull.data<float>();
+          }
+          float* dxf = dx;
+          if (n.gather_input && dx) {
+            dxfull = scratch({nrows, IC}, true);
+            dxf = dxfull.data<float>();
+          }
+          be->matmul_backward(dxf, dw, db, dy, xin, f(in[1]), static_cast<int>(nrows), IC, OC);
+          if (n.gather_input && dx) {  // reduce-scatter d(input) back to this rank's rows
+            dxpart = scratch(x.shape, false);
+            group->reduce_scatter_sum(dxfull.data<float>(), dxpart.data<float>(), numel_of(x.shape));
+            be->add_inplace(dx, dxpart.data<float>(), numel_of(x.shape));
+          }
+          break;
+        }
+        be->matmul_backward(dx, dw, db, dout, f(in[0]), f(in[1]), static_cast<int>(rows(x)), IC, OC);
         // Column-parallel: each rank holds part of d(input); the input's only reader is this
         // node (a norm's output), so its gradient buffer holds exactly this sum's terms.
         if (n.tp == TpMode::Column && dx) allreduce(dx, numel_of(x.shape));
@@ -306,7 +403,7 @@ struct Executor::Impl {
       }
       case OpKind::Dropout: {
         float* dx = grad(in[0]);
-        if (!dry()) be->dropout_backward(dx, dout, numel_of(x.shape), drop_for(n, numel_of(x.shape) / g.B));
+        if (!dry()) be->dropout_backward(dx, dout, numel_of(x.shape), shard_drop(n, numel_of(x.shape)));
         break;
       }
       case OpKind::SoftmaxXent: {
@@ -337,6 +434,7 @@ struct Executor::Impl {
       alloc(o, out_account(o));
       outs.push_back(dry() || g.tensors[o].dtype != DType::F32 ? nullptr : vals[o].data<float>());
     }
+    count_scratch(n, false);
     auto t0 = Clock::now();
     kernel_forward(n, outs);
     if (!dry() && stage_out && g.stage_output >= 0 && n.out[0] == g.stage_output)

@@ -49,6 +49,8 @@ struct TensorDesc {
   std::vector<int64_t> full_shape;  // the logical tensor across all tp ranks
   ShardSpec shard;
   bool decay = true;            // weight decay applies
+  bool seq_partial = false;     // sequence parallelism: each tensor-parallel rank's gradient covers only
+                                // its rows (norms, row-parallel biases); the caller sums it over tp
   // Filled by Graph::finalize().
   int producer = -1;            // node that writes it (-1: param or input)
   int last_use = -1;            // last node (forward order) that reads it
@@ -79,8 +81,12 @@ struct Node {
   // Sequence parallelism (Korthikanti et al. 2022): a column-parallel Linear all-gathers its
   // sequence-sharded input (and saves the shard, re-gathering in backward); a row-parallel
   // Linear reduce-scatters its output back to sequence shards.
+  // A vocabulary-parallel Embedding with scatter_output reduce-scatters instead of all-reducing.
+  // A Dropout with seq_shard runs on this rank's rows of the micro-batch (its mask counters are
+  // offset by those rows).
   bool gather_input = false;
   bool scatter_output = false;
+  bool seq_shard = false;
 };
 
 class Graph {
@@ -104,6 +110,7 @@ class Graph {
   int stage_output = -1;           // pipeline stages before the last: the activation sent on
   int losses = -1;                 // (B*T) per-position loss
   int64_t B = 0, T = 0;
+  int sp_parts = 1, sp_index = 0;  // sequence parallelism: rows [sp_index*N/sp_parts, ...) of each micro-batch
 
   int find(const std::string& name) const;  // -1 if absent
   int64_t param_count() const;

@@ -15,6 +15,10 @@ class ReduceGroup {
   // In place, blocking; every member receives bit-identical results.
   virtual void allreduce_sum(float* x, int64_t n) = 0;
   virtual void allreduce_max(float* x, int64_t n) = 0;
+  // Sequence parallelism. in: n elements per rank; out: size()*n, rank r's block at r*n.
+  virtual void allgather(const float* in, float* out, int64_t n) = 0;
+  // in: size()*n; out: n = the sum over ranks of their block rank().
+  virtual void reduce_scatter_sum(const float* in, float* out, int64_t n) = 0;
 };
 
 }  // namespace ops

@@ -360,4 +360,18 @@ void* mpi_handle(Communicator& c) {
   return m ? static_cast<void*>(m->handle()) : nullptr;
 }
 
+void Communicator::allgather(const float* in, float* out, int64_t n) {
+  if (n > 0 && out + static_cast<int64_t>(rank()) * n != in)
+    std::memmove(out + static_cast<int64_t>(rank()) * n, in, static_cast<size_t>(n) * sizeof(float));
+  allgather_inplace(out, n);
+}
+
+void Communicator::reduce_scatter_sum(const float* in, float* out, int64_t n) {
+  if (size() == 1) {
+    if (out != in) std::memmove(out, in, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  ireduce_scatter_sum(in, out, n)->wait();
+}
+
 }  // namespace parallel

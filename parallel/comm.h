@@ -37,6 +37,9 @@ class Communicator : public ops::ReduceGroup {
   virtual void allreduce_max(int64_t* x, int64_t n) = 0;
   using ops::ReduceGroup::allreduce_sum;
   using ops::ReduceGroup::allreduce_max;
+  // ops::ReduceGroup's gather and scatter, through the calls below.
+  void allgather(const float* in, float* out, int64_t n) override;
+  void reduce_scatter_sum(const float* in, float* out, int64_t n) override;
   // Non-blocking in-place sum.
   virtual std::unique_ptr<Request> iallreduce_sum(float* x, int64_t n) = 0;
   // in: size()*n elements (rank r's block is in[r*n, (r+1)*n)); out: n elements = sum over

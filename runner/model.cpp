@@ -58,6 +58,10 @@ struct Builder {
     N = g.B * g.T;
     sp = s.sequence_parallel && t > 1;
     Ns = sp ? N / t : N;
+    if (sp) {
+      g.sp_parts = static_cast<int>(t);
+      g.sp_index = static_cast<int>(s.tp_rank);
+    }
     act = s.act_dtype;
   }
 
@@ -98,16 +102,23 @@ struct Builder {
   }
 
   // Pre-norm: returns the normalised activation.
+  // A replicated parameter used on sequence shards: its gradient is partial per tp rank.
+  int seq_param(const std::string& name, int64_t n, int layer) {
+    int id = g.add_param(name, {n}, layer, false);
+    g.tensors[id].seq_partial = sp;
+    return id;
+  }
+
   int norm(const std::string& prefix, int x, int layer, const std::string& module) {
     const ModelConfig& m = s.model;
-    int w = g.add_param(prefix + ".weight", {C}, layer, false);
+    int w = seq_param(prefix + ".weight", C, layer);
     int y = g.add_activation(prefix + ".out", {Ns, C}, layer, act);
     if (m.norm == "rmsnorm") {
       int rstd = g.add_activation(prefix + ".rstd", {Ns}, layer, DType::F32);
       node(OpKind::RMSNorm, prefix, {x, w}, {y, rstd}, layer, module);
     } else {
       std::vector<int> in{x, w};
-      if (m.bias) in.push_back(g.add_param(prefix + ".bias", {C}, layer, false));
+      if (m.bias) in.push_back(seq_param(prefix + ".bias", C, layer));
       int mean = g.add_activation(prefix + ".mean", {Ns}, layer, DType::F32);
       int rstd = g.add_activation(prefix + ".rstd", {Ns}, layer, DType::F32);
       node(OpKind::LayerNorm, prefix, in, {y, mean, rstd}, layer, module);
@@ -134,6 +145,7 @@ struct Builder {
     if (s.model.dropout <= 0.0) return x;
     int y = g.add_activation(prefix + ".out", g.tensors[x].shape, layer, act);
     int id = node(OpKind::Dropout, prefix, {x}, {y}, layer, module);
+    g.nodes[id].seq_shard = sp;
     g.nodes[id].dropout = static_cast<float>(s.model.dropout);
     g.nodes[id].site = site;
     return y;
@@ -167,7 +179,7 @@ struct Builder {
     g.nodes[core].heads_total = static_cast<int>(NH);
     g.nodes[core].head_start = static_cast<int>(s.tp_rank * (NH / t));
     int wo = row_weight(p + ".attn.proj.weight", C, C, l);
-    int bo = m.bias ? g.add_param(p + ".attn.proj.bias", {C}, l, false) : -1;
+    int bo = m.bias ? seq_param(p + ".attn.proj.bias", C, l) : -1;
     int o = linear(p + ".attn.proj", y, wo, bo, C, l, "attention", 'r');
     o = dropout(p + ".attn.drop", o, l, "attention", site + 2);
     int x1 = add(p + ".res1", x, o, l);
@@ -181,7 +193,7 @@ struct Builder {
     int h = g.add_activation(p + ".mlp.act.out", {N, H / t}, l, act);
     node(glu ? OpKind::SwiGLU : OpKind::Gelu, p + ".mlp.act", {u}, {h}, l, "mlp");
     int wp = row_weight(p + ".mlp.proj.weight", C, H, l);
-    int bp = m.bias ? g.add_param(p + ".mlp.proj.bias", {C}, l, false) : -1;
+    int bp = m.bias ? seq_param(p + ".mlp.proj.bias", C, l) : -1;
     int o2 = linear(p + ".mlp.proj", h, wp, bp, C, l, "mlp", 'r');
     o2 = dropout(p + ".mlp.drop", o2, l, "mlp", site + 3);
     return add(p + ".res2", x1, o2, l);
@@ -203,6 +215,7 @@ struct Builder {
       if (t > 1) {
         g.nodes[e].tp = ops::TpMode::VocabEmbed;
         g.nodes[e].vocab_start = s.tp_rank * (V / t);
+        g.nodes[e].scatter_output = sp;
       }
       x = dropout("embed.drop", x, -1, "embed", 1);
     } else {

@@ -241,6 +241,7 @@ void compute_ledger(const Recipe& r, Plan& p) {
     // the gradient it sends back (stages after the first) and the activation it sends (stages
     // before the last), plus one received gradient.
     double act_bytes = static_cast<double>(spec.B * (spec.T ? spec.T : r.model.seq_len) * r.model.d_model) * wbytes;
+    if (spec.sequence_parallel && p.tp > 1) act_bytes /= static_cast<double>(p.tp);  // stages exchange sequence shards
     if (p.dp > 1 && r.parallel.zero >= 1) L.communication += static_cast<double>(L.params) * gbytes / static_cast<double>(p.dp);
     if (p.pp > 1) {
       double k = static_cast<double>(L.micro_in_flight);

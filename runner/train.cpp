@@ -86,9 +86,6 @@ void check_supported(const Plan& p) {
   if (r.precision.compute != "fp32")
     unsupported("precision.compute", "precision.compute " + r.precision.compute,
                 "train with precision.compute: fp32 (runner plan accepts it for sizing)");
-  if (r.parallel.sequence_parallel && p.tp > 1)
-    unsupported("parallel.sequence_parallel", "sequence parallelism",
-                "set parallel.sequence_parallel: false (runner plan sizes it)");
   if (r.parallel.schedule == "interleaved" && p.pp > 1)
     unsupported("parallel.schedule", "the interleaved pipeline schedule", "use parallel.schedule: 1f1b or gpipe");
 }
@@ -110,6 +107,7 @@ struct Trainer {
   ops::Executor* exec = nullptr;  // execs[0]: evaluation
   std::unique_ptr<parallel::GradSync> sync;
   std::vector<std::vector<int>> ready_at;  // node -> parameters whose gradient is complete after its backward
+  std::vector<char> seq_partial;           // per parameter: its gradient is summed over tp first (sequence parallelism)
   std::vector<parallel::PipeAction> sched;
   std::vector<ops::Tensor> act_in, act_out, grad_in;  // pipeline buffers, per executor slot
   ops::Tensor grad_out;
@@ -300,6 +298,7 @@ struct Trainer {
         for (int x : graph.nodes[static_cast<size_t>(n)].in)
           if (x == id) { first = n; break; }
       if (first >= 0) ready_at[static_cast<size_t>(first)].push_back(static_cast<int>(i));
+      seq_partial.push_back(graph.tensors[static_cast<size_t>(id)].seq_partial ? 1 : 0);
     }
     sched = plan.pp > 1 ? parallel::pipeline_schedule(r.parallel.schedule, c.pp, static_cast<int>(plan.pp),
                                                       static_cast<int>(plan.accum))
@@ -429,7 +428,13 @@ struct Trainer {
         if (final_pass) {
           sync->start_step();
           ex.set_grad_hook([this](int node) {
-            for (int p : ready_at[static_cast<size_t>(node)]) sync->grad_ready(p);
+            for (int p : ready_at[static_cast<size_t>(node)]) {
+              if (seq_partial[static_cast<size_t>(p)]) {  // each tp rank saw only its rows of the sequence
+                ops::Tensor& gr = st.params.grads[static_cast<size_t>(p)];
+                grid.tp().allreduce_sum(gr.data<float>(), gr.numel());
+              }
+              sync->grad_ready(p);
+            }
             sync->progress();
           });
         }

@@ -170,6 +170,11 @@ TEST_CASE("every dp x tp x pp layout reproduces the single-rank run") {
       {"dp2zero1", 2, "--set parallel.zero=1"},
       {"dp2tp2zero1_bucket", 4, "--set parallel.tp=2 --set parallel.zero=1 --set parallel.bucket_mb=0.01"},
       {"pp2gpipe", 2, "--set parallel.pp=2 --set parallel.schedule=gpipe"},
+      // Sequence parallelism (Korthikanti et al.): norms, dropout and residuals on sequence shards.
+      {"tp2sp", 2, "--set parallel.tp=2 --set parallel.sequence_parallel=true"},
+      {"tp2pp2sp", 4, "--set parallel.tp=2 --set parallel.pp=2 --set parallel.sequence_parallel=true"},
+      {"dp2tp2sp_zero1", 4, "--set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.zero=1"},
+      {"tp2sp_recompute", 2, "--set parallel.tp=2 --set parallel.sequence_parallel=true --set recompute.mode=full"},
   };
   for (const Layout& l : layouts) {
     CAPTURE(l.name);
