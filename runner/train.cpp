@@ -78,7 +78,7 @@ double measure_cpu_peak_flops() {
 }
 
 // Options this trainer does not implement yet are refused, never ignored.
-void check_supported(const Plan& p) {
+void check_supported(const Plan& p, int64_t grid_world) {
   const Recipe& r = p.recipe;
   auto unsupported = [&](const std::string& path, const std::string& what, const std::string& fix) {
     throw UserError(r.loc(path), what + " is not supported by `runner train` yet", fix);
@@ -86,6 +86,12 @@ void check_supported(const Plan& p) {
   if (r.precision.compute != "fp32")
     unsupported("precision.compute", "precision.compute " + r.precision.compute,
                 "train with precision.compute: fp32 (runner plan accepts it for sizing)");
+  if (p.world != grid_world)
+    throw UserError(r.loc("parallel"),
+                    fmt::format("this recipe's layout needs {} ranks (dp {} x tp {} x pp {}), but {} {} running", p.world,
+                                p.dp, p.tp, p.pp, grid_world, grid_world == 1 ? "process is" : "processes are"),
+                    fmt::format("launch it with `mpirun -np {} runner train ...` (or `srun -n {}`), or set the parallel "
+                                "degrees for {} rank{}", p.world, p.world, grid_world, grid_world == 1 ? "" : "s"));
   if (r.parallel.schedule == "interleaved" && p.pp > 1)
     unsupported("parallel.schedule", "the interleaved pipeline schedule", "use parallel.schedule: 1f1b or gpipe");
 }
@@ -134,7 +140,7 @@ struct Trainer {
 
   // Everything that can fail on user input happens here, before any file is written.
   void open_inputs() {
-    check_supported(plan);
+    check_supported(plan, grid.world_size());
     agree([&] {
       train_src = open_source(r.data, Split::Train, r.model.seq_len, r.model.vocab_size, seed());
       val_src = open_source(r.data, Split::Val, r.model.seq_len, r.model.vocab_size, seed());

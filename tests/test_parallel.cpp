@@ -276,11 +276,12 @@ TEST_CASE("a world size that does not match the recipe, or an indivisible layout
       {2, "--set parallel.tp=3", "--set:", "not divisible by tp 3"},
       {4, "--set parallel.pp=4", "--set:", "every pipeline stage needs at least one layer"},
       {2, "--set parallel.tp=2 --set model.n_heads=3 --set model.d_model=66", "--set:", "n_heads"},
+      {0, "--set parallel.dp=2", "--set:", "needs 2 ranks"},  // a multi-rank recipe started without mpirun
   };
   for (const Bad& b : bad) {
     fs::path dir = kDir / "refused";
     fs::remove_all(dir);
-    std::string cmd = mpirun(b.np) + RUNNER_BINARY + " train " + recipe_path() + " --quiet --run-dir " + dir.string() + " " + b.sets;
+    std::string cmd = (b.np ? mpirun(b.np) : std::string()) + RUNNER_BINARY + " train " + recipe_path() + " --quiet --run-dir " + dir.string() + " " + b.sets;
     Result r = sh(cmd);
     INFO(cmd << "\n" << r.out);
     CHECK(r.rc == 2);
