@@ -10,6 +10,7 @@
 // with exit code 2 before anything is written, and a failing rank stopping the whole job.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -349,5 +350,57 @@ TEST_CASE("greedy evaluation gives the same accuracy on every layout") {
     nlohmann::json e = last_eval(kDir / l.name);
     CHECK(std::abs(e["accuracy"].get<double>() - base["accuracy"].get<double>()) <= 1.0 / 256 + 1e-12);
     CHECK(std::abs(e["val_loss"].get<double>() - base["val_loss"].get<double>()) <= 1e-5 * base["val_loss"].get<double>());
+  }
+}
+
+TEST_CASE("a multi-rank run stopped at any moment resumes bit for bit") {
+  // Straight through, then the same run killed (SIGKILL to the whole job) or stopped (SIGTERM
+  // to mpirun, which forwards it to every rank) once a checkpoint exists, then resumed. The
+  // steps after the resume point must reproduce the straight run's losses exactly.
+  const std::string sets =
+      "--set parallel.pp=2 --set parallel.dp=1 --set train.steps=600 --set checkpoint.every_steps=25 "
+      "--set train.eval_every=0 --set train.log_every=1000";
+  auto straight = train("straight", 2, sets);
+  REQUIRE(straight.size() == 600);
+  for (const char* how : {"KILL", "TERM"}) {
+    CAPTURE(how);
+    fs::path dir = kDir / (std::string("stopped_") + how);
+    fs::remove_all(dir);
+    fs::path pidfile = kDir / "mpirun.pid";
+    std::string cmd = mpirun(2) + RUNNER_BINARY + " train " + recipe_path() + " --quiet --run-dir " + dir.string() + " " +
+                      sets + " > /dev/null 2>&1 & echo $! > " + pidfile.string();
+    REQUIRE(sh(cmd).rc == 0);
+    std::string pid;
+    std::ifstream(pidfile) >> pid;
+    REQUIRE(!pid.empty());
+    // Wait for the second checkpoint, then stop the job wherever it is.
+    for (int i = 0; i < 600 && !fs::exists(dir / "checkpoints" / "step_00000050.h5"); ++i) ::usleep(20000);
+    REQUIRE(fs::exists(dir / "checkpoints" / "step_00000050.h5"));
+    if (std::string(how) == "KILL") {
+      sh("kill -KILL " + pid + "; pkill -KILL -f -- '[-]-run-dir " + dir.string() + "'");
+    } else {
+      sh("kill -TERM " + pid);
+    }
+    // Wait for every rank to be gone ("[-]" keeps the pattern from matching pgrep's own shell).
+    for (int i = 0; i < 1500 && sh("pgrep -f -- '[-]-run-dir " + dir.string() + "' > /dev/null").rc == 0; ++i) ::usleep(20000);
+    auto steps = runner::list_checkpoint_steps((dir / "checkpoints").string());
+    REQUIRE(!steps.empty());
+    int64_t from = steps.back();
+    CHECK(from < 600);
+    Result r = sh(mpirun(2) + RUNNER_BINARY + " resume " + dir.string() + " --quiet");
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    std::map<int64_t, double> resumed;
+    std::ifstream in(dir / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("loss") && j.contains("step") && !j.contains("eval")) resumed[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    }
+    REQUIRE(resumed.size() == 600);
+    int mismatches = 0;
+    for (auto& [step, loss] : straight) mismatches += resumed.at(step) != loss;
+    CHECK(mismatches == 0);
+    CHECK(max_param_rel(params_of(kDir / "straight" / "checkpoints" / "step_00000600.h5"),
+                        params_of(dir / "checkpoints" / "step_00000600.h5")) == 0.0);
   }
 }
