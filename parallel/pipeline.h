@@ -6,8 +6,15 @@
 // the backwards; at most min(p-s, m) micro-batches are in flight. Both have the bubble
 // (p-1)/(m+p-1) of the ideal step time.
 #pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "ops/executor.h"
+#include "ops/graph.h"
+#include "parallel/comm.h"
 
 namespace parallel {
 
@@ -22,5 +29,54 @@ std::vector<PipeAction> schedule_gpipe(int stage, int stages, int micros);
 std::vector<PipeAction> pipeline_schedule(const std::string& name, int stage, int stages, int micros);
 // The most micro-batches whose activations a stage holds at once under `schedule`.
 int max_in_flight(const std::vector<PipeAction>& schedule);
+
+}  // namespace parallel
+
+// ---- running a schedule on one stage -------------------------------------------------------
+namespace parallel {
+
+struct MicroBatch {
+  const int32_t* tokens = nullptr;   // (B,T); stages without an embedding ignore them
+  const int32_t* targets = nullptr;  // (B,T); read by the last stage
+  int64_t sample_offset = 0;         // first sample's index in the global batch (dropout counters)
+};
+
+struct PipelineStats {
+  double forward_ms = 0, backward_ms = 0;
+  double wait_ms = 0;   // blocked on a neighbour: receives, and sends still in flight when a buffer is reused
+  double loss_sum = 0;  // sum of per-position losses (last stage)
+};
+
+// One pipeline stage: its executors (one per micro-batch in flight, all bound to the same
+// parameters), its neighbours and the activation/gradient buffers exchanged with them
+// (communication account). Receives block; sends do not (a buffer is reused only after its
+// send completed), which with either schedule cannot deadlock (tests/test_pipeline.cpp).
+// With one stage it simply runs the schedule's passes.
+class PipelineRunner {
+ public:
+  PipelineRunner(const ops::Graph& g, std::vector<ops::Executor*> slots, Communicator& world, int prev_rank, int next_rank);
+  ~PipelineRunner();
+
+  // Training passes of one step in `schedule`'s order. `final_hook` is installed as the
+  // executor's gradient hook for the backward of the step's last micro-batch (when gradients
+  // become final). dloss as in ops::Executor::backward.
+  PipelineStats train(const std::vector<PipeAction>& schedule, const std::vector<MicroBatch>& mbs, float dloss, uint64_t key,
+                      const std::function<void(int)>& final_hook);
+  // Inference forward of one micro-batch through the pipeline; the last stage's loss sum and count.
+  ops::Executor::LossSum forward(const MicroBatch& mb);
+  // Inference forward to the logits: the last stage returns its (B*T, V) logits shard; other
+  // stages pass their activation on and return null.
+  const ops::Tensor* forward_logits(const int32_t* tokens);
+
+ private:
+  void wait_send(std::unique_ptr<Request>& req, double& wait_ms);
+  const ops::Graph& g_;
+  std::vector<ops::Executor*> slots_;
+  Communicator& world_;
+  int prev_, next_;
+  std::vector<ops::Tensor> act_in_, act_out_, grad_in_;
+  ops::Tensor grad_out_;
+  std::vector<std::unique_ptr<Request>> act_sends_, grad_sends_;
+};
 
 }  // namespace parallel

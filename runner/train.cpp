@@ -96,7 +96,6 @@ void check_supported(const Plan& p, int64_t grid_world) {
     unsupported("parallel.schedule", "the interleaved pipeline schedule", "use parallel.schedule: 1f1b or gpipe");
 }
 
-constexpr int kTagAct = 1, kTagGrad = 2, kTagEval = 3;
 
 struct Trainer {
   const Plan& plan;
@@ -115,9 +114,7 @@ struct Trainer {
   std::vector<std::vector<int>> ready_at;  // node -> parameters whose gradient is complete after its backward
   std::vector<char> seq_partial;           // per parameter: its gradient is summed over tp first (sequence parallelism)
   std::vector<parallel::PipeAction> sched;
-  std::vector<ops::Tensor> act_in, act_out, grad_in;  // pipeline buffers, per executor slot
-  ops::Tensor grad_out;
-  std::vector<std::unique_ptr<parallel::Request>> act_sends, grad_sends;
+  std::unique_ptr<parallel::PipelineRunner> pipe;
   int tied_wte = -1;           // ParamSet index of the embedding tied across the first and last stage
   double pipe_wait_total = 0, step_ms_total = 0, comm_hidden_total = 0, comm_exposed_total = 0;
   bool multi() const { return grid.world_size() > 1; }
@@ -321,18 +318,10 @@ struct Trainer {
       if (plan.tp > 1) execs.back()->set_group(&grid.tp());
     }
     exec = execs[0].get();
-    // Pipeline buffers (communication account): per slot, the activation received and sent and
-    // the gradient sent back; one gradient received.
-    auto buffer = [&](int id) {
-      return ops::Tensor::zeros(graph.tensors[static_cast<size_t>(id)].shape, ops::DType::F32, ops::Account::Communication);
-    };
-    for (int k = 0; k < slots; ++k) {
-      if (graph.stage_input >= 0) { act_in.push_back(buffer(graph.stage_input)); grad_in.push_back(buffer(graph.stage_input)); }
-      if (graph.stage_output >= 0) act_out.push_back(buffer(graph.stage_output));
-    }
-    if (graph.stage_output >= 0) grad_out = buffer(graph.stage_output);
-    act_sends.resize(static_cast<size_t>(slots));
-    grad_sends.resize(static_cast<size_t>(slots));
+    std::vector<ops::Executor*> ptrs;
+    for (auto& e : execs) ptrs.push_back(e.get());
+    pipe = std::make_unique<parallel::PipelineRunner>(graph, std::move(ptrs), grid.world(), grid.prev_stage_rank(),
+                                                      grid.next_stage_rank());
     // Adam moments exist from the start (the ledger counts them), on this rank's ZeRO piece only.
     for (size_t i = 0; i < ps.values.size(); ++i) {
       st.adam_m.emplace_back(moment_shape(ps, i), ops::DType::F32, ops::Account::Optimizer);
@@ -380,81 +369,6 @@ struct Trainer {
   // slice [r*global/dp, (r+1)*global/dp), cut into micro-batches (runner/data.h).
   int64_t sample_offset(int64_t k) const { return grid.coords().dp * (plan.global / plan.dp) + k * plan.micro; }
 
-  void wait_send(std::unique_ptr<parallel::Request>& req, double& wait_ms) {
-    if (!req) return;
-    auto t = Clock::now();
-    req->wait();
-    req.reset();
-    wait_ms += ms_between(t, Clock::now());
-  }
-
-  // Forward and backward of every micro-batch of the step, in the pipeline schedule's order
-  // (one forward then its backward without pipelining). Gradients of the last micro-batch's
-  // backward are handed to the data-parallel buckets as they complete.
-  void run_schedule(const std::vector<Batch>& mbs, float dloss, uint64_t key, StepResult& res, double& loss_sum) {
-    const int slots = static_cast<int>(execs.size());
-    const int prev = grid.prev_stage_rank(), next = grid.next_stage_rank();
-    const int last_micro = static_cast<int>(plan.accum) - 1;
-    for (const parallel::PipeAction& a : sched) {
-      const size_t slot = static_cast<size_t>(a.micro % slots);
-      ops::Executor& ex = *execs[slot];
-      const Batch& mb = mbs[static_cast<size_t>(a.micro)];
-      if (a.forward) {
-        float* in = nullptr;
-        float* out = nullptr;
-        if (prev >= 0) {
-          auto t = Clock::now();
-          grid.world().recv(act_in[slot].raw(), act_in[slot].nbytes(), prev, kTagAct);
-          res.pipe_wait_ms += ms_between(t, Clock::now());
-          in = act_in[slot].data<float>();
-        }
-        if (next >= 0) {
-          wait_send(act_sends[slot], res.pipe_wait_ms);
-          out = act_out[slot].data<float>();
-        }
-        auto t0 = Clock::now();
-        auto ls = ex.forward(mb.tokens.data(), mb.targets.data(), true, key, sample_offset(a.micro), in, out);
-        res.fwd_ms += ms_between(t0, Clock::now());
-        loss_sum += ls.sum;
-        if (next >= 0) act_sends[slot] = grid.world().isend(act_out[slot].raw(), act_out[slot].nbytes(), next, kTagAct);
-      } else {
-        const float* dout = nullptr;
-        float* din = nullptr;
-        if (next >= 0) {
-          auto t = Clock::now();
-          grid.world().recv(grad_out.raw(), grad_out.nbytes(), next, kTagGrad);
-          res.pipe_wait_ms += ms_between(t, Clock::now());
-          dout = grad_out.data<float>();
-        }
-        if (prev >= 0) {
-          wait_send(grad_sends[slot], res.pipe_wait_ms);
-          din = grad_in[slot].data<float>();
-        }
-        const bool final_pass = a.micro == last_micro;
-        if (final_pass) {
-          sync->start_step();
-          ex.set_grad_hook([this](int node) {
-            for (int p : ready_at[static_cast<size_t>(node)]) {
-              if (seq_partial[static_cast<size_t>(p)]) {  // each tp rank saw only its rows of the sequence
-                ops::Tensor& gr = st.params.grads[static_cast<size_t>(p)];
-                grid.tp().allreduce_sum(gr.data<float>(), gr.numel());
-              }
-              sync->grad_ready(p);
-            }
-            sync->progress();
-          });
-        }
-        auto t0 = Clock::now();
-        ex.backward(dloss, dout, din);
-        res.bwd_ms += ms_between(t0, Clock::now());
-        if (final_pass) ex.set_grad_hook(nullptr);
-        if (prev >= 0) grad_sends[slot] = grid.world().isend(grad_in[slot].raw(), grad_in[slot].nbytes(), prev, kTagGrad);
-      }
-    }
-    for (auto& r : act_sends) wait_send(r, res.pipe_wait_ms);
-    for (auto& r : grad_sends) wait_send(r, res.pipe_wait_ms);
-  }
-
   // Global gradient norm over the logical model: every element counted once, whichever ranks
   // hold copies of it (data-parallel replicas, tensor-parallel replicated norms and biases, the
   // tied embedding on two stages). `extra` is summed along (the step's loss), in one all-reduce.
@@ -498,13 +412,32 @@ struct Trainer {
     uint64_t key = ops::rng_key(st.rng.dropout_seed, static_cast<uint64_t>(st.step));
     double loss_sum = 0;
     ops::MemoryTracker::instance().reset_peaks();
+    std::vector<parallel::MicroBatch> micro;
+    for (int64_t k = 0; k < plan.accum; ++k)
+      micro.push_back({mbs[static_cast<size_t>(k)].tokens.data(), mbs[static_cast<size_t>(k)].targets.data(), sample_offset(k)});
     // Fault injection for tests (RUNNER_FAULT_FAIL_RANK=R, RUNNER_FAULT_FAIL_STEP=N): world rank
     // R fails in the middle of step N, as a crashed kernel or a lost node would.
     static const int64_t fail_rank = std::getenv("RUNNER_FAULT_FAIL_RANK") ? std::atoll(std::getenv("RUNNER_FAULT_FAIL_RANK")) : -1;
     static const int64_t fail_step = std::getenv("RUNNER_FAULT_FAIL_STEP") ? std::atoll(std::getenv("RUNNER_FAULT_FAIL_STEP")) : -1;
     if (grid.rank() == fail_rank && st.step + 1 == fail_step)
       throw std::runtime_error(fmt::format("injected fault at step {} (RUNNER_FAULT_FAIL_RANK)", st.step + 1));
-    run_schedule(mbs, dloss, key, res, loss_sum);
+    // The step's last backward makes the gradients final: each goes to its data-parallel
+    // bucket as the backward completes it (summed over tp first under sequence parallelism).
+    sync->start_step();
+    parallel::PipelineStats ps = pipe->train(sched, micro, dloss, key, [this](int node) {
+      for (int p : ready_at[static_cast<size_t>(node)]) {
+        if (seq_partial[static_cast<size_t>(p)]) {  // each tp rank saw only its rows of the sequence
+          ops::Tensor& gr = st.params.grads[static_cast<size_t>(p)];
+          grid.tp().allreduce_sum(gr.data<float>(), gr.numel());
+        }
+        sync->grad_ready(p);
+      }
+      sync->progress();
+    });
+    res.fwd_ms = ps.forward_ms;
+    res.bwd_ms = ps.backward_ms;
+    res.pipe_wait_ms = ps.wait_ms;
+    loss_sum = ps.loss_sum;
     auto o0 = Clock::now();
     sync->finish_grads();
     if (tied_wte >= 0) {  // the two copies of the tied embedding: sum over stages, then over dp
@@ -563,15 +496,11 @@ struct Trainer {
     DataLoader vl(val_src, lc, st.rng.data_seed);
     double sum = 0;
     int64_t count = 0;
-    const int prev = grid.prev_stage_rank(), next = grid.next_stage_rank();
     // The number of batches is fixed before the loop: every rank must run the same passes (a
     // stop request is acted on after evaluation).
     for (int64_t i = 0; i < r.train.eval_batches && (multi() || !stop_requested()); ++i) {
       Batch b = vl.next();
-      if (prev >= 0) grid.world().recv(act_in[0].raw(), act_in[0].nbytes(), prev, kTagEval);
-      auto ls = exec->forward(b.tokens.data(), b.targets.data(), false, 0, 0, prev >= 0 ? act_in[0].data<float>() : nullptr,
-                              next >= 0 ? act_out[0].data<float>() : nullptr);
-      if (next >= 0) grid.world().send(act_out[0].raw(), act_out[0].nbytes(), next, kTagEval);
+      auto ls = pipe->forward({b.tokens.data(), b.targets.data(), 0});
       sum += ls.sum;
       count += ls.count;
     }
@@ -605,13 +534,8 @@ struct Trainer {
         for (size_t j = 0; j < max_answer; ++j) {
           std::vector<float> best_val(n, -std::numeric_limits<float>::infinity());
           std::vector<int64_t> best_id(n, std::numeric_limits<int64_t>::max());
-          if (prev >= 0) grid.world().recv(act_in[0].raw(), act_in[0].nbytes(), prev, kTagEval);
-          const float* in = prev >= 0 ? act_in[0].data<float>() : nullptr;
-          if (next >= 0) {
-            exec->forward(tokens.data(), nullptr, false, 0, 0, in, act_out[0].data<float>());
-            grid.world().send(act_out[0].raw(), act_out[0].nbytes(), next, kTagEval);
-          } else {
-            const ops::Tensor& logits = exec->forward_logits(tokens.data(), in);
+          if (const ops::Tensor* lt = pipe->forward_logits(tokens.data())) {  // the last stage
+            const ops::Tensor& logits = *lt;
             const float* L = logits.data<float>();
             const int64_t V = logits.shape().back(), vstart = tp_rank * V;
             const int64_t real = std::clamp<int64_t>(r.model.vocab_size - vstart, 0, V);
