@@ -517,7 +517,10 @@ std::string Plan::table() const {
   o << fmt::format("  grid       world {} = dp {} x tp {} x pp {}", world, dp, tp, pp);
   if (pp > 1) o << fmt::format("  stages [{}]  schedule {}", join(stage_layers), r.parallel.schedule);
   if (r.parallel.zero) o << "  ZeRO-1";
+  if (r.parallel.sequence_parallel && tp > 1) o << "  sequence-parallel";
   o << "\n";
+  if (world > 1)
+    o << fmt::format("  launch     mpirun -np {} runner train {}   (or srun -n {} ...)\n", world, r.source_file, world);
   o << fmt::format("  batch      global {} = micro {} x dp {} x accum {}{}  ({} tokens/step)\n", global, micro, dp, accum,
                    derived.empty() ? "" : " (derived: " + [&] {
                      std::string s;
