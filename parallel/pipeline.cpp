@@ -29,15 +29,40 @@ std::vector<PipeAction> schedule_gpipe(int stage, int stages, int micros) {
   return s;
 }
 
-std::vector<PipeAction> pipeline_schedule(const std::string& name, int stage, int stages, int micros) {
+std::vector<PipeAction> schedule_interleaved(int stage, int stages, int micros, int chunks) {
+  if (chunks <= 1) return schedule_1f1b(stage, stages, micros);
+  if (micros % stages != 0)
+    throw std::invalid_argument("interleaved schedule: micro-batches must be a multiple of the pipeline stages");
+  const int p = stages, v = chunks, total = micros * v;
+  // The k-th forward (backward) of this stage: chunk (k / p) % v (reversed for backward), micro-batch
+  // (k / (p v)) p + k % p.
+  auto action = [&](int k, bool fwd) {
+    int c = (k / p) % v;
+    return PipeAction{fwd, (k / (p * v)) * p + k % p, fwd ? c : v - 1 - c};
+  };
+  const int warmup = std::min((p - stage - 1) * 2 + (v - 1) * p, total);
+  std::vector<PipeAction> s;
+  int f = 0, b = 0;
+  for (; f < warmup; ++f) s.push_back(action(f, true));
+  while (f < total) {
+    s.push_back(action(f++, true));
+    s.push_back(action(b++, false));
+  }
+  while (b < total) s.push_back(action(b++, false));
+  return s;
+}
+
+std::vector<PipeAction> pipeline_schedule(const std::string& name, int stage, int stages, int micros, int chunks) {
   if (name == "1f1b") return schedule_1f1b(stage, stages, micros);
   if (name == "gpipe") return schedule_gpipe(stage, stages, micros);
+  if (name == "interleaved") return schedule_interleaved(stage, stages, micros, chunks);
   throw std::invalid_argument("unknown pipeline schedule '" + name + "'");
 }
 
-int max_in_flight(const std::vector<PipeAction>& schedule) {
+int max_in_flight(const std::vector<PipeAction>& schedule, int chunk) {
   int cur = 0, best = 0;
   for (auto& a : schedule) {
+    if (a.chunk != chunk) continue;
     cur += a.forward ? 1 : -1;
     best = std::max(best, cur);
   }
@@ -51,34 +76,43 @@ int max_in_flight(const std::vector<PipeAction>& schedule) {
 namespace parallel {
 
 namespace {
-constexpr int kTagAct = 1, kTagGrad = 2, kTagEval = 3;
+// Message tags carry the receiving chunk's virtual stage, so the chunks a pair of ranks
+// exchange under the interleaved schedule never match each other's messages.
+int tag(int vstage, int kind) { return 16 * vstage + kind; }
+constexpr int kAct = 1, kGrad = 2, kEval = 3;
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 }  // namespace
 
-PipelineRunner::PipelineRunner(const ops::Graph& g, std::vector<ops::Executor*> slots, Communicator& world, int prev_rank,
-                               int next_rank)
-    : g_(g), slots_(std::move(slots)), world_(world), prev_(prev_rank), next_(next_rank) {
-  auto buffer = [&](int id) {
-    return ops::Tensor::zeros(g_.tensors[static_cast<size_t>(id)].shape, ops::DType::F32, ops::Account::Communication);
-  };
-  for (size_t k = 0; k < slots_.size(); ++k) {
-    if (prev_ >= 0) {
-      act_in_.push_back(buffer(g_.stage_input));
-      grad_in_.push_back(buffer(g_.stage_input));
+PipelineRunner::PipelineRunner(std::vector<PipelineChunk> chunks, Communicator& world) : world_(world) {
+  for (auto& pc : chunks) {
+    Chunk ch;
+    ch.c = std::move(pc);
+    const ops::Graph& g = *ch.c.graph;
+    auto buffer = [&](int id) {
+      return ops::Tensor::zeros(g.tensors[static_cast<size_t>(id)].shape, ops::DType::F32, ops::Account::Communication);
+    };
+    for (size_t k = 0; k < ch.c.slots.size(); ++k) {
+      if (ch.c.prev_rank >= 0) {
+        ch.act_in.push_back(buffer(g.stage_input));
+        ch.grad_in.push_back(buffer(g.stage_input));
+      }
+      if (ch.c.next_rank >= 0) ch.act_out.push_back(buffer(g.stage_output));
     }
-    if (next_ >= 0) act_out_.push_back(buffer(g_.stage_output));
+    if (ch.c.next_rank >= 0) ch.grad_out = buffer(g.stage_output);
+    ch.act_sends.resize(ch.c.slots.size());
+    ch.grad_sends.resize(ch.c.slots.size());
+    chunks_.push_back(std::move(ch));
   }
-  if (next_ >= 0) grad_out_ = buffer(g_.stage_output);
-  act_sends_.resize(slots_.size());
-  grad_sends_.resize(slots_.size());
 }
 
 PipelineRunner::~PipelineRunner() {
-  for (auto& r : act_sends_)
-    if (r) r->wait();
-  for (auto& r : grad_sends_)
-    if (r) r->wait();
+  for (auto& ch : chunks_) {
+    for (auto& r : ch.act_sends)
+      if (r) r->wait();
+    for (auto& r : ch.grad_sends)
+      if (r) r->wait();
+  }
 }
 
 void PipelineRunner::wait_send(std::unique_ptr<Request>& req, double& wait_ms) {
@@ -90,78 +124,92 @@ void PipelineRunner::wait_send(std::unique_ptr<Request>& req, double& wait_ms) {
 }
 
 PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, const std::vector<MicroBatch>& mbs, float dloss,
-                                    uint64_t key, const std::function<void(int)>& final_hook) {
+                                    uint64_t key, const std::function<void(int, int)>& final_hook) {
   PipelineStats st;
-  const size_t n = slots_.size();
   const int last_micro = static_cast<int>(mbs.size()) - 1;
   for (const PipeAction& a : schedule) {
-    const size_t slot = static_cast<size_t>(a.micro) % n;
-    ops::Executor& ex = *slots_[slot];
+    Chunk& ch = chunks_[static_cast<size_t>(a.chunk)];
+    const int prev = ch.c.prev_rank, next = ch.c.next_rank, vs = ch.c.vstage;
+    const size_t slot = static_cast<size_t>(a.micro) % ch.c.slots.size();
+    ops::Executor& ex = *ch.c.slots[slot];
     const MicroBatch& mb = mbs[static_cast<size_t>(a.micro)];
     if (a.forward) {
       float* in = nullptr;
       float* out = nullptr;
-      if (prev_ >= 0) {
+      if (prev >= 0) {
         auto t = Clock::now();
-        world_.recv(act_in_[slot].raw(), act_in_[slot].nbytes(), prev_, kTagAct);
+        world_.recv(ch.act_in[slot].raw(), ch.act_in[slot].nbytes(), prev, tag(vs, kAct));
         st.wait_ms += ms_since(t);
-        in = act_in_[slot].data<float>();
+        in = ch.act_in[slot].data<float>();
       }
-      if (next_ >= 0) {
-        wait_send(act_sends_[slot], st.wait_ms);
-        out = act_out_[slot].data<float>();
+      if (next >= 0) {
+        wait_send(ch.act_sends[slot], st.wait_ms);
+        out = ch.act_out[slot].data<float>();
       }
       auto t0 = Clock::now();
       auto ls = ex.forward(mb.tokens, mb.targets, true, key, mb.sample_offset, in, out);
       st.forward_ms += ms_since(t0);
       st.loss_sum += ls.sum;
-      if (next_ >= 0) act_sends_[slot] = world_.isend(act_out_[slot].raw(), act_out_[slot].nbytes(), next_, kTagAct);
+      if (next >= 0)
+        ch.act_sends[slot] = world_.isend(ch.act_out[slot].raw(), ch.act_out[slot].nbytes(), next, tag(vs + 1, kAct));
     } else {
       const float* dout = nullptr;
       float* din = nullptr;
-      if (next_ >= 0) {
+      if (next >= 0) {
         auto t = Clock::now();
-        world_.recv(grad_out_.raw(), grad_out_.nbytes(), next_, kTagGrad);
+        world_.recv(ch.grad_out.raw(), ch.grad_out.nbytes(), next, tag(vs, kGrad));
         st.wait_ms += ms_since(t);
-        dout = grad_out_.data<float>();
+        dout = ch.grad_out.data<float>();
       }
-      if (prev_ >= 0) {
-        wait_send(grad_sends_[slot], st.wait_ms);
-        din = grad_in_[slot].data<float>();
+      if (prev >= 0) {
+        wait_send(ch.grad_sends[slot], st.wait_ms);
+        din = ch.grad_in[slot].data<float>();
       }
       const bool final_pass = a.micro == last_micro && final_hook;
-      if (final_pass) ex.set_grad_hook(final_hook);
+      const int chunk = a.chunk;
+      if (final_pass) ex.set_grad_hook([&final_hook, chunk](int node) { final_hook(chunk, node); });
       auto t0 = Clock::now();
       ex.backward(dloss, dout, din);
       st.backward_ms += ms_since(t0);
       if (final_pass) ex.set_grad_hook(nullptr);
-      if (prev_ >= 0) grad_sends_[slot] = world_.isend(grad_in_[slot].raw(), grad_in_[slot].nbytes(), prev_, kTagGrad);
+      if (prev >= 0)
+        ch.grad_sends[slot] = world_.isend(ch.grad_in[slot].raw(), ch.grad_in[slot].nbytes(), prev, tag(vs - 1, kGrad));
     }
   }
-  for (auto& r : act_sends_) wait_send(r, st.wait_ms);
-  for (auto& r : grad_sends_) wait_send(r, st.wait_ms);
+  for (auto& ch : chunks_) {
+    for (auto& r : ch.act_sends) wait_send(r, st.wait_ms);
+    for (auto& r : ch.grad_sends) wait_send(r, st.wait_ms);
+  }
   return st;
 }
 
+// One inference pass through this stage's chunks in pipeline order (a single chain across the
+// ranks, so blocking sends cannot deadlock).
+const ops::Tensor* PipelineRunner::eval_pass(const MicroBatch& mb, bool logits, ops::Executor::LossSum* ls) {
+  const ops::Tensor* out = nullptr;
+  for (Chunk& ch : chunks_) {
+    ops::Executor& ex = *ch.c.slots[0];
+    const int prev = ch.c.prev_rank, next = ch.c.next_rank, vs = ch.c.vstage;
+    if (prev >= 0) world_.recv(ch.act_in[0].raw(), ch.act_in[0].nbytes(), prev, tag(vs, kEval));
+    const float* in = prev >= 0 ? ch.act_in[0].data<float>() : nullptr;
+    if (next >= 0) {
+      ex.forward(mb.tokens, mb.targets, false, 0, mb.sample_offset, in, ch.act_out[0].data<float>());
+      world_.send(ch.act_out[0].raw(), ch.act_out[0].nbytes(), next, tag(vs + 1, kEval));
+    } else if (logits) {
+      out = &ex.forward_logits(mb.tokens, in);
+    } else {
+      *ls = ex.forward(mb.tokens, mb.targets, false, 0, mb.sample_offset, in, nullptr);
+    }
+  }
+  return out;
+}
+
 ops::Executor::LossSum PipelineRunner::forward(const MicroBatch& mb) {
-  ops::Executor& ex = *slots_[0];
-  if (prev_ >= 0) world_.recv(act_in_[0].raw(), act_in_[0].nbytes(), prev_, kTagEval);
-  auto ls = ex.forward(mb.tokens, mb.targets, false, 0, mb.sample_offset, prev_ >= 0 ? act_in_[0].data<float>() : nullptr,
-                       next_ >= 0 ? act_out_[0].data<float>() : nullptr);
-  if (next_ >= 0) world_.send(act_out_[0].raw(), act_out_[0].nbytes(), next_, kTagEval);
+  ops::Executor::LossSum ls;
+  eval_pass(mb, false, &ls);
   return ls;
 }
 
-const ops::Tensor* PipelineRunner::forward_logits(const int32_t* tokens) {
-  ops::Executor& ex = *slots_[0];
-  if (prev_ >= 0) world_.recv(act_in_[0].raw(), act_in_[0].nbytes(), prev_, kTagEval);
-  const float* in = prev_ >= 0 ? act_in_[0].data<float>() : nullptr;
-  if (next_ >= 0) {
-    ex.forward(tokens, nullptr, false, 0, 0, in, act_out_[0].data<float>());
-    world_.send(act_out_[0].raw(), act_out_[0].nbytes(), next_, kTagEval);
-    return nullptr;
-  }
-  return &ex.forward_logits(tokens, in);
-}
+const ops::Tensor* PipelineRunner::forward_logits(const int32_t* tokens) { return eval_pass({tokens, nullptr, 0}, true, nullptr); }
 
 }  // namespace parallel

@@ -21,14 +21,20 @@ namespace parallel {
 struct PipeAction {
   bool forward = true;
   int micro = 0;
+  int chunk = 0;  // interleaved: which of the stage's model chunks (virtual stage chunk*stages + stage)
 };
 
 std::vector<PipeAction> schedule_1f1b(int stage, int stages, int micros);
 std::vector<PipeAction> schedule_gpipe(int stage, int stages, int micros);
-// By name ("1f1b" | "gpipe"); throws std::invalid_argument otherwise.
-std::vector<PipeAction> pipeline_schedule(const std::string& name, int stage, int stages, int micros);
-// The most micro-batches whose activations a stage holds at once under `schedule`.
-int max_in_flight(const std::vector<PipeAction>& schedule);
+// Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM's schedule): the model is cut into
+// stages x chunks pieces, stage s holding chunks s, s + stages, ...; micro-batches go through
+// the chunks in groups of `stages`; the bubble shrinks to (p-1)/(v*m+p-1). micros must be a
+// multiple of stages.
+std::vector<PipeAction> schedule_interleaved(int stage, int stages, int micros, int chunks);
+// By name ("1f1b" | "gpipe" | "interleaved"); throws std::invalid_argument otherwise.
+std::vector<PipeAction> pipeline_schedule(const std::string& name, int stage, int stages, int micros, int chunks = 1);
+// The most micro-batches whose activations of model chunk `chunk` a stage holds at once.
+int max_in_flight(const std::vector<PipeAction>& schedule, int chunk = 0);
 
 }  // namespace parallel
 
@@ -47,36 +53,46 @@ struct PipelineStats {
   double loss_sum = 0;  // sum of per-position losses (last stage)
 };
 
-// One pipeline stage: its executors (one per micro-batch in flight, all bound to the same
-// parameters), its neighbours and the activation/gradient buffers exchanged with them
-// (communication account). Receives block; sends do not (a buffer is reused only after its
-// send completed), which with either schedule cannot deadlock (tests/test_pipeline.cpp).
+// One pipeline stage: for each of its model chunks (one, or several under the interleaved
+// schedule) the chunk's executors (one per micro-batch of that chunk in flight, all bound to
+// the same parameters), its neighbours and the activation/gradient buffers exchanged with
+// them (communication account). Receives block; sends do not (a buffer is reused only after
+// its send completed), which with these schedules cannot deadlock (tests/test_pipeline.cpp).
 // With one stage it simply runs the schedule's passes.
+struct PipelineChunk {
+  const ops::Graph* graph = nullptr;
+  std::vector<ops::Executor*> slots;
+  int vstage = 0;              // its place in the pipeline of all chunks
+  int prev_rank = -1, next_rank = -1;  // world ranks of the neighbouring chunks (-1: none)
+};
+
 class PipelineRunner {
  public:
-  PipelineRunner(const ops::Graph& g, std::vector<ops::Executor*> slots, Communicator& world, int prev_rank, int next_rank);
+  PipelineRunner(std::vector<PipelineChunk> chunks, Communicator& world);
   ~PipelineRunner();
 
-  // Training passes of one step in `schedule`'s order. `final_hook` is installed as the
-  // executor's gradient hook for the backward of the step's last micro-batch (when gradients
-  // become final). dloss as in ops::Executor::backward.
+  // Training passes of one step in `schedule`'s order. `final_hook(chunk, node)` is installed as
+  // the gradient hook of each chunk's backward of the step's last micro-batch (when that
+  // chunk's gradients become final). dloss as in ops::Executor::backward.
   PipelineStats train(const std::vector<PipeAction>& schedule, const std::vector<MicroBatch>& mbs, float dloss, uint64_t key,
-                      const std::function<void(int)>& final_hook);
+                      const std::function<void(int, int)>& final_hook);
   // Inference forward of one micro-batch through the pipeline; the last stage's loss sum and count.
   ops::Executor::LossSum forward(const MicroBatch& mb);
   // Inference forward to the logits: the last stage returns its (B*T, V) logits shard; other
-  // stages pass their activation on and return null.
+  // stages pass their activations on and return null.
   const ops::Tensor* forward_logits(const int32_t* tokens);
 
  private:
+  struct Chunk {
+    PipelineChunk c;
+    std::vector<ops::Tensor> act_in, act_out, grad_in;
+    ops::Tensor grad_out;
+    std::vector<std::unique_ptr<Request>> act_sends, grad_sends;
+  };
   void wait_send(std::unique_ptr<Request>& req, double& wait_ms);
-  const ops::Graph& g_;
-  std::vector<ops::Executor*> slots_;
+  const ops::Tensor* eval_pass(const MicroBatch& mb, bool logits, ops::Executor::LossSum* ls);
+  std::vector<Chunk> chunks_;
   Communicator& world_;
-  int prev_, next_;
-  std::vector<ops::Tensor> act_in_, act_out_, grad_in_;
-  ops::Tensor grad_out_;
-  std::vector<std::unique_ptr<Request>> act_sends_, grad_sends_;
 };
 
 }  // namespace parallel

@@ -1,6 +1,8 @@
 // Plan resolution and the memory ledger (see plan.h).
 #include "runner/plan.h"
 
+#include "parallel/pipeline.h"
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -184,6 +186,12 @@ void check_layout(const Recipe& r, Plan& p) {
                         "choose virtual_stages dividing the layers per stage");
   }
   int64_t v = (r.parallel.schedule == "interleaved") ? std::max<int64_t>(1, r.parallel.virtual_stages) : 1;
+  p.chunks = pp > 1 ? v : 1;
+  if (p.chunks > 1 && p.accum % pp != 0)
+    throw UserError(r.loc("batch"),
+                    fmt::format("the interleaved schedule sends micro-batches through the stages in groups of pp = {}: "
+                                "accum {} is not a multiple of {}", pp, p.accum, pp),
+                    fmt::format("set batch.accum to a multiple of {} (e.g. {})", pp, (p.accum + pp - 1) / pp * pp));
   p.bubble = pp > 1 ? static_cast<double>(pp - 1) / static_cast<double>(v * p.accum + pp - 1) : 0.0;
   if (p.bubble > 0.25)
     p.warnings.push_back(fmt::format("pipeline bubble {:.0f}% = (p-1)/(m+p-1) with p={} m={}: raise accum to shrink it",
@@ -193,6 +201,64 @@ void check_layout(const Recipe& r, Plan& p) {
                                      tp, r.hardware.devices_per_node));
   if (r.parallel.zero == 1 && p.dp == 1)
     p.notes.push_back("ZeRO-1 with dp 1 shards nothing");
+}
+
+// One stage of the interleaved schedule: its chunks' parameters, and the activations of every
+// (micro-batch, chunk) the schedule holds at once, found by replaying the schedule with each
+// chunk's per-micro-batch activations from its own graph's dry run.
+void interleaved_stage(const Recipe& r, const Plan& p, int s, size_t wbytes, size_t gbytes, double opt_per_param,
+                       int64_t zero_div, StageLedger& L) {
+  const int P = static_cast<int>(p.pp), V = static_cast<int>(p.chunks);
+  std::vector<double> act(static_cast<size_t>(V)), transient(static_cast<size_t>(V));
+  L.params = 0;
+  L.workspace = 0;
+  L.communication = 0;
+  auto sched = parallel::schedule_interleaved(s, P, static_cast<int>(p.accum), V);
+  double act_bytes = 0;
+  for (int c = 0; c < V; ++c) {
+    GptSpec spec = p.chunk_spec(c * P + s);
+    ops::Graph g = build_gpt_graph(spec);
+    ops::MemoryEstimate est = ops::Executor::simulate(g);
+    for (int id : g.params) L.params += ops::numel_of(g.tensors[id].shape);
+    act[static_cast<size_t>(c)] = static_cast<double>(est.activations_after_forward);
+    transient[static_cast<size_t>(c)] =
+        static_cast<double>(est.peak[static_cast<int>(ops::Account::Activations)]) - act[static_cast<size_t>(c)];
+    L.workspace = std::max(L.workspace, static_cast<double>(est.peak[static_cast<int>(ops::Account::Workspace)]));
+    act_bytes = static_cast<double>(spec.B * (spec.T ? spec.T : r.model.seq_len) * r.model.d_model) * wbytes;
+    if (spec.sequence_parallel && p.tp > 1) act_bytes /= static_cast<double>(p.tp);
+    const double k = parallel::max_in_flight(sched, c);
+    const int vs = c * P + s;
+    if (vs > 0) L.communication += 2.0 * k * act_bytes;
+    if (vs < P * V - 1) L.communication += (k + 1.0) * act_bytes;
+  }
+  double cur = 0, peak = 0;
+  int64_t live = 0, most = 0;
+  for (const auto& a : sched) {
+    const size_t c = static_cast<size_t>(a.chunk);
+    if (a.forward) {
+      cur += act[c];
+      most = std::max(most, ++live);
+      peak = std::max(peak, cur);
+    } else {
+      peak = std::max(peak, cur + transient[c]);
+      cur -= act[c];
+      --live;
+    }
+  }
+  L.activations_per_micro = 0;
+  for (double a : act) L.activations_per_micro += a;
+  L.recompute_transient = *std::max_element(transient.begin(), transient.end());
+  L.micro_in_flight = most;  // (micro-batch, chunk) pairs
+  L.activations = peak;
+  L.parameters = static_cast<double>(L.params) * wbytes;
+  L.gradients = static_cast<double>(L.params) * gbytes;
+  L.optimizer = static_cast<double>(L.params) * opt_per_param / static_cast<double>(zero_div);
+  if (r.hardware.device == "cpu") {
+    double state_copy = static_cast<double>(L.params) * 4.0 + L.optimizer;
+    if (r.checkpoint.async) L.workspace += state_copy;
+    if (r.checkpoint.snapshot_every > 0) L.workspace += state_copy;
+  }
+  if (p.dp > 1 && r.parallel.zero >= 1) L.communication += static_cast<double>(L.params) * gbytes / static_cast<double>(p.dp);
 }
 
 void compute_ledger(const Recipe& r, Plan& p) {
@@ -217,6 +283,11 @@ void compute_ledger(const Recipe& r, Plan& p) {
     std::set<std::string> seen;
     for (int id : g.params)
       if (seen.insert(g.tensors[id].name).second) L.params += ops::numel_of(g.tensors[id].shape);
+    if (p.chunks > 1) {  // interleaved: this stage's chunks, replayed through the schedule
+      interleaved_stage(r, p, static_cast<int>(s), wbytes, gbytes, opt_per_param, zero_div, L);
+      p.stages.push_back(L);
+      continue;
+    }
     L.parameters = static_cast<double>(L.params) * wbytes;
     L.gradients = static_cast<double>(L.params) * gbytes;
     L.optimizer = static_cast<double>(L.params) * opt_per_param / static_cast<double>(zero_div);
@@ -348,6 +419,18 @@ std::string format_bytes(double b) {
   if (b >= gib) return fmt::format("{:.2f} GiB", b / gib);
   if (b >= mib) return fmt::format("{:.1f} MiB", b / mib);
   return fmt::format("{:.0f} KiB", b / 1024.0);
+}
+
+GptSpec Plan::chunk_spec(int vstage, int64_t tp_rank) const {
+  if (chunks <= 1) return stage_spec(vstage, tp_rank);
+  GptSpec s = stage_spec(vstage % static_cast<int>(pp), tp_rank);
+  int64_t first = 0;
+  for (int u = 0; u < vstage; ++u) first += stage_layers[static_cast<size_t>(u % pp)] / chunks;
+  s.first_layer = first;
+  s.last_layer = first + stage_layers[static_cast<size_t>(vstage % pp)] / chunks;
+  s.first_stage = vstage == 0;
+  s.last_stage = vstage == pp * chunks - 1;
+  return s;
 }
 
 GptSpec Plan::stage_spec(int stage, int64_t tp_rank) const {

@@ -51,6 +51,7 @@ struct Plan {
   std::vector<std::string> derived;   // which of global/micro/accum were derived
   int64_t vocab_padded = 0;
   std::vector<int64_t> stage_layers;
+  int64_t chunks = 1;                 // model chunks per pipeline stage (interleaved: virtual_stages)
   double bubble = 0;                  // (p-1)/(v*m + p-1)
   int64_t param_count = 0;            // logical model parameters (padded vocabulary included)
   int64_t tokens_per_step = 0;
@@ -66,6 +67,9 @@ struct Plan {
   std::string table() const;          // the human report
   // The graph of one stage for this plan's micro-batch (what train executes).
   GptSpec stage_spec(int stage, int64_t tp_rank = 0) const;
+  // The graph of virtual stage `vstage` (chunk vstage / pp of stage vstage % pp): the model cut
+  // into pp x chunks pieces in order. With one chunk per stage, stage_spec(vstage).
+  GptSpec chunk_spec(int vstage, int64_t tp_rank = 0) const;
 };
 
 // world_size 0: take it from the recipe (dp x tp x pp when dp is given, else hardware

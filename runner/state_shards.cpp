@@ -30,6 +30,21 @@ constexpr int kTagState = 70;
 
 }  // namespace
 
+ops::Graph rank_param_graph(const Plan& plan, int stage, int64_t tp_rank) {
+  if (plan.chunks <= 1) return build_gpt_graph(plan.stage_spec(stage, tp_rank));
+  ops::Graph merged;
+  for (int64_t k = 0; k < plan.chunks; ++k) {
+    ops::Graph cg = build_gpt_graph(plan.chunk_spec(static_cast<int>(k * plan.pp + stage), tp_rank));
+    for (int id : cg.params) {
+      const ops::TensorDesc& d = cg.tensors[static_cast<size_t>(id)];
+      if (merged.find(d.name) >= 0) continue;
+      int nid = merged.add_param(d.name, d.shape, d.layer, d.decay, d.shard, d.full_shape);
+      merged.tensors[static_cast<size_t>(nid)].seq_partial = d.seq_partial;
+    }
+  }
+  return merged;
+}
+
 std::vector<int64_t> logical_shape(const ops::TensorDesc& d, int64_t vocab) {
   std::vector<int64_t> s = d.full_shape;
   if (is_vocab_tensor(d.name)) s[0] = vocab;
@@ -102,7 +117,7 @@ TrainState gather_logical_state(const Plan& plan, parallel::Grid& grid, const op
   for (int s = 0; s < shape.pp; ++s) {
     for (int t = 0; t < shape.tp; ++t) {
       const int src = parallel::world_rank_of(shape, {0, t, s});
-      ops::Graph sg = src == 0 ? ops::Graph() : build_gpt_graph(plan.stage_spec(s, t));
+      ops::Graph sg = src == 0 ? ops::Graph() : rank_param_graph(plan, s, t);
       const ops::Graph& gg = src == 0 ? g : sg;
       for (int id : gg.params) {
         const ops::TensorDesc& d = gg.tensors[id];
@@ -205,7 +220,7 @@ void save_sharded(CheckpointManager& mgr, const Plan& plan, parallel::Grid& grid
   std::map<std::string, size_t> slot;
   std::vector<int> writer_stage;
   for (int s = 0; s < grid.shape().pp; ++s) {
-    const ops::Graph sg = build_gpt_graph(plan.stage_spec(s, 0));
+    const ops::Graph sg = rank_param_graph(plan, s, 0);
     for (int id : sg.params) {
       const ops::TensorDesc& d = sg.tensors[id];
       if (slot.count(d.name)) continue;

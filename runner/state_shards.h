@@ -29,6 +29,10 @@
 
 namespace runner {
 
+// The parameters a pipeline stage's tensor-parallel rank holds, as a graph: the stage's graph,
+// or under the interleaved schedule a graph of just the parameters of all its model chunks.
+ops::Graph rank_param_graph(const Plan& plan, int stage, int64_t tp_rank);
+
 // Shape of parameter `d` in a checkpoint: its full shape with vocabulary rows cut to `vocab`.
 std::vector<int64_t> logical_shape(const ops::TensorDesc& d, int64_t vocab);
 // Element copies between a shard (d.shape) and its logical tensor (logical_shape(d, vocab)).

@@ -92,8 +92,6 @@ void check_supported(const Plan& p, int64_t grid_world) {
                                 p.dp, p.tp, p.pp, grid_world, grid_world == 1 ? "process is" : "processes are"),
                     fmt::format("launch it with `mpirun -np {} runner train ...` (or `srun -n {}`), or set the parallel "
                                 "degrees for {} rank{}", p.world, p.world, grid_world, grid_world == 1 ? "" : "s"));
-  if (r.parallel.schedule == "interleaved" && p.pp > 1)
-    unsupported("parallel.schedule", "the interleaved pipeline schedule", "use parallel.schedule: 1f1b or gpipe");
 }
 
 
@@ -105,13 +103,13 @@ struct Trainer {
   ops::Backend& be = ops::cpu_backend();
   std::shared_ptr<const DataSource> train_src, val_src;
   std::unique_ptr<DataLoader> loader;
-  ops::Graph graph;
+  ops::Graph graph;                      // this rank's parameters (with one model chunk: its whole graph)
+  std::vector<ops::Graph> chunk_graphs;  // the model chunks this rank runs (several under the interleaved schedule)
   // One executor per micro-batch a pipeline stage holds at once (1 without pipelining); all
   // share the parameters.
   std::vector<std::unique_ptr<ops::Executor>> execs;
-  ops::Executor* exec = nullptr;  // execs[0]: evaluation
   std::unique_ptr<parallel::GradSync> sync;
-  std::vector<std::vector<int>> ready_at;  // node -> parameters whose gradient is complete after its backward
+  std::vector<std::vector<std::vector<int>>> ready_at;  // [chunk][node] -> parameters whose gradient is complete after its backward
   std::vector<char> seq_partial;           // per parameter: its gradient is summed over tp first (sequence parallelism)
   std::vector<parallel::PipeAction> sched;
   std::unique_ptr<parallel::PipelineRunner> pipe;
@@ -269,7 +267,9 @@ struct Trainer {
 
   void build() {
     const parallel::Coords c = grid.coords();
-    graph = build_gpt_graph(plan.stage_spec(c.pp, c.tp));
+    graph = rank_param_graph(plan, c.pp, c.tp);
+    const int P = static_cast<int>(plan.pp), V = static_cast<int>(plan.chunks);
+    for (int k = 0; k < V; ++k) chunk_graphs.push_back(build_gpt_graph(plan.chunk_spec(k * P + c.pp, c.tp)));
     st.rng.init_seed = seed();
     st.rng.dropout_seed = ops::rng_key(seed(), 1);
     st.rng.data_seed = ops::rng_key(seed(), 2);
@@ -293,35 +293,49 @@ struct Trainer {
       }
     }
     // Gradients become final after the backward of the first node (in forward order) reading them.
-    ready_at.assign(graph.nodes.size(), {});
-    for (size_t i = 0; i < ps.names.size(); ++i) {
-      int first = -1;
-      int id = graph.find(ps.names[i]);
-      for (int n = 0; n < static_cast<int>(graph.nodes.size()) && first < 0; ++n)
-        for (int x : graph.nodes[static_cast<size_t>(n)].in)
-          if (x == id) { first = n; break; }
-      if (first >= 0) ready_at[static_cast<size_t>(first)].push_back(static_cast<int>(i));
-      seq_partial.push_back(graph.tensors[static_cast<size_t>(id)].seq_partial ? 1 : 0);
+    for (size_t i = 0; i < ps.names.size(); ++i)
+      seq_partial.push_back(graph.tensors[static_cast<size_t>(graph.find(ps.names[i]))].seq_partial ? 1 : 0);
+    for (const ops::Graph& cg : chunk_graphs) {
+      ready_at.emplace_back(cg.nodes.size());
+      for (size_t i = 0; i < ps.names.size(); ++i) {
+        int id = cg.find(ps.names[i]);
+        if (id < 0) continue;  // another chunk's
+        for (int n = 0; n < static_cast<int>(cg.nodes.size()); ++n) {
+          const auto& in = cg.nodes[static_cast<size_t>(n)].in;
+          if (std::find(in.begin(), in.end(), id) != in.end()) {
+            ready_at.back()[static_cast<size_t>(n)].push_back(static_cast<int>(i));
+            break;
+          }
+        }
+      }
     }
-    sched = plan.pp > 1 ? parallel::pipeline_schedule(r.parallel.schedule, c.pp, static_cast<int>(plan.pp),
-                                                      static_cast<int>(plan.accum))
+    sched = plan.pp > 1 ? parallel::pipeline_schedule(r.parallel.schedule, c.pp, P, static_cast<int>(plan.accum), V)
                         : std::vector<parallel::PipeAction>{};
     if (plan.pp == 1)
       for (int k = 0; k < plan.accum; ++k) {
         sched.push_back({true, k});
         sched.push_back({false, k});
       }
-    const int slots = std::max(1, parallel::max_in_flight(sched));
-    for (int k = 0; k < slots; ++k) {
-      execs.push_back(std::make_unique<ops::Executor>(graph, be));
-      bind_params(*execs.back(), graph, ps);
-      if (plan.tp > 1) execs.back()->set_group(&grid.tp());
+    // Chunk k of this stage is virtual stage k*P + stage; its neighbours are the chunks before
+    // and after it, on the previous and next stage (wrapping around between chunks).
+    std::vector<parallel::PipelineChunk> pcs;
+    for (int k = 0; k < V; ++k) {
+      const ops::Graph& cg = chunk_graphs[static_cast<size_t>(k)];
+      parallel::PipelineChunk pc;
+      pc.graph = &cg;
+      pc.vstage = k * P + c.pp;
+      if (pc.vstage > 0) pc.prev_rank = parallel::world_rank_of(grid.shape(), {c.dp, c.tp, (c.pp + P - 1) % P});
+      if (pc.vstage < P * V - 1) pc.next_rank = parallel::world_rank_of(grid.shape(), {c.dp, c.tp, (c.pp + 1) % P});
+      const int slots = std::max(1, parallel::max_in_flight(sched, k));
+      for (int j = 0; j < slots; ++j) {
+        execs.push_back(std::make_unique<ops::Executor>(cg, be));
+        bind_params(*execs.back(), cg, ps);
+        if (plan.tp > 1) execs.back()->set_group(&grid.tp());
+        pc.slots.push_back(execs.back().get());
+      }
+      pcs.push_back(std::move(pc));
     }
-    exec = execs[0].get();
-    std::vector<ops::Executor*> ptrs;
-    for (auto& e : execs) ptrs.push_back(e.get());
-    pipe = std::make_unique<parallel::PipelineRunner>(graph, std::move(ptrs), grid.world(), grid.prev_stage_rank(),
-                                                      grid.next_stage_rank());
+    pipe = std::make_unique<parallel::PipelineRunner>(std::move(pcs), grid.world());
     // Adam moments exist from the start (the ledger counts them), on this rank's ZeRO piece only.
     for (size_t i = 0; i < ps.values.size(); ++i) {
       st.adam_m.emplace_back(moment_shape(ps, i), ops::DType::F32, ops::Account::Optimizer);
@@ -424,8 +438,8 @@ struct Trainer {
     // The step's last backward makes the gradients final: each goes to its data-parallel
     // bucket as the backward completes it (summed over tp first under sequence parallelism).
     sync->start_step();
-    parallel::PipelineStats ps = pipe->train(sched, micro, dloss, key, [this](int node) {
-      for (int p : ready_at[static_cast<size_t>(node)]) {
+    parallel::PipelineStats ps = pipe->train(sched, micro, dloss, key, [this](int chunk, int node) {
+      for (int p : ready_at[static_cast<size_t>(chunk)][static_cast<size_t>(node)]) {
         if (seq_partial[static_cast<size_t>(p)]) {  // each tp rank saw only its rows of the sequence
           ops::Tensor& gr = st.params.grads[static_cast<size_t>(p)];
           grid.tp().allreduce_sum(gr.data<float>(), gr.numel());

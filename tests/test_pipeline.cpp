@@ -25,10 +25,12 @@ struct Sim {
   bool deadlock = false;
 };
 
-Sim simulate(const std::string& name, int p, int m, double tf, double tb) {
+// Virtual stage of chunk c on stage s: c*p + s (one chunk per stage except interleaved).
+Sim simulate(const std::string& name, int p, int m, double tf, double tb, int v = 1) {
   std::vector<std::vector<parallel::PipeAction>> sched;
-  for (int s = 0; s < p; ++s) sched.push_back(parallel::pipeline_schedule(name, s, p, m));
-  std::map<std::tuple<int, int, bool>, double> done;  // (stage, micro, forward) -> finish time
+  for (int s = 0; s < p; ++s) sched.push_back(parallel::pipeline_schedule(name, s, p, m, v));
+  const int last = p * v - 1;
+  std::map<std::tuple<int, int, bool>, double> done;  // (virtual stage, micro, forward) -> finish time
   std::vector<size_t> pc(static_cast<size_t>(p), 0);
   std::vector<double> free_at(static_cast<size_t>(p), 0.0);
   Sim r;
@@ -39,10 +41,11 @@ Sim simulate(const std::string& name, int p, int m, double tf, double tb) {
       auto& i = pc[static_cast<size_t>(s)];
       if (i == sched[static_cast<size_t>(s)].size()) continue;
       const auto& a = sched[static_cast<size_t>(s)][i];
-      std::tuple<int, int, bool> dep = a.forward ? std::make_tuple(s - 1, a.micro, true)
-                                                 : (s == p - 1 ? std::make_tuple(s, a.micro, true) : std::make_tuple(s + 1, a.micro, false));
+      const int vs = a.chunk * p + s;
+      std::tuple<int, int, bool> dep = a.forward ? std::make_tuple(vs - 1, a.micro, true)
+                                                 : (vs == last ? std::make_tuple(vs, a.micro, true) : std::make_tuple(vs + 1, a.micro, false));
       double ready = 0;
-      if (!(a.forward && s == 0)) {
+      if (!(a.forward && vs == 0)) {
         auto it = done.find(dep);
         if (it == done.end()) continue;  // blocked on a receive
         ready = it->second;
@@ -51,7 +54,7 @@ Sim simulate(const std::string& name, int p, int m, double tf, double tb) {
       double t = a.forward ? tf : tb;
       free_at[static_cast<size_t>(s)] = start + t;
       r.busy[static_cast<size_t>(s)] += t;
-      done[{s, a.micro, a.forward}] = start + t;
+      done[{vs, a.micro, a.forward}] = start + t;
       ++i;
       progress = true;
     }
@@ -105,6 +108,37 @@ TEST_CASE("both schedules finish without deadlock in (m + p - 1)(tf + tb): the b
       }
 }
 
+TEST_CASE("interleaved 1F1B: every (micro-batch, chunk) once each way, no deadlock, bubble (p-1)/(v*m+p-1)") {
+  for (int p = 2; p <= 4; ++p)
+    for (int v = 2; v <= 3; ++v)
+      for (int m = p; m <= 3 * p; m += p) {
+        CAPTURE(p);
+        CAPTURE(v);
+        CAPTURE(m);
+        for (int s = 0; s < p; ++s) {
+          auto sc = parallel::schedule_interleaved(s, p, m, v);
+          REQUIRE(sc.size() == static_cast<size_t>(2 * m * v));
+          std::map<std::pair<int, int>, int> fwd, bwd;
+          for (int k = 0; k < static_cast<int>(sc.size()); ++k) {
+            const auto& a = sc[static_cast<size_t>(k)];
+            CHECK(a.chunk >= 0);
+            CHECK(a.chunk < v);
+            (a.forward ? fwd : bwd)[{a.micro, a.chunk}] = k;
+          }
+          CHECK(fwd.size() == static_cast<size_t>(m * v));
+          CHECK(bwd.size() == static_cast<size_t>(m * v));
+          for (auto& [key, k] : fwd) CHECK(bwd.at(key) > k);
+        }
+        // Each chunk costs 1/v of a stage's forward (1) and backward (2).
+        Sim r = simulate("interleaved", p, m, 1.0 / v, 2.0 / v, v);
+        REQUIRE_FALSE(r.deadlock);
+        double ideal = m * 3.0;  // the stage's own work
+        for (double b : r.busy) CHECK(b == doctest::Approx(ideal));
+        CHECK(1.0 - ideal / r.makespan == doctest::Approx(double(p - 1) / (v * m + p - 1)));
+      }
+  CHECK_THROWS_AS(parallel::schedule_interleaved(0, 2, 3, 2), std::invalid_argument);  // m not a multiple of p
+}
+
 TEST_CASE("an unknown schedule is refused") {
-  CHECK_THROWS_AS(parallel::pipeline_schedule("interleaved", 0, 2, 4), std::invalid_argument);
+  CHECK_THROWS_AS(parallel::pipeline_schedule("zigzag", 0, 2, 4), std::invalid_argument);
 }
