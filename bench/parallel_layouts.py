@@ -1,12 +1,13 @@
 #!/usr/bin/python3
 """Ranks vs threads on one machine: the same global batch trained as 1 rank x 2 threads and as
-2 ranks x 1 thread (data parallel), plus the tp2 and pp2 layouts for reference.
+2 ranks x 1 thread (data parallel), plus tp2 (with and without sequence parallelism) and pp2
+(1F1B, and interleaved with 3 chunks per stage) for reference.
 
 Prints tokens/s of each layout, its ratio to 1 rank x 2 threads (the peer, measured in the
 same run), and for data parallelism the fraction of gradient all-reduce time that was hidden
 behind the backward pass (from the runner's own step records).
 
-    /usr/bin/python3 bench/parallel_layouts.py [--steps N] [--layouts 1x2,dp2,tp2,pp2]
+    /usr/bin/python3 bench/parallel_layouts.py [--steps N] [--layouts 1x2,dp2,tp2,tp2sp,pp2,pp2i]
 """
 import argparse
 import json
@@ -29,13 +30,15 @@ LAYOUTS = {
     "dp2": (2, 1, ["parallel.dp=2"]),
     "tp2": (2, 1, ["parallel.tp=2"]),
     "pp2": (2, 1, ["parallel.pp=2"]),
+    "pp2i": (2, 1, ["parallel.pp=2", "parallel.schedule=interleaved", "parallel.virtual_stages=3"]),
+    "tp2sp": (2, 1, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
 }
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--layouts", default="1x2,dp2,tp2,pp2")
+    ap.add_argument("--layouts", default="1x2,dp2,tp2,tp2sp,pp2,pp2i")
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="runner_bench_parallel_")
