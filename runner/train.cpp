@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <cblas.h>
 #include <fmt/format.h>
@@ -365,8 +366,9 @@ struct Trainer {
       while (std::getline(in, line)) log->info("{}", line);
     }
     log->info("  data       {}", train_src->describe());
-    log->info("  threads    {} (OpenMP; OpenBLAS shares the pool) | fp32 GEMM peak {:.1f} GFLOP/s (measured)",
-              ops::num_threads(), peak_flops / 1e9);
+    log->info("  threads    {}{} (OpenMP; OpenBLAS shares the pool) | fp32 GEMM peak {:.1f} GFLOP/s{} (measured, for MFU)",
+              ops::num_threads(), multi() ? " per rank" : "", peak_flops / 1e9,
+              multi() ? fmt::format(" over {} ranks", grid.world_size()) : std::string());
     log->info("  optimizer  adamw lr {:g} betas ({:g}, {:g}) wd {:g} clip {:g} | schedule {} warmup {}", r.optimizer.lr,
               r.optimizer.beta1, r.optimizer.beta2, r.optimizer.weight_decay, r.optimizer.grad_clip,
               r.optimizer.schedule.kind, r.optimizer.schedule.warmup_steps);
@@ -606,6 +608,7 @@ struct Trainer {
     open_inputs();
     run_dir = opts.run_dir.empty() ? default_run_dir(r) : opts.run_dir;
     if (r.train.threads > 0) ops::set_num_threads(static_cast<int>(r.train.threads));
+    else if (!std::getenv("OMP_NUM_THREADS")) share_cores_between_local_ranks();
     build();
     setup_logging();
     maybe_resume();
@@ -694,6 +697,23 @@ struct Trainer {
     double wall = ms_between(run_t0, Clock::now()) / 1e3;
     summarize(last_eval, timed ? sum_ms / timed : 0, wall);
     return 0;
+  }
+
+  // Ranks on one machine share its cores: without train.threads or OMP_NUM_THREADS, each of L
+  // local ranks gets cores/L threads (OpenMP's default would give every rank all the cores, and
+  // ranks that wait in a collective on a descheduled thread slow down many-fold). When the
+  // launcher bound the rank to fewer cores, OpenMP's default already follows that binding.
+  void share_cores_between_local_ranks() {
+    int local = 1;
+    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
+      if (const char* e = std::getenv(v)) {
+        local = std::max(1, std::atoi(e));  // Slurm's "4(x2)" form: the leading count is this node's
+        break;
+      }
+    if (local <= 1) return;
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int share = std::max(1, cores / local);
+    if (share < ops::num_threads()) ops::set_num_threads(share);
   }
 
   // A signal asked us to stop: checkpoint at this step boundary and exit with kExitPreempted.

@@ -17,7 +17,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -444,4 +446,21 @@ TEST_CASE("the interleaved 1F1B schedule reproduces the single-rank run and resu
   }
   REQUIRE(resumed.size() == 5);  // steps 6..10
   CHECK(max_rel(resumed, base) < 1e-5);
+}
+
+TEST_CASE("ranks on one machine share its cores unless told otherwise") {
+  // Four ranks, no OMP_NUM_THREADS and train.threads 0: each rank takes cores / 4 threads
+  // (OpenMP alone would give each of them every core).
+  fs::path dir = kDir / "threads";
+  fs::remove_all(dir);
+  std::string cmd = "env -u OMP_NUM_THREADS " + std::string(RUNNER_MPIEXEC) + " -np 4 --oversubscribe " + RUNNER_BINARY +
+                    " train " + recipe_path() + " --quiet --run-dir " + dir.string() +
+                    " --set train.threads=0 --set train.steps=2 --set parallel.dp=4";
+  Result r = sh("timeout 300 " + cmd);
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  std::ifstream in(dir / "log.rank0.txt");
+  std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const unsigned share = std::max(1u, std::thread::hardware_concurrency() / 4);
+  CHECK(log.find("threads    " + std::to_string(share) + " per rank") != std::string::npos);
 }
