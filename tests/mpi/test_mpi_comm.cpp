@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "mpi_doctest.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 
@@ -467,21 +468,8 @@ TEST_CASE("grid dp4 and a mismatched shape") {
 int main(int argc, char** argv) {
   parallel::init_mpi(&argc, &argv);
   parallel::init_mpi(&argc, &argv);  // idempotent
-  int64_t failed = 0;
-  {
-    auto world = parallel::mpi_world();
-    g_rank = world->rank();
-    doctest::Context ctx;
-    ctx.setOption("no-colors", true);  // mpirun gives ranks a pty; logs want plain text
-    if (g_rank != 0) ctx.setOption("minimal", true);  // only failures from the other ranks
-    ctx.applyCommandLine(argc, argv);
-    const int rc = ctx.run();
-    failed = rc != 0 ? 1 : 0;
-    if (ctx.shouldExit()) failed = 0;
-    world->allreduce_sum(&failed, 1);
-    if (g_rank == 0 && failed) std::fprintf(stderr, "test_mpi_comm: %lld rank(s) failed\n", (long long)failed);
-  }
+  const int rc = mpi_doctest::run(argc, argv, "test_mpi_comm", &g_rank);
   parallel::finalize_mpi();
   parallel::finalize_mpi();  // idempotent
-  return failed ? 1 : 0;
+  return rc;
 }

@@ -47,6 +47,7 @@
 #include "ops/executor.h"
 #include "ops/graph.h"
 #include "ops/rng.h"
+#include "mpi_doctest.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 #include "runner/model.h"
@@ -590,20 +591,7 @@ TEST_CASE("1-layer GPT: vocabulary-parallel embedding and cross-entropy, padded 
 
 int main(int argc, char** argv) {
   parallel::init_mpi(&argc, &argv);
-  int64_t failed = 0;
-  {
-    auto world = parallel::mpi_world();
-    g_rank = world->rank();
-    doctest::Context ctx;
-    ctx.setOption("no-colors", true);  // mpirun gives ranks a pty; logs want plain text
-    if (g_rank != 0) ctx.setOption("minimal", true);  // only failures from the other ranks
-    ctx.applyCommandLine(argc, argv);
-    const int rc = ctx.run();
-    failed = rc != 0 ? 1 : 0;
-    if (ctx.shouldExit()) failed = 0;
-    world->allreduce_sum(&failed, 1);
-    if (g_rank == 0 && failed) std::fprintf(stderr, "test_mpi_layers: %lld rank(s) failed\n", (long long)failed);
-  }
+  const int rc = mpi_doctest::run(argc, argv, "test_mpi_layers", &g_rank);
   parallel::finalize_mpi();
-  return failed ? 1 : 0;
+  return rc;
 }
