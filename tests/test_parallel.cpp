@@ -62,22 +62,62 @@ std::string recipe_path() {
 }
 
 
-// Trains (np 0: plain process, no mpirun) into kDir/name; returns its per-step losses.
-std::map<int64_t, double> train(const std::string& name, int np, const std::string& sets) {
-  fs::remove_all(kDir / name);
-  std::string cmd = (np ? mpirun(np) : std::string("OMP_NUM_THREADS=1 ")) + RUNNER_BINARY + " train " + recipe_path() +
-                    " --quiet --run-dir " + (kDir / name).string() + " " + sets;
+// The records of a run's metrics.jsonl.
+std::vector<nlohmann::json> records(const fs::path& run) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// The last record that has `key` (null when none does).
+nlohmann::json last_with(const fs::path& run, const char* key) {
+  nlohmann::json found;
+  for (auto& j : records(run))
+    if (j.contains(key)) found = j;
+  return found;
+}
+
+// Per-step training losses of a run.
+std::map<int64_t, double> losses_of(const fs::path& run) {
+  std::map<int64_t, double> losses;
+  for (auto& j : records(run))
+    if (j.contains("loss") && j.contains("step") && !j.contains("eval") && !j.contains("rollback"))
+      losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  return losses;
+}
+
+// Runs `runner COMMAND TARGET --quiet SETS` (np 0: plain process, no mpirun); requires success.
+void run_runner(int np, const std::string& command, const std::string& target, const std::string& sets) {
+  std::string cmd = (np ? mpirun(np) : std::string("OMP_NUM_THREADS=1 ")) + RUNNER_BINARY + " " + command + " " + target +
+                    " --quiet " + sets;
   Result r = sh(cmd);
   INFO(cmd << "\n" << r.out);
   REQUIRE(r.rc == 0);
-  std::map<int64_t, double> losses;
-  std::ifstream in(kDir / name / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss") && j.contains("step") && !j.contains("eval") && !j.contains("rollback"))
-      losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return losses;
+}
+
+// Trains into kDir/name; returns its per-step losses.
+std::map<int64_t, double> train(const std::string& name, int np, const std::string& sets) {
+  fs::remove_all(kDir / name);
+  run_runner(np, "train", recipe_path(), "--run-dir " + (kDir / name).string() + " " + sets);
+  return losses_of(kDir / name);
+}
+
+// `runner resume` of kDir/name; returns the per-step losses in its metrics (those after the
+// checkpoint it resumed from, plus any the directory held up to it).
+std::map<int64_t, double> resume(const std::string& name, int np, const std::string& sets) {
+  run_runner(np, "resume", (kDir / name).string(), sets);
+  return losses_of(kDir / name);
+}
+
+// A fresh run directory kDir/name holding only run `from`'s checkpoint `file` (as LATEST) and
+// its resolved recipe: what resuming that checkpoint elsewhere starts from.
+void seed_run_dir(const std::string& name, const std::string& from, const std::string& file) {
+  fs::remove_all(kDir / name);
+  fs::create_directories(kDir / name / "checkpoints");
+  fs::copy_file(kDir / from / "checkpoints" / file, kDir / name / "checkpoints" / file);
+  std::ofstream(kDir / name / "checkpoints" / "LATEST") << file << "\n";
+  fs::copy_file(kDir / from / "recipe.yaml", kDir / name / "recipe.yaml");
 }
 
 // The logical parameters of a checkpoint, by name.
@@ -131,12 +171,7 @@ double max_param_rel(const std::map<std::string, std::vector<float>>& a, const s
 // Invariant 4 on every layout: rank 0's measured peak of each account against the plan's
 // prediction for its stage (from the run's summary record).
 void check_ledger(const fs::path& run) {
-  std::ifstream in(run / "metrics.jsonl");
-  nlohmann::json summary;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("summary")) summary = j;
-  }
+  nlohmann::json summary = last_with(run, "summary");
   REQUIRE(summary.contains("ledger"));
   for (auto& [account, v] : summary["ledger"].items()) {
     CAPTURE(account);
@@ -191,14 +226,10 @@ TEST_CASE("every dp x tp x pp layout reproduces the single-rank run") {
 
 TEST_CASE("the summary reports the layout, hidden communication and pipeline idle time") {
   train("report", 4, "--set parallel.pp=2");
-  std::ifstream in(kDir / "report" / "metrics.jsonl");
-  nlohmann::json summary;
+  nlohmann::json summary = last_with(kDir / "report", "summary");
   int steps_with_comm = 0;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("summary")) summary = j;
+  for (auto& j : records(kDir / "report"))
     if (j.contains("comm_hidden_ms") && j.contains("step")) steps_with_comm++;
-  }
   REQUIRE(summary.is_object());
   CHECK(summary["layout"]["dp"] == 2);
   CHECK(summary["layout"]["pp"] == 2);
@@ -215,29 +246,8 @@ TEST_CASE("resume is bitwise on the same layout and continues the curve on anoth
   const auto& base = serial();
   // A dp2 x tp2 ZeRO-1 run whose checkpoint of step 5 seeds every resume below.
   auto full = train("src", 4, "--set parallel.tp=2 --set parallel.zero=1");
-  auto seed_dir = [&](const std::string& name, const std::string& from) {
-    fs::remove_all(kDir / name);
-    fs::create_directories(kDir / name / "checkpoints");
-    fs::copy_file(kDir / from / "checkpoints" / "step_00000005.h5", kDir / name / "checkpoints" / "step_00000005.h5");
-    std::ofstream(kDir / name / "checkpoints" / "LATEST") << "step_00000005.h5\n";
-    fs::copy_file(kDir / from / "recipe.yaml", kDir / name / "recipe.yaml");
-  };
-  auto resume = [&](const std::string& name, int np, const std::string& sets) {
-    std::string cmd = (np ? mpirun(np) : std::string("OMP_NUM_THREADS=1 ")) + RUNNER_BINARY + " resume " +
-                      (kDir / name).string() + " --quiet " + sets;
-    Result r = sh(cmd);
-    INFO(cmd << "\n" << r.out);
-    REQUIRE(r.rc == 0);
-    std::map<int64_t, double> losses;
-    std::ifstream in(kDir / name / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line);
-      if (j.contains("loss") && j.contains("step") && !j.contains("eval")) losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
-    }
-    return losses;
-  };
   SUBCASE("same layout: bit for bit") {
-    seed_dir("same", "src");
+    seed_run_dir("same", "src", "step_00000005.h5");
     auto r = resume("same", 4, "");
     REQUIRE(r.size() == 5);
     for (auto& [step, loss] : r) CHECK(loss == full.at(step));
@@ -245,19 +255,19 @@ TEST_CASE("resume is bitwise on the same layout and continues the curve on anoth
                         params_of(kDir / "same" / "checkpoints" / "step_00000010.h5")) == 0.0);
   }
   SUBCASE("dp2 x tp2 -> one rank") {
-    seed_dir("to1", "src");
+    seed_run_dir("to1", "src", "step_00000005.h5");
     auto r = resume("to1", 0, "--set parallel.tp=1 --set parallel.zero=0");
     REQUIRE(r.size() == 5);
     CHECK(max_rel(r, base) < 1e-5);
   }
   SUBCASE("dp2 x tp2 -> pp2") {
-    seed_dir("topp", "src");
+    seed_run_dir("topp", "src", "step_00000005.h5");
     auto r = resume("topp", 2, "--set parallel.tp=1 --set parallel.zero=0 --set parallel.pp=2");
     REQUIRE(r.size() == 5);
     CHECK(max_rel(r, base) < 1e-5);
   }
   SUBCASE("one rank -> dp2 x tp2 with ZeRO-1") {
-    seed_dir("from1", "serial");
+    seed_run_dir("from1", "serial", "step_00000005.h5");
     auto r = resume("from1", 4, "--set parallel.tp=2 --set parallel.zero=1");
     REQUIRE(r.size() == 5);
     CHECK(max_rel(r, base) < 1e-5);
@@ -321,12 +331,7 @@ TEST_CASE("greedy evaluation gives the same accuracy on every layout") {
       "--set train.eval_every=0 --set checkpoint.every_steps=500";
   train("acc", 0, sets);
   auto last_eval = [](const fs::path& run) {
-    nlohmann::json e;
-    std::ifstream in(run / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line);
-      if (j.contains("eval")) e = j;
-    }
+    nlohmann::json e = last_with(run, "eval");
     REQUIRE(e.contains("accuracy"));
     return e;
   };
@@ -340,15 +345,8 @@ TEST_CASE("greedy evaluation gives the same accuracy on every layout") {
   for (const L& l : {L{"acc_tp2", 2, "--set parallel.tp=2"}, L{"acc_pp2", 2, "--set parallel.pp=2"},
                      L{"acc_tp2pp2", 4, "--set parallel.tp=2 --set parallel.pp=2"}}) {
     CAPTURE(l.name);
-    fs::remove_all(kDir / l.name);
-    fs::create_directories(kDir / l.name / "checkpoints");
-    fs::copy_file(kDir / "acc" / "checkpoints" / "step_00000500.h5", kDir / l.name / "checkpoints" / "step_00000500.h5");
-    std::ofstream(kDir / l.name / "checkpoints" / "LATEST") << "step_00000500.h5\n";
-    fs::copy_file(kDir / "acc" / "recipe.yaml", kDir / l.name / "recipe.yaml");
-    std::string cmd = mpirun(l.np) + RUNNER_BINARY + " resume " + (kDir / l.name).string() + " --quiet " + l.sets;
-    Result r = sh(cmd);
-    INFO(cmd << "\n" << r.out);
-    REQUIRE(r.rc == 0);
+    seed_run_dir(l.name, "acc", "step_00000500.h5");
+    resume(l.name, l.np, l.sets);
     nlohmann::json e = last_eval(kDir / l.name);
     CHECK(std::abs(e["accuracy"].get<double>() - base["accuracy"].get<double>()) <= 1.0 / 256 + 1e-12);
     CHECK(std::abs(e["val_loss"].get<double>() - base["val_loss"].get<double>()) <= 1e-5 * base["val_loss"].get<double>());
@@ -389,15 +387,7 @@ TEST_CASE("a multi-rank run stopped at any moment resumes bit for bit") {
     REQUIRE(!steps.empty());
     int64_t from = steps.back();
     CHECK(from < 600);
-    Result r = sh(mpirun(2) + RUNNER_BINARY + " resume " + dir.string() + " --quiet");
-    INFO(r.out);
-    REQUIRE(r.rc == 0);
-    std::map<int64_t, double> resumed;
-    std::ifstream in(dir / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      auto j = nlohmann::json::parse(line);
-      if (j.contains("loss") && j.contains("step") && !j.contains("eval")) resumed[j["step"].get<int64_t>()] = j["loss"].get<double>();
-    }
+    auto resumed = resume(dir.filename().string(), 2, "");
     REQUIRE(resumed.size() == 600);
     int mismatches = 0;
     for (auto& [step, loss] : straight) mismatches += resumed.at(step) != loss;
@@ -429,21 +419,8 @@ TEST_CASE("the interleaved 1F1B schedule reproduces the single-rank run and resu
     check_ledger(kDir / l.name);
   }
   // Its step-5 checkpoint, resumed on one rank, continues the serial curve.
-  fs::remove_all(kDir / "il_to1");
-  fs::create_directories(kDir / "il_to1" / "checkpoints");
-  fs::copy_file(kDir / "il_pp2" / "checkpoints" / "step_00000005.h5", kDir / "il_to1" / "checkpoints" / "step_00000005.h5");
-  std::ofstream(kDir / "il_to1" / "checkpoints" / "LATEST") << "step_00000005.h5\n";
-  fs::copy_file(kDir / "il_pp2" / "recipe.yaml", kDir / "il_to1" / "recipe.yaml");
-  Result r = sh(std::string(RUNNER_BINARY) + " resume " + (kDir / "il_to1").string() +
-                " --quiet --set parallel.pp=1 --set parallel.schedule=1f1b --set parallel.virtual_stages=1");
-  INFO(r.out);
-  REQUIRE(r.rc == 0);
-  std::map<int64_t, double> resumed;
-  std::ifstream in(kDir / "il_to1" / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss") && j.contains("step") && !j.contains("eval")) resumed[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
+  seed_run_dir("il_to1", "il_pp2", "step_00000005.h5");
+  auto resumed = resume("il_to1", 0, "--set parallel.pp=1 --set parallel.schedule=1f1b --set parallel.virtual_stages=1");
   REQUIRE(resumed.size() == 5);  // steps 6..10
   CHECK(max_rel(resumed, base) < 1e-5);
 }
