@@ -112,6 +112,7 @@ struct Trainer {
   std::unique_ptr<parallel::GradSync> sync;
   std::vector<std::vector<std::vector<int>>> ready_at;  // [chunk][node] -> parameters whose gradient is complete after its backward
   std::vector<char> seq_partial;           // per parameter: its gradient is summed over tp first (sequence parallelism)
+  std::vector<char> tp_replicated;         // per parameter: every tp rank holds all of it
   std::vector<parallel::PipeAction> sched;
   std::unique_ptr<parallel::PipelineRunner> pipe;
   int tied_wte = -1;           // ParamSet index of the embedding tied across the first and last stage
@@ -293,9 +294,12 @@ struct Trainer {
         ps.sharded.push_back(sync->sharded(static_cast<int>(i)));
       }
     }
+    for (size_t i = 0; i < ps.names.size(); ++i) {
+      const ops::TensorDesc& d = graph.tensors[static_cast<size_t>(graph.find(ps.names[i]))];
+      seq_partial.push_back(d.seq_partial ? 1 : 0);
+      tp_replicated.push_back(d.shard.dim < 0 ? 1 : 0);
+    }
     // Gradients become final after the backward of the first node (in forward order) reading them.
-    for (size_t i = 0; i < ps.names.size(); ++i)
-      seq_partial.push_back(graph.tensors[static_cast<size_t>(graph.find(ps.names[i]))].seq_partial ? 1 : 0);
     for (const ops::Graph& cg : chunk_graphs) {
       ready_at.emplace_back(cg.nodes.size());
       for (size_t i = 0; i < ps.names.size(); ++i) {
@@ -310,13 +314,9 @@ struct Trainer {
         }
       }
     }
+    // Without pipelining, 1F1B on one stage: each micro-batch's forward, then its backward.
     sched = plan.pp > 1 ? parallel::pipeline_schedule(r.parallel.schedule, c.pp, P, static_cast<int>(plan.accum), V)
-                        : std::vector<parallel::PipeAction>{};
-    if (plan.pp == 1)
-      for (int k = 0; k < plan.accum; ++k) {
-        sched.push_back({true, k});
-        sched.push_back({false, k});
-      }
+                        : parallel::schedule_1f1b(0, 1, static_cast<int>(plan.accum));
     // Chunk k of this stage is virtual stage k*P + stage; its neighbours are the chunks before
     // and after it, on the previous and next stage (wrapping around between chunks).
     std::vector<parallel::PipelineChunk> pcs;
@@ -394,10 +394,8 @@ struct Trainer {
     double ss = 0;
     for (size_t i = 0; i < ps.grads.size(); ++i) {
       if (static_cast<int>(i) == tied_wte && !grid.first_stage()) continue;
-      const ops::TensorDesc& d = graph.tensors[static_cast<size_t>(graph.find(ps.names[i]))];
-      if (d.shard.dim < 0 && c.tp != 0) continue;
-      const bool sharded = !ps.sharded.empty() && ps.sharded[i];
-      if (!sharded && c.dp != 0) continue;
+      if (tp_replicated[i] && c.tp != 0) continue;
+      if (!ps.zero_sharded(i) && c.dp != 0) continue;
       auto [a, e] = ps.owned_range(i);
       if (e > a) ss += be.sum_squares(ps.grads[i].data<float>() + a, e - a);
     }
