@@ -51,6 +51,7 @@ struct ParamSet {
   // moments for: everything, except under ZeRO-1 (its data-parallel piece). Empty: everything.
   std::vector<std::pair<int64_t, int64_t>> owned;
   std::vector<bool> sharded;  // ZeRO-1 splits this parameter over the data-parallel ranks
+  bool zero_sharded(size_t i) const { return i < sharded.size() && sharded[i]; }
   std::pair<int64_t, int64_t> owned_range(size_t i) const {
     return owned.empty() ? std::make_pair<int64_t, int64_t>(0, values[i].numel()) : owned[i];
   }

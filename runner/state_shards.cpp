@@ -28,6 +28,20 @@ int64_t numel(const std::vector<int64_t>& s) { return ops::numel_of(s); }
 
 constexpr int kTagState = 70;
 
+// Adam moment `which` (1: m, 2: v) of parameter i as a full local tensor in `full` (numel of
+// the parameter, zeroed): this rank's ZeRO-1 piece placed in it and, when ZeRO shards the
+// parameter, summed over the data-parallel group (a collective on it), so every dp rank ends
+// with the whole moment. Zeros before the first update.
+void full_moment(const TrainState& local, size_t i, int which, parallel::Communicator& dp, float* full) {
+  const ParamSet& ps = local.params;
+  if (!local.adam_m.empty()) {
+    const ops::Tensor& m = (which == 1 ? local.adam_m : local.adam_v)[i];
+    auto [a, e] = ps.owned_range(i);
+    if (e > a) std::memcpy(full + a, m.raw(), static_cast<size_t>(e - a) * sizeof(float));
+  }
+  if (ps.zero_sharded(i)) dp.allreduce_sum(full, ps.values[i].numel());
+}
+
 }  // namespace
 
 ops::Graph rank_param_graph(const Plan& plan, int stage, int64_t tp_rank) {
@@ -74,23 +88,12 @@ TrainState gather_logical_state(const Plan& plan, parallel::Grid& grid, const op
   const ParamSet& ps = local.params;
   // 1. Full local moments (ZeRO pieces assembled over dp; zeros before the first update).
   std::vector<ops::Tensor> m(ps.values.size()), v(ps.values.size());
-  const bool have = !local.adam_m.empty();
   for (size_t i = 0; i < ps.values.size(); ++i) {
-    const bool sharded = !ps.owned.empty() && i < ps.sharded.size() && ps.sharded[i];
-    if (!sharded && me.dp != 0) continue;  // only the sending replica needs them
+    if (!ps.zero_sharded(i) && me.dp != 0) continue;  // only the sending replica needs them
     m[i] = ops::Tensor::zeros(ps.values[i].shape(), ops::DType::F32, ops::Account::Workspace);
     v[i] = ops::Tensor::zeros(ps.values[i].shape(), ops::DType::F32, ops::Account::Workspace);
-    if (have) {
-      auto [a, e] = ps.owned_range(i);
-      if (e > a) {
-        std::memcpy(m[i].data<float>() + a, local.adam_m[i].raw(), static_cast<size_t>(e - a) * sizeof(float));
-        std::memcpy(v[i].data<float>() + a, local.adam_v[i].raw(), static_cast<size_t>(e - a) * sizeof(float));
-      }
-    }
-    if (sharded) {
-      grid.dp().allreduce_sum(m[i].data<float>(), m[i].numel());
-      grid.dp().allreduce_sum(v[i].data<float>(), v[i].numel());
-    }
+    full_moment(local, i, 1, grid.dp(), m[i].data<float>());
+    full_moment(local, i, 2, grid.dp(), v[i].data<float>());
   }
   // 2. Scalars are rank 0's (identical everywhere).
   TrainState out;
@@ -252,15 +255,9 @@ void save_sharded(CheckpointManager& mgr, const Plan& plan, parallel::Grid& grid
     if (which == 0) {
       src = ps.values[i].data<float>();
     } else {
-      const bool sharded = !ps.owned.empty() && i < ps.sharded.size() && ps.sharded[i];
-      if (sharded) {  // every dp rank of this shard takes part (the same sequence on each)
+      if (ps.zero_sharded(i)) {  // every dp rank of this shard takes part (the same sequence on each)
         full.assign(static_cast<size_t>(n), 0.0f);
-        if (have_moments) {
-          const ops::Tensor& m = (which == 1 ? local.adam_m : local.adam_v)[i];
-          auto [a, e] = ps.owned_range(i);
-          if (e > a) std::memcpy(full.data() + a, m.raw(), static_cast<size_t>(e - a) * sizeof(float));
-        }
-        grid.dp().allreduce_sum(full.data(), n);
+        full_moment(local, i, which, grid.dp(), full.data());
         src = full.data();
       } else if (have_moments) {
         const ops::Tensor& m = (which == 1 ? local.adam_m : local.adam_v)[i];
