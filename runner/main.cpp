@@ -3,6 +3,7 @@
 // Every user error ends here as `file:line:col: what; how to fix` on stderr with exit
 // code 2, before anything is allocated or written.
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -41,6 +42,14 @@ struct Launch {
   ~Launch() { parallel::finalize_mpi(); }
 };
 
+// Prints this rank's message, named by its coordinates, and stops the whole job.
+[[noreturn]] void fail_job(parallel::Grid& grid, const std::string& message, int code) {
+  std::fprintf(stderr, "[rank %d %s] %s\n", grid.rank(), grid.name().c_str(), message.c_str());
+  std::fflush(stderr);
+  grid.world().abort(code);
+  std::_Exit(code);  // not reached (abort() is [[noreturn]], which GCC does not see through a virtual call)
+}
+
 int train_on_grid(Launch& launch, const Plan& p, const TrainOptions& opts) {
   if (!launch.world) return run_training(p, opts);
   parallel::Grid grid(std::move(launch.world), {static_cast<int>(p.dp), static_cast<int>(p.tp), static_cast<int>(p.pp)});
@@ -51,14 +60,10 @@ int train_on_grid(Launch& launch, const Plan& p, const TrainOptions& opts) {
   } catch (const AgreedUserError& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return kExitUserError;
-  } catch (const UserError& e) {
-    std::fprintf(stderr, "[rank %d %s] %s\n", grid.rank(), grid.name().c_str(), e.what());
-    std::fflush(stderr);
-    grid.world().abort(kExitUserError);
+  } catch (const UserError& e) {  // this rank's alone: the others may be waiting in a collective
+    fail_job(grid, e.what(), kExitUserError);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "[rank %d %s] error: %s\n", grid.rank(), grid.name().c_str(), e.what());
-    std::fflush(stderr);
-    grid.world().abort(1);
+    fail_job(grid, std::string("error: ") + e.what(), 1);
   }
 }
 
