@@ -203,18 +203,52 @@ void check_layout(const Recipe& r, Plan& p) {
     p.notes.push_back("ZeRO-1 with dp 1 shards nothing");
 }
 
-// One stage of the interleaved schedule: its chunks' parameters, and the activations of every
-// (micro-batch, chunk) the schedule holds at once, found by replaying the schedule with each
-// chunk's per-micro-batch activations from its own graph's dry run.
-void interleaved_stage(const Recipe& r, const Plan& p, int s, size_t wbytes, size_t gbytes, double opt_per_param,
-                       int64_t zero_div, StageLedger& L) {
+// Bytes of the activation a pipeline stage sends on (and of its gradient): one micro-batch's
+// (B*T, C), or this rank's sequence shard of it under sequence parallelism.
+double stage_message_bytes(const Recipe& r, const Plan& p, const GptSpec& spec, size_t wbytes) {
+  double b = static_cast<double>(spec.B * (spec.T ? spec.T : r.model.seq_len) * r.model.d_model) * wbytes;
+  if (spec.sequence_parallel && p.tp > 1) b /= static_cast<double>(p.tp);
+  return b;
+}
+
+// A pipeline stage's buffers for one model chunk, as the trainer allocates them: per
+// micro-batch in flight, the activation received and the gradient sent back (chunks after the
+// first) and the activation sent (chunks before the last), plus one received gradient.
+double pipeline_buffers(int vstage, int vstages, double in_flight, double message_bytes) {
+  double b = 0;
+  if (vstage > 0) b += 2.0 * in_flight * message_bytes;
+  if (vstage < vstages - 1) b += (in_flight + 1.0) * message_bytes;
+  return b;
+}
+
+// The activation side of one stage under 1F1B or GPipe: its graph's dry run, times the
+// micro-batches the schedule holds at once.
+void contiguous_stage(const Recipe& r, const Plan& p, int s, size_t wbytes, StageLedger& L) {
+  GptSpec spec = p.stage_spec(s);
+  ops::Graph g = build_gpt_graph(spec);
+  ops::MemoryEstimate est = ops::Executor::simulate(g);
+  std::set<std::string> seen;
+  for (int id : g.params)
+    if (seen.insert(g.tensors[id].name).second) L.params += ops::numel_of(g.tensors[id].shape);
+  L.activations_per_micro = static_cast<double>(est.activations_after_forward);
+  L.recompute_transient = static_cast<double>(est.peak[static_cast<int>(ops::Account::Activations)]) -
+                          L.activations_per_micro;
+  const bool gpipe = r.parallel.schedule == "gpipe";
+  L.micro_in_flight = p.pp == 1 ? 1 : (gpipe ? p.accum : std::min<int64_t>(p.pp - s, p.accum));
+  L.activations = L.activations_per_micro * L.micro_in_flight + L.recompute_transient;
+  L.workspace = static_cast<double>(est.peak[static_cast<int>(ops::Account::Workspace)]);
+  if (p.pp > 1)
+    L.communication += pipeline_buffers(s, static_cast<int>(p.pp), static_cast<double>(L.micro_in_flight),
+                                        stage_message_bytes(r, p, spec, wbytes));
+}
+
+// The activation side of one stage under the interleaved schedule: its chunks' graphs, and the
+// activations of every (micro-batch, chunk) the schedule holds at once, found by replaying the
+// schedule with each chunk's per-micro-batch activations from its own dry run.
+void interleaved_stage(const Recipe& r, const Plan& p, int s, size_t wbytes, StageLedger& L) {
   const int P = static_cast<int>(p.pp), V = static_cast<int>(p.chunks);
   std::vector<double> act(static_cast<size_t>(V)), transient(static_cast<size_t>(V));
-  L.params = 0;
-  L.workspace = 0;
-  L.communication = 0;
   auto sched = parallel::schedule_interleaved(s, P, static_cast<int>(p.accum), V);
-  double act_bytes = 0;
   for (int c = 0; c < V; ++c) {
     GptSpec spec = p.chunk_spec(c * P + s);
     ops::Graph g = build_gpt_graph(spec);
@@ -224,12 +258,8 @@ void interleaved_stage(const Recipe& r, const Plan& p, int s, size_t wbytes, siz
     transient[static_cast<size_t>(c)] =
         static_cast<double>(est.peak[static_cast<int>(ops::Account::Activations)]) - act[static_cast<size_t>(c)];
     L.workspace = std::max(L.workspace, static_cast<double>(est.peak[static_cast<int>(ops::Account::Workspace)]));
-    act_bytes = static_cast<double>(spec.B * (spec.T ? spec.T : r.model.seq_len) * r.model.d_model) * wbytes;
-    if (spec.sequence_parallel && p.tp > 1) act_bytes /= static_cast<double>(p.tp);
-    const double k = parallel::max_in_flight(sched, c);
-    const int vs = c * P + s;
-    if (vs > 0) L.communication += 2.0 * k * act_bytes;
-    if (vs < P * V - 1) L.communication += (k + 1.0) * act_bytes;
+    L.communication += pipeline_buffers(c * P + s, P * V, parallel::max_in_flight(sched, c),
+                                        stage_message_bytes(r, p, spec, wbytes));
   }
   double cur = 0, peak = 0;
   int64_t live = 0, most = 0;
@@ -250,15 +280,6 @@ void interleaved_stage(const Recipe& r, const Plan& p, int s, size_t wbytes, siz
   L.recompute_transient = *std::max_element(transient.begin(), transient.end());
   L.micro_in_flight = most;  // (micro-batch, chunk) pairs
   L.activations = peak;
-  L.parameters = static_cast<double>(L.params) * wbytes;
-  L.gradients = static_cast<double>(L.params) * gbytes;
-  L.optimizer = static_cast<double>(L.params) * opt_per_param / static_cast<double>(zero_div);
-  if (r.hardware.device == "cpu") {
-    double state_copy = static_cast<double>(L.params) * 4.0 + L.optimizer;
-    if (r.checkpoint.async) L.workspace += state_copy;
-    if (r.checkpoint.snapshot_every > 0) L.workspace += state_copy;
-  }
-  if (p.dp > 1 && r.parallel.zero >= 1) L.communication += static_cast<double>(L.params) * gbytes / static_cast<double>(p.dp);
 }
 
 void compute_ledger(const Recipe& r, Plan& p) {
@@ -270,33 +291,17 @@ void compute_ledger(const Recipe& r, Plan& p) {
   int64_t zero_div = r.parallel.zero >= 1 ? p.dp : 1;
   p.stages.clear();
   int64_t first = 0;
-  bool gpipe = r.parallel.schedule == "gpipe";
   for (int64_t s = 0; s < p.pp; ++s) {
-    GptSpec spec = p.stage_spec(static_cast<int>(s));
-    ops::Graph g = build_gpt_graph(spec);
-    ops::MemoryEstimate est = ops::Executor::simulate(g);
     StageLedger L;
     L.stage = static_cast<int>(s);
     L.first_layer = first;
     L.last_layer = first + p.stage_layers[s];
     first = L.last_layer;
-    std::set<std::string> seen;
-    for (int id : g.params)
-      if (seen.insert(g.tensors[id].name).second) L.params += ops::numel_of(g.tensors[id].shape);
-    if (p.chunks > 1) {  // interleaved: this stage's chunks, replayed through the schedule
-      interleaved_stage(r, p, static_cast<int>(s), wbytes, gbytes, opt_per_param, zero_div, L);
-      p.stages.push_back(L);
-      continue;
-    }
+    if (p.chunks > 1) interleaved_stage(r, p, static_cast<int>(s), wbytes, L);
+    else contiguous_stage(r, p, static_cast<int>(s), wbytes, L);
     L.parameters = static_cast<double>(L.params) * wbytes;
     L.gradients = static_cast<double>(L.params) * gbytes;
     L.optimizer = static_cast<double>(L.params) * opt_per_param / static_cast<double>(zero_div);
-    L.activations_per_micro = static_cast<double>(est.activations_after_forward);
-    L.recompute_transient = static_cast<double>(est.peak[static_cast<int>(ops::Account::Activations)]) -
-                            L.activations_per_micro;
-    L.micro_in_flight = p.pp == 1 ? 1 : (gpipe ? p.accum : std::min<int64_t>(p.pp - s, p.accum));
-    L.activations = L.activations_per_micro * L.micro_in_flight + L.recompute_transient;
-    L.workspace = static_cast<double>(est.peak[static_cast<int>(ops::Account::Workspace)]);
     // Host copies of the state: the asynchronous checkpoint's snapshot buffers and the
     // in-memory rollback snapshot each hold the parameters and the optimizer states. They
     // live in host memory, which is the device's memory only when the device is the CPU.
@@ -305,20 +310,10 @@ void compute_ledger(const Recipe& r, Plan& p) {
       if (r.checkpoint.async) L.workspace += state_copy;
       if (r.checkpoint.snapshot_every > 0) L.workspace += state_copy;
     }
-    // Communication buffers, as the trainer allocates them: data-parallel buckets are reduced in
-    // place in the flat gradient buffer (no copy), except under ZeRO-1, where each rank receives
-    // its reduced piece of every bucket (params / dp elements); tensor-parallel all-reduces are
-    // in place; a pipeline stage holds, per micro-batch in flight, the activation it received and
-    // the gradient it sends back (stages after the first) and the activation it sends (stages
-    // before the last), plus one received gradient.
-    double act_bytes = static_cast<double>(spec.B * (spec.T ? spec.T : r.model.seq_len) * r.model.d_model) * wbytes;
-    if (spec.sequence_parallel && p.tp > 1) act_bytes /= static_cast<double>(p.tp);  // stages exchange sequence shards
+    // Communication buffers besides the pipeline's: data-parallel buckets are reduced in place
+    // in the flat gradient buffer (no copy), except under ZeRO-1, where each rank receives its
+    // reduced piece of every bucket (params / dp elements); tensor-parallel all-reduces are in place.
     if (p.dp > 1 && r.parallel.zero >= 1) L.communication += static_cast<double>(L.params) * gbytes / static_cast<double>(p.dp);
-    if (p.pp > 1) {
-      double k = static_cast<double>(L.micro_in_flight);
-      if (s > 0) L.communication += 2.0 * k * act_bytes;
-      if (s < p.pp - 1) L.communication += (k + 1.0) * act_bytes;
-    }
     p.stages.push_back(L);
   }
 }
