@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "ops/rng.h"
-#include "runner/checkpoint.h"
+#include "runner/checkpoint/checkpoint.h"
 
 using namespace runner;
 

@@ -14,13 +14,13 @@
 #include "ops/backend.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
-#include "runner/checkpoint.h"
-#include "runner/data.h"
+#include "runner/checkpoint/checkpoint.h"
+#include "runner/data/data.h"
 #include "runner/errors.h"
-#include "runner/plan.h"
-#include "runner/recipe.h"
+#include "runner/plan/plan.h"
+#include "runner/recipe/recipe.h"
 #include "runner/signals.h"
-#include "runner/train.h"
+#include "runner/train/train.h"
 
 using namespace runner;
 

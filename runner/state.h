@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "ops/tensor.h"
-#include "runner/data.h"
-#include "runner/model.h"
+#include "runner/data/data.h"
+#include "runner/model/model.h"
 
 namespace runner {
 

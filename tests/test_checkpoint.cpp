@@ -21,7 +21,7 @@
 #include <limits>
 
 #include "ops/rng.h"
-#include "runner/checkpoint.h"
+#include "runner/checkpoint/checkpoint.h"
 #include "runner/errors.h"
 #include "runner/signals.h"
 

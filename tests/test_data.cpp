@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "ops/rng.h"
-#include "runner/data.h"
-#include "runner/data_internal.h"
+#include "runner/data/data.h"
+#include "runner/data/internal.h"
 #include "runner/errors.h"
 
 using namespace runner;

@@ -7,8 +7,8 @@
 #include "ops/backend.h"
 #include "ops/executor.h"
 #include "ops/rng.h"
-#include "runner/model.h"
-#include "runner/optimizer.h"
+#include "runner/model/model.h"
+#include "runner/train/optimizer.h"
 
 using namespace runner;
 

@@ -18,8 +18,8 @@
 #include <doctest/doctest.h>
 
 #include "ops/executor.h"
-#include "runner/model.h"
-#include "runner/plan.h"
+#include "runner/model/model.h"
+#include "runner/plan/plan.h"
 
 using namespace runner;
 

@@ -26,10 +26,10 @@
 #include <nlohmann/json.hpp>
 
 #include "mpirun_util.h"
-#include "runner/checkpoint.h"
-#include "runner/model.h"
-#include "runner/plan.h"
-#include "runner/recipe.h"
+#include "runner/checkpoint/checkpoint.h"
+#include "runner/model/model.h"
+#include "runner/plan/plan.h"
+#include "runner/recipe/recipe.h"
 
 namespace fs = std::filesystem;
 

@@ -36,12 +36,12 @@
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 #include "mpirun_util.h"
-#include "runner/checkpoint.h"
-#include "runner/model.h"
-#include "runner/optimizer.h"
-#include "runner/plan.h"
-#include "runner/recipe.h"
-#include "runner/state_shards.h"
+#include "runner/checkpoint/checkpoint.h"
+#include "runner/model/model.h"
+#include "runner/train/optimizer.h"
+#include "runner/plan/plan.h"
+#include "runner/recipe/recipe.h"
+#include "runner/checkpoint/state_shards.h"
 
 namespace fs = std::filesystem;
 using namespace runner;

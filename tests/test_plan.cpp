@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "runner/plan.h"
-#include "runner/recipe.h"
+#include "runner/plan/plan.h"
+#include "runner/recipe/recipe.h"
 
 using namespace runner;
 

@@ -15,7 +15,7 @@
 #include <set>
 #include <sstream>
 
-#include "runner/recipe.h"
+#include "runner/recipe/recipe.h"
 
 using namespace runner;
 namespace fs = std::filesystem;

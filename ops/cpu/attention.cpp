@@ -36,7 +36,7 @@
 #include "ops/cpu/small_gemm.h"
 #include "ops/cpu/vecmath.h"
 #include "ops/rng.h"
-#include "runner/errors.h"
+#include "ops/check.h"
 
 namespace ops::cpu {
 
@@ -261,11 +261,11 @@ void backward_head(float* dq, float* dk, float* dv, const float* dO, const float
 }
 
 void check_shapes(int B, int T, int C, int NH, DropoutSpec drop) {
-  RUNNER_CHECK(B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0,
+  OPS_CHECK(B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0,
                "attention: bad shape B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" +
                    std::to_string(C) + " NH=" + std::to_string(NH) + " (C must be a multiple of NH)");
-  RUNNER_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "attention: dropout p must be in [0, 1), got " + std::to_string(drop.p));
-  RUNNER_CHECK(drop.heads_total > 0 ? drop.head_start >= 0 && drop.head_start + NH <= drop.heads_total
+  OPS_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "attention: dropout p must be in [0, 1), got " + std::to_string(drop.p));
+  OPS_CHECK(drop.heads_total > 0 ? drop.head_start >= 0 && drop.head_start + NH <= drop.heads_total
                                     : drop.heads_total == 0 && drop.head_start == 0,
                "attention: head shard [" + std::to_string(drop.head_start) + ", " +
                    std::to_string(drop.head_start + NH) + ") outside heads_total=" + std::to_string(drop.heads_total));

@@ -35,7 +35,7 @@
 #include "ops/cpu/attention.h"
 #include "ops/cpu/vecmath.h"
 #include "ops/rng.h"
-#include "runner/errors.h"
+#include "ops/check.h"
 
 namespace ops {
 namespace cpu {
@@ -362,7 +362,7 @@ void softmax_xent_forward_rows(float* losses, float* probs, const float* logits,
     const float* x = logits + r * V;
     float* p = probs + r * V;
     const int tgt = targets[r];
-    RUNNER_CHECK(tgt < Vreal, "softmax_xent: target " + std::to_string(tgt) + " >= Vreal " + std::to_string(Vreal));
+    OPS_CHECK(tgt < Vreal, "softmax_xent: target " + std::to_string(tgt) + " >= Vreal " + std::to_string(Vreal));
     float mx = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : mx)
     for (int i = 0; i < Vreal; i++) mx = x[i] > mx ? x[i] : mx;
@@ -408,7 +408,7 @@ void softmax_xent_backward_rows(float* dlogits, const float* probs, const int32_
 // A target owned by this shard must be a real column: a padding column is an error.
 inline int64_t shard_target(int tgt, int vstart, int V, int Vreal) {
   const int64_t local = static_cast<int64_t>(tgt) - vstart;
-  RUNNER_CHECK(!(local >= Vreal && local < V), "xent_shard: target " + std::to_string(tgt) +
+  OPS_CHECK(!(local >= Vreal && local < V), "xent_shard: target " + std::to_string(tgt) +
                                                    " is a padding column of the shard starting at " +
                                                    std::to_string(vstart));
   return tgt >= 0 && local >= 0 && local < Vreal ? local : -1;
@@ -687,7 +687,7 @@ class CpuBackend final : public Backend {
   // Parallel over rows (one row of GPT-2's vocabulary is 50257 exps).
   void softmax_xent_forward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V,
                             int Vreal) override {
-    RUNNER_CHECK(Vreal > 0 && Vreal <= V, "softmax_xent: need 0 < Vreal <= V, got Vreal=" + std::to_string(Vreal) +
+    OPS_CHECK(Vreal > 0 && Vreal <= V, "softmax_xent: need 0 < Vreal <= V, got Vreal=" + std::to_string(Vreal) +
                                               " V=" + std::to_string(V));
     parallel_chunks(N, row_grain(V, kGrainMath), [=](int64_t r0, int64_t r1) {
       softmax_xent_forward_rows(losses, probs, logits, targets, r0, r1, V, Vreal);
@@ -733,7 +733,7 @@ class CpuBackend final : public Backend {
 
   void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
                     float beta2, float eps, float weight_decay, int64_t t, float grad_scale) override {
-    RUNNER_CHECK(t >= 1, "adamw_update: step t must be >= 1, got " + std::to_string(t));
+    OPS_CHECK(t >= 1, "adamw_update: step t must be >= 1, got " + std::to_string(t));
     // Bias corrections in double: beta2^t for t ~ 1e5 underflows nothing but loses digits in fp32.
     const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t))));
     const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t))));
@@ -761,11 +761,11 @@ class CpuBackend final : public Backend {
 
  private:
   static void check_shard(int V, int Vreal) {
-    RUNNER_CHECK(V > 0 && Vreal >= 0 && Vreal <= V, "xent_shard: need 0 <= Vreal <= V, got Vreal=" +
+    OPS_CHECK(V > 0 && Vreal >= 0 && Vreal <= V, "xent_shard: need 0 <= Vreal <= V, got Vreal=" +
                                                         std::to_string(Vreal) + " V=" + std::to_string(V));
   }
   static void check_dropout(const DropoutSpec& drop) {
-    RUNNER_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "dropout: p must be in [0, 1), got " + std::to_string(drop.p));
+    OPS_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "dropout: p must be in [0, 1), got " + std::to_string(drop.p));
   }
 
   // cos/sin of t * theta^(-2i/HS) for t < T, i < HS/2, computed in double (an fp32 angle
@@ -803,7 +803,7 @@ class CpuBackend final : public Backend {
   }
 
   void rope_dispatch(float* dst, const float* src, int B, int T, int C, int NH, float theta, bool inverse) {
-    RUNNER_CHECK(NH > 0 && C % NH == 0 && (C / NH) % 2 == 0,
+    OPS_CHECK(NH > 0 && C % NH == 0 && (C / NH) % 2 == 0,
                  "rope: head size C/NH must be even, got C=" + std::to_string(C) + " NH=" + std::to_string(NH));
     const std::shared_ptr<const RopeTable> tab = rope_table(T, C / NH, theta);
     const float* cos_tab = tab->cos.data();

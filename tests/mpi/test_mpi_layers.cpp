@@ -50,7 +50,7 @@
 #include "mpi_doctest.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
-#include "runner/model.h"
+#include "runner/model/model.h"
 
 using ops::DType;
 using ops::OpKind;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "ops/backend.h"
-#include "runner/recipe.h"
+#include "runner/recipe/recipe.h"
 #include "runner/state.h"
 
 namespace runner {

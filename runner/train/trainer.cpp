@@ -1,7 +1,7 @@
 // The single-rank training loop: data -> forward/backward over the micro-batches of a
 // step -> clip -> AdamW -> log, evaluate, checkpoint. Everything a user can get wrong is
 // checked before the run directory is touched (invariant 6).
-#include "runner/train.h"
+#include "runner/train/train.h"
 
 #include <algorithm>
 #include <chrono>
@@ -14,7 +14,6 @@
 #include <sstream>
 #include <thread>
 
-#include <cblas.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/basic_file_sink.h>
@@ -23,15 +22,16 @@
 
 #include "ops/backend.h"
 #include "ops/executor.h"
+#include "ops/peak.h"
 #include "ops/rng.h"
-#include "runner/checkpoint.h"
-#include "runner/data.h"
-#include "runner/optimizer.h"
+#include "runner/checkpoint/checkpoint.h"
+#include "runner/data/data.h"
+#include "runner/train/optimizer.h"
 #include "parallel/grad_sync.h"
 #include "parallel/pipeline.h"
 #include "runner/signals.h"
 #include "runner/state.h"
-#include "runner/state_shards.h"
+#include "runner/checkpoint/state_shards.h"
 
 namespace fs = std::filesystem;
 
@@ -55,27 +55,6 @@ std::string human_duration(double s) {
   if (s < 90) return fmt::format("{:.0f}s", s);
   if (s < 5400) return fmt::format("{:.0f}m", s / 60);
   return fmt::format("{:.1f}h", s / 3600);
-}
-
-// Measured fp32 GEMM peak of this CPU at the current thread count (FLOP/s), for MFU: the best
-// of 0.4 s of 1024^3 GEMMs (shorter measurements caught the cores before they reached their
-// sustained clock and gave MFU above 100%).
-double measure_cpu_peak_flops() {
-  const int n = 1024;
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
-  auto gemm = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-  };
-  gemm();  // warm up the thread pool and the caches
-  double best = 0, spent = 0;
-  for (int rep = 0; rep < 400 && (rep < 5 || spent < 0.4); ++rep) {
-    auto t0 = Clock::now();
-    gemm();
-    double s = ms_between(t0, Clock::now()) / 1e3;
-    spent += s;
-    best = std::max(best, 2.0 * n * n * n / s);
-  }
-  return best;
 }
 
 // Options this trainer does not implement yet are refused, never ignored.
@@ -616,7 +595,7 @@ struct Trainer {
     if (r.hardware.peak_tflops > 0) {
       peak_flops = r.hardware.peak_tflops * 1e12 * grid.world_size();
     } else {
-      double v = measure_cpu_peak_flops();
+      double v = ops::measure_cpu_gemm_peak_flops();
       grid.world().allreduce_sum(&v, 1);
       peak_flops = v;
     }

@@ -8,7 +8,7 @@
 #include <array>
 #include <cstring>
 
-#include "runner/checkpoint.h"
+#include "runner/checkpoint/checkpoint.h"
 
 #if defined(__SSE4_2__)
 #include <nmmintrin.h>

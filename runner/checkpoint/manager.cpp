@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <set>
 
-#include "runner/checkpoint.h"
+#include "runner/checkpoint/checkpoint.h"
 #include "runner/errors.h"
 
 namespace runner {

@@ -1,15 +1,15 @@
 // Between shards and logical tensors (see state_shards.h).
-#include "runner/state_shards.h"
+#include "runner/checkpoint/state_shards.h"
 
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <stdexcept>
 
-#include "runner/checkpoint.h"
+#include "runner/checkpoint/checkpoint.h"
 #include "runner/errors.h"
-#include "runner/model.h"
-#include "runner/optimizer.h"
+#include "runner/model/model.h"
+#include "runner/train/optimizer.h"
 
 namespace runner {
 

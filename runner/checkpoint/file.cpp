@@ -26,8 +26,8 @@
 #include <set>
 
 #include "parallel/comm.h"
-#include "runner/checkpoint.h"
-#include "runner/data_internal.h"
+#include "runner/checkpoint/checkpoint.h"
+#include "runner/data/internal.h"
 #include "runner/errors.h"
 
 namespace runner {

@@ -1,5 +1,5 @@
 // AdamW policy: schedule, clipping, decay groups (see optimizer.h).
-#include "runner/optimizer.h"
+#include "runner/train/optimizer.h"
 
 #include <cmath>
 

@@ -23,8 +23,8 @@
 
 #include "ops/graph.h"
 #include "parallel/grid.h"
-#include "runner/checkpoint.h"
-#include "runner/plan.h"
+#include "runner/checkpoint/checkpoint.h"
+#include "runner/plan/plan.h"
 #include "runner/state.h"
 
 namespace runner {

@@ -20,8 +20,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "runner/data.h"
-#include "runner/data_internal.h"
+#include "runner/data/data.h"
+#include "runner/data/internal.h"
 #include "runner/errors.h"
 
 namespace runner::data_detail {

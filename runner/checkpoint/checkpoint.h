@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "runner/recipe.h"
+#include "runner/recipe/recipe.h"
 #include "runner/state.h"
 
 namespace spdlog {

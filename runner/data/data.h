@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runner/recipe.h"
+#include "runner/recipe/recipe.h"
 
 namespace runner {
 

@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runner/model.h"
-#include "runner/recipe.h"
+#include "runner/model/model.h"
+#include "runner/recipe/recipe.h"
 
 namespace runner {
 

@@ -23,8 +23,8 @@
 #include <fstream>
 #include <limits>
 
-#include "runner/data.h"
-#include "runner/data_internal.h"
+#include "runner/data/data.h"
+#include "runner/data/internal.h"
 #include "runner/errors.h"
 
 namespace runner {

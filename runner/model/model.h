@@ -14,7 +14,7 @@
 #include "ops/executor.h"
 #include "ops/graph.h"
 #include "ops/tensor.h"
-#include "runner/recipe.h"
+#include "runner/recipe/recipe.h"
 
 namespace runner {
 

@@ -12,7 +12,7 @@
 // accum micro-batches of step g, the cursor is g*G + j*micro*dp. So at a step boundary it
 // is step*G whatever the layout (a checkpoint written there resumes under any layout),
 // and mid-step it still names exactly the next micro-batch each rank would take.
-#include "runner/data.h"
+#include "runner/data/data.h"
 
 #include <algorithm>
 #include <bit>
@@ -24,7 +24,7 @@
 #include <thread>
 
 #include "ops/rng.h"
-#include "runner/data_internal.h"
+#include "runner/data/internal.h"
 #include "runner/errors.h"
 
 namespace runner {

@@ -1,5 +1,5 @@
 // Plan resolution and the memory ledger (see plan.h).
-#include "runner/plan.h"
+#include "runner/plan/plan.h"
 
 #include "parallel/pipeline.h"
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <utility>
 
-#include "runner/data.h"
+#include "runner/data/data.h"
 
 namespace runner::data_detail {
 

@@ -5,7 +5,7 @@
 
 #include "parallel/grid.h"
 #include "runner/errors.h"
-#include "runner/plan.h"
+#include "runner/plan/plan.h"
 
 namespace runner {
 

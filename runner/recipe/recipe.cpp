@@ -16,7 +16,7 @@
 #pragma GCC diagnostic ignored "-Wrestrict"
 #endif
 
-#include "runner/recipe.h"
+#include "runner/recipe/recipe.h"
 
 #include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>

@@ -17,8 +17,8 @@
 #include <unordered_set>
 
 #include "ops/rng.h"
-#include "runner/data.h"
-#include "runner/data_internal.h"
+#include "runner/data/data.h"
+#include "runner/data/internal.h"
 #include "runner/errors.h"
 
 namespace runner {
