@@ -1,7 +1,8 @@
 // Recipe loading: every malformed recipe in tests/bad_recipes/ fails at the line:col its
 // `# expect:` header names, with a fix and no C++ internals in the message; shipped
 // recipes load; --set overrides; the resolved YAML round-trips; defaults and locations;
-// the schema and the structs agree; garbage input never crashes.
+// the schema and the declared fields (runner/recipe/fields.h) agree key for key, in type,
+// enum words and defaults; garbage input never crashes.
 #include <doctest/doctest.h>
 #include <yaml-cpp/yaml.h>
 
@@ -9,12 +10,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
 #include <set>
 #include <sstream>
 
+#include "runner/recipe/fields.h"
 #include "runner/recipe/recipe.h"
 
 using namespace runner;
@@ -79,6 +82,114 @@ void schema_leaves(const nlohmann::json& sub, const std::string& prefix, std::ma
   }
 }
 
+// Walks the declared fields (fields.h) of a default Recipe against a schema, collecting
+// every disagreement: a declared key the schema lacks, a different type, different enum
+// words, a different default, a schema property nobody declared, or a closed set of words
+// that is still a std::string in C++.
+class SchemaCheck {
+ public:
+  using json = nlohmann::json;
+
+  // The schema properties that may stay std::string although the schema lists words.
+  static bool open_set(const std::string& path) { return path == "hardware.device"; }
+
+  static std::vector<std::string> run(const json& schema) {
+    SchemaCheck c(schema, "");
+    const Recipe defaults;
+    visit(c, defaults);
+    std::set<std::string> in_schema;
+    all_paths(schema, "", in_schema);
+    for (const std::string& p : in_schema)
+      if (!c.declared_->count(p)) c.problems_->push_back(p + ": in the schema but not declared in fields.h");
+    return *c.problems_;
+  }
+
+  void operator()(const char* key, const int64_t& v) { leaf(key, "integer", json(v)); }
+  void operator()(const char* key, const double& v) { leaf(key, "number", json(v)); }
+  void operator()(const char* key, const bool& v) { leaf(key, "boolean", json(v)); }
+  void operator()(const char* key, const std::string& v) {
+    const json* s = leaf(key, "string", json(v));
+    if (s && s->contains("enum") && !open_set(at(key)))
+      problem(key, "the schema lists words " + (*s)["enum"].dump() + ": make it an enum (runner/recipe/enums.h)");
+  }
+  template <RecipeEnum E>
+  void operator()(const char* key, const E& v) {
+    if (const json* s = leaf(key, "string", json(to_string(v)))) same_words<E>(key, *s);
+  }
+  void operator()(const char* key, const std::vector<int64_t>& v) {
+    if (const json* s = leaf(key, "array", json(v))) item_type(key, *s, "integer");
+  }
+  template <RecipeEnum E>
+  void operator()(const char* key, const std::vector<E>& v) {
+    std::vector<std::string> words;
+    for (E e : v) words.push_back(to_string(e));
+    if (const json* s = leaf(key, "array", json(words))) {
+      item_type(key, *s, "string");
+      if (s->contains("items")) same_words<E>(key, (*s)["items"]);
+    }
+  }
+  template <class Config>
+  void section(const char* key, const Config& c) {
+    const json* s = leaf(key, "object", json());
+    if (!s) return;
+    SchemaCheck sub(*s, at(key), declared_, problems_);
+    visit(sub, c);
+  }
+  template <class Config>
+  void section(const char* key, const std::optional<Config>&) {
+    section(key, Config{});
+  }
+
+ private:
+  SchemaCheck(const json& object, std::string path, std::shared_ptr<std::set<std::string>> declared = nullptr,
+              std::shared_ptr<std::vector<std::string>> problems = nullptr)
+      : object_(object), path_(std::move(path)),
+        declared_(declared ? declared : std::make_shared<std::set<std::string>>()),
+        problems_(problems ? problems : std::make_shared<std::vector<std::string>>()) {}
+
+  static void all_paths(const json& object, const std::string& prefix, std::set<std::string>& out) {
+    if (!object.contains("properties")) return;
+    for (auto it = object["properties"].begin(); it != object["properties"].end(); ++it) {
+      const std::string p = prefix.empty() ? it.key() : prefix + "." + it.key();
+      out.insert(p);
+      all_paths(it.value(), p, out);
+    }
+  }
+  std::string at(const char* key) const { return path_.empty() ? key : path_ + "." + key; }
+  void problem(const char* key, const std::string& what) { problems_->push_back(at(key) + ": " + what); }
+
+  // The key's property: declared, of `type`, with `value` as its default where it states one.
+  const json* leaf(const char* key, const std::string& type, const json& value) {
+    declared_->insert(at(key));
+    if (!object_.contains("properties") || !object_["properties"].contains(key)) {
+      problem(key, "declared in fields.h but not in the schema");
+      return nullptr;
+    }
+    const json& s = object_["properties"][key];
+    if (s.value("type", "") != type) problem(key, "fields.h says " + type + ", the schema " + s.value("type", "(none)"));
+    if (s.contains("default") && type != "object" && s["default"] != value)
+      problem(key, "default " + value.dump() + " in recipe.h, " + s["default"].dump() + " in the schema");
+    return &s;
+  }
+  void item_type(const char* key, const json& s, const std::string& type) {
+    if (!s.contains("items") || s["items"].value("type", "") != type) problem(key, "the schema's items must be " + type);
+  }
+  template <RecipeEnum E>
+  void same_words(const char* key, const json& s) {
+    std::set<std::string> ours, theirs;
+    for (const auto& [value, word] : enum_names(E{})) ours.emplace(word);
+    if (s.contains("enum"))
+      for (const json& w : s["enum"]) theirs.insert(w.is_string() ? w.get<std::string>() : w.dump());
+    if (ours != theirs)
+      problem(key, "enum words " + json(ours).dump() + " in enums.h, " + json(theirs).dump() + " in the schema");
+  }
+
+  const json& object_;
+  std::string path_;
+  std::shared_ptr<std::set<std::string>> declared_;
+  std::shared_ptr<std::vector<std::string>> problems_;
+};
+
 }  // namespace
 
 TEST_CASE("every bad recipe fails where its '# expect:' header says, with a fix") {
@@ -136,7 +247,7 @@ TEST_CASE("every shipped recipe loads and round-trips") {
 
   const Recipe q = load_recipe(std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml");
   CHECK(q.model.vocab_size == 256);
-  CHECK(q.data.kind == "addition");
+  CHECK(q.data.kind == DataKind::addition);
   CHECK(q.hardware.device == "cpu");
   CHECK(load_recipe(std::string(RUNNER_SOURCE_DIR) + "/recipes/llama-7b-8xh100.yaml").model.mlp_hidden() == 11008);
   CHECK(load_recipe(std::string(RUNNER_SOURCE_DIR) + "/recipes/llama-70b-64gpu.yaml").model.mlp_hidden() == 28672);
@@ -147,15 +258,15 @@ TEST_CASE("defaults are filled from the structs and agree with the schema") {
   const Recipe r = load_recipe_text(kMinimal, "min.yaml");
   const Recipe d;
   CHECK(r.model.mlp_ratio == d.model.mlp_ratio);
-  CHECK(r.model.norm == "layernorm");
+  CHECK(r.model.norm == Norm::layernorm);
   CHECK(r.optimizer.lr == d.optimizer.lr);
-  CHECK(r.optimizer.schedule.kind == "cosine");
+  CHECK(r.optimizer.schedule.kind == LrSchedule::cosine);
   CHECK(r.precision.loss_scale.growth_interval == d.precision.loss_scale.growth_interval);
   CHECK(r.train.steps == 100);
-  CHECK(r.data.kind == "addition");
+  CHECK(r.data.kind == DataKind::addition);
   CHECK(!r.inference.has_value());
   // Nothing about checkpoints written: one checkpoint at the end of training.
-  CHECK(r.checkpoint.cadence == "steps");
+  CHECK(r.checkpoint.cadence == CheckpointCadence::steps);
   CHECK(r.checkpoint.every_steps == r.train.steps);
   CHECK(r.source_file == "min.yaml");
   CHECK(r.source_text == kMinimal);
@@ -200,6 +311,73 @@ TEST_CASE("the schema and recipe_to_yaml name exactly the same keys") {
   CHECK(emitted == in_schema);
 }
 
+TEST_CASE("fields.h and the schema declare the same keys, types, enum words and defaults") {
+  const std::vector<std::string> problems = SchemaCheck::run(schema());
+  for (const std::string& p : problems) FAIL_CHECK(p);
+  CHECK(problems.empty());
+
+  // The check itself: each way the two can drift apart is caught.
+  const auto drifted = [](auto&& edit) {
+    nlohmann::json s = schema();
+    edit(s["properties"]);
+    return SchemaCheck::run(s);
+  };
+  const auto mentions = [](const std::vector<std::string>& ps, const std::string& what) {
+    return std::any_of(ps.begin(), ps.end(), [&](const std::string& p) { return p.find(what) != std::string::npos; });
+  };
+  CHECK(mentions(drifted([](auto& p) { p["model"]["properties"].erase("norm"); }), "model.norm: declared in fields.h but not"));
+  CHECK(mentions(drifted([](auto& p) { p["batch"]["properties"]["warp"] = {{"type", "integer"}}; }),
+                 "batch.warp: in the schema but not declared"));
+  CHECK(mentions(drifted([](auto& p) { p["batch"]["properties"]["micro"]["type"] = "number"; }), "batch.micro: fields.h says integer"));
+  CHECK(mentions(drifted([](auto& p) { p["train"]["properties"]["steps"]["default"] = 99; }), "train.steps: default 100"));
+  CHECK(mentions(drifted([](auto& p) { p["optimizer"]["properties"]["lr"]["default"] = 0.001; }), "optimizer.lr: default"));
+  CHECK(mentions(drifted([](auto& p) { p["data"]["properties"]["kind"]["enum"].push_back("parquet"); }), "data.kind: enum words"));
+  CHECK(mentions(drifted([](auto& p) { p["recompute"]["properties"]["modules"]["items"]["enum"].erase(0); }),
+                 "recompute.modules: enum words"));
+  CHECK(mentions(drifted([](auto& p) { p["parallel"]["properties"]["schedule"]["default"] = "gpipe"; }), "parallel.schedule: default"));
+  CHECK(mentions(drifted([](auto& p) { p["data"]["properties"]["dataset"]["enum"] = nlohmann::json::array({"tokens", "ids"}); }),
+                 "data.dataset: the schema lists words"));
+  CHECK(mentions(drifted([](auto& p) { p.erase("inference"); }), "inference: declared in fields.h but not"));
+}
+
+TEST_CASE("enum words: one table each; parse and to_string are inverse; JSON writes the word") {
+  const auto check_table = [](auto e) {
+    using E = decltype(e);
+    std::set<std::string> words;
+    for (const auto& [value, word] : enum_names(E{})) {
+      INFO("word: " << std::string(word));
+      CHECK(words.insert(std::string(word)).second);
+      CHECK(to_string(value) == word);
+      REQUIRE(parse_enum<E>(word).has_value());
+      CHECK(*parse_enum<E>(word) == value);
+      CHECK(nlohmann::json(value) == nlohmann::json(std::string(word)));
+    }
+    CHECK(!parse_enum<E>("").has_value());
+    CHECK(!parse_enum<E>(std::string(*words.begin()) + "x").has_value());
+  };
+  check_table(ModelFamily{});
+  check_table(Norm{});
+  check_table(Activation{});
+  check_table(Position{});
+  check_table(DataKind{});
+  check_table(PipelineSchedule{});
+  check_table(FloatFormat{});
+  check_table(MasterWeights{});
+  check_table(LossScaleMode{});
+  check_table(RecomputeMode{});
+  check_table(RecomputeModule{});
+  check_table(OptimizerName{});
+  check_table(LrSchedule{});
+  check_table(CheckpointCadence{});
+  check_table(MomentFormat{});
+  check_table(KvFormat{});
+  CHECK(to_string(PipelineSchedule::one_f_one_b) == "1f1b");
+  CHECK(to_string(LossScaleMode::fixed) == "static");
+  CHECK(to_string(CheckpointCadence::automatic) == "auto");
+  CHECK(nlohmann::json{{"schedule", PipelineSchedule::interleaved}}.dump() == R"({"schedule":"interleaved"})");
+  CHECK(!parse_enum<Norm>("RMSNorm").has_value());  // words are case-sensitive, as in the schema
+}
+
 TEST_CASE("round trip: recipe_to_yaml -> load_recipe_text gives identical resolved YAML") {
   const std::string text = kMinimal +
                            "data: {kind: text, path: \"my data/shakespeare 1.txt\", val_fraction: 0.1}\n"
@@ -219,9 +397,9 @@ TEST_CASE("round trip: recipe_to_yaml -> load_recipe_text gives identical resolv
   CHECK(b.optimizer.eps == 1e-12);
   CHECK(b.optimizer.lr == 1e-3);
   CHECK(b.parallel.stage_layers == std::vector<int64_t>{1, 1});
-  CHECK(b.recompute.modules == std::vector<std::string>{"attention_core", "mlp"});
+  CHECK(b.recompute.modules == std::vector<RecomputeModule>{RecomputeModule::attention_core, RecomputeModule::mlp});
   CHECK(b.checkpoint.every_minutes == 12.5);
-  CHECK(b.inference->kv_dtype == "int8");
+  CHECK(b.inference->kv_dtype == KvFormat::int8);
 }
 
 TEST_CASE("--set overrides") {

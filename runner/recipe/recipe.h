@@ -1,10 +1,14 @@
 // The typed recipe.
 //
-// schemas/recipe.schema.json is the single source of truth for the recipe's structure;
-// load_recipe() validates the YAML against it (valijson over yaml-cpp nodes) and then
-// fills these plain structs, defaults included. Nothing after loading reads raw YAML.
-// Every field remembers where it came from (Recipe::loc) so that later checks (the
-// plan's batch equation, divisibility rules) can still say file:line:col.
+// The structs below hold every field with its default (the initialisers are the only
+// defaults in C++). runner/recipe/fields.h names each field's recipe key once; reading,
+// writing back and the schema consistency test all walk that list. load_recipe()
+// validates the YAML against schemas/recipe.schema.json (editors complete from it; a test
+// checks that it and fields.h declare the same keys, types, words and defaults), then
+// fills these plain structs. Nothing after loading reads raw YAML. Closed sets of words
+// are enums (runner/recipe/enums.h). Every field remembers where it came from
+// (Recipe::loc) so that later checks (the plan's batch equation, divisibility rules) can
+// still say file:line:col.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -13,20 +17,21 @@
 #include <vector>
 
 #include "runner/errors.h"
+#include "runner/recipe/enums.h"
 
 namespace runner {
 
 struct ModelConfig {
-  std::string family = "gpt";
+  ModelFamily family = ModelFamily::gpt;
   int64_t vocab_size = 256;
   int64_t seq_len = 256;
   int64_t d_model = 384;
   int64_t n_layers = 6;
   int64_t n_heads = 6;
   double mlp_ratio = 4.0;          // hidden width = round(mlp_ratio * d_model)
-  std::string norm = "layernorm";  // layernorm | rmsnorm
-  std::string activation = "gelu"; // gelu | swiglu
-  std::string position = "learned";// learned | rope
+  Norm norm = Norm::layernorm;
+  Activation activation = Activation::gelu;
+  Position position = Position::learned;
   bool tie_embeddings = true;
   bool bias = true;                // biases in linear layers and layernorm
   double dropout = 0.0;
@@ -37,7 +42,7 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string kind = "addition";   // addition | text | hdf5 | bin
+  DataKind kind = DataKind::addition;
   std::string path;                // text file, HDF5 token file, or .bin token file
   std::string val_path;            // optional held-out file (else the last val_fraction of path)
   double val_fraction = 0.05;
@@ -51,7 +56,7 @@ struct ParallelConfig {
   int64_t dp = 0;                  // 0: derived from world size / (tp*pp)
   int64_t tp = 1;
   int64_t pp = 1;
-  std::string schedule = "1f1b";   // 1f1b | gpipe | interleaved
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int64_t virtual_stages = 1;      // interleaved 1F1B: model chunks per stage
   int64_t zero = 0;                // 0 | 1
   bool sequence_parallel = false;
@@ -66,7 +71,7 @@ struct BatchConfig {
 };
 
 struct LossScaleConfig {
-  std::string mode = "dynamic";  // dynamic | static | none (fp16 only)
+  LossScaleMode mode = LossScaleMode::dynamic;  // fp16 only
   double init = 65536.0;
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
@@ -74,26 +79,26 @@ struct LossScaleConfig {
 };
 
 struct PrecisionConfig {
-  std::string compute = "fp32";        // fp32 | bf16 | fp16
-  std::string master_weights = "fp32"; // fp32 | same (keep no fp32 master copy)
-  std::string grad_accum = "fp32";     // fp32 | bf16 | fp16
+  FloatFormat compute = FloatFormat::fp32;
+  MasterWeights master_weights = MasterWeights::fp32;  // same: keep no fp32 master copy
+  FloatFormat grad_accum = FloatFormat::fp32;
   LossScaleConfig loss_scale;
 };
 
 struct RecomputeConfig {
-  std::string mode = "none";          // none | full | selective
+  RecomputeMode mode = RecomputeMode::none;
   std::vector<int64_t> layers;        // layers that recompute (empty: all layers)
-  std::vector<std::string> modules;   // selective: attention_core | attention | mlp | norm
+  std::vector<RecomputeModule> modules;  // selective only
 };
 
 struct ScheduleConfig {
-  std::string kind = "cosine";  // cosine | linear | constant
+  LrSchedule kind = LrSchedule::cosine;
   int64_t warmup_steps = 0;
   double min_lr_ratio = 0.1;    // final lr = min_lr_ratio * lr
 };
 
 struct OptimizerConfig {
-  std::string name = "adamw";
+  OptimizerName name = OptimizerName::adamw;
   double lr = 3e-4;
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -105,13 +110,13 @@ struct OptimizerConfig {
 
 struct CheckpointConfig {
   std::string dir;                 // default: RUN_DIR/checkpoints
-  std::string cadence = "steps";   // steps | minutes | auto | never
+  CheckpointCadence cadence = CheckpointCadence::steps;
   int64_t every_steps = 0;         // cadence steps
   double every_minutes = 0.0;      // cadence minutes
   int64_t keep_last = 3;
   int64_t keep_every = 0;          // also keep every N-th step for the long term (0: none)
   bool async = false;
-  std::string optimizer_dtype = "fp32";  // fp32 | bf16 (halves the file, breaks bit-exactness)
+  MomentFormat optimizer_dtype = MomentFormat::fp32;  // bf16 halves the file, breaks bit-exactness
   int64_t snapshot_every = 0;      // in-memory snapshot cadence (0: off)
   double spike_threshold = 0.0;    // roll back when loss > threshold x running mean (0: off)
 };
@@ -137,7 +142,7 @@ struct TrainConfig {
 struct InferenceConfig {
   int64_t batch = 1;
   int64_t context = 0;             // 0: model.seq_len
-  std::string kv_dtype = "bf16";   // fp16 | bf16 | int8
+  KvFormat kv_dtype = KvFormat::bf16;
 };
 
 struct Recipe {
