@@ -7,7 +7,8 @@
 // Reading: a split that fits in hdf5_in_memory_limit() (512 MiB by default) is read once at
 // open and served from memory. A larger one is streamed: each window is a hyperslab read,
 // and since the HDF5 library on this system is built without thread safety every HDF5 call
-// holds hdf5_mutex(), so loader workers serialize on it. Chunks are small (4 Ki tokens,
+// holds the process-wide h5::Lock (runner/hdf5/hdf5.h, the one locking rule), so loader
+// workers serialize on it, per window. Chunks are small (4 Ki tokens,
 // 8 KiB, deflate level 1 after byte-shuffle) so a random window inflates little.
 //
 // max_token: prepare stores it. A file without it is scanned once at open; one with it is
@@ -26,6 +27,7 @@
 #include "runner/data/data.h"
 #include "runner/data/internal.h"
 #include "runner/errors.h"
+#include "runner/hdf5/hdf5.h"
 
 namespace runner {
 namespace data_detail {
@@ -38,54 +40,7 @@ constexpr int64_t kScanBlock = 1 << 20;      // tokens per read when scanning
 constexpr int64_t kVerifyBlock = 1 << 16;    // tokens checked at each end against max_token
 constexpr size_t kChunkCacheBytes = 8 << 20;
 
-// An HDF5 identifier that closes itself. Must be destroyed with hdf5_mutex() held.
-class H5Id {
- public:
-  using Closer = herr_t (*)(hid_t);
-  H5Id() = default;
-  H5Id(hid_t id, Closer close) : id_(id), close_(close) {}
-  H5Id(H5Id&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-  H5Id& operator=(H5Id&& o) noexcept {
-    if (this != &o) {
-      reset();
-      id_ = o.id_;
-      close_ = o.close_;
-      o.id_ = -1;
-    }
-    return *this;
-  }
-  ~H5Id() { reset(); }
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-  // Closes now and reports whether closing succeeded (a file's close flushes it).
-  bool close() {
-    bool good = id_ < 0 || close_(id_) >= 0;
-    id_ = -1;
-    return good;
-  }
-  void reset() {
-    if (id_ >= 0) close_(id_);
-    id_ = -1;
-  }
-
- private:
-  hid_t id_ = -1;
-  Closer close_ = nullptr;
-};
-
-// Silences HDF5's automatic error-stack printing: failures become our UserErrors.
-class H5Quiet {
- public:
-  H5Quiet() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~H5Quiet() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
+using h5::Id;
 
 herr_t collect_name(hid_t, const char* name, const H5L_info_t*, void* op) {
   static_cast<std::vector<std::string>*>(op)->push_back(name);
@@ -118,9 +73,9 @@ std::string type_name(hid_t type) {
 // Reads an integer attribute of `obj`; false when it does not exist or is not an integer.
 bool read_i64_attr(hid_t obj, const char* name, int64_t& out) {
   if (H5Aexists(obj, name) <= 0) return false;
-  H5Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  Id attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
   if (!attr.ok()) return false;
-  H5Id type(H5Aget_type(attr.get()), H5Tclose);
+  Id type(H5Aget_type(attr.get()), H5Tclose);
   if (!type.ok() || H5Tget_class(type.get()) != H5T_INTEGER) return false;
   return H5Aread(attr.get(), H5T_NATIVE_INT64, &out) >= 0;
 }
@@ -130,7 +85,7 @@ class Hdf5Source final : public WindowSource {
   Hdf5Source(const std::string& path, const std::string& dataset, SplitRange range, int64_t T)
       : WindowSource(path, range, T), dataset_(dataset) {}
   ~Hdf5Source() override {
-    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    h5::Lock lock;
     close_locked();
   }
 
@@ -140,26 +95,25 @@ class Hdf5Source final : public WindowSource {
   }
   int64_t max_token() const override { return max_token_; }
 
-  // Everything open_hdf5 checks, in order; the caller holds hdf5_mutex().
+  // Everything open_hdf5 checks, in order; the caller holds the HDF5 lock.
   void open(const DataConfig& cfg, Split split, bool whole, int64_t vocab_size) {
-    H5Quiet quiet;
     const SourceLoc loc{path_};
     const std::string what_kind = "kind hdf5 expects an HDF5 file with a 1-D uint16 or int32 dataset '" + dataset_ + "'";
     if (H5Fis_hdf5(path_.c_str()) <= 0)
       throw UserError(loc, "not an HDF5 file (" + what_kind + ")",
                       "make one with `runner data prepare`, or set data.kind to text or bin");
-    file_ = H5Id(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    file_ = Id(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
     if (!file_.ok())
       throw UserError(loc, "cannot open the HDF5 file (corrupt, or locked by a writer?)",
                       "check it with h5dump; if another process writes it, set HDF5_USE_FILE_LOCKING=FALSE");
-    H5Id dapl(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose);
+    Id dapl(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose);
     H5Pset_chunk_cache(dapl.get(), 521, kChunkCacheBytes, 0.75);
-    dset_ = H5Id(H5Dopen2(file_.get(), dataset_.c_str(), dapl.get()), H5Dclose);
+    dset_ = Id(H5Dopen2(file_.get(), dataset_.c_str(), dapl.get()), H5Dclose);
     if (!dset_.ok())
       throw UserError(loc, "no dataset '" + dataset_ + "' (expected a 1-D uint16 or int32 token dataset; " +
                                root_names(file_.get()) + ")",
                       "set data.dataset to the token dataset's name");
-    H5Id type(H5Dget_type(dset_.get()), H5Tclose);
+    Id type(H5Dget_type(dset_.get()), H5Tclose);
     const bool is_int = H5Tget_class(type.get()) == H5T_INTEGER;
     const size_t bytes = H5Tget_size(type.get());
     const bool is_unsigned = is_int && H5Tget_sign(type.get()) == H5T_SGN_NONE;
@@ -168,7 +122,7 @@ class Hdf5Source final : public WindowSource {
       throw UserError(loc, "dataset '" + dataset_ + "' holds " + dtype_ + "; expected uint16 or int32 token ids",
                       "write the tokens as uint16 (vocab <= 65536) or int32");
     wide_ = bytes == 4;
-    space_ = H5Id(H5Dget_space(dset_.get()), H5Sclose);
+    space_ = Id(H5Dget_space(dset_.get()), H5Sclose);
     const int rank = H5Sget_simple_extent_ndims(space_.get());
     if (rank != 1) {
       std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
@@ -230,8 +184,7 @@ class Hdf5Source final : public WindowSource {
       else std::copy(mem16_.begin() + o, mem16_.begin() + o + count, out);
       return;
     }
-    std::lock_guard<std::mutex> lock(hdf5_mutex());
-    H5Quiet quiet;
+    h5::Lock lock;
     read_block_locked(start, count, H5T_NATIVE_INT32, out);
     verify(start, out, count, "its max_token attribute " + std::to_string(max_token_));
   }
@@ -248,7 +201,7 @@ class Hdf5Source final : public WindowSource {
     const size_t elem = H5Tget_size(mem_type);
     for (int64_t s = 0; s < count; s += kScanBlock) {
       hsize_t st = static_cast<hsize_t>(start + s), cnt = static_cast<hsize_t>(std::min(kScanBlock, count - s));
-      H5Id mspace(H5Screate_simple(1, &cnt, nullptr), H5Sclose);
+      Id mspace(H5Screate_simple(1, &cnt, nullptr), H5Sclose);
       if (H5Sselect_hyperslab(space_.get(), H5S_SELECT_SET, &st, nullptr, &cnt, nullptr) < 0 || !mspace.ok() ||
           H5Dread(dset_.get(), mem_type, mspace.get(), space_.get(), H5P_DEFAULT,
                   static_cast<char*>(out) + static_cast<size_t>(s) * elem) < 0)
@@ -293,7 +246,7 @@ class Hdf5Source final : public WindowSource {
   }
 
   std::string dataset_, dtype_;
-  H5Id file_, dset_, space_;  // space_: the dataset's file space, reused for every selection
+  Id file_, dset_, space_;  // space_: the dataset's file space, reused for every selection
   int64_t n_ = 0, max_token_ = 0;
   bool attr_max_ = false, wide_ = false, in_memory_ = false;
   std::vector<uint16_t> mem16_;  // the split's tokens when held in memory (uint16 files)
@@ -301,20 +254,13 @@ class Hdf5Source final : public WindowSource {
 };
 
 void write_attr(hid_t obj, const char* name, int64_t v) {
-  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Id attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!attr.ok() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &v) < 0)
-    throw std::runtime_error(std::string("cannot write attribute ") + name);
+  if (!h5::write_attr(obj, name, H5T_STD_I64LE, &v)) throw std::runtime_error(std::string("cannot write attribute ") + name);
 }
 
 void write_attr(hid_t obj, const char* name, const std::string& v) {
-  H5Id type(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(type.get(), std::max<size_t>(v.size(), 1));
-  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
-  H5Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  H5Id attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  std::string padded = v.empty() ? std::string(1, '\0') : v;
-  if (!attr.ok() || H5Awrite(attr.get(), type.get(), padded.data()) < 0)
+  const std::string padded = v.empty() ? std::string(1, '\0') : v;
+  Id type = h5::string_type(padded.size(), H5T_CSET_ASCII);
+  if (!h5::write_attr(obj, name, type, padded.data()))
     throw std::runtime_error(std::string("cannot write attribute ") + name);
 }
 
@@ -329,8 +275,7 @@ std::unique_ptr<DataSource> open_hdf5(const std::string& path, const DataConfig&
                                       int64_t T, int64_t vocab_size) {
   auto src = std::make_unique<Hdf5Source>(path, cfg.dataset, SplitRange{}, T);
   {
-    // On a throw this lock is released before `src` is destroyed (~Hdf5Source locks too).
-    std::lock_guard<std::mutex> lock(hdf5_mutex());
+    h5::Lock lock;
     src->open(cfg, split, whole, vocab_size);
   }
   return src;
@@ -365,8 +310,7 @@ int64_t prepare_text_to_hdf5(const std::string& text_path, const std::string& ou
   std::string abs_source = fs::absolute(text_path, ec).string();
   if (ec) abs_source = text_path;
 
-  std::lock_guard<std::mutex> lock(hdf5_mutex());
-  H5Quiet quiet;
+  h5::Lock lock;
   // Declared before the HDF5 handles, so it runs after they are closed: removes the
   // temporary file on any failure or interruption.
   struct RemoveTemp {
@@ -381,15 +325,15 @@ int64_t prepare_text_to_hdf5(const std::string& text_path, const std::string& ou
     throw UserError(SourceLoc{out_path}, what, "check free disk space and permissions; nothing was written");
   };
 
-  H5Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) fail("cannot create " + tmp);
   const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = kChunkTokens;
-  H5Id space(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
-  H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  Id space(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
+  Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   if (!space.ok() || !dcpl.ok() || H5Pset_chunk(dcpl.get(), 1, &chunk) < 0 || H5Pset_shuffle(dcpl.get()) < 0 ||
       H5Pset_deflate(dcpl.get(), kDeflateLevel) < 0)
     fail("cannot set up the dataset layout (is deflate available in this HDF5?)");
-  H5Id dset(H5Dcreate2(file.get(), "tokens", H5T_STD_U16LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+  Id dset(H5Dcreate2(file.get(), "tokens", H5T_STD_U16LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
             H5Dclose);
   if (!dset.ok()) fail("cannot create dataset 'tokens'");
 
@@ -409,8 +353,8 @@ int64_t prepare_text_to_hdf5(const std::string& text_path, const std::string& ou
     }
     const hsize_t start = static_cast<hsize_t>(n), new_size = start + got;
     if (H5Dset_extent(dset.get(), &new_size) < 0) fail("cannot extend dataset 'tokens'");
-    H5Id fspace(H5Dget_space(dset.get()), H5Sclose);
-    H5Id mspace(H5Screate_simple(1, &got, nullptr), H5Sclose);
+    Id fspace(H5Dget_space(dset.get()), H5Sclose);
+    Id mspace(H5Screate_simple(1, &got, nullptr), H5Sclose);
     if (!fspace.ok() || !mspace.ok() ||
         H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &got, nullptr) < 0 ||
         H5Dwrite(dset.get(), H5T_NATIVE_UINT16, mspace.get(), fspace.get(), H5P_DEFAULT, tokens.data()) < 0)
