@@ -19,10 +19,14 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <thread>
 
 #include "ops/rng.h"
 #include "runner/checkpoint/checkpoint.h"
+#include "runner/checkpoint/file_layout.h"
+#include "runner/data/internal.h"
 #include "runner/errors.h"
+#include "runner/hdf5/hdf5.h"
 #include "runner/signals.h"
 
 using namespace runner;
@@ -770,4 +774,63 @@ TEST_CASE("signals: the first sets the stop flag, the second exits with 143") {
   }
   CHECK(kExitPreempted == 3);
   CHECK(kExitSignalAbort == 143);
+}
+
+TEST_CASE("a written file holds exactly the objects of checkpoint_layout, in its order of creation") {
+  TempDir dir;
+  TrainState s = make_state(91, 30);
+  s.world_size = 3;  // three /rng and /data entries
+  const std::string path = dir / "layout.h5";
+  write_checkpoint_file(path, s, {});
+  // Every link, depth first in creation order (how h5py and the reader list the file).
+  std::vector<std::string> links;
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  REQUIRE(H5Lvisit(f, H5_INDEX_CRT_ORDER, H5_ITER_INC,
+                   [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+                     static_cast<std::vector<std::string>*>(out)->push_back(std::string("/") + name);
+                     return 0;
+                   },
+                   &links) >= 0);
+  H5Fclose(f);
+  std::vector<std::string> expected;
+  for (const auto& e : ckpt::checkpoint_layout(3, s.params.names)) expected.push_back(e.path);
+  CHECK(links == expected);
+  CHECK(expected.front() == "/state");
+  CHECK(expected.back() == "/optimizer/adam_v/lnf.weight");
+  CHECK(ckpt::tensor_path(ckpt::kAdamM, "wte.weight") == "/optimizer/adam_m/wte.weight");
+  CHECK(ckpt::rng_path(2) == "/rng/rank_2");
+  CHECK(ckpt::data_path(1) == "/data/rank_1");
+}
+
+TEST_CASE("the HDF5 lock: one process-wide lock (the data loader's), re-entrant within a thread") {
+  using namespace std::chrono_literals;
+  std::atomic<bool> other_entered{false};
+  std::thread other;
+  {
+    h5::Lock outer;
+    {
+      h5::Lock inner;  // the same thread again: no deadlock
+      CHECK_FALSE(data_detail::hdf5_mutex().try_lock());  // the data loader's mutex is the one held
+    }
+    other = std::thread([&] {
+      h5::Lock l;
+      other_entered = true;
+    });
+    std::this_thread::sleep_for(50ms);
+    CHECK_FALSE(other_entered.load());  // still held: the inner lock's release did not release it
+  }
+  other.join();
+  CHECK(other_entered.load());
+  // A handle closes under the lock it takes itself, with or without one held by its owner.
+  h5::Id space;
+  {
+    h5::Lock l;
+    space = h5::Id(H5Screate(H5S_SCALAR), H5Sclose);
+  }
+  CHECK(space.ok());
+  CHECK(space.close());
+  CHECK_FALSE(space.ok());
+  CHECK(data_detail::hdf5_mutex().try_lock());  // nothing left held
+  data_detail::hdf5_mutex().unlock();
 }

@@ -14,9 +14,12 @@
 // - CheckpointManager owns cadence, asynchronous writing (a snapshot in host memory at the
 //   step boundary, one background writer, errors rethrown on the training thread), retention
 //   and loading with fallback to the newest checkpoint that verifies.
-// - The HDF5 library here is built without thread safety: every HDF5 call holds the process
-//   lock data_detail::hdf5_mutex() (shared with the data loader's workers), taken per slab so
-//   a background write never starves the loader for long.
+// - The HDF5 library here is built without thread safety: every HDF5 call holds h5::Lock
+//   (runner/hdf5/hdf5.h: one process-wide lock, shared with the data loader's workers),
+//   taken per slab so a background write never starves the loader for long.
+// - The code, by phase: file_layout (the layout, once), file_writer (creating it), write_serial,
+//   write_collective, file_reader + load (reading, verifying), inspect, publish (the atomic
+//   protocol), manager.
 #pragma once
 #include <atomic>
 #include <cstddef>
