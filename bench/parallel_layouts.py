@@ -21,7 +21,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIRUN = shutil.which("mpirun") or "mpirun"
-# The issue-3 "small" model; global batch 8 sequences of 256 tokens, micro-batch 4 on every layout.
+# The "small" model of bench/train_vs_torch.py; global batch 8 sequences of 256 tokens, micro-batch 4 on every layout.
 MODEL = dict(vocab=256, seq=256, d_model=384, layers=6, heads=6)
 GLOBAL, MICRO = 8, 4
 LAYOUTS = {

@@ -124,7 +124,7 @@ void seed_run_dir(const std::string& name, const std::string& from, const std::s
 std::map<std::string, std::vector<float>> params_of(const fs::path& file, const std::vector<std::string>& sets = {}) {
   runner::Recipe r = runner::load_recipe(recipe_path(), sets);
   runner::Plan p = runner::make_plan(r, 1);
-  ops::Graph g = runner::build_gpt_graph(p.stage_spec(0));
+  const ops::Graph& g = p.layout->graph(0);
   runner::TrainState st;
   st.params = runner::init_params(g, r.model, 1);
   runner::load_checkpoint_file(file.string(), st);

@@ -84,7 +84,7 @@ float moment_value(const std::string& name, int64_t idx, int which) {
 TrainState serial_template(const std::string& recipe, const std::vector<std::string>& sets = {}) {
   Recipe r = load_recipe(recipe, sets);
   Plan p = make_plan(r, 1);
-  ops::Graph g = build_gpt_graph(p.stage_spec(0));
+  const ops::Graph& g = p.layout->graph(0);
   TrainState st;
   st.params = init_params(g, r.model, kInitSeed);
   return st;
@@ -212,23 +212,23 @@ void run_child(const ChildSpec& c) {
                                            std::string("checkpoint.optimizer_dtype=") + (c.bf16 ? "bf16" : "fp32")};
     Recipe r = load_recipe(recipe_path(c.dir), sets);
     Plan plan = make_plan(r, grid.world_size());
-    ops::Graph g = build_gpt_graph(plan.stage_spec(grid.coords().pp, grid.coords().tp));
+    ops::Graph g = build_gpt_graph(plan.layout->spec(grid.coords().pp, grid.coords().tp));
     TrainState st = child_state(r, g, grid, c);
     const bool lead = grid.rank() == 0;
     if (c.mode == "save") {
       CheckpointConfig cc = r.checkpoint;
       cc.keep_last = 1;
       CheckpointManager mgr((fs::path(c.dir) / "sharded").string(), cc);
-      save_sharded(mgr, plan, grid, g, st);
+      save_sharded(mgr, *plan.layout, grid, st);
       CHECK(mgr.last_saved_step() == 7);
-      save_sharded(mgr, plan, grid, g, st);  // the same step again: skipped everywhere
+      save_sharded(mgr, *plan.layout, grid, st);  // the same step again: skipped everywhere
       CHECK(mgr.saves_completed() == 1);
       st.step = 8;
-      save_sharded(mgr, plan, grid, g, st);  // retention (keep_last 1) removes step 7 on rank 0
+      save_sharded(mgr, *plan.layout, grid, st);  // retention (keep_last 1) removes step 7 on rank 0
       CHECK(mgr.saves_completed() == 2);
       CHECK(mgr.last_write_seconds() > 0);
       // The same state gathered to rank 0 and written serially.
-      TrainState logical = gather_logical_state(plan, grid, g, st);
+      TrainState logical = gather_logical_state(*plan.layout, grid, st);
       if (lead) {
         WriteOptions wo;
         wo.optimizer_bf16 = c.bf16;
@@ -241,7 +241,7 @@ void run_child(const ChildSpec& c) {
       const fs::path dir = fs::path(c.dir) / "fault";
       CheckpointManager mgr(dir.string(), r.checkpoint);
       st.step = 5;
-      save_sharded(mgr, plan, grid, g, st);
+      save_sharded(mgr, *plan.layout, grid, st);
       st.step = 6;
       auto expect_nothing_new = [&] {
         grid.world().barrier();
@@ -252,16 +252,16 @@ void run_child(const ChildSpec& c) {
       };
       // Rank 1 fails at its first tensor byte: every rank throws, nothing is published.
       if (grid.rank() == 1) set_write_fault_after_bytes(0);
-      CHECK_THROWS_AS(save_sharded(mgr, plan, grid, g, st), CheckpointFault);
+      CHECK_THROWS_AS(save_sharded(mgr, *plan.layout, grid, st), CheckpointFault);
       set_write_fault_after_bytes(-1);
       expect_nothing_new();
       // Rank 0 fails after verifying, before the rename.
       if (lead) set_write_fault_at(WriteFault::BeforeRename);
-      CHECK_THROWS_AS(save_sharded(mgr, plan, grid, g, st), CheckpointFault);
+      CHECK_THROWS_AS(save_sharded(mgr, *plan.layout, grid, st), CheckpointFault);
       set_write_fault_at(WriteFault::None);
       expect_nothing_new();
       // The same step then saves.
-      save_sharded(mgr, plan, grid, g, st);
+      save_sharded(mgr, *plan.layout, grid, st);
       grid.world().barrier();
       if (lead) {
         CHECK(list_checkpoint_steps(dir.string()) == std::vector<int64_t>{5, 6});
@@ -290,13 +290,13 @@ TEST_CASE("on one rank save_sharded writes the tensors the serial writer writes"
     CAPTURE(bf16);
     Recipe r = load_recipe(recipe, {std::string("checkpoint.optimizer_dtype=") + (bf16 ? "bf16" : "fp32")});
     Plan plan = make_plan(r, 1);
-    ops::Graph g = build_gpt_graph(plan.stage_spec(0));
+    const ops::Graph& g = plan.layout->graph(0);
     parallel::Grid grid(parallel::self_comm(), {1, 1, 1});
     ChildSpec c;
     TrainState st = child_state(r, g, grid, c);
     const fs::path sharded = dir / (bf16 ? "sharded_bf16" : "sharded"), serial = dir / (bf16 ? "serial_bf16" : "serial");
     CheckpointManager mgr(sharded.string(), r.checkpoint);
-    save_sharded(mgr, plan, grid, g, st);
+    save_sharded(mgr, *plan.layout, grid, st);
     CHECK(mgr.last_saved_step() == 7);
     CHECK(mgr.saves_completed() == 1);
     CHECK(read_latest(sharded.string()) == "step_00000007.h5");

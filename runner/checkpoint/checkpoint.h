@@ -251,6 +251,9 @@ class CheckpointManager {
   // `runner resume RUN_DIR`, read BEFORE anything is built: candidates in load_latest's order,
   // the first whose /state and /recipe verify. Throws UserError when none does.
   std::string resume_recipe_text(bool strict, int64_t step = -1);
+  // Files to try when resuming, newest first: LATEST (or `step` >= 0, a UserError when there is
+  // no such file), then older steps. Empty: none at all.
+  std::vector<std::string> candidates(int64_t step) const;
 
   // Measurements.
   double last_stall_seconds() const;    // time save() blocked the caller (sync: whole write; async: snapshot)
@@ -265,8 +268,6 @@ class CheckpointManager {
   void record_write(const SaveResult& r, bool publisher);  // retention (publisher) + log + measurements
   void apply_retention(int64_t newest);
   void join_and_rethrow();
-  // Files to try, newest first: LATEST (or the step asked for), then older steps. Empty: none at all.
-  std::vector<std::string> candidates(int64_t step) const;
   int64_t load_from(const std::vector<std::string>& candidates, TrainState& s, bool strict);
   spdlog::logger& log() const;
 

@@ -4,7 +4,9 @@
 // A logical tensor is the full parameter of the unsharded model, with the vocabulary
 // dimension cut to the real vocabulary (tensor parallelism may pad it; padding rows are not
 // stored and load as zeros). Any layout can therefore read what any other layout wrote:
-// each rank maps its shard's elements to logical indices (runner::shard_to_full_index).
+// each rank maps its shard's elements to logical indices (runner::shard_to_full_index). Which
+// parameters exist, their shapes, shards and owning stages come from the plan's ModelLayout:
+// no path here builds a graph.
 //
 // Saving, two ways, the same file:
 // - save_sharded (synchronous): every rank writes its slice of every logical tensor into the one
@@ -21,27 +23,22 @@
 #include <string>
 #include <vector>
 
-#include "ops/graph.h"
 #include "parallel/grid.h"
 #include "runner/checkpoint/checkpoint.h"
-#include "runner/plan/plan.h"
+#include "runner/model/layout.h"
 #include "runner/state.h"
 
 namespace runner {
 
-// The parameters a pipeline stage's tensor-parallel rank holds, as a graph: the stage's graph,
-// or under the interleaved schedule a graph of just the parameters of all its model chunks.
-ops::Graph rank_param_graph(const Plan& plan, int stage, int64_t tp_rank);
-
-// Shape of parameter `d` in a checkpoint: its full shape with vocabulary rows cut to `vocab`.
-std::vector<int64_t> logical_shape(const ops::TensorDesc& d, int64_t vocab);
-// Element copies between a shard (d.shape) and its logical tensor (logical_shape(d, vocab)).
-void shard_to_logical(const ops::TensorDesc& d, const float* shard, float* logical, int64_t vocab);
-void logical_to_shard(const ops::TensorDesc& d, const float* logical, float* shard, int64_t vocab);  // padding -> 0
+// Element copies between tensor-parallel shard `d` (LogicalParam::shard) of parameter `p` and
+// its logical tensor (p.logical_shape); vocabulary padding rows are dropped, and load as zeros.
+void shard_to_logical(const LogicalParam& p, const ops::TensorDesc& d, const float* shard, float* logical);
+void logical_to_shard(const LogicalParam& p, const ops::TensorDesc& d, const float* logical, float* shard);
 
 // Collective over grid.world(): the logical training state, complete on world rank 0 (other
-// ranks return a state without tensors). `g` and `local` are this rank's graph and state.
-TrainState gather_logical_state(const Plan& plan, parallel::Grid& grid, const ops::Graph& g, const TrainState& local);
+// ranks return a state without tensors). `local` is this rank's state (its parameters in
+// layout.stage_params order of its stage).
+TrainState gather_logical_state(const ModelLayout& layout, parallel::Grid& grid, const TrainState& local);
 
 // Collective over grid.world() (every rank calls it at the same step): writes the checkpoint of
 // local.step with parallel HDF5 — each logical tensor's slices are written by the ranks holding
@@ -50,22 +47,23 @@ TrainState gather_logical_state(const Plan& plan, parallel::Grid& grid, const op
 // applies retention through `mgr`; returns on every rank once the checkpoint is published (or
 // throws on every rank). Synchronous. A write `mgr` has in flight (rank 0, asynchronous saves)
 // is joined first; a step already saved (on any rank's `mgr`) is skipped on every rank. Every
-// rank's /rng/rank_<r> and /data/rank_<r> hold its own RNG state and data cursor. `g` and
-// `local` are this rank's graph and state. With a one-rank grid (no MPI) the same code writes
-// through the serial HDF5 driver.
-void save_sharded(CheckpointManager& mgr, const Plan& plan, parallel::Grid& grid, const ops::Graph& g, const TrainState& local);
+// rank's /rng/rank_<r> and /data/rank_<r> hold its own RNG state and data cursor. With a
+// one-rank grid (no MPI) the same code writes through the serial HDF5 driver.
+void save_sharded(CheckpointManager& mgr, const ModelLayout& layout, parallel::Grid& grid, const TrainState& local);
 
-// What this rank writes of logical tensor `logical_shape(d, vocab)` from its shard `d`
-// (TensorDesc::shard), as write_checkpoint_collective takes it: dim-0 splits as row runs (one
-// per block), other splits as a strided hyperslab of each row; vocabulary padding rows dropped;
-// a replicated tensor written by tensor-parallel rank 0 only (`tp_rank`). src: the shard's data.
-TensorSlice shard_slice(const ops::TensorDesc& d, int64_t vocab, int tp_rank, const float* src);
+// What tensor-parallel rank `tp_rank` writes of parameter `p` from its shard (`src`: the shard's
+// data), as write_checkpoint_collective takes it: dim-0 splits as row runs (one per block),
+// other splits as a strided hyperslab of each row; vocabulary padding rows dropped; a
+// replicated tensor written by tensor-parallel rank 0 only.
+TensorSlice shard_slice(const LogicalParam& p, int tp_rank, const float* src);
 
-// What this rank loads: its parameters under their logical names and shapes, no moments.
-TrainState logical_template(const ops::Graph& g, int64_t vocab, int world_rank, int world_size);
-// Copies this rank's slices of a loaded logical state (from logical_template) into `local`:
-// parameter values, Adam moments (this rank's ZeRO piece when ParamSet::owned says so) and
-// every scalar (step, tokens, data cursor, RNG, loss scaler, recipe).
-void load_local_from_logical(const ops::Graph& g, int64_t vocab, const TrainState& logical, TrainState& local);
+// What a rank of pipeline stage `stage` loads: its parameters under their logical names and
+// shapes, no moments.
+TrainState logical_template(const ModelLayout& layout, int stage, int world_rank, int world_size);
+// Copies the slices of a rank at (stage, tp_rank) out of a loaded logical state (from
+// logical_template) into `local`: parameter values, Adam moments (this rank's ZeRO piece when
+// ParamSet::owned says so) and every scalar (step, tokens, data cursor, RNG, loss scaler, recipe).
+void load_local_from_logical(const ModelLayout& layout, int stage, int64_t tp_rank, const TrainState& logical,
+                             TrainState& local);
 
 }  // namespace runner

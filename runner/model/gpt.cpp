@@ -3,6 +3,7 @@
 #include "runner/model/model.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "ops/rng.h"
@@ -22,10 +23,10 @@ int64_t padded_vocab(int64_t vocab, int64_t multiple) {
 
 std::vector<std::set<std::string>> recompute_sets(const RecomputeConfig& rc, int64_t n_layers) {
   std::vector<std::set<std::string>> sets(static_cast<size_t>(n_layers));
-  if (rc.mode == "none") return sets;
+  if (rc.mode == RecomputeMode::none) return sets;
   std::set<std::string> mods;
-  if (rc.mode == "full") mods = {"norm", "attention", "attention_core", "mlp", "residual"};
-  else mods.insert(rc.modules.begin(), rc.modules.end());
+  if (rc.mode == RecomputeMode::full) mods = {"norm", "attention", "attention_core", "mlp", "residual"};
+  else for (RecomputeModule m : rc.modules) mods.insert(to_string(m));
   if (mods.count("attention")) mods.insert("attention_core");
   if (rc.layers.empty()) {
     for (auto& s : sets) s = mods;
@@ -37,6 +38,10 @@ std::vector<std::set<std::string>> recompute_sets(const RecomputeConfig& rc, int
 }
 
 namespace {
+
+// The parameters indexed by vocabulary id (gpt_vocab_param).
+constexpr const char* kEmbedding = "wte";
+constexpr const char* kHead = "lm_head.weight";
 
 struct Builder {
   const GptSpec& s;
@@ -113,7 +118,7 @@ struct Builder {
     const ModelConfig& m = s.model;
     int w = seq_param(prefix + ".weight", C, layer);
     int y = g.add_activation(prefix + ".out", {Ns, C}, layer, act);
-    if (m.norm == "rmsnorm") {
+    if (m.norm == Norm::rmsnorm) {
       int rstd = g.add_activation(prefix + ".rstd", {Ns}, layer, DType::F32);
       node(OpKind::RMSNorm, prefix, {x, w}, {y, rstd}, layer, module);
     } else {
@@ -166,7 +171,7 @@ struct Builder {
     int wqkv = col_weight(p + ".attn.qkv.weight", 3 * C, C, l, 3);
     int bqkv = m.bias ? col_bias(p + ".attn.qkv.bias", 3 * C, l, 3) : -1;
     int qkv = linear(p + ".attn.qkv", a, wqkv, bqkv, 3 * C / t, l, "attention", 'c');
-    if (m.position == "rope") {
+    if (m.position == Position::rope) {
       int r = g.add_activation(p + ".attn.rope.out", {N, 3 * C / t}, l, act);
       node(OpKind::Rope, p + ".attn.rope", {qkv}, {r}, l, "attention");
       qkv = r;
@@ -185,7 +190,7 @@ struct Builder {
     int x1 = add(p + ".res1", x, o, l);
     // MLP.
     int mm = norm(p + ".ln2", x1, l, "norm");
-    bool glu = m.activation == "swiglu";
+    bool glu = m.activation == Activation::swiglu;
     int64_t fc_out = glu ? 2 * H : H;
     int wfc = col_weight(p + ".mlp.fc.weight", fc_out, C, l, glu ? 2 : 1);
     int bfc = m.bias ? col_bias(p + ".mlp.fc.bias", fc_out, l, glu ? 2 : 1) : -1;
@@ -207,9 +212,9 @@ struct Builder {
     if (s.first_stage) {
       g.tokens = g.add_input("tokens", {g.B, g.T}, DType::I32);
       ShardSpec sh{t > 1 ? 0 : -1, static_cast<int>(t), static_cast<int>(s.tp_rank), 1};
-      wte = g.add_param("wte", {V / t, C}, -1, true, sh, {V, C});
+      wte = g.add_param(kEmbedding, {V / t, C}, -1, true, sh, {V, C});
       std::vector<int> in{g.tokens, wte};
-      if (m.position == "learned") in.push_back(g.add_param("wpe", {m.seq_len, C}, -1, true));
+      if (m.position == Position::learned) in.push_back(g.add_param("wpe", {m.seq_len, C}, -1, true));
       x = g.add_activation("embed.out", {Ns, C}, -1, act);
       int e = node(OpKind::Embedding, "embed", in, {x}, -1, "embed");
       if (t > 1) {
@@ -228,7 +233,7 @@ struct Builder {
       int wlm = wte;
       if (!m.tie_embeddings || wlm < 0) {
         ShardSpec sh{t > 1 ? 0 : -1, static_cast<int>(t), static_cast<int>(s.tp_rank), 1};
-        wlm = g.add_param(m.tie_embeddings ? "wte" : "lm_head.weight", {V / t, C}, -1, true, sh, {V, C});
+        wlm = g.add_param(m.tie_embeddings ? kEmbedding : kHead, {V / t, C}, -1, true, sh, {V, C});
       }
       g.logits = linear("lm_head", xf, wlm, -1, V / t, -1, "head", 'c');
       g.tensors[g.logits].dtype = DType::F32;  // the loss is always computed in fp32
@@ -253,7 +258,18 @@ struct Builder {
 
 }  // namespace
 
-Graph build_gpt_graph(const GptSpec& spec) { return Builder(spec).build(); }
+namespace {
+std::atomic<int64_t> g_graphs_built{0};
+}  // namespace
+
+Graph build_gpt_graph(const GptSpec& spec) {
+  g_graphs_built.fetch_add(1, std::memory_order_relaxed);
+  return Builder(spec).build();
+}
+
+int64_t graphs_built() { return g_graphs_built.load(std::memory_order_relaxed); }
+
+bool gpt_vocab_param(const std::string& name) { return name == kEmbedding || name == kHead; }
 
 int64_t ParamSet::numel() const {
   int64_t n = 0;
@@ -284,10 +300,15 @@ int64_t shard_to_full_index(const ops::TensorDesc& d, int64_t i) {
 }
 
 ParamSet init_params(const Graph& g, const ModelConfig& m, uint64_t seed) {
+  std::vector<ops::TensorDesc> descs;
+  for (int id : g.params) descs.push_back(g.tensors[static_cast<size_t>(id)]);
+  return init_params(descs, m, seed);
+}
+
+ParamSet init_params(const std::vector<ops::TensorDesc>& params, const ModelConfig& m, uint64_t seed) {
   ParamSet ps;
   double proj_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.n_layers));
-  for (int id : g.params) {
-    const ops::TensorDesc& d = g.tensors[id];
+  for (const ops::TensorDesc& d : params) {
     if (ps.index(d.name) >= 0) continue;  // tied weights appear once
     ops::Tensor v(d.shape, ops::DType::F32, ops::Account::Parameters);
     ops::Tensor gr(d.shape, ops::DType::F32, ops::Account::Gradients);

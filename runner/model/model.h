@@ -40,6 +40,11 @@ int64_t padded_vocab(int64_t vocab, int64_t multiple);
 std::vector<std::set<std::string>> recompute_sets(const RecomputeConfig& rc, int64_t n_layers);
 
 ops::Graph build_gpt_graph(const GptSpec& spec);
+// Graphs build_gpt_graph has built in this process (tests: no checkpoint path builds one).
+int64_t graphs_built();
+// The parameters whose dimension 0 is the vocabulary (the embedding, an untied head): tensor
+// parallelism pads them, checkpoints store only the real vocabulary's rows.
+bool gpt_vocab_param(const std::string& name);
 
 // Parameter values and gradients bound to a graph, in graph.params order.
 struct ParamSet {
@@ -63,6 +68,8 @@ struct ParamSet {
 // (residual output projections scaled by 1/sqrt(2*n_layers), GPT-2), ones for norm weights,
 // zeros for biases. Values are a function of (seed, name, logical element index), so every
 // tensor-parallel layout initialises the same logical model.
+ParamSet init_params(const std::vector<ops::TensorDesc>& params, const ModelConfig& m, uint64_t seed);
+// The same for a graph's parameters (each name once, in graph order).
 ParamSet init_params(const ops::Graph& g, const ModelConfig& m, uint64_t seed);
 
 // Index of element `i` of a shard in its full logical tensor.

@@ -1,18 +1,25 @@
 // The plan: what a recipe resolves to before any compute is spent.
 //
-// make_plan() resolves the batch equation (global = micro x dp x accum), the process
-// grid, the pipeline stage split and the recompute set, checks every divisibility rule,
-// and computes the per-rank memory ledger by building each pipeline stage's operator
-// graph and dry-running the executor over it (invariant 1: the ledger reads the graph).
-// Problems a user can fix are UserErrors at the recipe field's file:line:col.
+// make_plan() resolves the process grid and the batch equation (global = micro x dp x
+// accum), checks every layout rule (resolve.cpp), derives the model's layout once (one
+// graph per virtual pipeline stage and the logical parameter table, runner/model/layout.h),
+// computes the per-rank memory ledger by dry-running the executor over those graphs along
+// each stage's pipeline schedule (ledger.cpp; invariant 1: the ledger reads the graph),
+// sizes inference, and for a recipe that does not fit searches for changes that do
+// (suggest.cpp). Problems a user can fix are UserErrors at the recipe field's file:line:col.
+// Everything downstream (the trainer, every checkpoint path) reads the plan's numbers, its
+// layout and its schedule instead of deriving them again.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "parallel/pipeline.h"
+#include "runner/model/layout.h"
 #include "runner/model/model.h"
 #include "runner/recipe/recipe.h"
 
@@ -62,14 +69,16 @@ struct Plan {
   std::vector<std::string> notes, warnings, suggestions;
   std::optional<InferencePlan> inference;
 
+  std::shared_ptr<const ModelLayout> layout;  // per virtual stage its graph; the logical parameter table
+
   const StageLedger& worst_stage() const;
+  // The order of forward and backward passes on pipeline stage `stage` (1F1B on one stage
+  // without pipelining): what the trainer runs and the ledger replays.
+  std::vector<parallel::PipeAction> schedule(int stage) const;
+  // "(p-1)/(m+p-1){sep}p=2 m=8", or with virtual stages "(p-1)/(v*m+p-1){sep}p=2 v=2 m=8".
+  std::string bubble_formula(const char* sep) const;
   nlohmann::json to_json() const;
   std::string table() const;          // the human report
-  // The graph of one stage for this plan's micro-batch (what train executes).
-  GptSpec stage_spec(int stage, int64_t tp_rank = 0) const;
-  // The graph of virtual stage `vstage` (chunk vstage / pp of stage vstage % pp): the model cut
-  // into pp x chunks pieces in order. With one chunk per stage, stage_spec(vstage).
-  GptSpec chunk_spec(int vstage, int64_t tp_rank = 0) const;
 };
 
 // world_size 0: take it from the recipe (dp x tp x pp when dp is given, else hardware
@@ -78,8 +87,6 @@ Plan make_plan(const Recipe& r, int64_t world_size = 0);
 
 // Device memory in bytes for a hardware section (cpu: this host's memory).
 double device_memory_bytes(const HardwareConfig& hw);
-// Peak dense FLOP/s per device for MFU (0 when unknown).
-double device_peak_flops(const HardwareConfig& hw, const std::string& compute_dtype);
 
 std::string format_bytes(double bytes);  // "3.21 GiB"
 

@@ -1,9 +1,16 @@
-// `runner train`: the training loop of one rank over the plan's graph.
+// `runner train` and `runner resume`: training on this process's rank of a job.
+//
+// The pieces: trainer.cpp (the step loop), rank_model (this rank's graphs, executors,
+// gradient sync and pipeline), metrics (records, the step line, the end-of-run tables),
+// evaluate (held-out loss and task accuracy), runner/checkpoint/policy (run directory,
+// resume point, save paths, cadence), launch (MPI under mpirun/srun, the job's grid).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "parallel/grid.h"
+#include "runner/checkpoint/policy.h"
 #include "runner/errors.h"
 #include "runner/plan/plan.h"
 
@@ -11,28 +18,20 @@ namespace runner {
 
 struct TrainOptions {
   std::string run_dir;       // empty: recipe.train.run_dir, else runs/<name>
-  bool resume = false;       // continue from the run directory's checkpoints
+  bool resume = false;       // continue from the run directory's checkpoints (an error when there are none)
   int64_t resume_step = -1;  // -1: LATEST
   bool strict = false;       // a corrupt checkpoint is an error instead of a fallback
   bool quiet = false;        // no progress lines on stdout (the log file still gets them)
+  // The checkpoint to continue from, when already chosen (`runner resume` chooses it to read
+  // its recipe); otherwise the trainer asks the checkpoint policy.
+  std::optional<ResumePoint> resume_point;
 };
 
 // Runs training on this rank of `grid` (every rank of the job calls it); returns the process
 // exit code (0 done, 2 bad input, 3 preempted). A UserError that another rank hit first ends
-// this rank with SilentExit (that rank prints the message).
+// this rank with SilentExit (that rank prints the message; runner/agree.h).
 int run_training(const Plan& plan, const TrainOptions& opts, parallel::Grid& grid);
 // One rank, no MPI.
 int run_training(const Plan& plan, const TrainOptions& opts);
-
-struct SilentExit {
-  int code;
-};
-// A user error that every rank has agreed on (all stop with code 2; this rank prints it).
-struct AgreedUserError : UserError {
-  explicit AgreedUserError(const UserError& e) : UserError(e) {}
-};
-
-// Default run directory for a recipe.
-std::string default_run_dir(const Recipe& r);
 
 }  // namespace runner

@@ -1,0 +1,155 @@
+// The checkpoint policy of a run (see policy.h).
+#include "runner/checkpoint/policy.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "runner/agree.h"
+#include "runner/checkpoint/state_shards.h"
+
+namespace fs = std::filesystem;
+
+namespace runner {
+
+namespace {
+
+// Whether the user's --set overrides gave `field` or anything under it ("parallel" covers
+// "parallel.tp"): the recipe records where each field was written.
+bool overridden(const Recipe& r, const std::string& field) {
+  for (const auto& [path, loc] : r.locs)
+    if (loc.file == "--set" && (path == field || path.rfind(field + ".", 0) == 0 || path.rfind(field + "[", 0) == 0))
+      return true;
+  return false;
+}
+
+}  // namespace
+
+RunPaths run_paths(const Recipe& r, const std::string& cli_run_dir) {
+  RunPaths p;
+  p.run_dir = !cli_run_dir.empty() ? cli_run_dir
+              : !r.train.run_dir.empty() ? r.train.run_dir
+                                         : (fs::path("runs") / r.name).string();
+  p.checkpoint_dir = r.checkpoint.dir.empty() ? (fs::path(p.run_dir) / "checkpoints").string() : r.checkpoint.dir;
+  return p;
+}
+
+std::optional<ResumePoint> choose_resume_point(const std::string& checkpoint_dir, int64_t step, bool strict,
+                                               std::shared_ptr<spdlog::logger> log) {
+  CheckpointManager mgr(checkpoint_dir, CheckpointConfig{});
+  if (log) mgr.set_logger(std::move(log));
+  if (!mgr.has_checkpoints()) return std::nullopt;
+  const std::vector<std::string> cands = mgr.candidates(step);
+  if (cands.empty()) return std::nullopt;
+  ResumePoint point;
+  std::vector<std::string> failures;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const std::string path = (fs::path(checkpoint_dir) / cands[i]).string();
+    try {
+      verify_checkpoint_file(path);
+    } catch (const UserError& e) {
+      if (strict) throw;
+      failures.push_back(e.what());
+      point.skipped.push_back(fmt::format("checkpoint {} does not verify: {}", path, e.what()));
+      continue;
+    }
+    point.path = path;
+    parse_checkpoint_file_name(cands[i], &point.step);
+    if (!point.skipped.empty())
+      point.skipped.push_back(fmt::format("resuming from {} (step {}) instead of {}: newer checkpoints did not verify "
+                                          "(see above; --strict makes this an error)",
+                                          path, point.step, cands[0]));
+    return point;
+  }
+  std::string all;
+  for (auto& f : failures) all += "\n  " + f;
+  throw UserError(SourceLoc{checkpoint_dir, 0, 0}, "no checkpoint in this directory verifies:" + all,
+                  "check them with `runner inspect FILE`; to start over, use a new run directory");
+}
+
+ResumeRequest prepare_resume(const std::string& run_dir, const std::vector<std::string>& overrides, int64_t step,
+                             bool strict) {
+  if (!fs::is_directory(run_dir))
+    throw UserError({run_dir, 0, 0}, "not a run directory", "pass the directory `runner train` wrote (runs/NAME)");
+  // The checkpoint directory: the run's resolved recipe may place it elsewhere.
+  const fs::path saved = fs::path(run_dir) / "recipe.yaml";
+  std::string ckpt_dir = run_paths(Recipe{}, run_dir).checkpoint_dir;
+  if (fs::exists(saved)) ckpt_dir = run_paths(load_recipe(saved.string()), run_dir).checkpoint_dir;
+  std::optional<ResumePoint> point = choose_resume_point(ckpt_dir, step, strict);
+  if (!point) throw UserError({ckpt_dir, 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
+  ResumeRequest req{load_recipe_text(read_recipe_text(point->path), saved.string(), overrides), *point};
+  if (overridden(req.recipe, "parallel")) {
+    if (!overridden(req.recipe, "parallel.dp")) req.recipe.parallel.dp = 0;
+    if (!overridden(req.recipe, "batch")) req.recipe.batch.accum = 0;
+  }
+  return req;
+}
+
+CheckpointPolicy::CheckpointPolicy(const Plan& plan, parallel::Grid& grid, std::string checkpoint_dir,
+                                   std::shared_ptr<spdlog::logger> log)
+    : plan_(plan), grid_(grid), mgr_(std::move(checkpoint_dir), plan.recipe.checkpoint) {
+  mgr_.set_logger(std::move(log));
+}
+
+int64_t CheckpointPolicy::resume(const ResumePoint& point, TrainState& st) {
+  int64_t step = -1;
+  agree(grid_.world(), [&] {
+    if (!multi()) {  // the logical tensors are this rank's tensors
+      step = mgr_.load_step(point.step, st, /*strict=*/true);
+      return;
+    }
+    // Each rank reads the logical tensors of its own parameters and keeps its slice, so a
+    // checkpoint of any layout resumes on this one.
+    const parallel::Coords c = grid_.coords();
+    TrainState t = logical_template(*plan_.layout, c.pp, grid_.rank(), grid_.world_size());
+    mgr_.set_subset_load(true);
+    step = mgr_.load_step(point.step, t, /*strict=*/true);
+    load_local_from_logical(*plan_.layout, c.pp, c.tp, t, st);
+  });
+  if (multi()) {  // every rank must continue from the same step
+    int64_t lo = step, hi = step;
+    grid_.world().allreduce_min(&lo, 1);
+    grid_.world().allreduce_max(&hi, 1);
+    if (lo != hi)
+      throw std::runtime_error(fmt::format("ranks loaded different checkpoints (steps {} to {}); is the checkpoint "
+                                           "directory on a file system all ranks share?", lo, hi));
+  }
+  return step;
+}
+
+bool CheckpointPolicy::due(int64_t step, double elapsed_seconds) {
+  int64_t due = lead() && mgr_.due(step, elapsed_seconds);
+  grid_.world().allreduce_max(&due, 1);
+  return due != 0;
+}
+
+void CheckpointPolicy::save(const TrainState& st, bool final) {
+  if (!multi()) {
+    mgr_.save(st, final);
+    if (final) mgr_.wait();
+    return;
+  }
+  if (!plan_.recipe.checkpoint.async || final) {  // each rank writes its slices into the one file
+    save_sharded(mgr_, *plan_.layout, grid_, st);
+    return;
+  }
+  TrainState logical = gather_logical_state(*plan_.layout, grid_, st);
+  if (lead()) {
+    mgr_.save(logical, final);
+    if (final) mgr_.wait();
+  }
+  grid_.world().barrier();  // a final checkpoint is published before any rank exits
+}
+
+double CheckpointPolicy::last_stall_ms() const { return lead() ? mgr_.last_stall_seconds() * 1e3 : 0.0; }
+
+void CheckpointPolicy::poll() {
+  if (lead()) mgr_.poll();
+}
+
+void CheckpointPolicy::remove_stale_files() {
+  if (lead()) cleanup_stale(mgr_.dir());
+}
+
+}  // namespace runner

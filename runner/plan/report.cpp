@@ -1,0 +1,133 @@
+// The plan's two reports: the human table (`runner plan`, the start-up lines of `runner train`)
+// and the JSON (`runner plan --json`, the run directory's plan.json).
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "runner/plan/internal.h"
+
+namespace runner {
+
+using plan_detail::join;
+
+std::string format_bytes(double b) {
+  const double gib = 1ull << 30, mib = 1ull << 20;
+  if (b >= gib) return fmt::format("{:.2f} GiB", b / gib);
+  if (b >= mib) return fmt::format("{:.1f} MiB", b / mib);
+  return fmt::format("{:.0f} KiB", b / 1024.0);
+}
+
+std::string Plan::bubble_formula(const char* sep) const {
+  if (chunks > 1) return fmt::format("(p-1)/(v*m+p-1){}p={} v={} m={}", sep, pp, chunks, accum);
+  return fmt::format("(p-1)/(m+p-1){}p={} m={}", sep, pp, accum);
+}
+
+nlohmann::json Plan::to_json() const {
+  using nlohmann::json;
+  json j;
+  j["name"] = recipe.name;
+  j["world"] = world;
+  j["grid"] = {{"dp", dp}, {"tp", tp}, {"pp", pp}};
+  j["batch"] = {{"global", global}, {"micro", micro}, {"accum", accum}, {"derived", derived},
+                {"tokens_per_step", tokens_per_step}};
+  j["vocab_padded"] = vocab_padded;
+  j["stage_layers"] = stage_layers;
+  j["bubble"] = bubble;
+  j["param_count"] = param_count;
+  j["flops_per_token"] = flops_per_token;
+  j["device_memory_bytes"] = device_memory;
+  j["fits"] = fits;
+  json st = json::array();
+  for (auto& s : stages)
+    st.push_back({{"stage", s.stage},
+                  {"layers", {s.first_layer, s.last_layer}},
+                  {"params", s.params},
+                  {"parameters_bytes", s.parameters},
+                  {"gradients_bytes", s.gradients},
+                  {"optimizer_bytes", s.optimizer},
+                  {"activations_bytes", s.activations},
+                  {"activations_per_micro_bytes", s.activations_per_micro},
+                  {"recompute_transient_bytes", s.recompute_transient},
+                  {"micro_in_flight", s.micro_in_flight},
+                  {"workspace_bytes", s.workspace},
+                  {"communication_bytes", s.communication},
+                  {"total_bytes", s.total()}});
+  j["stages"] = st;
+  j["notes"] = notes;
+  j["warnings"] = warnings;
+  j["suggestions"] = suggestions;
+  if (inference)
+    j["inference"] = {{"batch", inference->batch},
+                      {"context", inference->context},
+                      {"kv_dtype", inference->kv_dtype},
+                      {"weights_bytes", inference->weights},
+                      {"kv_cache_bytes", inference->kv_cache},
+                      {"kv_per_sequence_bytes", inference->kv_per_sequence},
+                      {"max_batch", inference->max_batch}};
+  return j;
+}
+
+std::string Plan::table() const {
+  std::ostringstream o;
+  const Recipe& r = recipe;
+  o << fmt::format("plan for '{}' ({})\n", r.name, r.source_file);
+  o << fmt::format("  model      gpt {:.1f}M params: {} layers, d_model {}, {} heads, mlp {}, vocab {}{}, seq {}\n",
+                   param_count / 1e6, r.model.n_layers, r.model.d_model, r.model.n_heads, r.model.mlp_hidden(),
+                   r.model.vocab_size, vocab_padded != r.model.vocab_size ? fmt::format(" (padded {})", vocab_padded) : "",
+                   r.model.seq_len);
+  o << fmt::format("  grid       world {} = dp {} x tp {} x pp {}", world, dp, tp, pp);
+  if (pp > 1) o << fmt::format("  stages [{}]  schedule {}", join(stage_layers), to_string(r.parallel.schedule));
+  if (r.parallel.zero) o << "  ZeRO-1";
+  if (r.parallel.sequence_parallel && tp > 1) o << "  sequence-parallel";
+  o << "\n";
+  if (world > 1)
+    o << fmt::format("  launch     mpirun -np {} runner train {}   (or srun -n {} ...)\n", world, r.source_file, world);
+  o << fmt::format("  batch      global {} = micro {} x dp {} x accum {}{}  ({} tokens/step)\n", global, micro, dp, accum,
+                   derived.empty() ? "" : " (derived: " + [&] {
+                     std::string s;
+                     for (size_t i = 0; i < derived.size(); ++i) s += (i ? ", " : "") + derived[i];
+                     return s;
+                   }() + ")",
+                   tokens_per_step);
+  o << fmt::format("  precision  {} compute, master {}, grad accum {}; recompute {}\n", to_string(r.precision.compute),
+                   r.precision.compute == FloatFormat::fp32 ? "-" : to_string(r.precision.master_weights),
+                   r.precision.compute == FloatFormat::fp32 ? "fp32" : to_string(r.precision.grad_accum), to_string(r.recompute.mode));
+  if (pp > 1) o << fmt::format("  bubble     {:.1f}% = {}\n", 100 * bubble, bubble_formula(", "));
+  o << "\n  memory per rank        ";
+  for (auto& s : stages) o << fmt::format("{:>12}", pp > 1 ? fmt::format("stage {}", s.stage) : std::string("rank"));
+  o << "\n";
+  auto row = [&](const char* name, auto get) {
+    o << fmt::format("  {:<22}", name);
+    for (auto& s : stages) o << fmt::format("{:>12}", format_bytes(get(s)));
+    o << "\n";
+  };
+  row("parameters", [](const StageLedger& s) { return s.parameters; });
+  row("gradients", [](const StageLedger& s) { return s.gradients; });
+  row("optimizer states", [](const StageLedger& s) { return s.optimizer; });
+  row("activations", [](const StageLedger& s) { return s.activations; });
+  row("workspace", [](const StageLedger& s) { return s.workspace; });
+  row("communication", [](const StageLedger& s) { return s.communication; });
+  row("total", [](const StageLedger& s) { return s.total(); });
+  if (pp > 1) {
+    o << fmt::format("  {:<22}", "micro-batches held");
+    for (auto& s : stages) o << fmt::format("{:>12}", s.micro_in_flight);
+    o << "\n";
+  }
+  o << fmt::format("  device memory          {:>12}  ({})\n", format_bytes(device_memory), r.hardware.device);
+  const auto& w = worst_stage();
+  o << fmt::format("  verdict                {} ({:.0f}% of device memory)\n", fits ? "fits" : "DOES NOT FIT",
+                   100.0 * w.total() / device_memory);
+  if (inference)
+    o << fmt::format("\n  inference  batch {} x context {} ({} KV): KV cache {} beside weights {}; largest batch that fits: {}\n",
+                     inference->batch, inference->context, inference->kv_dtype, format_bytes(inference->kv_cache),
+                     format_bytes(inference->weights), inference->max_batch);
+  for (auto& n : notes) o << "  note: " << n << "\n";
+  for (auto& n : warnings) o << "  warning: " << n << "\n";
+  if (!fits) {
+    o << "  what would fit:\n";
+    for (auto& s : suggestions) o << "    - " << s << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace runner

@@ -1,0 +1,33 @@
+// A training job's processes: one rank started by hand, or the ranks mpirun/srun started.
+//
+// MPI is initialised only under a launcher (parallel::mpi_launched), so a plain `runner train`
+// never touches it. Recipe and plan errors are the same on every rank: each exits with code 2
+// and only rank 0 prints. An error during training stops the whole job at once (MPI_Abort)
+// with the failing rank's message, named by its grid coordinates.
+#pragma once
+#include <memory>
+
+#include "parallel/comm.h"
+#include "runner/plan/plan.h"
+#include "runner/train/train.h"
+
+namespace runner {
+
+class Launch {
+ public:
+  Launch(int* argc, char*** argv);
+  ~Launch();
+  Launch(const Launch&) = delete;
+  Launch& operator=(const Launch&) = delete;
+  int rank() const { return rank_; }
+  // The job's size under a launcher; 0 when started by hand (the plan takes it from the recipe).
+  int64_t world_size() const { return world_ ? size_ : 0; }
+  // Trains `plan` on this process's rank and returns the process exit code.
+  int train(const Plan& plan, const TrainOptions& opts);
+
+ private:
+  std::unique_ptr<parallel::Communicator> world_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace runner

@@ -1,0 +1,205 @@
+// What a run reports (see metrics.h).
+#include "runner/train/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+namespace fs = std::filesystem;
+
+namespace runner {
+
+std::string human_count(double v) {
+  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
+  if (v >= 1e4) return fmt::format("{:.1f}k", v / 1e3);
+  return fmt::format("{:.0f}", v);
+}
+
+std::string human_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  if (s < 90) return fmt::format("{:.0f}s", s);
+  if (s < 5400) return fmt::format("{:.0f}m", s / 60);
+  return fmt::format("{:.1f}h", s / 3600);
+}
+
+namespace {
+
+// Keeps the records of steps up to `step` (a torn last line, from a kill, goes too).
+void truncate_after(const fs::path& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::ifstream in(path);
+  std::ostringstream kept;
+  for (std::string line; std::getline(in, line);) {
+    try {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("summary") || !j.contains("step") || j["step"].get<int64_t>() > step) continue;
+    } catch (const nlohmann::json::exception&) {
+      continue;  // a line torn by a kill
+    }
+    kept << line << "\n";
+  }
+  in.close();
+  fs::path tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept.str();
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace
+
+RunMetrics::RunMetrics(const Plan& plan, parallel::Grid& grid, std::shared_ptr<spdlog::logger> log)
+    : plan_(plan), grid_(grid), log_(std::move(log)) {}
+
+void RunMetrics::open(const std::string& run_dir, int64_t resumed_from) {
+  if (grid_.rank() != 0) return;
+  const fs::path path = fs::path(run_dir) / "metrics.jsonl";
+  if (resumed_from >= 0) truncate_after(path, resumed_from);
+  file_.open(path, std::ios::app);
+}
+
+void RunMetrics::write(const std::string& line) {
+  if (grid_.rank() != 0) return;
+  file_ << line << "\n";
+  file_.flush();  // one small write per record, so a killed run keeps its history
+}
+
+void RunMetrics::measure_memory() {
+  auto& mt = ops::MemoryTracker::instance();
+  for (int a = 0; a < ops::kAccounts; ++a)
+    measured_peak_[a] = std::max(measured_peak_[a], mt.peak(static_cast<ops::Account>(a)));
+}
+
+void RunMetrics::step(int64_t step, int64_t tokens, const StepResult& s, double checkpoint_ms) {
+  if (step > 1) { sum_ms_ += s.total_ms; timed_++; }  // the first step warms caches
+  window_ms_ += s.total_ms;
+  window_data_ += s.data_ms;
+  window_++;
+  const double tps = static_cast<double>(plan_.tokens_per_step) / (s.total_ms / 1e3);
+  const double mfu = peak_flops_ > 0 ? plan_.flops_per_token * tps / peak_flops_ : 0;
+  const size_t mem = ops::MemoryTracker::instance().peak_total();
+  nlohmann::json j{{"step", step},          {"loss", s.loss},           {"lr", s.lr},
+                   {"grad_norm", s.norm},      {"tokens", tokens},      {"tokens_per_s", tps},
+                   {"mfu", mfu},               {"step_ms", s.total_ms},    {"data_ms", s.data_ms},
+                   {"forward_ms", s.fwd_ms},   {"backward_ms", s.bwd_ms},  {"optimizer_ms", s.opt_ms},
+                   {"comm_exposed_ms", s.comm_exposed_ms},     {"comm_hidden_ms", s.comm_hidden_ms},
+                   {"pipeline_wait_ms", s.pipe_wait_ms},
+                   {"peak_bytes", mem},        {"skipped", s.skipped}};
+  pipe_wait_total_ += s.pipe_wait_ms;
+  step_ms_total_ += s.total_ms;
+  comm_hidden_total_ += s.comm_hidden_ms;
+  comm_exposed_total_ += s.comm_exposed_ms;
+  j["checkpoint_ms"] = checkpoint_ms;
+  write(j.dump());
+}
+
+void RunMetrics::step_line(int64_t step, const StepResult& s) {
+  const int64_t total = plan_.recipe.train.steps;
+  if (!(step % plan_.recipe.train.log_every == 0 || step == total || step == 1)) return;
+  const double tok_per_step = static_cast<double>(plan_.tokens_per_step);
+  const double avg = window_ms_ / static_cast<double>(window_);
+  const double eta = static_cast<double>(total - step) * (timed_ ? sum_ms_ / static_cast<double>(timed_) : avg) / 1e3;
+  const size_t mem = ops::MemoryTracker::instance().peak_total();
+  log_->info("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.0f} ms | {} tok/s | MFU {:.0f}% | data {:.1f} ms | mem {} | ETA {}",
+             step, std::to_string(total).size(), total, s.loss, s.lr, s.norm, avg,
+             human_count(tok_per_step / (avg / 1e3)),
+             100 * plan_.flops_per_token * tok_per_step / (avg / 1e3) / std::max(1.0, peak_flops_),
+             window_data_ / static_cast<double>(window_), format_bytes(static_cast<double>(mem)), human_duration(eta));
+  window_ = 0;
+  window_ms_ = window_data_ = 0;
+}
+
+void RunMetrics::eval(int64_t step, const EvalResult& e) {
+  if (grid_.rank() != 0) return;
+  nlohmann::json j{{"eval", true}, {"step", step}, {"val_loss", e.loss}};
+  if (e.accuracy >= 0) {
+    j["accuracy"] = e.accuracy;
+    log_->info("eval step {} | val loss {:.4f} | addition exact-match {:.1f}% of {} held-out problems", step, e.loss,
+               100 * e.accuracy, e.problems);
+  } else {
+    log_->info("eval step {} | val loss {:.4f}", step, e.loss);
+  }
+  write(j.dump());
+}
+
+void RunMetrics::rollback(int64_t step, int64_t to_step, double loss) {
+  nlohmann::json j{{"rollback", true}, {"step", step}, {"to_step", to_step}, {"loss", loss}};
+  write(j.dump());
+}
+
+void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, double wall_s,
+                         std::vector<ops::OpProfile> prof) {
+  const Recipe& r = plan_.recipe;
+  // Pipeline idle time per stage, measured (time blocked on neighbours) against the plan's bubble.
+  std::vector<double> idle(static_cast<size_t>(plan_.pp), 0.0);
+  if (grid_.coords().dp == 0 && grid_.coords().tp == 0 && step_ms_total_ > 0)
+    idle[static_cast<size_t>(grid_.coords().pp)] = pipe_wait_total_ / step_ms_total_;
+  grid_.world().allreduce_sum(idle.data(), static_cast<int64_t>(idle.size()));
+  double hidden_frac = comm_hidden_total_ + comm_exposed_total_ > 0
+                           ? comm_hidden_total_ / (comm_hidden_total_ + comm_exposed_total_) : 0.0;
+  if (grid_.rank() != 0) return;
+  if (plan_.pp > 1)
+    for (int64_t sidx = 0; sidx < plan_.pp; ++sidx)
+      log_->info("pipeline stage {}: idle {:.1f}% of the step (plan bubble {:.1f}%)", sidx, 100 * idle[static_cast<size_t>(sidx)],
+                 100 * plan_.bubble);
+  if (plan_.dp > 1)
+    log_->info("data-parallel gradients: {:.0f} ms communication hidden behind backward, {:.0f} ms exposed ({:.0f}% hidden)",
+               comm_hidden_total_, comm_exposed_total_, 100 * hidden_frac);
+  const double avg_ms = mean_step_ms();
+  double tps = avg_ms > 0 ? plan_.tokens_per_step / (avg_ms / 1e3) : 0;
+  log_->info("done: {} steps in {} | {} tok/s | MFU {:.0f}% | final val loss {:.4f}{}", steps, human_duration(wall_s),
+             human_count(tps), 100 * plan_.flops_per_token * tps / std::max(1.0, peak_flops_), e.loss,
+             e.accuracy >= 0 ? fmt::format(" | accuracy {:.1f}%", 100 * e.accuracy) : "");
+  // Ledger honesty: measured peak of each account against the plan's prediction.
+  const StageLedger& L = plan_.stages[static_cast<size_t>(grid_.coords().pp)];
+  std::pair<const char*, std::pair<double, ops::Account>> rows[] = {
+      {"parameters", {L.parameters, ops::Account::Parameters}},
+      {"gradients", {L.gradients, ops::Account::Gradients}},
+      {"optimizer", {L.optimizer, ops::Account::Optimizer}},
+      {"activations", {L.activations, ops::Account::Activations}},
+      {"workspace", {L.workspace, ops::Account::Workspace}},
+      {"communication", {L.communication, ops::Account::Communication}}};
+  nlohmann::json ledger = nlohmann::json::object();
+  log_->info("memory ledger      predicted     measured");
+  for (auto& [name, pa] : rows) {
+    double measured = static_cast<double>(measured_peak_[static_cast<int>(pa.second)]);
+    log_->info("  {:<14} {:>12} {:>12}", name, format_bytes(pa.first), format_bytes(measured));
+    ledger[name] = {{"predicted", pa.first}, {"measured", measured}};
+  }
+  // Top operators by time.
+  std::sort(prof.begin(), prof.end(), [](const ops::OpProfile& a, const ops::OpProfile& b) {
+    return a.forward_ms + a.backward_ms + a.recompute_ms > b.forward_ms + b.backward_ms + b.recompute_ms;
+  });
+  double total_op = 0;
+  for (auto& p : prof) total_op += p.forward_ms + p.backward_ms + p.recompute_ms;
+  nlohmann::json ops_json = nlohmann::json::array();
+  log_->info("top operators      forward   backward  recompute   share");
+  for (auto& p : prof) {
+    double t = p.forward_ms + p.backward_ms + p.recompute_ms;
+    log_->info("  {:<14} {:>8.0f}ms {:>8.0f}ms {:>8.0f}ms {:>6.1f}%", p.name, p.forward_ms, p.backward_ms,
+               p.recompute_ms, 100 * t / std::max(1e-9, total_op));
+    ops_json.push_back({{"op", p.name}, {"forward_ms", p.forward_ms}, {"backward_ms", p.backward_ms},
+                        {"recompute_ms", p.recompute_ms}, {"calls", p.calls}});
+  }
+  nlohmann::json j{{"summary", true},  {"steps", steps},          {"tokens", tokens},
+                   {"tokens_per_s", tps}, {"wall_s", wall_s},       {"val_loss", e.loss},
+                   {"ledger", ledger}, {"top_ops", ops_json},       {"peak_flops", peak_flops_}};
+  if (e.accuracy >= 0) j["accuracy"] = e.accuracy;
+  j["layout"] = {{"world", grid_.world_size()}, {"dp", plan_.dp}, {"tp", plan_.tp}, {"pp", plan_.pp},
+                 {"zero", r.parallel.zero}, {"schedule", to_string(r.parallel.schedule)}};
+  j["comm_hidden_ms"] = comm_hidden_total_;
+  j["comm_exposed_ms"] = comm_exposed_total_;
+  j["comm_hidden_fraction"] = hidden_frac;
+  j["pipeline_idle_fraction"] = idle;
+  j["plan_bubble"] = plan_.bubble;
+  write(j.dump());
+}
+
+}  // namespace runner

@@ -1,0 +1,78 @@
+// What a run reports: one JSON record per step (and per evaluation, rollback and the end) in
+// metrics.jsonl, the fixed-format step line every train.log_every steps, MFU against the
+// measured peak, and at the end the pipeline idle time, the hidden data-parallel
+// communication, each memory account's measured peak beside the plan's prediction, and the
+// top operators. Rank 0 writes; the end-of-run tables are collective.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/executor.h"
+#include "ops/tensor.h"
+#include "parallel/grid.h"
+#include "runner/plan/plan.h"
+#include "runner/train/evaluate.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace runner {
+
+// One optimizer step as the trainer measured it.
+struct StepResult {
+  double loss = 0, norm = 0, lr = 0;
+  double data_ms = 0, fwd_ms = 0, bwd_ms = 0, opt_ms = 0, total_ms = 0;
+  double comm_hidden_ms = 0, comm_exposed_ms = 0, pipe_wait_ms = 0;
+  bool skipped = false;
+};
+
+class RunMetrics {
+ public:
+  RunMetrics(const Plan& plan, parallel::Grid& grid, std::shared_ptr<spdlog::logger> log);
+
+  // Rank 0: opens RUN_DIR/metrics.jsonl for appending; on resume (resumed_from >= 0) it first
+  // keeps only what happened up to that step, so the file reads as one uninterrupted run.
+  void open(const std::string& run_dir, int64_t resumed_from);
+  void set_peak_flops(double flops) { peak_flops_ = flops; }
+  double peak_flops() const { return peak_flops_; }
+
+  // After each step's passes: the measured peak of each memory account.
+  void measure_memory();
+  // After each step: its record (a save's stall `checkpoint_ms` is reported with the step after
+  // it, so a kill during the save never loses the history the checkpoint covers).
+  void step(int64_t step, int64_t tokens, const StepResult& s, double checkpoint_ms);
+  // The step line, every train.log_every steps, at the first and at the last step.
+  void step_line(int64_t step, const StepResult& s);
+  void eval(int64_t step, const EvalResult& e);
+  void rollback(int64_t step, int64_t to_step, double loss);
+  // Collective: the end-of-run tables and the summary record.
+  void summary(int64_t steps, int64_t tokens, const EvalResult& e, double wall_s, std::vector<ops::OpProfile> prof);
+  // Mean step time of the steps after the first (which warms caches); 0 before there are any.
+  double mean_step_ms() const { return timed_ ? sum_ms_ / static_cast<double>(timed_) : 0.0; }
+
+ private:
+  void write(const std::string& line);  // rank 0: one record, flushed
+  const Plan& plan_;
+  parallel::Grid& grid_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::ofstream file_;
+  double peak_flops_ = 0;
+  std::array<size_t, ops::kAccounts> measured_peak_{};
+  double sum_ms_ = 0;
+  int64_t timed_ = 0;
+  double window_ms_ = 0, window_data_ = 0;
+  int64_t window_ = 0;
+  double pipe_wait_total_ = 0, step_ms_total_ = 0, comm_hidden_total_ = 0, comm_exposed_total_ = 0;
+};
+
+// "12.3k", "1.50M": counts for the step line.
+std::string human_count(double v);
+// "45s", "12m", "2.5h"; "?" when unknown.
+std::string human_duration(double seconds);
+
+}  // namespace runner

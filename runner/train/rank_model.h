@@ -1,0 +1,60 @@
+// This rank's share of the model: the graphs of its model chunks (from the plan's layout), one
+// executor per micro-batch a chunk holds at once, the gradient synchronisation (tensor-parallel
+// partial sums, the tied embedding across stages, data-parallel buckets behind the backward,
+// ZeRO-1), and the pipeline runner that executes the plan's schedule. The training loop
+// (trainer.cpp) decides what to run; this class knows how a step's passes run on this rank.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ops/backend.h"
+#include "ops/executor.h"
+#include "parallel/grad_sync.h"
+#include "parallel/grid.h"
+#include "parallel/pipeline.h"
+#include "runner/plan/plan.h"
+#include "runner/state.h"
+
+namespace runner {
+
+class RankModel {
+ public:
+  // Builds this rank's chunk graphs and executors over `params` (its parameters in the layout's
+  // stage_params order, from init_params), and sets their ZeRO-1 ownership (ParamSet::owned).
+  RankModel(const Plan& plan, parallel::Grid& grid, ops::Backend& be, ParamSet& params);
+  ~RankModel();
+
+  // The forward and backward passes of one step over its micro-batches, in the plan's schedule
+  // order; parameter gradients are summed over tensor-parallel sequence shards and handed to
+  // the data-parallel buckets as the last micro-batch's backward completes each one.
+  parallel::PipelineStats train(const std::vector<parallel::MicroBatch>& micro, float dloss, uint64_t key);
+  // Waits for the data-parallel reduction and sums the tied embedding's two copies.
+  void finish_grads();
+  // Sum of squared gradients over the logical model (every element once, whichever ranks hold
+  // copies); `extra` is summed over the world in the same all-reduce.
+  double global_sum_squares(double& extra);
+  void gather_params();  // ZeRO-1: every dp rank gets the updated parameters
+
+  parallel::PipelineRunner& pipe() { return *pipe_; }
+  const parallel::GradSync& sync() const { return *sync_; }
+  // Time per operator over every executor of this rank.
+  std::vector<ops::OpProfile> profile() const;
+
+ private:
+  const Plan& plan_;
+  parallel::Grid& grid_;
+  ops::Backend& be_;
+  ParamSet& ps_;
+  std::vector<ops::Graph> chunk_graphs_;                  // this rank's model chunks
+  std::vector<std::unique_ptr<ops::Executor>> execs_;     // per chunk, one per micro-batch in flight
+  std::unique_ptr<parallel::GradSync> sync_;
+  std::vector<std::vector<std::vector<int>>> ready_at_;  // [chunk][node] -> parameters final after its backward
+  std::vector<char> seq_partial_;    // per parameter: summed over tp first (sequence parallelism)
+  std::vector<char> tp_replicated_;  // per parameter: every tp rank holds all of it
+  std::vector<parallel::PipeAction> sched_;
+  std::unique_ptr<parallel::PipelineRunner> pipe_;
+  int tied_ = -1;  // ParamSet index of the embedding held by the first and the last stage
+};
+
+}  // namespace runner
