@@ -23,6 +23,7 @@
 
 #include "ops/rng.h"
 #include "runner/checkpoint/checkpoint.h"
+#include "runner/checkpoint/policy.h"
 #include "runner/checkpoint/file_layout.h"
 #include "runner/data/internal.h"
 #include "runner/errors.h"
@@ -142,7 +143,7 @@ std::string user_error(Fn&& fn) {
 
 CheckpointConfig config(const std::string& cadence = "steps", bool async = false) {
   CheckpointConfig c;
-  c.cadence = cadence;
+  c.cadence = parse_enum<CheckpointCadence>(cadence).value();
   c.every_steps = 10;
   c.async = async;
   c.keep_last = 100;
@@ -548,13 +549,33 @@ TEST_CASE("corruption: each damage has its own message, and the loader falls bac
     CHECK(m.load_latest(back, false) == 20);
     check_equal(back, s20);
   }
-  SUBCASE("the recipe for `runner resume` comes from the newest checkpoint whose recipe verifies") {
+  SUBCASE("the checkpoint a run continues from is chosen once: the newest that verifies, recipe and tensors") {
+    std::optional<ResumePoint> p = choose_resume_point(dir.path, -1, false);
+    REQUIRE(p);
+    CHECK(p->step == 20);
+    CHECK(p->skipped.empty());
+    CHECK(read_recipe_text(p->path) == s20.recipe_yaml);
+    CHECK(choose_resume_point(dir.path, 10, false)->step == 10);
+    SUBCASE("a damaged recipe") { flip_byte(f20, dataset_offset(f20, "/recipe") + 3); }
+    SUBCASE("a damaged tensor, the recipe intact") { flip_byte(f20, dataset_offset(f20, "/params/lnf.weight") + 5); }
+    p = choose_resume_point(dir.path, -1, false);
+    REQUIRE(p);
+    CHECK(p->step == 10);
+    CHECK(read_recipe_text(p->path) == s10.recipe_yaml);
+    REQUIRE(p->skipped.size() == 2);
+    CHECK(p->skipped[0].find("step_00000020.h5 does not verify") != std::string::npos);
+    CHECK(p->skipped[1].find("instead of step_00000020.h5") != std::string::npos);
+    CHECK(user_error([&] { choose_resume_point(dir.path, -1, true); }).find("fails its checksum") != std::string::npos);
+    // The trainer then loads exactly that checkpoint.
+    TrainState back = make_state(0, 0);
     CheckpointManager m(dir.path, config());
-    CHECK(m.resume_recipe_text(false) == s20.recipe_yaml);
-    CHECK(m.resume_recipe_text(false, 10) == s10.recipe_yaml);
-    flip_byte(f20, dataset_offset(f20, "/recipe") + 3);
-    CHECK(m.resume_recipe_text(false) == s10.recipe_yaml);
-    CHECK(user_error([&] { m.resume_recipe_text(true); }).find("dataset /recipe fails its checksum") != std::string::npos);
+    CHECK(m.load_step(p->step, back, true) == 10);
+    check_equal(back, s10);
+  }
+  SUBCASE("an empty directory has no resume point") {
+    fs::remove_all(dir.path);
+    fs::create_directories(dir.path);
+    CHECK_FALSE(choose_resume_point(dir.path, -1, false).has_value());
   }
   SUBCASE("nothing verifies: one error listing every failure") {
     write_bytes(f20, "junk");

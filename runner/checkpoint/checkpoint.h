@@ -247,10 +247,6 @@ class CheckpointManager {
   // Loads step_<step>.h5; if it does not verify and !strict, falls back to older ones.
   int64_t load_step(int64_t step, TrainState& s, bool strict);
   bool has_checkpoints() const;
-  // The recipe stored in the checkpoint a resume would start from (step < 0: LATEST), for
-  // `runner resume RUN_DIR`, read BEFORE anything is built: candidates in load_latest's order,
-  // the first whose /state and /recipe verify. Throws UserError when none does.
-  std::string resume_recipe_text(bool strict, int64_t step = -1);
   // Files to try when resuming, newest first: LATEST (or `step` >= 0, a UserError when there is
   // no such file), then older steps. Empty: none at all.
   std::vector<std::string> candidates(int64_t step) const;

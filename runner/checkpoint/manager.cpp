@@ -137,13 +137,9 @@ void MemorySnapshot::clear() {
 
 CheckpointManager::CheckpointManager(std::string dir, CheckpointConfig cfg, CheckpointRank rank)
     : dir_(std::move(dir)), cfg_(std::move(cfg)), rank_(rank) {
-  RUNNER_CHECK(cfg_.cadence == "steps" || cfg_.cadence == "minutes" || cfg_.cadence == "auto" || cfg_.cadence == "never",
-               "checkpoint cadence '" + cfg_.cadence + "' (validate_recipe should have caught it)");
-  RUNNER_CHECK(cfg_.optimizer_dtype == "fp32" || cfg_.optimizer_dtype == "bf16",
-               "checkpoint optimizer_dtype '" + cfg_.optimizer_dtype + "'");
-  wopt_.optimizer_bf16 = cfg_.optimizer_dtype == "bf16";
+  wopt_.optimizer_bf16 = cfg_.optimizer_dtype == MomentFormat::bf16;
   wopt_.rank = rank_;
-  if (cfg_.cadence == "minutes") next_due_elapsed_ = cfg_.every_minutes * 60.0;
+  if (cfg_.cadence == CheckpointCadence::minutes) next_due_elapsed_ = cfg_.every_minutes * 60.0;
 }
 
 CheckpointManager::~CheckpointManager() {
@@ -164,9 +160,9 @@ spdlog::logger& CheckpointManager::log() const { return log_ ? *log_ : *spdlog::
 
 bool CheckpointManager::due(int64_t step, double elapsed) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (step <= last_saved_step_ || cfg_.cadence == "never") return false;
-  if (cfg_.cadence == "steps") return cfg_.every_steps > 0 && step % cfg_.every_steps == 0;
-  if (cfg_.cadence == "minutes") {
+  if (step <= last_saved_step_ || cfg_.cadence == CheckpointCadence::never) return false;
+  if (cfg_.cadence == CheckpointCadence::steps) return cfg_.every_steps > 0 && step % cfg_.every_steps == 0;
+  if (cfg_.cadence == CheckpointCadence::minutes) {
     if (elapsed < next_due_elapsed_) return false;
     next_due_elapsed_ = elapsed + cfg_.every_minutes * 60.0;
     return true;
@@ -274,7 +270,7 @@ void CheckpointManager::record_write(const SaveResult& r, bool publisher) {
   std::lock_guard<std::mutex> lk(mu_);
   last_write_ = r.write_seconds;
   ++saves_;
-  if (cfg_.cadence == "auto" && auto_interval_ <= 0) {
+  if (cfg_.cadence == CheckpointCadence::automatic && auto_interval_ <= 0) {
     auto_interval_ = std::max(20.0 * r.write_seconds, auto_min_interval_seconds);
     auto_pending_ = false;
     log().info("checkpoint cadence auto: a save takes {:.3f} s, so saving every {:.1f} s keeps it near 5% of the time{}",
@@ -386,27 +382,6 @@ int64_t CheckpointManager::load_step(int64_t step, TrainState& s, bool strict) {
   wait();
   RUNNER_CHECK(step >= 0, "load_step of a negative step");
   return load_from(candidates(step), s, strict);
-}
-
-std::string CheckpointManager::resume_recipe_text(bool strict, int64_t step) {
-  auto cands = candidates(step);
-  if (cands.empty())
-    throw UserError(SourceLoc{dir_, 0, 0}, "no checkpoint to resume from", "run `runner train RECIPE` to start the run");
-  std::vector<std::string> failures;
-  for (auto& c : cands) {
-    const std::string path = (fs::path(dir_) / c).string();
-    try {
-      return read_recipe_text(path);
-    } catch (const UserError& e) {
-      if (strict) throw;
-      log().warn("cannot read the recipe stored in {}: {}", path, e.what());
-      failures.push_back(e.what());
-    }
-  }
-  std::string all;
-  for (auto& f : failures) all += "\n  " + f;
-  throw UserError(SourceLoc{dir_, 0, 0}, "no checkpoint in this directory holds a readable recipe:" + all,
-                  "check them with `runner inspect FILE`");
 }
 
 double CheckpointManager::last_stall_seconds() const {
