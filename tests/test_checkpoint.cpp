@@ -25,7 +25,6 @@
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/policy.h"
 #include "runner/checkpoint/file_layout.h"
-#include "runner/data/internal.h"
 #include "runner/errors.h"
 #include "runner/hdf5/hdf5.h"
 #include "runner/signals.h"
@@ -832,7 +831,7 @@ TEST_CASE("the HDF5 lock: one process-wide lock (the data loader's), re-entrant 
     h5::Lock outer;
     {
       h5::Lock inner;  // the same thread again: no deadlock
-      CHECK_FALSE(data_detail::hdf5_mutex().try_lock());  // the data loader's mutex is the one held
+      CHECK_FALSE(h5::mutex().try_lock());  // the one process-wide mutex is held
     }
     other = std::thread([&] {
       h5::Lock l;
@@ -852,6 +851,6 @@ TEST_CASE("the HDF5 lock: one process-wide lock (the data loader's), re-entrant 
   CHECK(space.ok());
   CHECK(space.close());
   CHECK_FALSE(space.ok());
-  CHECK(data_detail::hdf5_mutex().try_lock());  // nothing left held
-  data_detail::hdf5_mutex().unlock();
+  CHECK(h5::mutex().try_lock());  // nothing left held
+  h5::mutex().unlock();
 }

@@ -18,6 +18,7 @@
 #include "ops/rng.h"
 #include "runner/data/data.h"
 #include "runner/data/internal.h"
+#include "runner/hdf5/hdf5.h"
 #include "runner/errors.h"
 
 using namespace runner;
@@ -78,7 +79,7 @@ template <class E>
 void write_h5(const std::string& path, const std::string& name, hid_t file_type, hid_t mem_type,
               const std::vector<E>& data, std::optional<int64_t> max_token_attr = std::nullopt,
               std::vector<hsize_t> dims = {}) {
-  std::lock_guard<std::mutex> lock(data_detail::hdf5_mutex());
+  std::lock_guard<std::mutex> lock(h5::mutex());
   if (dims.empty()) dims = {static_cast<hsize_t>(data.size())};
   hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   REQUIRE(f >= 0);
@@ -123,7 +124,7 @@ struct InMemoryLimit {
 
 DataConfig file_cfg(const std::string& kind, const std::string& path, double val_fraction = 0.0) {
   DataConfig c;
-  c.kind = kind;
+  c.kind = parse_enum<DataKind>(kind).value();
   c.path = path;
   c.val_fraction = val_fraction;
   return c;
@@ -374,7 +375,7 @@ TEST_CASE("addition: configuration errors") {
   require_user_error([&] { open_source(cfg, Split::Train, 256, 256, 0); }, "", "data.digits = 19");
   cfg.digits = 0;
   require_user_error([&] { addition_eval_problems(0, 5, 0); }, "", "data.digits = 0");
-  cfg.kind = "parquet";
+  cfg.kind = static_cast<DataKind>(99);  // no such kind: only a cast makes one
   require_user_error([&] { open_source(cfg, Split::Train, 256, 256, 0); }, "", "unknown data.kind");
 }
 
@@ -614,7 +615,7 @@ TEST_CASE("hdf5 source: prepare_text_to_hdf5 round-trips, and hand-written uint1
   CHECK(n == static_cast<int64_t>(text.size()));
   for (const auto& e : fs::directory_iterator(dir.path / "out")) CHECK(e.path().filename() == "t.h5");
   {
-    std::lock_guard<std::mutex> lock(data_detail::hdf5_mutex());
+    std::lock_guard<std::mutex> lock(h5::mutex());
     hid_t f = H5Fopen(dir.file("out/t.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     REQUIRE(f >= 0);
     hid_t d = H5Dopen2(f, "tokens", H5P_DEFAULT);

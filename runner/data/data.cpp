@@ -56,11 +56,6 @@ uint64_t IndexPermutation::operator()(uint64_t i) const {
   return x;
 }
 
-std::mutex& hdf5_mutex() {
-  static std::mutex m;
-  return m;
-}
-
 SplitRange split_range(int64_t n, const DataConfig& cfg, Split split, bool whole) {
   if (whole) return {0, n};
   int64_t n_val = static_cast<int64_t>(static_cast<double>(n) * cfg.val_fraction);
@@ -115,30 +110,30 @@ using namespace data_detail;
 std::unique_ptr<DataSource> open_source(const DataConfig& cfg, Split split, int64_t seq_len, int64_t vocab_size,
                                         uint64_t seed) {
   namespace fs = std::filesystem;
-  const bool is_file_kind = cfg.kind == "text" || cfg.kind == "hdf5" || cfg.kind == "bin";
-  if (cfg.kind != "addition" && !is_file_kind)
-    throw UserError(SourceLoc{}, "unknown data.kind '" + cfg.kind + "'",
+  const bool is_file_kind = cfg.kind == DataKind::text || cfg.kind == DataKind::hdf5 || cfg.kind == DataKind::bin;
+  if (cfg.kind != DataKind::addition && !is_file_kind)  // only a DataKind cast from garbage
+    throw UserError(SourceLoc{}, "unknown data.kind " + std::to_string(static_cast<int>(cfg.kind)),
                     "use one of addition | text | hdf5 | bin");
 
   // Missing files first, both of them whichever split is asked for: a run that would only
   // discover at its first evaluation that val_path is wrong has already cost work.
   if (is_file_kind) {
-    const std::string expected = cfg.kind == "text"  ? "a UTF-8 text file"
-                                 : cfg.kind == "bin" ? "a uint16 token file (nanoGPT or llm.c .bin)"
+    const std::string expected = cfg.kind == DataKind::text  ? "a UTF-8 text file"
+                                 : cfg.kind == DataKind::bin ? "a uint16 token file (nanoGPT or llm.c .bin)"
                                                      : "an HDF5 file with a 1-D token dataset '" + cfg.dataset + "'";
     if (cfg.path.empty())
-      throw UserError(SourceLoc{}, "data.kind '" + cfg.kind + "' needs data.path",
-                      "set data.path to the " + cfg.kind + " file to train on");
+      throw UserError(SourceLoc{}, "data.kind '" + to_string(cfg.kind) + "' needs data.path",
+                      "set data.path to the " + to_string(cfg.kind) + " file to train on");
     for (const std::string* p : {&cfg.path, &cfg.val_path}) {
       if (p->empty()) continue;
       std::error_code ec;
       auto st = fs::status(*p, ec);
       const std::string field = p == &cfg.path ? "data.path" : "data.val_path";
       if (!fs::exists(st))
-        throw UserError(SourceLoc{*p}, "data file not found (data.kind " + cfg.kind + " expects " + expected + ")",
+        throw UserError(SourceLoc{*p}, "data file not found (data.kind " + to_string(cfg.kind) + " expects " + expected + ")",
                         "check " + field + " (relative paths are taken from the working directory)");
       if (!fs::is_regular_file(st))
-        throw UserError(SourceLoc{*p}, "not a regular file (data.kind " + cfg.kind + " expects " + expected + ")",
+        throw UserError(SourceLoc{*p}, "not a regular file (data.kind " + to_string(cfg.kind) + " expects " + expected + ")",
                         "point " + field + " at a file");
     }
   }
@@ -154,13 +149,13 @@ std::unique_ptr<DataSource> open_source(const DataConfig& cfg, Split split, int6
                                              " is outside [0, 1)",
                     "use a small fraction such as 0.05");
 
-  if (cfg.kind == "addition") return open_addition(cfg, split, seq_len, vocab_size, seed);
+  if (cfg.kind == DataKind::addition) return open_addition(cfg, split, seq_len, vocab_size, seed);
 
   // With a val_path, each split is a whole file: path trains, val_path validates.
   const bool whole = !cfg.val_path.empty();
   const std::string& path = split == Split::Val && whole ? cfg.val_path : cfg.path;
-  if (cfg.kind == "text") return open_text(path, cfg, split, whole, seq_len, vocab_size);
-  if (cfg.kind == "bin") return open_bin(path, cfg, split, whole, seq_len, vocab_size);
+  if (cfg.kind == DataKind::text) return open_text(path, cfg, split, whole, seq_len, vocab_size);
+  if (cfg.kind == DataKind::bin) return open_bin(path, cfg, split, whole, seq_len, vocab_size);
   return open_hdf5(path, cfg, split, whole, seq_len, vocab_size);
 }
 

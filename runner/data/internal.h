@@ -2,9 +2,6 @@
 //
 // - IndexPermutation: the O(1)-memory shuffle (a Feistel bijection with cycle-walking).
 // - The addition task's held-out rule.
-// - hdf5_mutex(): the HDF5 library on this system is built WITHOUT thread safety, so every
-//   HDF5 call made while another thread may also call HDF5 (loader workers, an async
-//   checkpoint writer) must hold this one process-wide lock.
 // - The concrete sources' factories (one per file kind) and the split arithmetic they share.
 #pragma once
 #include <atomic>
@@ -48,11 +45,9 @@ bool addition_held_out(int64_t digits, uint64_t a, uint64_t b);
 constexpr uint64_t kAdditionHeldOutModulus = 20;
 constexpr int64_t kAdditionMaxDigits = 18;  // a + b must fit in 64 bits
 
-std::mutex& hdf5_mutex();
-
 // An HDF5 split whose tokens take at most this many bytes (default 512 MiB) is read into
 // memory at open, fully verified, and served without touching HDF5 again; a larger one is
-// streamed window by window (serialized on hdf5_mutex()). Tests lower it to exercise both.
+// streamed window by window (serialized on h5::Lock, runner/hdf5/hdf5.h). Tests lower it to exercise both.
 std::atomic<int64_t>& hdf5_in_memory_limit();
 
 // Token range [begin, end) of one split of a token stream of n tokens. `whole` means the

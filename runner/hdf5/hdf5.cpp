@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "runner/data/internal.h"
 
 namespace runner::h5 {
 
@@ -16,11 +15,14 @@ namespace {
 thread_local int t_depth = 0;
 }  // namespace
 
-// The mutex itself is data_detail::hdf5_mutex() (runner/data/data.cpp), the one the data
-// tests lock around their own raw HDF5 calls; this is the only runner code that locks it.
+std::mutex& mutex() {
+  static std::mutex m;
+  return m;
+}
+
 Lock::Lock() {
   if (t_depth++ == 0) {
-    data_detail::hdf5_mutex().lock();
+    mutex().lock();
     outermost_ = true;
     H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
@@ -30,7 +32,7 @@ Lock::Lock() {
 Lock::~Lock() {
   if (--t_depth == 0) {
     H5Eset_auto2(H5E_DEFAULT, func_, data_);
-    data_detail::hdf5_mutex().unlock();
+    mutex().unlock();
   }
 }
 

@@ -6,8 +6,8 @@
 // process has several threads that use it (data loader workers streaming token windows, the
 // asynchronous checkpoint writer, the training thread). So:
 //   every HDF5 call is made while this thread holds an h5::Lock.
-// - h5::Lock is one process-wide mutex (data_detail::hdf5_mutex(), which tests also lock
-//   around raw HDF5 calls of their own), re-entrant within a thread: a helper can take it
+// - h5::Lock is one process-wide mutex (h5::mutex(), which tests also lock around raw HDF5
+//   calls of their own), re-entrant within a thread: a helper can take it
 //   without knowing whether its caller already does.
 // - h5::Id (a handle that closes itself) takes the lock when it closes, so a handle may be
 //   destroyed anywhere: at the end of a scope, during unwinding, on another thread's lock-free
@@ -18,16 +18,21 @@
 //   stderr.
 // - Hold it briefly where other threads wait: per slab of a tensor, per window of tokens; not
 //   across a whole file, except at start-up and resume (nothing else runs then).
-// Never lock data_detail::hdf5_mutex() directly in runner code: a thread holding it directly
+// Never lock h5::mutex() directly in runner code: a thread holding it directly
 // and then taking an h5::Lock deadlocks.
 #pragma once
 #include <hdf5.h>
 
+#include <mutex>
 #include <string>
 
 #include "ops/tensor.h"
 
 namespace runner::h5 {
+
+// The process-wide mutex under every Lock. Runner code takes a Lock instead; tests lock it
+// around raw HDF5 calls of their own and check that nothing is left holding it.
+std::mutex& mutex();
 
 class Lock {
  public:
