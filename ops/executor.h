@@ -6,6 +6,7 @@
 // internals when the segment ends and rebuild them just before their backward. The same
 // code path runs in dry-run mode (no kernels, no storage, bytes counted), which is how the
 // plan's ledger predicts each account: prediction and measurement share one schedule.
+// What a node computes is its kind's OpDef (ops/ops.h); the executor has no per-kind code.
 #pragma once
 #include <array>
 #include <cstdint>

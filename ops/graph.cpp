@@ -3,24 +3,15 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
+
+#include "ops/ops.h"
 
 namespace ops {
 
 const char* op_name(OpKind k) {
-  switch (k) {
-    case OpKind::Embedding: return "embedding";
-    case OpKind::LayerNorm: return "layernorm";
-    case OpKind::RMSNorm: return "rmsnorm";
-    case OpKind::Linear: return "linear";
-    case OpKind::Rope: return "rope";
-    case OpKind::Attention: return "attention";
-    case OpKind::Gelu: return "gelu";
-    case OpKind::SwiGLU: return "swiglu";
-    case OpKind::Add: return "add";
-    case OpKind::Dropout: return "dropout";
-    case OpKind::SoftmaxXent: return "softmax_xent";
-  }
-  return "?";
+  const int i = static_cast<int>(k);
+  return i >= 0 && i < kOpKinds ? op_def(k).name : "?";
 }
 
 int Graph::add_tensor(TensorDesc d) {
@@ -62,27 +53,14 @@ int Graph::add_activation(const std::string& name, std::vector<int64_t> shape, i
   return add_tensor(std::move(d));
 }
 
-// Which tensors each kind's backward reads. Parameters and inputs may appear here; only
-// activations count toward the activation ledger.
-static std::vector<int> saves_of(const Node& n) {
-  switch (n.kind) {
-    case OpKind::Embedding: return {n.in[0]};                        // tokens
-    case OpKind::LayerNorm: return {n.in[0], n.in[1], n.out[1], n.out[2]};  // x, w, mean, rstd
-    case OpKind::RMSNorm: return {n.in[0], n.in[1], n.out[1]};        // x, w, rstd
-    case OpKind::Linear: return {n.in[0], n.in[1]};                   // x, W
-    case OpKind::Rope: return {};
-    case OpKind::Attention: return {n.in[0], n.out[1]};               // qkv, probs
-    case OpKind::Gelu: return {n.in[0]};
-    case OpKind::SwiGLU: return {n.in[0]};
-    case OpKind::Add: return {};
-    case OpKind::Dropout: return {};                                  // mask regenerated from the RNG
-    case OpKind::SoftmaxXent: return {n.in[0], n.in[1]};              // probs (in place of logits), targets
-  }
-  return {};
-}
-
 int Graph::add_node(Node n) {
-  n.saves = saves_of(n);
+  constexpr size_t kMax = kMaxOperands;
+  if (static_cast<int>(n.kind) >= kOpKinds) throw std::logic_error("node " + n.name + ": no such operator kind");
+  if (n.in.empty() || n.out.empty() || n.in.size() > kMax || n.out.size() > kMax)
+    throw std::logic_error("node " + n.name + " (" + op_name(n.kind) + "): " + std::to_string(n.in.size()) +
+                           " inputs and " + std::to_string(n.out.size()) + " outputs; an operator has 1 to " +
+                           std::to_string(kMax) + " of each (ops/ops.h, kMaxOperands)");
+  n.saves = op_def(n.kind).saves(n);
   nodes.push_back(std::move(n));
   return static_cast<int>(nodes.size()) - 1;
 }

@@ -1,11 +1,18 @@
 // The operator graph: one micro-batch's forward pass of one rank, as a list of nodes
 // over named tensors with shapes and dtypes.
 //
-// The model family is expanded into this graph once (runner/model), and every reader
-// works from it (ARCHITECTURE.md invariant 1): the executor runs it, the plan's memory
-// ledger dry-runs the executor over it, the recompute planner marks its nodes, the
-// profiler names its nodes. Backward is implied: each node kind knows which of its
-// tensors its backward reads (Node::saves), and the executor walks the nodes in reverse.
+// It is built many times, per rank: runner/model expands the model family into a graph from
+// a spec (the layers of one pipeline stage, or of one model chunk under the interleaved
+// schedule; one tensor-parallel rank; the micro-batch size). The plan's model
+// layout builds tensor-parallel rank 0's graph of every stage/chunk (the ledger dry-runs
+// them, the parameter table reads their shapes), and each rank builds the graphs of its own
+// stage's chunks for its own shard, which its executors run. All come out of the one builder
+// from the same specs, so every reader sees the same structure (ARCHITECTURE.md invariant 1):
+// the executor runs it, the ledger dry-runs the executor over it, recompute flags mark its
+// nodes, the profiler names its nodes.
+//
+// Backward is implied: each node kind's OpDef (ops/ops.h) says which of its tensors its
+// backward reads (Node::saves), and the executor walks the nodes in reverse.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -15,13 +22,15 @@
 
 namespace ops {
 
-enum class OpKind : uint8_t { Embedding, LayerNorm, RMSNorm, Linear, Rope, Attention, Gelu, SwiGLU, Add, Dropout, SoftmaxXent };
+// One OpDef per kind (ops/ops.h: its forward, backward, saves and scratch), in this order.
+enum class OpKind : uint8_t { Embedding, LayerNorm, RMSNorm, Linear, Rope, Attention, Gelu, SwiGLU, Add, Dropout, SoftmaxXent, Count };
+constexpr int kOpKinds = static_cast<int>(OpKind::Count);
 const char* op_name(OpKind k);
 
 enum class TensorKind : uint8_t { Param, Input, Activation };
 
-// Tensor-parallel role of a node (Megatron-LM, Shoeybi et al. 2019). The executor performs the
-// collective over its ops::ReduceGroup:
+// Tensor-parallel role of a node (Megatron-LM, Shoeybi et al. 2019). The kind's OpDef performs the
+// collective over the executor's ops::ReduceGroup:
 //   Column      Linear with a column-split weight: identity forward; all-reduce of d(input) in
 //               backward (Megatron's "f").
 //   Row         Linear with a row-split weight: all-reduce of the output in forward, the bias
@@ -62,7 +71,7 @@ struct Node {
   OpKind kind;
   std::string name;             // "h.3.attn.core"
   std::vector<int> in, out;     // tensor ids (see the builder functions for each kind's order)
-  std::vector<int> saves;       // tensor ids that backward reads (derived from kind by add_node)
+  std::vector<int> saves;       // tensor ids that backward reads (add_node asks the kind's OpDef)
   int layer = -1;
   std::string module;           // embed | norm | attention | attention_core | mlp | residual | head | loss
   bool recompute = false;       // discard this node's outputs after forward; recompute in backward
@@ -96,7 +105,7 @@ class Graph {
                 ShardSpec shard = {}, std::vector<int64_t> full_shape = {});
   int add_input(const std::string& name, std::vector<int64_t> shape, DType dtype);
   int add_activation(const std::string& name, std::vector<int64_t> shape, int layer, DType dtype = DType::F32);
-  int add_node(Node n);  // fills n.saves from its kind
+  int add_node(Node n);  // fills n.saves from its kind's OpDef (ops/ops.h)
   // Computes producers, last uses and saved flags (including the inputs of recompute
   // segments, which must stay alive for the recompute). Call once after building.
   void finalize();

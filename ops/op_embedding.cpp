@@ -1,0 +1,69 @@
+// Embedding: token rows of wte plus, optionally, learned positions wpe (ops/ops.h).
+//
+// in: tokens (B,T) int32, wte (V,C) [tensor parallel: this rank's rows of the vocabulary],
+//     wpe (maxT,C) optional.  out: (B*T, C) [sequence parallel: this rank's rows].
+// Tensor parallelism (TpMode::VocabEmbed): each rank adds the rows of the tokens in its
+// vocabulary shard (wpe on rank 0 only) and the ranks all-reduce the sum; under sequence
+// parallelism (scatter_output) they reduce-scatter it instead, each keeping its rows, and the
+// backward all-gathers the output gradient back to the whole sequence.
+#include "ops/ops.h"
+
+namespace ops {
+namespace {
+namespace embedding {
+
+std::vector<int> saves(const Node& n) { return {n.in[0]}; }  // tokens
+
+// Sequence parallelism: the whole sequence's output (forward) or output gradient (backward).
+size_t scratch(const Graph& g, const Node& n, bool backward) {
+  if (g.sp_parts <= 1 || !n.scatter_output) return 0;
+  return static_cast<size_t>(numel_of(g.tensors[n.out[0]].shape) * g.sp_parts) * 4;
+}
+
+void forward(OpContext& c) {
+  const Node& n = c.n;
+  const int C = static_cast<int>(c.out_desc(0).shape.back());
+  const float* wpe = c.in(2);
+  if (n.tp == TpMode::VocabEmbed) {  // each rank adds its vocabulary rows; wpe once
+    const int64_t out_n = numel_of(c.out_desc(0).shape);
+    Tensor full;
+    float* dst = c.out(0);
+    if (n.scatter_output) {  // sequence parallel: sum, and keep this rank's rows
+      full = scratch_tensor({out_n * c.g.sp_parts}, false);
+      dst = full.data<float>();
+    }
+    c.be.embedding_shard_forward(dst, c.in_i32(0), c.in(1), c.tp_rank() == 0 ? wpe : nullptr, c.B(), c.T(), C,
+                                 static_cast<int>(n.vocab_start), static_cast<int>(c.in_desc(1).shape[0]));
+    if (n.scatter_output) c.group->reduce_scatter_sum(dst, c.out(0), out_n);
+    else c.allreduce(c.out(0), out_n);
+  } else {
+    c.be.embedding_forward(c.out(0), c.in_i32(0), c.in(1), wpe, c.B(), c.T(), C);
+  }
+}
+
+void backward(OpContext& c) {
+  const Node& n = c.n;
+  const int C = static_cast<int>(c.out_desc(0).shape.back());
+  const float* dout = c.dout;
+  Tensor dfull;
+  if (n.scatter_output) {  // sequence parallel: the whole sequence's output gradient
+    const int64_t out_n = numel_of(c.out_desc(0).shape);
+    dfull = scratch_tensor({out_n * c.g.sp_parts}, false);
+    c.group->allgather(dout, dfull.data<float>(), out_n);
+    dout = dfull.data<float>();
+  }
+  if (n.tp == TpMode::VocabEmbed)
+    c.be.embedding_shard_backward(c.din(1), c.din(2), dout, c.in_i32(0), c.B(), c.T(), C,
+                                  static_cast<int>(n.vocab_start), static_cast<int>(c.in_desc(1).shape[0]));
+  else
+    c.be.embedding_backward(c.din(1), c.din(2), dout, c.in_i32(0), c.B(), c.T(), C);
+}
+
+}  // namespace embedding
+}  // namespace
+
+constinit const OpDef kEmbeddingOp{.kind = OpKind::Embedding, .name = "embedding", .saves = embedding::saves,
+                                   .scratch = embedding::scratch, .forward = embedding::forward,
+                                   .backward = embedding::backward};
+
+}  // namespace ops

@@ -1,0 +1,123 @@
+// Linear: y = x W^T + b (ops/ops.h), with Megatron-LM's tensor parallelism and sequence
+// parallelism (Shoeybi et al. 2019; Korthikanti et al. 2022).
+//
+// in: x (N,IC), W (OC,IC), b (OC) optional.  out: y (N,OC).  (Under tensor parallelism OC or IC
+// is this rank's shard; under sequence parallelism N is the rows of the side that is sharded.)
+//   Column (TpMode::Column): identity forward; d(x) all-reduced in backward (Megatron's f).
+//   Row (TpMode::Row): y all-reduced in forward, the bias added once; identity backward (g).
+//   gather_input (sequence parallel, column side): x is all-gathered to the whole sequence
+//     in forward, and re-gathered in backward (only the shard is saved); d(x) is
+//     reduce-scattered back to this rank's rows.
+//   scatter_output (sequence parallel, row side): the partial products are reduce-scattered
+//     to this rank's rows; the backward all-gathers d(y).
+#include "ops/ops.h"
+
+namespace ops {
+namespace {
+namespace linear {
+
+std::vector<int> saves(const Node& n) { return {n.in[0], n.in[1]}; }  // x, W
+
+// Sequence parallelism's full-sequence temporaries. Forward: the gathered x (P shards) or
+// the whole y before its reduce-scatter. Backward: the re-gathered x, the full d(x) and this
+// rank's reduce-scattered part of it ((2P + 1) shards of x), or the gathered d(y).
+size_t scratch(const Graph& g, const Node& n, bool backward) {
+  if (g.sp_parts <= 1) return 0;
+  const int64_t P = g.sp_parts;
+  const TensorDesc& x = g.tensors[n.in[0]];
+  const TensorDesc& y = g.tensors[n.out[0]];
+  if (n.gather_input) return static_cast<size_t>(numel_of(x.shape) * (backward ? 2 * P + 1 : P)) * 4;
+  if (n.scatter_output) return static_cast<size_t>(numel_of(y.shape) * P) * 4;
+  return 0;
+}
+
+void forward(OpContext& c) {
+  const Node& n = c.n;
+  const TensorDesc& x = c.in_desc(0);
+  const TensorDesc& w = c.in_desc(1);
+  const int IC = static_cast<int>(w.shape[1]), OC = static_cast<int>(w.shape[0]);
+  const float* bias = c.in(2);
+  const float* xin = c.in(0);
+  int64_t nrows = rows_of(x);
+  Tensor xfull, yfull;
+  if (n.gather_input) {  // sequence parallel: the whole sequence's input
+    xfull = scratch_tensor({nrows * c.g.sp_parts, IC}, false);
+    c.group->allgather(xin, xfull.data<float>(), numel_of(x.shape));
+    xin = xfull.data<float>();
+    nrows *= c.g.sp_parts;
+  }
+  if (n.scatter_output) {  // sequence parallel: partial sums reduce-scattered to this rank's rows
+    yfull = scratch_tensor({nrows, OC}, false);
+    c.be.matmul_forward(yfull.data<float>(), xin, c.in(1), nullptr, static_cast<int>(nrows), IC, OC);
+    const TensorDesc& y = c.out_desc(0);
+    c.group->reduce_scatter_sum(yfull.data<float>(), c.out(0), numel_of(y.shape));
+    if (bias)
+      for (int64_t r = 0; r < rows_of(y); ++r) c.be.add_inplace(c.out(0) + r * OC, bias, OC);
+    return;
+  }
+  const bool row = n.tp == TpMode::Row;
+  if (row && c.tp_rank() != 0) bias = nullptr;  // partial sums: the bias is added once
+  c.be.matmul_forward(c.out(0), xin, c.in(1), bias, static_cast<int>(nrows), IC, OC);
+  if (row) c.allreduce(c.out(0), numel_of(c.out_desc(0).shape));
+}
+
+// Sequence-parallel backward: gathers what the forward gathered, scatters what it scattered.
+void backward_seq_parallel(OpContext& c) {
+  const Node& n = c.n;
+  const TensorDesc& x = c.in_desc(0);
+  const TensorDesc& w = c.in_desc(1);
+  const int IC = static_cast<int>(w.shape[1]), OC = static_cast<int>(w.shape[0]);
+  float* dx = c.din(0);
+  float* db = c.din(2);
+  const float* xin = c.in(0);
+  const float* dy = c.dout;
+  int64_t nrows = rows_of(x);
+  Tensor xfull, dyfull, dxfull, dxpart;
+  if (n.gather_input) {  // re-gather the input (only the shard was kept)
+    xfull = scratch_tensor({nrows * c.g.sp_parts, IC}, false);
+    c.group->allgather(xin, xfull.data<float>(), numel_of(x.shape));
+    xin = xfull.data<float>();
+    nrows *= c.g.sp_parts;
+  }
+  if (n.scatter_output) {
+    const TensorDesc& y = c.out_desc(0);
+    // This rank's rows' share of the bias gradient (the caller sums it over tp).
+    if (db) c.be.matmul_backward(nullptr, nullptr, db, c.dout, xin, c.in(1), static_cast<int>(rows_of(y)), IC, OC);
+    db = nullptr;
+    dyfull = scratch_tensor({rows_of(y) * c.g.sp_parts, OC}, false);
+    c.group->allgather(c.dout, dyfull.data<float>(), numel_of(y.shape));
+    dy = dyfull.data<float>();
+  }
+  float* dxf = dx;
+  if (n.gather_input && dx) {
+    dxfull = scratch_tensor({nrows, IC}, true);
+    dxf = dxfull.data<float>();
+  }
+  c.be.matmul_backward(dxf, c.din(1), db, dy, xin, c.in(1), static_cast<int>(nrows), IC, OC);
+  if (n.gather_input && dx) {  // reduce-scatter d(input) back to this rank's rows
+    dxpart = scratch_tensor(x.shape, false);
+    c.group->reduce_scatter_sum(dxfull.data<float>(), dxpart.data<float>(), numel_of(x.shape));
+    c.be.add_inplace(dx, dxpart.data<float>(), numel_of(x.shape));
+  }
+}
+
+void backward(OpContext& c) {
+  const Node& n = c.n;
+  if (n.gather_input || n.scatter_output) return backward_seq_parallel(c);
+  const TensorDesc& x = c.in_desc(0);
+  const TensorDesc& w = c.in_desc(1);
+  const int IC = static_cast<int>(w.shape[1]), OC = static_cast<int>(w.shape[0]);
+  float* dx = c.din(0);
+  c.be.matmul_backward(dx, c.din(1), c.din(2), c.dout, c.in(0), c.in(1), static_cast<int>(rows_of(x)), IC, OC);
+  // Column-parallel: each rank holds part of d(input); the input's only reader is this
+  // node (a norm's output), so its gradient buffer holds exactly this sum's terms.
+  if (n.tp == TpMode::Column && dx) c.allreduce(dx, numel_of(x.shape));
+}
+
+}  // namespace linear
+}  // namespace
+
+constinit const OpDef kLinearOp{.kind = OpKind::Linear, .name = "linear", .saves = linear::saves,
+                                .scratch = linear::scratch, .forward = linear::forward, .backward = linear::backward};
+
+}  // namespace ops

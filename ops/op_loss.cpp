@@ -1,0 +1,60 @@
+// The loss: fused softmax cross-entropy (ops/ops.h).
+//
+// in: logits (N,V) [tensor parallel: this rank's vocabulary columns], targets (N) int32.
+// out: losses (N) per position [, probs (N,V) unless `inplace`: then the probabilities
+// overwrite the logits]. Saves the probabilities (in the logits' buffer) and the targets.
+// Its backward seeds the chain (OpDef::seeds_backward): it scales by dloss instead of reading
+// an output gradient, and writes dlogits over the probabilities.
+// Tensor parallelism (TpMode::VocabXent, Megatron-LM): the row max and the sums are
+// all-reduced between the three phases of the forward, never gathering the logits.
+#include "ops/ops.h"
+
+namespace ops {
+namespace {
+namespace softmax_xent {
+
+std::vector<int> saves(const Node& n) { return {n.in[0], n.in[1]}; }  // probs (in place of logits), targets
+
+void forward(OpContext& c) {
+  const Node& n = c.n;
+  const TensorDesc& x = c.in_desc(0);
+  float* probs = n.inplace ? c.in(0) : c.out(1);
+  const int N = static_cast<int>(rows_of(x)), V = static_cast<int>(x.shape.back()),
+            Vr = static_cast<int>(n.vocab_real);
+  if (n.tp == TpMode::VocabXent) {
+    std::vector<float>& stats = *c.host;  // rowmax, sumexp, tlogit
+    stats.resize(3 * static_cast<size_t>(N));
+    float* mx = stats.data();
+    float* se = mx + N;
+    float* tl = se + N;
+    c.be.xent_shard_max(mx, c.in(0), N, V, Vr);
+    c.group->allreduce_max(mx, N);
+    c.be.xent_shard_sumexp(se, tl, c.in(0), mx, c.in_i32(1), N, V, Vr, static_cast<int>(n.vocab_start));
+    c.group->allreduce_sum(se, 2 * static_cast<int64_t>(N));  // sumexp and tlogit are adjacent
+    c.be.xent_shard_finish(c.out(0), probs, c.in(0), mx, se, tl, c.in_i32(1), N, V, Vr);
+  } else {
+    c.be.softmax_xent_forward(c.out(0), probs, c.in(0), c.in_i32(1), N, V, Vr);
+  }
+}
+
+// c.din(0) is the logits' own buffer (seeds_backward): dlogits overwrite the probabilities.
+void backward(OpContext& c) {
+  const Node& n = c.n;
+  const TensorDesc& x = c.in_desc(0);
+  const int N = static_cast<int>(rows_of(x)), V = static_cast<int>(x.shape.back());
+  if (n.tp == TpMode::VocabXent)
+    c.be.xent_shard_backward(c.din(0), c.in(0), c.in_i32(1), c.dloss, N, V, static_cast<int>(n.vocab_real),
+                             static_cast<int>(n.vocab_start));
+  else
+    c.be.softmax_xent_backward(c.din(0), c.in(0), c.in_i32(1), c.dloss, N, V, static_cast<int>(n.vocab_real));
+}
+
+}  // namespace softmax_xent
+}  // namespace
+
+constinit const OpDef kSoftmaxXentOp{.kind = OpKind::SoftmaxXent, .name = "softmax_xent",
+                                     .saves = softmax_xent::saves, .scratch = nullptr,
+                                     .forward = softmax_xent::forward, .backward = softmax_xent::backward,
+                                     .seeds_backward = true};
+
+}  // namespace ops

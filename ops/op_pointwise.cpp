@@ -1,0 +1,82 @@
+// Pointwise operators: GELU, SwiGLU, the residual add and dropout (ops/ops.h).
+//
+// Gelu     in: x (N,H).                out: (N,H).   saves x.
+// SwiGLU   in: x (N,2H) = [gate | up]. out: (N,H).   saves x.
+// Add      in: a, b (same shape).      out: a + b.   saves nothing (its backward adds dout to both).
+// Dropout  in: x.                      out: x * keep / (1-p).  saves nothing: the mask is
+//          regenerated from the counter RNG. Under sequence parallelism (seq_shard) x is this
+//          rank's rows of the micro-batch, and its mask counters are offset by those rows.
+#include "ops/ops.h"
+
+namespace ops {
+namespace {
+
+std::vector<int> saves_input(const Node& n) { return {n.in[0]}; }
+
+int64_t numel_in(const OpContext& c) { return numel_of(c.in_desc(0).shape); }
+
+namespace gelu {
+
+void forward(OpContext& c) { c.be.gelu_forward(c.out(0), c.in(0), numel_in(c)); }
+void backward(OpContext& c) { c.be.gelu_backward(c.din(0), c.in(0), c.dout, numel_in(c)); }
+
+}  // namespace gelu
+
+namespace swiglu {
+
+void forward(OpContext& c) {
+  const TensorDesc& x = c.in_desc(0);
+  c.be.swiglu_forward(c.out(0), c.in(0), static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back() / 2));
+}
+void backward(OpContext& c) {
+  const TensorDesc& x = c.in_desc(0);
+  c.be.swiglu_backward(c.din(0), c.dout, c.in(0), static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back() / 2));
+}
+
+}  // namespace swiglu
+
+namespace add {
+
+void forward(OpContext& c) { c.be.add_forward(c.out(0), c.in(0), c.in(1), numel_in(c)); }
+void backward(OpContext& c) {
+  c.be.add_inplace(c.din(0), c.dout, numel_in(c));
+  c.be.add_inplace(c.din(1), c.dout, numel_in(c));
+}
+
+}  // namespace add
+
+namespace dropout {
+
+// The mask of `numel` elements: the whole micro-batch's counters, or on a sequence shard
+// those of this rank's rows.
+DropoutSpec drop(const OpContext& c, int64_t numel) {
+  const Graph& g = c.g;
+  if (!c.n.seq_shard) return c.dropout(numel / g.B);
+  DropoutSpec d = c.dropout(numel * g.sp_parts / g.B);
+  d.offset += static_cast<uint64_t>(g.sp_index) * static_cast<uint64_t>(numel);
+  return d;
+}
+
+void forward(OpContext& c) {
+  const int64_t n = numel_in(c);
+  c.be.dropout_forward(c.out(0), c.in(0), n, drop(c, n));
+}
+void backward(OpContext& c) {
+  const int64_t n = numel_in(c);
+  c.be.dropout_backward(c.din(0), c.dout, n, drop(c, n));
+}
+
+}  // namespace dropout
+
+}  // namespace
+
+constinit const OpDef kGeluOp{.kind = OpKind::Gelu, .name = "gelu", .saves = saves_input, .scratch = nullptr,
+                              .forward = gelu::forward, .backward = gelu::backward};
+constinit const OpDef kSwiGLUOp{.kind = OpKind::SwiGLU, .name = "swiglu", .saves = saves_input, .scratch = nullptr,
+                                .forward = swiglu::forward, .backward = swiglu::backward};
+constinit const OpDef kAddOp{.kind = OpKind::Add, .name = "add", .saves = saves_nothing, .scratch = nullptr,
+                             .forward = add::forward, .backward = add::backward};
+constinit const OpDef kDropoutOp{.kind = OpKind::Dropout, .name = "dropout", .saves = saves_nothing,
+                                 .scratch = nullptr, .forward = dropout::forward, .backward = dropout::backward};
+
+}  // namespace ops

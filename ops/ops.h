@@ -1,0 +1,143 @@
+// One operator, one place. Each OpKind is an OpDef: its forward, its backward, which of its
+// tensors the backward reads (Node::saves) and the workspace scratch it allocates, defined
+// side by side in the file of its family:
+//   op_embedding.cpp  Embedding (vocabulary-parallel)
+//   op_norm.cpp       LayerNorm, RMSNorm
+//   op_linear.cpp     Linear (column / row parallel, sequence-parallel gather / scatter)
+//   op_attention.cpp  Rope, Attention
+//   op_pointwise.cpp  Gelu, SwiGLU, Add, Dropout
+//   op_loss.cpp       SoftmaxXent (vocabulary-parallel)
+// and gathered in kOpTable below, indexed by OpKind, which Graph::add_node (saves) and the
+// Executor (everything else) consult. Neither has a per-kind switch.
+//
+// Division of labour: the executor owns memory and order. It allocates a node's outputs and
+// its inputs' gradient buffers, counts scratch in the dry run, times the call and releases
+// what is dead; the OpDef only runs its kernels, and its kind's tensor-parallel collectives
+// (over ops::ReduceGroup), on the pointers it is handed in an OpContext. Dispatch is one
+// indirect call per node; no kernel's inner loop sees it.
+//
+// Adding an operator: an OpKind entry (graph.h), its OpDef in its family's file with a line
+// here (declaration + table row), its kernels (backend.h, cpu/), and cases in its family's
+// test table (tests/test_ops_*.cpp) and one in tests/test_ops_table.cpp, which runs every
+// OpDef through the executor and fails for a kind without a case.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "ops/backend.h"
+#include "ops/graph.h"
+#include "ops/group.h"
+#include "ops/rng.h"
+#include "ops/tensor.h"
+
+namespace ops {
+
+// Inputs and outputs per node that an OpContext carries (LayerNorm has 3 of each);
+// Graph::add_node refuses a node with more.
+constexpr int kMaxOperands = 4;
+
+// What one call of an OpDef's forward or backward sees of the executor. Pointers are this
+// rank's buffers for one micro-batch (null in positions the node does not have).
+struct OpContext {
+  const Graph& g;
+  const Node& n;
+  Backend& be;
+  ReduceGroup* group = nullptr;  // tensor-parallel group; null without tensor parallelism
+  bool train = false;
+  uint64_t key = 0;              // the step's dropout key
+  int64_t sample_offset = 0;     // index of this micro-batch's first sample in the global batch
+  std::vector<float>* host = nullptr;  // a reusable host buffer outside the ledger (row statistics)
+  std::array<void*, kMaxOperands> ins{}, outs{};  // values by position (forward outputs: the
+                                                  // buffers to write; null for a non-fp32 one)
+  // Backward only.
+  std::array<float*, kMaxOperands> dins{};  // gradient buffers of the inputs, to accumulate into
+                                            // (null: not needed, or an input or int tensor)
+  const float* dout = nullptr;   // gradient of out[0] (null for a kind that seeds the backward)
+  float dloss = 0.0f;            // d(total loss)/d(each position's loss)
+
+  const TensorDesc& in_desc(int j) const { return g.tensors[n.in[j]]; }
+  const TensorDesc& out_desc(int j) const { return g.tensors[n.out[j]]; }
+  float* in(int j) const { return static_cast<float*>(ins[j]); }
+  const int32_t* in_i32(int j) const { return static_cast<const int32_t*>(ins[j]); }
+  float* out(int j) const { return static_cast<float*>(outs[j]); }
+  float* din(int j) const { return dins[j]; }
+
+  int B() const { return static_cast<int>(g.B); }
+  int T() const { return static_cast<int>(g.T); }
+  int tp_rank() const { return group ? group->rank() : 0; }
+  // All-reduce (sum) over the tensor-parallel group; nothing on one rank.
+  void allreduce(float* x, int64_t count) const {
+    if (group && group->size() > 1) group->allreduce_sum(x, count);
+  }
+  // The node's dropout for `per_sample` mask elements per sample: masks are a function of
+  // (step key, site, global element index), never of the layout (p is 0 outside training).
+  DropoutSpec dropout(int64_t per_sample) const {
+    DropoutSpec d;
+    d.p = train ? n.dropout : 0.0f;
+    d.key = rng_key(key, n.site);
+    d.offset = static_cast<uint64_t>(sample_offset * per_sample);
+    return d;
+  }
+};
+
+// Rows of a tensor seen as (rows, last dimension).
+inline int64_t rows_of(const TensorDesc& d) { return numel_of(d.shape) / d.shape.back(); }
+
+// An fp32 temporary in the workspace account (sequence parallelism's full-sequence buffers).
+// Every byte an OpDef allocates this way must be reported by its `scratch` at the same call,
+// so that the dry run counts it (ARCHITECTURE.md invariant 4).
+inline Tensor scratch_tensor(std::vector<int64_t> shape, bool zero) {
+  return zero ? Tensor::zeros(std::move(shape), DType::F32, Account::Workspace)
+              : Tensor::empty(std::move(shape), DType::F32, Account::Workspace);
+}
+
+struct OpDef {
+  OpKind kind;
+  const char* name;  // the profiler's name of the kind
+  // Tensor ids that the backward reads (empty: none), kept alive from the forward for it.
+  // Parameters and inputs may appear; only activations count in the ledger.
+  std::vector<int> (*saves)(const Node&);
+  // Workspace bytes that one forward (backward = false) or backward call allocates and frees
+  // again within the call, for the dry run. Null: none.
+  size_t (*scratch)(const Graph&, const Node&, bool backward);
+  // Writes the outputs from the inputs.
+  void (*forward)(OpContext&);
+  // Accumulates (+=) into c.dins from c.dout and the saved tensors (the loss overwrites:
+  // seeds_backward).
+  void (*backward)(OpContext&);
+  // The loss: its backward needs no output gradient (it starts from dloss), and the gradient
+  // of in[0] is written over in[0]'s own buffer (dlogits over the probabilities) instead of
+  // being accumulated into a fresh zeroed one.
+  bool seeds_backward = false;
+};
+
+// One per OpKind, each defined in its family's file.
+extern const OpDef kEmbeddingOp;                                     // op_embedding.cpp
+extern const OpDef kLayerNormOp, kRMSNormOp;                         // op_norm.cpp
+extern const OpDef kLinearOp;                                        // op_linear.cpp
+extern const OpDef kRopeOp, kAttentionOp;                            // op_attention.cpp
+extern const OpDef kGeluOp, kSwiGLUOp, kAddOp, kDropoutOp;           // op_pointwise.cpp
+extern const OpDef kSoftmaxXentOp;                                   // op_loss.cpp
+
+// The table, in OpKind order (a missing entry fails to compile; tests/test_ops_table.cpp
+// checks that each entry sits at its own kind's index).
+inline constexpr std::array<const OpDef*, kOpKinds> kOpTable = {
+    &kEmbeddingOp, &kLayerNormOp, &kRMSNormOp, &kLinearOp, &kRopeOp, &kAttentionOp,
+    &kGeluOp,      &kSwiGLUOp,    &kAddOp,     &kDropoutOp, &kSoftmaxXentOp,
+};
+
+constexpr bool every_kind_has_an_op() {
+  for (const OpDef* op : kOpTable)
+    if (op == nullptr) return false;
+  return true;
+}
+static_assert(every_kind_has_an_op(), "kOpTable: an OpKind without an OpDef");
+
+inline const OpDef& op_def(OpKind k) { return *kOpTable[static_cast<int>(k)]; }
+
+// For OpDef::saves of a kind whose backward reads nothing.
+inline std::vector<int> saves_nothing(const Node&) { return {}; }
+
+}  // namespace ops
