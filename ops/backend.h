@@ -7,11 +7,15 @@
 // Shape letters: B batch, T sequence, C channels, V vocabulary, NH heads, HS = C/NH
 // head size, N = B*T rows, OC output channels, H hidden width.
 //
-// Gradient convention (written once, here): EVERY backward ACCUMULATES (+=) into
-// every gradient it produces, parameter and activation gradients alike, so that
-// micro-batches add up and a tensor read by several operators sums its gradients.
-// The caller zeroes gradient buffers before the first use. The one exception is
-// softmax_xent_backward, which overwrites dlogits (it usually aliases the logits).
+// Gradient convention (written once, here): every backward ACCUMULATES (+=) into every
+// gradient it produces, parameter and activation gradients alike (unlike llm.c, where
+// activation gradients are overwritten), so that micro-batches add up and a tensor read by
+// several operators sums its gradients. The caller zeroes gradient buffers before the first
+// use. There are two exceptions, both the loss, which starts the backward chain: its dlogits
+// are OVERWRITTEN (=), because they are written over the probabilities they are computed from
+// (dlogits may alias probs; the executor passes the logits' own buffer):
+//   softmax_xent_backward   (the unsharded cross-entropy)
+//   xent_shard_backward     (the vocabulary-parallel one)
 // A null gradient pointer means "not needed": skip that work.
 #pragma once
 #include <cstdint>

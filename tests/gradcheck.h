@@ -139,7 +139,8 @@ struct OpCase {
   double fwd_tol = 1e-5;
   double bwd_tol = 1e-4;
   size_t max_coords = 300;  // finite-difference coordinates checked per input
-  bool accumulates = true;  // false for softmax_xent_backward (overwrites by contract)
+  bool accumulates = true;  // false for the loss (softmax_xent_backward and xent_shard_backward
+                            // overwrite dlogits by contract, ops/backend.h)
 };
 
 // GRADCHECK_VERBOSE=1 prints every measured error (to see the margins under the tolerances).
