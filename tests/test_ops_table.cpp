@@ -1,0 +1,317 @@
+// The operator table (ops/ops.h) through the executor: one case per operator variant, each a
+// one-node graph. Where tests/test_ops_<family>.cpp check the kernels' numbers, this checks
+// each OpDef's wiring, i.e. what adding an operator adds besides kernels:
+//   1. every OpKind has a complete OpDef at its own index, and at least one case below;
+//   2. forward + backward through the Executor: every input gradient (activation and
+//      parameter) against central finite differences of the executor's own forward, so a
+//      wrong pointer, shape or saved tensor (OpDef::saves: an unsaved one is released before
+//      the backward) fails;
+//   3. the dry run (Executor::simulate) predicts the real run's peaks per account, so a
+//      node's scratch is declared where it is allocated (OpDef::scratch).
+// Tensor-parallel variants run over a one-rank stand-in of the group (their collectives are
+// copies); the multi-rank arithmetic is tests/mpi/test_mpi_layers.cpp's.
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ops/executor.h"
+#include "ops/ops.h"
+#include "tests/gradcheck.h"
+
+using namespace gc;
+using ops::OpKind;
+using ops::TpMode;
+
+namespace {
+
+constexpr int64_t kB = 2, kT = 3, kN = kB * kT;
+
+// The tensor-parallel group of one rank: every collective is the identity.
+struct OneRank final : ops::ReduceGroup {
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void allreduce_sum(float*, int64_t) override {}
+  void allreduce_max(float*, int64_t) override {}
+  void allgather(const float* in, float* out, int64_t n) override { std::copy_n(in, n, out); }
+  void reduce_scatter_sum(const float* in, float* out, int64_t n) override { std::copy_n(in, n, out); }
+};
+
+// A one-node graph under construction. Float activations that the node reads come in as
+// the graph's stage input (at most one per case), int ones as tokens / targets; the node's
+// first output leaves as the stage output, or as the per-position losses for the loss.
+struct Case {
+  std::string name;
+  ops::Graph g;
+  ops::Node n;
+  int64_t vocab = 0;         // token / target ids are drawn below this
+  float input_scale = 1.0f;  // of the stage input (logits a little larger)
+
+  Case(std::string name_, OpKind kind) : name(std::move(name_)) {
+    g.B = kB;
+    g.T = kT;
+    n.kind = kind;
+    n.name = name;
+    n.layer = 0;
+    n.module = "test";
+  }
+  Case& x(std::vector<int64_t> shape) {
+    g.stage_input = g.add_activation("x", std::move(shape), 0);
+    n.in.push_back(g.stage_input);
+    return *this;
+  }
+  Case& param(const std::string& pname, std::vector<int64_t> shape) {
+    n.in.push_back(g.add_param(pname, std::move(shape), 0));
+    return *this;
+  }
+  Case& tokens(int64_t V) {
+    g.tokens = g.add_input("tokens", {kB, kT}, ops::DType::I32);
+    n.in.push_back(g.tokens);
+    vocab = V;
+    return *this;
+  }
+  Case& targets(int64_t V) {
+    g.targets = g.add_input("targets", {kB, kT}, ops::DType::I32);
+    n.in.push_back(g.targets);
+    vocab = V;
+    return *this;
+  }
+  Case& out(const std::string& oname, std::vector<int64_t> shape) {
+    n.out.push_back(g.add_activation(oname, std::move(shape), 0));
+    return *this;
+  }
+  Case& with(const std::function<void(ops::Node&)>& set) {
+    set(n);
+    return *this;
+  }
+  // Adds the node and closes the graph.
+  Case& done() {
+    const int first_out = n.out[0];
+    g.add_node(n);
+    if (n.kind == OpKind::SoftmaxXent) g.losses = first_out;
+    else g.stage_output = first_out;
+    g.finalize();
+    return *this;
+  }
+};
+
+std::vector<Case> cases() {
+  const int64_t C = 8, V = 11, H = 5, NH = 2;
+  std::vector<Case> cs;
+  cs.push_back(Case("embedding (wte + wpe)", OpKind::Embedding)
+                   .tokens(V).param("wte", {V, C}).param("wpe", {kT, C}).out("y", {kN, C}).done());
+  cs.push_back(Case("embedding (wte only)", OpKind::Embedding).tokens(V).param("wte", {V, C}).out("y", {kN, C}).done());
+  cs.push_back(Case("embedding (vocabulary-parallel)", OpKind::Embedding)
+                   .tokens(V).param("wte", {V, C}).param("wpe", {kT, C}).out("y", {kN, C})
+                   .with([](ops::Node& n) { n.tp = TpMode::VocabEmbed; })
+                   .done());
+  cs.push_back(Case("layernorm", OpKind::LayerNorm)
+                   .x({kN, C}).param("w", {C}).param("b", {C}).out("y", {kN, C}).out("mean", {kN}).out("rstd", {kN})
+                   .with([](ops::Node& n) { n.eps = 1e-5f; })
+                   .done());
+  cs.push_back(Case("layernorm (no bias)", OpKind::LayerNorm)
+                   .x({kN, C}).param("w", {C}).out("y", {kN, C}).out("mean", {kN}).out("rstd", {kN})
+                   .with([](ops::Node& n) { n.eps = 1e-5f; })
+                   .done());
+  cs.push_back(Case("rmsnorm", OpKind::RMSNorm)
+                   .x({kN, C}).param("w", {C}).out("y", {kN, C}).out("rstd", {kN})
+                   .with([](ops::Node& n) { n.eps = 1e-6f; })
+                   .done());
+  cs.push_back(Case("linear", OpKind::Linear).x({kN, C}).param("W", {H, C}).param("b", {H}).out("y", {kN, H}).done());
+  cs.push_back(Case("linear (no bias)", OpKind::Linear).x({kN, C}).param("W", {H, C}).out("y", {kN, H}).done());
+  cs.push_back(Case("linear (column-parallel)", OpKind::Linear)
+                   .x({kN, C}).param("W", {H, C}).param("b", {H}).out("y", {kN, H})
+                   .with([](ops::Node& n) { n.tp = TpMode::Column; })
+                   .done());
+  cs.push_back(Case("linear (row-parallel)", OpKind::Linear)
+                   .x({kN, C}).param("W", {H, C}).param("b", {H}).out("y", {kN, H})
+                   .with([](ops::Node& n) { n.tp = TpMode::Row; })
+                   .done());
+  cs.push_back(Case("rope", OpKind::Rope)
+                   .x({kN, 3 * C}).out("y", {kN, 3 * C})
+                   .with([](ops::Node& n) { n.heads = NH; n.theta = 10000.0f; })
+                   .done());
+  for (float p : {0.0f, 0.25f})
+    cs.push_back(Case(p > 0 ? "attention (dropout)" : "attention", OpKind::Attention)
+                     .x({kN, 3 * C}).out("y", {kN, C}).out("probs", {kB, NH, kT, kT})
+                     .with([p](ops::Node& n) { n.heads = NH; n.dropout = p; n.site = 3; })
+                     .done());
+  cs.push_back(Case("gelu", OpKind::Gelu).x({kN, H}).out("y", {kN, H}).done());
+  cs.push_back(Case("swiglu", OpKind::SwiGLU).x({kN, 2 * H}).out("y", {kN, H}).done());
+  cs.push_back(Case("add", OpKind::Add).x({kN, C}).param("b", {kN, C}).out("y", {kN, C}).done());
+  cs.push_back(Case("dropout", OpKind::Dropout)
+                   .x({kN, C}).out("y", {kN, C})
+                   .with([](ops::Node& n) { n.dropout = 0.25f; n.site = 5; })
+                   .done());
+  // Logits (N, 9) of which 7 real columns; probabilities in place of the logits, as the model builds it.
+  for (bool shard : {false, true}) {
+    Case c(shard ? "softmax_xent (vocabulary-parallel)" : "softmax_xent", OpKind::SoftmaxXent);
+    c.x({kN, 9}).targets(7).out("losses", {kN}).with([shard](ops::Node& n) {
+      n.inplace = true;
+      n.vocab_real = 7;
+      if (shard) n.tp = TpMode::VocabXent;
+    });
+    c.input_scale = 2.0f;
+    cs.push_back(std::move(c.done()));
+  }
+  return cs;
+}
+
+// The node's graph bound to random parameters, run by an Executor.
+struct Bench {
+  const ops::Graph& g;
+  OneRank group;
+  std::vector<ops::Tensor> values, grads;
+  std::unique_ptr<ops::Executor> ex;
+  std::vector<int32_t> tokens, targets;
+  Vec stage_in, stage_out, R;  // R: the random weights of L = sum(stage_out * R)
+  static constexpr uint64_t kKey = 77;
+
+  explicit Bench(const Case& c) : g(c.g) {
+    ex = std::make_unique<ops::Executor>(g, ops::cpu_backend());
+    ex->set_group(&group);
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      const ops::TensorDesc& d = g.tensors[g.params[k]];
+      values.push_back(ops::Tensor::zeros(d.shape, ops::DType::F32, ops::Account::Parameters));
+      grads.push_back(ops::Tensor::zeros(d.shape, ops::DType::F32, ops::Account::Gradients));
+      const Vec v = randn(static_cast<size_t>(values.back().numel()), 100 + k, 0.5f);
+      std::memcpy(values.back().raw(), v.data(), v.size() * sizeof(float));
+      if (d.name == "w") {  // norm weights around 1
+        float* w = values.back().data<float>();
+        for (int64_t i = 0; i < values.back().numel(); ++i) w[i] += 1.0f;
+      }
+    }
+    for (size_t k = 0; k < g.params.size(); ++k) ex->bind_param(g.params[k], &values[k], &grads[k]);
+    if (c.vocab > 0) {
+      tokens = randint(static_cast<size_t>(kN), 5, static_cast<int32_t>(c.vocab));
+      targets = randint(static_cast<size_t>(kN), 6, static_cast<int32_t>(c.vocab));
+      targets[1] = -1;  // an ignored position
+    }
+    if (g.stage_input >= 0) stage_in = randn(static_cast<size_t>(numel_of(g.stage_input)), 7, c.input_scale);
+    if (g.stage_output >= 0) {
+      stage_out.assign(static_cast<size_t>(numel_of(g.stage_output)), 0.0f);
+      R = randn(stage_out.size(), 8);
+    }
+  }
+  int64_t numel_of(int id) const { return ops::numel_of(g.tensors[id].shape); }
+
+  // L = sum(stage_out * R), or the sum of the losses.
+  double forward() {
+    auto ls = ex->forward(tokens.empty() ? nullptr : tokens.data(), targets.empty() ? nullptr : targets.data(), true,
+                          kKey, 0, stage_in.empty() ? nullptr : stage_in.data(),
+                          stage_out.empty() ? nullptr : stage_out.data());
+    if (g.stage_output < 0) return ls.sum;
+    double L = 0;
+    for (size_t i = 0; i < R.size(); ++i) L += static_cast<double>(stage_out[i]) * R[i];
+    return L;
+  }
+  // dL/d(stage input); parameter gradients land in `grads`.
+  Vec backward() {
+    Vec dstage_in(stage_in.size(), 0.0f);
+    ex->backward(1.0f, R.empty() ? nullptr : R.data(), dstage_in.empty() ? nullptr : dstage_in.data());
+    return dstage_in;
+  }
+};
+
+// Central differences of the executor's fp32 forward at up to 24 coordinates of `x`. With
+// inputs of order 1 and h = 1e-2 the truncation error is ~1e-4 and the fp32 rounding of L
+// (~1e-7 of sum |out R| over ~50 outputs, divided by 2h) ~1e-4: the 2e-2 tolerance below
+// passes any correct wiring and fails any wrong one (an error there is of order 1).
+double fd_error(Bench& b, float* x, size_t n, const Vec& got, uint64_t seed) {
+  const auto coords = pick_coords(n, 24, seed);
+  DVec fd(coords.size());
+  Vec g(coords.size());
+  for (size_t k = 0; k < coords.size(); ++k) {
+    const size_t i = coords[k];
+    const float x0 = x[i];
+    const float h = 1e-2f;
+    x[i] = x0 + h;
+    const double lp = b.forward();
+    x[i] = x0 - h;
+    const double lm = b.forward();
+    x[i] = x0;
+    fd[k] = (lp - lm) / (2.0 * static_cast<double>(h));
+    g[k] = got[i];
+  }
+  return rel_err(g, fd);
+}
+
+}  // namespace
+
+TEST_CASE("operator table: every OpKind has a complete OpDef at its own index") {
+  std::set<std::string> names;
+  for (int k = 0; k < ops::kOpKinds; ++k) {
+    const auto kind = static_cast<OpKind>(k);
+    const ops::OpDef& op = ops::op_def(kind);
+    CAPTURE(k);
+    CHECK(op.kind == kind);
+    REQUIRE(op.name != nullptr);
+    CHECK(std::string(ops::op_name(kind)) == op.name);
+    CHECK(names.insert(op.name).second);  // the profiler tells kinds apart by name
+    CHECK(bool(op.saves));
+    CHECK(bool(op.forward));
+    CHECK(bool(op.backward));
+  }
+  CHECK(std::string(ops::op_name(OpKind::Count)) == "?");
+}
+
+TEST_CASE("operator table: every OpKind has a case below") {
+  std::set<int> covered;
+  for (const Case& c : cases()) covered.insert(static_cast<int>(c.n.kind));
+  for (int k = 0; k < ops::kOpKinds; ++k) {
+    CAPTURE(ops::op_name(static_cast<OpKind>(k)));
+    CHECK(covered.count(k) == 1);
+  }
+}
+
+TEST_CASE("Graph::add_node refuses a node with more operands than an OpContext carries") {
+  ops::Graph g;
+  ops::Node n;
+  n.kind = OpKind::Add;
+  n.name = "too_many";
+  for (int i = 0; i <= ops::kMaxOperands; ++i) n.in.push_back(g.add_activation("a", {2}, 0));
+  n.out = {g.add_activation("y", {2}, 0)};
+  CHECK_THROWS_AS(g.add_node(n), std::logic_error);
+  n.in.resize(2);
+  n.out.clear();
+  CHECK_THROWS_AS(g.add_node(n), std::logic_error);
+}
+
+TEST_CASE("operator table: each operator through the executor (gradients vs finite differences, ledger)") {
+  for (const Case& c : cases()) {
+    INFO("case: " << c.name);
+    Bench b(c);
+
+    // 3. the dry run predicts the real run (measured from here: parameters are bound).
+    const ops::MemoryEstimate est = ops::Executor::simulate(c.g);
+    auto& mt = ops::MemoryTracker::instance();
+    const size_t act0 = mt.current(ops::Account::Activations), ws0 = mt.current(ops::Account::Workspace);
+    mt.reset_peaks();
+    b.forward();
+    CHECK(mt.current(ops::Account::Activations) - act0 == est.activations_after_forward);
+    const Vec dx = b.backward();
+    CHECK(mt.peak(ops::Account::Activations) - act0 == est.peak[static_cast<int>(ops::Account::Activations)]);
+    CHECK(mt.peak(ops::Account::Workspace) - ws0 == est.peak[static_cast<int>(ops::Account::Workspace)]);
+    CHECK(mt.current(ops::Account::Activations) == act0);
+    CHECK(mt.current(ops::Account::Workspace) == ws0);
+
+    // 2. gradients of the stage input and of every parameter.
+    std::vector<Vec> dparams;
+    for (const ops::Tensor& t : b.grads) dparams.emplace_back(t.data<float>(), t.data<float>() + t.numel());
+    if (!b.stage_in.empty()) {
+      const double e = fd_error(b, b.stage_in.data(), b.stage_in.size(), dx, 1);
+      INFO("d(x) rel err " << e);
+      CHECK(e < 2e-2);
+    }
+    for (size_t k = 0; k < b.values.size(); ++k) {
+      const double e = fd_error(b, b.values[k].data<float>(), static_cast<size_t>(b.values[k].numel()), dparams[k],
+                                10 + k);
+      INFO("d(" << c.g.tensors[c.g.params[k]].name << ") rel err " << e);
+      CHECK(e < 2e-2);
+    }
+  }
+}
