@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
       topts.run_dir = resume_dir;
       topts.resume = true;
       topts.resume_point = req.point;
+      topts.resume_notes = req.notes;
       return launch->train(make_plan(req.recipe, launch->world_size()), topts);
     }
     if (*inspect_cmd) {

@@ -259,6 +259,10 @@ TEST_CASE("resume is bitwise on the same layout and continues the curve on anoth
     auto r = resume("to1", 0, "--set parallel.tp=1 --set parallel.zero=0");
     REQUIRE(r.size() == 5);
     CHECK(max_rel(r, base) < 1e-5);
+    // The stored recipe's dp 2 and accum 2 were derived again for one rank (dp 1, accum 4).
+    std::ifstream log(kDir / "to1" / "log.rank0.txt");
+    std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    CHECK(text.find("dp (was 2) and accum (was 2) derived again for the new layout, global batch 8") != std::string::npos);
   }
   SUBCASE("dp2 x tp2 -> pp2") {
     seed_run_dir("topp", "src", "step_00000005.h5");

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "runner/agree.h"
@@ -80,8 +81,20 @@ ResumeRequest prepare_resume(const std::string& run_dir, const std::vector<std::
   if (!point) throw UserError({ckpt_dir, 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
   ResumeRequest req{load_recipe_text(read_recipe_text(point->path), saved.string(), overrides), *point};
   if (overridden(req.recipe, "parallel")) {
-    if (!overridden(req.recipe, "parallel.dp")) req.recipe.parallel.dp = 0;
-    if (!overridden(req.recipe, "batch")) req.recipe.batch.accum = 0;
+    const int64_t dp = req.recipe.parallel.dp, accum = req.recipe.batch.accum;
+    std::vector<std::string> again;
+    if (!overridden(req.recipe, "parallel.dp")) {
+      req.recipe.parallel.dp = 0;
+      again.push_back(fmt::format("dp (was {})", dp));
+    }
+    if (!overridden(req.recipe, "batch")) {
+      req.recipe.batch.accum = 0;
+      again.push_back(fmt::format("accum (was {})", accum));
+    }
+    if (!again.empty())
+      req.notes.push_back(fmt::format("the overrides change the layout of step {}'s checkpoint: {} derived again for the "
+                                      "new layout, global batch {}", point->step, fmt::join(again, " and "),
+                                      req.recipe.batch.global));
   }
   return req;
 }

@@ -53,6 +53,7 @@ std::optional<ResumePoint> choose_resume_point(const std::string& checkpoint_dir
 struct ResumeRequest {
   Recipe recipe;
   ResumePoint point;
+  std::vector<std::string> notes;  // what the overrides changed and what was derived again (logged by the trainer)
 };
 ResumeRequest prepare_resume(const std::string& run_dir, const std::vector<std::string>& overrides, int64_t step,
                              bool strict);

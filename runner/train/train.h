@@ -25,6 +25,7 @@ struct TrainOptions {
   // The checkpoint to continue from, when already chosen (`runner resume` chooses it to read
   // its recipe); otherwise the trainer asks the checkpoint policy.
   std::optional<ResumePoint> resume_point;
+  std::vector<std::string> resume_notes;  // what a resume on another layout derived again (logged)
 };
 
 // Runs training on this rank of `grid` (every rank of the job calls it); returns the process

@@ -115,6 +115,7 @@ class Trainer {
     }
     print_startup();
     if (resumed_from >= 0) log->info("resumed from step {} ({})", resumed_from, ckpt->dir());
+    for (const std::string& note : opts.resume_notes) log->info("{}", note);
 
     const int64_t total = r.train.steps;
     auto run_t0 = Clock::now();
