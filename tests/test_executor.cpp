@@ -23,9 +23,9 @@ ModelConfig small_model(const std::string& family) {
   m.n_layers = 3;
   m.dropout = 0.1;
   if (family == "llama") {
-    m.norm = "rmsnorm";
-    m.activation = "swiglu";
-    m.position = "rope";
+    m.norm = Norm::rmsnorm;
+    m.activation = Activation::swiglu;
+    m.position = Position::rope;
     m.tie_embeddings = false;
     m.bias = false;
   }
@@ -41,8 +41,8 @@ struct Run {
     spec.model = m;
     spec.B = B;
     RecomputeConfig rc;
-    if (recompute == "full") rc.mode = "full";
-    else if (!recompute.empty()) { rc.mode = "selective"; rc.modules = {recompute}; }
+    if (recompute == "full") rc.mode = RecomputeMode::full;
+    else if (!recompute.empty()) { rc.mode = RecomputeMode::selective; rc.modules = {parse_enum<RecomputeModule>(recompute).value()}; }
     spec.recompute = recompute_sets(rc, m.n_layers);
     g = build_gpt_graph(spec);
     ps = init_params(g, m, 7);

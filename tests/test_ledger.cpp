@@ -66,14 +66,14 @@ Recipe recipe_7b(const std::string& grad_accum, int64_t zero, int64_t dp) {
   r.model.d_model = 4096;
   r.model.n_layers = 32;
   r.model.n_heads = 32;
-  r.model.norm = "rmsnorm";
-  r.model.activation = "swiglu";
-  r.model.position = "rope";
+  r.model.norm = Norm::rmsnorm;
+  r.model.activation = Activation::swiglu;
+  r.model.position = Position::rope;
   r.model.mlp_ratio = 11008.0 / 4096.0;
   r.model.tie_embeddings = false;
   r.model.bias = false;
-  r.precision.compute = "bf16";
-  r.precision.grad_accum = grad_accum;
+  r.precision.compute = FloatFormat::bf16;
+  r.precision.grad_accum = parse_enum<FloatFormat>(grad_accum).value();
   r.parallel.dp = dp;
   r.parallel.zero = zero;
   r.batch.micro = 1;
@@ -165,9 +165,9 @@ TEST_CASE("recompute transient: one layer's internals are rebuilt at a time") {
   Recipe r = recipe_7b("bf16", 0, 1);
   r.model.n_layers = 4;
   r.model.seq_len = 512;
-  r.recompute.mode = "full";
+  r.recompute.mode = RecomputeMode::full;
   Plan full = make_plan(r);
-  r.recompute.mode = "none";
+  r.recompute.mode = RecomputeMode::none;
   Plan none = make_plan(r);
   const StageLedger &F = full.stages[0], &N = none.stages[0];
   CHECK(F.activations_per_micro < N.activations_per_micro);
@@ -192,14 +192,14 @@ TEST_CASE("1F1B: stage i holds p - i micro-batches; GPipe holds all of them") {
           doctest::Approx(p.stages[i].activations_per_micro * (4 - i) + p.stages[i].recompute_transient));
   }
   CHECK(p.bubble == doctest::Approx(3.0 / (8 + 3)));
-  r.parallel.schedule = "gpipe";
+  r.parallel.schedule = PipelineSchedule::gpipe;
   Plan g = make_plan(r);
   for (auto& st : g.stages) CHECK(st.micro_in_flight == 8);
 }
 
 TEST_CASE("inference sizing: KV cache per rank and the largest batch that fits") {
   Recipe r = recipe_7b("bf16", 0, 1);
-  r.inference = InferenceConfig{4, 4096, "fp16"};
+  r.inference = InferenceConfig{4, 4096, KvFormat::fp16};
   Plan p = make_plan(r);
   REQUIRE(p.inference);
   // 2 (K and V) x layers x context x d_model x 2 bytes per sequence.
@@ -209,6 +209,6 @@ TEST_CASE("inference sizing: KV cache per rank and the largest batch that fits")
   double weights = 2.0 * static_cast<double>(p.stages[0].params);
   CHECK(p.inference->weights == weights);
   CHECK(p.inference->max_batch == static_cast<int64_t>((80.0 * (1ull << 30) - weights) / per_seq));
-  r.inference->kv_dtype = "int8";
+  r.inference->kv_dtype = KvFormat::int8;
   CHECK(make_plan(r).inference->kv_per_sequence == per_seq / 2);
 }

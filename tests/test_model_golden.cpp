@@ -99,9 +99,9 @@ struct Golden {
     m.n_layers = h5.attr_int("n_layers");
     m.n_heads = h5.attr_int("n_heads");
     m.mlp_ratio = static_cast<double>(h5.attr_int("mlp_hidden")) / static_cast<double>(m.d_model);
-    m.norm = h5.attr_str("norm");
-    m.activation = h5.attr_str("activation");
-    m.position = h5.attr_str("position");
+    m.norm = parse_enum<Norm>(h5.attr_str("norm")).value();
+    m.activation = parse_enum<Activation>(h5.attr_str("activation")).value();
+    m.position = parse_enum<Position>(h5.attr_str("position")).value();
     m.tie_embeddings = h5.attr_int("tie_embeddings") != 0;
     m.bias = h5.attr_int("bias") != 0;
     REQUIRE(m.mlp_hidden() == h5.attr_int("mlp_hidden"));

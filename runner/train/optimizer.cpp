@@ -9,11 +9,11 @@ double lr_at(const OptimizerConfig& o, int64_t step, int64_t total_steps) {
   const ScheduleConfig& s = o.schedule;
   if (s.warmup_steps > 0 && step < s.warmup_steps)
     return o.lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
-  if (s.kind == "constant") return o.lr;
+  if (s.kind == LrSchedule::constant) return o.lr;
   double min_lr = s.min_lr_ratio * o.lr;
   int64_t span = std::max<int64_t>(1, total_steps - s.warmup_steps - 1);
   double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / static_cast<double>(span));
-  if (s.kind == "linear") return o.lr - (o.lr - min_lr) * progress;
+  if (s.kind == LrSchedule::linear) return o.lr - (o.lr - min_lr) * progress;
   return min_lr + (o.lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));  // cosine
 }
 

@@ -502,9 +502,9 @@ runner::ModelConfig tiny_model(bool llama, int64_t vocab) {
   m.mlp_ratio = 2.0;
   m.dropout = 0.1;
   if (llama) {
-    m.norm = "rmsnorm";
-    m.activation = "swiglu";
-    m.position = "rope";
+    m.norm = runner::Norm::rmsnorm;
+    m.activation = runner::Activation::swiglu;
+    m.position = runner::Position::rope;
     m.tie_embeddings = false;
     m.bias = false;
   }
