@@ -3,7 +3,7 @@
 //
 // Tolerance: our model runs in fp32, so per-tensor relative error ||ours - ref|| / ||ref||
 // is bounded by accumulated fp32 rounding (~1e-7 per op, a few hundred ops deep): 1e-4 is
-// the bar and leaves two orders of magnitude of margin (measured ~1e-6). Tensors
+// the bar we hold the model to and leaves two orders of magnitude of margin (measured ~1e-6). Tensors
 // whose reference is analytically zero (the key slice of qkv.bias) are compared against
 // an absolute floor instead (see docs/fixtures.md).
 #include <doctest/doctest.h>
