@@ -79,7 +79,7 @@ ResumeRequest prepare_resume(const std::string& run_dir, const std::vector<std::
   if (fs::exists(saved)) ckpt_dir = run_paths(load_recipe(saved.string()), run_dir).checkpoint_dir;
   std::optional<ResumePoint> point = choose_resume_point(ckpt_dir, step, strict);
   if (!point) throw UserError({ckpt_dir, 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
-  ResumeRequest req{load_recipe_text(read_recipe_text(point->path), saved.string(), overrides), *point};
+  ResumeRequest req{load_recipe_text(read_recipe_text(point->path), saved.string(), overrides), *point, {}};
   if (overridden(req.recipe, "parallel")) {
     const int64_t dp = req.recipe.parallel.dp, accum = req.recipe.batch.accum;
     std::vector<std::string> again;
