@@ -27,7 +27,7 @@ enum class PipelineSchedule { one_f_one_b, gpipe, interleaved };
 enum class FloatFormat { fp32, bf16, fp16 };     // precision.compute, precision.grad_accum
 enum class MasterWeights { fp32, same };
 enum class LossScaleMode { dynamic, fixed, none };
-enum class RecomputeMode { none, full, selective };
+enum class RecomputeMode { none, full, selective, automatic };  // automatic is "auto"
 enum class RecomputeModule { attention_core, attention, mlp, norm };
 enum class OptimizerName { adamw };
 enum class LrSchedule { cosine, linear, constant };
@@ -65,8 +65,9 @@ constexpr EnumTable<MasterWeights, 2> enum_names(MasterWeights) {
 constexpr EnumTable<LossScaleMode, 3> enum_names(LossScaleMode) {
   return {{{LossScaleMode::dynamic, "dynamic"}, {LossScaleMode::fixed, "static"}, {LossScaleMode::none, "none"}}};
 }
-constexpr EnumTable<RecomputeMode, 3> enum_names(RecomputeMode) {
-  return {{{RecomputeMode::none, "none"}, {RecomputeMode::full, "full"}, {RecomputeMode::selective, "selective"}}};
+constexpr EnumTable<RecomputeMode, 4> enum_names(RecomputeMode) {
+  return {{{RecomputeMode::none, "none"}, {RecomputeMode::full, "full"}, {RecomputeMode::selective, "selective"},
+           {RecomputeMode::automatic, "auto"}}};
 }
 constexpr EnumTable<RecomputeModule, 4> enum_names(RecomputeModule) {
   return {{{RecomputeModule::attention_core, "attention_core"}, {RecomputeModule::attention, "attention"},

@@ -78,6 +78,8 @@ void visit(V& v, Self& l) {
   v("growth_factor", l.growth_factor);
   v("backoff_factor", l.backoff_factor);
   v("growth_interval", l.growth_interval);
+  v("min_scale", l.min_scale);
+  v("max_consecutive_skips", l.max_consecutive_skips);
 }
 
 template <class V, Section<PrecisionConfig> Self>
@@ -86,6 +88,7 @@ void visit(V& v, Self& p) {
   v("master_weights", p.master_weights);
   v("grad_accum", p.grad_accum);
   v.section("loss_scale", p.loss_scale);
+  v("diagnostics", p.diagnostics);
 }
 
 template <class V, Section<RecomputeConfig> Self>

@@ -76,6 +76,8 @@ struct LossScaleConfig {
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;
+  double min_scale = 1.0;          // dynamic: the scale never backs off below this
+  int64_t max_consecutive_skips = 20;  // dynamic: this many overflowed steps in a row stop the run (exit 4)
 };
 
 struct PrecisionConfig {
@@ -83,6 +85,7 @@ struct PrecisionConfig {
   MasterWeights master_weights = MasterWeights::fp32;  // same: keep no fp32 master copy
   FloatFormat grad_accum = FloatFormat::fp32;
   LossScaleConfig loss_scale;
+  bool diagnostics = false;        // per-tensor gradient range per logged step (--diagnose-precision)
 };
 
 struct RecomputeConfig {
