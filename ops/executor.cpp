@@ -12,6 +12,7 @@
 #include <functional>
 #include <stdexcept>
 
+#include "ops/convert.h"
 #include "ops/ops.h"
 
 namespace ops {
@@ -23,6 +24,44 @@ double ms_since(Clock::time_point t0) {
 }
 // A node's per-operand pointers (ops/ops.h kMaxOperands; Graph::add_node enforces it).
 using Operands = std::array<float*, kMaxOperands>;
+
+bool is16(DType t) { return t == DType::BF16 || t == DType::F16; }
+
+// dst (16-bit) = round(dst + src), in chunks through an fp32 buffer on the stack.
+void add_rounded(void* dst, DType t, const float* src, int64_t n) {
+  constexpr int64_t kChunk = 2048;
+  float tmp[kChunk];
+  auto* d = static_cast<uint16_t*>(dst);
+  for (int64_t a = 0; a < n; a += kChunk) {
+    const int64_t m = std::min(kChunk, n - a);
+    to_f32(tmp, d + a, t, m);
+    for (int64_t k = 0; k < m; ++k) tmp[k] += src[a + k];
+    from_f32(d + a, t, tmp, m);
+  }
+}
+
+// x := x rounded to the 16-bit format t (what storing it in t and reading it back gives).
+void round_to(float* x, DType t, int64_t n) {
+  constexpr int64_t kChunk = 4096;
+  uint16_t tmp[kChunk];
+  for (int64_t a = 0; a < n; a += kChunk) {
+    const int64_t m = std::min(kChunk, n - a);
+    from_f32(tmp, t, x + a, m);
+    to_f32(x + a, tmp, t, m);
+  }
+}
+
+// dst += src where dst is fp32 or 16-bit (rounded after the fp32 add).
+void accumulate(Tensor& dst, const float* src) {
+  const int64_t n = dst.numel();
+  if (dst.dtype() == DType::F32) {
+    float* d = dst.data<float>();
+#pragma omp parallel for simd if (n > 65536)
+    for (int64_t k = 0; k < n; ++k) d[k] += src[k];
+  } else {
+    add_rounded(dst.raw(), dst.dtype(), src, n);
+  }
+}
 }  // namespace
 
 struct Executor::Impl {
@@ -39,8 +78,8 @@ struct Executor::Impl {
   int64_t sample_offset = 0;
   ReduceGroup* group = nullptr;   // tensor-parallel group (null: no tensor parallelism)
   std::function<void(int)> grad_hook;
-  const float* stage_in = nullptr;
-  float* stage_out = nullptr;
+  const void* stage_in = nullptr;
+  void* stage_out = nullptr;
   std::vector<float> host_scratch;  // OpContext::host (vocabulary-parallel cross-entropy's row statistics)
 
   // The dry run counts the scratch an OpDef allocates and frees within one call (sequence
@@ -52,6 +91,34 @@ struct Executor::Impl {
     if (b == 0) return;
     count(Account::Workspace, static_cast<long long>(b));
     count(Account::Workspace, -static_cast<long long>(b));
+  }
+
+  // fp32 copies of one call's 16-bit operands (see executor.h): allocated through wide(), held
+  // until release_wide() at the end of the call, counted in the dry run.
+  std::vector<Tensor> wide_keep;
+  size_t wide_held = 0;
+  float* wide(const TensorDesc& d, bool zero) {
+    const size_t b = static_cast<size_t>(numel_of(d.shape)) * sizeof(float);
+    if (dry()) {
+      count(Account::Workspace, static_cast<long long>(b));
+      wide_held += b;
+      return nullptr;
+    }
+    wide_keep.push_back(zero ? Tensor::zeros(d.shape, DType::F32, Account::Workspace)
+                             : Tensor::empty(d.shape, DType::F32, Account::Workspace));
+    return wide_keep.back().data<float>();
+  }
+  // A value as the kernels read it: fp32 as stored, or widened from 16 bits (null stays null).
+  void* readable(const TensorDesc& d, void* raw, bool present) {
+    if (!present || !is16(d.dtype)) return raw;
+    float* w = wide(d, false);
+    if (!dry()) to_f32(w, raw, d.dtype, numel_of(d.shape));
+    return w;
+  }
+  void release_wide() {
+    if (dry()) count(Account::Workspace, -static_cast<long long>(wide_held));
+    wide_held = 0;
+    wide_keep.clear();
   }
 
   // Dry-run counters.
@@ -97,17 +164,18 @@ struct Executor::Impl {
     if (dry()) count(acc[id], -static_cast<long long>(g.tensors[id].nbytes()));
     else vals[id] = Tensor();
   }
-  // Activation gradients live in the workspace account, zeroed (backwards accumulate).
-  float* grad(int id) {
+  // Activation gradients live in the workspace account, in the activation's dtype, zeroed
+  // (backwards accumulate).
+  void* grad(int id) {
     const TensorDesc& d = g.tensors[id];
-    if (d.kind == TensorKind::Param) return pgrad[id] ? pgrad[id]->data<float>() : nullptr;
+    if (d.kind == TensorKind::Param) return pgrad[id] ? pgrad[id]->raw() : nullptr;
     if (d.kind == TensorKind::Input) return nullptr;
     if (!glive[id]) {
       glive[id] = 1;
       if (dry()) count(Account::Workspace, static_cast<long long>(d.nbytes()));
       else grads[id] = Tensor::zeros(d.shape, d.dtype, Account::Workspace);
     }
-    return dry() ? nullptr : grads[id].data<float>();
+    return dry() ? nullptr : grads[id].raw();
   }
   // The loss's gradient: dlogits overwrite the probabilities in place, so the gradient
   // aliases the value (no bytes of its own; release_grad only drops the alias).
@@ -128,6 +196,7 @@ struct Executor::Impl {
 
   // A tensor's value: the bound parameter, or the executor's storage (null when released).
   void* value(int id) {
+    if (dry()) return nullptr;
     if (g.tensors[id].kind != TensorKind::Param) return vals[id].raw();
     if (!pval[id]) throw std::logic_error("parameter " + g.tensors[id].name + " is not bound (bind_param)");
     return pval[id]->raw();
@@ -137,24 +206,52 @@ struct Executor::Impl {
     return (train && g.tensors[id].saved) ? Account::Activations : Account::Workspace;
   }
 
-  // What node n's OpDef sees: its inputs' values and the step's state.
-  OpContext context(const Node& n) {
+  // Node n's input values as its kernels read them (fp32, widened from 16 bits, or int).
+  std::array<void*, kMaxOperands> inputs(const Node& n) {
+    std::array<void*, kMaxOperands> v{};
+    for (size_t j = 0; j < n.in.size(); ++j) {  // an activation no backward reads may be released already
+      const TensorDesc& d = g.tensors[n.in[j]];
+      v[j] = readable(d, value(n.in[j]), d.kind != TensorKind::Activation || live[n.in[j]]);
+    }
+    return v;
+  }
+
+  // What node n's OpDef sees: its inputs' values and the step's state (real runs only).
+  OpContext context(const Node& n, const std::array<void*, kMaxOperands>& ins) {
     OpContext c{.g = g, .n = n, .be = *be};
     c.group = group;
     c.train = train;
     c.key = key;
     c.sample_offset = sample_offset;
     c.host = &host_scratch;
-    for (size_t j = 0; j < n.in.size(); ++j) c.ins[j] = value(n.in[j]);
+    c.ins = ins;
     return c;
   }
 
-  // Runs node n's forward writing into `outs` (buffers by output position).
+  // An output buffer for the kernel: the tensor's fp32 storage, or an fp32 copy of a 16-bit one
+  // that finish_outputs rounds into it.
+  float* output_buffer(int o, void* storage) {
+    const TensorDesc& d = g.tensors[o];
+    if (is16(d.dtype)) return wide(d, false);
+    return static_cast<float*>(storage);
+  }
+  void finish_outputs(const Node& n, const Operands& outs, const std::vector<void*>& storage) {
+    if (dry()) return;
+    for (size_t j = 0; j < n.out.size(); ++j) {
+      const TensorDesc& d = g.tensors[n.out[j]];
+      if (is16(d.dtype) && storage[j]) from_f32(storage[j], d.dtype, outs[j], numel_of(d.shape));
+    }
+  }
+
+  // Runs node n's forward writing into `outs` (buffers by output position); widened inputs are
+  // counted (dry run) or made here and released by the caller (release_wide).
   void kernel_forward(const Node& n, const Operands& outs) {
+    auto ins = inputs(n);
+    count_scratch(n, false);
     if (dry()) return;
     if (n.tp != TpMode::None && !group)
       throw std::logic_error("node " + n.name + " is tensor-parallel: the executor needs a ReduceGroup (set_group)");
-    OpContext c = context(n);
+    OpContext c = context(n, ins);
     for (size_t j = 0; j < n.out.size(); ++j) c.outs[j] = outs[j];
     op_def(n.kind).forward(c);
   }
@@ -162,36 +259,81 @@ struct Executor::Impl {
   // Runs node n's backward: acquires its inputs' gradient buffers (zeroed accumulators, or
   // for the loss the logits' own buffer), then the OpDef accumulates into them. Skipped when
   // nothing downstream needed the node's output.
+  //
+  // 16-bit gradients: the kernel accumulates into zeroed fp32 copies, which are then folded into
+  // the stored gradient: an activation's is rounded into its dtype; a parameter's is rounded to
+  // the parameter's (compute) dtype, as a 16-bit kernel would produce it, and added to the bound
+  // gradient buffer in that buffer's dtype.
   void kernel_backward(const Node& n, float dloss) {
     const OpDef& op = op_def(n.kind);
     if (!op.seeds_backward && !glive[n.out[0]]) return;
     Operands din{};
-    for (size_t j = 0; j < n.in.size(); ++j)
-      din[j] = j == 0 && op.seeds_backward ? grad_over_value(n.in[0]) : grad(n.in[j]);
+    std::array<int, kMaxOperands> fold;
+    fold.fill(-1);
+    for (size_t j = 0; j < n.in.size(); ++j) {
+      const int x = n.in[j];
+      const TensorDesc& d = g.tensors[x];
+      if (j == 0 && op.seeds_backward) {
+        if (is16(d.dtype)) throw std::logic_error("node " + n.name + ": the loss reads fp32 logits");
+        din[j] = static_cast<float*>(grad_over_value(x));
+        continue;
+      }
+      void* gr = grad(x);
+      const bool needed = dry() ? d.kind != TensorKind::Input : gr != nullptr;
+      if (needed && is16(d.dtype)) {
+        din[j] = wide(d, true);
+        fold[j] = x;
+      } else {
+        din[j] = static_cast<float*>(gr);
+      }
+    }
+    auto ins = inputs(n);
+    std::array<void*, kMaxOperands> outv{};
+    for (size_t j = 0; j < n.out.size(); ++j)
+      outv[j] = readable(g.tensors[n.out[j]], dry() ? nullptr : vals[n.out[j]].raw(), live[n.out[j]] != 0);
+    const float* dout = nullptr;
+    if (!op.seeds_backward)
+      dout = static_cast<const float*>(readable(g.tensors[n.out[0]], dry() ? nullptr : grads[n.out[0]].raw(), true));
     count_scratch(n, true);
-    if (dry()) return;
-    OpContext c = context(n);
-    for (size_t j = 0; j < n.out.size(); ++j) c.outs[j] = vals[n.out[j]].raw();
-    c.dins = din;
-    c.dout = op.seeds_backward ? nullptr : grads[n.out[0]].data<float>();
-    c.dloss = dloss;
-    op.backward(c);
+    if (!dry()) {
+      OpContext c = context(n, ins);
+      c.outs = outv;
+      c.dins = din;
+      c.dout = dout;
+      c.dloss = dloss;
+      op.backward(c);
+      for (size_t j = 0; j < n.in.size(); ++j) {
+        const int x = fold[j];
+        if (x < 0) continue;
+        const TensorDesc& d = g.tensors[x];
+        if (d.kind == TensorKind::Param) {
+          round_to(din[j], d.dtype, numel_of(d.shape));
+          accumulate(*pgrad[x], din[j]);
+        } else {
+          add_rounded(grads[x].raw(), d.dtype, din[j], numel_of(d.shape));
+        }
+      }
+    }
+    release_wide();
   }
 
   // Forward of node i: allocate its outputs, run it, release what is no longer needed.
   void forward_node(int i) {
     const Node& n = g.nodes[i];
     Operands outs{};
+    std::vector<void*> storage(n.out.size(), nullptr);
     for (size_t j = 0; j < n.out.size(); ++j) {
       const int o = n.out[j];
       alloc(o, out_account(o));
-      outs[j] = dry() || g.tensors[o].dtype != DType::F32 ? nullptr : vals[o].data<float>();
+      if (!dry()) storage[j] = vals[o].raw();
+      outs[j] = output_buffer(o, storage[j]);
     }
-    count_scratch(n, false);
     auto t0 = Clock::now();
     kernel_forward(n, outs);
+    finish_outputs(n, outs, storage);
+    release_wide();
     if (!dry() && stage_out && g.stage_output >= 0 && n.out[0] == g.stage_output)
-      std::memcpy(stage_out, outs[0], g.tensors[g.stage_output].nbytes());
+      std::memcpy(stage_out, vals[n.out[0]].raw(), g.tensors[g.stage_output].nbytes());
     auto& p = prof[static_cast<int>(n.kind)];
     p.forward_ms += ms_since(t0);
     p.calls++;
@@ -219,22 +361,34 @@ struct Executor::Impl {
     for (int j = first; j <= last; ++j) {
       const Node& n = g.nodes[j];
       Operands outs{};
+      std::vector<void*> storage(n.out.size(), nullptr);
       std::vector<int> scratch;
       std::vector<Tensor> scratch_vals;
       for (size_t k = 0; k < n.out.size(); ++k) {
         const int o = n.out[k];
-        if (live[o]) {  // still alive from forward (read outside the segment): recompute into scratch
-          const TensorDesc& d = g.tensors[o];
+        const TensorDesc& d = g.tensors[o];
+        if (live[o] && is16(d.dtype)) {  // still alive from forward: recompute into an fp32 copy, dropped
+          outs[k] = wide(d, false);
+        } else if (live[o]) {  // still alive from forward (read outside the segment): recompute into scratch
           if (dry()) { count(Account::Workspace, static_cast<long long>(d.nbytes())); }
           else { scratch_vals.push_back(Tensor::empty(d.shape, d.dtype, Account::Workspace)); outs[k] = scratch_vals.back().data<float>(); }
           scratch.push_back(o);
         } else {
           alloc(o, Account::Activations);
-          outs[k] = dry() ? nullptr : vals[o].data<float>();
+          if (!dry()) storage[k] = vals[o].raw();
+          outs[k] = output_buffer(o, storage[k]);
         }
       }
       auto t0 = Clock::now();
-      kernel_forward(n, outs);
+      // The kernel's own scratch is not counted here (the known gap above), only widened operands.
+      auto ins = inputs(n);
+      if (!dry()) {
+        OpContext c = context(n, ins);
+        for (size_t k = 0; k < n.out.size(); ++k) c.outs[k] = outs[k];
+        op_def(n.kind).forward(c);
+      }
+      finish_outputs(n, outs, storage);
+      release_wide();
       prof[static_cast<int>(n.kind)].recompute_ms += ms_since(t0);
       for (int o : scratch)
         if (dry()) count(Account::Workspace, -static_cast<long long>(g.tensors[o].nbytes()));
@@ -294,10 +448,10 @@ struct Executor::Impl {
     return ls;
   }
 
-  void backward(float dloss, const float* dstage_out, float* dstage_in) {
+  void backward(float dloss, const void* dstage_out, void* dstage_in) {
     if (!train) throw std::logic_error("backward without a training forward");
     if (g.stage_output >= 0) {  // the gradient received from the next pipeline stage
-      float* d = grad(g.stage_output);
+      void* d = grad(g.stage_output);
       if (!dry()) {
         if (!dstage_out) throw std::logic_error("backward of a pipeline stage needs its output's gradient");
         std::memcpy(d, dstage_out, g.tensors[g.stage_output].nbytes());
@@ -336,7 +490,7 @@ void Executor::bind_param(int id, Tensor* value, Tensor* grad) {
 }
 
 Executor::LossSum Executor::forward(const int32_t* tokens, const int32_t* targets, bool train, uint64_t key,
-                                    int64_t sample_offset, const float* stage_in, float* stage_out) {
+                                    int64_t sample_offset, const void* stage_in, void* stage_out) {
   impl_->key = key;
   impl_->sample_offset = sample_offset;
   impl_->stage_in = stage_in;
@@ -347,14 +501,14 @@ Executor::LossSum Executor::forward(const int32_t* tokens, const int32_t* target
   return r;
 }
 
-void Executor::backward(float dloss, const float* dstage_out, float* dstage_in) {
+void Executor::backward(float dloss, const void* dstage_out, void* dstage_in) {
   impl_->backward(dloss, dstage_out, dstage_in);
 }
 
 void Executor::set_group(ReduceGroup* group) { impl_->group = group; }
 void Executor::set_grad_hook(std::function<void(int)> hook) { impl_->grad_hook = std::move(hook); }
 
-const Tensor& Executor::forward_logits(const int32_t* tokens, const float* stage_in) {
+const Tensor& Executor::forward_logits(const int32_t* tokens, const void* stage_in) {
   auto& m = *impl_;
   const Graph& g = m.g;
   m.release_all();

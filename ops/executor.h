@@ -7,6 +7,18 @@
 // code path runs in dry-run mode (no kernels, no storage, bytes counted), which is how the
 // plan's ledger predicts each account: prediction and measurement share one schedule.
 // What a node computes is its kind's OpDef (ops/ops.h); the executor has no per-kind code.
+//
+// Precision (bf16 / fp16 compute): tensors are stored in their graph dtype, and every OpDef
+// computes in fp32. Around each call the executor widens the node's 16-bit operands into fp32
+// workspace copies (inputs, saved outputs, the output gradient), hands the kernel fp32 output
+// buffers and rounds them into 16-bit storage afterwards (round to nearest even; fp16
+// overflows to inf and underflows through subnormals to zero). So each operator reads 16-bit
+// values, accumulates in fp32 and stores 16 bits, as mixed-precision hardware does. Gradients
+// follow the same rule: an activation's gradient is stored in its dtype (a tensor read twice
+// sums in fp32 and is rounded again), and a 16-bit parameter's gradient of one node is rounded
+// to the compute dtype (where fp16 underflow happens without loss scaling) before it is added
+// into the bound gradient buffer in that buffer's dtype (fp32 accumulation by default). The
+// fp32 copies are workspace, counted by the dry run at the moment the real run holds them.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -52,12 +64,13 @@ class Executor {
   // a stage_input), copied in; `stage_out` receives this stage's output (graphs with a
   // stage_output) for sending on.
   LossSum forward(const int32_t* tokens, const int32_t* targets, bool train, uint64_t key = 0,
-                  int64_t sample_offset = 0, const float* stage_in = nullptr, float* stage_out = nullptr);
+                  int64_t sample_offset = 0, const void* stage_in = nullptr, void* stage_out = nullptr);
   // Backward of the last training forward; dloss is d(total loss)/d(each position's loss).
   // Parameter gradients accumulate into the bound grad tensors. Pipeline stages: `dstage_out`
   // is the gradient of the stage output received from the next stage; `dstage_in` receives the
   // gradient of the stage input, to send to the previous stage.
-  void backward(float dloss, const float* dstage_out = nullptr, float* dstage_in = nullptr);
+  // The stage buffers hold the stage tensor's own dtype (16 bits under bf16/fp16 compute).
+  void backward(float dloss, const void* dstage_out = nullptr, void* dstage_in = nullptr);
 
   // Tensor parallelism: the group that the graph's TpMode nodes reduce over (must outlive the
   // executor's use). Required when the graph has tensor-parallel nodes.
@@ -69,7 +82,7 @@ class Executor {
   void set_grad_hook(std::function<void(int)> hook);
   // Forward up to the logits only (inference); returns (B*T, V) logits valid until the next call.
   // A pipeline's last stage passes its received activation as stage_in (tokens may be null).
-  const Tensor& forward_logits(const int32_t* tokens, const float* stage_in = nullptr);
+  const Tensor& forward_logits(const int32_t* tokens, const void* stage_in = nullptr);
 
   // Dry run of forward+backward (train) counting bytes per account, no kernels executed.
   static MemoryEstimate simulate(const Graph& g);

@@ -19,6 +19,8 @@
 // internally.
 #include "parallel/comm.h"
 
+#include "ops/convert.h"
+
 // The C API only: without these, Open MPI's mpi.h pulls in its deprecated C++ bindings, whose
 // symbols live in libmpi_cxx, which MPI::MPI_C does not link.
 #ifndef OMPI_SKIP_MPICXX
@@ -62,6 +64,9 @@ class DoneRequest final : public Request {
 
 class SelfComm final : public Communicator {
  public:
+  using Communicator::iallreduce_sum;
+  using Communicator::ireduce_scatter_sum;
+  using Communicator::iallgather_inplace;
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void allreduce_sum(float*, int64_t) override {}
@@ -70,12 +75,12 @@ class SelfComm final : public Communicator {
   void allreduce_sum(int64_t*, int64_t) override {}
   void allreduce_min(int64_t*, int64_t) override {}
   void allreduce_max(int64_t*, int64_t) override {}
-  std::unique_ptr<Request> iallreduce_sum(float*, int64_t) override { return std::make_unique<DoneRequest>(); }
-  std::unique_ptr<Request> ireduce_scatter_sum(const float* in, float* out, int64_t n) override {
-    if (n > 0) std::memcpy(out, in, size_t(n) * sizeof(float));
+  std::unique_ptr<Request> iallreduce_sum(void*, ops::DType, int64_t) override { return std::make_unique<DoneRequest>(); }
+  std::unique_ptr<Request> ireduce_scatter_sum(const void* in, void* out, ops::DType t, int64_t n) override {
+    if (n > 0) std::memcpy(out, in, size_t(n) * ops::dtype_size(t));
     return std::make_unique<DoneRequest>();
   }
-  std::unique_ptr<Request> iallgather_inplace(float*, int64_t) override { return std::make_unique<DoneRequest>(); }
+  std::unique_ptr<Request> iallgather_inplace(void*, ops::DType, int64_t) override { return std::make_unique<DoneRequest>(); }
   void allgather_inplace(float*, int64_t) override {}
   void broadcast(void*, size_t, int root) override {
     if (root != 0) throw std::invalid_argument("SelfComm::broadcast: root " + std::to_string(root) + " of 1 rank");
@@ -154,11 +159,51 @@ class MpiRequest final : public Request {
   bool done_ = false;
 };
 
+// 16-bit sums: MPI has no bf16/fp16 type, so the elements travel as MPI_UINT16_T and a
+// user-defined operation adds them in fp32 and rounds the result.
+template <ops::DType T>
+void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+  constexpr int kChunk = 1024;
+  float a[kChunk], b[kChunk];
+  auto* x = static_cast<const uint16_t*>(in);
+  auto* y = static_cast<uint16_t*>(inout);
+  for (int off = 0; off < *len; off += kChunk) {
+    const int m = std::min(kChunk, *len - off);
+    ops::to_f32(a, x + off, T, m);
+    ops::to_f32(b, y + off, T, m);
+    for (int k = 0; k < m; ++k) b[k] += a[k];
+    ops::from_f32(y + off, T, b, m);
+  }
+}
+
+struct Kind {
+  MPI_Datatype type;
+  MPI_Op sum;
+  int64_t size;  // bytes per element
+};
+
+Kind kind_of(ops::DType t) {
+  static MPI_Op bf16_sum = MPI_OP_NULL, f16_sum = MPI_OP_NULL;
+  switch (t) {
+    case ops::DType::F32: return {MPI_FLOAT, MPI_SUM, 4};
+    case ops::DType::BF16:
+      if (bf16_sum == MPI_OP_NULL) check(MPI_Op_create(&sum16<ops::DType::BF16>, 1, &bf16_sum), "MPI_Op_create");
+      return {MPI_UINT16_T, bf16_sum, 2};
+    case ops::DType::F16:
+      if (f16_sum == MPI_OP_NULL) check(MPI_Op_create(&sum16<ops::DType::F16>, 1, &f16_sum), "MPI_Op_create");
+      return {MPI_UINT16_T, f16_sum, 2};
+    default: throw std::invalid_argument(std::string("collective over dtype ") + ops::dtype_name(t));
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // MpiComm
 
 class MpiComm final : public Communicator {
  public:
+  using Communicator::iallreduce_sum;
+  using Communicator::ireduce_scatter_sum;
+  using Communicator::iallgather_inplace;
   // Takes ownership of `comm` (freed on destruction unless it is MPI_COMM_WORLD).
   explicit MpiComm(MPI_Comm comm) : comm_(comm) {
     check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
@@ -181,21 +226,26 @@ class MpiComm final : public Communicator {
   void allreduce_min(int64_t* x, int64_t n) override { allreduce(x, n, MPI_INT64_T, MPI_MIN); }
   void allreduce_max(int64_t* x, int64_t n) override { allreduce(x, n, MPI_INT64_T, MPI_MAX); }
 
-  std::unique_ptr<Request> iallreduce_sum(float* x, int64_t n) override {
+  std::unique_ptr<Request> iallreduce_sum(void* xv, ops::DType t, int64_t n) override {
+    const Kind k = kind_of(t);
+    char* x = static_cast<char*>(xv);
     auto r = std::make_unique<MpiRequest>();
     for_chunks(n, [&](int64_t off, int c) {
       MPI_Request q;
-      check(MPI_Iallreduce(MPI_IN_PLACE, x + off, c, MPI_FLOAT, MPI_SUM, comm_, &q), "MPI_Iallreduce");
+      check(MPI_Iallreduce(MPI_IN_PLACE, x + off * k.size, c, k.type, k.sum, comm_, &q), "MPI_Iallreduce");
       r->reqs().push_back(q);
     });
     return r;
   }
 
-  std::unique_ptr<Request> ireduce_scatter_sum(const float* in, float* out, int64_t n) override {
+  std::unique_ptr<Request> ireduce_scatter_sum(const void* inv, void* outv, ops::DType t, int64_t n) override {
+    const Kind k = kind_of(t);
+    const char* in = static_cast<const char*>(inv);
+    char* out = static_cast<char*>(outv);
     auto r = std::make_unique<MpiRequest>();
     if (fits(n * size_)) {
       MPI_Request q;
-      check(MPI_Ireduce_scatter_block(in, out, int(n), MPI_FLOAT, MPI_SUM, comm_, &q), "MPI_Ireduce_scatter_block");
+      check(MPI_Ireduce_scatter_block(in, out, int(n), k.type, k.sum, comm_, &q), "MPI_Ireduce_scatter_block");
       r->reqs().push_back(q);
       return r;
     }
@@ -203,8 +253,8 @@ class MpiComm final : public Communicator {
     for_chunks(n, [&](int64_t off, int c) {
       for (int b = 0; b < size_; ++b) {
         MPI_Request q;
-        check(MPI_Ireduce(in + int64_t(b) * n + off, b == rank_ ? out + off : nullptr, c, MPI_FLOAT, MPI_SUM, b,
-                          comm_, &q),
+        check(MPI_Ireduce(in + (int64_t(b) * n + off) * k.size, b == rank_ ? out + off * k.size : nullptr, c, k.type,
+                          k.sum, b, comm_, &q),
               "MPI_Ireduce");
         r->reqs().push_back(q);
       }
@@ -212,18 +262,20 @@ class MpiComm final : public Communicator {
     return r;
   }
 
-  std::unique_ptr<Request> iallgather_inplace(float* buf, int64_t n) override {
+  std::unique_ptr<Request> iallgather_inplace(void* bufv, ops::DType t, int64_t n) override {
+    const Kind k = kind_of(t);
+    char* buf = static_cast<char*>(bufv);
     auto r = std::make_unique<MpiRequest>();
     if (fits(n * size_)) {
       MPI_Request q;
-      check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, int(n), MPI_FLOAT, comm_, &q), "MPI_Iallgather");
+      check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, int(n), k.type, comm_, &q), "MPI_Iallgather");
       r->reqs().push_back(q);
       return r;
     }
     for_chunks(n, [&](int64_t off, int c) {
       for (int b = 0; b < size_; ++b) {
         MPI_Request q;
-        check(MPI_Ibcast(buf + int64_t(b) * n + off, c, MPI_FLOAT, b, comm_, &q), "MPI_Ibcast");
+        check(MPI_Ibcast(buf + (int64_t(b) * n + off) * k.size, c, k.type, b, comm_, &q), "MPI_Ibcast");
         r->reqs().push_back(q);
       }
     });

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ops/group.h"
+#include "ops/tensor.h"
 
 namespace parallel {
 
@@ -40,15 +41,24 @@ class Communicator : public ops::ReduceGroup {
   // ops::ReduceGroup's gather and scatter, through the calls below.
   void allgather(const float* in, float* out, int64_t n) override;
   void reduce_scatter_sum(const float* in, float* out, int64_t n) override;
+  // The gradient and parameter collectives take the buffer's dtype: F32, or BF16 / F16 (16-bit
+  // storage, summed in fp32 and rounded to nearest even after each addition, so a 16-bit sum
+  // over ranks depends on MPI's reduction order as any 16-bit accumulation does).
   // Non-blocking in-place sum.
-  virtual std::unique_ptr<Request> iallreduce_sum(float* x, int64_t n) = 0;
+  virtual std::unique_ptr<Request> iallreduce_sum(void* x, ops::DType t, int64_t n) = 0;
   // in: size()*n elements (rank r's block is in[r*n, (r+1)*n)); out: n elements = sum over
   // ranks of their block `rank()`. out must not overlap in.
-  virtual std::unique_ptr<Request> ireduce_scatter_sum(const float* in, float* out, int64_t n) = 0;
+  virtual std::unique_ptr<Request> ireduce_scatter_sum(const void* in, void* out, ops::DType t, int64_t n) = 0;
   // buf: size()*n elements; this rank's block buf[rank()*n, (rank()+1)*n) is sent to all, and
   // every other block is received in place.
-  virtual std::unique_ptr<Request> iallgather_inplace(float* buf, int64_t n) = 0;
+  virtual std::unique_ptr<Request> iallgather_inplace(void* buf, ops::DType t, int64_t n) = 0;
   virtual void allgather_inplace(float* buf, int64_t n) = 0;
+  // fp32 forms.
+  std::unique_ptr<Request> iallreduce_sum(float* x, int64_t n) { return iallreduce_sum(x, ops::DType::F32, n); }
+  std::unique_ptr<Request> ireduce_scatter_sum(const float* in, float* out, int64_t n) {
+    return ireduce_scatter_sum(in, out, ops::DType::F32, n);
+  }
+  std::unique_ptr<Request> iallgather_inplace(float* buf, int64_t n) { return iallgather_inplace(buf, ops::DType::F32, n); }
   // Raw bytes.
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
   virtual void send(const void* buf, size_t bytes, int dst, int tag) = 0;

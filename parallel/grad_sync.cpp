@@ -17,7 +17,17 @@ GradSync::GradSync(Communicator& dp, std::vector<GradTensor> params, double buck
   const size_t D = static_cast<size_t>(dp_.size());
   bucket_of_.assign(P, -1);
   owned_.resize(P);
-  const size_t cap = std::max<size_t>(1, static_cast<size_t>(bucket_bytes / sizeof(float)));
+  // Every parameter of a rank shares one value dtype (the compute dtype) and one gradient dtype
+  // (the accumulation dtype); the flat buffers take them.
+  for (const GradTensor& p : params_) {
+    if (p.value->dtype() != params_[0].value->dtype() || p.grad->dtype() != params_[0].grad->dtype())
+      throw std::logic_error("GradSync: parameters of one rank must share their value and gradient dtypes");
+  }
+  if (P > 0) {
+    vtype_ = params_[0].value->dtype();
+    gtype_ = params_[0].grad->dtype();
+  }
+  const size_t cap = std::max<size_t>(1, static_cast<size_t>(bucket_bytes / static_cast<double>(ops::dtype_size(gtype_))));
   // Buckets in reverse graph order, whole parameters each, padded to a multiple of dp.
   size_t offset = 0;
   std::vector<size_t> param_offset(P, 0);
@@ -42,8 +52,8 @@ GradSync::GradSync(Communicator& dp, std::vector<GradTensor> params, double buck
   }
   close();
   flat_ = offset;
-  values_ = ops::Tensor::empty({static_cast<int64_t>(std::max<size_t>(flat_, 1))}, ops::DType::F32, ops::Account::Parameters);
-  grads_ = ops::Tensor::zeros({static_cast<int64_t>(std::max<size_t>(flat_, 1))}, ops::DType::F32, ops::Account::Gradients);
+  values_ = ops::Tensor::empty({static_cast<int64_t>(std::max<size_t>(flat_, 1))}, vtype_, ops::Account::Parameters);
+  grads_ = ops::Tensor::zeros({static_cast<int64_t>(std::max<size_t>(flat_, 1))}, gtype_, ops::Account::Gradients);
   std::memset(values_.raw(), 0, values_.nbytes());  // padding stays zero
   for (size_t k = 0; k < P; ++k) {
     GradTensor& p = params_[k];
@@ -71,7 +81,7 @@ GradSync::GradSync(Communicator& dp, std::vector<GradTensor> params, double buck
                                                 : std::make_pair<int64_t, int64_t>(0, 0);
       }
     }
-    recv_ = ops::Tensor::empty({static_cast<int64_t>(std::max<size_t>(recv, 1))}, ops::DType::F32, ops::Account::Communication);
+    recv_ = ops::Tensor::empty({static_cast<int64_t>(std::max<size_t>(recv, 1))}, gtype_, ops::Account::Communication);
   }
   stats_.buckets = static_cast<int>(buckets_.size());
 }
@@ -93,17 +103,20 @@ void GradSync::start_step() {
 }
 
 void GradSync::launch(Bucket& b) {
-  float* g = grads_.data<float>() + b.begin;
+  const size_t gs = ops::dtype_size(gtype_);
+  char* g = static_cast<char*>(grads_.raw()) + b.begin * gs;
   b.launched = Clock::now();
-  stats_.bytes += static_cast<int64_t>(b.len * sizeof(float));
+  stats_.bytes += static_cast<int64_t>(b.len * gs);
   if (dp_.size() == 1) {
     b.done = b.launched;
     b.finished = true;
     return;
   }
   const int64_t piece = static_cast<int64_t>(b.len) / dp_.size();
-  if (zero1_) b.req = dp_.ireduce_scatter_sum(g, recv_.data<float>() + recv_offset_[static_cast<size_t>(&b - buckets_.data())], piece);
-  else b.req = dp_.iallreduce_sum(g, static_cast<int64_t>(b.len));
+  if (zero1_)
+    b.req = dp_.ireduce_scatter_sum(g, static_cast<char*>(recv_.raw()) + recv_offset_[static_cast<size_t>(&b - buckets_.data())] * gs,
+                                    gtype_, piece);
+  else b.req = dp_.iallreduce_sum(g, gtype_, static_cast<int64_t>(b.len));
 }
 
 void GradSync::grad_ready(int i) {
@@ -152,8 +165,9 @@ void GradSync::finish_grads() {
     const size_t D = static_cast<size_t>(dp_.size()), r = static_cast<size_t>(dp_.rank());
     for (size_t k = 0; k < buckets_.size(); ++k) {
       size_t piece = buckets_[k].len / D;
-      std::memcpy(grads_.data<float>() + buckets_[k].begin + r * piece, recv_.data<float>() + recv_offset_[k],
-                  piece * sizeof(float));
+      const size_t gs = ops::dtype_size(gtype_);
+      std::memcpy(static_cast<char*>(grads_.raw()) + (buckets_[k].begin + r * piece) * gs,
+                  static_cast<const char*>(recv_.raw()) + recv_offset_[k] * gs, piece * gs);
     }
   }
   for (auto& b : buckets_) b.req.reset();
@@ -165,7 +179,9 @@ void GradSync::gather_params() {
   auto t0 = Clock::now();
   const int64_t D = dp_.size();
   std::vector<std::unique_ptr<Request>> reqs;
-  for (auto& b : buckets_) reqs.push_back(dp_.iallgather_inplace(values_.data<float>() + b.begin, static_cast<int64_t>(b.len) / D));
+  const size_t vs = ops::dtype_size(vtype_);
+  for (auto& b : buckets_)
+    reqs.push_back(dp_.iallgather_inplace(static_cast<char*>(values_.raw()) + b.begin * vs, vtype_, static_cast<int64_t>(b.len) / D));
   for (auto& r : reqs) r->wait();
   stats_.exposed_ms += ms(Clock::now() - t0);
 }

@@ -1,7 +1,8 @@
 // Data-parallel gradient synchronisation: bucketed, overlapped with the backward pass, and
 // optionally ZeRO stage 1 (Rajbhandari et al. 2020).
 //
-// The parameters and gradients of this rank are re-laid out as views into two flat buffers,
+// The parameters and gradients of this rank are re-laid out as views into two flat buffers (in
+// the values' and the gradients' dtypes: fp32, or 16 bits under bf16/fp16),
 // in buckets of about `bucket_bytes` taken in reverse graph order (the order in which backward
 // completes them), each bucket padded to a multiple of the data-parallel size. A bucket's
 // collective is launched, non-blocking, as soon as every gradient in it is complete (the
@@ -78,6 +79,7 @@ class GradSync {
   Communicator& dp_;
   std::vector<GradTensor> params_;
   bool zero1_;
+  ops::DType vtype_ = ops::DType::F32, gtype_ = ops::DType::F32;  // of the values and of the gradients
   size_t flat_ = 0;
   ops::Tensor values_, grads_, recv_;   // flat buffers; recv_: ZeRO pieces (communication account)
   std::vector<Bucket> buckets_;

@@ -90,7 +90,8 @@ PipelineRunner::PipelineRunner(std::vector<PipelineChunk> chunks, Communicator& 
     ch.c = std::move(pc);
     const ops::Graph& g = *ch.c.graph;
     auto buffer = [&](int id) {
-      return ops::Tensor::zeros(g.tensors[static_cast<size_t>(id)].shape, ops::DType::F32, ops::Account::Communication);
+      const ops::TensorDesc& d = g.tensors[static_cast<size_t>(id)];  // in its own dtype (16-bit under bf16/fp16)
+      return ops::Tensor::zeros(d.shape, d.dtype, ops::Account::Communication);
     };
     for (size_t k = 0; k < ch.c.slots.size(); ++k) {
       if (ch.c.prev_rank >= 0) {
@@ -134,17 +135,17 @@ PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, con
     ops::Executor& ex = *ch.c.slots[slot];
     const MicroBatch& mb = mbs[static_cast<size_t>(a.micro)];
     if (a.forward) {
-      float* in = nullptr;
-      float* out = nullptr;
+      void* in = nullptr;
+      void* out = nullptr;
       if (prev >= 0) {
         auto t = Clock::now();
         world_.recv(ch.act_in[slot].raw(), ch.act_in[slot].nbytes(), prev, tag(vs, kAct));
         st.wait_ms += ms_since(t);
-        in = ch.act_in[slot].data<float>();
+        in = ch.act_in[slot].raw();
       }
       if (next >= 0) {
         wait_send(ch.act_sends[slot], st.wait_ms);
-        out = ch.act_out[slot].data<float>();
+        out = ch.act_out[slot].raw();
       }
       auto t0 = Clock::now();
       auto ls = ex.forward(mb.tokens, mb.targets, true, key, mb.sample_offset, in, out);
@@ -153,17 +154,17 @@ PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, con
       if (next >= 0)
         ch.act_sends[slot] = world_.isend(ch.act_out[slot].raw(), ch.act_out[slot].nbytes(), next, tag(vs + 1, kAct));
     } else {
-      const float* dout = nullptr;
-      float* din = nullptr;
+      const void* dout = nullptr;
+      void* din = nullptr;
       if (next >= 0) {
         auto t = Clock::now();
         world_.recv(ch.grad_out.raw(), ch.grad_out.nbytes(), next, tag(vs, kGrad));
         st.wait_ms += ms_since(t);
-        dout = ch.grad_out.data<float>();
+        dout = ch.grad_out.raw();
       }
       if (prev >= 0) {
         wait_send(ch.grad_sends[slot], st.wait_ms);
-        din = ch.grad_in[slot].data<float>();
+        din = ch.grad_in[slot].raw();
       }
       const bool final_pass = a.micro == last_micro && final_hook;
       const int chunk = a.chunk;
@@ -191,9 +192,9 @@ const ops::Tensor* PipelineRunner::eval_pass(const MicroBatch& mb, bool logits, 
     ops::Executor& ex = *ch.c.slots[0];
     const int prev = ch.c.prev_rank, next = ch.c.next_rank, vs = ch.c.vstage;
     if (prev >= 0) world_.recv(ch.act_in[0].raw(), ch.act_in[0].nbytes(), prev, tag(vs, kEval));
-    const float* in = prev >= 0 ? ch.act_in[0].data<float>() : nullptr;
+    const void* in = prev >= 0 ? ch.act_in[0].raw() : nullptr;
     if (next >= 0) {
-      ex.forward(mb.tokens, mb.targets, false, 0, mb.sample_offset, in, ch.act_out[0].data<float>());
+      ex.forward(mb.tokens, mb.targets, false, 0, mb.sample_offset, in, ch.act_out[0].raw());
       world_.send(ch.act_out[0].raw(), ch.act_out[0].nbytes(), next, tag(vs + 1, kEval));
     } else if (logits) {
       out = &ex.forward_logits(mb.tokens, in);
