@@ -19,6 +19,9 @@
 // A null gradient pointer means "not needed": skip that work.
 #pragma once
 #include <cstdint>
+#include <stdexcept>
+
+#include "ops/tensor.h"
 
 namespace ops {
 
@@ -76,6 +79,20 @@ class Backend {
   // dinp (N,C) +=, dweight (OC,C) +=, dbias (OC) +=; dout (N,OC).
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                const float* weight, int N, int C, int OC) = 0;
+
+  // Linear over 16-bit operands as stored: inp, weight, bias and dout hold dtype t (BF16 or
+  // F16), products accumulate in fp32, and the outputs are fp32 with matmul_forward's and
+  // matmul_backward's contract (out overwritten; dinp, dweight, dbias +=). Only where
+  // matmul16_available(t); whether it is used is ops/gemm_path.h's measured choice.
+  virtual bool matmul16_available(DType t) { return false; }
+  virtual void matmul16_forward(float* out, const void* inp, const void* weight, const void* bias, DType t, int N,
+                                int C, int OC) {
+    throw std::logic_error(std::string(name()) + " backend: no 16-bit matmul");
+  }
+  virtual void matmul16_backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                                 const void* weight, DType t, int N, int C, int OC) {
+    throw std::logic_error(std::string(name()) + " backend: no 16-bit matmul");
+  }
 
   // Rotary position embedding on the q and k thirds of a packed qkv (B,T,3C) tensor; v is copied.
   // "rotate half" convention (GPT-NeoX / LLaMA): for head channel i < HS/2, with

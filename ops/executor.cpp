@@ -206,12 +206,20 @@ struct Executor::Impl {
     return (train && g.tensors[id].saved) ? Account::Activations : Account::Workspace;
   }
 
-  // Node n's input values as its kernels read them (fp32, widened from 16 bits, or int).
-  std::array<void*, kMaxOperands> inputs(const Node& n) {
+  // Whether node n's forward or backward call reads its 16-bit operands as stored (OpDef::reads16:
+  // the Linear on oneDNN's path). The same answer in the dry run and the real run.
+  bool as_stored(const Node& n, bool backward) const {
+    const OpDef& op = op_def(n.kind);
+    return op.reads16 && op.reads16(g, n, backward);
+  }
+
+  // Node n's input values as its kernels read them (fp32, widened from 16 bits, or int; or as
+  // stored when `stored`).
+  std::array<void*, kMaxOperands> inputs(const Node& n, bool stored) {
     std::array<void*, kMaxOperands> v{};
     for (size_t j = 0; j < n.in.size(); ++j) {  // an activation no backward reads may be released already
       const TensorDesc& d = g.tensors[n.in[j]];
-      v[j] = readable(d, value(n.in[j]), d.kind != TensorKind::Activation || live[n.in[j]]);
+      v[j] = stored ? value(n.in[j]) : readable(d, value(n.in[j]), d.kind != TensorKind::Activation || live[n.in[j]]);
     }
     return v;
   }
@@ -246,12 +254,14 @@ struct Executor::Impl {
   // Runs node n's forward writing into `outs` (buffers by output position); widened inputs are
   // counted (dry run) or made here and released by the caller (release_wide).
   void kernel_forward(const Node& n, const Operands& outs) {
-    auto ins = inputs(n);
+    const bool stored = as_stored(n, false);
+    auto ins = inputs(n, stored);
     count_scratch(n, false);
     if (dry()) return;
     if (n.tp != TpMode::None && !group)
       throw std::logic_error("node " + n.name + " is tensor-parallel: the executor needs a ReduceGroup (set_group)");
     OpContext c = context(n, ins);
+    c.as_stored = stored;
     for (size_t j = 0; j < n.out.size(); ++j) c.outs[j] = outs[j];
     op_def(n.kind).forward(c);
   }
@@ -287,16 +297,22 @@ struct Executor::Impl {
         din[j] = static_cast<float*>(gr);
       }
     }
-    auto ins = inputs(n);
+    const bool stored = as_stored(n, true);
+    auto ins = inputs(n, stored);
     std::array<void*, kMaxOperands> outv{};
-    for (size_t j = 0; j < n.out.size(); ++j)
-      outv[j] = readable(g.tensors[n.out[j]], dry() ? nullptr : vals[n.out[j]].raw(), live[n.out[j]] != 0);
+    for (size_t j = 0; j < n.out.size(); ++j) {
+      void* raw = dry() ? nullptr : vals[n.out[j]].raw();
+      outv[j] = stored ? raw : readable(g.tensors[n.out[j]], raw, live[n.out[j]] != 0);
+    }
     const float* dout = nullptr;
-    if (!op.seeds_backward)
-      dout = static_cast<const float*>(readable(g.tensors[n.out[0]], dry() ? nullptr : grads[n.out[0]].raw(), true));
+    if (!op.seeds_backward) {
+      void* raw = dry() ? nullptr : grads[n.out[0]].raw();
+      dout = static_cast<const float*>(stored ? raw : readable(g.tensors[n.out[0]], raw, true));
+    }
     count_scratch(n, true);
     if (!dry()) {
       OpContext c = context(n, ins);
+      c.as_stored = stored;
       c.outs = outv;
       c.dins = din;
       c.dout = dout;
@@ -381,9 +397,11 @@ struct Executor::Impl {
       }
       auto t0 = Clock::now();
       // The kernel's own scratch is not counted here (the known gap above), only widened operands.
-      auto ins = inputs(n);
+      const bool stored = as_stored(n, false);
+      auto ins = inputs(n, stored);
       if (!dry()) {
         OpContext c = context(n, ins);
+        c.as_stored = stored;
         for (size_t k = 0; k < n.out.size(); ++k) c.outs[k] = outs[k];
         op_def(n.kind).forward(c);
       }

@@ -19,6 +19,10 @@
 // to the compute dtype (where fp16 underflow happens without loss scaling) before it is added
 // into the bound gradient buffer in that buffer's dtype (fp32 accumulation by default). The
 // fp32 copies are workspace, counted by the dry run at the moment the real run holds them.
+// One exception: an OpDef whose reads16 says so reads its 16-bit operands as stored (the Linear
+// when ops/gemm_path.h chose oneDNN's 16-bit matmul for the dtype); then no copies of its
+// inputs, outputs or output gradient are made or counted. Its fp32 outputs and input gradients
+// are handled as above.
 #pragma once
 #include <array>
 #include <cstdint>

@@ -10,6 +10,12 @@
 //     reduce-scattered back to this rank's rows.
 //   scatter_output (sequence parallel, row side): the partial products are reduce-scattered
 //     to this rank's rows; the backward all-gathers d(y).
+//
+// 16-bit operands: where ops/gemm_path.h chose oneDNN for the dtype, the GEMMs read x, W, b and
+// d(y) as stored (reads16) and write fp32 (y, rounded by the executor; gradients accumulated).
+// Otherwise, and always under sequence parallelism or with operands of mixed dtypes (the logits'
+// fp32 d(y)), the executor widens them and sgemm runs.
+#include "ops/gemm_path.h"
 #include "ops/ops.h"
 
 namespace ops {
@@ -17,6 +23,19 @@ namespace {
 namespace linear {
 
 std::vector<int> saves(const Node& n) { return {n.in[0], n.in[1]}; }  // x, W
+
+// oneDNN's 16-bit GEMMs read the operands as stored when all of them (x, W, b, and d(y) in the
+// backward) share a 16-bit dtype whose chosen path is oneDNN, outside sequence parallelism
+// (its collectives run on fp32 copies).
+bool reads16(const Graph& g, const Node& n, bool backward) {
+  if (n.gather_input || n.scatter_output) return false;
+  const DType t = g.tensors[n.in[0]].dtype;
+  if (t != DType::BF16 && t != DType::F16) return false;
+  for (int id : n.in)
+    if (g.tensors[id].dtype != t) return false;
+  if (backward && g.tensors[n.out[0]].dtype != t) return false;
+  return gemm_path(t) == GemmPath::OneDnn;
+}
 
 // Sequence parallelism's full-sequence temporaries. Forward: the gathered x (P shards) or
 // the whole y before its reduce-scatter. Backward: the re-gathered x, the full d(x) and this
@@ -57,7 +76,10 @@ void forward(OpContext& c) {
   }
   const bool row = n.tp == TpMode::Row;
   if (row && c.tp_rank() != 0) bias = nullptr;  // partial sums: the bias is added once
-  c.be.matmul_forward(c.out(0), xin, c.in(1), bias, static_cast<int>(nrows), IC, OC);
+  if (c.as_stored)
+    c.be.matmul16_forward(c.out(0), c.ins[0], c.ins[1], bias, x.dtype, static_cast<int>(nrows), IC, OC);
+  else
+    c.be.matmul_forward(c.out(0), xin, c.in(1), bias, static_cast<int>(nrows), IC, OC);
   if (row) c.allreduce(c.out(0), numel_of(c.out_desc(0).shape));
 }
 
@@ -108,7 +130,11 @@ void backward(OpContext& c) {
   const TensorDesc& w = c.in_desc(1);
   const int IC = static_cast<int>(w.shape[1]), OC = static_cast<int>(w.shape[0]);
   float* dx = c.din(0);
-  c.be.matmul_backward(dx, c.din(1), c.din(2), c.dout, c.in(0), c.in(1), static_cast<int>(rows_of(x)), IC, OC);
+  if (c.as_stored)
+    c.be.matmul16_backward(dx, c.din(1), c.din(2), c.dout, c.ins[0], c.ins[1], x.dtype, static_cast<int>(rows_of(x)),
+                           IC, OC);
+  else
+    c.be.matmul_backward(dx, c.din(1), c.din(2), c.dout, c.in(0), c.in(1), static_cast<int>(rows_of(x)), IC, OC);
   // Column-parallel: each rank holds part of d(input); the input's only reader is this
   // node (a norm's output), so its gradient buffer holds exactly this sum's terms.
   if (n.tp == TpMode::Column && dx) c.allreduce(dx, numel_of(x.shape));
@@ -118,6 +144,7 @@ void backward(OpContext& c) {
 }  // namespace
 
 constinit const OpDef kLinearOp{.kind = OpKind::Linear, .name = "linear", .saves = linear::saves,
-                                .scratch = linear::scratch, .forward = linear::forward, .backward = linear::backward};
+                                .scratch = linear::scratch, .forward = linear::forward, .backward = linear::backward,
+                                .reads16 = linear::reads16};
 
 }  // namespace ops

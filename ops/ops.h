@@ -56,6 +56,10 @@ struct OpContext {
                                             // (null: not needed, or an input or int tensor)
   const float* dout = nullptr;   // gradient of out[0] (null for a kind that seeds the backward)
   float dloss = 0.0f;            // d(total loss)/d(each position's loss)
+  // The call reads its operands as stored (OpDef::reads16 said so): ins, the backward's outs
+  // and dout point at the tensors' own dtype (16 bits), not at fp32 copies. Forward outputs
+  // and input gradients are fp32 buffers as always.
+  bool as_stored = false;
 
   const TensorDesc& in_desc(int j) const { return g.tensors[n.in[j]]; }
   const TensorDesc& out_desc(int j) const { return g.tensors[n.out[j]]; }
@@ -107,6 +111,11 @@ struct OpDef {
   // Accumulates (+=) into c.dins from c.dout and the saved tensors (the loss overwrites:
   // seeds_backward).
   void (*backward)(OpContext&);
+  // Whether this call (forward, or backward = true) reads its 16-bit operands as stored (the
+  // Linear on oneDNN's 16-bit path, ops/gemm_path.h) instead of fp32 copies widened by the
+  // executor. A function of the graph and the process's GEMM paths only, so the dry run and
+  // the real run agree on which copies exist. Null: always widened.
+  bool (*reads16)(const Graph&, const Node&, bool backward) = nullptr;
   // The loss: its backward needs no output gradient (it starts from dloss), and the gradient
   // of in[0] is written over in[0]'s own buffer (dlogits over the probabilities) instead of
   // being accumulated into a fresh zeroed one.

@@ -9,6 +9,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev hdf5-tools
   libopenblas-openmp-dev
+  libdnnl-dev
   python3-torch python3-h5py python3-numpy
 )
 

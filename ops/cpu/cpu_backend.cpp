@@ -32,7 +32,9 @@
 #include <vector>
 
 #include "ops/backend.h"
+#include "ops/convert.h"
 #include "ops/cpu/attention.h"
+#include "ops/cpu/dnnl_gemm.h"
 #include "ops/cpu/vecmath.h"
 #include "ops/rng.h"
 #include "ops/check.h"
@@ -231,6 +233,22 @@ void bias_backward_cols(float* __restrict dbias, const float* __restrict dout, i
     const float* d = dout + r * OC;
 #pragma omp simd
     for (int64_t j = c0; j < c1; j++) dbias[j] += d[j];
+  }
+}
+
+// dbias[j] += sum over all N rows of dout[r, j] with dout in 16-bit dtype t, columns [c0, c1):
+// each row's slice is widened into a stack buffer first (fp32 sums, like the fp32 kernel).
+void bias_backward_cols16(float* __restrict dbias, const uint16_t* dout, DType t, int64_t N, int OC, int64_t c0,
+                          int64_t c1) {
+  constexpr int64_t kChunk = 1024;
+  float row[kChunk];
+  for (int64_t a = c0; a < c1; a += kChunk) {
+    const int64_t m = std::min(kChunk, c1 - a);
+    for (int64_t r = 0; r < N; r++) {
+      to_f32(row, dout + r * OC + a, t, m);
+#pragma omp simd
+      for (int64_t j = 0; j < m; j++) dbias[a + j] += row[j];
+    }
   }
 }
 
@@ -611,6 +629,33 @@ class CpuBackend final : public Backend {
       parallel_chunks(OC, std::max<int64_t>(16, kGrainStream / std::max(N, 1)), [=](int64_t c0, int64_t c1) {
         bias_backward_cols(dbias, dout, N, OC, c0, c1);
       });
+  }
+
+  // The same three GEMMs over 16-bit operands, through oneDNN (dnnl_gemm.h). The bias is
+  // widened into a small host vector (OC floats); everything else is read as stored.
+  bool matmul16_available(DType t) override { return dnnl_gemm_available(t); }
+  void matmul16_forward(float* out, const void* inp, const void* weight, const void* bias, DType t, int N, int C,
+                        int OC) override {
+    std::vector<float> b32;
+    if (bias) {
+      b32.resize(static_cast<size_t>(OC));
+      to_f32(b32.data(), bias, t, OC);
+    }
+    // out (N,OC) = inp (N,C) @ weight^T, weight stored (OC,C)
+    dnnl_gemm(t, false, true, N, OC, C, inp, C, weight, C, bias ? b32.data() : nullptr, false, out, OC);
+  }
+  void matmul16_backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                         const void* weight, DType t, int N, int C, int OC) override {
+    // dinp (N,C) += dout (N,OC) @ weight (OC,C)
+    if (dinp) dnnl_gemm(t, false, false, N, C, OC, dout, OC, weight, C, nullptr, true, dinp, C);
+    // dweight (OC,C) += dout^T (OC,N) @ inp (N,C), dout stored (N,OC)
+    if (dweight) dnnl_gemm(t, true, false, OC, C, N, dout, OC, inp, C, nullptr, true, dweight, C);
+    if (dbias) {
+      const auto* d16 = static_cast<const uint16_t*>(dout);
+      parallel_chunks(OC, std::max<int64_t>(16, kGrainStream / std::max(N, 1)), [=](int64_t c0, int64_t c1) {
+        bias_backward_cols16(dbias, d16, t, N, OC, c0, c1);
+      });
+    }
   }
 
   void rope_forward(float* out, const float* inp, int B, int T, int C, int NH, float theta) override {
