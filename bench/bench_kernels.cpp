@@ -1,6 +1,6 @@
-// Kernel benchmark for the CPU backend: GEMM throughput at the shapes a GPT step runs,
-// attention forward/backward, and the pointwise kernels, at the current OpenMP thread
-// count. Run as
+// Kernel benchmark for the CPU backend: GEMM throughput at the shapes a GPT step runs (fp32
+// sgemm, and the two 16-bit paths of ops/gemm_path.h at GPT-2 124M's shapes), attention
+// forward/backward, and the pointwise kernels, at the current OpenMP thread count. Run as
 //   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE build/bench_kernels [--quick]
 // Each number is the best of several repetitions (the minimum is the least noisy
 // estimate on a shared machine), after one warm-up call.
@@ -13,10 +13,14 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "ops/backend.h"
+#include "ops/convert.h"
 #include "ops/cpu/attention.h"
+#include "ops/cpu/dnnl_gemm.h"
+#include "ops/gemm_path.h"
 #include "ops/rng.h"
 
 namespace {
@@ -77,6 +81,78 @@ void bench_gemm(ops::Backend& be) {
     std::printf("%-34s %9.1f %9.1f %9.1f   %s\n", name, flops / tf * 1e-9, flops / ti * 1e-9, flops / tw * 1e-9,
                 s.what);
   }
+}
+
+std::vector<uint16_t> randn16(ops::DType t, size_t n, uint64_t seed, float scale = 1.0f) {
+  const auto f = randn(n, seed, scale);
+  std::vector<uint16_t> h(n);
+  ops::from_f32(h.data(), t, f.data(), static_cast<int64_t>(n));
+  return h;
+}
+
+// The two paths of a 16-bit Linear (ops/gemm_path.h), per GEMM: widen the 16-bit operands that
+// GEMM reads to fp32 and call sgemm (what the executor does by default), or oneDNN's matmul on
+// the operands as stored. GPT-2 124M (C=768, 4C=3072, V=50304) at B*T = 1024 rows.
+void bench_gemm16(ops::Backend& be, ops::DType t) {
+  const std::string dn = ops::gemm_path_name(ops::GemmPath::OneDnn, t);
+  std::printf("\n== 16-bit GEMM paths (%s): widen + sgemm vs %s, GFLOP/s, GPT-2 124M shapes ==\n",
+              ops::dtype_name(t), dn.c_str());
+  if (!be.matmul16_available(t)) {
+    std::printf("%s unavailable: %s\n", dn.c_str(), ops::cpu::dnnl_gemm_info(t).c_str());
+    return;
+  }
+  std::printf("oneDNN kernel: %s\n", ops::cpu::dnnl_gemm_info(t).c_str());
+  std::printf("%-30s %9s %9s %9s %9s %9s %9s %8s\n", "shape (N x C -> OC)", "fwd sg", "fwd dnn", "dinp sg",
+              "dinp dnn", "dW sg", "dW dnn", "dnn/sg");
+  struct Shape {
+    int N, C, OC;
+    const char* what;
+  };
+  const Shape shapes[] = {
+      {1024, 768, 2304, "attn qkv"},
+      {1024, 768, 768, "attn proj"},
+      {1024, 768, 3072, "mlp fc"},
+      {1024, 3072, 768, "mlp proj"},
+      {256, 768, 50304, "lm head (N=256)"},
+  };
+  const int reps = std::max(2, g_reps / 2);
+  for (const Shape& s : shapes) {
+    const size_t nx = static_cast<size_t>(s.N) * s.C, nw = static_cast<size_t>(s.OC) * s.C,
+                 ny = static_cast<size_t>(s.N) * s.OC;
+    const auto x16 = randn16(t, nx, 1), w16 = randn16(t, nw, 2, 0.02f), dy16 = randn16(t, ny, 4);
+    std::vector<float> x(nx), w(nw), dy(ny), out(ny), dinp(nx), dw(nw);
+    const double flops = 2.0 * s.N * s.C * s.OC;
+    const double fs = best_time([&] {
+      ops::to_f32(x.data(), x16.data(), t, static_cast<int64_t>(nx));
+      ops::to_f32(w.data(), w16.data(), t, static_cast<int64_t>(nw));
+      be.matmul_forward(out.data(), x.data(), w.data(), nullptr, s.N, s.C, s.OC);
+    }, reps);
+    const double fd = best_time([&] { be.matmul16_forward(out.data(), x16.data(), w16.data(), nullptr, t, s.N, s.C, s.OC); }, reps);
+    const double is = best_time([&] {
+      ops::to_f32(dy.data(), dy16.data(), t, static_cast<int64_t>(ny));
+      ops::to_f32(w.data(), w16.data(), t, static_cast<int64_t>(nw));
+      be.matmul_backward(dinp.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), s.N, s.C, s.OC);
+    }, reps);
+    const double id = best_time([&] {
+      be.matmul16_backward(dinp.data(), nullptr, nullptr, dy16.data(), x16.data(), w16.data(), t, s.N, s.C, s.OC);
+    }, reps);
+    const double ws = best_time([&] {
+      ops::to_f32(dy.data(), dy16.data(), t, static_cast<int64_t>(ny));
+      ops::to_f32(x.data(), x16.data(), t, static_cast<int64_t>(nx));
+      be.matmul_backward(nullptr, dw.data(), nullptr, dy.data(), x.data(), w.data(), s.N, s.C, s.OC);
+    }, reps);
+    const double wd = best_time([&] {
+      be.matmul16_backward(nullptr, dw.data(), nullptr, dy16.data(), x16.data(), w16.data(), t, s.N, s.C, s.OC);
+    }, reps);
+    char name[64];
+    std::snprintf(name, sizeof name, "%d x %d -> %d", s.N, s.C, s.OC);
+    auto g = [&](double sec) { return flops / sec * 1e-9; };
+    std::printf("%-30s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %7.2fx   %s\n", name, g(fs), g(fd), g(is), g(id), g(ws),
+                g(wd), (fs + is + ws) / (fd + id + wd), s.what);
+  }
+  const ops::GemmPaths p = ops::choose_gemm_paths(ops::GemmMode::Auto);
+  std::printf("chooser (start-up probe %d x %d -> %d): %s\n", p.probe_N, p.probe_C, p.probe_OC,
+              p.of(t).summary().c_str());
 }
 
 void bench_attention(ops::Backend& be) {
@@ -185,6 +261,8 @@ int main(int argc, char** argv) {
   std::printf("backend %s, OpenMP threads %d, OpenBLAS threads %d, %s\n", be.name(), ops::num_threads(),
               openblas_get_num_threads(), openblas_get_config());
   bench_gemm(be);
+  bench_gemm16(be, ops::DType::BF16);
+  bench_gemm16(be, ops::DType::F16);
   bench_attention(be);
   bench_pointwise(be);
   return 0;
