@@ -28,6 +28,13 @@ void check_layout(const Recipe& r, Plan& p);
 void compute_ledger(const Recipe& r, Plan& p);
 void plan_inference(const Recipe& r, Plan& p);
 
+// recompute.mode auto (recompute.cpp): chooses per-layer recompute sets for `whole` (the
+// whole model's spec, nothing recomputed) until every stage fits p.device_memory, and
+// records the choice in p.recompute_auto. Needs p's grid, batch and stage split resolved.
+void choose_recompute(const Recipe& r, Plan& p, GptSpec& whole);
+// Forward FLOPs of one node of `g`, from its tensors' shapes (this rank's shard).
+double node_flops(const ops::Graph& g, const ops::Node& n);
+
 // What would fit (suggest.cpp): candidates re-planned with make_plan(.., false).
 void suggest(const Recipe& r, Plan& p);
 Plan make_plan(const Recipe& r, int64_t world_size, bool with_suggestions);

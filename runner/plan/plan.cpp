@@ -69,13 +69,15 @@ Plan plan_detail::make_plan(const Recipe& r, int64_t world_size, bool with_sugge
   resolve_batch(r, p);
   check_layout(r, p);
   p.tokens_per_step = p.global * r.model.seq_len;
-  p.layout = std::make_shared<const ModelLayout>(whole_model_spec(r, p), p.stage_layers, p.chunks);
+  p.device_memory = device_memory_bytes(r.hardware);
+  GptSpec whole = whole_model_spec(r, p);
+  if (r.recompute.mode == RecomputeMode::automatic) choose_recompute(r, p, whole);
+  p.layout = std::make_shared<const ModelLayout>(whole, p.stage_layers, p.chunks);
   compute_ledger(r, p);
   p.param_count = p.layout->param_count();
   // 6N per token for the matrices plus attention's 12 * L * T * C (Kaplan et al. 2020; PaLM's MFU).
   p.flops_per_token = 6.0 * static_cast<double>(p.param_count) +
                       12.0 * r.model.n_layers * r.model.seq_len * r.model.d_model;
-  p.device_memory = device_memory_bytes(r.hardware);
   p.fits = p.worst_stage().total() <= p.device_memory;
   plan_inference(r, p);
   if (!p.fits && with_suggestions) suggest(r, p);

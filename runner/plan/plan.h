@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,40 @@ struct InferencePlan {
   int64_t max_batch = 0;     // largest batch whose KV cache fits beside the weights
 };
 
+// recompute.mode auto (recompute.cpp): what was chosen and why. A step recomputes one more
+// piece of one layer: a module (norm, attention_core, attention, mlp) or the rest of the whole
+// layer ("layer": everything, the residual adds included, as mode full does).
+struct RecomputeStep {
+  int stage = 0;
+  int64_t layer = 0;
+  std::string module;
+  double bytes_saved = 0;  // activation bytes held per micro-batch that this step frees (dry run)
+  double flops = 0;        // forward FLOPs it adds per micro-batch (this rank's shard)
+};
+
+// One step kind on one layer with nothing else recomputed, and the rule of thumb beside it.
+struct RecomputeModuleCost {
+  std::string module;
+  double bytes_saved = 0, flops = 0;  // recomputing it alone in one layer
+  double activation_bytes = 0;        // held for backward by the nodes of this module, nothing recomputed ("layer": all)
+  double share = 0;                   // activation_bytes / the layer's total
+  bool rule_of_thumb = false;         // share > 15%: the seed rule says recompute it
+};
+
+struct RecomputeStageChoice {
+  int stage = 0;
+  double before = 0, after = 0;  // the stage's total bytes per rank without recompute and with the choice
+  int64_t candidates = 0;        // steps available on its candidate layers
+};
+
+struct RecomputeAuto {
+  std::vector<RecomputeStep> chosen;            // in the order chosen (bytes saved per FLOP, best first)
+  std::vector<RecomputeModuleCost> modules;     // per step kind, one layer
+  double layer_activation_bytes = 0;            // one layer's activations held, nothing recomputed
+  std::vector<RecomputeStageChoice> stages;
+  std::vector<std::set<std::string>> sets;      // the resolved per-layer sets the layout was built with
+};
+
 struct Plan {
   Recipe recipe;
   int64_t world = 1, dp = 1, tp = 1, pp = 1;
@@ -68,6 +103,7 @@ struct Plan {
   bool fits = true;
   std::vector<std::string> notes, warnings, suggestions;
   std::optional<InferencePlan> inference;
+  std::optional<RecomputeAuto> recompute_auto;  // recompute.mode auto: the choice (recompute.cpp)
 
   std::shared_ptr<const ModelLayout> layout;  // per virtual stage its graph; the logical parameter table
 

@@ -1,5 +1,6 @@
 // The plan's two reports: the human table (`runner plan`, the start-up lines of `runner train`)
 // and the JSON (`runner plan --json`, the run directory's plan.json).
+#include <algorithm>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -16,6 +17,65 @@ std::string format_bytes(double b) {
   if (b >= mib) return fmt::format("{:.1f} MiB", b / mib);
   return fmt::format("{:.0f} KiB", b / 1024.0);
 }
+
+namespace {
+
+std::string format_flops(double f) {
+  if (f >= 1e12) return fmt::format("{:.2f} TFLOP", f / 1e12);
+  if (f >= 1e9) return fmt::format("{:.2f} GFLOP", f / 1e9);
+  return fmt::format("{:.1f} MFLOP", f / 1e6);
+}
+
+// "0-3, 6, 8-9"
+std::string layer_ranges(std::vector<int64_t> v) {
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  std::string s;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    s += (s.empty() ? "" : ", ") + (j > i ? fmt::format("{}-{}", v[i], v[j]) : fmt::format("{}", v[i]));
+    i = j + 1;
+  }
+  return s;
+}
+
+// recompute.mode auto: what was chosen and why, beside the rule of thumb (table() only).
+void recompute_auto_lines(std::ostringstream& o, const Plan& p) {
+  const RecomputeAuto& a = *p.recompute_auto;
+  int64_t steps = 0;
+  for (auto& s : p.recompute_auto->stages) steps += s.candidates;
+  o << fmt::format("  recompute  auto: chose {} of {} steps (layer, module) by activation bytes saved per recomputed FLOP\n",
+                   a.chosen.size(), steps);
+  o << fmt::format("             {:<15}{:>12}{:>13}{:>11}{:>10}{:>8}   {}\n", "one layer:", "saves alone", "adds FLOPs",
+                   "bytes/FLOP", "holds", ">15%", "chosen in layers (saves, adds per micro-batch)");
+  for (const RecomputeModuleCost& m : a.modules) {
+    std::vector<int64_t> layers;
+    double saved = 0, flops = 0;
+    for (const RecomputeStep& st : a.chosen)
+      if (st.module == m.module) { layers.push_back(st.layer); saved += st.bytes_saved; flops += st.flops; }
+    o << fmt::format("             {:<15}{:>12}{:>13}{:>11.4f}{:>9.0f}%{:>8}   {}\n", m.module, format_bytes(m.bytes_saved),
+                     format_flops(m.flops), m.flops > 0 ? m.bytes_saved / m.flops : 0.0, 100 * m.share,
+                     m.module == "layer" ? "" : (m.rule_of_thumb ? "yes" : "no"),
+                     layers.empty() ? "-" : fmt::format("{} ({}, {})", layer_ranges(layers), format_bytes(saved), format_flops(flops)));
+  }
+  std::string rule;
+  for (const RecomputeModuleCost& m : a.modules)
+    if (m.rule_of_thumb) rule += (rule.empty() ? "" : ", ") + m.module;
+  o << fmt::format("             rule of thumb (a module holding > 15% of its layer's {} would be recomputed): {}\n",
+                   format_bytes(a.layer_activation_bytes), rule.empty() ? "none" : rule);
+  for (const RecomputeStageChoice& s : a.stages) {
+    const std::string who = p.pp > 1 ? fmt::format("stage {}", s.stage) : std::string("rank");
+    if (s.before <= p.device_memory)
+      o << fmt::format("             {}: {} fits {} without recompute\n", who, format_bytes(s.before), format_bytes(p.device_memory));
+    else
+      o << fmt::format("             {}: {} without recompute > {}; with the choice {}{}\n", who, format_bytes(s.before),
+                       format_bytes(p.device_memory), format_bytes(s.after),
+                       s.after <= p.device_memory ? "" : " (still too much: every step was taken)");
+  }
+}
+
+}  // namespace
 
 std::string Plan::bubble_formula(const char* sep) const {
   if (chunks > 1) return fmt::format("(p-1)/(v*m+p-1){}p={} v={} m={}", sep, pp, chunks, accum);
@@ -56,6 +116,23 @@ nlohmann::json Plan::to_json() const {
   j["notes"] = notes;
   j["warnings"] = warnings;
   j["suggestions"] = suggestions;
+  if (recompute_auto) {
+    const RecomputeAuto& a = *recompute_auto;
+    json chosen = json::array(), mods = json::array(), rule = json::array(), stg = json::array(), sets = json::array();
+    for (auto& c : a.chosen)
+      chosen.push_back({{"stage", c.stage}, {"layer", c.layer}, {"module", c.module}, {"bytes_saved", c.bytes_saved}, {"flops", c.flops}});
+    for (auto& m : a.modules) {
+      mods.push_back({{"module", m.module}, {"bytes_saved_alone", m.bytes_saved}, {"flops_alone", m.flops},
+                      {"bytes_per_flop", m.flops > 0 ? m.bytes_saved / m.flops : 0.0}, {"activation_bytes", m.activation_bytes},
+                      {"share_of_layer", m.share}});
+      if (m.rule_of_thumb) rule.push_back(m.module);
+    }
+    for (auto& s : a.stages)
+      stg.push_back({{"stage", s.stage}, {"before_bytes", s.before}, {"after_bytes", s.after}, {"candidates", s.candidates}});
+    for (auto& s : a.sets) sets.push_back(s);
+    j["recompute"] = {{"mode", "auto"}, {"chosen", chosen}, {"modules", mods}, {"layer_activation_bytes", a.layer_activation_bytes},
+                      {"rule_of_thumb", rule}, {"rule_of_thumb_share", 0.15}, {"stages", stg}, {"sets", sets}};
+  }
   if (inference)
     j["inference"] = {{"batch", inference->batch},
                       {"context", inference->context},
@@ -92,6 +169,7 @@ std::string Plan::table() const {
   o << fmt::format("  precision  {} compute, master {}, grad accum {}; recompute {}\n", to_string(r.precision.compute),
                    r.precision.compute == FloatFormat::fp32 ? "-" : to_string(r.precision.master_weights),
                    r.precision.compute == FloatFormat::fp32 ? "fp32" : to_string(r.precision.grad_accum), to_string(r.recompute.mode));
+  if (recompute_auto) recompute_auto_lines(o, *this);
   if (pp > 1) o << fmt::format("  bubble     {:.1f}% = {}\n", 100 * bubble, bubble_formula(", "));
   o << "\n  memory per rank        ";
   for (auto& s : stages) o << fmt::format("{:>12}", pp > 1 ? fmt::format("stage {}", s.stage) : std::string("rank"));

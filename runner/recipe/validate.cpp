@@ -121,6 +121,17 @@ void check_recompute(const Recipe& r) {
   if (rc.mode == RecomputeMode::selective && rc.modules.empty())
     fail(r, "recompute.mode", "recompute mode selective needs recompute.modules",
          "add modules: [attention_core] under recompute, or use mode: full");
+  // auto chooses its layers and modules itself: a list beside it would be ignored or contradict it.
+  if (rc.mode == RecomputeMode::automatic && !rc.modules.empty())
+    fail(r, "recompute.modules",
+         "recompute mode auto chooses the modules itself (norm, attention_core, attention, mlp or whole layers, by "
+         "activation bytes saved per recomputed FLOP)",
+         "remove modules, or set mode: selective to choose them yourself");
+  if (rc.mode == RecomputeMode::automatic && !rc.layers.empty())
+    fail(r, "recompute.layers",
+         "recompute mode auto chooses the layers itself (by activation bytes saved per recomputed FLOP, until the "
+         "plan fits the device)",
+         "remove layers, or set mode: full or selective to choose the layers yourself");
   if (rc.mode != RecomputeMode::selective && !rc.modules.empty())
     fail(r, "recompute.modules", "recompute.modules only applies to mode selective (mode is " + to_string(rc.mode) + ")",
          "set recompute.mode: selective, or remove modules");

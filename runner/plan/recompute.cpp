@@ -1,0 +1,305 @@
+// recompute.mode auto: which layers and modules to recompute, chosen from the graph's own
+// activation accounting, in order of activation bytes saved per recomputed FLOP, until every
+// pipeline stage fits the device.
+//
+// A step recomputes one more piece of one layer: a module (norm, attention_core, attention,
+// mlp) or "layer", the rest of the whole layer with its residual adds (what mode full does
+// to it). Whole layers are a step of their own, not the sum of the modules: a layer recomputing
+// norm, attention and mlp still keeps the first residual add's output (the second norm's
+// input), and only recomputing the adds as well, as one segment from the layer's input, frees
+// it; that halves what the layer holds (4sbh -> 2sbh, docs/ledger.md), so "everything" has to
+// mean the whole layer. Recomputing an add alone is never a step: it would keep its other
+// input alive instead and hold more.
+//
+// Bytes saved are the executor's dry run (Executor::simulate) of the stage's own graph with
+// the layer's set changed, i.e. the ledger's activations per micro-batch: the sum of a stage's
+// chosen bytes_saved is exactly what its activations_per_micro drops by. Layers are
+// independent for this purpose, because every layer's input (the previous layer's output) is
+// held whatever either layer recomputes (read by a norm's backward, or by a recompute
+// segment), so one probe layer per virtual stage prices every state of every layer of that
+// stage. Marginal costs differ by state (attention after attention_core adds only q, k, v and
+// the projections), so the greedy compares, at each step, the next step of every layer.
+//
+// The choice is then verified on the real ledger (the recompute transient and workspace move
+// too), stage by stage: the shortest prefix of that stage's greedy order that fits.
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "ops/executor.h"
+#include "runner/plan/internal.h"
+
+namespace runner::plan_detail {
+
+using ops::OpKind;
+
+// Forward FLOPs, multiply and add counted as two. Only ratios between steps matter to the
+// choice, so pointwise work is a rough operation count per element (exp, tanh and rsqrt as
+// one), next to the matrix products that dominate.
+double node_flops(const ops::Graph& g, const ops::Node& n) {
+  auto numel = [&](int id) { return static_cast<double>(ops::numel_of(g.tensors[static_cast<size_t>(id)].shape)); };
+  auto dim = [&](int id, size_t k) { return static_cast<double>(g.tensors[static_cast<size_t>(id)].shape[k]); };
+  switch (n.kind) {
+    case OpKind::Linear: {
+      // out (rows, OC') = in (rows, IC) W^T with W (OC', IC); under sequence parallelism the
+      // input is gathered first, so the product runs over the whole micro-batch's rows.
+      const double rows = dim(n.in[0], 0) * (n.gather_input ? g.sp_parts : 1);
+      return 2.0 * rows * dim(n.in[1], 0) * dim(n.in[1], 1);
+    }
+    case OpKind::Attention: {
+      // qkv (B*T, 3C'), probs (B, NH', T, T): causal, so T(T+1)/2 query-key pairs per head;
+      // S = QK^T and O = PV are 2*HS each per pair, the softmax ~5 per pair.
+      const double NHl = dim(n.out[1], 1), T = dim(n.out[1], 2), B = dim(n.out[1], 0);
+      const double HS = dim(n.in[0], 1) / 3.0 / NHl;
+      const double pairs = B * NHl * T * (T + 1) / 2.0;
+      return pairs * (4.0 * HS + 5.0);
+    }
+    case OpKind::LayerNorm: return 8.0 * numel(n.out[0]);   // mean, variance, normalise, scale, shift
+    case OpKind::RMSNorm: return 5.0 * numel(n.out[0]);
+    case OpKind::Rope: return 4.0 * numel(n.out[0]);
+    case OpKind::Gelu: return 10.0 * numel(n.out[0]);       // tanh approximation
+    case OpKind::SwiGLU: return 6.0 * numel(n.out[0]);
+    case OpKind::Add: return numel(n.out[0]);
+    case OpKind::Dropout: return 3.0 * numel(n.out[0]);     // the regenerated mask and the scale
+    case OpKind::Embedding: return numel(n.out[0]);
+    case OpKind::SoftmaxXent: return 5.0 * numel(n.in[0]);
+    case OpKind::Count: break;
+  }
+  return 0;
+}
+
+namespace {
+
+// A layer's recompute state as bits; each step adds bits (attention implies its core, as in
+// recompute_sets; "layer" is everything plus the residual adds).
+enum : unsigned { kNorm = 1, kCore = 2, kAttention = 4, kMlp = 8, kResidual = 16 };
+struct StepKind {
+  const char* name;
+  unsigned bits;
+};
+constexpr StepKind kSteps[] = {{"norm", kNorm},
+                               {"attention_core", kCore},
+                               {"attention", kAttention | kCore},
+                               {"mlp", kMlp},
+                               {"layer", kNorm | kCore | kAttention | kMlp | kResidual}};
+constexpr unsigned kWhole = kNorm | kCore | kAttention | kMlp | kResidual;
+
+std::set<std::string> modules_of(unsigned state) {
+  std::set<std::string> m;
+  if (state & kNorm) m.insert("norm");
+  if (state & kCore) m.insert("attention_core");
+  if (state & kAttention) m.insert("attention");
+  if (state & kMlp) m.insert("mlp");
+  if (state & kResidual) m.insert("residual");
+  return m;
+}
+
+// What each state of one probe layer holds and recomputes, on one virtual stage's graph.
+class LayerPrices {
+ public:
+  LayerPrices(GptSpec spec, int64_t layer) : spec_(std::move(spec)), layer_(layer) {}
+
+  double saved(unsigned state) { return price(0).held - price(state).held; }
+  double flops(unsigned state) { return price(state).flops; }
+  const ops::Graph& graph_without() { price(0); return none_; }
+  int64_t layer() const { return layer_; }
+
+ private:
+  struct Price { double held = 0, flops = 0; };
+  Price price(unsigned state) {
+    auto it = memo_.find(state);
+    if (it != memo_.end()) return it->second;
+    GptSpec s = spec_;
+    s.recompute.assign(static_cast<size_t>(s.model.n_layers), {});
+    s.recompute[static_cast<size_t>(layer_)] = modules_of(state);
+    ops::Graph g = build_gpt_graph(s);
+    Price p;
+    p.held = static_cast<double>(ops::Executor::simulate(g).activations_after_forward);
+    for (const ops::Node& n : g.nodes)
+      if (n.recompute && n.layer == layer_) p.flops += node_flops(g, n);
+    if (state == 0) none_ = std::move(g);
+    return memo_[state] = p;
+  }
+  GptSpec spec_;
+  int64_t layer_;
+  std::map<unsigned, Price> memo_;
+  ops::Graph none_;
+};
+
+struct Candidate {
+  int64_t layer;
+  int vstage, chunk;
+};
+
+// The greedy order of steps on one pipeline stage's candidate layers: at each step, the next
+// step of any layer with the most bytes saved per FLOP added (ties: the lower layer, then the
+// order of kSteps). Steps that would save nothing are never taken.
+std::vector<RecomputeStep> greedy_order(int stage, const std::vector<Candidate>& layers,
+                                        std::map<int, LayerPrices>& prices) {
+  std::vector<RecomputeStep> order;
+  std::vector<unsigned> state(layers.size(), 0);
+  for (;;) {
+    double best = -1;
+    size_t best_i = 0;
+    const StepKind* best_step = nullptr;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (state[i] == kWhole) continue;
+      LayerPrices& lp = prices.at(layers[i].vstage);
+      for (const StepKind& st : kSteps) {
+        const unsigned next = state[i] | st.bits;
+        if (next == state[i]) continue;
+        const double ds = lp.saved(next) - lp.saved(state[i]);
+        const double df = lp.flops(next) - lp.flops(state[i]);
+        if (ds <= 0) continue;
+        const double ratio = df > 0 ? ds / df : std::numeric_limits<double>::infinity();
+        if (ratio > best) { best = ratio; best_i = i; best_step = &st; }
+      }
+    }
+    if (!best_step) break;
+    LayerPrices& lp = prices.at(layers[best_i].vstage);
+    const unsigned next = state[best_i] | best_step->bits;
+    order.push_back({stage, layers[best_i].layer, best_step->name, lp.saved(next) - lp.saved(state[best_i]),
+                     lp.flops(next) - lp.flops(state[best_i])});
+    state[best_i] = next;
+  }
+  return order;
+}
+
+unsigned step_bits(const std::string& name) {
+  for (const StepKind& st : kSteps)
+    if (name == st.name) return st.bits;
+  return 0;
+}
+
+// Every stage's total bytes per rank with these per-layer sets: the real ledger.
+std::vector<double> stage_totals(const Recipe& r, const Plan& p, const GptSpec& whole) {
+  Plan q;
+  q.recipe = p.recipe;
+  q.world = p.world, q.dp = p.dp, q.tp = p.tp, q.pp = p.pp;
+  q.global = p.global, q.micro = p.micro, q.accum = p.accum;
+  q.stage_layers = p.stage_layers;
+  q.chunks = p.chunks;
+  q.layout = std::make_shared<const ModelLayout>(whole, p.stage_layers, p.chunks);
+  compute_ledger(r, q);
+  std::vector<double> t;
+  for (const StageLedger& s : q.stages) t.push_back(s.total());
+  return t;
+}
+
+}  // namespace
+
+void choose_recompute(const Recipe& r, Plan& p, GptSpec& whole) {
+  RecomputeAuto a;
+  const int64_t L = r.model.n_layers;
+  whole.recompute.assign(static_cast<size_t>(L), {});
+
+  // The candidate layers of each pipeline stage (all of its layers: recipe validation refuses
+  // recompute.layers beside auto), and one probe layer per virtual stage.
+  const ModelLayout probe(whole, p.stage_layers, p.chunks);
+  const int P = probe.pp();
+  std::vector<std::vector<Candidate>> cands(static_cast<size_t>(P));
+  std::map<int, LayerPrices> prices;
+  for (int v = 0; v < probe.vstages(); ++v) {
+    const GptSpec s = probe.spec(v);
+    for (int64_t l = s.first_layer; l < s.last_layer; ++l) {
+      cands[static_cast<size_t>(v % P)].push_back({l, v, v / P});
+      if (!prices.count(v)) prices.emplace(v, LayerPrices(s, l));
+    }
+  }
+
+  // The rule of thumb beside the choice, on the first candidate layer: each module's share of
+  // what the layer holds for backward with nothing recomputed (by the module of the node that
+  // wrote each held tensor), and what recomputing it alone would save and cost.
+  if (!prices.empty()) {
+    LayerPrices& lp = prices.begin()->second;
+    const ops::Graph& g = lp.graph_without();
+    std::map<std::string, double> held;
+    for (const ops::TensorDesc& t : g.tensors) {
+      if (t.kind != ops::TensorKind::Activation || !t.saved || t.layer != lp.layer() || t.producer < 0) continue;
+      const std::string& m = g.nodes[static_cast<size_t>(t.producer)].module;
+      held[m] += static_cast<double>(t.nbytes());
+      a.layer_activation_bytes += static_cast<double>(t.nbytes());
+    }
+    for (const StepKind& st : kSteps) {
+      RecomputeModuleCost c;
+      c.module = st.name;
+      c.bytes_saved = lp.saved(st.bits);
+      c.flops = lp.flops(st.bits);
+      // "layer" is the whole layer: everything it holds (beyond the modules: the residual adds').
+      c.activation_bytes = std::string(st.name) == "layer" ? a.layer_activation_bytes : held[st.name];
+      c.share = a.layer_activation_bytes > 0 ? c.activation_bytes / a.layer_activation_bytes : 0;
+      c.rule_of_thumb = std::string(st.name) != "layer" && c.share > 0.15;
+      a.modules.push_back(c);
+    }
+  }
+
+  // Without recompute first; then, stage by stage, the shortest prefix of the stage's greedy
+  // order that fits. Stages are independent in the ledger (each holds only its own layers).
+  const std::vector<double> before = stage_totals(r, p, whole);
+  for (int s = 0; s < P; ++s) {
+    RecomputeStageChoice sc;
+    sc.stage = s;
+    sc.before = before[static_cast<size_t>(s)];
+    const std::vector<RecomputeStep> order = greedy_order(s, cands[static_cast<size_t>(s)], prices);
+    sc.candidates = static_cast<int64_t>(order.size());
+    if (sc.before <= p.device_memory || order.empty()) {
+      sc.after = sc.before;
+      a.stages.push_back(sc);
+      continue;
+    }
+    // Each step's held bytes count once per micro-batch its chunk holds at once.
+    const auto sched = p.schedule(s);
+    std::vector<double> weight;
+    for (const RecomputeStep& st : order) {
+      int chunk = 0;
+      for (const Candidate& c : cands[static_cast<size_t>(s)])
+        if (c.layer == st.layer) chunk = c.chunk;
+      weight.push_back(static_cast<double>(parallel::max_in_flight(sched, chunk)) * st.bytes_saved);
+    }
+    auto apply = [&](size_t k) {  // the stage's layers set to the first k steps
+      GptSpec w = whole;
+      for (const Candidate& c : cands[static_cast<size_t>(s)]) w.recompute[static_cast<size_t>(c.layer)].clear();
+      std::vector<unsigned> bits(static_cast<size_t>(L), 0);
+      for (size_t i = 0; i < k; ++i) bits[static_cast<size_t>(order[i].layer)] |= step_bits(order[i].module);
+      for (const Candidate& c : cands[static_cast<size_t>(s)])
+        w.recompute[static_cast<size_t>(c.layer)] = modules_of(bits[static_cast<size_t>(c.layer)]);
+      return w;
+    };
+    // The dry-run estimate picks where to look (total before less the held bytes freed);
+    // the ledger decides, with the estimate corrected by what it missed (transient, workspace).
+    auto first_fitting = [&](size_t from, double error) {
+      double t = sc.before + error;
+      size_t k = 0;
+      for (; k < order.size() && (k < from || t > p.device_memory); ++k) t -= weight[k];
+      return k;
+    };
+    size_t k = first_fitting(0, 0);
+    std::map<size_t, double> seen;
+    auto total_at = [&](size_t n) {
+      if (!seen.count(n)) seen[n] = stage_totals(r, p, apply(n))[static_cast<size_t>(s)];
+      return seen[n];
+    };
+    while (total_at(k) > p.device_memory && k < order.size()) {
+      double est = sc.before;
+      for (size_t i = 0; i < k; ++i) est -= weight[i];
+      k = std::max(k + 1, first_fitting(k + 1, total_at(k) - est));
+    }
+    while (k > 0 && total_at(k - 1) <= p.device_memory) --k;  // the estimate may overshoot
+    whole = apply(k);
+    sc.after = total_at(k);
+    if (sc.after > p.device_memory)
+      p.warnings.push_back(fmt::format(
+          "recompute auto: {} needs {} per rank even with every layer recomputed whole, more than the device's {}; "
+          "recompute cannot make it fit (see the suggestions)",
+          p.pp > 1 ? fmt::format("stage {}", s) : std::string("the model"), format_bytes(sc.after),
+          format_bytes(p.device_memory)));
+    a.chosen.insert(a.chosen.end(), order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+    a.stages.push_back(sc);
+  }
+  a.sets = whole.recompute;
+  p.recompute_auto = std::move(a);
+}
+
+}  // namespace runner::plan_detail

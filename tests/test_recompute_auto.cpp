@@ -1,0 +1,316 @@
+// recompute.mode auto (runner/plan/recompute.cpp): a recipe that does not fit without
+// recompute gets a choice that fits, taken in order of activation bytes saved per recomputed
+// FLOP; a recipe that fits gets none; the choice is in plan.json, agrees with the ledger's own
+// numbers, and a real `runner train` recomputes what the plan chose (its measured activation
+// peak is the ledger's, within 5%).
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "ops/executor.h"
+#include "runner/model/model.h"
+#include "runner/plan/internal.h"
+#include "runner/plan/plan.h"
+#include "runner/recipe/recipe.h"
+
+using namespace runner;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Four layers, T = 256 so that the attention probabilities matter, 2 micro-batches per step;
+// the CPU with a memory size the tests set, so that every plan is accounted alike.
+const char* kBase = R"(name: t
+model:
+  vocab_size: 256
+  seq_len: 256
+  d_model: 128
+  n_layers: 4
+  n_heads: 4
+batch:
+  global: 8
+  micro: 4
+hardware:
+  device: cpu
+  memory_gb: 1000
+)";
+
+Plan plan_of(std::vector<std::string> sets) { return make_plan(load_recipe_text(kBase, "t.yaml", sets)); }
+
+// A device of `bytes`.
+std::vector<std::string> with_memory(std::vector<std::string> sets, double bytes) {
+  sets.push_back(fmt::format("hardware.memory_gb={:.12f}", bytes / double(1ull << 30)));
+  return sets;
+}
+
+double ratio(const RecomputeStep& s) { return s.bytes_saved / s.flops; }
+
+// The per-layer module sets that the chosen steps amount to, derived here from the step names
+// alone ("layer": everything plus the residual adds, as mode full; attention brings its core).
+std::vector<std::set<std::string>> sets_of(const std::vector<RecomputeStep>& chosen, int64_t n_layers) {
+  std::vector<std::set<std::string>> sets(static_cast<size_t>(n_layers));
+  for (const RecomputeStep& st : chosen) {
+    auto& s = sets[static_cast<size_t>(st.layer)];
+    if (st.module == "layer") s.insert({"norm", "attention_core", "attention", "mlp", "residual"});
+    else if (st.module == "attention") s.insert({"attention", "attention_core"});
+    else s.insert(st.module);
+  }
+  return sets;
+}
+
+// The real ledger of plan `p` with its layout rebuilt from other per-layer sets.
+Plan replanned(const Plan& p, std::vector<std::set<std::string>> sets) {
+  Plan q = p;
+  GptSpec whole = p.layout->spec(0);
+  whole.first_layer = 0;
+  whole.last_layer = p.recipe.model.n_layers;
+  whole.first_stage = whole.last_stage = true;
+  whole.recompute = std::move(sets);
+  q.layout = std::make_shared<const ModelLayout>(whole, p.stage_layers, p.chunks);
+  plan_detail::compute_ledger(p.recipe, q);
+  return q;
+}
+
+}  // namespace
+
+TEST_CASE("auto on a recipe that fits chooses nothing, and plans exactly as mode none") {
+  Plan none = plan_of({});
+  Plan a = plan_of({"recompute.mode=auto"});
+  REQUIRE(a.recompute_auto);
+  CHECK(a.fits);
+  CHECK(a.recompute_auto->chosen.empty());
+  for (auto& s : a.recompute_auto->sets) CHECK(s.empty());
+  CHECK(a.worst_stage().total() == none.worst_stage().total());
+  CHECK(a.table().find("fits") != std::string::npos);
+  CHECK_FALSE(none.recompute_auto);
+  CHECK_FALSE(none.to_json().contains("recompute"));  // other modes' plan.json is unchanged
+}
+
+TEST_CASE("auto on a recipe that does not fit without recompute chooses steps until it fits") {
+  const double none_total = plan_of({}).worst_stage().total();
+  const double full_total = plan_of({"recompute.mode=full"}).worst_stage().total();
+  REQUIRE(full_total < none_total);
+  for (double f : {0.1, 0.5, 0.9}) {  // the device between full recompute's footprint and none's
+    CAPTURE(f);
+    const double device = none_total - f * (none_total - full_total);
+    Plan none = plan_of(with_memory({}, device));
+    CHECK_FALSE(none.fits);
+    Plan a = plan_of(with_memory({"recompute.mode=auto"}, device));
+    REQUIRE(a.recompute_auto);
+    const RecomputeAuto& ra = *a.recompute_auto;
+    CHECK(a.fits);
+    CHECK(a.worst_stage().total() <= device);
+    REQUIRE_FALSE(ra.chosen.empty());
+    CHECK(ra.stages[0].before == doctest::Approx(none_total));
+    // It stops as soon as it fits: the same order less its last step does not fit, on the real
+    // ledger (the layout rebuilt from the shorter prefix).
+    std::vector<RecomputeStep> shorter(ra.chosen.begin(), ra.chosen.end() - 1);
+    CHECK(replanned(a, sets_of(shorter, 4)).worst_stage().total() > device);
+    // The steps amount to the sets the layout was built with, and the plan's activations are
+    // the executor's dry run of a graph built from those sets.
+    CHECK(sets_of(ra.chosen, 4) == ra.sets);
+    GptSpec spec = a.layout->spec(0);
+    spec.recompute = sets_of(ra.chosen, 4);
+    const ops::MemoryEstimate est = ops::Executor::simulate(build_gpt_graph(spec));
+    CHECK(a.stages[0].activations_per_micro == static_cast<double>(est.activations_after_forward));
+    CHECK(a.stages[0].activations == static_cast<double>(est.peak[static_cast<int>(ops::Account::Activations)]));
+    CHECK(ra.stages[0].after == doctest::Approx(a.worst_stage().total()));
+    // Bytes saved are the ledger's own: they add up to the drop in activations per micro-batch.
+    double saved = 0;
+    for (auto& c : ra.chosen) saved += c.bytes_saved;
+    CHECK(saved == doctest::Approx(none.stages[0].activations_per_micro - a.stages[0].activations_per_micro).epsilon(1e-12));
+    // The layout (what the trainer builds its graphs from) carries exactly the chosen sets.
+    for (int64_t l = 0; l < 4; ++l) CHECK(a.layout->spec(0).recompute[static_cast<size_t>(l)] == ra.sets[static_cast<size_t>(l)]);
+    // plan.json records it.
+    auto j = a.to_json();
+    REQUIRE(j.contains("recompute"));
+    CHECK(j["recompute"]["mode"] == "auto");
+    CHECK(j["recompute"]["chosen"].size() == ra.chosen.size());
+    CHECK(j["recompute"]["chosen"][0]["module"] == ra.chosen[0].module);
+    CHECK(j["recompute"]["chosen"][0]["bytes_saved"].get<double>() == ra.chosen[0].bytes_saved);
+    CHECK(j["recompute"]["modules"].size() == 5);
+    CHECK(j["recompute"]["rule_of_thumb"].is_array());
+    CHECK(j["recompute"]["sets"].size() == 4);
+    // The report says what and why, beside the rule of thumb.
+    const std::string t = a.table();
+    CHECK(t.find("recompute  auto: chose " + std::to_string(ra.chosen.size())) != std::string::npos);
+    CHECK(t.find("rule of thumb") != std::string::npos);
+    CHECK(t.find("without recompute >") != std::string::npos);
+  }
+}
+
+TEST_CASE("auto takes steps in order of bytes saved per recomputed FLOP") {
+  // A device nothing fits on: every step is taken, so the whole order is visible.
+  Plan a = plan_of(with_memory({"recompute.mode=auto"}, 1.0));
+  REQUIRE(a.recompute_auto);
+  const RecomputeAuto& ra = *a.recompute_auto;
+  CHECK_FALSE(a.fits);
+  // Everything: each layer recomputed whole, as mode full does.
+  Plan full = plan_of({"recompute.mode=full"});
+  for (size_t l = 0; l < 4; ++l) CHECK(ra.sets[l] == full.layout->spec(0).recompute[l]);
+  CHECK(a.stages[0].activations == full.stages[0].activations);
+  // The first step is the best ratio alone; every step beats each step not yet open on an
+  // untouched layer (the greedy invariant), and a layer's steps never save nothing.
+  const RecomputeModuleCost* best = nullptr;
+  for (auto& m : ra.modules)
+    if (!best || m.bytes_saved / m.flops > best->bytes_saved / best->flops) best = &m;
+  REQUIRE(best);
+  CHECK(ra.chosen.front().module == best->module);
+  std::set<int64_t> touched;
+  for (const RecomputeStep& s : ra.chosen) {
+    CAPTURE(s.layer);
+    CAPTURE(s.module);
+    CHECK(s.bytes_saved > 0);
+    if (touched.size() < 4)
+      for (auto& m : ra.modules) CHECK(ratio(s) >= m.bytes_saved / m.flops * (1 - 1e-12));
+    touched.insert(s.layer);
+  }
+  // The greedy property, checked without the planner's own bookkeeping: a step taken later on a
+  // layer that no step touched in between was already open, at the same price, when the earlier
+  // step was taken, so the earlier one saves at least as many bytes per FLOP.
+  for (size_t j = 0; j < ra.chosen.size(); ++j) {
+    for (size_t i = j; i-- > 0;) {
+      if (ra.chosen[i].layer == ra.chosen[j].layer) break;
+      CAPTURE(i);
+      CAPTURE(j);
+      CHECK(ratio(ra.chosen[i]) >= ratio(ra.chosen[j]) * (1 - 1e-12));
+    }
+  }
+  // Ratios of one step kind from an untouched layer come out equal for identical layers, in
+  // layer order.
+  std::vector<int64_t> first_kind;
+  for (auto& s : ra.chosen)
+    if (s.module == ra.chosen.front().module) first_kind.push_back(s.layer);
+  CHECK(first_kind == std::vector<int64_t>{0, 1, 2, 3});
+}
+
+TEST_CASE("even full recompute does not fit: every step is taken, and the plan says so") {
+  Plan a = plan_of(with_memory({"recompute.mode=auto"}, 1 << 20));
+  REQUIRE(a.recompute_auto);
+  CHECK_FALSE(a.fits);
+  CHECK(a.recompute_auto->stages[0].after > a.device_memory);
+  bool warned = false;
+  for (auto& w : a.warnings) warned |= w.find("even with every layer recomputed whole") != std::string::npos;
+  CHECK(warned);
+  const std::string t = a.table();
+  CHECK(t.find("DOES NOT FIT") != std::string::npos);
+  CHECK(t.find("every step was taken") != std::string::npos);
+}
+
+TEST_CASE("pipeline stages choose for themselves") {
+  // pp 2, 1F1B: stage 0 holds 2 micro-batches, stage 1 one, so stage 0 needs more.
+  const std::vector<std::string> pp{"parallel.dp=1", "parallel.pp=2", "batch.global=8", "batch.micro=2"};
+  Plan pnone = plan_of(pp);
+  const double lo = pnone.stages[1].total(), hi = pnone.stages[0].total();
+  REQUIRE(lo < hi);
+  std::vector<std::string> sets = pp;
+  sets.push_back("recompute.mode=auto");
+  Plan p2 = plan_of(with_memory(sets, 0.5 * (lo + hi)));
+  REQUIRE(p2.recompute_auto);
+  CHECK(p2.fits);
+  REQUIRE_FALSE(p2.recompute_auto->chosen.empty());
+  for (auto& c : p2.recompute_auto->chosen) {
+    CHECK(c.stage == 0);
+    CHECK(c.layer < 2);
+  }
+  CHECK(p2.stages[1].total() == pnone.stages[1].total());
+}
+
+TEST_CASE("recompute.modules or recompute.layers beside mode auto is a recipe error, where it was written") {
+  const std::string text = std::string(kBase) + "recompute:\n  mode: auto\n  layers: [0, 1]\n";
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"recompute.modules=[mlp]"}, "auto chooses the modules itself"},
+      {{}, "auto chooses the layers itself"},
+  };
+  for (const auto& [sets, want] : cases) {
+    CAPTURE(want);
+    try {
+      make_plan(load_recipe_text(text, "t.yaml", sets));
+      FAIL("expected an error");
+    } catch (const UserError& e) {
+      const std::string msg = e.what();
+      CHECK(msg.find(want) != std::string::npos);
+      CHECK(!e.fix().empty());
+      if (sets.empty()) {  // the layers key, in the text
+        CHECK(msg.rfind("t.yaml:16:3: ", 0) == 0);
+        CHECK(e.loc().line == 16);
+        CHECK(e.loc().col == 3);
+      } else {  // the override that set modules
+        CHECK(msg.rfind("--set: ", 0) == 0);
+      }
+    }
+  }
+}
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result run(const std::string& args, const std::string& cwd) {
+  std::string cmd = "cd '" + cwd + "' && " + std::string(RUNNER_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("runner train with auto recomputes what the plan chose: activation peak within 5% of the ledger") {
+  const std::string recipe = std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml";
+  const std::vector<std::string> base{"train.steps=3",        "train.log_every=1",        "train.eval_every=0",
+                                      "checkpoint.cadence=never", "checkpoint.every_steps=0", "hardware.memory_gb=1000"};
+  Plan none = make_plan(load_recipe(recipe, base));
+  std::vector<std::string> full_sets = base;
+  full_sets.push_back("recompute.mode=full");
+  Plan full = make_plan(load_recipe(recipe, full_sets));
+  const double device = 0.5 * (none.worst_stage().total() + full.worst_stage().total());
+  std::vector<std::string> sets = with_memory(base, device);
+  sets.push_back("recompute.mode=auto");
+  Plan planned = make_plan(load_recipe(recipe, sets));
+  REQUIRE(planned.fits);
+  REQUIRE_FALSE(planned.recompute_auto->chosen.empty());
+
+  fs::path cwd = fs::temp_directory_path() / ("runner_recompute_auto_" + std::to_string(getpid()));
+  fs::remove_all(cwd);
+  fs::create_directories(cwd);
+  std::string args = "train " + recipe + " --quiet --run-dir run";
+  for (auto& s : sets) args += " --set " + s;
+  Result r = run(args, cwd.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  std::ifstream pj(cwd / "run" / "plan.json");
+  const auto plan_json = nlohmann::json::parse(pj);
+  REQUIRE(plan_json.contains("recompute"));
+  CHECK(plan_json["recompute"]["chosen"].size() == planned.recompute_auto->chosen.size());
+  nlohmann::json summary;
+  std::ifstream m(cwd / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("summary")) summary = j;
+  }
+  REQUIRE(!summary.is_null());
+  const double pred = summary["ledger"]["activations"]["predicted"], meas = summary["ledger"]["activations"]["measured"];
+  CHECK(pred == doctest::Approx(planned.stages[0].activations));
+  CHECK(std::abs(meas - pred) <= 0.05 * pred);
+  // And it did recompute: the measured peak is well below what nothing recomputed holds.
+  CHECK(meas < none.stages[0].activations - 0.5 * (none.stages[0].activations - planned.stages[0].activations));
+  fs::remove_all(cwd);
+}
