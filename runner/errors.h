@@ -32,6 +32,9 @@ class UserError : public std::runtime_error {
 };
 
 constexpr int kExitUserError = 2;
+// The run stopped on its numerics: fp16 gradients overflowed on more consecutive steps than
+// precision.loss_scale.max_consecutive_skips allows (the diagnostic names the tensor).
+constexpr int kExitNumerics = 4;
 
 [[noreturn]] void check_failed(const char* cond, const char* file, int line, const std::string& msg);
 

@@ -48,6 +48,10 @@ int main(int argc, char** argv) {
   resume_cmd->add_option("--step", topts.resume_step, "resume from this step's checkpoint instead of LATEST");
   resume_cmd->add_flag("--strict", topts.strict, "fail on a corrupt checkpoint instead of falling back");
   resume_cmd->add_flag("--quiet", topts.quiet, "no progress lines on stdout (the log file keeps them)");
+  for (CLI::App* c : {train_cmd, resume_cmd})
+    c->add_flag("--diagnose-precision", topts.diagnose_precision,
+                "per parameter tensor and logged step: largest gradient, fraction that would underflow in fp16 at the "
+                "loss scale, headroom to overflow; warns when no single scale suits every tensor (precision.diagnostics)");
   resume_cmd->add_option("--set", sets,
                          "override a field of the stored recipe, e.g. --set parallel.tp=2 to resume on another layout")
       ->take_all();

@@ -27,6 +27,11 @@ struct LossScalerState {
   double scale = 1.0;          // 1 for fp32/bf16
   int64_t good_steps = 0;      // consecutive finite steps since the last change
   int64_t skipped_steps = 0;   // total overflowed steps skipped
+  // Overflowed steps in a row (precision.loss_scale.max_consecutive_skips). Not in the
+  // checkpoint's /state (its fields and checksum are fixed by format version 1): after a resume
+  // the count restarts at 0. The numbers are unaffected; only where the limit stops a run that
+  // overflows on every step can move later by the skips before the checkpoint.
+  int64_t consecutive_skips = 0;
 };
 
 struct TrainState {
@@ -34,6 +39,11 @@ struct TrainState {
   int64_t tokens = 0;          // training tokens consumed
   ParamSet params;             // values (parameters account) and grads (gradients account)
   std::vector<ops::Tensor> adam_m, adam_v;  // one per parameter, fp32, optimizer account
+  // fp32 master weights when the compute copy (params.values) is 16-bit and the recipe keeps
+  // masters (precision.master_weights: fp32): shaped like adam_m (this rank's ZeRO-1 piece),
+  // optimizer account; empty otherwise. Invariant: values == round_to_compute(masters) on the
+  // owned range, so a checkpoint stores the masters (as /params) and the compute copy follows.
+  std::vector<ops::Tensor> masters;
   LoaderState loader;          // the train loader's cursor at the step boundary
   RngState rng;
   LossScalerState scaler;

@@ -176,3 +176,83 @@ TEST_CASE("16-bit activations: numbers track fp32, memory is halved, the dry run
     }
   }
 }
+
+namespace {
+// The parameter gradients of `ps` (any dtype) as doubles, tensor by tensor.
+std::vector<std::vector<double>> grads_f64(const ParamSet& ps) {
+  std::vector<std::vector<double>> out;
+  for (auto& t : ps.grads) {
+    std::vector<float> f(static_cast<size_t>(t.numel()));
+    if (t.dtype() == ops::DType::F32) std::copy(t.data<float>(), t.data<float>() + t.numel(), f.begin());
+    else ops::to_f32(f.data(), t.raw(), t.dtype(), t.numel());
+    out.emplace_back(f.begin(), f.end());
+  }
+  return out;
+}
+
+double rel_l2_f64(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    for (size_t j = 0; j < ref[i].size(); ++j) {
+      num += (a[i][j] - ref[i][j]) * (a[i][j] - ref[i][j]);
+      den += ref[i][j] * ref[i][j];
+    }
+  return std::sqrt(num / den);
+}
+}  // namespace
+
+TEST_CASE("accumulating 16 micro-batches in bf16 drifts further from a float64 sum than accumulating in fp32") {
+  // The same bf16 model and the same 16 micro-batches; each micro-batch's per-node gradients
+  // are rounded to bf16 alike in every variant. Only the buffer they are summed into differs:
+  // fp32 (precision.grad_accum: fp32, the default) adds ~2^-24 relative per addition, bf16 adds
+  // ~2^-9 per addition, so after 16 additions bf16 should be off by roughly 2^-9 * sqrt(16)
+  // relative, three orders of magnitude more than fp32.
+  const ModelConfig m = tiny(false);
+  GptSpec spec;
+  spec.model = m;
+  spec.B = 2;
+  spec.act_dtype = ops::DType::BF16;
+  spec.recompute = recompute_sets(RecomputeConfig{}, m.n_layers);
+  ops::Graph g = build_gpt_graph(spec);
+  const int K = 16;
+  const int64_t n = spec.B * m.seq_len;
+  auto batch = [&](int k, std::vector<int32_t>& tok, std::vector<int32_t>& tgt) {
+    tok.resize(static_cast<size_t>(n));
+    tgt.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      tok[static_cast<size_t>(i)] = static_cast<int32_t>(ops::rng_u32(30 + k, static_cast<uint64_t>(i)) % m.vocab_size);
+      tgt[static_cast<size_t>(i)] = static_cast<int32_t>(ops::rng_u32(60 + k, static_cast<uint64_t>(i)) % m.vocab_size);
+    }
+  };
+  // Runs the K micro-batches into `ps` (gradients summed by the executor); with `ref`, zeroes
+  // the buffer after each and sums in double instead.
+  auto accumulate = [&](ParamSet& ps, std::vector<std::vector<double>>* ref) {
+    ops::Executor ex(g, ops::cpu_backend());
+    bind_params(ex, g, ps);
+    std::vector<int32_t> tok, tgt;
+    for (int k = 0; k < K; ++k) {
+      batch(k, tok, tgt);
+      auto l = ex.forward(tok.data(), tgt.data(), true, 1, 0);
+      ex.backward(1.0f / static_cast<float>(l.count * K));
+      if (!ref) continue;
+      auto gk = grads_f64(ps);
+      if (ref->empty()) *ref = gk;
+      else
+        for (size_t i = 0; i < gk.size(); ++i)
+          for (size_t j = 0; j < gk[i].size(); ++j) (*ref)[i][j] += gk[i][j];
+      for (auto& t : ps.grads) t.zero();
+    }
+  };
+  std::vector<std::vector<double>> ref;
+  ParamSet p_ref = init_params(g, m, 11, ops::DType::F32);
+  accumulate(p_ref, &ref);
+  ParamSet p32 = init_params(g, m, 11, ops::DType::F32);
+  accumulate(p32, nullptr);
+  ParamSet p16 = init_params(g, m, 11, ops::DType::BF16);
+  accumulate(p16, nullptr);
+  const double e32 = rel_l2_f64(grads_f64(p32), ref), e16 = rel_l2_f64(grads_f64(p16), ref);
+  MESSAGE("relative L2 error of the accumulated gradient after " << K << " micro-batches: fp32 " << e32 << ", bf16 " << e16);
+  CHECK(e32 < 1e-5);
+  CHECK(e16 > 1e-3);
+  CHECK(e16 > 100 * e32);
+}

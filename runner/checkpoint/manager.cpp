@@ -82,6 +82,7 @@ TrainState clone_state(const TrainState& s, ops::Account account) {
   for (auto& t : s.params.values) c.params.values.push_back(deep_copy(t, account));
   for (auto& t : s.adam_m) c.adam_m.push_back(deep_copy(t, account));
   for (auto& t : s.adam_v) c.adam_v.push_back(deep_copy(t, account));
+  for (auto& t : s.masters) c.masters.push_back(deep_copy(t, account));
   return c;
 }
 
@@ -90,13 +91,14 @@ TrainState clone_state(const TrainState& s, ops::Account account) {
 
 void MemorySnapshot::take(const TrainState& s) {
   bool reuse = valid_ && same_layout(state_.params.values, s.params.values) && same_layout(state_.adam_m, s.adam_m) &&
-               same_layout(state_.adam_v, s.adam_v);
+               same_layout(state_.adam_v, s.adam_v) && same_layout(state_.masters, s.masters);
   if (!reuse) {
     state_ = clone_state(s, ops::Account::Workspace);
   } else {
     for (size_t i = 0; i < s.params.values.size(); ++i) copy_into(state_.params.values[i], s.params.values[i], "snapshot");
     for (size_t i = 0; i < s.adam_m.size(); ++i) copy_into(state_.adam_m[i], s.adam_m[i], "snapshot");
     for (size_t i = 0; i < s.adam_v.size(); ++i) copy_into(state_.adam_v[i], s.adam_v[i], "snapshot");
+    for (size_t i = 0; i < s.masters.size(); ++i) copy_into(state_.masters[i], s.masters[i], "snapshot");
     copy_scalars(state_, s);
   }
   valid_ = true;
@@ -116,6 +118,8 @@ void MemorySnapshot::restore(TrainState& s) const {
     for (size_t i = 0; i < state_.adam_m.size(); ++i) copy_into(s.adam_m[i], state_.adam_m[i], "restore adam_m");
     for (size_t i = 0; i < state_.adam_v.size(); ++i) copy_into(s.adam_v[i], state_.adam_v[i], "restore adam_v");
   }
+  RUNNER_CHECK(s.masters.size() == state_.masters.size(), "snapshot and state hold different master weights");
+  for (size_t i = 0; i < state_.masters.size(); ++i) copy_into(s.masters[i], state_.masters[i], "restore masters");
   copy_scalars(s, state_);
 }
 
@@ -124,6 +128,7 @@ size_t MemorySnapshot::bytes() const {
   for (auto& t : state_.params.values) n += t.nbytes();
   for (auto& t : state_.adam_m) n += t.nbytes();
   for (auto& t : state_.adam_v) n += t.nbytes();
+  for (auto& t : state_.masters) n += t.nbytes();
   return n;
 }
 

@@ -108,7 +108,8 @@ CheckpointPolicy::CheckpointPolicy(const Plan& plan, parallel::Grid& grid, std::
 int64_t CheckpointPolicy::resume(const ResumePoint& point, TrainState& st) {
   int64_t step = -1;
   agree(grid_.world(), [&] {
-    if (!multi()) {  // the logical tensors are this rank's tensors
+    const bool fp32_state = st.params.values.empty() || st.params.values[0].dtype() == ops::DType::F32;
+    if (!multi() && fp32_state) {  // the logical tensors are this rank's tensors
       step = mgr_.load_step(point.step, st, /*strict=*/true);
       return;
     }
@@ -139,7 +140,10 @@ bool CheckpointPolicy::due(int64_t step, double elapsed_seconds) {
 
 void CheckpointPolicy::save(const TrainState& st, bool final) {
   if (!multi()) {
-    mgr_.save(st, final);
+    // A 16-bit run stores its fp32 weights (the masters, or the values widened): the logical state.
+    const bool fp32_state = st.params.values.empty() || st.params.values[0].dtype() == ops::DType::F32;
+    if (fp32_state) mgr_.save(st, final);
+    else mgr_.save(fp32_weights_view(st), final);
     if (final) mgr_.wait();
     return;
   }

@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "ops/convert.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/errors.h"
 #include "runner/train/optimizer.h"
@@ -37,6 +38,29 @@ void full_moment(const TrainState& local, size_t i, int which, parallel::Communi
     if (e > a) std::memcpy(full + a, m.raw(), static_cast<size_t>(e - a) * sizeof(float));
   }
   if (ps.zero_sharded(i)) dp.allreduce_sum(full, ps.values[i].numel());
+}
+
+// Parameter i's fp32 weights as a checkpoint stores them (/params): the fp32 masters when the
+// run keeps them (a ZeRO-1 piece assembled over the data-parallel group when ZeRO shards the
+// parameter: a collective on it, called by every dp rank alike), else the values, widened
+// exactly when they are 16-bit. `buf` holds them when a copy is needed.
+const float* param_fp32(const TrainState& local, size_t i, parallel::Communicator& dp, std::vector<float>& buf) {
+  const ParamSet& ps = local.params;
+  const ops::Tensor& v = ps.values[i];
+  const int64_t n = v.numel();
+  if (!local.masters.empty()) {
+    const ops::Tensor& m = local.masters[i];
+    if (!ps.zero_sharded(i) && m.numel() == n) return m.data<float>();
+    buf.assign(static_cast<size_t>(n), 0.0f);
+    auto [a, e] = ps.owned_range(i);
+    if (e > a) std::memcpy(buf.data() + a, m.raw(), static_cast<size_t>(e - a) * sizeof(float));
+    if (ps.zero_sharded(i)) dp.allreduce_sum(buf.data(), n);
+    return buf.data();
+  }
+  if (v.dtype() == ops::DType::F32) return v.data<float>();
+  buf.resize(static_cast<size_t>(n));
+  ops::to_f32(buf.data(), v.raw(), v.dtype(), n);
+  return buf.data();
 }
 
 // This rank's parameters: (its ParamSet index, the logical parameter) in stage_params order.
@@ -73,10 +97,14 @@ TrainState gather_logical_state(const ModelLayout& layout, parallel::Grid& grid,
   const parallel::Coords me = grid.coords();
   const parallel::GridShape& shape = grid.shape();
   const ParamSet& ps = local.params;
-  // 1. Full local moments (ZeRO pieces assembled over dp; zeros before the first update).
+  // 1. Full local moments and fp32 weights (ZeRO pieces assembled over dp; zeros before the
+  //    first update).
   std::vector<ops::Tensor> m(ps.values.size()), v(ps.values.size());
+  std::vector<std::vector<float>> wbuf(ps.values.size());
+  std::vector<const float*> w(ps.values.size(), nullptr);
   for (size_t i = 0; i < ps.values.size(); ++i) {
     if (!ps.zero_sharded(i) && me.dp != 0) continue;  // only the sending replica needs them
+    w[i] = param_fp32(local, i, grid.dp(), wbuf[i]);
     m[i] = ops::Tensor::zeros(ps.values[i].shape(), ops::DType::F32, ops::Account::Workspace);
     v[i] = ops::Tensor::zeros(ps.values[i].shape(), ops::DType::F32, ops::Account::Workspace);
     full_moment(local, i, 1, grid.dp(), m[i].data<float>());
@@ -93,7 +121,7 @@ TrainState gather_logical_state(const ModelLayout& layout, parallel::Grid& grid,
   if (me.dp == 0 && grid.rank() != 0) {
     for (auto [i, p] : held(layout, me.pp, ps)) {
       if (p->writer_stage() != me.pp) continue;
-      grid.world().send(ps.values[i].raw(), ps.values[i].nbytes(), 0, kTagState);
+      grid.world().send(w[i], static_cast<size_t>(ps.values[i].numel()) * sizeof(float), 0, kTagState);
       grid.world().send(m[i].raw(), m[i].nbytes(), 0, kTagState);
       grid.world().send(v[i].raw(), v[i].nbytes(), 0, kTagState);
     }
@@ -120,7 +148,7 @@ TrainState gather_logical_state(const ModelLayout& layout, parallel::Grid& grid,
         const float* parts[3];
         if (src == 0) {
           const size_t i = static_cast<size_t>(ps.index(p.name));
-          parts[0] = ps.values[i].data<float>();
+          parts[0] = w[i];
           parts[1] = m[i].data<float>();
           parts[2] = v[i].data<float>();
         } else {
@@ -214,7 +242,7 @@ void save_sharded(CheckpointManager& mgr, const ModelLayout& layout, parallel::G
     const int64_t n = ps.values[i].numel();
     const float* src = nullptr;
     if (which == 0) {
-      src = ps.values[i].data<float>();
+      src = param_fp32(local, i, grid.dp(), full);
     } else {
       if (ps.zero_sharded(i)) {  // every dp rank of this shard takes part (the same sequence on each)
         full.assign(static_cast<size_t>(n), 0.0f);
@@ -233,6 +261,32 @@ void save_sharded(CheckpointManager& mgr, const ModelLayout& layout, parallel::G
   mgr.save_external(
       local.step, [&] { return write_checkpoint_collective(world, mgr.dir(), local, tensors, slice, mgr.write_options()); },
       publisher);
+}
+
+TrainState fp32_weights_view(const TrainState& s) {
+  TrainState v;
+  v.copy_scalars_from(s);
+  v.recipe_yaml = s.recipe_yaml;
+  v.world_rank = s.world_rank;
+  v.world_size = s.world_size;
+  v.params.names = s.params.names;
+  v.params.decay = s.params.decay;
+  v.adam_m = s.adam_m;  // shared, not copied
+  v.adam_v = s.adam_v;
+  for (size_t i = 0; i < s.params.values.size(); ++i) {
+    const ops::Tensor& x = s.params.values[i];
+    if (!s.masters.empty()) {
+      RUNNER_CHECK(s.masters[i].shape() == x.shape(), "master weights of " + s.params.names[i] + " are sharded");
+      v.params.values.push_back(s.masters[i]);
+    } else if (x.dtype() == ops::DType::F32) {
+      v.params.values.push_back(x);
+    } else {
+      ops::Tensor w(x.shape(), ops::DType::F32, ops::Account::Workspace);
+      ops::to_f32(w.data<float>(), x.raw(), x.dtype(), x.numel());
+      v.params.values.push_back(std::move(w));
+    }
+  }
+  return v;
 }
 
 TrainState logical_template(const ModelLayout& layout, int stage, int world_rank, int world_size) {
@@ -264,10 +318,20 @@ void load_local_from_logical(const ModelLayout& layout, int stage, int64_t tp_ra
     const ops::TensorDesc d = p->shard(tp_rank);
     const int j = logical.params.index(p->name);
     RUNNER_CHECK(j >= 0, "parameter " + p->name + " missing when loading the logical state");
-    logical_to_shard(*p, d, logical.params.values[static_cast<size_t>(j)].data<float>(), ps.values[i].data<float>());
-    if (!moments) continue;
+    // The stored fp32 weights become the masters (this rank's piece) and the values: the same
+    // fp32 numbers, or their rounding to the compute format (values == round(masters)).
     auto [a, e] = ps.owned_range(i);
     std::vector<float> tmp(static_cast<size_t>(numel(d.shape)));
+    ops::Tensor& val = ps.values[i];
+    if (val.dtype() == ops::DType::F32) {
+      logical_to_shard(*p, d, logical.params.values[static_cast<size_t>(j)].data<float>(), val.data<float>());
+    } else {
+      logical_to_shard(*p, d, logical.params.values[static_cast<size_t>(j)].data<float>(), tmp.data());
+      ops::from_f32(val.raw(), val.dtype(), tmp.data(), val.numel());
+      if (!local.masters.empty() && e > a)
+        std::memcpy(local.masters[i].raw(), tmp.data() + a, static_cast<size_t>(e - a) * sizeof(float));
+    }
+    if (!moments) continue;
     for (int which = 0; which < 2; ++which) {
       const ops::Tensor& src = (which == 0 ? logical.adam_m : logical.adam_v)[static_cast<size_t>(j)];
       ops::Tensor& dst = (which == 0 ? local.adam_m : local.adam_v)[i];

@@ -57,6 +57,11 @@ void save_sharded(CheckpointManager& mgr, const ModelLayout& layout, parallel::G
 // replicated tensor written by tensor-parallel rank 0 only.
 TensorSlice shard_slice(const LogicalParam& p, int tp_rank, const float* src);
 
+// One rank's state as a checkpoint stores it, without a collective: the same tensors (shared,
+// not copied), except that 16-bit values are replaced by the fp32 masters (or, without masters,
+// by an exact fp32 widening). For a run whose masters are whole tensors (no ZeRO-1 sharding).
+TrainState fp32_weights_view(const TrainState& s);
+
 // What a rank of pipeline stage `stage` loads: its parameters under their logical names and
 // shapes, no moments.
 TrainState logical_template(const ModelLayout& layout, int stage, int world_rank, int world_size);

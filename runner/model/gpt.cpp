@@ -2,6 +2,8 @@
 // LLaMA-style with rmsnorm + swiglu + rope) expanded into one graph per rank.
 #include "runner/model/model.h"
 
+#include "ops/convert.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -251,6 +253,9 @@ struct Builder {
     } else {
       g.stage_output = x;
     }
+    // The compute copy of every weight is in the compute format (the optimizer's fp32 masters,
+    // when the recipe keeps them, live outside the graph: runner/train/optimizer.h).
+    for (int id : g.params) g.tensors[static_cast<size_t>(id)].dtype = act;
     g.finalize();
     return std::move(g);
   }
@@ -299,34 +304,45 @@ int64_t shard_to_full_index(const ops::TensorDesc& d, int64_t i) {
   return full;
 }
 
-ParamSet init_params(const Graph& g, const ModelConfig& m, uint64_t seed) {
+ParamSet init_params(const Graph& g, const ModelConfig& m, uint64_t seed, ops::DType grad_dtype) {
   std::vector<ops::TensorDesc> descs;
   for (int id : g.params) descs.push_back(g.tensors[static_cast<size_t>(id)]);
-  return init_params(descs, m, seed);
+  return init_params(descs, m, seed, grad_dtype);
 }
 
-ParamSet init_params(const std::vector<ops::TensorDesc>& params, const ModelConfig& m, uint64_t seed) {
+void init_param_values(const ops::TensorDesc& d, const ModelConfig& m, uint64_t seed, float* p) {
+  const int64_t n = ops::numel_of(d.shape);
+  auto ends_with = [&](const std::string& suf) {
+    return d.name.size() >= suf.size() && d.name.compare(d.name.size() - suf.size(), suf.size(), suf) == 0;
+  };
+  const bool is_norm = d.name.find(".ln") != std::string::npos || d.name.rfind("ln_f", 0) == 0;
+  if (ends_with(".bias")) {
+    std::fill(p, p + n, 0.0f);
+  } else if (is_norm) {
+    std::fill(p, p + n, 1.0f);
+  } else {
+    const double proj_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.n_layers));
+    const double std = (ends_with("attn.proj.weight") || ends_with("mlp.proj.weight")) ? proj_std : m.init_std;
+    const uint64_t key = ops::rng_key(seed, ops::hash_name(d.name.c_str()));
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = static_cast<float>(std * ops::rng_normal(key, static_cast<uint64_t>(shard_to_full_index(d, i))));
+  }
+}
+
+ParamSet init_params(const std::vector<ops::TensorDesc>& params, const ModelConfig& m, uint64_t seed,
+                     ops::DType grad_dtype) {
   ParamSet ps;
-  double proj_std = m.init_std / std::sqrt(2.0 * static_cast<double>(m.n_layers));
+  std::vector<float> tmp;
   for (const ops::TensorDesc& d : params) {
     if (ps.index(d.name) >= 0) continue;  // tied weights appear once
-    ops::Tensor v(d.shape, ops::DType::F32, ops::Account::Parameters);
-    ops::Tensor gr(d.shape, ops::DType::F32, ops::Account::Gradients);
-    float* p = v.data<float>();
-    int64_t n = v.numel();
-    auto ends_with = [&](const std::string& suf) {
-      return d.name.size() >= suf.size() && d.name.compare(d.name.size() - suf.size(), suf.size(), suf) == 0;
-    };
-    bool is_norm = d.name.find(".ln") != std::string::npos || d.name.rfind("ln_f", 0) == 0;
-    if (ends_with(".bias")) {
-      // zeros
-    } else if (is_norm) {
-      for (int64_t i = 0; i < n; ++i) p[i] = 1.0f;
-    } else {
-      double std = (ends_with("attn.proj.weight") || ends_with("mlp.proj.weight")) ? proj_std : m.init_std;
-      uint64_t key = ops::rng_key(seed, ops::hash_name(d.name.c_str()));
-      for (int64_t i = 0; i < n; ++i)
-        p[i] = static_cast<float>(std * ops::rng_normal(key, static_cast<uint64_t>(shard_to_full_index(d, i))));
+    ops::Tensor v(d.shape, d.dtype, ops::Account::Parameters);
+    ops::Tensor gr(d.shape, grad_dtype, ops::Account::Gradients);
+    if (d.dtype == ops::DType::F32) {
+      init_param_values(d, m, seed, v.data<float>());
+    } else {  // the compute copy: the fp32 initial values rounded to nearest even
+      tmp.resize(static_cast<size_t>(v.numel()));
+      init_param_values(d, m, seed, tmp.data());
+      ops::from_f32(v.raw(), d.dtype, tmp.data(), v.numel());
     }
     ps.names.push_back(d.name);
     ps.values.push_back(std::move(v));

@@ -67,10 +67,16 @@ struct ParamSet {
 // Allocates and initialises parameters: normal(0, init_std) for matrices and embeddings
 // (residual output projections scaled by 1/sqrt(2*n_layers), GPT-2), ones for norm weights,
 // zeros for biases. Values are a function of (seed, name, logical element index), so every
-// tensor-parallel layout initialises the same logical model.
-ParamSet init_params(const std::vector<ops::TensorDesc>& params, const ModelConfig& m, uint64_t seed);
+// tensor-parallel layout initialises the same logical model. Values take each desc's dtype
+// (a 16-bit compute copy holds the fp32 initial value rounded to nearest even); gradients
+// take `grad_dtype` (precision.grad_accum).
+ParamSet init_params(const std::vector<ops::TensorDesc>& params, const ModelConfig& m, uint64_t seed,
+                     ops::DType grad_dtype = ops::DType::F32);
 // The same for a graph's parameters (each name once, in graph order).
-ParamSet init_params(const ops::Graph& g, const ModelConfig& m, uint64_t seed);
+ParamSet init_params(const ops::Graph& g, const ModelConfig& m, uint64_t seed, ops::DType grad_dtype = ops::DType::F32);
+// The fp32 initial values of one parameter (shard) `d`, as init_params computes them: what the
+// fp32 master weights start from.
+void init_param_values(const ops::TensorDesc& d, const ModelConfig& m, uint64_t seed, float* out);
 
 // Index of element `i` of a shard in its full logical tensor.
 int64_t shard_to_full_index(const ops::TensorDesc& d, int64_t i);

@@ -97,12 +97,46 @@ void RunMetrics::step(int64_t step, int64_t tokens, const StepResult& s, double 
   comm_hidden_total_ += s.comm_hidden_ms;
   comm_exposed_total_ += s.comm_exposed_ms;
   j["checkpoint_ms"] = checkpoint_ms;
+  j["loss_scale"] = s.scale;
+  if (s.overflow) {
+    overflows_++;
+    j["overflow"] = true;
+    j["overflow_tensor"] = s.overflow_tensor;
+  }
+  if (s.diagnostics) {
+    const GradReport& r = *s.diagnostics;
+    nlohmann::json t = nlohmann::json::array();
+    for (const GradRange& g : r.tensors)
+      t.push_back({{"tensor", g.name},
+                   {"max_abs", g.max_abs},
+                   {"underflow_fraction", g.underflow},
+                   {"zero_fraction", g.numel ? static_cast<double>(g.zeros) / static_cast<double>(g.numel) : 0.0},
+                   {"nonfinite", g.nonfinite},
+                   {"headroom_bits", std::isfinite(g.headroom_bits) ? nlohmann::json(g.headroom_bits) : nlohmann::json(nullptr)},
+                   {"scale_range", {g.scale_lo, std::isfinite(g.scale_hi) ? nlohmann::json(g.scale_hi) : nlohmann::json(nullptr)}}});
+    j["grad_range"] = t;
+    if (r.conflict()) {
+      const GradRange &a = r.tensors[static_cast<size_t>(r.needs_large)], &b = r.tensors[static_cast<size_t>(r.needs_small)];
+      j["scale_conflict"] = {a.name, b.name};
+      if (!conflict_warned_)
+        log_->warn("step {}: no single fp16 loss scale suits every gradient: {} needs a scale of at least {:.3g} "
+                   "(else more than 1% of it flushes to zero), but {} overflows above {:.3g}. Consider bf16 "
+                   "(fp32's exponent range), or fp32 for the tensors at the extremes",
+                   step, describe_tensor(a), a.scale_lo, describe_tensor(b), b.scale_hi);
+      conflict_warned_ = true;
+    }
+    last_range_ = r;
+  }
   write(j.dump());
+}
+
+bool RunMetrics::logged(int64_t step) const {
+  return step % plan_.recipe.train.log_every == 0 || step == plan_.recipe.train.steps || step == 1;
 }
 
 void RunMetrics::step_line(int64_t step, const StepResult& s) {
   const int64_t total = plan_.recipe.train.steps;
-  if (!(step % plan_.recipe.train.log_every == 0 || step == total || step == 1)) return;
+  if (!logged(step)) return;
   const double tok_per_step = static_cast<double>(plan_.tokens_per_step);
   const double avg = window_ms_ / static_cast<double>(window_);
   const double eta = static_cast<double>(total - step) * (timed_ ? sum_ms_ / static_cast<double>(timed_) : avg) / 1e3;
@@ -112,6 +146,7 @@ void RunMetrics::step_line(int64_t step, const StepResult& s) {
              human_count(tok_per_step / (avg / 1e3)),
              100 * plan_.flops_per_token * tok_per_step / (avg / 1e3) / std::max(1.0, peak_flops_),
              window_data_ / static_cast<double>(window_), format_bytes(static_cast<double>(mem)), human_duration(eta));
+  if (scaler_active_) log_->info("  loss scale {:g} | {} step(s) skipped on overflow so far", s.scale, overflows_);
   window_ = 0;
   window_ms_ = window_data_ = 0;
 }
@@ -132,6 +167,27 @@ void RunMetrics::eval(int64_t step, const EvalResult& e) {
 void RunMetrics::rollback(int64_t step, int64_t to_step, double loss) {
   nlohmann::json j{{"rollback", true}, {"step", step}, {"to_step", to_step}, {"loss", loss}};
   write(j.dump());
+}
+
+// The last gradient range report: the tensors closest to overflow and those losing most to
+// underflow at the run's scale.
+void RunMetrics::summarize_range(const GradReport& r) {
+  std::vector<const GradRange*> t;
+  for (const GradRange& g : r.tensors)
+    if (g.numel > 0) t.push_back(&g);
+  if (t.empty()) return;
+  log_->info("gradient range at the last logged step (loss scale {:g}; fp16 overflows above 65504, flushes below 2^-24)", r.scale);
+  log_->info("  {:<32} {:>11} {:>10} {:>10}", "tensor", "max |grad|", "headroom", "underflow");
+  auto row = [&](const GradRange* g) {
+    log_->info("  {:<32} {:>11.3e} {:>7.1f} b {:>9.3f}%", g->name, g->max_abs, g->headroom_bits, 100 * g->underflow);
+  };
+  std::sort(t.begin(), t.end(), [](auto* a, auto* b) { return a->headroom_bits < b->headroom_bits; });
+  for (size_t i = 0; i < std::min<size_t>(3, t.size()); ++i) row(t[i]);
+  std::sort(t.begin(), t.end(), [](auto* a, auto* b) { return a->underflow > b->underflow; });
+  for (size_t i = 0; i < std::min<size_t>(3, t.size()); ++i) row(t[i]);
+  if (r.conflict())
+    log_->warn("  no single loss scale suits both {} and {}", describe_tensor(r.tensors[static_cast<size_t>(r.needs_large)]),
+               describe_tensor(r.tensors[static_cast<size_t>(r.needs_small)]));
 }
 
 void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, double wall_s,
@@ -157,6 +213,9 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
   log_->info("done: {} steps in {} | {} tok/s | MFU {:.0f}% | final val loss {:.4f}{}", steps, human_duration(wall_s),
              human_count(tps), 100 * plan_.flops_per_token * tps / std::max(1.0, peak_flops_), e.loss,
              e.accuracy >= 0 ? fmt::format(" | accuracy {:.1f}%", 100 * e.accuracy) : "");
+  if (scaler_active_)
+    log_->info("fp16 loss scale: {:g} at the end | {} overflowed step(s) skipped", scaler_.scale, scaler_.skipped_steps);
+  if (last_range_) summarize_range(*last_range_);
   // Ledger honesty: measured peak of each account against the plan's prediction.
   const StageLedger& L = plan_.stages[static_cast<size_t>(grid_.coords().pp)];
   std::pair<const char*, std::pair<double, ops::Account>> rows[] = {
@@ -192,6 +251,8 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
                    {"tokens_per_s", tps}, {"wall_s", wall_s},       {"val_loss", e.loss},
                    {"ledger", ledger}, {"top_ops", ops_json},       {"peak_flops", peak_flops_}};
   if (e.accuracy >= 0) j["accuracy"] = e.accuracy;
+  if (scaler_active_) j["loss_scale"] = {{"final", scaler_.scale}, {"skipped_steps", scaler_.skipped_steps}};
+  if (last_range_) j["scale_conflict"] = last_range_->conflict();
   j["layout"] = {{"world", grid_.world_size()}, {"dp", plan_.dp}, {"tp", plan_.tp}, {"pp", plan_.pp},
                  {"zero", r.parallel.zero}, {"schedule", to_string(r.parallel.schedule)}};
   j["comm_hidden_ms"] = comm_hidden_total_;

@@ -4,6 +4,7 @@
 // communication, each memory account's measured peak beside the plan's prediction, and the
 // top operators. Rank 0 writes; the end-of-run tables are collective.
 #pragma once
+#include <optional>
 #include <array>
 #include <cstdint>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "ops/tensor.h"
 #include "parallel/grid.h"
 #include "runner/plan/plan.h"
+#include "runner/train/precision.h"
 #include "runner/train/evaluate.h"
 
 namespace spdlog {
@@ -29,6 +31,10 @@ struct StepResult {
   double data_ms = 0, fwd_ms = 0, bwd_ms = 0, opt_ms = 0, total_ms = 0;
   double comm_hidden_ms = 0, comm_exposed_ms = 0, pipe_wait_ms = 0;
   bool skipped = false;
+  double scale = 1;            // the loss scale the step ran with
+  bool overflow = false;       // fp16 gradients overflowed: skipped by the loss scaler
+  std::string overflow_tensor; // the first non-finite gradient in backward order
+  std::optional<GradReport> diagnostics;  // per-tensor gradient range (precision.diagnostics)
 };
 
 class RunMetrics {
@@ -52,11 +58,16 @@ class RunMetrics {
   void rollback(int64_t step, int64_t to_step, double loss);
   // Collective: the end-of-run tables and the summary record.
   void summary(int64_t steps, int64_t tokens, const EvalResult& e, double wall_s, std::vector<ops::OpProfile> prof);
+  // Whether `step` gets a step line (and, with precision.diagnostics, a gradient range report).
+  bool logged(int64_t step) const;
+  // Final loss-scaler figures for the summary (fp16).
+  void set_scaler(const LossScalerState& s, bool active) { scaler_ = s; scaler_active_ = active; }
   // Mean step time of the steps after the first (which warms caches); 0 before there are any.
   double mean_step_ms() const { return timed_ ? sum_ms_ / static_cast<double>(timed_) : 0.0; }
 
  private:
   void write(const std::string& line);  // rank 0: one record, flushed
+  void summarize_range(const GradReport& r);
   const Plan& plan_;
   parallel::Grid& grid_;
   std::shared_ptr<spdlog::logger> log_;
@@ -68,6 +79,11 @@ class RunMetrics {
   double window_ms_ = 0, window_data_ = 0;
   int64_t window_ = 0;
   double pipe_wait_total_ = 0, step_ms_total_ = 0, comm_hidden_total_ = 0, comm_exposed_total_ = 0;
+  std::optional<GradReport> last_range_;  // the last gradient range report
+  bool conflict_warned_ = false;
+  LossScalerState scaler_;
+  bool scaler_active_ = false;
+  int64_t overflows_ = 0;
 };
 
 // "12.3k", "1.50M": counts for the step line.

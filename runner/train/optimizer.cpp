@@ -1,7 +1,12 @@
 // AdamW policy: schedule, clipping, decay groups (see optimizer.h).
 #include "runner/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+
+#include "ops/convert.h"
+#include "runner/errors.h"
 
 namespace runner {
 
@@ -17,10 +22,53 @@ double lr_at(const OptimizerConfig& o, int64_t step, int64_t total_steps) {
   return min_lr + (o.lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));  // cosine
 }
 
+namespace {
+// 16-bit tensors are widened in pieces of this many elements (fixed scratch, not a copy of the
+// tensor).
+constexpr int64_t kPiece = 1 << 14;
+
+const char* at(const ops::Tensor& t, int64_t i) {
+  return static_cast<const char*>(t.raw()) + static_cast<size_t>(i) * ops::dtype_size(t.dtype());
+}
+char* at(ops::Tensor& t, int64_t i) { return static_cast<char*>(t.raw()) + static_cast<size_t>(i) * ops::dtype_size(t.dtype()); }
+}  // namespace
+
+double sum_squares(ops::Backend& be, const ops::Tensor& t, int64_t a, int64_t e) {
+  if (e <= a) return 0;
+  if (t.dtype() == ops::DType::F32) return be.sum_squares(t.data<float>() + a, e - a);
+  float buf[kPiece];
+  double ss = 0;
+  for (int64_t i = a; i < e; i += kPiece) {
+    const int64_t n = std::min(kPiece, e - i);
+    ops::to_f32(buf, at(t, i), t.dtype(), n);
+    ss += be.sum_squares(buf, n);
+  }
+  return ss;
+}
+
 double grad_norm(ops::Backend& be, const ParamSet& ps) {
   double ss = 0;
-  for (auto& g : ps.grads) ss += be.sum_squares(g.data<float>(), g.numel());
+  for (auto& g : ps.grads) ss += sum_squares(be, g, 0, g.numel());
   return std::sqrt(ss);
+}
+
+bool keeps_masters(const PrecisionConfig& p) {
+  return p.compute != FloatFormat::fp32 && p.master_weights == MasterWeights::fp32;
+}
+
+void init_masters(TrainState& st, const std::vector<ops::TensorDesc>& descs, const ModelConfig& m, uint64_t seed) {
+  const ParamSet& ps = st.params;
+  st.masters.clear();
+  std::vector<float> full;
+  for (size_t i = 0; i < ps.values.size(); ++i) {
+    auto d = std::find_if(descs.begin(), descs.end(), [&](const ops::TensorDesc& x) { return x.name == ps.names[i]; });
+    RUNNER_CHECK(d != descs.end(), "no desc for parameter " + ps.names[i]);
+    full.resize(static_cast<size_t>(ps.values[i].numel()));
+    init_param_values(*d, m, seed, full.data());
+    auto [a, e] = ps.owned_range(i);
+    st.masters.emplace_back(moment_shape(ps, i), ops::DType::F32, ops::Account::Optimizer);
+    if (e > a) std::memcpy(st.masters.back().raw(), full.data() + a, static_cast<size_t>(e - a) * sizeof(float));
+  }
 }
 
 double clip_factor(double norm, double clip) {
@@ -39,14 +87,28 @@ void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, doub
       st.adam_v.emplace_back(shape, ops::DType::F32, ops::Account::Optimizer);
     }
   }
+  const bool masters = !st.masters.empty();
+  float wbuf[kPiece], gbuf[kPiece];
   for (size_t i = 0; i < ps.values.size(); ++i) {
     auto [a, e] = ps.owned_range(i);
-    if (e <= a) continue;
-    be.adamw_update(ps.values[i].data<float>() + a, ps.grads[i].data<float>() + a, st.adam_m[i].data<float>(),
-                    st.adam_v[i].data<float>(), e - a, static_cast<float>(lr),
-                    static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps),
-                    ps.decay[i] ? static_cast<float>(o.weight_decay) : 0.0f, st.step + 1,
-                    static_cast<float>(grad_scale));
+    ops::Tensor& w = ps.values[i];
+    const ops::Tensor& g = ps.grads[i];
+    const float decay = ps.decay[i] ? static_cast<float>(o.weight_decay) : 0.0f;
+    // The update is elementwise: in pieces of the owned range [a, e), moment offset from a.
+    const bool whole = w.dtype() == ops::DType::F32 && g.dtype() == ops::DType::F32 && !masters;
+    const int64_t piece = whole ? std::max<int64_t>(1, e - a) : kPiece;
+    for (int64_t p = a; p < e; p += piece) {
+      const int64_t n = std::min(piece, e - p);
+      float* wp = masters ? st.masters[i].data<float>() + (p - a)
+                          : (w.dtype() == ops::DType::F32 ? w.data<float>() + p : wbuf);
+      if (!masters && w.dtype() != ops::DType::F32) ops::to_f32(wbuf, at(w, p), w.dtype(), n);
+      const float* gp = g.dtype() == ops::DType::F32 ? g.data<float>() + p : gbuf;
+      if (g.dtype() != ops::DType::F32) ops::to_f32(gbuf, at(g, p), g.dtype(), n);
+      be.adamw_update(wp, gp, st.adam_m[i].data<float>() + (p - a), st.adam_v[i].data<float>() + (p - a), n,
+                      static_cast<float>(lr), static_cast<float>(o.beta1), static_cast<float>(o.beta2),
+                      static_cast<float>(o.eps), decay, st.step + 1, static_cast<float>(grad_scale));
+      if (w.dtype() != ops::DType::F32) ops::from_f32(at(w, p), w.dtype(), wp, n);  // the compute copy
+    }
   }
 }
 

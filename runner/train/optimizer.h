@@ -19,12 +19,26 @@ double lr_at(const OptimizerConfig& o, int64_t step, int64_t total_steps);
 
 // Global L2 norm of all gradients (double accumulation).
 double grad_norm(ops::Backend& be, const ParamSet& ps);
+// Sum of squares of elements [a, e) of `t` (fp32, or a 16-bit tensor widened in pieces), in
+// double.
+double sum_squares(ops::Backend& be, const ops::Tensor& t, int64_t a, int64_t e);
+
+// Whether the run keeps fp32 master weights: the compute copy is 16-bit and
+// precision.master_weights is fp32.
+bool keeps_masters(const PrecisionConfig& p);
+// The fp32 master weights of this rank (st.masters), shaped like its Adam moments (its ZeRO-1
+// piece), from the initial fp32 values (init_param_values of each parameter's desc in
+// `descs`, found by name), so that values == round(masters) from the start.
+void init_masters(TrainState& st, const std::vector<ops::TensorDesc>& descs, const ModelConfig& m, uint64_t seed);
 
 // Clipping factor min(1, clip / (norm + 1e-6)); 1 when clip <= 0.
 double clip_factor(double norm, double clip);
 
 // One AdamW update of every parameter (t = step + 1 for bias correction), gradients
-// multiplied by grad_scale first. Allocates the moments on first use (optimizer account).
+// multiplied by grad_scale first (clipping and 1/loss scale). Allocates the moments on first
+// use (optimizer account). With fp32 masters the update is applied to the masters and the
+// compute copy is their rounding to nearest even; 16-bit values without masters (`same`) are
+// widened, updated in fp32 and rounded back; 16-bit gradients are widened. Moments are fp32.
 void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, double lr, double grad_scale);
 
 void zero_grads(ParamSet& ps);

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "runner/train/optimizer.h"
+
 namespace runner {
 
 RankModel::RankModel(const Plan& plan, parallel::Grid& grid, ops::Backend& be, ParamSet& ps)
@@ -76,7 +78,7 @@ parallel::PipelineStats RankModel::train(const std::vector<parallel::MicroBatch>
     for (int p : ready_at_[static_cast<size_t>(chunk)][static_cast<size_t>(node)]) {
       if (seq_partial_[static_cast<size_t>(p)]) {  // each tp rank saw only its rows of the sequence
         ops::Tensor& gr = ps_.grads[static_cast<size_t>(p)];
-        grid_.tp().allreduce_sum(gr.data<float>(), gr.numel());
+        grid_.tp().iallreduce_sum(gr.raw(), gr.dtype(), gr.numel())->wait();
       }
       sync_->grad_ready(p);
     }
@@ -88,20 +90,25 @@ void RankModel::finish_grads() {
   sync_->finish_grads();
   if (tied_ >= 0) {  // the two copies of the tied embedding: sum over stages, then over dp
     ops::Tensor& g = ps_.grads[static_cast<size_t>(tied_)];
-    if (grid_.embed()) grid_.embed()->allreduce_sum(g.data<float>(), g.numel());
-    grid_.dp().allreduce_sum(g.data<float>(), g.numel());
+    if (grid_.embed()) grid_.embed()->iallreduce_sum(g.raw(), g.dtype(), g.numel())->wait();
+    grid_.dp().iallreduce_sum(g.raw(), g.dtype(), g.numel())->wait();
   }
 }
 
-double RankModel::global_sum_squares(double& extra) {
+bool RankModel::counts(size_t i) const {
   const parallel::Coords c = grid_.coords();
+  if (static_cast<int>(i) == tied_ && !grid_.first_stage()) return false;
+  if (tp_replicated_[i] && c.tp != 0) return false;
+  if (!ps_.zero_sharded(i) && c.dp != 0) return false;
+  return true;
+}
+
+double RankModel::global_sum_squares(double& extra) {
   double ss = 0;
   for (size_t i = 0; i < ps_.grads.size(); ++i) {
-    if (static_cast<int>(i) == tied_ && !grid_.first_stage()) continue;
-    if (tp_replicated_[i] && c.tp != 0) continue;
-    if (!ps_.zero_sharded(i) && c.dp != 0) continue;
+    if (!counts(i)) continue;
     auto [a, e] = ps_.owned_range(i);
-    if (e > a) ss += be_.sum_squares(ps_.grads[i].data<float>() + a, e - a);
+    ss += sum_squares(be_, ps_.grads[i], a, e);
   }
   double v[2] = {ss, extra};
   grid_.world().allreduce_sum(v, 2);

@@ -34,6 +34,9 @@ class RankModel {
   // Sum of squared gradients over the logical model (every element once, whichever ranks hold
   // copies); `extra` is summed over the world in the same all-reduce.
   double global_sum_squares(double& extra);
+  // Whether this rank's copy of parameter i (its owned range) is the one that counts for it in
+  // a reduction over the logical model (each element once, whichever ranks hold copies).
+  bool counts(size_t i) const;
   void gather_params();  // ZeRO-1: every dp rank gets the updated parameters
 
   parallel::PipelineRunner& pipe() { return *pipe_; }

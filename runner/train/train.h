@@ -22,6 +22,7 @@ struct TrainOptions {
   int64_t resume_step = -1;  // -1: LATEST
   bool strict = false;       // a corrupt checkpoint is an error instead of a fallback
   bool quiet = false;        // no progress lines on stdout (the log file still gets them)
+  bool diagnose_precision = false;  // per-tensor gradient range per logged step (precision.diagnostics)
   // The checkpoint to continue from, when already chosen (`runner resume` chooses it to read
   // its recipe); otherwise the trainer asks the checkpoint policy.
   std::optional<ResumePoint> resume_point;
@@ -29,7 +30,7 @@ struct TrainOptions {
 };
 
 // Runs training on this rank of `grid` (every rank of the job calls it); returns the process
-// exit code (0 done, 2 bad input, 3 preempted). A UserError that another rank hit first ends
+// exit code (0 done, 2 bad input, 3 preempted, 4 stopped on fp16 overflows). A UserError that another rank hit first ends
 // this rank with SilentExit (that rank prints the message; runner/agree.h).
 int run_training(const Plan& plan, const TrainOptions& opts, parallel::Grid& grid);
 // One rank, no MPI.

@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "ops/backend.h"
+#include "ops/convert.h"
 #include "ops/peak.h"
 #include "ops/rng.h"
 #include "runner/agree.h"
@@ -30,6 +31,7 @@
 #include "runner/train/evaluate.h"
 #include "runner/train/metrics.h"
 #include "runner/train/optimizer.h"
+#include "runner/train/precision.h"
 #include "runner/train/rank_model.h"
 
 namespace fs = std::filesystem;
@@ -37,6 +39,15 @@ namespace fs = std::filesystem;
 namespace runner {
 
 namespace {
+
+ops::DType dtype_of_format(FloatFormat f) {
+  switch (f) {
+    case FloatFormat::bf16: return ops::DType::BF16;
+    case FloatFormat::fp16: return ops::DType::F16;
+    case FloatFormat::fp32: break;
+  }
+  return ops::DType::F32;
+}
 
 using Clock = std::chrono::steady_clock;
 double ms_between(Clock::time_point a, Clock::time_point b) {
@@ -46,12 +57,6 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 // Options the trainer does not implement yet are refused, never ignored.
 void check_supported(const Plan& p, int64_t grid_world) {
   const Recipe& r = p.recipe;
-  auto unsupported = [&](const std::string& path, const std::string& what, const std::string& fix) {
-    throw UserError(r.loc(path), what + " is not supported by `runner train` yet", fix);
-  };
-  if (r.precision.compute != FloatFormat::fp32)
-    unsupported("precision.compute", "precision.compute " + to_string(r.precision.compute),
-                "train with precision.compute: fp32 (runner plan accepts it for sizing)");
   if (p.world != grid_world)
     throw UserError(r.loc("parallel"),
                     fmt::format("this recipe's layout needs {} ranks (dp {} x tp {} x pp {}), but {} {} running", p.world,
@@ -85,6 +90,10 @@ struct Faults {
   // RUNNER_FAULT_NAN_STEP=N: the first time step N runs, its loss and gradients become NaN, as a
   // numerical blow-up would make them.
   int64_t nan_step = env("RUNNER_FAULT_NAN_STEP");
+  // RUNNER_FAULT_INF_STEP=N (and RUNNER_FAULT_INF_COUNT=K, default 1): steps N .. N+K-1 get
+  // one gradient element of the last parameter set to +inf (the loss stays finite), as an fp16
+  // overflow in the backward would.
+  int64_t inf_step = env("RUNNER_FAULT_INF_STEP"), inf_count = std::max<int64_t>(1, env("RUNNER_FAULT_INF_COUNT"));
   static int64_t env(const char* name) { return std::getenv(name) ? std::atoll(std::getenv(name)) : -1; }
 };
 
@@ -129,13 +138,15 @@ class Trainer {
       if (rollback_needed(s)) continue;
       metrics->step(st.step, st.tokens, s, pending_ckpt_ms);
       pending_ckpt_ms = 0;
+      if (s.overflow && scaler.exhausted(st.scaler)) return stop_on_overflows(s);
       if (st.step < total && ckpt->due(st.step, ms_between(run_t0, Clock::now()) / 1e3)) {
         ckpt->save(st, false);
         pending_ckpt_ms = ckpt->last_stall_ms();
       }
       ckpt->poll();
+      metrics->set_scaler(st.scaler, scaler.active());
       metrics->step_line(st.step, s);
-      if (s.skipped) log->warn("step {}: non-finite loss or gradient norm; update skipped", st.step);
+      if (s.skipped && !s.overflow) log->warn("step {}: non-finite loss or gradient norm; update skipped", st.step);
       if (r.train.eval_every > 0 && st.step % r.train.eval_every == 0 && st.step != total)
         metrics->eval(st.step, evaluate(plan, grid, *model, val_src, st.rng.data_seed));
     }
@@ -164,6 +175,7 @@ class Trainer {
   std::unique_ptr<CheckpointPolicy> ckpt;
   std::unique_ptr<RunMetrics> metrics;
   MemorySnapshot snapshot;
+  LossScaler scaler{r.precision};
   int64_t resumed_from = -1;
   std::set<int64_t> skip_batches;  // steps whose batch is skipped after a rollback
   Faults faults;
@@ -232,8 +244,15 @@ class Trainer {
     st.rng.sample_seed = ops::rng_key(seed(), 3);
     st.world_rank = grid.rank();
     st.world_size = grid.world_size();
-    st.params = init_params(plan.layout->rank_params(c.pp, c.tp), r.model, st.rng.init_seed);
+    // Values in the compute format; gradients accumulate in precision.grad_accum (fp32 when the
+    // compute is fp32); fp32 masters after the model decided each rank's ZeRO-1 piece.
+    const std::vector<ops::TensorDesc> descs = plan.layout->rank_params(c.pp, c.tp);
+    const ops::DType grad_dtype =
+        r.precision.compute == FloatFormat::fp32 ? ops::DType::F32 : dtype_of_format(r.precision.grad_accum);
+    st.params = init_params(descs, r.model, st.rng.init_seed, grad_dtype);
     model = std::make_unique<RankModel>(plan, grid, be, st.params);
+    if (keeps_masters(r.precision)) init_masters(st, descs, r.model, st.rng.init_seed);
+    st.scaler.scale = scaler.initial();
     // Adam moments exist from the start (the ledger counts them), on this rank's ZeRO piece only.
     for (size_t i = 0; i < st.params.values.size(); ++i) {
       st.adam_m.emplace_back(moment_shape(st.params, i), ops::DType::F32, ops::Account::Optimizer);
@@ -264,9 +283,30 @@ class Trainer {
     log->info("  threads    {}{} (OpenMP; OpenBLAS shares the pool) | fp32 GEMM peak {:.1f} GFLOP/s{} (measured, for MFU)",
               ops::num_threads(), multi() ? " per rank" : "", metrics->peak_flops() / 1e9,
               multi() ? fmt::format(" over {} ranks", grid.world_size()) : std::string());
+    log->info("  precision  {}", precision_line());
     log->info("  optimizer  adamw lr {:g} betas ({:g}, {:g}) wd {:g} clip {:g} | schedule {} warmup {}", r.optimizer.lr,
               r.optimizer.beta1, r.optimizer.beta2, r.optimizer.weight_decay, r.optimizer.grad_clip,
               to_string(r.optimizer.schedule.kind), r.optimizer.schedule.warmup_steps);
+  }
+
+  std::string precision_line() const {
+    const PrecisionConfig& p = r.precision;
+    if (p.compute == FloatFormat::fp32) return "fp32 (weights, activations, gradients, optimizer)";
+    std::string line = fmt::format("{} weights and activations | {} | gradients accumulated in {} | Adam moments fp32",
+                                   to_string(p.compute), keeps_masters(p) ? "fp32 master weights" : "no master copy (same)",
+                                   to_string(p.grad_accum));
+    if (scaler.active()) {
+      const LossScaleConfig& c = scaler.config();
+      line += p.loss_scale.mode == LossScaleMode::dynamic
+                  ? fmt::format(" | loss scale dynamic from {:g} (x{:g} every {} clean steps, x{:g} on overflow, min {:g}, "
+                                "stop after {} overflows in a row)", st.scaler.scale, c.growth_factor, c.growth_interval,
+                                c.backoff_factor, c.min_scale, c.max_consecutive_skips)
+                  : fmt::format(" | loss scale static {:g}", st.scaler.scale);
+    } else if (p.compute == FloatFormat::fp16) {
+      line += " | no loss scaling (mode none)";
+    }
+    if (diagnose()) line += " | gradient range diagnostics on";
+    return line;
   }
 
   // Index of a micro-batch's first sample in the global batch: dp rank r holds the contiguous
@@ -295,7 +335,9 @@ class Trainer {
     for (auto& b : mbs)
       for (int32_t t : b.targets) count += t >= 0;
     grid.dp().allreduce_sum(&count, 1);
-    float dloss = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+    // fp16: the backward is seeded with scale / count, so every gradient is `scale` times larger.
+    res.scale = st.scaler.scale;
+    float dloss = count > 0 ? static_cast<float>(res.scale / static_cast<double>(count)) : 0.0f;
     uint64_t key = ops::rng_key(st.rng.dropout_seed, static_cast<uint64_t>(st.step));
     ops::MemoryTracker::instance().reset_peaks();
     std::vector<parallel::MicroBatch> micro;
@@ -314,17 +356,33 @@ class Trainer {
     if (st.step + 1 == faults.nan_step) {
       faults.nan_step = -1;
       loss_sum = std::nan("");
-      st.params.grads[0].data<float>()[0] = std::nanf("");
+      set_element(st.params.grads[0], 0, std::nanf(""));
     }
+    if (faults.inf_step > 0 && st.step + 1 >= faults.inf_step && st.step + 1 < faults.inf_step + faults.inf_count)
+      set_element(st.params.grads.back(), 0, INFINITY);
     double loss_part = (grid.last_stage() && grid.coords().tp == 0) ? loss_sum : 0.0;
-    res.norm = std::sqrt(model->global_sum_squares(loss_part));
+    res.norm = std::sqrt(model->global_sum_squares(loss_part)) / res.scale;  // unscaled
     res.loss = count > 0 ? loss_part / static_cast<double>(count) : 0.0;
     res.lr = lr_at(r.optimizer, st.step, r.train.steps);
-    if (!std::isfinite(res.loss) || !std::isfinite(res.norm)) {
+    const bool finite = std::isfinite(res.loss) && std::isfinite(res.norm);
+    if (scaler.active() && std::isfinite(res.loss) && !std::isfinite(res.norm)) {
+      // fp16 overflow: skip the step, back the scale off, name the first tensor that overflowed.
+      GradReport rep = grad_report(be, *model, st.params, *plan.layout, grid, res.scale);
+      res.overflow = res.skipped = true;
+      if (rep.first_nonfinite >= 0) res.overflow_tensor = describe_tensor(rep.tensors[static_cast<size_t>(rep.first_nonfinite)]);
+      scaler.update(st.scaler, false);
+      log->warn("step {}: fp16 gradients overflowed at loss scale {:g} (first non-finite in backward order: {}); step "
+                "skipped, scale now {:g} ({} in a row)",
+                st.step + 1, res.scale, res.overflow_tensor.empty() ? "?" : res.overflow_tensor, st.scaler.scale,
+                st.scaler.consecutive_skips);
+    } else if (!finite) {
       res.skipped = true;
       st.scaler.skipped_steps++;
     } else {
-      adamw_step(be, r.optimizer, st, res.lr, clip_factor(res.norm, r.optimizer.grad_clip));
+      if (diagnose() && metrics->logged(st.step + 1))
+        res.diagnostics = grad_report(be, *model, st.params, *plan.layout, grid, res.scale);
+      scaler.update(st.scaler, true);
+      adamw_step(be, r.optimizer, st, res.lr, clip_factor(res.norm, r.optimizer.grad_clip) / res.scale);
       model->gather_params();
     }
     res.comm_exposed_ms = model->sync().stats().exposed_ms;
@@ -337,6 +395,29 @@ class Trainer {
     res.opt_ms = ms_between(o0, t1);
     res.total_ms = ms_between(t0, t1);
     return res;
+  }
+
+  bool diagnose() const { return r.precision.diagnostics || opts.diagnose_precision; }
+
+  static void set_element(ops::Tensor& t, int64_t i, float v) {
+    if (t.dtype() == ops::DType::F32) t.data<float>()[i] = v;
+    else ops::from_f32(static_cast<char*>(t.raw()) + i * static_cast<int64_t>(ops::dtype_size(t.dtype())), t.dtype(), &v, 1);
+  }
+
+  // More fp16 overflows in a row than the recipe allows: stop with kExitNumerics and say why.
+  // The last published checkpoint stays as it was (the skipped steps changed no weights).
+  int stop_on_overflows(const StepResult& s) {
+    const LossScaleConfig& c = scaler.config();
+    log->error("stopping: fp16 gradients overflowed on {} consecutive steps (precision.loss_scale.max_consecutive_skips "
+               "is {}); the loss scale backed off to {:g} (min_scale {:g}).",
+               st.scaler.consecutive_skips, c.max_consecutive_skips, st.scaler.scale, c.min_scale);
+    log->error("  the first gradient to go non-finite, in backward order: {}",
+               s.overflow_tensor.empty() ? std::string("(unknown)") : s.overflow_tensor);
+    log->error("  what to try: precision.compute: bf16 (fp32's exponent range, no loss scaling); a lower optimizer.lr "
+               "(now {:g}); a smaller precision.loss_scale.init (now {:g}) or min_scale; grad_clip if the gradients "
+               "themselves diverge", r.optimizer.lr, c.init, c.min_scale);
+    ckpt->poll();
+    return kExitNumerics;
   }
 
   // A signal asked us to stop: checkpoint at this step boundary and exit with kExitPreempted.
@@ -357,7 +438,8 @@ class Trainer {
   // The in-memory tier: a non-finite loss, or a loss above spike_threshold x its running mean,
   // rolls back to the last snapshot and skips the offending batch, without touching disk.
   bool rollback_needed(const StepResult& s) {
-    bool bad = !std::isfinite(s.loss) || !std::isfinite(s.norm);
+    // An fp16 overflow is the loss scaler's to handle (skipped, scale backed off), not a rollback.
+    bool bad = !std::isfinite(s.loss) || (!std::isfinite(s.norm) && !s.overflow);
     bool spike = r.checkpoint.spike_threshold > 0 && st.loss_ema > 0 && st.step > 10 &&
                  s.loss > r.checkpoint.spike_threshold * st.loss_ema;
     if (!bad && std::isfinite(s.loss)) st.loss_ema = st.loss_ema > 0 ? 0.9 * st.loss_ema + 0.1 * s.loss : s.loss;

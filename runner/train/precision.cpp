@@ -1,0 +1,146 @@
+// The loss scaler and the gradient range report (see precision.h).
+#include "runner/train/precision.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "ops/convert.h"
+#include "runner/train/rank_model.h"
+
+namespace runner {
+
+LossScaler::LossScaler(const PrecisionConfig& p)
+    : cfg_(p.loss_scale),
+      active_(p.compute == FloatFormat::fp16 && p.loss_scale.mode != LossScaleMode::none),
+      dynamic_(active_ && p.loss_scale.mode == LossScaleMode::dynamic) {}
+
+bool LossScaler::update(LossScalerState& s, bool finite) const {
+  if (finite) {
+    s.consecutive_skips = 0;
+    if (!dynamic_) return true;
+    if (++s.good_steps >= cfg_.growth_interval) {
+      s.scale *= cfg_.growth_factor;
+      s.good_steps = 0;
+    }
+    return true;
+  }
+  s.skipped_steps++;
+  s.consecutive_skips++;
+  s.good_steps = 0;
+  if (dynamic_) s.scale = std::max(cfg_.min_scale, s.scale * cfg_.backoff_factor);
+  return false;
+}
+
+namespace {
+
+// Exponent bins of the unscaled |gradient|: 2^-150 (below fp32's smallest subnormal) .. 2^40.
+constexpr int kMinExp = -150, kBins = 190;
+// Per tensor: numel, zeros, nonfinite, underflow, then the bins.
+constexpr int kHead = 4, kStride = kHead + kBins;
+constexpr int64_t kPiece = 1 << 14;
+constexpr double kFlushShare = 0.01;  // a scale suits a tensor that flushes at most 1% of it
+
+}  // namespace
+
+GradReport grad_report(ops::Backend& be, const RankModel& model, const ParamSet& ps, const ModelLayout& layout,
+                       parallel::Grid& grid, double scale) {
+  (void)be;
+  const auto& table = layout.params();
+  const size_t P = table.size();
+  std::vector<double> acc(P * kStride, 0.0);
+  std::vector<float> mx(P, 0.0f);
+  float buf[kPiece];
+  for (size_t i = 0; i < ps.grads.size(); ++i) {
+    if (!model.counts(i)) continue;
+    const int k = layout.find(ps.names[i]);
+    if (k < 0) continue;
+    double* h = acc.data() + static_cast<size_t>(k) * kStride;
+    const ops::Tensor& g = ps.grads[i];
+    auto [a, e] = ps.owned_range(i);
+    float m = 0;
+    for (int64_t p = a; p < e; p += kPiece) {
+      const int64_t n = std::min(kPiece, e - p);
+      const float* x = g.data<float>() + (g.dtype() == ops::DType::F32 ? p : 0);
+      if (g.dtype() != ops::DType::F32) {
+        ops::to_f32(buf, static_cast<const char*>(g.raw()) + static_cast<size_t>(p) * ops::dtype_size(g.dtype()), g.dtype(), n);
+        x = buf;
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = x[j];
+        if (!std::isfinite(v)) { h[2] += 1; continue; }
+        if (v == 0.0f) { h[1] += 1; continue; }
+        const double av = std::fabs(static_cast<double>(v));
+        m = std::max(m, static_cast<float>(av));
+        if (av < kF16MinSubnormal) h[3] += 1;  // the gradient is already scaled
+        const int ex = std::clamp(std::ilogb(av / scale) - kMinExp, 0, kBins - 1);
+        h[kHead + ex] += 1;
+      }
+    }
+    h[0] += static_cast<double>(e - a);
+    mx[static_cast<size_t>(k)] = std::max(mx[static_cast<size_t>(k)], m);
+  }
+  grid.world().allreduce_sum(acc.data(), static_cast<int64_t>(acc.size()));
+  grid.world().allreduce_max(mx.data(), static_cast<int64_t>(mx.size()));
+
+  GradReport r;
+  r.scale = scale;
+  int best_bwd = -1;
+  for (size_t k = 0; k < P; ++k) {
+    const double* h = acc.data() + k * kStride;
+    GradRange t;
+    t.name = table[k].name;
+    t.layer = table[k].desc.layer;
+    t.numel = static_cast<int64_t>(h[0]);
+    t.zeros = static_cast<int64_t>(h[1]);
+    t.nonfinite = static_cast<int64_t>(h[2]);
+    t.max_abs = static_cast<double>(mx[k]) / scale;
+    const double nonzero = h[0] - h[1] - h[2];
+    t.underflow = h[0] > 0 ? h[3] / h[0] : 0.0;
+    t.headroom_bits = t.max_abs > 0 ? std::log2(kF16Max / (t.max_abs * scale)) : std::numeric_limits<double>::infinity();
+    t.scale_hi = t.max_abs > 0 ? kF16Max / t.max_abs : std::numeric_limits<double>::infinity();
+    t.scale_lo = 0;
+    if (nonzero > 0) {  // the exponent below which at most 1% of the non-zero elements lie
+      double cum = 0;
+      for (int b = 0; b < kBins; ++b) {
+        cum += h[kHead + b];
+        if (cum > kFlushShare * nonzero) {
+          t.scale_lo = kF16MinSubnormal / std::ldexp(1.0, b + kMinExp);
+          break;
+        }
+      }
+    }
+    // Backward order: the reverse of the table's (forward) order, except that the tied
+    // embedding is last used by the head, whose gradient comes first.
+    if (t.nonfinite > 0) {
+      const int bwd = table[k].tied() ? static_cast<int>(P) : static_cast<int>(k);
+      if (bwd > best_bwd) {
+        best_bwd = bwd;
+        r.first_nonfinite = static_cast<int>(k);
+      }
+    }
+    r.tensors.push_back(std::move(t));
+  }
+  int lo = -1, hi = -1;
+  for (size_t k = 0; k < r.tensors.size(); ++k) {
+    const GradRange& t = r.tensors[k];
+    if (t.numel == t.zeros + t.nonfinite) continue;
+    if (lo < 0 || t.scale_lo > r.tensors[static_cast<size_t>(lo)].scale_lo) lo = static_cast<int>(k);
+    if (hi < 0 || t.scale_hi < r.tensors[static_cast<size_t>(hi)].scale_hi) hi = static_cast<int>(k);
+  }
+  if (lo >= 0 && hi >= 0 && lo != hi && r.tensors[static_cast<size_t>(lo)].scale_lo > r.tensors[static_cast<size_t>(hi)].scale_hi) {
+    r.needs_large = lo;
+    r.needs_small = hi;
+  }
+  return r;
+}
+
+std::string describe_tensor(const GradRange& t) {
+  if (t.layer >= 0) return fmt::format("{} (layer {})", t.name, t.layer);
+  const bool head = t.name.find("head") != std::string::npos || t.name.rfind("ln_f", 0) == 0;
+  return fmt::format("{} ({})", t.name, head ? "output layer" : "embedding");
+}
+
+}  // namespace runner

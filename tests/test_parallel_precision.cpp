@@ -1,0 +1,145 @@
+// bf16 and fp16 on every kind of layout, through the real binary under mpirun.
+//
+// The layout recipe of test_parallel (2 layers, a vocabulary of 63 that tensor parallelism
+// pads, dropout 0.1) is trained for 10 steps in fp32 and in bf16 on one rank, then in bf16
+// (and fp16) on dp, tp, pp, sequence-parallel and ZeRO-1 layouts, with and without recompute.
+//
+// Tolerance, from a measured argument: a layout changes only the order of fp32 summations
+// (the data-parallel all-reduce, tensor-parallel partial sums, the accumulation over
+// micro-batches). In fp32 that moves the losses by ~1e-7 (test_parallel bounds it by 1e-5).
+// In 16 bits the same perturbation can move a stored activation across a rounding boundary,
+// i.e. by one unit in the last place, after which the difference propagates like any other
+// bf16 rounding. The run's total of such roundings is what separates the serial bf16 run from
+// the serial fp32 run, so a layout's bf16 run may differ from the serial bf16 run by at most
+// that measured bf16-vs-fp32 gap (with 2x slack: both runs round, in different places), and
+// never by more than 2% of the loss. The ledger's accounts must still hold within 5%.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mpirun_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kDir = fs::temp_directory_path() / ("runner_test_parallel_precision_" + std::to_string(::getpid()));
+struct Cleanup {
+  ~Cleanup() {
+    std::error_code ec;
+    if (!std::getenv("RUNNER_KEEP_TEST_DIRS")) fs::remove_all(kDir, ec);
+  }
+} cleanup;
+
+std::string recipe_path() {
+  fs::path p = kDir / "layout.yaml";
+  if (!fs::exists(p)) {
+    fs::create_directories(kDir);
+    std::ofstream(p) << mpirun_util::kLayoutRecipe;
+  }
+  return p.string();
+}
+
+std::vector<nlohmann::json> records(const fs::path& run) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::map<int64_t, double> losses_of(const fs::path& run) {
+  std::map<int64_t, double> l;
+  for (auto& j : records(run))
+    if (j.contains("loss") && j.contains("step") && !j.contains("eval") && !j.contains("rollback") && !j.contains("summary"))
+      l[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  return l;
+}
+
+std::map<int64_t, double> train(const std::string& name, int np, const std::string& sets) {
+  fs::remove_all(kDir / name);
+  std::string cmd = (np ? mpirun_util::mpirun(np) : std::string("OMP_NUM_THREADS=1 ")) + RUNNER_BINARY + " train " +
+                    recipe_path() + " --quiet --run-dir " + (kDir / name).string() + " " + sets;
+  mpirun_util::Result r = mpirun_util::sh(cmd);
+  INFO(cmd << "\n" << r.out);
+  REQUIRE(r.rc == 0);
+  return losses_of(kDir / name);
+}
+
+double max_rel(const std::map<int64_t, double>& a, const std::map<int64_t, double>& b) {
+  double worst = 0;
+  REQUIRE(a.size() == b.size());
+  for (auto& [step, la] : a) {
+    auto it = b.find(step);
+    REQUIRE(it != b.end());
+    worst = std::max(worst, std::abs(la - it->second) / std::abs(la));
+  }
+  return worst;
+}
+
+// Rank 0's measured peak of each account against the plan's prediction for its stage.
+void check_ledger(const fs::path& run) {
+  nlohmann::json summary;
+  for (auto& j : records(run))
+    if (j.contains("summary")) summary = j;
+  REQUIRE(summary.contains("ledger"));
+  for (auto& [account, v] : summary["ledger"].items()) {
+    CAPTURE(account);
+    double predicted = v["predicted"].get<double>(), measured = v["measured"].get<double>();
+    if (predicted == 0) CHECK(measured == 0);
+    else CHECK(std::abs(measured - predicted) <= 0.05 * predicted);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bf16 and fp16 train on every kind of layout within the measured 16-bit tolerance, and the ledger holds") {
+  const auto fp32 = train("serial_fp32", 0, "");
+  const auto bf16 = train("serial_bf16", 0, "--set precision.compute=bf16");
+  const auto fp16 = train("serial_fp16", 0, "--set precision.compute=fp16 --set precision.loss_scale.init=1024");
+  REQUIRE(fp32.size() == 10);
+  const double gap16 = std::max(max_rel(fp32, bf16), max_rel(fp32, fp16));
+  MESSAGE("serial 16-bit vs fp32, largest relative loss difference: bf16 " << max_rel(fp32, bf16) << ", fp16 "
+                                                                          << max_rel(fp32, fp16));
+  CHECK(gap16 > 0);       // the 16-bit runs really round
+  CHECK(gap16 < 0.02);    // and track fp32
+  check_ledger(kDir / "serial_bf16");
+  check_ledger(kDir / "serial_fp16");
+  const double tol = std::min(0.02, 2 * gap16);
+  struct Layout {
+    const char* name;
+    int np;
+    const char* sets;
+    bool fp16;
+  };
+  const Layout layouts[] = {
+      {"dp2", 2, "--set parallel.dp=2", false},
+      {"tp2", 2, "--set parallel.tp=2", false},
+      {"pp2", 2, "--set parallel.pp=2", false},
+      {"tp2pp2", 4, "--set parallel.tp=2 --set parallel.pp=2", false},
+      {"dp2zero1", 2, "--set parallel.zero=1", false},
+      {"tp2sp", 2, "--set parallel.tp=2 --set parallel.sequence_parallel=true", false},
+      {"pp2_full", 2, "--set parallel.pp=2 --set recompute.mode=full", false},
+      {"tp2_selective", 2, "--set parallel.tp=2 --set recompute.mode=selective --set recompute.modules=[attention_core]", false},
+      {"dp2zero1_fp16", 2, "--set parallel.zero=1", true},
+      {"pp2_fp16", 2, "--set parallel.pp=2", true},
+  };
+  for (const Layout& l : layouts) {
+    CAPTURE(l.name);
+    const std::string prec = l.fp16 ? " --set precision.compute=fp16 --set precision.loss_scale.init=1024"
+                                    : " --set precision.compute=bf16";
+    auto losses = train(l.name, l.np, std::string(l.sets) + prec);
+    const double d = max_rel(l.fp16 ? fp16 : bf16, losses);
+    MESSAGE(l.name << ": largest relative loss difference from the serial 16-bit run " << d << " (tolerance " << tol << ")");
+    CHECK(d <= tol);
+    check_ledger(kDir / l.name);
+  }
+}
