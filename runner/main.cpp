@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "ops/backend.h"
+#include "ops/gemm_path.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/policy.h"
 #include "runner/data/data.h"
@@ -81,18 +82,28 @@ int main(int argc, char** argv) {
   try {
     if (*train_cmd || *resume_cmd) ops::cpu_backend();  // selects OpenBLAS's kernels before any GEMM runs
     if (*plan_cmd) {
+      try {
+        ops::gemm_mode_from_env();
+      } catch (const std::invalid_argument& e) {
+        throw UserError({}, e.what(), "set RUNNER_GEMM_PATH to auto, onednn or sgemm, or unset it");
+      }
       Plan p = make_plan(load_recipe(recipe_path, sets), world);
       if (json) std::cout << p.to_json().dump(2) << "\n";
       else std::cout << p.table();
       return 0;
     }
-    if (*train_cmd) return launch->train(make_plan(load_recipe(recipe_path, sets), launch->world_size()), topts);
+    if (*train_cmd) {
+      Recipe recipe = load_recipe(recipe_path, sets);
+      if (recipe.precision.compute != FloatFormat::fp32) launch->agree_gemm_paths(run_paths(recipe, topts.run_dir).run_dir);
+      return launch->train(make_plan(recipe, launch->world_size()), topts);
+    }
     if (*resume_cmd) {
       ResumeRequest req = prepare_resume(resume_dir, sets, topts.resume_step, topts.strict);
       topts.run_dir = resume_dir;
       topts.resume = true;
       topts.resume_point = req.point;
       topts.resume_notes = req.notes;
+      if (req.recipe.precision.compute != FloatFormat::fp32) launch->agree_gemm_paths(resume_dir);
       return launch->train(make_plan(req.recipe, launch->world_size()), topts);
     }
     if (*inspect_cmd) {

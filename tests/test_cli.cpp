@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -110,12 +111,34 @@ TEST_CASE("train refuses a missing data file before writing anything") {
   fs::remove_all(cwd);
 }
 
-TEST_CASE("train refuses options it does not implement yet instead of ignoring them") {
-  fs::path cwd = temp_dir("unsupported");
-  Result r = run("train " + kRecipes + "quickstart.yaml --set precision.compute=bf16", cwd.string());
-  CHECK(r.code == 2);
-  CHECK(r.out.find("not supported") != std::string::npos);
-  CHECK(fs::is_empty(cwd));
+TEST_CASE("a bad RUNNER_GEMM_PATH is refused with exit code 2 before anything is written") {
+  fs::path cwd = temp_dir("gemm_env");
+  for (const char* cmd : {"train", "plan"}) {
+    CAPTURE(cmd);
+    setenv("RUNNER_GEMM_PATH", "fastest", 1);
+    Result r = run(std::string(cmd) + " " + kRecipes + "quickstart.yaml --set precision.compute=bf16", cwd.string());
+    unsetenv("RUNNER_GEMM_PATH");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("RUNNER_GEMM_PATH") != std::string::npos);
+    CHECK(r.out.find("auto, onednn or sgemm") != std::string::npos);
+    CHECK(fs::is_empty(cwd));
+  }
+  fs::remove_all(cwd);
+}
+
+TEST_CASE("a bf16 run says which GEMM path each 16-bit dtype takes, and records it in the run directory") {
+  fs::path cwd = temp_dir("bf16");
+  Result r = run("train " + kRecipes + "quickstart.yaml --set precision.compute=bf16 --set train.steps=3 --set train.eval_every=0 --run-dir run",
+                 cwd.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("precision  bf16 weights and activations | fp32 master weights") != std::string::npos);
+  CHECK(r.out.find("GEMM       bf16: ") != std::string::npos);
+  auto j = nlohmann::json::parse(std::ifstream(cwd / "run" / "gemm_paths.json"));
+  REQUIRE(j.contains("bf16"));
+  const std::string path = j["bf16"]["path"];
+  CHECK((path == "onednn-bf16" || path == "fp32-sgemm"));
+  CHECK(r.out.find("bf16: " + path) != std::string::npos);
   fs::remove_all(cwd);
 }
 

@@ -138,7 +138,7 @@ TEST_CASE("bf16 and fp16 train on every kind of layout within the measured 16-bi
                                     : " --set precision.compute=bf16";
     auto losses = train(l.name, l.np, std::string(l.sets) + prec);
     const double d = max_rel(l.fp16 ? fp16 : bf16, losses);
-    MESSAGE(l.name << ": largest relative loss difference from the serial 16-bit run " << d << " (tolerance " << tol << ")");
+    MESSAGE(std::string(l.name) << ": largest relative loss difference from the serial 16-bit run " << d << " (tolerance " << tol << ")");
     CHECK(d <= tol);
     check_ledger(kDir / l.name);
   }

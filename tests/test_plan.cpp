@@ -153,3 +153,22 @@ TEST_CASE("every shipped recipe plans, and plan.json carries the ledger") {
     CHECK(j["batch"]["global"] == p.global);
   }
 }
+
+TEST_CASE("16-bit gradient accumulation is allowed, and the plan warns why it drifts") {
+  auto has = [](const std::vector<std::string>& v, const std::string& what) {
+    for (auto& s : v)
+      if (s.find(what) != std::string::npos) return true;
+    return false;
+  };
+  Plan ok = plan_of({"precision.compute=bf16"});
+  CHECK_FALSE(has(ok.warnings, "grad_accum"));
+  Plan bf = plan_of({"precision.compute=bf16", "precision.grad_accum=bf16"});
+  CHECK(has(bf.warnings, "precision.grad_accum bf16: each of the 4 micro-batch additions"));
+  CHECK(has(bf.warnings, "drift grows with accum"));
+  Plan fp = plan_of({"precision.compute=fp16", "precision.grad_accum=fp16"});
+  CHECK(has(fp.warnings, "overflows sooner"));
+  Plan noop = plan_of({"precision.grad_accum=bf16"});
+  CHECK(has(noop.notes, "has no effect with compute fp32"));
+  // The gradients account shrinks with 16-bit accumulation (2 bytes per parameter, not 4).
+  CHECK(bf.stages[0].gradients == doctest::Approx(ok.stages[0].gradients / 2));
+}

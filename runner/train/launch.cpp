@@ -3,9 +3,18 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <array>
+#include <optional>
 
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ops/gemm_path.h"
 #include "parallel/grid.h"
 #include "runner/agree.h"
+#include "runner/errors.h"
 
 namespace runner {
 
@@ -30,6 +39,66 @@ Launch::Launch(int* argc, char*** argv) {
 }
 
 Launch::~Launch() { parallel::finalize_mpi(); }
+
+namespace {
+
+// The paths a run directory recorded (gemm_paths.json) when it holds checkpoints to continue
+// from: {bf16, f16} as 0 (sgemm) / 1 (oneDNN); -1 where nothing is recorded.
+std::array<int8_t, 2> recorded_paths(const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  std::array<int8_t, 2> out{-1, -1};
+  const fs::path file = fs::path(run_dir) / "gemm_paths.json";
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return out;
+  try {
+    auto j = nlohmann::json::parse(std::ifstream(file));
+    const char* keys[2] = {"bf16", "f16"};
+    for (int k = 0; k < 2; ++k)
+      if (j.contains(keys[k]) && j[keys[k]].contains("path"))
+        out[static_cast<size_t>(k)] = j[keys[k]]["path"].get<std::string>().rfind("onednn", 0) == 0 ? 1 : 0;
+  } catch (const std::exception&) {
+    // unreadable: measure again (only bit-exactness across the resume is at stake)
+  }
+  return out;
+}
+
+}  // namespace
+
+void Launch::agree_gemm_paths(const std::string& run_dir) {
+  ops::GemmMode mode;
+  try {
+    mode = ops::gemm_mode_from_env();
+  } catch (const std::invalid_argument& e) {
+    throw UserError({}, e.what(), "set RUNNER_GEMM_PATH to auto, onednn or sgemm, or unset it");
+  }
+  if (mode != ops::GemmMode::Auto) return;  // forced alike on every rank: gemm_paths() resolves it
+  // Rank 0 decides: the recorded paths, or its measurement.
+  int8_t choice[2] = {-1, -1};
+  std::optional<ops::GemmPaths> mine;
+  if (rank_ == 0) {
+    auto rec = recorded_paths(run_dir);
+    if (rec[0] < 0 || rec[1] < 0) {
+      mine = ops::gemm_paths();
+      choice[0] = mine->bf16.path == ops::GemmPath::OneDnn;
+      choice[1] = mine->f16.path == ops::GemmPath::OneDnn;
+    } else {
+      choice[0] = rec[0];
+      choice[1] = rec[1];
+    }
+  }
+  if (world_) world_->broadcast(choice, sizeof(choice), 0);
+  if (mine) return;  // rank 0's own measurement stands
+  // Resolve without measuring, then take the agreed paths where this rank can run them.
+  ops::GemmPaths p = ops::choose_gemm_paths(ops::GemmMode::Sgemm);
+  p.mode = ops::GemmMode::Auto;
+  for (auto [c, agreed] : {std::pair{&p.bf16, choice[0]}, std::pair{&p.f16, choice[1]}}) {
+    c->path = agreed == 1 && c->onednn_available ? ops::GemmPath::OneDnn : ops::GemmPath::Sgemm;
+    c->why = agreed == 1 && !c->onednn_available ? "oneDNN was agreed but is unavailable on this rank"
+             : rank_ == 0                         ? "as recorded in the run directory (a bit-exact continuation)"
+                                                  : "rank 0's choice";
+  }
+  ops::set_gemm_paths(p);
+}
 
 int Launch::train(const Plan& p, const TrainOptions& opts) {
   if (!world_) return run_training(p, opts);

@@ -22,6 +22,12 @@ class Launch {
   int rank() const { return rank_; }
   // The job's size under a launcher; 0 when started by hand (the plan takes it from the recipe).
   int64_t world_size() const { return world_ ? size_ : 0; }
+  // Decides, before anything is planned, which GEMM path each 16-bit dtype takes on every rank
+  // (ops/gemm_path.h): a run directory that already holds the run (a resume, a requeued job)
+  // keeps the paths it recorded in gemm_paths.json, so it continues bit for bit; otherwise
+  // rank 0 measures and every rank takes its choice, so all ranks and the ledger agree.
+  // RUNNER_GEMM_PATH=onednn|sgemm forces a path on every rank.
+  void agree_gemm_paths(const std::string& run_dir);
   // Trains `plan` on this process's rank and returns the process exit code.
   int train(const Plan& plan, const TrainOptions& opts);
 

@@ -21,6 +21,7 @@
 
 #include "ops/backend.h"
 #include "ops/convert.h"
+#include "ops/gemm_path.h"
 #include "ops/peak.h"
 #include "ops/rng.h"
 #include "runner/agree.h"
@@ -232,6 +233,10 @@ class Trainer {
     if (lead()) {
       std::ofstream(fs::path(paths.run_dir) / "recipe.yaml") << resolved_recipe_yaml();
       std::ofstream(fs::path(paths.run_dir) / "plan.json") << plan.to_json().dump(2) << "\n";
+      // Which GEMM each 16-bit dtype took and the measurements behind it; a continuation of
+      // this run directory takes the same paths (Launch::agree_gemm_paths).
+      if (r.precision.compute != FloatFormat::fp32)
+        std::ofstream(fs::path(paths.run_dir) / "gemm_paths.json") << ops::gemm_paths().to_json() << "\n";
     }
     metrics->open(paths.run_dir, resumed_from);
   }
@@ -284,6 +289,8 @@ class Trainer {
               ops::num_threads(), multi() ? " per rank" : "", metrics->peak_flops() / 1e9,
               multi() ? fmt::format(" over {} ranks", grid.world_size()) : std::string());
     log->info("  precision  {}", precision_line());
+    if (r.precision.compute != FloatFormat::fp32)
+      log->info("  GEMM       {} (recorded in gemm_paths.json)", ops::gemm_paths().summary());
     log->info("  optimizer  adamw lr {:g} betas ({:g}, {:g}) wd {:g} clip {:g} | schedule {} warmup {}", r.optimizer.lr,
               r.optimizer.beta1, r.optimizer.beta2, r.optimizer.weight_decay, r.optimizer.grad_clip,
               to_string(r.optimizer.schedule.kind), r.optimizer.schedule.warmup_steps);
