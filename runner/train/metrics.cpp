@@ -120,7 +120,7 @@ void RunMetrics::step(int64_t step, int64_t tokens, const StepResult& s, double 
       j["scale_conflict"] = {a.name, b.name};
       if (!conflict_warned_)
         log_->warn("step {}: no single fp16 loss scale suits every gradient: {} needs a scale of at least {:.3g} "
-                   "(else more than 1% of it flushes to zero), but {} overflows above {:.3g}. Consider bf16 "
+                   "(else more than 1% of its norm flushes to zero), but {} overflows above {:.3g}. Consider bf16 "
                    "(fp32's exponent range), or fp32 for the tensors at the extremes",
                    step, describe_tensor(a), a.scale_lo, describe_tensor(b), b.scale_hi);
       conflict_warned_ = true;

@@ -38,10 +38,15 @@ namespace {
 
 // Exponent bins of the unscaled |gradient|: 2^-150 (below fp32's smallest subnormal) .. 2^40.
 constexpr int kMinExp = -150, kBins = 190;
-// Per tensor: numel, zeros, nonfinite, underflow, then the bins.
+// Per tensor: numel, zeros, nonfinite, underflow, then the bins' squared sums (the gradient's
+// energy by exponent).
 constexpr int kHead = 4, kStride = kHead + kBins;
 constexpr int64_t kPiece = 1 << 14;
-constexpr double kFlushShare = 0.01;  // a scale suits a tensor that flushes at most 1% of it
+// A scale suits a tensor when what it flushes to zero is at most 1% of the tensor's gradient
+// norm (1e-4 of its squared norm). By norm, not by count: elements whose gradient is
+// analytically zero hold pure rounding noise (e.g. the key slice of the qkv bias), and counting
+// them would demand absurd scales for nothing.
+constexpr double kFlushNormShare = 0.01;
 
 }  // namespace
 
@@ -75,8 +80,9 @@ GradReport grad_report(ops::Backend& be, const RankModel& model, const ParamSet&
         const double av = std::fabs(static_cast<double>(v));
         m = std::max(m, static_cast<float>(av));
         if (av < kF16MinSubnormal) h[3] += 1;  // the gradient is already scaled
-        const int ex = std::clamp(std::ilogb(av / scale) - kMinExp, 0, kBins - 1);
-        h[kHead + ex] += 1;
+        const double ag = av / scale;
+        const int ex = std::clamp(std::ilogb(ag) - kMinExp, 0, kBins - 1);
+        h[kHead + ex] += ag * ag;
       }
     }
     h[0] += static_cast<double>(e - a);
@@ -88,6 +94,11 @@ GradReport grad_report(ops::Backend& be, const RankModel& model, const ParamSet&
   GradReport r;
   r.scale = scale;
   int best_bwd = -1;
+  // The output layer's weight (the last vocabulary-row parameter: the tied embedding, or the
+  // untied head) is the first gradient the backward produces.
+  int head = -1;
+  for (size_t k = 0; k < P; ++k)
+    if (table[k].vocab_rows) head = static_cast<int>(k);
   for (size_t k = 0; k < P; ++k) {
     const double* h = acc.data() + k * kStride;
     GradRange t;
@@ -97,25 +108,25 @@ GradReport grad_report(ops::Backend& be, const RankModel& model, const ParamSet&
     t.zeros = static_cast<int64_t>(h[1]);
     t.nonfinite = static_cast<int64_t>(h[2]);
     t.max_abs = static_cast<double>(mx[k]) / scale;
-    const double nonzero = h[0] - h[1] - h[2];
+    double energy = 0;
+    for (int b = 0; b < kBins; ++b) energy += h[kHead + b];
     t.underflow = h[0] > 0 ? h[3] / h[0] : 0.0;
     t.headroom_bits = t.max_abs > 0 ? std::log2(kF16Max / (t.max_abs * scale)) : std::numeric_limits<double>::infinity();
     t.scale_hi = t.max_abs > 0 ? kF16Max / t.max_abs : std::numeric_limits<double>::infinity();
     t.scale_lo = 0;
-    if (nonzero > 0) {  // the exponent below which at most 1% of the non-zero elements lie
+    if (energy > 0) {  // the exponent below which at most 1% of the norm lies
       double cum = 0;
       for (int b = 0; b < kBins; ++b) {
         cum += h[kHead + b];
-        if (cum > kFlushShare * nonzero) {
+        if (cum > kFlushNormShare * kFlushNormShare * energy) {
           t.scale_lo = kF16MinSubnormal / std::ldexp(1.0, b + kMinExp);
           break;
         }
       }
     }
-    // Backward order: the reverse of the table's (forward) order, except that the tied
-    // embedding is last used by the head, whose gradient comes first.
+    // Backward order: the reverse of the table's (forward) order, the output layer first.
     if (t.nonfinite > 0) {
-      const int bwd = table[k].tied() ? static_cast<int>(P) : static_cast<int>(k);
+      const int bwd = static_cast<int>(k) == head ? static_cast<int>(P) : static_cast<int>(k);
       if (bwd > best_bwd) {
         best_bwd = bwd;
         r.first_nonfinite = static_cast<int>(k);

@@ -61,7 +61,7 @@ struct GradRange {
   // fp16 (+inf for an all-zero gradient).
   double headroom_bits = 0;
   // The range of scales that suit this tensor: no overflow (< hi) and at most 1% of its
-  // non-zero elements flushed to zero (>= lo).
+  // gradient norm flushed to zero (>= lo).
   double scale_lo = 0, scale_hi = 0;
 };
 
