@@ -4,9 +4,16 @@
 //
 // What the executor promises (ops/executor.h): a 16-bit operand is widened exactly to fp32,
 // the OpDef computes in fp32, and a 16-bit output is stored as RNE(fp32 result); an
-// activation's gradient is stored as RNE(fp32 kernel gradient) in its dtype, and a 16-bit
-// parameter's per-node gradient is rounded to its dtype before it is added into the bound
-// (here fp32, zeroed) gradient buffer. Tensors the model keeps in fp32 (norm statistics, the
+// activation's gradient is stored as RNE(fp32 kernel gradient) in its dtype. A 16-bit
+// parameter's per-node gradient is NOT rounded to the parameter's dtype: it is computed in fp32
+// and added into the bound gradient buffer in the buffer's own dtype, unrounded into an fp32
+// buffer (grad_accum fp32, the default: a fused fp32 weight-gradient accumulation, as
+// Megatron-LM's main_grad) and rounded once per addition into a 16-bit buffer. This test binds
+// zeroed buffers, so (one node, one addition) an fp32 buffer must hold exactly the fp32 kernel
+// gradient v (0 + v = v is exact in fp32) and a 16-bit buffer exactly RNE16(v). Every case runs
+// with fp32 buffers; where it has 16-bit parameters, a second run per format binds 16-bit
+// buffers in the parameter's dtype and checks their gradients (the rest of that run must be
+// bit-identical to the first). Tensors the model keeps in fp32 (norm statistics, the
 // logits and the loss; runner/model/gpt.cpp) are fp32 here too, and 16-bit tensors that a
 // backward reads (attention's probabilities) are read back rounded.
 //
@@ -24,10 +31,14 @@
 //      fp32 result is the same OpDef run by the executor over an all-fp32 graph on x^ (for
 //      attention's backward, the kernels called directly with the probabilities rounded as
 //      the executor stores them). An fp32 output (the lm_head variant, the loss) must equal
-//      the fp32 run exactly. Linear's GEMM may instead read the 16-bit operands as stored
-//      (oneDNN, where the process's measured GEMM path chose it) and accumulate in another
-//      order: there y must be RNE of an fp32 value within both evaluations' fp32 error of the
-//      fp32 run's (see Case::gemm_order_free).
+//      the fp32 run exactly, and so must a parameter gradient in an fp32 buffer: y == the
+//      fp32 run's gradient, bit for bit, no rounding (the all-fp32 graph's buffers are fp32
+//      and zeroed too); in a 16-bit buffer, y == RNE16(that gradient), one rounding.
+//      Linear's GEMM may instead read the 16-bit operands as stored (oneDNN, where the
+//      process's measured GEMM path chose it) and accumulate in another order: there y must
+//      be RNE of an fp32 value within both evaluations' fp32 error of the fp32 run's, or (an
+//      fp32 output, a parameter gradient in an fp32 buffer) that value itself, unrounded:
+//      |y - y32| <= w (see Case::gemm_order_free).
 //  (B) the operator's own error, reference on the rounded inputs x^ (input rounding excluded):
 //        |y - f(x^)| <= u|f| + eta + (1+u) E32,   E32 = (K+8) u32 A + 64 u32 max|f|
 //      u|f| + eta: the one output rounding (RNE: half an ulp; 0 for an fp32 output).
@@ -42,14 +53,30 @@
 //      through the backward's sensitivity: 1.1 (u P + eta Pz), P_i = sum_k |dg_i/dp_k||p_k|,
 //      Pz_i = sum_k |dg_i/dp_k| (1.1: the second-order remainder, at most u x the curvature x
 //      input scale, i.e. a few percent here).
+//      A parameter gradient in an fp32 buffer has no output rounding: y = 0 + v = v, the fp32
+//      kernel result, so |y - f(x^)| = |v - f(x^)| <= E32, i.e. (B) loses the term u|f| + eta
+//      and the factor (1+u) becomes 1 (that factor bounds the rounding of v's own error:
+//      |RNE(v) - f| <= |RNE(v) - v| + |v - f| <= u|v| + eta + |v - f|
+//      <= u|f| + eta + (1+u)|v - f|). It is the bound above with u = eta = 0 (the buffer's
+//      format, fp32):  |y - f(x^)| <= E32 (+ the read-back term, none for a parameter here).
+//      In a 16-bit buffer, y = RNE(0 + v) = RNE(v): the full bound, u and eta of its format.
 //  (C) the whole path against f(x) on the raw inputs: (B)'s bound plus the input rounding
-//        1.1 (u A_r + eta Z_r),  A_r, Z_r as A over the operands stored in 16 bits.
-// Negative controls (they must FAIL the (B) bound, proving it is tight enough):
+//        1.1 (u A_r + eta Z_r),  A_r, Z_r as A over the operands stored in 16 bits
+//      (u, eta of the storage format: the operands are 16-bit whatever the gradient buffer).
+//      So a parameter gradient in an fp32 buffer: |y - f(x)| <= E32 + 1.1 (u A_r + eta Z_r).
+// Negative controls (they must FAIL, proving the checks are tight enough):
 //  - RNE replaced by truncation (round toward zero) of the same fp32 result (for attention's
-//    backward, of the stored probabilities too, as a truncating executor would);
-//  - under fp16, the fp32 result rounded to bf16 instead (a wrong format / rounding step);
-//  - Linear: a kernel that accumulates its dot products in 16 bits.
-// Reported per op and dtype: the maximum error / bound ratio of (B) and (C) (printed).
+//    backward, of the stored probabilities too, as a truncating executor would): fails (B),
+//    for outputs, activation gradients and parameter gradients in 16-bit buffers;
+//  - under fp16, the fp32 result rounded to bf16 instead (a wrong format / rounding step):
+//    fails (B);
+//  - a parameter gradient rounded to its 16-bit dtype before it reaches the fp32 buffer (the
+//    executor's former per-node rounding): RNE16 of the fp32 run's gradient must fail (A)
+//    and the fp32-buffer (B) bound;
+//  - Linear: a kernel that accumulates its dot products in 16 bits: fails (B).
+// Reported per op and dtype: the maximum error / bound ratio of (B) and (C) (printed): forward,
+// activation gradients ("bwd"), parameter gradients in fp32 and in 16-bit buffers, and the
+// controls' ratios.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -64,6 +91,7 @@
 
 #include "ops/convert.h"
 #include "ops/executor.h"
+#include "ops/gemm_path.h"
 #include "ops/ops.h"
 #include "ops/rng.h"
 
@@ -189,7 +217,9 @@ struct Case {
   // (oneDNN, where the process's measured GEMM path chose it), each accumulating in fp32 in its
   // own order. Then (A) is: y = RNE(v) for some v within both evaluations' fp32 error of the
   // all-fp32 graph's result, i.e. RNE(y32 - w) <= y <= RNE(y32 + w) (RNE is monotone),
-  // w = 2 (K+8) u32 A; and an fp32 output within w of y32.
+  // w = 2 (K+8) u32 A; and an fp32 output (or a parameter gradient in an fp32 buffer) within w
+  // of y32, unrounded. Applied where gemm_path(dtype) is oneDNN; on the sgemm path both graphs
+  // call sgemm on the same fp32 values and (A) is bit for bit.
   bool gemm_order_free = false;
   // Optional negative control: a broken 16-bit kernel's forward output, which must fail (B).
   std::function<Vec(const std::vector<Vec>&, DType)> broken_fwd;
@@ -200,7 +230,7 @@ struct Run {
   Vec y;                   // the stage output widened (or {sum of losses})
   DType ydt = DType::F32;  // its stored dtype
   std::vector<Vec> grads;  // per operand, widened
-  std::vector<DType> gdt;  // the dtype each gradient was rounded to (F32: none)
+  std::vector<DType> gdt;  // the dtype each gradient is stored in (a parameter's: its buffer's; F32: none)
 };
 
 std::vector<uint8_t> narrow(const Vec& v, DType t) {
@@ -221,8 +251,9 @@ Vec widen(const void* p, DType t, size_t n) {
 }
 
 // Forward (train) + backward of the case's graph in dtype `act` on the given operand values
-// (representable in their tensors' dtypes) and output gradient.
-Run run(const Case& c, DType act, const std::vector<Vec>& in, const Vec& dout) {
+// (representable in their tensors' dtypes) and output gradient. Parameter gradients go into
+// zeroed fp32 buffers, or (grad16) a 16-bit parameter's into a zeroed buffer in its dtype.
+Run run(const Case& c, DType act, const std::vector<Vec>& in, const Vec& dout, bool grad16 = false) {
   const ops::Graph g = c.build(act);
   ops::Executor ex(g, ops::cpu_backend());
   std::vector<ops::Tensor> vals, grads;
@@ -235,7 +266,8 @@ Run run(const Case& c, DType act, const std::vector<Vec>& in, const Vec& dout) {
     vals.emplace_back(d.shape, d.dtype, ops::Account::Parameters);
     const auto b = narrow(in[p0 + k], d.dtype);
     std::memcpy(vals.back().raw(), b.data(), b.size());
-    grads.push_back(ops::Tensor::zeros(d.shape, DType::F32, ops::Account::Gradients));
+    const DType gt = grad16 && is16(d.dtype) ? d.dtype : DType::F32;
+    grads.push_back(ops::Tensor::zeros(d.shape, gt, ops::Account::Gradients));
     ex.bind_param(g.params[k], &vals.back(), &grads.back());
   }
   std::vector<uint8_t> sin, sout, dsin, dsout;
@@ -263,8 +295,8 @@ Run run(const Case& c, DType act, const std::vector<Vec>& in, const Vec& dout) {
     r.gdt.push_back(d.dtype);
   }
   for (size_t k = 0; k < g.params.size(); ++k) {
-    r.grads.push_back(widen(grads[k].raw(), DType::F32, static_cast<size_t>(grads[k].numel())));
-    r.gdt.push_back(g.tensors[static_cast<size_t>(g.params[k])].dtype);
+    r.grads.push_back(widen(grads[k].raw(), grads[k].dtype(), static_cast<size_t>(grads[k].numel())));
+    r.gdt.push_back(grads[k].dtype());
   }
   return r;
 }
@@ -345,9 +377,10 @@ size_t not_representable(const Vec& v, DType t) {
   return n;
 }
 
-// Check (A): elements of y that are not RNE(y32) (bit for bit), or with an order-free GEMM
-// (A != null: sensitivities from offset `off`, reduction length K) not within [RNE(y32 - w),
-// RNE(y32 + w)], w = 2 (K+8) u32 A.
+// Check (A): elements of y that are not RNE(y32) in t (bit for bit; t = F32: y32 itself, no
+// rounding), or with an order-free GEMM (A != null: sensitivities from offset `off`, reduction
+// length K) not within [RNE(y32 - w), RNE(y32 + w)] (t = F32: |y - y32| <= w, in double),
+// w = 2 (K+8) u32 A.
 size_t mismatches(const Vec& y, const Vec& y32, DType t, const DVec* A, double K, size_t off) {
   size_t m = 0;
   for (size_t i = 0; i < y.size(); ++i) {
@@ -356,6 +389,10 @@ size_t mismatches(const Vec& y, const Vec& y32, DType t, const DVec* A, double K
       continue;
     }
     const double w = 2 * (K + 8) * kU32 * (*A)[off + i];
+    if (!is16(t)) {
+      m += !(std::fabs(static_cast<double>(y[i]) - static_cast<double>(y32[i])) <= w);
+      continue;
+    }
     const float lo = round16(static_cast<float>(y32[i] - w), t), hi = round16(static_cast<float>(y32[i] + w), t);
     m += !(lo <= y[i] && y[i] <= hi);
   }
@@ -364,7 +401,12 @@ size_t mismatches(const Vec& y, const Vec& y32, DType t, const DVec* A, double K
 
 struct Report {
   double fwd_b = 0, fwd_c = 0, bwd_b = 0, bwd_c = 0;
+  double pbwd_b = 0, pbwd_c = 0;  // parameter gradients in fp32 buffers (bwd_*: activations')
+  double g16_b = 0, g16_c = 0;    // parameter gradients in 16-bit buffers
+  bool has_g16 = false;
   double trunc_min = INFINITY, bf16_min = INFINITY, broken = 0;  // controls' ratios (must be > 1)
+  double round_min = INFINITY;  // parameter gradient rounded to 16 bits, under the fp32-buffer (B)
+  size_t round_mism_min = SIZE_MAX;  // ... and its (A) mismatches (must be > 0)
 };
 
 void note(double& m, const Worst& w) { m = std::max(m, w.ratio); }
@@ -412,6 +454,8 @@ void check_case(const Case& c) {
     const char* dn = ops::dtype_name(dt);
     CAPTURE(dn);
     const double u = unit_roundoff(dt), eta = underflow_abs(dt);
+    // Linear on oneDNN's path: (A) order-free; on the sgemm path, bit for bit.
+    const bool order_free = c.gemm_order_free && ops::gemm_path(dt) == ops::GemmPath::OneDnn;
     std::vector<Vec> xh = raw;
     for (size_t k = 0; k < nops; ++k)
       if (rounded[k])
@@ -430,7 +474,7 @@ void check_case(const Case& c) {
     {
       INFO("forward output");
       // (A) stored == RNE(fp32 result), bit for bit.
-      CHECK(mismatches(r.y, r32.y, r.ydt, c.gemm_order_free ? &sf.A : nullptr, c.K_fwd, 0) == 0);
+      CHECK(mismatches(r.y, r32.y, r.ydt, order_free ? &sf.A : nullptr, c.K_fwd, 0) == 0);
       // (B)
       const DVec fh = c.fwd(to_d(xh));
       const DVec bb = bound_b(fh, sf.A, c.K_fwd, r.ydt, nullptr);
@@ -473,32 +517,35 @@ void check_case(const Case& c) {
     // ---- backward
     const Ins gh = c.bwd(to_d(xh), c.loss ? DVec{} : to_d(dh), c.saved ? c.saved(to_d(xh)) : Ins{});
     const Ins gr = c.bwd(to_d(raw), c.loss ? DVec{} : to_d(draw), c.saved ? c.saved(to_d(raw)) : Ins{});
-    size_t off = 0;
-    for (size_t k = 0; k < nops; ++k) {
-      INFO("gradient of " << c.operands[k].name);
+    // Operand k's gradient as run `rr` stored it (dtype rr.gdt[k]: an activation's, or the
+    // parameter's buffer's): (A), (B), (C) and, if 16-bit, the truncation control. Returns
+    // (B)'s bound, for the callers' controls.
+    auto check_grad = [&](const Run& rr, size_t k, size_t off, double& mb, double& mc) {
       const size_t n = gh[k].size();
-      REQUIRE(r.grads[k].size() == n);
-      // (A) the stored gradient is RNE(fp32 kernel gradient) in the operand's dtype.
-      CHECK(mismatches(r.grads[k], g32[k], r.gdt[k], c.gemm_order_free ? &sb.A : nullptr, c.K_bwd[k], off) == 0);
-      // (B)
+      REQUIRE(rr.grads[k].size() == n);
+      CAPTURE(ops::dtype_name(rr.gdt[k]));
+      // (A) the stored gradient is the fp32 kernel gradient in the dtype it is stored in:
+      // RNE16 for an activation or a 16-bit buffer, the value itself for an fp32 buffer.
+      CHECK(mismatches(rr.grads[k], g32[k], rr.gdt[k], order_free ? &sb.A : nullptr, c.K_bwd[k], off) == 0);
+      // (B): bound_b with the stored dtype's u, eta (fp32 buffer: 0, no output rounding).
       auto slice = [&](const DVec& v) { return DVec(v.begin() + static_cast<long>(off), v.begin() + static_cast<long>(off + n)); };
       DVec extra(n, 0.0);
       if (c.saved)
         for (size_t i = 0; i < n; ++i) extra[i] = kSecondOrder * (u * ss.Ar[off + i] + eta * ss.Zr[off + i]);
-      const DVec bb = bound_b(gh[k], slice(sb.A), c.K_bwd[k], r.gdt[k], &extra);
-      const Worst wb = worst(r.grads[k], gh[k], bb);
+      const DVec bb = bound_b(gh[k], slice(sb.A), c.K_bwd[k], rr.gdt[k], &extra);
+      const Worst wb = worst(rr.grads[k], gh[k], bb);
       INFO("(B) worst element " << wb.index << ": |err| " << wb.err << " vs bound " << wb.bound);
       CHECK(wb.ratio <= 1.0);
-      note(rep.bwd_b, wb);
-      // (C)
+      note(mb, wb);
+      // (C): plus the 16-bit operands' input rounding (u, eta of the storage format dt).
       DVec bc = bb;
       for (size_t i = 0; i < n; ++i) bc[i] += kSecondOrder * (u * sb.Ar[off + i] + eta * sb.Zr[off + i]);
-      const Worst wc = worst(r.grads[k], gr[k], bc);
+      const Worst wc = worst(rr.grads[k], gr[k], bc);
       INFO("(C) worst element " << wc.index << ": |err| " << wc.err << " vs bound " << wc.bound);
       CHECK(wc.ratio <= 1.0);
-      note(rep.bwd_c, wc);
+      note(mc, wc);
       // Control: truncation of the same fp32 gradient must fail (B).
-      if (is16(r.gdt[k]) && not_representable(g32[k], dt) >= 32) {
+      if (is16(rr.gdt[k]) && not_representable(g32[k], dt) >= 32) {
         // A truncating executor truncates every stored tensor, the saved ones included.
         const Vec base = c.direct_bwd ? c.direct_bwd(xh, dh, dt, trunc16)[k] : g32[k];
         Vec t(n);
@@ -508,12 +555,67 @@ void check_case(const Case& c) {
         CHECK(tr > 1.0);
         rep.trunc_min = std::min(rep.trunc_min, tr);
       }
-      off += n;
+      return bb;
+    };
+    const size_t p0 = g16.stage_input >= 0 ? 1 : 0;  // operands from p0 on are parameters
+    std::vector<size_t> offs;
+    size_t off = 0;
+    for (size_t k = 0; k < nops; ++k) {
+      INFO("gradient of " << c.operands[k].name << " (fp32 gradient buffers)");
+      offs.push_back(off);
+      const DVec bb = check_grad(r, k, off, k >= p0 ? rep.pbwd_b : rep.bwd_b, k >= p0 ? rep.pbwd_c : rep.bwd_c);
+      // A 16-bit parameter's gradient reaches its fp32 buffer unrounded.
+      if (k >= p0) REQUIRE(r.gdt[k] == DType::F32);
+      // Control: the gradient rounded to the parameter's 16-bit dtype before the fp32 buffer (the
+      // former per-node rounding) must fail the exactness check (A) and the fp32-buffer (B) bound.
+      if (k >= p0 && rounded[k] && not_representable(g32[k], dt) >= 32) {
+        Vec t(gh[k].size());
+        for (size_t i = 0; i < t.size(); ++i) t[i] = round16(g32[k][i], dt);
+        const size_t mism = mismatches(t, g32[k], DType::F32, order_free ? &sb.A : nullptr, c.K_bwd[k], off);
+        const double rr = worst(t, gh[k], bb).ratio;
+        INFO("control: parameter gradient rounded to " << dn << " before the fp32 buffer: (A) mismatches " << mism
+                                                       << ", (B) ratio " << rr);
+        CHECK(mism > 0);
+        CHECK(rr > 1.0);
+        rep.round_min = std::min(rep.round_min, rr);
+        rep.round_mism_min = std::min(rep.round_mism_min, mism);
+      }
+      off += gh[k].size();
     }
-    std::printf("  %-26s %-5s max err/bound: fwd (B) %.3f (C) %.3f | bwd (B) %.3f (C) %.3f | controls: trunc %.2f",
-                c.name.c_str(), dn, rep.fwd_b, rep.fwd_c, rep.bwd_b, rep.bwd_c, rep.trunc_min);
+    // 16-bit gradient buffers: each 16-bit parameter's gradient bound to a zeroed buffer in its
+    // own dtype must be RNE16(fp32 kernel gradient), one rounding (A), within the full (B)/(C)
+    // bounds of that format; everything else must be bit-identical to the fp32-buffer run.
+    bool any16 = false;
+    for (size_t k = p0; k < nops; ++k) any16 = any16 || rounded[k];
+    if (any16) {
+      const Run r16 = run(c, dt, xh, dh, true);
+      {
+        INFO("16-bit gradient buffers: forward output and activation gradients unchanged");
+        CHECK(r16.y.size() == r.y.size());
+        size_t diff = 0;
+        for (size_t i = 0; i < std::min(r16.y.size(), r.y.size()); ++i) diff += bits(r16.y[i]) != bits(r.y[i]);
+        for (size_t k = 0; k < p0; ++k)
+          for (size_t i = 0; i < r.grads[k].size(); ++i) diff += bits(r16.grads[k][i]) != bits(r.grads[k][i]);
+        CHECK(diff == 0);
+      }
+      rep.has_g16 = true;
+      for (size_t k = p0; k < nops; ++k) {
+        if (!rounded[k]) continue;
+        INFO("gradient of " << c.operands[k].name << " (" << dn << " gradient buffer)");
+        REQUIRE(r16.gdt[k] == dt);
+        check_grad(r16, k, offs[k], rep.g16_b, rep.g16_c);
+      }
+    }
+    std::printf("  %-26s %-5s max err/bound: fwd (B) %.3f (C) %.3f | bwd (B) %.3f (C) %.3f", c.name.c_str(), dn,
+                rep.fwd_b, rep.fwd_c, rep.bwd_b, rep.bwd_c);
+    if (p0 < nops) std::printf(" | param fp32 buf (B) %.3f (C) %.3f", rep.pbwd_b, rep.pbwd_c);
+    if (rep.has_g16) std::printf(" | param %s buf (B) %.3f (C) %.3f", dn, rep.g16_b, rep.g16_c);
+    if (c.gemm_order_free) std::printf(" | gemm %s", order_free ? "onednn (order-free A)" : "sgemm (exact A)");
+    std::printf(" | controls: trunc %.2f", rep.trunc_min);
     if (dt == DType::F16 && std::isfinite(rep.bf16_min)) std::printf(", bf16-under-fp16 %.2f", rep.bf16_min);
     if (rep.broken > 0) std::printf(", 16-bit accumulation %.2f", rep.broken);
+    if (std::isfinite(rep.round_min))
+      std::printf(", param grad rounded before fp32 buffer %.2f (%zu not exact)", rep.round_min, rep.round_mism_min);
     std::printf("\n");
   }
 }
