@@ -40,17 +40,6 @@ void add_rounded(void* dst, DType t, const float* src, int64_t n) {
   }
 }
 
-// x := x rounded to the 16-bit format t (what storing it in t and reading it back gives).
-void round_to(float* x, DType t, int64_t n) {
-  constexpr int64_t kChunk = 4096;
-  uint16_t tmp[kChunk];
-  for (int64_t a = 0; a < n; a += kChunk) {
-    const int64_t m = std::min(kChunk, n - a);
-    from_f32(tmp, t, x + a, m);
-    to_f32(x + a, tmp, t, m);
-  }
-}
-
 // dst += src where dst is fp32 or 16-bit (rounded after the fp32 add).
 void accumulate(Tensor& dst, const float* src) {
   const int64_t n = dst.numel();
@@ -323,7 +312,9 @@ struct Executor::Impl {
         if (x < 0) continue;
         const TensorDesc& d = g.tensors[x];
         if (d.kind == TensorKind::Param) {
-          round_to(din[j], d.dtype, numel_of(d.shape));
+          // Straight into the gradient buffer in its own format: an fp32 buffer (grad_accum
+          // fp32) sums the fp32 kernel result unrounded, as a fused fp32 weight-gradient
+          // accumulation does (Megatron-LM's main_grad); a 16-bit buffer rounds the sum once.
           accumulate(*pgrad[x], din[j]);
         } else {
           add_rounded(grads[x].raw(), d.dtype, din[j], numel_of(d.shape));

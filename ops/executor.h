@@ -15,9 +15,10 @@
 // overflows to inf and underflows through subnormals to zero). So each operator reads 16-bit
 // values, accumulates in fp32 and stores 16 bits, as mixed-precision hardware does. Gradients
 // follow the same rule: an activation's gradient is stored in its dtype (a tensor read twice
-// sums in fp32 and is rounded again), and a 16-bit parameter's gradient of one node is rounded
-// to the compute dtype (where fp16 underflow happens without loss scaling) before it is added
-// into the bound gradient buffer in that buffer's dtype (fp32 accumulation by default). The
+// sums in fp32 and is rounded again; this is where fp16 underflows without loss scaling), and a
+// 16-bit parameter's gradient of one node, computed in fp32, is added into the bound gradient
+// buffer in that buffer's dtype: unrounded into an fp32 buffer (grad_accum fp32, the default:
+// a fused fp32 weight-gradient accumulation), rounded once per addition into a 16-bit one. The
 // fp32 copies are workspace, counted by the dry run at the moment the real run holds them.
 // One exception: an OpDef whose reads16 says so reads its 16-bit operands as stored (the Linear
 // when ops/gemm_path.h chose oneDNN's 16-bit matmul for the dtype); then no copies of its

@@ -26,7 +26,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
 #include "mpirun_util.h"
+#include "runner/plan/plan.h"
+#include "runner/recipe/recipe.h"
 
 namespace fs = std::filesystem;
 
@@ -99,6 +103,20 @@ void check_ledger(const fs::path& run) {
   }
 }
 
+// `--set hardware.memory_gb=...` halfway between what recompute full and none need on the
+// worst stage of the layout `sets` gives (so that recompute auto must choose some, not all).
+std::string device_between_full_and_none(const std::vector<std::string>& sets) {
+  auto total = [&](const char* mode) {
+    std::vector<std::string> s = sets;
+    s.push_back(std::string("recompute.mode=") + mode);
+    s.push_back("hardware.memory_gb=1000");
+    s.push_back("parallel.dp=1");  // as mpirun -np 2 derives it
+    return runner::make_plan(runner::load_recipe(recipe_path(), s), 0).worst_stage().total();
+  };
+  const double mid = 0.5 * (total("none") + total("full"));
+  return fmt::format("--set hardware.memory_gb={:.12f}", mid / double(1ull << 30));
+}
+
 }  // namespace
 
 TEST_CASE("bf16 and fp16 train on every kind of layout within the measured 16-bit tolerance, and the ledger holds") {
@@ -132,7 +150,14 @@ TEST_CASE("bf16 and fp16 train on every kind of layout within the measured 16-bi
       {"dp2zero1_fp16", 2, "--set parallel.zero=1", true},
       {"pp2_fp16", 2, "--set parallel.pp=2", true},
   };
-  for (const Layout& l : layouts) {
+  const std::string auto_bf16 = "--set parallel.pp=2 --set recompute.mode=auto " +
+                                device_between_full_and_none({"parallel.pp=2", "precision.compute=bf16"});
+  const std::string auto_fp16 = "--set parallel.tp=2 --set recompute.mode=auto " +
+                                device_between_full_and_none({"parallel.tp=2", "precision.compute=fp16"});
+  std::vector<Layout> all(std::begin(layouts), std::end(layouts));
+  all.push_back({"pp2_auto", 2, auto_bf16.c_str(), false});
+  all.push_back({"tp2_auto_fp16", 2, auto_fp16.c_str(), true});
+  for (const Layout& l : all) {
     CAPTURE(l.name);
     const std::string prec = l.fp16 ? " --set precision.compute=fp16 --set precision.loss_scale.init=1024"
                                     : " --set precision.compute=bf16";
@@ -141,5 +166,11 @@ TEST_CASE("bf16 and fp16 train on every kind of layout within the measured 16-bi
     MESSAGE(std::string(l.name) << ": largest relative loss difference from the serial 16-bit run " << d << " (tolerance " << tol << ")");
     CHECK(d <= tol);
     check_ledger(kDir / l.name);
+    if (std::string(l.name).find("auto") != std::string::npos) {  // auto chose something, and not everything
+      auto plan = nlohmann::json::parse(std::ifstream(kDir / l.name / "plan.json"));
+      REQUIRE(plan.contains("recompute"));
+      INFO(plan["recompute"].dump());
+      CHECK(plan["recompute"].dump().find("attention_core") != std::string::npos);
+    }
   }
 }
