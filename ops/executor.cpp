@@ -279,7 +279,10 @@ struct Executor::Impl {
       }
       void* gr = grad(x);
       const bool needed = dry() ? d.kind != TensorKind::Input : gr != nullptr;
-      if (needed && is16(d.dtype)) {
+      // A parameter whose gradient buffer is fp32 is accumulated into directly: the kernels add
+      // (+=) into their input gradients, so the buffer sums fp32 results unrounded.
+      const bool direct = d.kind == TensorKind::Param && d.grad_dtype == DType::F32;
+      if (needed && is16(d.dtype) && !direct) {
         din[j] = wide(d, true);
         fold[j] = x;
       } else {
@@ -311,10 +314,7 @@ struct Executor::Impl {
         const int x = fold[j];
         if (x < 0) continue;
         const TensorDesc& d = g.tensors[x];
-        if (d.kind == TensorKind::Param) {
-          // Straight into the gradient buffer in its own format: an fp32 buffer (grad_accum
-          // fp32) sums the fp32 kernel result unrounded, as a fused fp32 weight-gradient
-          // accumulation does (Megatron-LM's main_grad); a 16-bit buffer rounds the sum once.
+        if (d.kind == TensorKind::Param) {  // a 16-bit buffer: the sum rounded once
           accumulate(*pgrad[x], din[j]);
         } else {
           add_rounded(grads[x].raw(), d.dtype, din[j], numel_of(d.shape));
@@ -494,6 +494,10 @@ void Executor::bind_param(int id, Tensor* value, Tensor* grad) {
   if (d.kind != TensorKind::Param || value->shape() != d.shape)
     throw std::logic_error("bind_param " + d.name + ": shape " + value->shape_str() + " vs graph " +
                            shape_to_string(d.shape));
+  if (value->dtype() != d.dtype || (grad && grad->dtype() != d.grad_dtype))
+    throw std::logic_error("bind_param " + d.name + ": value " + dtype_name(value->dtype()) + " and gradient " +
+                           (grad ? dtype_name(grad->dtype()) : "none") + " vs graph " + dtype_name(d.dtype) + " and " +
+                           dtype_name(d.grad_dtype));
   impl_->pval[id] = value;
   impl_->pgrad[id] = grad;
 }

@@ -16,9 +16,10 @@
 // values, accumulates in fp32 and stores 16 bits, as mixed-precision hardware does. Gradients
 // follow the same rule: an activation's gradient is stored in its dtype (a tensor read twice
 // sums in fp32 and is rounded again; this is where fp16 underflows without loss scaling), and a
-// 16-bit parameter's gradient of one node, computed in fp32, is added into the bound gradient
-// buffer in that buffer's dtype: unrounded into an fp32 buffer (grad_accum fp32, the default:
-// a fused fp32 weight-gradient accumulation), rounded once per addition into a 16-bit one. The
+// 16-bit parameter's gradient, computed in fp32, goes into the bound gradient buffer in that
+// buffer's dtype (TensorDesc::grad_dtype): accumulated straight into an fp32 buffer by the
+// kernel (grad_accum fp32, the default: a fused fp32 weight-gradient accumulation, no copy),
+// or through an fp32 copy rounded once per addition into a 16-bit one. The
 // fp32 copies are workspace, counted by the dry run at the moment the real run holds them.
 // One exception: an OpDef whose reads16 says so reads its 16-bit operands as stored (the Linear
 // when ops/gemm_path.h chose oneDNN's 16-bit matmul for the dtype); then no copies of its

@@ -58,6 +58,10 @@ struct TensorDesc {
   std::vector<int64_t> full_shape;  // the logical tensor across all tp ranks
   ShardSpec shard;
   bool decay = true;            // weight decay applies
+  // The format of the gradient buffer bound to it (precision.grad_accum). A 16-bit parameter
+  // with an fp32 buffer has its weight gradient accumulated straight into the buffer (no fp32
+  // copy, no rounding); a 16-bit buffer gets each node's fp32 gradient rounded once per add.
+  DType grad_dtype = DType::F32;
   bool seq_partial = false;     // sequence parallelism: each tensor-parallel rank's gradient covers only
                                 // its rows (norms, row-parallel biases); the caller sums it over tp
   // Filled by Graph::finalize().

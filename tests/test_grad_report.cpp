@@ -38,7 +38,7 @@ struct Fixture {
   Recipe recipe = load_recipe_text(kRecipe, "g.yaml", {});
   Plan plan = make_plan(recipe, 1);
   parallel::Grid grid{parallel::self_comm(), {1, 1, 1}};
-  ParamSet ps = init_params(plan.layout->rank_params(0, 0), recipe.model, 1, ops::DType::F32);
+  ParamSet ps = init_params(plan.layout->rank_params(0, 0), recipe.model, 1);
   RankModel model{plan, grid, ops::cpu_backend(), ps};
 
   // Every element of parameter `name`'s gradient set to `v` (scaled by `scale`, as the

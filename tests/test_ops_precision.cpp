@@ -254,7 +254,11 @@ Vec widen(const void* p, DType t, size_t n) {
 // (representable in their tensors' dtypes) and output gradient. Parameter gradients go into
 // zeroed fp32 buffers, or (grad16) a 16-bit parameter's into a zeroed buffer in its dtype.
 Run run(const Case& c, DType act, const std::vector<Vec>& in, const Vec& dout, bool grad16 = false) {
-  const ops::Graph g = c.build(act);
+  ops::Graph g = c.build(act);
+  for (int p : g.params) {  // the gradient buffers' format, as the model builder records it
+    ops::TensorDesc& d = g.tensors[static_cast<size_t>(p)];
+    d.grad_dtype = grad16 && is16(d.dtype) ? d.dtype : DType::F32;
+  }
   ops::Executor ex(g, ops::cpu_backend());
   std::vector<ops::Tensor> vals, grads;
   vals.reserve(g.params.size());

@@ -214,6 +214,8 @@ TEST_CASE("accumulating 16 micro-batches in bf16 drifts further from a float64 s
   spec.act_dtype = ops::DType::BF16;
   spec.recompute = recompute_sets(RecomputeConfig{}, m.n_layers);
   ops::Graph g = build_gpt_graph(spec);
+  spec.grad_dtype = ops::DType::BF16;  // precision.grad_accum: bf16
+  ops::Graph g16 = build_gpt_graph(spec);
   const int K = 16;
   const int64_t n = spec.B * m.seq_len;
   auto batch = [&](int k, std::vector<int32_t>& tok, std::vector<int32_t>& tgt) {
@@ -226,9 +228,9 @@ TEST_CASE("accumulating 16 micro-batches in bf16 drifts further from a float64 s
   };
   // Runs the K micro-batches into `ps` (gradients summed by the executor); with `ref`, zeroes
   // the buffer after each and sums in double instead.
-  auto accumulate = [&](ParamSet& ps, std::vector<std::vector<double>>* ref) {
-    ops::Executor ex(g, ops::cpu_backend());
-    bind_params(ex, g, ps);
+  auto accumulate = [&](const ops::Graph& gr, ParamSet& ps, std::vector<std::vector<double>>* ref) {
+    ops::Executor ex(gr, ops::cpu_backend());
+    bind_params(ex, gr, ps);
     std::vector<int32_t> tok, tgt;
     for (int k = 0; k < K; ++k) {
       batch(k, tok, tgt);
@@ -244,12 +246,13 @@ TEST_CASE("accumulating 16 micro-batches in bf16 drifts further from a float64 s
     }
   };
   std::vector<std::vector<double>> ref;
-  ParamSet p_ref = init_params(g, m, 11, ops::DType::F32);
-  accumulate(p_ref, &ref);
-  ParamSet p32 = init_params(g, m, 11, ops::DType::F32);
-  accumulate(p32, nullptr);
-  ParamSet p16 = init_params(g, m, 11, ops::DType::BF16);
-  accumulate(p16, nullptr);
+  ParamSet p_ref = init_params(g, m, 11);
+  accumulate(g, p_ref, &ref);
+  ParamSet p32 = init_params(g, m, 11);
+  accumulate(g, p32, nullptr);
+  ParamSet p16 = init_params(g16, m, 11);
+  REQUIRE(p16.grads[0].dtype() == ops::DType::BF16);
+  accumulate(g16, p16, nullptr);
   const double e32 = rel_l2_f64(grads_f64(p32), ref), e16 = rel_l2_f64(grads_f64(p16), ref);
   MESSAGE("relative L2 error of the accumulated gradient after " << K << " micro-batches: fp32 " << e32 << ", bf16 " << e16);
   CHECK(e32 < 1e-5);

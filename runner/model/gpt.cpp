@@ -255,7 +255,10 @@ struct Builder {
     }
     // The compute copy of every weight is in the compute format (the optimizer's fp32 masters,
     // when the recipe keeps them, live outside the graph: runner/train/optimizer.h).
-    for (int id : g.params) g.tensors[static_cast<size_t>(id)].dtype = act;
+    for (int id : g.params) {
+      g.tensors[static_cast<size_t>(id)].dtype = act;
+      g.tensors[static_cast<size_t>(id)].grad_dtype = s.grad_dtype;
+    }
     g.finalize();
     return std::move(g);
   }
@@ -304,10 +307,10 @@ int64_t shard_to_full_index(const ops::TensorDesc& d, int64_t i) {
   return full;
 }
 
-ParamSet init_params(const Graph& g, const ModelConfig& m, uint64_t seed, ops::DType grad_dtype) {
+ParamSet init_params(const Graph& g, const ModelConfig& m, uint64_t seed) {
   std::vector<ops::TensorDesc> descs;
   for (int id : g.params) descs.push_back(g.tensors[static_cast<size_t>(id)]);
-  return init_params(descs, m, seed, grad_dtype);
+  return init_params(descs, m, seed);
 }
 
 void init_param_values(const ops::TensorDesc& d, const ModelConfig& m, uint64_t seed, float* p) {
@@ -329,14 +332,13 @@ void init_param_values(const ops::TensorDesc& d, const ModelConfig& m, uint64_t 
   }
 }
 
-ParamSet init_params(const std::vector<ops::TensorDesc>& params, const ModelConfig& m, uint64_t seed,
-                     ops::DType grad_dtype) {
+ParamSet init_params(const std::vector<ops::TensorDesc>& params, const ModelConfig& m, uint64_t seed) {
   ParamSet ps;
   std::vector<float> tmp;
   for (const ops::TensorDesc& d : params) {
     if (ps.index(d.name) >= 0) continue;  // tied weights appear once
     ops::Tensor v(d.shape, d.dtype, ops::Account::Parameters);
-    ops::Tensor gr(d.shape, grad_dtype, ops::Account::Gradients);
+    ops::Tensor gr(d.shape, d.grad_dtype, ops::Account::Gradients);
     if (d.dtype == ops::DType::F32) {
       init_param_values(d, m, seed, v.data<float>());
     } else {  // the compute copy: the fp32 initial values rounded to nearest even

@@ -29,6 +29,7 @@ struct GptSpec {
   bool first_stage = true, last_stage = true;
   int64_t vocab_padded = 0;      // 0: vocab_size rounded up to a multiple of tp
   ops::DType act_dtype = ops::DType::F32;
+  ops::DType grad_dtype = ops::DType::F32;  // parameters' gradient buffers (precision.grad_accum)
   // recompute[layer] = modules of that layer to recompute (norm, attention, attention_core, mlp, residual)
   std::vector<std::set<std::string>> recompute;
 };
@@ -69,11 +70,10 @@ struct ParamSet {
 // zeros for biases. Values are a function of (seed, name, logical element index), so every
 // tensor-parallel layout initialises the same logical model. Values take each desc's dtype
 // (a 16-bit compute copy holds the fp32 initial value rounded to nearest even); gradients
-// take `grad_dtype` (precision.grad_accum).
-ParamSet init_params(const std::vector<ops::TensorDesc>& params, const ModelConfig& m, uint64_t seed,
-                     ops::DType grad_dtype = ops::DType::F32);
+// each desc's grad_dtype (precision.grad_accum).
+ParamSet init_params(const std::vector<ops::TensorDesc>& params, const ModelConfig& m, uint64_t seed);
 // The same for a graph's parameters (each name once, in graph order).
-ParamSet init_params(const ops::Graph& g, const ModelConfig& m, uint64_t seed, ops::DType grad_dtype = ops::DType::F32);
+ParamSet init_params(const ops::Graph& g, const ModelConfig& m, uint64_t seed);
 // The fp32 initial values of one parameter (shard) `d`, as init_params computes them: what the
 // fp32 master weights start from.
 void init_param_values(const ops::TensorDesc& d, const ModelConfig& m, uint64_t seed, float* out);

@@ -33,6 +33,8 @@ GptSpec whole_model_spec(const Recipe& r, const Plan& p) {
   s.sequence_parallel = r.parallel.sequence_parallel;
   s.vocab_padded = p.vocab_padded;
   s.act_dtype = plan_detail::dtype_of(to_string(r.precision.compute));
+  s.grad_dtype = r.precision.compute == FloatFormat::fp32 ? ops::DType::F32
+                                                          : plan_detail::dtype_of(to_string(r.precision.grad_accum));
   s.recompute = recompute_sets(r.recompute, r.model.n_layers);
   return s;
 }

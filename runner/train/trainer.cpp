@@ -41,15 +41,6 @@ namespace runner {
 
 namespace {
 
-ops::DType dtype_of_format(FloatFormat f) {
-  switch (f) {
-    case FloatFormat::bf16: return ops::DType::BF16;
-    case FloatFormat::fp16: return ops::DType::F16;
-    case FloatFormat::fp32: break;
-  }
-  return ops::DType::F32;
-}
-
 using Clock = std::chrono::steady_clock;
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
@@ -252,9 +243,7 @@ class Trainer {
     // Values in the compute format; gradients accumulate in precision.grad_accum (fp32 when the
     // compute is fp32); fp32 masters after the model decided each rank's ZeRO-1 piece.
     const std::vector<ops::TensorDesc> descs = plan.layout->rank_params(c.pp, c.tp);
-    const ops::DType grad_dtype =
-        r.precision.compute == FloatFormat::fp32 ? ops::DType::F32 : dtype_of_format(r.precision.grad_accum);
-    st.params = init_params(descs, r.model, st.rng.init_seed, grad_dtype);
+    st.params = init_params(descs, r.model, st.rng.init_seed);  // grads: each desc's grad_dtype
     model = std::make_unique<RankModel>(plan, grid, be, st.params);
     if (keeps_masters(r.precision)) init_masters(st, descs, r.model, st.rng.init_seed);
     st.scaler.scale = scaler.initial();
