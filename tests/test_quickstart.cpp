@@ -1,14 +1,6 @@
 // The README's main job: the quickstart recipe trains to >= 90% exact-match accuracy on
-// held-out addition problems (measured: 100% after 1500 steps, ~70 s on 2 cores), in fp32, in
-// bf16 and in fp16, and the 16-bit loss curves track the fp32 one.
-//
-// The band. The quickstart's loss sits on a plateau near 1.38 and then falls; when it falls is
-// sensitive to any perturbation (two fp32 runs whose only difference is the summation order
-// fall a few dozen steps apart), and 16-bit rounding is such a perturbation. Measured here:
-// the mean training loss over each 250-step window of bf16 and fp16 runs differed from fp32's
-// by at most 0.30 nats (during the fall, steps 750-1250), and by < 0.05 elsewhere. The test
-// allows 0.45 nats per window (1.5x the largest seen) and requires the last window's mean
-// below 0.15 (fp32: ~0.01) and >= 90% accuracy.
+// held-out addition problems (measured: 100% after 1500 steps, ~70 s on 2 cores). The same in
+// bf16 and fp16, against this fp32 curve: test_quickstart16.cpp (its own CI step).
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -79,17 +71,3 @@ void check_learns(const Run& r) {
 
 TEST_CASE("quickstart learns 3-digit addition on held-out problems") { check_learns(fp32()); }
 
-TEST_CASE("quickstart in bf16 and fp16 learns too, and its loss curve tracks fp32's within the band") {
-  for (const char* p : {"bf16", "fp16"}) {
-    CAPTURE(p);
-    const Run r = train(p);
-    check_learns(r);
-    for (size_t w = 0; w < r.window_means.size(); ++w) {
-      CAPTURE(w);
-      MESSAGE(p << " steps " << w * 250 + 1 << "-" << (w + 1) * 250 << ": mean loss " << r.window_means[w] << " (fp32 "
-                << fp32().window_means[w] << ")");
-      CHECK(std::abs(r.window_means[w] - fp32().window_means[w]) <= 0.45);
-    }
-    CHECK(r.window_means.back() < 0.15);
-  }
-}
