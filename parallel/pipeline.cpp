@@ -148,8 +148,11 @@ PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, con
         out = ch.act_out[slot].raw();
       }
       auto t0 = Clock::now();
+      const double c0 = comm_clock_ ? *comm_clock_ : 0.0;
       auto ls = ex.forward(mb.tokens, mb.targets, true, key, mb.sample_offset, in, out);
-      st.forward_ms += ms_since(t0);
+      const double dc = comm_clock_ ? *comm_clock_ - c0 : 0.0;
+      st.forward_ms += ms_since(t0) - dc;
+      st.comm_ms += dc;
       st.loss_sum += ls.sum;
       if (next >= 0)
         ch.act_sends[slot] = world_.isend(ch.act_out[slot].raw(), ch.act_out[slot].nbytes(), next, tag(vs + 1, kAct));
@@ -170,8 +173,11 @@ PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, con
       const int chunk = a.chunk;
       if (final_pass) ex.set_grad_hook([&final_hook, chunk](int node) { final_hook(chunk, node); });
       auto t0 = Clock::now();
+      const double c0 = comm_clock_ ? *comm_clock_ : 0.0;
       ex.backward(dloss, dout, din);
-      st.backward_ms += ms_since(t0);
+      const double dc = comm_clock_ ? *comm_clock_ - c0 : 0.0;
+      st.backward_ms += ms_since(t0) - dc;
+      st.comm_ms += dc;
       if (final_pass) ex.set_grad_hook(nullptr);
       if (prev >= 0)
         ch.grad_sends[slot] = world_.isend(ch.grad_in[slot].raw(), ch.grad_in[slot].nbytes(), prev, tag(vs - 1, kGrad));

@@ -50,6 +50,7 @@ struct MicroBatch {
 struct PipelineStats {
   double forward_ms = 0, backward_ms = 0;
   double wait_ms = 0;   // blocked on a neighbour: receives, and sends still in flight when a buffer is reused
+  double comm_ms = 0;   // collectives inside the passes (set_comm_clock), not counted in forward/backward
   double loss_sum = 0;  // sum of per-position losses (last stage)
 };
 
@@ -81,6 +82,10 @@ class PipelineRunner {
   // Inference forward to the logits: the last stage returns its (B*T, V) logits shard; other
   // stages pass their activations on and return null.
   const ops::Tensor* forward_logits(const int32_t* tokens);
+  // A cumulative millisecond counter of the collectives the executors make inside their passes
+  // (tensor parallelism, parallel::TimedGroup): train() moves its growth during each pass from
+  // forward/backward to PipelineStats::comm_ms. Null: none.
+  void set_comm_clock(const double* ms) { comm_clock_ = ms; }
 
  private:
   struct Chunk {
@@ -93,6 +98,7 @@ class PipelineRunner {
   const ops::Tensor* eval_pass(const MicroBatch& mb, bool logits, ops::Executor::LossSum* ls);
   std::vector<Chunk> chunks_;
   Communicator& world_;
+  const double* comm_clock_ = nullptr;
 };
 
 }  // namespace parallel

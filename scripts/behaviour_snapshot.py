@@ -47,7 +47,7 @@ PLAN_VARIANTS = [
 ]
 
 TIMING = ("_ms", "tokens_per_s", "mfu", "wall_s", "peak_flops", "comm_hidden_fraction",
-          "pipeline_idle_fraction", "top_ops")
+          "pipeline_idle_fraction", "top_ops", "breakdown", "breakdown_per_rank", "alerts")
 
 
 def run(cmd, cwd=ROOT, env=None, check=True):
@@ -94,7 +94,10 @@ def snapshot_run(run_dir, out):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f, open(os.path.join(out, "metrics.jsonl"), "w") as o:
         for line in f:
-            o.write(json.dumps(strip_timing(json.loads(line)), sort_keys=True) + "\n")
+            j = json.loads(line)
+            if "monitor" in j or "alert" in j:  # measured timings and what they triggered
+                continue
+            o.write(json.dumps(strip_timing(j), sort_keys=True) + "\n")
     ck = os.path.join(run_dir, "checkpoints")
     for name in sorted(os.listdir(ck)):
         if name.endswith(".h5"):

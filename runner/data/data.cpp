@@ -18,6 +18,7 @@
 #include <bit>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <mutex>
@@ -213,6 +214,9 @@ struct DataLoader::Impl {
   std::vector<Slot> ring;
   std::vector<std::thread> threads;
   double wait_ms = 0.0;
+  // RUNNER_DEBUG_DATA_DELAY_MS=T: each micro-batch takes T ms longer to build, as a slow file
+  // system or tokenizer would (a slow data source, for the monitoring's tests).
+  int64_t delay_ms = std::getenv("RUNNER_DEBUG_DATA_DELAY_MS") ? std::atoll(std::getenv("RUNNER_DEBUG_DATA_DELAY_MS")) : 0;
 
   // First global position of rank-local micro-batch m.
   int64_t first_position(int64_t m) const {
@@ -227,6 +231,7 @@ struct DataLoader::Impl {
     b.tokens.resize(static_cast<size_t>(b.B * T));
     b.targets.resize(static_cast<size_t>(b.B * T));
     const int64_t p0 = first_position(m);
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     int64_t cached_epoch = -1;
     std::unique_ptr<IndexPermutation> perm;
     for (int64_t i = 0; i < b.B; ++i) {

@@ -92,6 +92,40 @@ void RunMetrics::step(int64_t step, int64_t tokens, const StepResult& s, double 
                    {"comm_exposed_ms", s.comm_exposed_ms},     {"comm_hidden_ms", s.comm_hidden_ms},
                    {"pipeline_wait_ms", s.pipe_wait_ms},
                    {"peak_bytes", mem},        {"skipped", s.skipped}};
+  // The coarse breakdown, its windows for the monitor, and the spike alerts.
+  const Breakdown b = Breakdown::of(s);
+  nlohmann::json bj = nlohmann::json::object();
+  for (int p = 0; p < Breakdown::kParts; ++p) bj[Breakdown::name(p)] = b.ms[static_cast<size_t>(p)];
+  j["breakdown"] = bj;
+  j["interval_ms"] = b.interval();
+  checkpoint_total_ += b.ms[Breakdown::Checkpoint];
+  if (s.skipped) skipped_++;
+  if (step > 1) {
+    for (int p = 0; p < Breakdown::kParts; ++p) {
+      window_parts_[static_cast<size_t>(p)] += b.ms[static_cast<size_t>(p)];
+      total_parts_[static_cast<size_t>(p)] += b.ms[static_cast<size_t>(p)];
+    }
+    window_steps_++;
+    total_steps_++;
+    step_times_.push_back(s.total_ms);
+    busy_times_.push_back(b.busy());
+    window_busy_.push_back(b.busy());
+  }
+  if (!s.skipped && std::isfinite(s.loss) && std::isfinite(s.norm)) {
+    if (ema_steps_ >= 20 && loss_ema_ > 0 && s.loss > 2 * loss_ema_)
+      raise({"loss_spike", step, s.loss / loss_ema_, 2.0,
+             fmt::format("loss {:.4f} is {:.1f}x its running mean {:.4f}", s.loss, s.loss / loss_ema_, loss_ema_),
+             "look at the batch of this step (a corrupt or out-of-distribution sample); a lower optimizer.lr or a longer "
+             "warm-up; checkpoint.spike_threshold rolls such steps back automatically"});
+    if (ema_steps_ >= 20 && norm_ema_ > 0 && s.norm > 5 * norm_ema_)
+      raise({"grad_norm_spike", step, s.norm / norm_ema_, 5.0,
+             fmt::format("gradient norm {:.3g} is {:.1f}x its running mean {:.3g}", s.norm, s.norm / norm_ema_, norm_ema_),
+             fmt::format("set or lower optimizer.grad_clip (now {:g}); check this step's batch; a lower optimizer.lr",
+                         plan_.recipe.optimizer.grad_clip)});
+    loss_ema_ = ema_steps_ ? 0.9 * loss_ema_ + 0.1 * s.loss : s.loss;
+    norm_ema_ = ema_steps_ ? 0.9 * norm_ema_ + 0.1 * s.norm : s.norm;
+    ema_steps_++;
+  }
   pipe_wait_total_ += s.pipe_wait_ms;
   step_ms_total_ += s.total_ms;
   comm_hidden_total_ += s.comm_hidden_ms;
@@ -149,6 +183,7 @@ void RunMetrics::step_line(int64_t step, const StepResult& s) {
   if (scaler_active_) log_->info("  loss scale {:g} | {} step(s) skipped on overflow so far", s.scale, overflows_);
   window_ = 0;
   window_ms_ = window_data_ = 0;
+  monitor(step);
 }
 
 void RunMetrics::eval(int64_t step, const EvalResult& e) {
@@ -198,6 +233,8 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
   if (grid_.coords().dp == 0 && grid_.coords().tp == 0 && step_ms_total_ > 0)
     idle[static_cast<size_t>(grid_.coords().pp)] = pipe_wait_total_ / step_ms_total_;
   grid_.world().allreduce_sum(idle.data(), static_cast<int64_t>(idle.size()));
+  // The breakdown per rank over the whole run, gathered on rank 0.
+  auto ranks = gather(total_parts_, total_steps_);
   double hidden_frac = comm_hidden_total_ + comm_exposed_total_ > 0
                            ? comm_hidden_total_ / (comm_hidden_total_ + comm_exposed_total_) : 0.0;
   if (grid_.rank() != 0) return;
@@ -208,6 +245,7 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
   if (plan_.dp > 1)
     log_->info("data-parallel gradients: {:.0f} ms communication hidden behind backward, {:.0f} ms exposed ({:.0f}% hidden)",
                comm_hidden_total_, comm_exposed_total_, 100 * hidden_frac);
+  breakdown_table(ranks);
   const double avg_ms = mean_step_ms();
   double tps = avg_ms > 0 ? plan_.tokens_per_step / (avg_ms / 1e3) : 0;
   log_->info("done: {} steps in {} | {} tok/s | MFU {:.0f}% | final val loss {:.4f}{}", steps, human_duration(wall_s),
@@ -260,6 +298,26 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
   j["comm_hidden_fraction"] = hidden_frac;
   j["pipeline_idle_fraction"] = idle;
   j["plan_bubble"] = plan_.bubble;
+  nlohmann::json br = nlohmann::json::array();
+  for (size_t k = 0; k < ranks.size(); ++k) {
+    nlohmann::json rj{{"rank", k}, {"stage", ranks[k][Breakdown::kParts + 3]}, {"steps", ranks[k][Breakdown::kParts]}};
+    const double n = std::max(1.0, ranks[k][Breakdown::kParts]);
+    for (int p = 0; p < Breakdown::kParts; ++p) rj[Breakdown::name(p)] = ranks[k][static_cast<size_t>(p)] / n;
+    br.push_back(rj);
+  }
+  j["breakdown_per_rank"] = br;
+  auto pct = [&](double q) {
+    std::vector<double> v = step_times_;
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, static_cast<size_t>(std::max(0.0, std::ceil(q * static_cast<double>(v.size())) - 1)))];
+  };
+  j["step_ms"] = {{"p50", pct(0.5)}, {"p90", pct(0.9)}, {"p99", pct(0.99)}, {"max", pct(1.0)}};
+  j["skipped_steps"] = skipped_;
+  j["checkpoint_ms"] = checkpoint_total_;
+  nlohmann::json al = nlohmann::json::array();
+  for (const Alert& a : alerts_) al.push_back(a.name);
+  j["alerts"] = al;
   write(j.dump());
 }
 

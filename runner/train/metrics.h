@@ -30,11 +30,38 @@ struct StepResult {
   double loss = 0, norm = 0, lr = 0;
   double data_ms = 0, fwd_ms = 0, bwd_ms = 0, opt_ms = 0, total_ms = 0;
   double comm_hidden_ms = 0, comm_exposed_ms = 0, pipe_wait_ms = 0;
+  // The rest of the coarse breakdown (see Breakdown): gradient range reports for the loss
+  // scaler and precision diagnostics; rolled-back attempts, restores and snapshots since the
+  // last record; checkpoint saves and polls since the last record (outside total_ms).
+  double loss_scale_ms = 0, rollback_ms = 0, checkpoint_ms = 0;
   bool skipped = false;
   double scale = 1;            // the loss scale the step ran with
   bool overflow = false;       // fp16 gradients overflowed: skipped by the loss scaler
   std::string overflow_tensor; // the first non-finite gradient in backward order
   std::optional<GradReport> diagnostics;  // per-tensor gradient range (precision.diagnostics)
+};
+
+// A step's wall time, split into parts that do not overlap (coarse profiling, always on):
+// the step itself (data .. other, summing to total_ms) and the work between two step records
+// (rollback, checkpoint). Communication hidden behind the backward overlaps compute and is
+// not a part. `other` is what no part timed (memory bookkeeping, loop overhead).
+struct Breakdown {
+  enum Part { Data, Forward, Backward, Optimizer, CommExposed, PipelineIdle, LossScale, Rollback, Checkpoint, Other, kParts };
+  static const char* name(int part);  // "data_ms", "forward_ms", ...
+  std::array<double, kParts> ms{};
+  static Breakdown of(const StepResult& s);
+  double interval() const;  // the sum: the step's total_ms plus rollback and checkpoint
+  // Time this rank worked, not waiting on others or on data: the interval less data, exposed
+  // communication and pipeline idle.
+  double busy() const { return interval() - ms[Data] - ms[CommExposed] - ms[PipelineIdle]; }
+};
+
+// An alert the monitoring raised: once per run, printed and recorded in metrics.jsonl.
+struct Alert {
+  std::string name;  // "communication", "data_wait", "straggler", "memory", "utilization", "loss_spike", "grad_norm_spike", "stage_imbalance"
+  int64_t step = 0;
+  double value = 0, threshold = 0;
+  std::string message, action;
 };
 
 class RunMetrics {
@@ -58,6 +85,15 @@ class RunMetrics {
   void rollback(int64_t step, int64_t to_step, double loss);
   // Collective: the end-of-run tables and the summary record.
   void summary(int64_t steps, int64_t tokens, const EvalResult& e, double wall_s, std::vector<ops::OpProfile> prof);
+  // Collective, every rank, at each step line: gathers each rank's breakdown over the last
+  // interval (a small all-reduce), writes a monitor record (step-time percentiles, tokens/s,
+  // MFU, utilization, memory per account, skipped steps, checkpoint cost, slowest rank and
+  // stage) and raises the alerts that first hold.
+  void monitor(int64_t step);
+  const std::vector<Alert>& alerts() const { return alerts_; }
+  // A rank's row in the gathered breakdown: the parts' sums, then steps, busy P50 and P99 of
+  // the interval, pipeline stage, step-time max, dp coordinate.
+  static constexpr int kRow = Breakdown::kParts + 6;
   // Whether `step` gets a step line (and, with precision.diagnostics, a gradient range report).
   bool logged(int64_t step) const;
   // Final loss-scaler figures for the summary (fp16).
@@ -67,6 +103,19 @@ class RunMetrics {
 
  private:
   void write(const std::string& line);  // rank 0: one record, flushed
+  // Rank 0: raises `a` unless an alert of its name was raised before.
+  void raise(Alert a);
+  // Collective: every rank's row (kRow doubles) on rank 0, in world-rank order.
+  std::vector<std::array<double, kRow>> gather(const std::array<double, Breakdown::kParts>& parts, double steps);
+  void breakdown_table(const std::vector<std::array<double, kRow>>& rows);
+  std::array<double, Breakdown::kParts> window_parts_{}, total_parts_{};
+  double window_steps_ = 0, total_steps_ = 0;
+  std::vector<double> step_times_, busy_times_;  // per step after the first
+  std::vector<double> window_busy_;
+  double loss_ema_ = 0, norm_ema_ = 0;
+  int64_t ema_steps_ = 0, skipped_ = 0;
+  double checkpoint_total_ = 0;
+  std::vector<Alert> alerts_;
   void summarize_range(const GradReport& r);
   const Plan& plan_;
   parallel::Grid& grid_;

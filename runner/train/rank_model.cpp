@@ -2,6 +2,7 @@
 #include "runner/train/rank_model.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "runner/train/optimizer.h"
 
@@ -47,6 +48,7 @@ RankModel::RankModel(const Plan& plan, parallel::Grid& grid, ops::Backend& be, P
       }
     }
   }
+  tp_timed_ = std::make_unique<parallel::TimedGroup>(grid.tp());
   sched_ = plan.schedule(c.pp);
   // Chunk k of this stage is virtual stage k*P + stage; its neighbours are the chunks before
   // and after it, on the previous and next stage (wrapping around between chunks).
@@ -62,12 +64,13 @@ RankModel::RankModel(const Plan& plan, parallel::Grid& grid, ops::Backend& be, P
     for (int j = 0; j < slots; ++j) {
       execs_.push_back(std::make_unique<ops::Executor>(cg, be));
       bind_params(*execs_.back(), cg, ps);
-      if (plan.tp > 1) execs_.back()->set_group(&grid.tp());
+      if (plan.tp > 1) execs_.back()->set_group(tp_timed_.get());
       pc.slots.push_back(execs_.back().get());
     }
     pcs.push_back(std::move(pc));
   }
   pipe_ = std::make_unique<parallel::PipelineRunner>(std::move(pcs), grid.world());
+  pipe_->set_comm_clock(tp_timed_->ms());
 }
 
 RankModel::~RankModel() = default;
@@ -78,7 +81,9 @@ parallel::PipelineStats RankModel::train(const std::vector<parallel::MicroBatch>
     for (int p : ready_at_[static_cast<size_t>(chunk)][static_cast<size_t>(node)]) {
       if (seq_partial_[static_cast<size_t>(p)]) {  // each tp rank saw only its rows of the sequence
         ops::Tensor& gr = ps_.grads[static_cast<size_t>(p)];
+        auto t = std::chrono::steady_clock::now();
         grid_.tp().iallreduce_sum(gr.raw(), gr.dtype(), gr.numel())->wait();
+        tp_timed_->add(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
       }
       sync_->grad_ready(p);
     }
@@ -111,7 +116,9 @@ double RankModel::global_sum_squares(double& extra) {
     ss += sum_squares(be_, ps_.grads[i], a, e);
   }
   double v[2] = {ss, extra};
+  auto t = std::chrono::steady_clock::now();
   grid_.world().allreduce_sum(v, 2);
+  norm_comm_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
   extra = v[1];
   return v[0];
 }

@@ -13,6 +13,7 @@
 #include "parallel/grad_sync.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
+#include "parallel/timed_group.h"
 #include "runner/plan/plan.h"
 #include "runner/state.h"
 
@@ -34,6 +35,10 @@ class RankModel {
   // Sum of squared gradients over the logical model (every element once, whichever ranks hold
   // copies); `extra` is summed over the world in the same all-reduce.
   double global_sum_squares(double& extra);
+  // The time global_sum_squares() last spent in its all-reduce (where the ranks meet).
+  double last_norm_comm_ms() const { return norm_comm_ms_; }
+  // Tensor-parallel collectives so far (cumulative): their calls and milliseconds.
+  const parallel::TimedGroup& tp_timer() const { return *tp_timed_; }
   // Whether this rank's copy of parameter i (its owned range) is the one that counts for it in
   // a reduction over the logical model (each element once, whichever ranks hold copies).
   bool counts(size_t i) const;
@@ -57,6 +62,8 @@ class RankModel {
   std::vector<char> tp_replicated_;  // per parameter: every tp rank holds all of it
   std::vector<parallel::PipeAction> sched_;
   std::unique_ptr<parallel::PipelineRunner> pipe_;
+  std::unique_ptr<parallel::TimedGroup> tp_timed_;  // grid.tp(), timed
+  double norm_comm_ms_ = 0;
   int tied_ = -1;  // ParamSet index of the embedding held by the first and the last stage
 };
 

@@ -86,6 +86,9 @@ struct Faults {
   // one gradient element of the last parameter set to +inf (the loss stays finite), as an fp16
   // overflow in the backward would.
   int64_t inf_step = env("RUNNER_FAULT_INF_STEP"), inf_count = std::max<int64_t>(1, env("RUNNER_FAULT_INF_COUNT"));
+  // RUNNER_FAULT_NOISE_STEP=N: step N's batch is random tokens with random targets, as a
+  // corrupt shard would be (a loss and gradient-norm spike, for the monitoring's tests).
+  int64_t noise_step = env("RUNNER_FAULT_NOISE_STEP");
   static int64_t env(const char* name) { return std::getenv(name) ? std::atoll(std::getenv(name)) : -1; }
 };
 
@@ -121,21 +124,34 @@ class Trainer {
     const int64_t total = r.train.steps;
     auto run_t0 = Clock::now();
     double pending_ckpt_ms = 0;
+    double pending_ckpt_wall = 0, pending_rollback = 0;  // breakdown parts outside the step, for the next record
     while (st.step < total) {
       if (stop_agreed()) return preempt();
       if (r.checkpoint.snapshot_every > 0 && st.step % r.checkpoint.snapshot_every == 0 &&
-          (!snapshot.valid() || snapshot.step() != st.step))
+          (!snapshot.valid() || snapshot.step() != st.step)) {
+        auto t = Clock::now();
         snapshot.take(st);
+        pending_rollback += ms_between(t, Clock::now());
+      }
       StepResult s = train_step();
-      if (rollback_needed(s)) continue;
+      auto rb0 = Clock::now();
+      if (rollback_needed(s)) {
+        pending_rollback += s.total_ms + ms_between(rb0, Clock::now());  // the attempt is lost
+        continue;
+      }
+      s.rollback_ms = pending_rollback;
+      s.checkpoint_ms = pending_ckpt_wall;
+      pending_rollback = pending_ckpt_wall = 0;
       metrics->step(st.step, st.tokens, s, pending_ckpt_ms);
       pending_ckpt_ms = 0;
       if (s.overflow && scaler.exhausted(st.scaler)) return stop_on_overflows(s);
+      auto c0 = Clock::now();
       if (st.step < total && ckpt->due(st.step, ms_between(run_t0, Clock::now()) / 1e3)) {
         ckpt->save(st, false);
         pending_ckpt_ms = ckpt->last_stall_ms();
       }
       ckpt->poll();
+      pending_ckpt_wall = ms_between(c0, Clock::now());
       metrics->set_scaler(st.scaler, scaler.active());
       metrics->step_line(st.step, s);
       if (s.skipped && !s.overflow) log->warn("step {}: non-finite loss or gradient norm; update skipped", st.step);
@@ -318,6 +334,15 @@ class Trainer {
       mbs.clear();
       for (int64_t k = 0; k < plan.accum; ++k) mbs.push_back(loader->next());
     }
+    if (st.step + 1 == faults.noise_step) {
+      uint64_t x = 0x9E3779B97F4A7C15ull;
+      for (Batch& b : mbs)
+        for (size_t i = 0; i < b.tokens.size(); ++i) {
+          x = x * 6364136223846793005ull + 1442695040888963407ull;
+          b.tokens[i] = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(r.model.vocab_size));
+          b.targets[i] = static_cast<int32_t>((x >> 13) % static_cast<uint64_t>(r.model.vocab_size));
+        }
+    }
     return mbs;
   }
 
@@ -325,12 +350,16 @@ class Trainer {
     StepResult res;
     auto t0 = Clock::now();
     std::vector<Batch> mbs = next_batches();
-    res.data_ms = loader->take_wait_ms();
+    loader->take_wait_ms();
+    res.data_ms = ms_between(t0, Clock::now());  // the loader's wait and the batches' hand-over
+    debug_stall();
     // The loss is the mean over every target token of the global batch.
     int64_t count = 0;
     for (auto& b : mbs)
       for (int32_t t : b.targets) count += t >= 0;
+    auto c0 = Clock::now();
     grid.dp().allreduce_sum(&count, 1);
+    double comm = ms_between(c0, Clock::now());
     // fp16: the backward is seeded with scale / count, so every gradient is `scale` times larger.
     res.scale = st.scaler.scale;
     float dloss = count > 0 ? static_cast<float>(res.scale / static_cast<double>(count)) : 0.0f;
@@ -345,9 +374,11 @@ class Trainer {
     res.fwd_ms = ps.forward_ms;
     res.bwd_ms = ps.backward_ms;
     res.pipe_wait_ms = ps.wait_ms;
+    comm += ps.comm_ms;
     double loss_sum = ps.loss_sum;
     auto o0 = Clock::now();
     model->finish_grads();
+    comm += ms_between(o0, Clock::now());
     res.comm_hidden_ms = model->sync().stats().hidden_ms;
     if (st.step + 1 == faults.nan_step) {
       faults.nan_step = -1;
@@ -357,13 +388,18 @@ class Trainer {
     if (faults.inf_step > 0 && st.step + 1 >= faults.inf_step && st.step + 1 < faults.inf_step + faults.inf_count)
       set_element(st.params.grads.back(), 0, INFINITY);
     double loss_part = (grid.last_stage() && grid.coords().tp == 0) ? loss_sum : 0.0;
+    auto n0 = Clock::now();
     res.norm = std::sqrt(model->global_sum_squares(loss_part)) / res.scale;  // unscaled
+    comm += model->last_norm_comm_ms();
+    double opt = ms_between(n0, Clock::now()) - model->last_norm_comm_ms();
     res.loss = count > 0 ? loss_part / static_cast<double>(count) : 0.0;
     res.lr = lr_at(r.optimizer, st.step, r.train.steps);
     const bool finite = std::isfinite(res.loss) && std::isfinite(res.norm);
     if (scaler.active() && std::isfinite(res.loss) && !std::isfinite(res.norm)) {
       // fp16 overflow: skip the step, back the scale off, name the first tensor that overflowed.
+      auto g0 = Clock::now();
       GradReport rep = grad_report(be, *model, st.params, *plan.layout, grid, res.scale);
+      res.loss_scale_ms += ms_between(g0, Clock::now());
       res.overflow = res.skipped = true;
       if (rep.first_nonfinite >= 0) res.overflow_tensor = describe_tensor(rep.tensors[static_cast<size_t>(rep.first_nonfinite)]);
       scaler.update(st.scaler, false);
@@ -375,22 +411,41 @@ class Trainer {
       res.skipped = true;
       st.scaler.skipped_steps++;
     } else {
-      if (diagnose() && metrics->logged(st.step + 1))
+      if (diagnose() && metrics->logged(st.step + 1)) {
+        auto g0 = Clock::now();
         res.diagnostics = grad_report(be, *model, st.params, *plan.layout, grid, res.scale);
+        res.loss_scale_ms += ms_between(g0, Clock::now());
+      }
       scaler.update(st.scaler, true);
+      auto a0 = Clock::now();
       adamw_step(be, r.optimizer, st, res.lr, clip_factor(res.norm, r.optimizer.grad_clip) / res.scale);
+      auto a1 = Clock::now();
       model->gather_params();
+      opt += ms_between(a0, a1);
+      comm += ms_between(a1, Clock::now());
     }
-    res.comm_exposed_ms = model->sync().stats().exposed_ms;
+    auto z0 = Clock::now();
     zero_grads(st.params);
+    opt += ms_between(z0, Clock::now());
     metrics->measure_memory();
     st.step++;
     st.tokens += plan.tokens_per_step;
     st.loader = loader->state();
     auto t1 = Clock::now();
-    res.opt_ms = ms_between(o0, t1);
+    res.comm_exposed_ms = comm;  // every collective this step waited in, outside the backward's overlap
+    res.opt_ms = opt;
     res.total_ms = ms_between(t0, t1);
     return res;
+  }
+
+  // RUNNER_DEBUG_STALL_RANK=R, RUNNER_DEBUG_STALL_EVERY=N, RUNNER_DEBUG_STALL_MS=T: world
+  // rank R sleeps T ms at the start of every N-th step, as a rank sharing its cores with
+  // another job would stall (a straggler, for the monitoring's tests).
+  void debug_stall() {
+    static const int64_t rank = Faults::env("RUNNER_DEBUG_STALL_RANK"), every = Faults::env("RUNNER_DEBUG_STALL_EVERY"),
+                         ms = Faults::env("RUNNER_DEBUG_STALL_MS");
+    if (rank != grid.rank() || ms <= 0 || every <= 0 || (st.step + 1) % every != 0) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }
 
   bool diagnose() const { return r.precision.diagnostics || opts.diagnose_precision; }

@@ -1,0 +1,245 @@
+// Coarse profiling and monitoring: the step-time breakdown, its gathering over ranks, the
+// monitor records and the alerts (see metrics.h).
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "runner/train/metrics.h"
+
+namespace runner {
+
+namespace {
+
+// Nearest-rank percentile (q in [0, 1]) of unsorted values; 0 when there are none.
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t k = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, k > 0 ? k - 1 : 0)];
+}
+
+const char* const kAccountNames[] = {"parameters", "gradients", "optimizer", "activations", "workspace", "communication"};
+
+// Indices of a gathered row beyond the parts.
+enum { kSteps = Breakdown::kParts, kBusyP50, kBusyP99, kStage, kStepMax, kDp };
+
+}  // namespace
+
+const char* Breakdown::name(int part) {
+  static const char* const names[kParts] = {"data_ms",       "forward_ms",       "backward_ms",   "optimizer_ms",
+                                            "comm_exposed_ms", "pipeline_idle_ms", "loss_scale_ms", "rollback_ms",
+                                            "checkpoint_ms",   "other_ms"};
+  return names[part];
+}
+
+Breakdown Breakdown::of(const StepResult& s) {
+  Breakdown b;
+  b.ms[Data] = s.data_ms;
+  b.ms[Forward] = s.fwd_ms;
+  b.ms[Backward] = s.bwd_ms;
+  b.ms[Optimizer] = s.opt_ms;
+  b.ms[CommExposed] = s.comm_exposed_ms;
+  b.ms[PipelineIdle] = s.pipe_wait_ms;
+  b.ms[LossScale] = s.loss_scale_ms;
+  b.ms[Rollback] = s.rollback_ms;
+  b.ms[Checkpoint] = s.checkpoint_ms;
+  double timed = 0;
+  for (int p = 0; p < Other; ++p)
+    if (p != Rollback && p != Checkpoint) timed += b.ms[p];
+  b.ms[Other] = std::max(0.0, s.total_ms - timed);  // what no part timed; timers never overlap
+  return b;
+}
+
+double Breakdown::interval() const {
+  double t = 0;
+  for (double v : ms) t += v;
+  return t;
+}
+
+void RunMetrics::raise(Alert a) {
+  if (grid_.rank() != 0) return;
+  for (const Alert& b : alerts_)
+    if (b.name == a.name) return;
+  log_->warn("ALERT {} at step {}: {}. What to do: {}", a.name, a.step, a.message, a.action);
+  write(nlohmann::json{{"alert", a.name},       {"step", a.step},         {"value", a.value},
+                       {"threshold", a.threshold}, {"message", a.message}, {"action", a.action}}
+            .dump());
+  alerts_.push_back(std::move(a));
+}
+
+std::vector<std::array<double, RunMetrics::kRow>> RunMetrics::gather(const std::array<double, Breakdown::kParts>& parts,
+                                                                     double steps) {
+  const int W = grid_.world_size(), me = grid_.rank();
+  std::vector<double> all(static_cast<size_t>(W * kRow), 0.0);
+  double* row = all.data() + static_cast<size_t>(me) * kRow;
+  std::copy(parts.begin(), parts.end(), row);
+  row[kSteps] = steps;
+  row[kBusyP50] = percentile(window_busy_, 0.5);
+  row[kBusyP99] = percentile(window_busy_, 0.99);
+  row[kStage] = grid_.coords().pp;
+  row[kStepMax] = step_times_.empty() ? 0 : *std::max_element(step_times_.begin(), step_times_.end());
+  row[kDp] = grid_.coords().dp;
+  grid_.world().allreduce_sum(all.data(), static_cast<int64_t>(all.size()));
+  std::vector<std::array<double, kRow>> rows(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) std::copy_n(all.data() + static_cast<size_t>(r) * kRow, kRow, rows[static_cast<size_t>(r)].begin());
+  return rows;
+}
+
+namespace {
+
+double busy_of(const std::array<double, RunMetrics::kRow>& row) {
+  double t = 0;
+  for (int p = 0; p < Breakdown::kParts; ++p)
+    if (p != Breakdown::Data && p != Breakdown::CommExposed && p != Breakdown::PipelineIdle) t += row[static_cast<size_t>(p)];
+  return t;
+}
+double interval_of(const std::array<double, RunMetrics::kRow>& row) {
+  double t = 0;
+  for (int p = 0; p < Breakdown::kParts; ++p) t += row[static_cast<size_t>(p)];
+  return t;
+}
+
+}  // namespace
+
+void RunMetrics::monitor(int64_t step) {
+  auto rows = gather(window_parts_, window_steps_);
+  window_parts_ = {};
+  window_steps_ = 0;
+  window_busy_.clear();
+  if (grid_.rank() != 0 || rows[0][kSteps] <= 0) return;
+  const Recipe& r = plan_.recipe;
+  const double n = rows[0][kSteps];
+  // Per rank: busy time per step; the slowest rank is the one that worked longest.
+  size_t slow = 0;
+  double util_sum = 0;
+  nlohmann::json per_rank = nlohmann::json::array();
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const auto& row = rows[k];
+    const double iv = interval_of(row);
+    if (busy_of(row) > busy_of(rows[slow])) slow = k;
+    const double compute = row[Breakdown::Forward] + row[Breakdown::Backward] + row[Breakdown::Optimizer];
+    util_sum += iv > 0 ? compute / iv : 0;
+    nlohmann::json j{{"rank", k}, {"stage", static_cast<int64_t>(row[kStage])}, {"busy_ms", busy_of(row) / n},
+                     {"interval_ms", iv / n}};
+    for (int p = 0; p < Breakdown::kParts; ++p) j[Breakdown::name(p)] = row[static_cast<size_t>(p)] / n;
+    per_rank.push_back(j);
+  }
+  const double util = util_sum / static_cast<double>(rows.size());
+  // Stages: mean busy time of their ranks.
+  std::vector<double> stage_busy(static_cast<size_t>(plan_.pp), 0.0), stage_n(static_cast<size_t>(plan_.pp), 0.0);
+  for (const auto& row : rows) {
+    stage_busy[static_cast<size_t>(row[kStage])] += busy_of(row) / n;
+    stage_n[static_cast<size_t>(row[kStage])] += 1;
+  }
+  for (size_t s = 0; s < stage_busy.size(); ++s) stage_busy[s] /= std::max(1.0, stage_n[s]);
+  const size_t slow_stage = static_cast<size_t>(std::max_element(stage_busy.begin(), stage_busy.end()) - stage_busy.begin());
+  const double stage_min = *std::min_element(stage_busy.begin(), stage_busy.end());
+  const double imbalance = stage_busy[slow_stage] > 0 ? (stage_busy[slow_stage] - stage_min) / stage_busy[slow_stage] : 0;
+
+  const double p50 = percentile(step_times_, 0.5), p90 = percentile(step_times_, 0.9), p99 = percentile(step_times_, 0.99);
+  const double mx = step_times_.empty() ? 0 : *std::max_element(step_times_.begin(), step_times_.end());
+  const double iv0 = interval_of(rows[0]) / n;
+  const double tps = iv0 > 0 ? static_cast<double>(plan_.tokens_per_step) / (iv0 / 1e3) : 0;
+  const double mfu = peak_flops_ > 0 ? plan_.flops_per_token * tps / peak_flops_ : 0;
+  auto& mt = ops::MemoryTracker::instance();
+  nlohmann::json mem = nlohmann::json::object();
+  for (int a = 0; a < ops::kAccounts; ++a) mem[kAccountNames[a]] = measured_peak_[static_cast<size_t>(a)];
+  const double peak = static_cast<double>(mt.peak_total());
+  auto slow_name = [&](size_t k) {
+    parallel::Coords c = parallel::coords_of(grid_.shape(), static_cast<int>(k));
+    return fmt::format("rank {} (dp {} tp {} pp {})", k, c.dp, c.tp, c.pp);
+  };
+  nlohmann::json j{{"monitor", true},
+                   {"step", step},
+                   {"step_ms", {{"p50", p50}, {"p90", p90}, {"p99", p99}, {"max", mx}}},
+                   {"tokens_per_s", tps},
+                   {"mfu", mfu},
+                   {"utilization", util},
+                   {"peak_memory", mem},
+                   {"peak_bytes", peak},
+                   {"device_memory", plan_.device_memory},
+                   {"skipped_steps", skipped_},
+                   {"checkpoint_ms", checkpoint_total_},
+                   {"slowest_rank", slow},
+                   {"slowest_stage", slow_stage},
+                   {"stage_imbalance", imbalance},
+                   {"per_rank", per_rank}};
+  write(j.dump());
+  log_->info("  monitor | step ms p50 {:.0f} p90 {:.0f} p99 {:.0f} max {:.0f} | util {:.0f}% | skipped {} | checkpoints {:.0f} ms{}",
+             p50, p90, p99, mx, 100 * util, skipped_, checkpoint_total_,
+             rows.size() > 1 ? fmt::format(" | slowest {} busy {:.0f} ms/step", slow_name(slow), busy_of(rows[slow]) / n) : "");
+
+  // Alerts, each once.
+  double comm_frac = 0, data_frac = 0;
+  size_t comm_rank = 0, data_rank = 0;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const double iv = interval_of(rows[k]);
+    if (iv <= 0) continue;
+    const double c = rows[k][Breakdown::CommExposed] / iv, d = rows[k][Breakdown::Data] / iv;
+    if (c > comm_frac) { comm_frac = c; comm_rank = k; }
+    if (d > data_frac) { data_frac = d; data_rank = k; }
+  }
+  if (comm_frac > 0.30)
+    raise({"communication", step, comm_frac, 0.30,
+           fmt::format("exposed communication is {:.0f}% of the step on {}", 100 * comm_frac, slow_name(comm_rank)),
+           fmt::format("change the layout: `runner plan` lists the alternatives with their predicted communication (now dp {} tp {} "
+                       "pp {}); fewer tensor-parallel ranks, a larger parallel.bucket_mb, or more micro-batches per step to hide "
+                       "the data-parallel reduction", plan_.dp, plan_.tp, plan_.pp)});
+  if (data_frac > 0.05)
+    raise({"data_wait", step, data_frac, 0.05,
+           fmt::format("waiting for data is {:.0f}% of the step on {}", 100 * data_frac, slow_name(data_rank)),
+           fmt::format("raise data.workers (now {}) or data.prefetch (now {})", r.data.workers, r.data.prefetch)});
+  if (step_times_.size() >= 10 && p50 > 0 && p99 > 1.5 * p50) {
+    size_t strag = 0;  // the rank whose own work has the longest tail
+    for (size_t k = 0; k < rows.size(); ++k)
+      if (rows[k][kBusyP99] - rows[k][kBusyP50] > rows[strag][kBusyP99] - rows[strag][kBusyP50]) strag = k;
+    raise({"straggler", step, p99 / p50, 1.5,
+           fmt::format("step time P99 {:.0f} ms is {:.1f}x its P50 {:.0f} ms; the straggler is {} (its own work P99 {:.0f} ms, "
+                       "P50 {:.0f} ms)", p99, p99 / p50, p50, slow_name(strag), rows[strag][kBusyP99], rows[strag][kBusyP50]),
+           fmt::format("look for another job or a thermal limit on the node of {}; pin its threads (train.threads, "
+                       "OMP_PROC_BIND) or move it to another node", slow_name(strag))});
+  }
+  if (plan_.device_memory > 0 && peak >= 0.95 * plan_.device_memory)
+    raise({"memory", step, peak / plan_.device_memory, 0.95,
+           fmt::format("peak memory {} is within 5% of the device's {}", format_bytes(peak), format_bytes(plan_.device_memory)),
+           "recompute more activations (recompute: auto or full), a smaller batch.micro, ZeRO-1 (parallel.zero: 1) or more "
+           "pipeline stages, before a longer sequence or a fragmentation spike runs out of memory"});
+  if (util < 0.70)
+    raise({"utilization", step, util, 0.70,
+           fmt::format("the ranks compute (forward, backward, optimizer) only {:.0f}% of the step", 100 * util),
+           "see the breakdown in this record's per_rank: data wait -> data.workers; exposed communication -> the layout; "
+           "pipeline idle -> more micro-batches (batch.accum) or the interleaved schedule"});
+  if (plan_.pp > 1 && imbalance > 0.10)
+    raise({"stage_imbalance", step, imbalance, 0.10,
+           fmt::format("pipeline stage {} works {:.0f} ms per step, {:.0f}% more than the least loaded stage", slow_stage,
+                       stage_busy[slow_stage], 100 * imbalance / std::max(1e-9, 1 - imbalance)),
+           "balance the layers over the stages (fewer layers on the slow stage: the embedding and the output layer sit on the "
+           "first and last), or look for a straggler on that stage"});
+}
+
+void RunMetrics::breakdown_table(const std::vector<std::array<double, kRow>>& rows) {
+  if (grid_.rank() != 0 || rows.empty() || rows[0][kSteps] <= 0) return;
+  log_->info("step-time breakdown, ms per step (steps after the first)");
+  log_->info("  {:<22} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>8}", "rank", "data", "fwd", "bwd", "optim",
+             "comm", "pipe", "lscale", "rollbk", "ckpt", "other", "total");
+  size_t slow = 0;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const auto& row = rows[k];
+    const double n = std::max(1.0, row[kSteps]);
+    parallel::Coords c = parallel::coords_of(grid_.shape(), static_cast<int>(k));
+    log_->info("  {:<22} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>8.1f}",
+               fmt::format("{} (dp{} tp{} pp{})", k, c.dp, c.tp, c.pp), row[0] / n, row[1] / n, row[2] / n, row[3] / n,
+               row[4] / n, row[5] / n, row[6] / n, row[7] / n, row[8] / n, row[9] / n, interval_of(row) / n);
+    if (busy_of(row) > busy_of(rows[slow])) slow = k;
+  }
+  if (rows.size() > 1) {
+    parallel::Coords c = parallel::coords_of(grid_.shape(), static_cast<int>(slow));
+    log_->info("  slowest: rank {} (dp {} tp {} pp {}, stage {}), busy {:.1f} ms per step", slow, c.dp, c.tp, c.pp, c.pp,
+               busy_of(rows[slow]) / std::max(1.0, rows[slow][kSteps]));
+  }
+}
+
+}  // namespace runner

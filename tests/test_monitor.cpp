@@ -1,0 +1,239 @@
+// Coarse profiling and monitoring, through the real binary: the step-time breakdown in
+// metrics.jsonl adds up to the step (one rank, and dp2, tp2, pp2 under mpirun), the monitor
+// records and the end-of-run table per rank, and every alert fires on a run made to trigger
+// it (a slow data source, a stalled rank, a corrupt batch, a tight memory limit) and none on
+// the quickstart.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iterator>
+#include <sstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mpirun_util.h"
+
+namespace fs = std::filesystem;
+using mpirun_util::kLayoutRecipe;
+using mpirun_util::mpirun;
+using mpirun_util::Result;
+using mpirun_util::sh;
+
+namespace {
+
+const fs::path kDir = fs::temp_directory_path() / ("runner_test_monitor_" + std::to_string(::getpid()));
+struct Cleanup {
+  ~Cleanup() {
+    std::error_code ec;
+    if (!std::getenv("RUNNER_KEEP_TEST_DIRS")) fs::remove_all(kDir, ec);
+  }
+} cleanup;
+
+const char* const kParts[] = {"data_ms",         "forward_ms",       "backward_ms",   "optimizer_ms", "comm_exposed_ms",
+                              "pipeline_idle_ms", "loss_scale_ms",    "rollback_ms",   "checkpoint_ms", "other_ms"};
+
+std::string layout_recipe() {
+  fs::create_directories(kDir);
+  fs::path p = kDir / "layout.yaml";
+  if (!fs::exists(p)) std::ofstream(p) << kLayoutRecipe;
+  return p.string();
+}
+
+struct Run {
+  Result r;
+  std::vector<nlohmann::json> steps, monitors, alerts;
+  nlohmann::json summary;
+  int count(const std::string& alert) const {
+    int n = 0;
+    for (auto& a : alerts) n += a["alert"] == alert;
+    return n;
+  }
+};
+
+// Trains `recipe` into kDir/name (np 0: one plain process) with `env` before the command.
+Run train(const std::string& name, int np, const std::string& recipe, const std::string& sets, const std::string& env = "") {
+  const fs::path dir = kDir / name;
+  fs::remove_all(dir);
+  std::string cmd = env + " " + (np ? mpirun(np) : std::string("OMP_NUM_THREADS=1 timeout 300 ")) + RUNNER_BINARY + " train " +
+                    recipe + " --quiet --run-dir " + dir.string() + " " + sets;
+  Run run;
+  run.r = sh(cmd);
+  INFO(cmd << "\n" << run.r.out);
+  REQUIRE(run.r.rc == 0);
+  std::ifstream in(dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("summary")) run.summary = j;
+    else if (j.contains("monitor")) run.monitors.push_back(j);
+    else if (j.contains("alert")) run.alerts.push_back(j);
+    else if (j.contains("breakdown")) run.steps.push_back(j);
+  }
+  return run;
+}
+
+// Every step record after the first: the named parts (all but `other`) sum to the measured
+// step (plus the checkpoint and rollback work since the last record) within 5%.
+void check_breakdown(const Run& run) {
+  REQUIRE(run.steps.size() >= 5);
+  for (const auto& j : run.steps) {
+    const auto& b = j["breakdown"];
+    double named = 0;
+    for (const char* p : kParts) {
+      REQUIRE(b.contains(p));
+      CHECK(b[p].get<double>() >= 0);
+      if (std::string(p) != "other_ms") named += b[p].get<double>();
+    }
+    const double measured = j["step_ms"].get<double>() + b["checkpoint_ms"].get<double>() + b["rollback_ms"].get<double>();
+    INFO("step " << j["step"] << ": " << b.dump() << " measured " << measured);
+    CHECK(j["interval_ms"].get<double>() == doctest::Approx(measured).epsilon(1e-6));
+    if (j["step"].get<int64_t>() > 1) CHECK(std::abs(measured - named) <= 0.05 * measured);
+  }
+  // The end-of-run table per rank, in the summary too.
+  REQUIRE(run.summary.contains("breakdown_per_rank"));
+  for (const auto& row : run.summary["breakdown_per_rank"]) {
+    double named = 0, all = 0;
+    for (const char* p : kParts) {
+      all += row[p].get<double>();
+      if (std::string(p) != "other_ms") named += row[p].get<double>();
+    }
+    INFO(row.dump());
+    CHECK(all > 0);
+    CHECK(std::abs(all - named) <= 0.05 * all);
+  }
+  CHECK(run.r.out.find("step-time breakdown") == std::string::npos);  // --quiet: only in the log
+}
+
+std::string gib(double bytes) {
+  std::ostringstream o;
+  o << std::setprecision(12) << bytes / (1ull << 30);
+  return o.str();
+}
+
+}  // namespace
+
+TEST_CASE("the quickstart: the breakdown adds up, monitor records every log interval, no alert") {
+  Run run = train("quickstart", 0, std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml",
+                  "--set train.steps=60 --set train.log_every=20 --set train.eval_every=0 --set train.threads=2");
+  check_breakdown(run);
+  CHECK(run.summary["breakdown_per_rank"].size() == 1);
+  REQUIRE(run.monitors.size() == 3);  // steps 20, 40, 60 (step 1 has no interval yet)
+  for (const auto& m : run.monitors) {
+    const auto& t = m["step_ms"];
+    CHECK(t["p50"].get<double>() > 0);
+    CHECK(t["p50"].get<double>() <= t["p90"].get<double>());
+    CHECK(t["p90"].get<double>() <= t["p99"].get<double>());
+    CHECK(t["p99"].get<double>() <= t["max"].get<double>());
+    CHECK(m["tokens_per_s"].get<double>() > 0);
+    CHECK(m["mfu"].get<double>() > 0);
+    CHECK(m["peak_memory"]["parameters"].get<double>() > 0);
+    CHECK(m["peak_memory"]["activations"].get<double>() > 0);
+    CHECK(m["utilization"].get<double>() > 0.7);
+  }
+  INFO(run.alerts.size() << " alert(s): " << (run.alerts.empty() ? "" : run.alerts[0].dump()));
+  CHECK(run.alerts.empty());
+  CHECK(run.summary["alerts"].empty());
+  const std::string log = [&] {
+    std::ifstream in(kDir / "quickstart" / "log.rank0.txt");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  CHECK(log.find("step-time breakdown") != std::string::npos);
+  CHECK(log.find("monitor | step ms p50") != std::string::npos);
+}
+
+TEST_CASE("the breakdown adds up on dp2, tp2 and pp2, per rank, and names the slowest rank") {
+  for (const char* layout : {"--set parallel.dp=2", "--set parallel.tp=2", "--set parallel.pp=2"}) {
+    CAPTURE(layout);
+    Run run = train("layout", 2, layout_recipe(), layout);
+    check_breakdown(run);
+    REQUIRE(run.summary["breakdown_per_rank"].size() == 2);
+    REQUIRE(!run.monitors.empty());
+    CHECK(run.monitors.back()["per_rank"].size() == 2);
+    CHECK(run.monitors.back()["slowest_rank"].get<int>() >= 0);
+    const std::string log = [&] {
+      std::ifstream in(kDir / "layout" / "log.rank0.txt");
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    }();
+    CHECK(log.find("slowest: rank") != std::string::npos);
+    if (std::string(layout).find("tp") != std::string::npos)  // the tensor-parallel collectives count as communication
+      for (const auto& j : run.steps) CHECK(j["breakdown"]["comm_exposed_ms"].get<double>() > 0);
+    if (std::string(layout).find("pp") != std::string::npos)
+      CHECK(run.summary["breakdown_per_rank"][0]["pipeline_idle_ms"].get<double>() > 0);
+  }
+}
+
+TEST_CASE("alert: a slow data source") {
+  Run run = train("slowdata", 0, layout_recipe(), "--set train.steps=12", "RUNNER_DEBUG_DATA_DELAY_MS=40");
+  REQUIRE(run.count("data_wait") == 1);
+  for (const auto& a : run.alerts)
+    if (a["alert"] == "data_wait") {
+      CHECK(a["value"].get<double>() > 0.05);
+      CHECK(a["action"].get<std::string>().find("data.workers") != std::string::npos);
+      CHECK(a["action"].get<std::string>().find("data.prefetch") != std::string::npos);
+    }
+  CHECK(run.r.out.find("ALERT data_wait") == std::string::npos);  // --quiet
+  check_breakdown(run);
+}
+
+TEST_CASE("alert: a stalled rank is a straggler, and the others wait in communication") {
+  Run run = train("straggler", 2, layout_recipe(), "--set parallel.dp=2 --set train.steps=24 --set train.log_every=12",
+                  "RUNNER_DEBUG_STALL_RANK=1 RUNNER_DEBUG_STALL_EVERY=4 RUNNER_DEBUG_STALL_MS=400");
+  REQUIRE(run.count("straggler") == 1);
+  REQUIRE(run.count("communication") == 1);
+  for (const auto& a : run.alerts) {
+    INFO(a.dump());
+    if (a["alert"] == "straggler") CHECK(a["message"].get<std::string>().find("straggler is rank 1 ") != std::string::npos);
+    if (a["alert"] == "communication") CHECK(a["message"].get<std::string>().find("rank 0 ") != std::string::npos);
+  }
+  CHECK(run.monitors.back()["slowest_rank"].get<int>() == 1);
+}
+
+TEST_CASE("alert: pipeline stage imbalance") {
+  Run run = train("imbalance", 2, layout_recipe(), "--set parallel.pp=2 --set train.steps=8 --set train.log_every=4",
+                  "RUNNER_DEBUG_STALL_RANK=1 RUNNER_DEBUG_STALL_EVERY=1 RUNNER_DEBUG_STALL_MS=150");
+  REQUIRE(run.count("stage_imbalance") == 1);
+  CHECK(run.monitors.back()["slowest_stage"].get<int>() == 1);
+  CHECK(run.count("utilization") == 1);  // stage 0 idles while stage 1 stalls
+}
+
+TEST_CASE("alert: loss spike and gradient-norm spike on a corrupt batch") {
+  // A smaller quickstart that has learnt something by step 75, when one batch is random tokens.
+  Run run = train("spike", 0, std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml",
+                  "--set train.steps=80 --set train.log_every=40 --set train.eval_every=0 --set model.d_model=64 "
+                  "--set batch.micro=8",
+                  "RUNNER_FAULT_NOISE_STEP=75");
+  INFO(run.alerts.size());
+  REQUIRE(run.count("loss_spike") == 1);
+  REQUIRE(run.count("grad_norm_spike") == 1);
+  for (const auto& a : run.alerts)
+    if (a["alert"] == "loss_spike" || a["alert"] == "grad_norm_spike") CHECK(a["step"].get<int>() == 75);
+}
+
+TEST_CASE("alert: memory within 5% of a tight device limit") {
+  // First the measured peak, then a device just 3% larger than it (the plan still fits).
+  Run probe = train("memprobe", 0, layout_recipe(), "--set train.steps=3 --set train.log_every=3");
+  REQUIRE(!probe.monitors.empty());
+  const double peak = probe.monitors.back()["peak_bytes"].get<double>();
+  double predicted = 0;
+  {
+    std::ifstream in(kDir / "memprobe" / "plan.json");
+    auto plan = nlohmann::json::parse(in);
+    INFO(plan.dump().substr(0, 2000));
+    REQUIRE(plan.contains("stages"));
+    for (const auto& s : plan["stages"]) predicted = std::max(predicted, s["total_bytes"].get<double>());
+  }
+  CAPTURE(peak);
+  CAPTURE(predicted);
+  const double limit = std::max(peak, predicted) * 1.01;
+  REQUIRE(peak >= 0.95 * limit);  // else the ledger and the measurement are too far apart for this test
+  Run run = train("memtight", 0, layout_recipe(),
+                  "--set train.steps=3 --set train.log_every=3 --set hardware.memory_gb=" + gib(limit));
+  REQUIRE(run.count("memory") == 1);
+  CHECK(probe.count("memory") == 0);
+}
