@@ -42,6 +42,8 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--set", sets, "override a recipe field, e.g. --set train.steps=100")->take_all();
   train_cmd->add_option("--run-dir", topts.run_dir, "run directory (default: train.run_dir or runs/<name>)");
   train_cmd->add_flag("--quiet", topts.quiet, "no progress lines on stdout (the log file keeps them)");
+  train_cmd->add_option("--profile", topts.profile,
+                        "per-operator profile of steps FROM:TO (e.g. 20:30): forward, backward, recompute; RUN_DIR/profile.json");
 
   std::string resume_dir;
   auto* resume_cmd = app.add_subcommand("resume", "continue a run from its last checkpoint");

@@ -19,6 +19,11 @@
 #include <nlohmann/json.hpp>
 
 #include "mpirun_util.h"
+#include "ops/graph.h"
+#include "runner/model/model.h"
+#include "runner/plan/internal.h"
+#include "runner/plan/plan.h"
+#include "runner/recipe/recipe.h"
 
 namespace fs = std::filesystem;
 using mpirun_util::kLayoutRecipe;
@@ -236,4 +241,65 @@ TEST_CASE("alert: memory within 5% of a tight device limit") {
                   "--set train.steps=3 --set train.log_every=3 --set hardware.memory_gb=" + gib(limit));
   REQUIRE(run.count("memory") == 1);
   CHECK(probe.count("memory") == 0);
+}
+
+TEST_CASE("--profile FROM:TO: per operator forward/backward/recompute, FLOPs from the graph, evaluation excluded") {
+  const std::string recipe = layout_recipe();
+  // Evaluation after step 4 runs forward passes inside the window; they must not count.
+  Run run = train("profile", 0, recipe, "--set train.steps=6 --set train.eval_every=4 --profile 3:5");
+  const fs::path dir = kDir / "profile";
+  REQUIRE(fs::exists(dir / "profile.json"));
+  REQUIRE(fs::exists(dir / "profile.rank0.json"));
+  nlohmann::json p = nlohmann::json::parse(std::ifstream(dir / "profile.json"));
+  CHECK(p["steps"] == 3);
+  runner::Plan plan = runner::make_plan(runner::load_recipe(recipe), 1);
+  ops::Graph g = runner::build_gpt_graph(plan.layout->spec(0, 0));
+  const double passes = static_cast<double>(plan.accum) * 3;
+  std::map<std::string, double> nodes, flops;
+  double graph_flops = 0;
+  for (const ops::Node& n : g.nodes) {
+    nodes[ops::op_name(n.kind)] += 1;
+    flops[ops::op_name(n.kind)] += runner::plan_detail::node_flops(g, n);
+    graph_flops += runner::plan_detail::node_flops(g, n) * passes;
+  }
+  double profile_fwd_flops = 0, share = 0, prev_ms = 1e300, matmul_flops = 0;
+  REQUIRE(p["ops"].size() == nodes.size());
+  for (const auto& op : p["ops"]) {
+    const std::string name = op["op"];
+    CAPTURE(name);
+    CHECK(op["forward"]["calls"].get<double>() == nodes[name] * passes);
+    CHECK(op["forward"]["flops"].get<double>() == doctest::Approx(flops[name] * passes));
+    CHECK(op["forward"]["ms"].get<double>() > 0);
+    CHECK(op["backward"]["ms"].get<double>() > 0);
+    CHECK(op["recompute"]["calls"] == 0);  // recompute is off in this recipe
+    CHECK(op["ms"].get<double>() <= prev_ms);  // sorted by time
+    prev_ms = op["ms"].get<double>();
+    CHECK(op["gflops_per_s"].get<double>() > 0);
+    CHECK(op["gb_per_s"].get<double>() > 0);
+    profile_fwd_flops += op["forward"]["flops"].get<double>();
+    share += op["share"].get<double>();
+    if (name == "linear" || name == "attention") matmul_flops += op["flops"].get<double>();
+  }
+  CHECK(profile_fwd_flops == doctest::Approx(graph_flops));
+  CHECK(share > 0.1);  // a tiny model: much of its step is outside the kernels
+  CHECK(share <= 1.0);
+  // The matrix products' forward and backward against the plan's 6N + attention per token
+  // (6N also counts the position embedding, which no product uses).
+  const double per_token = matmul_flops / (3.0 * static_cast<double>(plan.tokens_per_step));
+  CAPTURE(per_token);
+  CAPTURE(plan.flops_per_token);
+  CHECK(per_token == doctest::Approx(plan.flops_per_token).epsilon(0.15));
+  const std::string log = [&] {
+    std::ifstream in(dir / "log.rank0.txt");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  CHECK(log.find("profile of steps 3..5") != std::string::npos);
+
+  // A window outside the run is refused before anything is written.
+  Result bad = sh(std::string(RUNNER_BINARY) + " train " + recipe + " --run-dir " + (kDir / "badprofile").string() +
+                  " --set train.steps=6 --profile 5:9");
+  CHECK(bad.rc == 2);
+  CHECK(bad.out.find("--profile 5:9") != std::string::npos);
+  CHECK(bad.out.find("FROM:TO") != std::string::npos);
+  CHECK_FALSE(fs::exists(kDir / "badprofile"));
 }

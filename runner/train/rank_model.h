@@ -46,6 +46,12 @@ class RankModel {
 
   parallel::PipelineRunner& pipe() { return *pipe_; }
   const parallel::GradSync& sync() const { return *sync_; }
+  // This rank's model chunks' graphs.
+  std::vector<const ops::Graph*> graphs() const {
+    std::vector<const ops::Graph*> g;
+    for (const ops::Graph& cg : chunk_graphs_) g.push_back(&cg);
+    return g;
+  }
   // Time per operator over every executor of this rank.
   std::vector<ops::OpProfile> profile() const;
 

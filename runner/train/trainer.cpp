@@ -33,6 +33,7 @@
 #include "runner/train/metrics.h"
 #include "runner/train/optimizer.h"
 #include "runner/train/precision.h"
+#include "runner/train/profile.h"
 #include "runner/train/rank_model.h"
 
 namespace fs = std::filesystem;
@@ -133,7 +134,11 @@ class Trainer {
         snapshot.take(st);
         pending_rollback += ms_between(t, Clock::now());
       }
+      const bool profiled = profile_window.covers(st.step + 1);
+      std::vector<ops::OpProfile> before;
+      if (profiled) before = model->profile();
       StepResult s = train_step();
+      if (profiled) profile_step(before, s.total_ms);
       auto rb0 = Clock::now();
       if (rollback_needed(s)) {
         pending_rollback += s.total_ms + ms_between(rb0, Clock::now());  // the attempt is lost
@@ -187,6 +192,42 @@ class Trainer {
   int64_t resumed_from = -1;
   std::set<int64_t> skip_batches;  // steps whose batch is skipped after a rollback
   Faults faults;
+  ProfileWindow profile_window;
+  std::vector<ops::OpProfile> profiled_ops;  // summed over the profiled steps' passes (evaluation excluded)
+  double profiled_ms = 0;
+
+  // A profiled step: adds its passes' operator times; after the window's last step, writes
+  // profile.rankR.json (and rank 0 profile.json) and logs the top operators.
+  void profile_step(const std::vector<ops::OpProfile>& before, double step_ms) {
+    for (const ops::OpProfile& p : model->profile()) {
+      ops::OpProfile d = p;
+      for (const ops::OpProfile& b : before)
+        if (b.name == p.name) {
+          d.forward_ms -= b.forward_ms;
+          d.backward_ms -= b.backward_ms;
+          d.recompute_ms -= b.recompute_ms;
+          d.calls -= b.calls;
+        }
+      auto it = std::find_if(profiled_ops.begin(), profiled_ops.end(), [&](const ops::OpProfile& q) { return q.name == d.name; });
+      if (it == profiled_ops.end()) {
+        profiled_ops.push_back(d);
+      } else {
+        it->forward_ms += d.forward_ms;
+        it->backward_ms += d.backward_ms;
+        it->recompute_ms += d.recompute_ms;
+        it->calls += d.calls;
+      }
+    }
+    profiled_ms += step_ms;
+    if (st.step != profile_window.to) return;
+    const int64_t steps = profile_window.to - profile_window.from + 1;
+    auto figures = op_figures(model->graphs(), plan.accum * steps, profiled_ops);
+    nlohmann::json j = profile_json(figures, profile_window, profiled_ms, log.get());
+    j["rank"] = grid.rank();
+    j["grid"] = grid.name();
+    std::ofstream(fs::path(paths.run_dir) / fmt::format("profile.rank{}.json", grid.rank())) << j.dump(2) << "\n";
+    if (lead()) std::ofstream(fs::path(paths.run_dir) / "profile.json") << j.dump(2) << "\n";
+  }
 
   bool multi() const { return grid.world_size() > 1; }
   bool lead() const { return grid.rank() == 0; }
@@ -195,6 +236,7 @@ class Trainer {
   // Everything that can fail on user input happens here, before any file is written.
   void open_inputs() {
     check_supported(plan, grid.world_size());
+    profile_window = parse_profile(opts.profile, r.train.steps);
     agree(grid.world(), [&] {
       train_src = open_source(r.data, Split::Train, r.model.seq_len, r.model.vocab_size, seed());
       val_src = open_source(r.data, Split::Val, r.model.seq_len, r.model.vocab_size, seed());

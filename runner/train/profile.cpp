@@ -1,0 +1,108 @@
+// Medium-depth profiling (see profile.h).
+#include "runner/train/profile.h"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "runner/errors.h"
+#include "runner/plan/internal.h"
+
+namespace runner {
+
+ProfileWindow parse_profile(const std::string& spec, int64_t steps) {
+  ProfileWindow w;
+  if (spec.empty()) return w;
+  auto bad = [&](const std::string& why) {
+    return UserError({"--profile", 0, 0}, fmt::format("--profile {}: {}", spec, why),
+                     fmt::format("give the steps to profile as FROM:TO (e.g. --profile 20:30) or one step, within 1..{}", steps));
+  };
+  auto number = [&](const std::string& s) {
+    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) throw bad("not a step number: '" + s + "'");
+    return std::stoll(s);
+  };
+  const size_t colon = spec.find(':');
+  w.from = number(spec.substr(0, colon));
+  w.to = colon == std::string::npos ? w.from : number(spec.substr(colon + 1));
+  if (w.from < 1 || w.to < w.from) throw bad("FROM must be at least 1 and TO at least FROM");
+  if (w.to > steps) throw bad(fmt::format("the run has {} steps", steps));
+  return w;
+}
+
+std::vector<OpFigures> op_figures(const std::vector<const ops::Graph*>& graphs, int64_t micro_passes,
+                                  const std::vector<ops::OpProfile>& measured) {
+  std::map<std::string, OpFigures> by;
+  const double m = static_cast<double>(micro_passes);
+  for (const ops::Graph* g : graphs)
+    for (const ops::Node& n : g->nodes) {
+      OpFigures& f = by[ops::op_name(n.kind)];
+      const double fl = plan_detail::node_flops(*g, n);
+      double io = 0;
+      for (int x : n.in) io += static_cast<double>(g->tensors[static_cast<size_t>(x)].nbytes());
+      for (int x : n.out) io += static_cast<double>(g->tensors[static_cast<size_t>(x)].nbytes());
+      const bool matmul = n.kind == ops::OpKind::Linear || n.kind == ops::OpKind::Attention;
+      f.forward.flops += fl * m;
+      f.forward.bytes += io * m;
+      f.backward.flops += (matmul ? 2.0 : 1.0) * fl * m;
+      f.backward.bytes += 2.0 * io * m;
+      if (n.recompute) {
+        f.recompute.flops += fl * m;
+        f.recompute.bytes += io * m;
+      }
+    }
+  std::vector<OpFigures> out;
+  for (const ops::OpProfile& p : measured) {
+    auto it = by.find(p.name);
+    OpFigures f = it != by.end() ? it->second : OpFigures{};
+    f.op = p.name;
+    f.forward.ms = p.forward_ms;
+    f.backward.ms = p.backward_ms;
+    f.recompute.ms = p.recompute_ms;
+    f.forward.calls = p.calls;  // the executor counts forward calls; every forward has its backward
+    f.backward.calls = p.calls;
+    f.recompute.calls = p.recompute_ms > 0 || f.recompute.flops > 0 ? p.calls : 0;
+    if (f.recompute.calls == 0) f.recompute.flops = f.recompute.bytes = 0;
+    out.push_back(f);
+  }
+  std::sort(out.begin(), out.end(), [](const OpFigures& a, const OpFigures& b) { return a.ms() > b.ms(); });
+  return out;
+}
+
+nlohmann::json profile_json(const std::vector<OpFigures>& ops, const ProfileWindow& w, double steps_ms, spdlog::logger* log) {
+  auto pass = [](const OpPassFigures& p) {
+    return nlohmann::json{{"calls", p.calls}, {"ms", p.ms}, {"flops", p.flops}, {"bytes", p.bytes},
+                          {"gflops_per_s", p.ms > 0 ? p.flops / (p.ms / 1e3) / 1e9 : 0.0},
+                          {"gb_per_s", p.ms > 0 ? p.bytes / (p.ms / 1e3) / 1e9 : 0.0}};
+  };
+  double op_ms = 0;
+  for (const OpFigures& f : ops) op_ms += f.ms();
+  nlohmann::json arr = nlohmann::json::array();
+  for (const OpFigures& f : ops)
+    arr.push_back({{"op", f.op},
+                   {"ms", f.ms()},
+                   {"share", steps_ms > 0 ? f.ms() / steps_ms : 0.0},
+                   {"flops", f.flops()},
+                   {"bytes", f.bytes()},
+                   {"gflops_per_s", f.ms() > 0 ? f.flops() / (f.ms() / 1e3) / 1e9 : 0.0},
+                   {"gb_per_s", f.ms() > 0 ? f.bytes() / (f.ms() / 1e3) / 1e9 : 0.0},
+                   {"forward", pass(f.forward)},
+                   {"backward", pass(f.backward)},
+                   {"recompute", pass(f.recompute)}});
+  if (log) {
+    log->info("profile of steps {}..{} ({:.0f} ms in those steps, {:.0f} ms in operators)", w.from, w.to, steps_ms, op_ms);
+    log->info("  {:<13} {:>9} {:>9} {:>9} {:>7} {:>10} {:>9} {:>9}", "operator", "fwd ms", "bwd ms", "recomp ms", "share",
+              "GFLOP", "GFLOP/s", "GB/s");
+    for (size_t i = 0; i < std::min<size_t>(10, ops.size()); ++i) {
+      const OpFigures& f = ops[i];
+      log->info("  {:<13} {:>9.1f} {:>9.1f} {:>9.1f} {:>6.1f}% {:>10.3f} {:>9.1f} {:>9.2f}", f.op, f.forward.ms, f.backward.ms,
+                f.recompute.ms, steps_ms > 0 ? 100 * f.ms() / steps_ms : 0.0, f.flops() / 1e9,
+                f.ms() > 0 ? f.flops() / (f.ms() / 1e3) / 1e9 : 0.0, f.ms() > 0 ? f.bytes() / (f.ms() / 1e3) / 1e9 : 0.0);
+    }
+  }
+  return {{"from_step", w.from}, {"to_step", w.to}, {"steps", w.to - w.from + 1}, {"steps_ms", steps_ms},
+          {"operators_ms", op_ms}, {"ops", arr}};
+}
+
+}  // namespace runner

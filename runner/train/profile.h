@@ -1,0 +1,57 @@
+// Medium-depth profiling, on request (`runner train ... --profile FROM:TO`): per operator kind,
+// forward, backward and recompute separately over the profiled steps: calls, time, share of
+// the steps' time, FLOPs and bytes moved (from the graph), achieved GFLOP/s and GB/s. The top
+// 10 are logged; all of them go to RUN_DIR/profile.json (rank 0's; every rank writes
+// profile.rankR.json). Off, it costs nothing: the executor's per-kind timers run anyway.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ops/executor.h"
+#include "ops/graph.h"
+
+namespace spdlog {
+class logger;
+}
+
+namespace runner {
+
+struct ProfileWindow {
+  int64_t from = 0, to = 0;  // 1-based steps, inclusive; from 0: off
+  bool on() const { return from > 0; }
+  bool covers(int64_t step) const { return on() && step >= from && step <= to; }
+};
+
+// "20:30" (steps 20 to 30), "20" (that step only); empty: off. Throws UserError naming
+// --profile when it is not that form or lies outside 1..steps.
+ProfileWindow parse_profile(const std::string& spec, int64_t steps);
+
+// One operator kind's figures over the profiled steps, per pass.
+struct OpPassFigures {
+  int64_t calls = 0;
+  double ms = 0, flops = 0, bytes = 0;
+};
+struct OpFigures {
+  std::string op;
+  OpPassFigures forward, backward, recompute;
+  double ms() const { return forward.ms + backward.ms + recompute.ms; }
+  double flops() const { return forward.flops + backward.flops + recompute.flops; }
+  double bytes() const { return forward.bytes + backward.bytes + recompute.bytes; }
+};
+
+// FLOPs and bytes of each kind's passes, from the graphs that ran `micro_passes` times each
+// (micro-batches per step x profiled steps), joined with the measured times. Forward FLOPs are
+// the planner's per-node counts (multiply and add as two); a backward does twice a matrix
+// product's forward work and once a pointwise one's; a recompute repeats the forward of the
+// nodes marked for it. Bytes: the inputs and outputs a pass reads and writes (a backward reads
+// the inputs and the output gradient and writes the input gradients: twice the forward's).
+std::vector<OpFigures> op_figures(const std::vector<const ops::Graph*>& graphs, int64_t micro_passes,
+                                  const std::vector<ops::OpProfile>& measured);
+
+// profile.json's content; logs the top 10 by time on `log`.
+nlohmann::json profile_json(const std::vector<OpFigures>& ops, const ProfileWindow& w, double steps_ms, spdlog::logger* log);
+
+}  // namespace runner
