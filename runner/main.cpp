@@ -14,6 +14,7 @@
 #include "runner/checkpoint/policy.h"
 #include "runner/data/data.h"
 #include "runner/errors.h"
+#include "runner/export/export.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
 #include "runner/signals.h"
@@ -69,6 +70,17 @@ int main(int argc, char** argv) {
   prep_cmd->add_option("text", text_path, "UTF-8 text file")->required();
   prep_cmd->add_option("out", out_path, "output .h5 file")->required();
 
+  // runner export (runner/export/): a trained model as safetensors (Hugging Face layouts) or npz.
+  std::string export_src, export_out, export_format = "safetensors", export_dtype = "fp32";
+  auto* export_cmd = app.add_subcommand("export", "write a trained model as safetensors + config.json (Hugging Face "
+                                                  "GPT-2 / Llama layouts) or npz");
+  export_cmd->add_option("source", export_src, "run directory (its latest checkpoint) or checkpoint .h5 file")->required();
+  export_cmd->add_option("--out", export_out, "output directory")->required();
+  export_cmd->add_option("--format", export_format, "safetensors (default) or npz")
+      ->check(CLI::IsMember({"safetensors", "npz"}));
+  export_cmd->add_option("--dtype", export_dtype, "tensor type: fp32 (default), bf16 or fp16 (safetensors only)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -110,6 +122,15 @@ int main(int argc, char** argv) {
       bool ok = false;
       std::cout << inspect_checkpoint(ckpt_path, &ok);
       return ok ? 0 : kExitUserError;
+    }
+    if (*export_cmd) {
+      ops::DType dt = ops::DType::F32;
+      ops::parse_dtype(export_dtype, &dt);
+      TrainedModel m = load_trained_model(export_src);
+      ExportResult r = export_model(m, export_format == "npz" ? ExportFormat::npz : ExportFormat::safetensors, export_out, dt);
+      std::cout << "exported step " << m.step << " of " << m.checkpoint << " (" << r.style << " layout, " << r.tensors
+                << " tensors, " << r.bytes << " bytes) to " << r.weights_path << " and " << r.config_path << "\n";
+      return 0;
     }
     if (*prep_cmd) {
       install_signal_handlers();
