@@ -19,16 +19,16 @@ const ops::Tensor& TrainedModel::logical_tensor(const std::string& name) const {
   return logical.params.values[static_cast<size_t>(i)];
 }
 
-TrainedModel load_trained_model(const std::string& src) {
+TrainedModel load_trained_model(const std::string& src, const std::vector<std::string>& overrides) {
   TrainedModel tm;
   Recipe recipe;
   if (fs::is_directory(src)) {
-    ResumeRequest req = prepare_resume(src, {}, -1, /*strict=*/false);
+    ResumeRequest req = prepare_resume(src, overrides, -1, /*strict=*/false);
     recipe = std::move(req.recipe);
     tm.checkpoint = req.point.path;
   } else if (fs::is_regular_file(src)) {
     verify_checkpoint_file(src);
-    recipe = load_recipe_text(read_recipe_text(src), src);
+    recipe = load_recipe_text(read_recipe_text(src), src, overrides);
     tm.checkpoint = src;
   } else {
     throw UserError({src, 0, 0}, "no such run directory or checkpoint file",

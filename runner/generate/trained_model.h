@@ -30,7 +30,8 @@ struct TrainedModel {
 };
 
 // Throws UserError (not a run directory or checkpoint, none verifies).
-TrainedModel load_trained_model(const std::string& run_dir_or_checkpoint);
+// `overrides` (`--set key=value`) change fields of the stored recipe (e.g. inference.batch).
+TrainedModel load_trained_model(const std::string& run_dir_or_checkpoint, const std::vector<std::string>& overrides = {});
 
 // A full forward pass over B sequences of T tokens (row-major, B*T ids), through the model
 // builder's graph for that (B, T) and the executor: logits (B*T, vocab) in fp32, the real
