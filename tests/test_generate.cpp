@@ -50,14 +50,14 @@ Result runner_cmd(const std::string& args, const fs::path& dir) {
 
 struct Fixture {
   fs::path dir, run;
-  Fixture() {
-    dir = fs::temp_directory_path() / ("runner_generate_" + std::to_string(getpid()));
+  explicit Fixture(const std::string& style = "gpt", const std::string& extra = "") {
+    dir = fs::temp_directory_path() / ("runner_generate_" + style + "_" + std::to_string(getpid()));
     fs::remove_all(dir);
     fs::create_directories(dir);
     run = dir / "run";
     Result r = runner_cmd("train " + std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml --quiet --run-dir " +
                               run.string() + " --set train.steps=30 train.eval_every=0 checkpoint.every_steps=30 " +
-                              "model.d_model=32 model.n_heads=2 model.seq_len=32 optimizer.lr=3e-3",
+                              "model.d_model=32 model.n_heads=2 model.seq_len=32 optimizer.lr=3e-3 " + extra,
                           dir);
     INFO(r.out << r.err);
     REQUIRE(r.code == 0);
@@ -69,11 +69,17 @@ Fixture& fixture() {
   static Fixture f;
   return f;
 }
+Fixture& llama_fixture() {
+  static Fixture f("llama", "model.norm=rmsnorm model.activation=swiglu model.position=rope model.bias=false");
+  return f;
+}
 
 }  // namespace
 
 TEST_CASE("generate: greedy tokens are the argmax of a full forward pass over exactly the prefix") {
-  TrainedModel m = load_trained_model(fixture().run.string());
+  for (const bool llama : {false, true}) {  // learned positions, and rope
+  CAPTURE(llama);
+  TrainedModel m = load_trained_model((llama ? llama_fixture() : fixture()).run.string());
   GenerateRequest req;
   req.prompts = {"12+34=", "7+8=", "100+900="};  // three lengths in one batch
   req.max_new_tokens = 6;
@@ -93,6 +99,7 @@ TEST_CASE("generate: greedy tokens are the argmax of a full forward pass over ex
     CHECK(got[i].tokens == want);
     CHECK(got[i].finish == "length");
     CHECK(got[i].completion == byte_detokenize(want));
+  }
   }
 }
 
