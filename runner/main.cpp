@@ -3,6 +3,7 @@
 // Every user error ends here as `file:line:col: what; how to fix` on stderr with exit
 // code 2, before anything is allocated or written.
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <optional>
 
@@ -14,6 +15,8 @@
 #include "runner/checkpoint/policy.h"
 #include "runner/data/data.h"
 #include "runner/errors.h"
+#include "runner/export/export.h"
+#include "runner/generate/generate.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
 #include "runner/signals.h"
@@ -71,6 +74,36 @@ int main(int argc, char** argv) {
   prep_cmd->add_option("text", text_path, "UTF-8 text file")->required();
   prep_cmd->add_option("out", out_path, "output .h5 file")->required();
 
+  // runner export (runner/export/): a trained model as safetensors (Hugging Face layouts) or npz.
+  std::string export_src, export_out, export_format = "safetensors", export_dtype = "fp32";
+  auto* export_cmd = app.add_subcommand("export", "write a trained model as safetensors + config.json (Hugging Face "
+                                                  "GPT-2 / Llama layouts) or npz");
+  export_cmd->add_option("source", export_src, "run directory (its latest checkpoint) or checkpoint .h5 file")->required();
+  export_cmd->add_option("--out", export_out, "output directory")->required();
+  export_cmd->add_option("--format", export_format, "safetensors (default) or npz")
+      ->check(CLI::IsMember({"safetensors", "npz"}));
+  export_cmd->add_option("--dtype", export_dtype, "tensor type: fp32 (default), bf16 or fp16 (safetensors only)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+
+  // runner generate (runner/generate/): completions of byte-level prompts.
+  std::string gen_src, gen_prompt, gen_prompts_file;
+  GenerateRequest gen;
+  bool gen_json = false;
+  auto* gen_cmd = app.add_subcommand("generate", "complete prompts with a trained model (byte-level tokens)");
+  gen_cmd->add_option("source", gen_src, "run directory (its latest checkpoint) or checkpoint .h5 file")->required();
+  auto* gp = gen_cmd->add_option("--prompt", gen_prompt, "the prompt text");
+  auto* gpf = gen_cmd->add_option("--prompts", gen_prompts_file, "a file of prompts, one per line, completed as one batch");
+  gp->excludes(gpf);
+  gen_cmd->add_option("--max-new-tokens", gen.max_new_tokens, "tokens to generate per prompt (default 32)");
+  gen_cmd->add_option("--temperature", gen.sampling.temperature, "0 (default): greedy; > 0: sample");
+  gen_cmd->add_option("--top-k", gen.sampling.top_k, "sample among the k most likely tokens (0: all)");
+  gen_cmd->add_option("--top-p", gen.sampling.top_p, "sample within the smallest set of probability >= p (1: all)");
+  gen_cmd->add_option("--seed", gen.sampling.seed, "sampling seed (default 0)");
+  gen_cmd->add_option("--stop", gen.stop, "end a completion once it ends with this text, e.g. --stop $'\\n'");
+  std::vector<std::string> gen_sets;
+  gen_cmd->add_option("--set", gen_sets, "override a field of the stored recipe, e.g. --set inference.batch=8")->take_all();
+  gen_cmd->add_flag("--json", gen_json, "one JSON record per prompt instead of the text");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -112,6 +145,47 @@ int main(int argc, char** argv) {
       bool ok = false;
       std::cout << inspect_checkpoint(ckpt_path, &ok);
       return ok ? 0 : kExitUserError;
+    }
+    if (*gen_cmd) {
+      if (!gen_prompts_file.empty()) {
+        std::ifstream pf(gen_prompts_file);
+        if (!pf) throw UserError({gen_prompts_file, 0, 0}, "cannot read the prompts file", "pass a text file, one prompt per line");
+        for (std::string line; std::getline(pf, line);)
+          if (!line.empty()) gen.prompts.push_back(line);
+      } else if (!gp->empty()) {
+        gen.prompts.push_back(gen_prompt);
+      }
+      ops::cpu_backend();
+      TrainedModel m = load_trained_model(gen_src, gen_sets);
+      const bool stream = !gen_json && gen.prompts.size() == 1;
+      bool started = false;  // the prompt is echoed with the first token: an error prints nothing on stdout
+      auto done = generate(m, gen, [&](size_t, int32_t t) {
+        if (!stream) return;
+        if (!started) std::cout << gen.prompts[0];
+        started = true;
+        std::cout << static_cast<char>(t) << std::flush;
+      });
+      for (size_t i = 0; i < done.size(); ++i) {
+        const Completion& c = done[i];
+        if (gen_json) {
+          nlohmann::json j{{"index", i}, {"prompt", c.prompt}, {"completion", c.completion},
+                           {"new_tokens", c.tokens.size()}, {"tokens", c.tokens}, {"finish", c.finish}};
+          std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+        } else {
+          if (!stream) std::cout << c.prompt << c.completion;
+          if (c.completion.empty() || c.completion.back() != '\n') std::cout << "\n";
+        }
+      }
+      return 0;
+    }
+    if (*export_cmd) {
+      ops::DType dt = ops::DType::F32;
+      ops::parse_dtype(export_dtype, &dt);
+      TrainedModel m = load_trained_model(export_src);
+      ExportResult r = export_model(m, export_format == "npz" ? ExportFormat::npz : ExportFormat::safetensors, export_out, dt);
+      std::cout << "exported step " << m.step << " of " << m.checkpoint << " (" << r.style << " layout, " << r.tensors
+                << " tensors, " << r.bytes << " bytes) to " << r.weights_path << " and " << r.config_path << "\n";
+      return 0;
     }
     if (*prep_cmd) {
       install_signal_handlers();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <stdexcept>
 
 #include "ops/rng.h"
 
@@ -364,4 +365,78 @@ void bind_params(ops::Executor& ex, const ops::Graph& g, ParamSet& ps) {
     ex.bind_param(id, &ps.values[static_cast<size_t>(i)], &ps.grads[static_cast<size_t>(i)]);
   }
 }
+}  // namespace runner
+
+namespace runner {
+
+HfStyle hf_style(const ModelConfig& m) {
+  const bool ln = m.norm == Norm::layernorm, gelu = m.activation == Activation::gelu,
+             learned = m.position == Position::learned;
+  if (ln && gelu && learned) {
+    if (!m.bias) throw std::invalid_argument("Hugging Face GPT-2 has biases in every linear layer and layernorm; this model has bias: false");
+    return HfStyle::gpt2;
+  }
+  if (!ln && !gelu && !learned) return HfStyle::llama;
+  throw std::invalid_argument(std::string("neither GPT-2 (layernorm, gelu, learned positions) nor Llama (rmsnorm, swiglu, "
+                                          "rope) matches norm: ") + to_string(m.norm) + ", activation: " +
+                              to_string(m.activation) + ", position: " + to_string(m.position));
+}
+
+const char* to_string(HfStyle s) { return s == HfStyle::gpt2 ? "gpt2" : "llama"; }
+
+std::vector<HfTensor> hf_tensors(const ModelConfig& m, HfStyle style) {
+  std::vector<HfTensor> out;
+  const int64_t C = m.d_model, H = m.mlp_hidden();
+  auto add = [&](std::string name, std::string source, int64_t begin = 0, int64_t rows = -1, bool tr = false) {
+    out.push_back({std::move(name), std::move(source), begin, rows, tr});
+  };
+  if (style == HfStyle::gpt2) {
+    add("transformer.wte.weight", kEmbedding);
+    add("transformer.wpe.weight", "wpe");
+    for (int64_t l = 0; l < m.n_layers; ++l) {
+      const std::string p = "h." + std::to_string(l), q = "transformer.h." + std::to_string(l);
+      add(q + ".ln_1.weight", p + ".ln1.weight");
+      add(q + ".ln_1.bias", p + ".ln1.bias");
+      add(q + ".attn.c_attn.weight", p + ".attn.qkv.weight", 0, -1, true);
+      add(q + ".attn.c_attn.bias", p + ".attn.qkv.bias");
+      add(q + ".attn.c_proj.weight", p + ".attn.proj.weight", 0, -1, true);
+      add(q + ".attn.c_proj.bias", p + ".attn.proj.bias");
+      add(q + ".ln_2.weight", p + ".ln2.weight");
+      add(q + ".ln_2.bias", p + ".ln2.bias");
+      add(q + ".mlp.c_fc.weight", p + ".mlp.fc.weight", 0, -1, true);
+      add(q + ".mlp.c_fc.bias", p + ".mlp.fc.bias");
+      add(q + ".mlp.c_proj.weight", p + ".mlp.proj.weight", 0, -1, true);
+      add(q + ".mlp.c_proj.bias", p + ".mlp.proj.bias");
+    }
+    add("transformer.ln_f.weight", "ln_f.weight");
+    add("transformer.ln_f.bias", "ln_f.bias");
+    if (!m.tie_embeddings) add("lm_head.weight", kHead);
+    return out;
+  }
+  add("model.embed_tokens.weight", kEmbedding);
+  for (int64_t l = 0; l < m.n_layers; ++l) {
+    const std::string p = "h." + std::to_string(l), q = "model.layers." + std::to_string(l);
+    add(q + ".input_layernorm.weight", p + ".ln1.weight");
+    const char* qkv[3] = {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj"};
+    for (int k = 0; k < 3; ++k) {
+      add(q + qkv[k] + ".weight", p + ".attn.qkv.weight", k * C, C);
+      if (m.bias) add(q + qkv[k] + ".bias", p + ".attn.qkv.bias", k * C, C);
+    }
+    add(q + ".self_attn.o_proj.weight", p + ".attn.proj.weight");
+    if (m.bias) add(q + ".self_attn.o_proj.bias", p + ".attn.proj.bias");
+    add(q + ".post_attention_layernorm.weight", p + ".ln2.weight");
+    add(q + ".mlp.gate_proj.weight", p + ".mlp.fc.weight", 0, H);  // [gate | up] (the swiglu kernel)
+    add(q + ".mlp.up_proj.weight", p + ".mlp.fc.weight", H, H);
+    if (m.bias) {
+      add(q + ".mlp.gate_proj.bias", p + ".mlp.fc.bias", 0, H);
+      add(q + ".mlp.up_proj.bias", p + ".mlp.fc.bias", H, H);
+    }
+    add(q + ".mlp.down_proj.weight", p + ".mlp.proj.weight");
+    if (m.bias) add(q + ".mlp.down_proj.bias", p + ".mlp.proj.bias");
+  }
+  add("model.norm.weight", "ln_f.weight");
+  if (!m.tie_embeddings) add("lm_head.weight", kHead);
+  return out;
+}
+
 }  // namespace runner

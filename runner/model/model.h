@@ -87,3 +87,25 @@ namespace runner {
 // Binds every parameter of `g` (tied weights included) to its value and gradient in `ps`.
 void bind_params(ops::Executor& ex, const ops::Graph& g, ParamSet& ps);
 }  // namespace runner
+
+namespace runner {
+// ---- the Hugging Face layouts of the gpt family (runner export) ----
+// GPT-2 (layernorm, gelu, learned positions, biases) and Llama (rmsnorm, swiglu, rope). Our
+// rope already pairs (i, i + HS/2) ("rotate half", as Hugging Face's Llama does), so q and k
+// rows need no permutation.
+enum class HfStyle { gpt2, llama };
+// The style a model maps to; throws std::invalid_argument saying which choice has no
+// counterpart when it maps to neither.
+HfStyle hf_style(const ModelConfig& m);
+const char* to_string(HfStyle s);
+// One tensor of the Hugging Face checkpoint: rows [row_begin, row_begin + rows) of the logical
+// parameter `source` (rows -1: all), transposed when `transpose` (GPT-2's Conv1D stores
+// (in, out)). Tied embeddings are omitted from the list (the head reads the embedding).
+struct HfTensor {
+  std::string name;    // "transformer.h.0.attn.c_attn.weight"
+  std::string source;  // "h.0.attn.qkv.weight"
+  int64_t row_begin = 0, rows = -1;
+  bool transpose = false;
+};
+std::vector<HfTensor> hf_tensors(const ModelConfig& m, HfStyle style);
+}  // namespace runner

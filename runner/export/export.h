@@ -1,0 +1,38 @@
+// `runner export`: a trained model in the files other tools read.
+//
+// safetensors: DIR/model.safetensors and DIR/config.json in the Hugging Face layout of the
+// model's style (runner/model/model.h: hf_style, hf_tensors): GPT-2 (GPT2LMHeadModel: Conv1D
+// weights stored (in, out), tanh gelu "gelu_new", tied embeddings) or Llama (LlamaForCausalLM:
+// q/k/v and gate/up split out of the fused weights, rotate-half rope). The file is the format's
+// own: an 8-byte little-endian header length, the JSON header (dtype, shape, data_offsets per
+// tensor; padded with spaces to 8 bytes) and the raw little-endian tensors.
+// npz: DIR/model.npz (a stored zip of .npy files, numpy.load reads it) holding the logical
+// tensors under the runner's own names (as the checkpoint has them), plus DIR/config.json.
+// Tensors are fp32 unless dtype asks for bf16 or fp16 (safetensors only: npy has no bf16).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "ops/tensor.h"
+#include "runner/generate/trained_model.h"
+
+namespace runner {
+
+enum class ExportFormat { safetensors, npz };
+
+struct ExportResult {
+  std::string weights_path, config_path;
+  std::string style;   // "gpt2", "llama", or "runner" (npz)
+  int64_t tensors = 0, bytes = 0;
+};
+
+// Throws UserError when the model has no Hugging Face counterpart (safetensors), the dtype does
+// not suit the format, or the output cannot be written.
+ExportResult export_model(const TrainedModel& m, ExportFormat format, const std::string& out_dir,
+                          ops::DType dtype = ops::DType::F32);
+
+// The config.json of the model in the style's Hugging Face conventions (npz: the runner's
+// model section and the style it would map to, if any).
+std::string export_config_json(const TrainedModel& m, ExportFormat format, ops::DType dtype);
+
+}  // namespace runner

@@ -1,0 +1,124 @@
+#include "runner/generate/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "ops/backend.h"
+#include "ops/executor.h"
+#include "ops/rng.h"
+#include "runner/data/data.h"
+#include "runner/errors.h"
+
+namespace runner {
+
+int32_t sample_token(const float* L, int64_t V, const SamplingConfig& s, float u) {
+  if (s.temperature <= 0.0 || s.top_k == 1) return static_cast<int32_t>(std::max_element(L, L + V) - L);
+  std::vector<int32_t> ids(static_cast<size_t>(V));
+  std::iota(ids.begin(), ids.end(), 0);
+  // Most likely first; equal logits by id, so the order (and the draw) is deterministic.
+  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return L[a] > L[b]; });
+  size_t keep = s.top_k > 0 ? std::min<size_t>(static_cast<size_t>(s.top_k), ids.size()) : ids.size();
+  std::vector<double> p(keep);
+  const double mx = L[ids[0]];
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp((L[ids[i]] - mx) / s.temperature);
+  if (s.top_p < 1.0) {
+    double c = 0;
+    size_t n = 0;
+    while (n < keep) {
+      c += p[n++] / sum;
+      if (c >= s.top_p) break;
+    }
+    keep = n;
+    sum = std::accumulate(p.begin(), p.begin() + static_cast<int64_t>(keep), 0.0);
+  }
+  double target = static_cast<double>(u) * sum, c = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    c += p[i];
+    if (target < c) return ids[i];
+  }
+  return ids[keep - 1];
+}
+
+std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
+                                 const std::function<void(size_t, int32_t)>& on_token) {
+  const ModelConfig& mc = m.model();
+  const SamplingConfig& s = req.sampling;
+  if (req.prompts.empty()) throw UserError({}, "no prompt", "pass --prompt TEXT or --prompts FILE");
+  if (req.max_new_tokens < 1)
+    throw UserError({}, fmt::format("--max-new-tokens {} is not positive", req.max_new_tokens), "ask for at least 1");
+  if (s.temperature < 0 || !std::isfinite(s.temperature))
+    throw UserError({}, fmt::format("--temperature {} is negative", s.temperature), "use 0 (greedy) or more");
+  if (s.top_k < 0) throw UserError({}, fmt::format("--top-k {} is negative", s.top_k), "use 0 (no cut) or more");
+  if (!(s.top_p > 0 && s.top_p <= 1)) throw UserError({}, fmt::format("--top-p {} is outside (0, 1]", s.top_p), "use a value in (0, 1]");
+  const int64_t B = static_cast<int64_t>(req.prompts.size());
+  if (m.plan.inference && B > m.plan.inference->max_batch)
+    throw UserError({m.checkpoint, 0, 0},
+                    fmt::format("{} prompts are more than the plan's largest inference batch, {} (KV cache {} per sequence "
+                                "beside {} of weights)", B, m.plan.inference->max_batch,
+                                format_bytes(m.plan.inference->kv_per_sequence), format_bytes(m.plan.inference->weights)),
+                    "pass fewer prompts per call");
+  std::vector<std::vector<int32_t>> seq(static_cast<size_t>(B));
+  int64_t longest = 0;
+  for (int64_t i = 0; i < B; ++i) {
+    const std::string& p = req.prompts[static_cast<size_t>(i)];
+    if (p.empty()) throw UserError({}, fmt::format("prompt {} is empty", i + 1), "give every prompt at least one byte");
+    seq[static_cast<size_t>(i)] = byte_tokenize(p);
+    for (int32_t t : seq[static_cast<size_t>(i)])
+      if (t >= mc.vocab_size)
+        throw UserError({}, fmt::format("prompt {} has byte {} outside the model's vocabulary of {}", i + 1, t, mc.vocab_size),
+                        "use bytes below the vocabulary size");
+    const int64_t need = static_cast<int64_t>(p.size()) + req.max_new_tokens;
+    if (need > mc.seq_len)
+      throw UserError({}, fmt::format("prompt {} ({} tokens) plus --max-new-tokens {} is {} tokens, over the model's "
+                                      "context of {}", i + 1, p.size(), req.max_new_tokens, need, mc.seq_len),
+                      fmt::format("shorten the prompt or ask for at most {} new tokens", mc.seq_len - static_cast<int64_t>(p.size())));
+    longest = std::max(longest, need);
+  }
+  // One graph for the whole request: rows of `longest` positions (within the context).
+  const int64_t T = longest;
+  GptSpec spec = m.plan.layout->spec(0, 0);
+  spec.B = B;
+  spec.T = T;
+  ops::Graph g = build_gpt_graph(spec);
+  ops::Executor ex(g, ops::cpu_backend());
+  bind_params(ex, g, m.params);
+  std::vector<Completion> out(static_cast<size_t>(B));
+  std::vector<bool> done(static_cast<size_t>(B), false);
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T));
+  for (int64_t i = 0; i < B; ++i) out[static_cast<size_t>(i)].prompt = req.prompts[static_cast<size_t>(i)];
+  for (int64_t step = 0; step < req.max_new_tokens; ++step) {
+    std::fill(tokens.begin(), tokens.end(), '\n');
+    for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * T);
+    const ops::Tensor& L = ex.forward_logits(tokens.data());
+    const int64_t Vp = L.shape().back();
+    bool any = false;
+    for (int64_t i = 0; i < B; ++i) {
+      const size_t k = static_cast<size_t>(i);
+      if (done[k]) continue;
+      const int64_t pos = static_cast<int64_t>(seq[k].size()) - 1;
+      const float u = ops::rng_uniform(ops::rng_key(s.seed, static_cast<uint64_t>(i)), static_cast<uint64_t>(step));
+      const int32_t t = sample_token(L.data<float>() + (i * T + pos) * Vp, mc.vocab_size, s, u);
+      seq[k].push_back(t);
+      Completion& c = out[k];
+      c.tokens.push_back(t);
+      c.completion.push_back(static_cast<char>(t));
+      if (on_token) on_token(k, t);
+      if (!req.stop.empty() && c.completion.size() >= req.stop.size() &&
+          c.completion.compare(c.completion.size() - req.stop.size(), req.stop.size(), req.stop) == 0) {
+        done[k] = true;
+        c.finish = "stop";
+      }
+      any = any || !done[k];
+    }
+    if (!any) break;
+  }
+  for (Completion& c : out)
+    if (c.finish.empty()) c.finish = "length";
+  return out;
+}
+
+}  // namespace runner

@@ -1,0 +1,167 @@
+// `runner export`: the safetensors files, read by a reader of the test's own and run as the
+// Hugging Face GPT-2 / Llama models written out in PyTorch (tests/python/hf_reference.py),
+// give the runner's logits to 1e-5 in fp32; the npz holds the runner's logical tensors; bad
+// requests exit 2 with the reason.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runner/export/export.h"
+#include "runner/generate/trained_model.h"
+
+namespace fs = std::filesystem;
+using namespace runner;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result sh(const std::string& cmd) {
+  Result r;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+Result runner_cmd(const std::string& args) { return sh(std::string(RUNNER_BINARY) + " " + args); }
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("runner_export_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// A tiny quickstart model trained 20 steps (so no tensor is still at its initial value).
+fs::path train_tiny(const fs::path& dir, const std::string& extra) {
+  fs::path run = dir / "run";
+  Result r = runner_cmd("train " + std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml --quiet --run-dir " +
+                        run.string() + " --set train.steps=20 train.eval_every=0 checkpoint.every_steps=20 " +
+                        "model.d_model=32 model.n_heads=2 model.seq_len=24 " + extra);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  return run;
+}
+
+template <class T>
+void write_raw(const fs::path& p, const std::vector<T>& v) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+}
+
+void check_against_torch(const std::string& name, const std::string& extra, const std::string& style) {
+  fs::path dir = temp_dir(name);
+  fs::path run = train_tiny(dir, extra);
+  TrainedModel m = load_trained_model(run.string());
+  CHECK(m.step == 20);
+  // Two sequences over the whole context (every learned position, every rope angle).
+  const int64_t B = 2, T = m.model().seq_len;
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T));
+  for (int64_t i = 0; i < B * T; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + 11) % 256);
+  std::vector<float> logits = full_forward_logits(m, tokens, B, T);
+  REQUIRE(logits.size() == static_cast<size_t>(B * T * 256));
+  write_raw(dir / "tokens.i32", tokens);
+  write_raw(dir / "logits.f32", logits);
+
+  Result e = runner_cmd("export " + run.string() + " --out " + (dir / "st").string());
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  CHECK(e.out.find(style + " layout") != std::string::npos);
+  Result z = runner_cmd("export " + run.string() + " --format npz --out " + (dir / "npz").string());
+  INFO(z.out);
+  REQUIRE(z.code == 0);
+  std::ifstream cf(dir / "st" / "config.json");
+  nlohmann::json cfg = nlohmann::json::parse(cf);
+  CHECK(cfg["model_type"] == style);
+  CHECK(cfg["vocab_size"] == 256);
+
+  Result py = sh("/usr/bin/python3 " + std::string(RUNNER_TEST_DIR) + "/python/hf_reference.py " + (dir / "st").string() +
+                 " " + (dir / "npz").string() + " " + (dir / "tokens.i32").string() + " " +
+                 (dir / "logits.f32").string() + " " + std::to_string(B) + " " + std::to_string(T));
+  MESSAGE(py.out);
+  CHECK(py.code == 0);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+
+TEST_CASE("export: GPT-2 safetensors run in PyTorch give the runner's logits") {
+  check_against_torch("gpt", "", "gpt2");
+}
+
+TEST_CASE("export: Llama safetensors (split q/k/v, gate/up, rotate-half rope, untied head) give the runner's logits") {
+  check_against_torch("llama",
+                      "model.norm=rmsnorm model.activation=swiglu model.position=rope model.bias=false "
+                      "model.tie_embeddings=false",
+                      "llama");
+}
+
+TEST_CASE("export: the safetensors header and a bf16 export") {
+  fs::path dir = temp_dir("header");
+  fs::path run = train_tiny(dir, "");
+  Result e = runner_cmd("export " + run.string() + " --dtype bf16 --out " + (dir / "bf").string());
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  std::ifstream f(dir / "bf" / "model.safetensors", std::ios::binary);
+  std::string blob((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  std::memcpy(&n, blob.data(), 8);
+  CHECK(n % 8 == 0);
+  nlohmann::json h = nlohmann::json::parse(blob.substr(8, n));
+  TrainedModel m = load_trained_model(run.string());
+  const auto& c = h["transformer.h.1.attn.c_attn.weight"];
+  CHECK(c["dtype"] == "BF16");
+  CHECK(c["shape"] == nlohmann::json({32, 96}));  // Conv1D: (in, out) = the transpose of our (3C, C)
+  CHECK(!h.contains("lm_head.weight"));            // tied: the head reads transformer.wte
+  // The data: every tensor's bytes lie end to end after the header, the last one ending the file.
+  uint64_t end = 0;
+  for (auto& [k, v] : h.items())
+    if (k != "__metadata__") end = std::max<uint64_t>(end, v["data_offsets"][1].get<uint64_t>());
+  CHECK(8 + n + end == blob.size());
+  // One element: the bf16 rounding of the logical tensor's (row 1, column 0) = HF's (0, 1).
+  const auto off = c["data_offsets"][0].get<uint64_t>();
+  uint16_t hf01 = 0;
+  std::memcpy(&hf01, blob.data() + 8 + n + off + 2, 2);
+  const float ours10 = m.logical_tensor("h.1.attn.qkv.weight").data<float>()[32];
+  uint32_t bits = static_cast<uint32_t>(hf01) << 16;
+  float back;
+  std::memcpy(&back, &bits, 4);
+  CHECK(std::abs(back - ours10) <= std::abs(ours10) / 128);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("export: bad requests exit 2 and say why") {
+  fs::path dir = temp_dir("bad");
+  Result nodir = runner_cmd("export " + (dir / "nothing").string() + " --out " + (dir / "o").string());
+  CHECK(nodir.code == 2);
+  CHECK(nodir.out.find("no such run directory or checkpoint file") != std::string::npos);
+  // layernorm + rope is neither GPT-2 nor Llama: safetensors refused, npz written.
+  fs::path run = train_tiny(dir, "model.position=rope");
+  Result mixed = runner_cmd("export " + run.string() + " --out " + (dir / "o").string());
+  CHECK(mixed.code == 2);
+  CHECK(mixed.out.find("no Hugging Face layout") != std::string::npos);
+  CHECK(mixed.out.find("--format npz") != std::string::npos);
+  CHECK(!fs::exists(dir / "o" / "model.safetensors"));
+  Result npz = runner_cmd("export " + run.string() + " --format npz --out " + (dir / "o").string());
+  CHECK(npz.code == 0);
+  CHECK(fs::exists(dir / "o" / "model.npz"));
+  Result bf = runner_cmd("export " + run.string() + " --format npz --dtype bf16 --out " + (dir / "o").string());
+  CHECK(bf.code == 2);
+  CHECK(bf.out.find("fp32 only") != std::string::npos);
+  fs::remove_all(dir);
+}

@@ -1,0 +1,224 @@
+// `runner generate`: completions come from the training graph's logits (greedy = the argmax of
+// a full forward pass over exactly the prefix, step by step), batching prompts of different
+// lengths changes no completion, the samplers keep to their cuts and follow the softmax, and
+// requests over the context or the plan's largest batch are refused before anything runs.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runner/data/data.h"
+#include "runner/errors.h"
+#include "runner/generate/generate.h"
+
+namespace fs = std::filesystem;
+using namespace runner;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+Result runner_cmd(const std::string& args, const fs::path& dir) {
+  Result r;
+  const fs::path errf = dir / "stderr.txt";
+  FILE* p = popen((std::string(RUNNER_BINARY) + " " + args + " 2>" + errf.string()).c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream e(errf);
+  std::stringstream ss;
+  ss << e.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+struct Fixture {
+  fs::path dir, run;
+  explicit Fixture(const std::string& style = "gpt", const std::string& extra = "") {
+    dir = fs::temp_directory_path() / ("runner_generate_" + style + "_" + std::to_string(getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    run = dir / "run";
+    Result r = runner_cmd("train " + std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml --quiet --run-dir " +
+                              run.string() + " --set train.steps=30 train.eval_every=0 checkpoint.every_steps=30 " +
+                              "model.d_model=32 model.n_heads=2 model.seq_len=32 optimizer.lr=3e-3 " + extra,
+                          dir);
+    INFO(r.out << r.err);
+    REQUIRE(r.code == 0);
+  }
+  ~Fixture() { fs::remove_all(dir); }
+};
+
+Fixture& fixture() {
+  static Fixture f;
+  return f;
+}
+Fixture& llama_fixture() {
+  static Fixture f("llama", "model.norm=rmsnorm model.activation=swiglu model.position=rope model.bias=false");
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("generate: greedy tokens are the argmax of a full forward pass over exactly the prefix") {
+  for (const bool llama : {false, true}) {  // learned positions, and rope
+  CAPTURE(llama);
+  TrainedModel m = load_trained_model((llama ? llama_fixture() : fixture()).run.string());
+  GenerateRequest req;
+  req.prompts = {"12+34=", "7+8=", "100+900="};  // three lengths in one batch
+  req.max_new_tokens = 6;
+  auto got = generate(m, req);
+  REQUIRE(got.size() == 3);
+  for (size_t i = 0; i < req.prompts.size(); ++i) {
+    std::vector<int32_t> seq = byte_tokenize(req.prompts[i]);
+    std::vector<int32_t> want;
+    for (int k = 0; k < req.max_new_tokens; ++k) {
+      const int64_t T = static_cast<int64_t>(seq.size());
+      std::vector<float> L = full_forward_logits(m, seq, 1, T);  // a graph of exactly this length
+      const float* row = L.data() + (T - 1) * 256;
+      int32_t t = static_cast<int32_t>(std::max_element(row, row + 256) - row);
+      want.push_back(t);
+      seq.push_back(t);
+    }
+    CHECK(got[i].tokens == want);
+    CHECK(got[i].finish == "length");
+    CHECK(got[i].completion == byte_detokenize(want));
+  }
+  }
+}
+
+TEST_CASE("generate: a batch of prompts of different lengths completes each as it would alone; the seed decides") {
+  TrainedModel m = load_trained_model(fixture().run.string());
+  GenerateRequest req;
+  req.prompts = {"1+2=", "345+678=", "9="};
+  req.max_new_tokens = 8;
+  req.sampling.temperature = 1.0;
+  req.sampling.seed = 7;
+  auto batch = generate(m, req);
+  // Sampling is keyed by the prompt's index: prompt 0 alone draws what it drew in the batch.
+  GenerateRequest first = req;
+  first.prompts = {req.prompts[0]};
+  CHECK(generate(m, first)[0].tokens == batch[0].tokens);
+  auto again = generate(m, req);
+  for (size_t i = 0; i < batch.size(); ++i) CHECK(again[i].tokens == batch[i].tokens);
+  req.sampling.seed = 8;
+  auto other = generate(m, req);
+  bool differs = false;
+  for (size_t i = 0; i < batch.size(); ++i) differs = differs || other[i].tokens != batch[i].tokens;
+  CHECK(differs);
+  // Greedy alone vs in a batch: identical for every prompt.
+  req.sampling.temperature = 0;
+  auto gb = generate(m, req);
+  for (size_t i = 0; i < req.prompts.size(); ++i) {
+    GenerateRequest one = req;
+    one.prompts = {req.prompts[i]};
+    CHECK(generate(m, one)[0].tokens == gb[i].tokens);
+  }
+  // --stop ends a completion once it ends with the text, and says so.
+  req.stop = std::string(1, static_cast<char>(gb[1].tokens[1]));
+  auto stopped = generate(m, req);
+  CHECK(stopped[1].finish == "stop");
+  CHECK(stopped[1].tokens.size() <= 2);
+}
+
+TEST_CASE("generate: sample_token keeps to top-k and top-p and follows softmax(logits / temperature)") {
+  const std::vector<float> L = {1.0f, 3.0f, 2.0f, 0.5f, 3.0f};
+  SamplingConfig s;
+  CHECK(sample_token(L.data(), 5, s, 0.9f) == 1);  // greedy: the largest, smallest id among equals
+  s.temperature = 1.0;
+  s.top_k = 1;
+  CHECK(sample_token(L.data(), 5, s, 0.99f) == 1);
+  // Frequencies over a fine grid of draws equal the softmax over the top 3 (ids 1, 4, 2).
+  s.top_k = 3;
+  std::map<int32_t, int> count;
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) count[sample_token(L.data(), 5, s, (i + 0.5f) / n)]++;
+  CHECK(count.size() == 3);
+  const double z = 2 * std::exp(3.0) + std::exp(2.0);
+  CHECK(count[1] / double(n) == doctest::Approx(std::exp(3.0) / z).epsilon(1e-3));
+  CHECK(count[2] / double(n) == doctest::Approx(std::exp(2.0) / z).epsilon(1e-3));
+  // top-p: the nucleus of probability >= 0.5 over all five is ids {1, 4}.
+  s.top_k = 0;
+  s.top_p = 0.5;
+  count.clear();
+  for (int i = 0; i < 1000; ++i) count[sample_token(L.data(), 5, s, (i + 0.5f) / 1000)]++;
+  CHECK(count.size() == 2);
+  CHECK(count[1] == 500);
+  CHECK(count[4] == 500);
+  // Temperature: low is nearly greedy between the two equal maxima; high flattens.
+  s.top_p = 1.0;
+  s.temperature = 0.05;
+  count.clear();
+  for (int i = 0; i < 1000; ++i) count[sample_token(L.data(), 5, s, (i + 0.5f) / 1000)]++;
+  CHECK(count[1] + count[4] == 1000);
+}
+
+TEST_CASE("generate CLI: text, --json records, refusals before running with the numbers") {
+  Fixture& f = fixture();
+  const std::string run = f.run.string();
+  Result one = runner_cmd("generate " + run + " --prompt '12+3' --max-new-tokens 5", f.dir);
+  INFO(one.err);
+  CHECK(one.code == 0);
+  TrainedModel m = load_trained_model(run);
+  GenerateRequest req;
+  req.prompts = {"12+3"};
+  req.max_new_tokens = 5;
+  const std::string want = "12+3" + generate(m, req)[0].completion;
+  CHECK(one.out.substr(0, want.size()) == want);
+
+  std::ofstream(f.dir / "prompts.txt") << "1+1=\n\n22+333=\n";
+  Result js = runner_cmd("generate " + run + " --prompts " + (f.dir / "prompts.txt").string() +
+                             " --json --max-new-tokens 4 --temperature 0.7 --top-k 10 --top-p 0.9 --seed 5",
+                         f.dir);
+  INFO(js.err);
+  CHECK(js.code == 0);
+  std::istringstream lines(js.out);
+  std::vector<nlohmann::json> recs;
+  for (std::string l; std::getline(lines, l);) recs.push_back(nlohmann::json::parse(l));
+  REQUIRE(recs.size() == 2);  // the empty line is no prompt
+  CHECK(recs[1]["prompt"] == "22+333=");
+  CHECK(recs[1]["new_tokens"] == 4);
+  CHECK(recs[1]["tokens"].size() == 4);
+
+  Result ctx = runner_cmd("generate " + run + " --prompt '123456789' --max-new-tokens 30", f.dir);
+  CHECK(ctx.code == 2);
+  CHECK(ctx.out.empty());
+  CHECK(ctx.err.find("9 tokens) plus --max-new-tokens 30 is 39 tokens, over the model's context of 32") != std::string::npos);
+  CHECK(ctx.err.find("at most 23 new tokens") != std::string::npos);
+
+  // The plan's largest inference batch (weights and KV cache in a tiny custom device).
+  std::ofstream pf(f.dir / "many.txt");
+  for (int i = 0; i < 40; ++i) pf << i << "+1=\n";
+  pf.close();
+  const std::string sets = " --set hardware.device=custom hardware.memory_gb=0.0002 inference.batch=1";
+  m = load_trained_model(run, {"hardware.device=custom", "hardware.memory_gb=0.0002", "inference.batch=1"});
+  REQUIRE(m.plan.inference);
+  const int64_t maxb = m.plan.inference->max_batch;
+  REQUIRE(maxb > 0);
+  REQUIRE(maxb < 40);
+  Result big = runner_cmd("generate " + run + " --prompts " + (f.dir / "many.txt").string() + sets, f.dir);
+  CHECK(big.code == 2);
+  CHECK(big.err.find("40 prompts are more than the plan's largest inference batch, " + std::to_string(maxb)) !=
+        std::string::npos);
+  Result bad = runner_cmd("generate " + run + " --prompt x --top-p 0", f.dir);
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("--top-p 0 is outside (0, 1]") != std::string::npos);
+  Result none = runner_cmd("generate " + (f.dir / "missing").string() + " --prompt x", f.dir);
+  CHECK(none.code == 2);
+}
