@@ -10,3 +10,10 @@ foreach(src ${CUDA_TEST_SOURCES})
   set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE")
 endforeach()
+# The host-staged communicator with two ranks on the one GPU (the NCCL case checks world 1).
+if(TARGET test_cuda_comm)
+  add_test(NAME test_cuda_comm_mpi2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe
+    ${MPIEXEC_PREFLAGS} $<TARGET_FILE:test_cuda_comm> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(test_cuda_comm_mpi2 PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
+    ENVIRONMENT "OMP_NUM_THREADS=1;${RUNNER_MPI_TEST_ENV}")
+endif()

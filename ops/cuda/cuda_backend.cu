@@ -1048,6 +1048,7 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
   CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
   CU_CHECK(cudaStreamSynchronize(s));
 }
+void* compute_stream() { return backend_impl().stream(); }
 void synchronize() { CU_CHECK(cudaStreamSynchronize(backend_impl().stream())); }
 void memory_info(size_t* free_bytes, size_t* total_bytes) { CU_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }
 

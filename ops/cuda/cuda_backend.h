@@ -53,6 +53,8 @@ class DeviceBuffer {
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void synchronize();
+// The compute stream (a cudaStream_t), for communicators that order their stream after it.
+void* compute_stream();
 // cudaMemGetInfo: bytes free and total on the current device (to cross-check the accounts).
 void memory_info(size_t* free_bytes, size_t* total_bytes);
 
