@@ -8,15 +8,17 @@ set_property(TARGET runner_cuda PROPERTY COMPILE_OPTIONS "")
 target_compile_options(runner_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
   $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wall,-Wno-unused-parameter>)
 set_target_properties(runner_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
-target_link_libraries(runner_cuda PUBLIC runner_ops CUDA::cudart CUDA::cublasLt)
-target_compile_definitions(runner_cuda PUBLIC RUNNER_HAVE_CUDA=1)
+# CUDA's headers and RUNNER_HAVE_CUDA stay private: ops/cuda/cuda_backend.h includes no CUDA
+# header, and code above it compiles exactly as in a CPU-only build (same flags, same ccache
+# entries); only runner/train/device.cpp asks whether the backend is there.
+target_link_libraries(runner_cuda PUBLIC runner_ops PRIVATE CUDA::cudart CUDA::cublasLt)
+set_source_files_properties(${CMAKE_SOURCE_DIR}/runner/train/device.cpp PROPERTIES COMPILE_DEFINITIONS RUNNER_HAVE_CUDA=1)
 
 file(GLOB RUNNER_PARALLEL_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/parallel/cuda/*.cpp)
 if(RUNNER_HAVE_NCCL AND RUNNER_PARALLEL_CUDA_SOURCES)
   add_library(runner_parallel_cuda STATIC ${RUNNER_PARALLEL_CUDA_SOURCES})
   target_include_directories(runner_parallel_cuda PRIVATE ${NCCL_INCLUDE_DIR})
-  target_link_libraries(runner_parallel_cuda PUBLIC runner_parallel runner_cuda PRIVATE ${NCCL_LIB} MPI::MPI_C)
-  target_compile_definitions(runner_parallel_cuda PUBLIC RUNNER_HAVE_NCCL=1)
+  target_link_libraries(runner_parallel_cuda PUBLIC runner_parallel runner_cuda PRIVATE CUDA::cudart ${NCCL_LIB} MPI::MPI_C)
   target_link_libraries(runner_core PUBLIC runner_parallel_cuda)
 else()
   target_link_libraries(runner_core PUBLIC runner_cuda)
