@@ -88,6 +88,7 @@ export CCACHE_DISABLE=1
 L=$P/usr/lib/x86_64-linux-gnu
 timeout 120 "$CMAKE" -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$P/usr" -DCUDAToolkit_ROOT="$(dirname "$(dirname "$NVCC")")" -DCMAKE_CUDA_COMPILER="$NVCC" \
+  -DCMAKE_CUDA_FLAGS="-allow-unsupported-compiler" \
   -DMPI_C_COMPILER="$P/usr/bin/mpicc" -DMPIEXEC_EXECUTABLE="$P/usr/bin/mpiexec" \
   -DHDF5_C_COMPILER_EXECUTABLE="$P/usr/bin/h5pcc" \
   -DOPENBLAS_LIB="$L/openblas-openmp/libopenblas.so" -DOPENBLAS_INCLUDE_DIR="$P/usr/include/x86_64-linux-gnu/openblas-openmp" \
@@ -107,11 +108,11 @@ grep -E "^-- (CUDA|Building the CUDA|NCCL|HDF5|OpenBLAS|oneDNN)" "$OUT/build.log
 if [ -n "${RUNNER_GPU_CHECK_CONFIGURE_ONLY:-}" ]; then say "configured ($(elapsed)); stopping (RUNNER_GPU_CHECK_CONFIGURE_ONLY)"; exit 0; fi
 timeout 300 "$CMAKE" --build "$BUILD" -j "$JOBS" --target runner test_cuda_kernels test_cuda_comm test_device_select >>"$OUT/build.log" 2>&1
 rc=$?
-[ $rc -eq 0 ] || { say "FAIL build rc=$rc ($(elapsed), see build.log)"; exit 1; }
-say "built ($(elapsed))"
+fails=0
+built=1
+if [ $rc -eq 0 ]; then say "built ($(elapsed))"; else say "FAIL build rc=$rc ($(elapsed), see build.log): no GPU tests, the benchmark still runs"; built=0; fails=1; fi
 
 # ---- 3. GPU tests ----
-fails=0
 run_test() {  # name, timeout, command...: exit 0 required (77 = skipped = a failure here)
   local name=$1 t=$2; shift 2
   echo "==== $name: $*" >>"$OUT/tests.log"
@@ -120,6 +121,7 @@ run_test() {  # name, timeout, command...: exit 0 required (77 = skipped = a fai
   if [ $rc -eq 0 ]; then say "PASS $name"; else say "FAIL $name rc=$rc"; fails=$((fails + 1)); fi
 }
 export OMP_NUM_THREADS=8 OMP_WAIT_POLICY=PASSIVE RUNNER_EXPECT_GPU=1
+if [ $built -eq 1 ]; then
 run_test test_cuda_kernels 120 "$BUILD/test_cuda_kernels"
 run_test test_cuda_comm 60 "$BUILD/test_cuda_comm"
 run_test test_cuda_comm_mpi2 60 "$P/usr/bin/mpiexec" -n 2 --oversubscribe "$BUILD/test_cuda_comm"
@@ -127,6 +129,7 @@ run_test test_device_select 60 "$BUILD/test_device_select"
 # The runner on a GPU recipe: with a GPU present it must say why it does not train there yet.
 ( cd "$(mktemp -d)" && timeout 60 "$BUILD/runner" train "$ROOT/recipes/quickstart.yaml" --set hardware.device=cuda --set train.steps=2 ) >>"$OUT/tests.log" 2>&1
 say "runner train on hardware.device=cuda: rc=$? (2 expected until the executor runs on the GPU; message in tests.log)"
+fi
 say "tests done ($(elapsed)), $fails failed"
 
 # ---- 4. benchmark: GPT-2 124M, seq 1024, PyTorch eager and torch.compile ----

@@ -945,6 +945,18 @@ class CudaBackend final : public Backend {
     LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = kWorkspace;
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    // The heuristic assumes 256-byte aligned operands unless told: views into flat parameter
+    // and gradient buffers are often less aligned, so pass each pointer's actual alignment.
+    auto align_of = [](const void* ptr) {
+      uint32_t a = 256;
+      while (a > 1 && reinterpret_cast<uintptr_t>(ptr) % a) a >>= 1;
+      return a;
+    };
+    const uint32_t aa = align_of(A), ab_ = align_of(B), ad = align_of(D);
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab_, sizeof(ab_)));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad)));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
     cublasLtMatmulHeuristicResult_t heur{};
     int found = 0;
     LT_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, op, la, lb, ld, ld, pref, 1, &heur, &found));

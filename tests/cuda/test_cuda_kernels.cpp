@@ -192,6 +192,16 @@ TEST_CASE("fp32 matmul forward (bias epilogue) and backward") {
   check_close(gdx.host(), dx, 1e-4f, 1e-4f, "matmul dx");
   check_close(gdw.host(), dw, 1e-4f, 1e-4f, "matmul dw (K=70)");
   check_close(gdb.host(), db, 1e-4f, 1e-4f, "matmul db");
+
+  // Operands only 4-byte aligned (views into flat buffers): the GEMM must still be right.
+  std::vector<float> x1(N * C + 1), w1(OC * C + 1);
+  std::copy(x.begin(), x.end(), x1.begin() + 1);
+  std::copy(w.begin(), w.end(), w1.begin() + 1);
+  DevF gx1(x1), gw1(w1), gout1(filled(N * OC + 1));
+  cpu().matmul_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
+  gpu().matmul_forward(gout1.p() + 1, gx1.p() + 1, gw1.p() + 1, gb.p(), N, C, OC);
+  auto o1 = gout1.host();
+  check_close(std::vector<float>(o1.begin() + 1, o1.end()), out, 1e-4f, 1e-4f, "matmul out, misaligned operands");
 }
 
 TEST_CASE("matmul + bias + GELU epilogue matches matmul_forward then gelu_forward") {
