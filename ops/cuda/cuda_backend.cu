@@ -998,29 +998,6 @@ CudaBackend& backend_impl() {
 
 }  // namespace
 
-bool device_available(std::string* why) {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    if (why) *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
-    cudaGetLastError();  // clear the sticky error
-    return false;
-  }
-  if (n < 1) {
-    if (why) *why = "cudaGetDeviceCount reports no device";
-    return false;
-  }
-  return true;
-}
-
-std::string device_description() {
-  cudaDeviceProp p{};
-  CU_CHECK(cudaGetDeviceProperties(&p, 0));
-  char gib[32];
-  std::snprintf(gib, sizeof(gib), "%.1f", static_cast<double>(p.totalGlobalMem) / (1u << 30));
-  return std::string(p.name) + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " + gib + " GiB";
-}
-
 Backend& cuda_backend() { return backend_impl(); }
 
 DeviceBuffer::DeviceBuffer(size_t bytes, Account account, bool zero) : bytes_(bytes), account_(account) {
