@@ -20,6 +20,7 @@
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
 #include "runner/signals.h"
+#include "runner/train/device.h"
 #include "runner/train/launch.h"
 
 using namespace runner;
@@ -129,11 +130,13 @@ int main(int argc, char** argv) {
     }
     if (*train_cmd) {
       Recipe recipe = load_recipe(recipe_path, sets);
+      select_backend(recipe);  // a GPU device without a usable GPU: exit 2 before anything is written
       if (recipe.precision.compute != FloatFormat::fp32) launch->agree_gemm_paths(run_paths(recipe, topts.run_dir).run_dir);
       return launch->train(make_plan(recipe, launch->world_size()), topts);
     }
     if (*resume_cmd) {
       ResumeRequest req = prepare_resume(resume_dir, sets, topts.resume_step, topts.strict);
+      select_backend(req.recipe);
       topts.run_dir = resume_dir;
       topts.resume = true;
       topts.resume_point = req.point;

@@ -1,0 +1,29 @@
+# The GPU backend: runner_cuda (ops/cuda/, ops layer: it includes ops/ headers only), the
+# NCCL and host-staged communicators (parallel/cuda/, parallel layer), and the GPU tests.
+# Included after runner_core is defined, only when cmake/cuda_detect.cmake found the toolkit.
+# runner_cuda_probe (device_probe.cpp, the CUDA runtime only) is all the runner binary links:
+# cuBLASLt costs ~2 s of start-up per process, and `runner train` does not run on the GPU yet.
+# runner_cuda (the kernels, cuBLASLt) and runner_parallel_cuda are linked by tests/cuda/.
+add_library(runner_cuda_probe STATIC ${CMAKE_SOURCE_DIR}/ops/cuda/device_probe.cpp)
+target_link_libraries(runner_cuda_probe PUBLIC runner_ops PRIVATE CUDA::cudart)
+file(GLOB RUNNER_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/ops/cuda/*.cu ${CMAKE_SOURCE_DIR}/ops/cuda/*.cpp)
+list(FILTER RUNNER_CUDA_SOURCES EXCLUDE REGEX ".*/device_probe\\.cpp$")
+add_library(runner_cuda STATIC ${RUNNER_CUDA_SOURCES})
+# The project's -march=native / -Wall are for the host compiler; nvcc gets them through -Xcompiler.
+set_property(TARGET runner_cuda PROPERTY COMPILE_OPTIONS "")
+target_compile_options(runner_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
+  $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -Xcompiler=-Wall,-Wno-unused-parameter>)
+set_target_properties(runner_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
+# CUDA's headers and RUNNER_HAVE_CUDA stay private: ops/cuda/cuda_backend.h includes no CUDA
+# header, and code above it compiles exactly as in a CPU-only build (same flags, same ccache
+# entries); only runner/train/device.cpp asks whether the backend is there.
+target_link_libraries(runner_cuda PUBLIC runner_ops runner_cuda_probe PRIVATE CUDA::cudart CUDA::cublasLt)
+set_source_files_properties(${CMAKE_SOURCE_DIR}/runner/train/device.cpp PROPERTIES COMPILE_DEFINITIONS RUNNER_HAVE_CUDA=1)
+
+file(GLOB RUNNER_PARALLEL_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/parallel/cuda/*.cpp)
+if(RUNNER_HAVE_NCCL AND RUNNER_PARALLEL_CUDA_SOURCES)
+  add_library(runner_parallel_cuda STATIC ${RUNNER_PARALLEL_CUDA_SOURCES})
+  target_include_directories(runner_parallel_cuda PRIVATE ${NCCL_INCLUDE_DIR})
+  target_link_libraries(runner_parallel_cuda PUBLIC runner_parallel runner_cuda PRIVATE CUDA::cudart ${NCCL_LIB} MPI::MPI_C)
+endif()
+target_link_libraries(runner_core PUBLIC runner_cuda_probe)

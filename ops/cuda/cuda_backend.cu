@@ -1,0 +1,1063 @@
+// The CUDA backend: every kernel of ops/backend.h on the GPU, forward and backward side by
+// side, with the CPU backend's arithmetic (ops/cpu/cpu_backend.cpp is the reference; the same
+// formulas, fp32 throughout, sums of squares in double). GEMMs go to cuBLASLt with fp32
+// accumulation (fp32, bf16 and fp16 operands), the bias fused in its epilogue. Dropout draws
+// from ops/rng.h's counter RNG (the same inline functions, compiled for the device), so a
+// mask is bit-identical to the CPU's.
+//
+// Conventions (ops/backend.h): every backward accumulates (+=) except the two loss backwards,
+// which overwrite; a null gradient pointer skips that work. Reductions over rows (dweight,
+// dbias, embedding gradients, attention's dk/dv) use atomicAdd: results match the CPU to
+// rounding, not bit for bit, and vary with scheduling.
+//
+// Status: written and compiled without a GPU; it has not yet run on one (see cuda_backend.h).
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "ops/cuda/cuda_backend.h"
+
+// ops/rng.h's functions are plain inline C++; compile them for both sides.
+#define inline __host__ __device__ inline
+#include "ops/rng.h"
+#undef inline
+
+namespace ops::cuda {
+namespace {
+
+[[noreturn]] void fail(const char* what, const char* err, const char* file, int line) {
+  throw std::runtime_error(std::string("CUDA backend: ") + what + ": " + err + " (" + file + ":" +
+                           std::to_string(line) + ")");
+}
+#define CU_CHECK(x)                                                            \
+  do {                                                                         \
+    cudaError_t e_ = (x);                                                      \
+    if (e_ != cudaSuccess) fail(#x, cudaGetErrorString(e_), __FILE__, __LINE__); \
+  } while (0)
+#define LT_CHECK(x)                                                                    \
+  do {                                                                                 \
+    cublasStatus_t s_ = (x);                                                           \
+    if (s_ != CUBLAS_STATUS_SUCCESS) fail(#x, ("cublasStatus_t " + std::to_string(static_cast<int>(s_))).c_str(), __FILE__, __LINE__); \
+  } while (0)
+#define LAUNCH_CHECK() CU_CHECK(cudaGetLastError())
+#define REQUIRE_ARG(cond, msg) \
+  do {                         \
+    if (!(cond)) throw std::invalid_argument(std::string("cuda backend: ") + (msg)); \
+  } while (0)
+
+constexpr int kThreads = 256;
+
+inline int blocks_for(int64_t n, int threads = kThreads) {
+  int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
+}
+
+// ------------------------------------------------------------------ reductions
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ inline double warp_sum_d(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// Block-wide sum/max (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float sh[32];
+  __shared__ float result;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float w = lane < nw ? sh[lane] : 0.0f;
+    w = warp_sum(w);
+    if (lane == 0) result = w;
+  }
+  __syncthreads();
+  return result;
+}
+__device__ float block_max(float v) {
+  __shared__ float sh[32];
+  __shared__ float result;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float w = lane < nw ? sh[lane] : -INFINITY;
+    w = warp_max(w);
+    if (lane == 0) result = w;
+  }
+  __syncthreads();
+  return result;
+}
+
+// The CPU's vecmath.h functions, with CUDA's expf (CPU: exp_f, a polynomial; they agree to a
+// few ulp, which the tests' tolerances allow).
+__device__ inline float sigmoid_d(float x) { return 1.0f / (1.0f + expf(-x)); }
+constexpr float kGeluA = 0.7978845608028654f;
+constexpr float kGeluB = 0.044715f;
+__device__ inline float gelu_d(float x) {
+  const float u = kGeluA * (x + kGeluB * x * x * x);
+  return x * sigmoid_d(2.0f * u);
+}
+__device__ inline float gelu_grad_d(float x) {
+  const float u = kGeluA * (x + kGeluB * x * x * x);
+  const float du = kGeluA * (1.0f + 3.0f * kGeluB * x * x);
+  const float s = sigmoid_d(2.0f * u);
+  return s + 2.0f * x * s * (1.0f - s) * du;
+}
+
+// ------------------------------------------------------------------ embedding
+__global__ void embedding_fwd_k(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t N,
+                                int T, int C, int vstart, int Vlocal) {
+  const int64_t r = blockIdx.x;
+  if (r >= N) return;
+  const int64_t local = static_cast<int64_t>(tokens[r]) - vstart;
+  const float* w = local >= 0 && local < Vlocal ? wte + local * C : nullptr;
+  const float* p = wpe ? wpe + (r % T) * C : nullptr;
+  for (int i = threadIdx.x; i < C; i += blockDim.x)
+    out[r * C + i] = (w ? w[i] : 0.0f) + (p ? p[i] : 0.0f);
+}
+__global__ void embedding_bwd_k(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int64_t N, int T,
+                                int C, int vstart, int Vlocal) {
+  const int64_t r = blockIdx.x;
+  if (r >= N) return;
+  const int64_t local = static_cast<int64_t>(tokens[r]) - vstart;
+  float* w = dwte && local >= 0 && local < Vlocal ? dwte + local * C : nullptr;
+  float* p = dwpe ? dwpe + (r % T) * C : nullptr;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    const float d = dout[r * C + i];
+    if (w) atomicAdd(w + i, d);
+    if (p) atomicAdd(p + i, d);
+  }
+}
+
+// ------------------------------------------------------------------ layernorm / rmsnorm
+// One block per row. weight / bias null: ones / zeros.
+__global__ void layernorm_fwd_k(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                const float* bias, int C, float eps) {
+  const int64_t r = blockIdx.x;
+  const float* x = inp + r * C;
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) s += x[i];
+  const float m = block_sum(s) / C;
+  float v = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) v += (x[i] - m) * (x[i] - m);
+  const float rs = 1.0f / sqrtf(block_sum(v) / C + eps);
+  for (int i = threadIdx.x; i < C; i += blockDim.x)
+    out[r * C + i] = (x[i] - m) * rs * (weight ? weight[i] : 1.0f) + (bias ? bias[i] : 0.0f);
+  if (threadIdx.x == 0) {
+    if (mean) mean[r] = m;
+    if (rstd) rstd[r] = rs;
+  }
+}
+__global__ void layernorm_bwd_dx_k(float* dinp, const float* dout, const float* inp, const float* weight,
+                                   const float* mean, const float* rstd, int C) {
+  const int64_t r = blockIdx.x;
+  const float* x = inp + r * C;
+  const float* dy = dout + r * C;
+  const float m = mean[r], rs = rstd[r];
+  float gs = 0.0f, gxs = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) {
+    const float g = (weight ? weight[i] : 1.0f) * dy[i];
+    gs += g;
+    gxs += g * (x[i] - m) * rs;
+  }
+  const float g_mean = block_sum(gs) / C;
+  const float gx_mean = block_sum(gxs) / C;
+  for (int i = threadIdx.x; i < C; i += blockDim.x)
+    dinp[r * C + i] += rs * ((weight ? weight[i] : 1.0f) * dy[i] - g_mean - (x[i] - m) * rs * gx_mean);
+}
+// dweight[j] += sum_r dout xhat, dbias[j] += sum_r dout over a (column, row-chunk) grid: each
+// thread owns one column over kRowsPerChunk rows, then one atomicAdd. mean null: rmsnorm (xhat = x rstd).
+constexpr int kRowsPerChunk = 64;
+__global__ void norm_bwd_dw_k(float* dweight, float* dbias, const float* dout, const float* inp, const float* mean,
+                              const float* rstd, int64_t N, int C) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= C) return;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
+  const int64_t r1 = r0 + kRowsPerChunk < N ? r0 + kRowsPerChunk : N;
+  float sw = 0.0f, sb = 0.0f;
+  for (int64_t r = r0; r < r1; r++) {
+    const float dy = dout[r * C + j];
+    const float xhat = (inp[r * C + j] - (mean ? mean[r] : 0.0f)) * rstd[r];
+    sw += dy * xhat;
+    sb += dy;
+  }
+  if (dweight) atomicAdd(dweight + j, sw);
+  if (dbias) atomicAdd(dbias + j, sb);
+}
+__global__ void rmsnorm_fwd_k(float* out, float* rstd, const float* inp, const float* weight, int C, float eps) {
+  const int64_t r = blockIdx.x;
+  const float* x = inp + r * C;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) ss += x[i] * x[i];
+  const float rs = 1.0f / sqrtf(block_sum(ss) / C + eps);
+  for (int i = threadIdx.x; i < C; i += blockDim.x) out[r * C + i] = x[i] * rs * (weight ? weight[i] : 1.0f);
+  if (threadIdx.x == 0 && rstd) rstd[r] = rs;
+}
+__global__ void rmsnorm_bwd_dx_k(float* dinp, const float* dout, const float* inp, const float* weight,
+                                 const float* rstd, int C) {
+  const int64_t r = blockIdx.x;
+  const float* x = inp + r * C;
+  const float* dy = dout + r * C;
+  const float rs = rstd[r];
+  float gxs = 0.0f;
+  for (int i = threadIdx.x; i < C; i += blockDim.x) gxs += (weight ? weight[i] : 1.0f) * dy[i] * x[i] * rs;
+  const float gx_mean = block_sum(gxs) / C;
+  for (int i = threadIdx.x; i < C; i += blockDim.x)
+    dinp[r * C + i] += rs * ((weight ? weight[i] : 1.0f) * dy[i] - x[i] * rs * gx_mean);
+}
+
+// ------------------------------------------------------------------ bias gradient, conversions
+template <class T> __device__ inline float to_float(T v);
+template <> __device__ inline float to_float<float>(float v) { return v; }
+template <> __device__ inline float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ inline float to_float<__half>(__half v) { return __half2float(v); }
+
+// dbias[j] += sum over rows of dout[r, j]: (column, row-chunk) grid as norm_bwd_dw_k.
+template <class T>
+__global__ void bias_bwd_k(float* dbias, const T* dout, int64_t N, int OC) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= OC) return;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsPerChunk;
+  const int64_t r1 = r0 + kRowsPerChunk < N ? r0 + kRowsPerChunk : N;
+  float s = 0.0f;
+  for (int64_t r = r0; r < r1; r++) s += to_float<T>(dout[r * OC + j]);
+  atomicAdd(dbias + j, s);
+}
+template <class T>
+__global__ void widen_k(float* dst, const T* src, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = to_float<T>(src[i]);
+}
+
+// ------------------------------------------------------------------ rope
+// One thread per (row, q-or-k head, i < HS/2) pair; v copied (forward) or accumulated (backward).
+// Angles as the CPU's table: f = theta^(-2i/HS) and cos(t f), sin(t f) in double, rounded to float.
+__global__ void rope_k(float* dst, const float* src, int64_t N, int T, int C, int NH, float theta, bool inverse) {
+  const int HS = C / NH, half = HS / 2;
+  const int64_t pairs = static_cast<int64_t>(2 * NH) * half;
+  const int64_t total = N * pairs;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / pairs;
+    const int rem = static_cast<int>(idx % pairs), hh = rem / half, i = rem % half;
+    const int t = static_cast<int>(r % T);
+    const double f = pow(static_cast<double>(theta), -2.0 * i / HS);
+    const float cs = static_cast<float>(cos(t * f)), sn = static_cast<float>(sin(t * f));
+    const int64_t o1 = r * 3 * C + static_cast<int64_t>(hh) * HS + i, o2 = o1 + half;
+    const float a = src[o1], b = src[o2];
+    if (inverse) {
+      dst[o1] += a * cs + b * sn;
+      dst[o2] += b * cs - a * sn;
+    } else {
+      dst[o1] = a * cs - b * sn;
+      dst[o2] = b * cs + a * sn;
+    }
+  }
+  const int64_t nv = N * C;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < nv;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = idx / C, i = idx % C, o = r * 3 * C + 2 * C + i;
+    if (inverse) dst[o] += src[o];
+    else dst[o] = src[o];
+  }
+}
+
+// ------------------------------------------------------------------ attention
+// One block per (query row t, b*NH + h). Scores go straight into probs' row (fp32, the
+// interface's saved tensor), softmax in place, then out = sum_s Pd[s] v[s] with threads over
+// (channel, key slice) and a shared-memory reduction. Dropout counter: ctr0(b,h) + t*T + s.
+struct HeadCtr {
+  uint64_t offset;
+  int heads_total, head_start;
+  __device__ uint64_t ctr0(int b, int h, int T, int NH) const {
+    const uint64_t heads = heads_total > 0 ? static_cast<uint64_t>(heads_total) : static_cast<uint64_t>(NH);
+    const uint64_t g = static_cast<uint64_t>(b) * heads + static_cast<uint64_t>(head_start) + static_cast<uint64_t>(h);
+    return offset + g * static_cast<uint64_t>(T) * static_cast<uint64_t>(T);
+  }
+};
+constexpr int kAttnThreads = 256;
+constexpr int kMaxHS = 256;
+__global__ void attention_fwd_k(float* out, float* probs, const float* qkv, int T, int C, int NH, float p,
+                                uint64_t key, HeadCtr hc) {
+  const int t = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH, C3 = 3 * C;
+  const float scale = rsqrtf(static_cast<float>(HS));
+  const float* q = qkv + (static_cast<int64_t>(b) * T + t) * C3 + h * HS;
+  const float* kbase = qkv + static_cast<int64_t>(b) * T * C3 + C + h * HS;
+  const float* vbase = kbase + C;
+  float* P = probs + (static_cast<int64_t>(bh) * T + t) * T;
+  __shared__ float qs[kMaxHS];
+  for (int i = threadIdx.x; i < HS; i += blockDim.x) qs[i] = q[i];
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int s = threadIdx.x; s <= t; s += blockDim.x) {
+    const float* k = kbase + static_cast<int64_t>(s) * C3;
+    float d = 0.0f;
+    for (int i = 0; i < HS; i++) d += qs[i] * k[i];
+    d *= scale;
+    P[s] = d;
+    mx = fmaxf(mx, d);
+  }
+  mx = block_max(mx);
+  float sum = 0.0f;
+  for (int s = threadIdx.x; s <= t; s += blockDim.x) {
+    const float e = expf(P[s] - mx);
+    P[s] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / block_sum(sum);
+  for (int s = threadIdx.x; s < T; s += blockDim.x) P[s] = s <= t ? P[s] * inv : 0.0f;
+  __syncthreads();  // P's row is read back by other threads below (global memory, same block)
+  const bool dropout = p > 0.0f;
+  const float kscale = dropout ? 1.0f / (1.0f - p) : 1.0f;
+  const uint64_t c0 = hc.ctr0(b, h, T, NH) + static_cast<uint64_t>(t) * T;
+  // threads: (slice, channel) with slices = blockDim.x / HS (>= 1)
+  __shared__ float part[kAttnThreads];
+  const int slices = blockDim.x / HS > 0 ? blockDim.x / HS : 1;
+  const int ch = threadIdx.x % HS, sl = threadIdx.x / HS;
+  float acc = 0.0f;
+  if (sl < slices) {
+    for (int s = sl; s <= t; s += slices) {
+      float w = P[s];
+      if (dropout) w = ops::rng_uniform(key, c0 + s) >= p ? w * kscale : 0.0f;
+      acc += w * vbase[static_cast<int64_t>(s) * C3 + ch];
+    }
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.x < HS) {
+    float o = 0.0f;
+    for (int k = 0; k < slices; k++) o += part[k * HS + threadIdx.x];
+    out[(static_cast<int64_t>(b) * T + t) * C + h * HS + threadIdx.x] = o;
+  }
+}
+// Backward, one block per (t, bh): dPd[s] = dO[t].v[s]; dP = dPd * mask; dS = P (dP - sum dP P);
+// dq[t] += scale sum_s dS[s] k[s]; dk[s] += scale dS[s] q[t]; dv[s] += Pd[s] dO[t] (atomics).
+// dS is kept in shared memory (T <= kMaxAttnT) .
+constexpr int kMaxAttnT = 8192;
+__global__ void attention_bwd_k(float* dqkv, const float* dout, const float* qkv, const float* probs, int T, int C,
+                                int NH, float p, uint64_t key, HeadCtr hc) {
+  extern __shared__ float dS[];  // T floats
+  const int t = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH, C3 = 3 * C;
+  const float scale = rsqrtf(static_cast<float>(HS));
+  const int64_t rowq = (static_cast<int64_t>(b) * T + t) * C3 + h * HS;
+  const float* q = qkv + rowq;
+  const float* kbase = qkv + static_cast<int64_t>(b) * T * C3 + C + h * HS;
+  const float* vbase = kbase + C;
+  const float* dO = dout + (static_cast<int64_t>(b) * T + t) * C + h * HS;
+  const float* P = probs + (static_cast<int64_t>(bh) * T + t) * T;
+  const bool dropout = p > 0.0f;
+  const float kscale = dropout ? 1.0f / (1.0f - p) : 1.0f;
+  const uint64_t c0 = hc.ctr0(b, h, T, NH) + static_cast<uint64_t>(t) * T;
+  __shared__ float dos[kMaxHS], qs[kMaxHS];
+  for (int i = threadIdx.x; i < HS; i += blockDim.x) {
+    dos[i] = dO[i];
+    qs[i] = q[i];
+  }
+  __syncthreads();
+  float dot = 0.0f;
+  for (int s = threadIdx.x; s <= t; s += blockDim.x) {
+    const float* v = vbase + static_cast<int64_t>(s) * C3;
+    float d = 0.0f;
+    for (int i = 0; i < HS; i++) d += dos[i] * v[i];
+    const float mk = dropout ? (ops::rng_uniform(key, c0 + s) >= p ? kscale : 0.0f) : 1.0f;
+    d *= mk;          // dP
+    dS[s] = d;
+    dot += d * P[s];
+    // dv[s] += Pd[s] dO[t]
+    const float pd = P[s] * mk;
+    float* dv = dqkv + (static_cast<int64_t>(b) * T + s) * C3 + 2 * C + h * HS;
+    if (pd != 0.0f)
+      for (int i = 0; i < HS; i++) atomicAdd(dv + i, pd * dos[i]);
+  }
+  dot = block_sum(dot);
+  for (int s = threadIdx.x; s <= t; s += blockDim.x) {
+    const float ds = P[s] * (dS[s] - dot);
+    dS[s] = ds;
+    float* dk = dqkv + (static_cast<int64_t>(b) * T + s) * C3 + C + h * HS;
+    if (ds != 0.0f)
+      for (int i = 0; i < HS; i++) atomicAdd(dk + i, scale * ds * qs[i]);
+  }
+  __syncthreads();
+  // dq[t][i] = scale sum_s dS[s] k[s][i]: threads (slice, channel), shared reduction.
+  __shared__ float part[kAttnThreads];
+  const int slices = blockDim.x / HS > 0 ? blockDim.x / HS : 1;
+  const int ch = threadIdx.x % HS, sl = threadIdx.x / HS;
+  float acc = 0.0f;
+  if (sl < slices)
+    for (int s = sl; s <= t; s += slices) acc += dS[s] * kbase[static_cast<int64_t>(s) * C3 + ch];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.x < HS) {
+    float o = 0.0f;
+    for (int k = 0; k < slices; k++) o += part[k * HS + threadIdx.x];
+    dqkv[rowq + threadIdx.x] += scale * o;
+  }
+}
+
+// ------------------------------------------------------------------ pointwise
+#define GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+__global__ void gelu_fwd_k(float* out, const float* inp, int64_t n) { GRID_STRIDE(i, n) out[i] = gelu_d(inp[i]); }
+__global__ void gelu_bwd_k(float* dinp, const float* inp, const float* dout, int64_t n) {
+  GRID_STRIDE(i, n) dinp[i] += dout[i] * gelu_grad_d(inp[i]);
+}
+__global__ void swiglu_fwd_k(float* out, const float* inp, int64_t N, int H) {
+  GRID_STRIDE(idx, N * H) {
+    const int64_t r = idx / H, i = idx % H;
+    const float g = inp[r * 2 * H + i], u = inp[r * 2 * H + H + i];
+    out[idx] = g * sigmoid_d(g) * u;
+  }
+}
+__global__ void swiglu_bwd_k(float* dinp, const float* dout, const float* inp, int64_t N, int H) {
+  GRID_STRIDE(idx, N * H) {
+    const int64_t r = idx / H, i = idx % H;
+    const float g = inp[r * 2 * H + i], u = inp[r * 2 * H + H + i], dy = dout[idx];
+    const float s = sigmoid_d(g);
+    dinp[r * 2 * H + i] += dy * u * s * (1.0f + g * (1.0f - s));
+    dinp[r * 2 * H + H + i] += dy * g * s;
+  }
+}
+__global__ void add_k(float* out, const float* a, const float* b, int64_t n) { GRID_STRIDE(i, n) out[i] = a[i] + b[i]; }
+__global__ void add_inplace_k(float* dst, const float* src, int64_t n) { GRID_STRIDE(i, n) dst[i] += src[i]; }
+__global__ void scale_k(float* x, int64_t n, float s) { GRID_STRIDE(i, n) x[i] *= s; }
+__global__ void dropout_fwd_k(float* out, const float* inp, int64_t n, uint64_t key, uint64_t offset, float p,
+                              float scale) {
+  GRID_STRIDE(i, n) out[i] = ops::rng_uniform(key, offset + static_cast<uint64_t>(i)) >= p ? inp[i] * scale : 0.0f;
+}
+__global__ void dropout_bwd_k(float* dinp, const float* dout, int64_t n, uint64_t key, uint64_t offset, float p,
+                              float scale) {
+  GRID_STRIDE(i, n) dinp[i] += ops::rng_uniform(key, offset + static_cast<uint64_t>(i)) >= p ? dout[i] * scale : 0.0f;
+}
+
+// ------------------------------------------------------------------ softmax cross-entropy
+// One block per row. *bad is set to the row + 1 of a target >= Vreal (the CPU throws; the host
+// checks the flag after the kernel).
+__global__ void softmax_xent_fwd_k(float* losses, float* probs, const float* logits, const int32_t* targets, int V,
+                                   int Vreal, int* bad) {
+  const int64_t r = blockIdx.x;
+  const float* x = logits + r * V;
+  float* pr = probs + r * V;
+  const int tgt = targets[r];
+  if (tgt >= Vreal) {
+    if (threadIdx.x == 0) atomicMax(bad, static_cast<int>(r) + 1);
+    return;
+  }
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < Vreal; i += blockDim.x) mx = fmaxf(mx, x[i]);
+  mx = block_max(mx);
+  const float xt = tgt >= 0 ? x[tgt] : 0.0f;
+  __syncthreads();  // xt read by all before pr (may alias x) is written
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < Vreal; i += blockDim.x) {
+    const float e = expf(x[i] - mx);
+    pr[i] = e;
+    sum += e;
+  }
+  sum = block_sum(sum);
+  const float inv = 1.0f / sum;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) pr[i] = i < Vreal ? pr[i] * inv : 0.0f;
+  if (threadIdx.x == 0) losses[r] = tgt >= 0 ? logf(sum) - (xt - mx) : 0.0f;
+}
+// dlogits = (probs - onehot(target - vstart)) * dloss (overwrite; may alias probs).
+__global__ void softmax_xent_bwd_k(float* dlogits, const float* probs, const int32_t* targets, float dloss, int V,
+                                   int Vreal, int vstart) {
+  const int64_t r = blockIdx.x;
+  const int tgt = targets[r];
+  const int64_t local = static_cast<int64_t>(tgt) - vstart;
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    float d = 0.0f;
+    if (tgt >= 0 && i < Vreal) {
+      d = probs[r * V + i] * dloss;
+      if (i == local) d -= dloss;
+    }
+    dlogits[r * V + i] = d;
+  }
+}
+__global__ void xent_shard_max_k(float* rowmax, const float* logits, int V, int Vreal) {
+  const int64_t r = blockIdx.x;
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < Vreal; i += blockDim.x) mx = fmaxf(mx, logits[r * V + i]);
+  mx = block_max(mx);
+  if (threadIdx.x == 0) rowmax[r] = mx;
+}
+__global__ void xent_shard_sumexp_k(float* sumexp, float* tlogit, const float* logits, const float* rowmax,
+                                    const int32_t* targets, int V, int Vreal, int vstart, int* bad) {
+  const int64_t r = blockIdx.x;
+  const float mx = rowmax[r];
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < Vreal; i += blockDim.x) sum += expf(logits[r * V + i] - mx);
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) {
+    sumexp[r] = sum;
+    const int tgt = targets[r];
+    const int64_t local = static_cast<int64_t>(tgt) - vstart;
+    if (local >= Vreal && local < V) atomicMax(bad, static_cast<int>(r) + 1);
+    const bool mine = tgt >= 0 && local >= 0 && local < Vreal;
+    tlogit[r] = mine ? logits[r * V + local] - mx : 0.0f;
+  }
+}
+__global__ void xent_shard_finish_k(float* losses, float* probs, const float* logits, const float* rowmax,
+                                    const float* sumexp, const float* tlogit, const int32_t* targets, int V, int Vreal) {
+  const int64_t r = blockIdx.x;
+  const float mx = rowmax[r], inv = 1.0f / sumexp[r];
+  for (int i = threadIdx.x; i < V; i += blockDim.x)
+    probs[r * V + i] = i < Vreal ? expf(logits[r * V + i] - mx) * inv : 0.0f;
+  if (threadIdx.x == 0 && losses) losses[r] = targets[r] >= 0 ? logf(sumexp[r]) - tlogit[r] : 0.0f;
+}
+
+// ------------------------------------------------------------------ optimizer, norms
+__global__ void adamw_k(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+                        float beta2, float eps, float wd, float inv_bc1, float inv_bc2, float gs) {
+  const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
+  GRID_STRIDE(i, n) {
+    const float g = grad[i] * gs;
+    const float mi = beta1 * m[i] + a1 * g;
+    const float vi = beta2 * v[i] + a2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi * inv_bc1, vhat = vi * inv_bc2;
+    param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * param[i]);
+  }
+}
+__global__ void sum_squares_k(double* out, const float* x, int64_t n) {
+  double s = 0.0;
+  GRID_STRIDE(i, n) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  __shared__ double sh[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  s = warp_sum_d(s);
+  if (lane == 0) sh[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    double w = lane < static_cast<int>(blockDim.x >> 5) ? sh[lane] : 0.0;
+    w = warp_sum_d(w);
+    if (lane == 0) atomicAdd(out, w);
+  }
+}
+
+// ------------------------------------------------------------------ the backend
+cudaDataType_t lt_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: throw std::invalid_argument(std::string("cuda backend: no GEMM for dtype ") + dtype_name(t));
+  }
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() {
+    CU_CHECK(cudaSetDevice(0));
+    CU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    LT_CHECK(cublasLtCreate(&lt_));
+    CU_CHECK(cudaMalloc(&workspace_, kWorkspace));
+    CU_CHECK(cudaMalloc(&scratch_, 64));
+    MemoryTracker::instance().on_alloc(Account::Workspace, kWorkspace + 64);
+  }
+  ~CudaBackend() override {
+    // Process exit: the driver may already be shutting down, so errors are ignored here.
+    cudaFree(workspace_);
+    cudaFree(scratch_);
+    cublasLtDestroy(lt_);
+    cudaStreamDestroy(stream_);
+  }
+  const char* name() const override { return "cuda"; }
+  cudaStream_t stream() const { return stream_; }
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                         int C) override {
+    embedding_shard_forward(out, tokens, wte, wpe, B, T, C, 0, std::numeric_limits<int>::max());
+  }
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                          int C) override {
+    embedding_shard_backward(dwte, dwpe, dout, tokens, B, T, C, 0, std::numeric_limits<int>::max());
+  }
+  void embedding_shard_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                               int C, int vstart, int Vlocal) override {
+    const int64_t N = static_cast<int64_t>(B) * T;
+    if (N == 0) return;
+    embedding_fwd_k<<<N, kThreads, 0, stream_>>>(out, tokens, wte, wpe, N, T, C, vstart, Vlocal);
+    LAUNCH_CHECK();
+  }
+  void embedding_shard_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                                int C, int vstart, int Vlocal) override {
+    const int64_t N = static_cast<int64_t>(B) * T;
+    if ((!dwte && !dwpe) || N == 0) return;
+    embedding_bwd_k<<<N, kThreads, 0, stream_>>>(dwte, dwpe, dout, tokens, N, T, C, vstart, Vlocal);
+    LAUNCH_CHECK();
+  }
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                         const float* bias, int N, int C, float eps) override {
+    if (N == 0) return;
+    layernorm_fwd_k<<<N, kThreads, 0, stream_>>>(out, mean, rstd, inp, weight, bias, C, eps);
+    LAUNCH_CHECK();
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, const float* mean, const float* rstd, int N, int C) override {
+    if (N == 0) return;
+    if (dinp) {
+      layernorm_bwd_dx_k<<<N, kThreads, 0, stream_>>>(dinp, dout, inp, weight, mean, rstd, C);
+      LAUNCH_CHECK();
+    }
+    if (dweight || dbias) {
+      dim3 grid((C + kThreads - 1) / kThreads, (N + kRowsPerChunk - 1) / kRowsPerChunk);
+      norm_bwd_dw_k<<<grid, kThreads, 0, stream_>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+      LAUNCH_CHECK();
+    }
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                       float eps) override {
+    if (N == 0) return;
+    rmsnorm_fwd_k<<<N, kThreads, 0, stream_>>>(out, rstd, inp, weight, C, eps);
+    LAUNCH_CHECK();
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                        const float* rstd, int N, int C) override {
+    if (N == 0) return;
+    if (dinp) {
+      rmsnorm_bwd_dx_k<<<N, kThreads, 0, stream_>>>(dinp, dout, inp, weight, rstd, C);
+      LAUNCH_CHECK();
+    }
+    if (dweight) {
+      dim3 grid((C + kThreads - 1) / kThreads, (N + kRowsPerChunk - 1) / kRowsPerChunk);
+      norm_bwd_dw_k<<<grid, kThreads, 0, stream_>>>(dweight, nullptr, dout, inp, nullptr, rstd, N, C);
+      LAUNCH_CHECK();
+    }
+  }
+
+  // Row-major GEMMs as column-major cuBLASLt calls (a row-major (R,C) matrix is a column-major
+  // (C,R) one): out (N,OC) = inp (N,C) @ W(OC,C)^T is out^T = op_T(W) inp^T, m=OC, n=N, k=C.
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+                      int OC) override {
+    gemm(DType::F32, true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, bias,
+         bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                       const float* weight, int N, int C, int OC) override {
+    backward_gemms(DType::F32, dinp, dweight, dout, inp, weight, N, C, OC);
+    if (dbias) bias_backward<float>(dbias, dout, N, OC);
+  }
+  bool matmul16_available(DType t) override { return t == DType::BF16 || t == DType::F16; }
+  void matmul16_forward(float* out, const void* inp, const void* weight, const void* bias, DType t, int N, int C,
+                        int OC) override {
+    REQUIRE_ARG(matmul16_available(t), "matmul16 needs bf16 or fp16");
+    float* b32 = nullptr;
+    if (bias) b32 = widen(bias, t, OC);
+    gemm(t, true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, b32,
+         bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+  }
+  void matmul16_backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                         const void* weight, DType t, int N, int C, int OC) override {
+    REQUIRE_ARG(matmul16_available(t), "matmul16 needs bf16 or fp16");
+    backward_gemms(t, dinp, dweight, dout, inp, weight, N, C, OC);
+    if (dbias) {
+      if (t == DType::BF16) bias_backward<__nv_bfloat16>(dbias, dout, N, OC);
+      else bias_backward<__half>(dbias, dout, N, OC);
+    }
+  }
+  void matmul_bias_gelu(float* out, float* pre, const float* inp, const float* weight, const float* bias, int N,
+                        int C, int OC) {
+    gemm(DType::F32, true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, bias, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+         pre);
+  }
+
+  void rope_forward(float* out, const float* inp, int B, int T, int C, int NH, float theta) override {
+    rope(out, inp, B, T, C, NH, theta, false);
+  }
+  void rope_backward(float* dinp, const float* dout, int B, int T, int C, int NH, float theta) override {
+    if (dinp) rope(dinp, dout, B, T, C, NH, theta, true);
+  }
+
+  void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int NH,
+                         DropoutSpec drop) override {
+    check_attention(B, T, C, NH, drop);
+    dim3 grid(T, B * NH);
+    attention_fwd_k<<<grid, kAttnThreads, 0, stream_>>>(out, probs, qkv, T, C, NH, drop.p, drop.key,
+                                                         HeadCtr{drop.offset, drop.heads_total, drop.head_start});
+    LAUNCH_CHECK();
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C,
+                          int NH, DropoutSpec drop) override {
+    if (!dqkv) return;
+    check_attention(B, T, C, NH, drop);
+    dim3 grid(T, B * NH);
+    const size_t shm = sizeof(float) * static_cast<size_t>(T);
+    if (shm > 48 * 1024)
+      CU_CHECK(cudaFuncSetAttribute(attention_bwd_k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)));
+    attention_bwd_k<<<grid, kAttnThreads, shm, stream_>>>(dqkv, dout, qkv, probs, T, C, NH, drop.p, drop.key,
+                                                          HeadCtr{drop.offset, drop.heads_total, drop.head_start});
+    LAUNCH_CHECK();
+  }
+
+  void gelu_forward(float* out, const float* inp, int64_t n) override {
+    if (n == 0) return;
+    gelu_fwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(out, inp, n);
+    LAUNCH_CHECK();
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    if (!dinp || n == 0) return;
+    gelu_bwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, inp, dout, n);
+    LAUNCH_CHECK();
+  }
+  void swiglu_forward(float* out, const float* inp, int N, int H) override {
+    const int64_t n = static_cast<int64_t>(N) * H;
+    if (n == 0) return;
+    swiglu_fwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(out, inp, N, H);
+    LAUNCH_CHECK();
+  }
+  void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int H) override {
+    const int64_t n = static_cast<int64_t>(N) * H;
+    if (!dinp || n == 0) return;
+    swiglu_bwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, dout, inp, N, H);
+    LAUNCH_CHECK();
+  }
+  void add_forward(float* out, const float* a, const float* b, int64_t n) override {
+    if (n == 0) return;
+    add_k<<<blocks_for(n), kThreads, 0, stream_>>>(out, a, b, n);
+    LAUNCH_CHECK();
+  }
+  void add_inplace(float* dst, const float* src, int64_t n) override {
+    if (!dst || n == 0) return;
+    add_inplace_k<<<blocks_for(n), kThreads, 0, stream_>>>(dst, src, n);
+    LAUNCH_CHECK();
+  }
+  void dropout_forward(float* out, const float* inp, int64_t n, DropoutSpec drop) override {
+    check_p(drop.p);
+    if (n == 0) return;
+    if (drop.p <= 0.0f) {
+      if (out != inp) CU_CHECK(cudaMemcpyAsync(out, inp, sizeof(float) * n, cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    dropout_fwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(out, inp, n, drop.key, drop.offset, drop.p,
+                                                            1.0f / (1.0f - drop.p));
+    LAUNCH_CHECK();
+  }
+  void dropout_backward(float* dinp, const float* dout, int64_t n, DropoutSpec drop) override {
+    if (!dinp) return;
+    check_p(drop.p);
+    if (drop.p <= 0.0f) return add_inplace(dinp, dout, n);
+    if (n == 0) return;
+    dropout_bwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, dout, n, drop.key, drop.offset, drop.p,
+                                                            1.0f / (1.0f - drop.p));
+    LAUNCH_CHECK();
+  }
+
+  void softmax_xent_forward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V,
+                            int Vreal) override {
+    REQUIRE_ARG(Vreal > 0 && Vreal <= V, "softmax_xent: need 0 < Vreal <= V, got Vreal=" + std::to_string(Vreal) +
+                                             " V=" + std::to_string(V));
+    if (N == 0) return;
+    int* bad = reset_flag();
+    softmax_xent_fwd_k<<<N, kThreads, 0, stream_>>>(losses, probs, logits, targets, V, Vreal, bad);
+    LAUNCH_CHECK();
+    if (int row = read_flag()) throw std::runtime_error("softmax_xent: target >= Vreal " + std::to_string(Vreal) +
+                                                         " in row " + std::to_string(row - 1));
+  }
+  void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V,
+                             int Vreal) override {
+    if (!dlogits || N == 0) return;
+    softmax_xent_bwd_k<<<N, kThreads, 0, stream_>>>(dlogits, probs, targets, dloss, V, Vreal, 0);
+    LAUNCH_CHECK();
+  }
+  void xent_shard_max(float* rowmax, const float* logits, int N, int V, int Vreal) override {
+    check_shard(V, Vreal);
+    if (N == 0) return;
+    xent_shard_max_k<<<N, kThreads, 0, stream_>>>(rowmax, logits, V, Vreal);
+    LAUNCH_CHECK();
+  }
+  void xent_shard_sumexp(float* sumexp, float* tlogit, const float* logits, const float* rowmax,
+                         const int32_t* targets, int N, int V, int Vreal, int vstart) override {
+    check_shard(V, Vreal);
+    if (N == 0) return;
+    int* bad = reset_flag();
+    xent_shard_sumexp_k<<<N, kThreads, 0, stream_>>>(sumexp, tlogit, logits, rowmax, targets, V, Vreal, vstart, bad);
+    LAUNCH_CHECK();
+    if (int row = read_flag())
+      throw std::runtime_error("xent_shard: the target of row " + std::to_string(row - 1) +
+                               " is a padding column of the shard starting at " + std::to_string(vstart));
+  }
+  void xent_shard_finish(float* losses, float* probs, const float* logits, const float* rowmax, const float* sumexp,
+                         const float* tlogit, const int32_t* targets, int N, int V, int Vreal) override {
+    check_shard(V, Vreal);
+    if (N == 0) return;
+    xent_shard_finish_k<<<N, kThreads, 0, stream_>>>(losses, probs, logits, rowmax, sumexp, tlogit, targets, V, Vreal);
+    LAUNCH_CHECK();
+  }
+  void xent_shard_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V,
+                           int Vreal, int vstart) override {
+    if (!dlogits || N == 0) return;
+    check_shard(V, Vreal);
+    softmax_xent_bwd_k<<<N, kThreads, 0, stream_>>>(dlogits, probs, targets, dloss, V, Vreal, vstart);
+    LAUNCH_CHECK();
+  }
+
+  void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, int64_t t, float grad_scale) override {
+    REQUIRE_ARG(t >= 1, "adamw_update: step t must be >= 1, got " + std::to_string(t));
+    if (n == 0) return;
+    const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t))));
+    const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t))));
+    adamw_k<<<blocks_for(n), kThreads, 0, stream_>>>(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, inv_bc1,
+                                                      inv_bc2, grad_scale);
+    LAUNCH_CHECK();
+  }
+  double sum_squares(const float* x, int64_t n) override {
+    double* acc = static_cast<double*>(scratch_);
+    CU_CHECK(cudaMemsetAsync(acc, 0, sizeof(double), stream_));
+    if (n > 0) {
+      sum_squares_k<<<std::min(blocks_for(n), 1024), kThreads, 0, stream_>>>(acc, x, n);
+      LAUNCH_CHECK();
+    }
+    double h = 0.0;
+    CU_CHECK(cudaMemcpyAsync(&h, acc, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    CU_CHECK(cudaStreamSynchronize(stream_));
+    return h;
+  }
+  void scale(float* x, int64_t n, float s) override {
+    if (n == 0) return;
+    scale_k<<<blocks_for(n), kThreads, 0, stream_>>>(x, n, s);
+    LAUNCH_CHECK();
+  }
+
+ private:
+  static constexpr size_t kWorkspace = 32u << 20;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  void* scratch_ = nullptr;  // 64 bytes: sum_squares' double, the loss kernels' error flag
+  std::mutex widen_mutex_;
+  float* widened_ = nullptr;  // 16-bit bias widened to fp32 (grown on demand, Workspace account)
+  size_t widened_n_ = 0;
+
+  static void check_p(float p) {
+    REQUIRE_ARG(p >= 0.0f && p < 1.0f, "dropout: p must be in [0, 1), got " + std::to_string(p));
+  }
+  static void check_shard(int V, int Vreal) {
+    REQUIRE_ARG(V > 0 && Vreal >= 0 && Vreal <= V, "xent_shard: need 0 <= Vreal <= V, got Vreal=" +
+                                                       std::to_string(Vreal) + " V=" + std::to_string(V));
+  }
+  static void check_attention(int B, int T, int C, int NH, const DropoutSpec& drop) {
+    REQUIRE_ARG(B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0, "attention: bad shape");
+    REQUIRE_ARG(C / NH <= kMaxHS && C / NH <= kAttnThreads, "attention: head size above " + std::to_string(kMaxHS));
+    REQUIRE_ARG(T <= kMaxAttnT, "attention: sequence above " + std::to_string(kMaxAttnT));
+    check_p(drop.p);
+    REQUIRE_ARG(drop.heads_total > 0 ? drop.head_start >= 0 && drop.head_start + NH <= drop.heads_total
+                                     : drop.heads_total == 0 && drop.head_start == 0,
+                "attention: head shard outside heads_total");
+  }
+  int* reset_flag() {
+    int* flag = reinterpret_cast<int*>(static_cast<char*>(scratch_) + 32);
+    CU_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream_));
+    return flag;
+  }
+  int read_flag() {
+    int h = 0;
+    CU_CHECK(cudaMemcpyAsync(&h, static_cast<char*>(scratch_) + 32, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    CU_CHECK(cudaStreamSynchronize(stream_));
+    return h;
+  }
+  float* widen(const void* src, DType t, int64_t n) {
+    std::lock_guard<std::mutex> lock(widen_mutex_);
+    if (widened_n_ < static_cast<size_t>(n)) {
+      if (widened_) {
+        CU_CHECK(cudaStreamSynchronize(stream_));
+        CU_CHECK(cudaFree(widened_));
+        MemoryTracker::instance().on_free(Account::Workspace, widened_n_ * sizeof(float));
+      }
+      CU_CHECK(cudaMalloc(&widened_, sizeof(float) * n));
+      widened_n_ = static_cast<size_t>(n);
+      MemoryTracker::instance().on_alloc(Account::Workspace, widened_n_ * sizeof(float));
+    }
+    if (t == DType::BF16) widen_k<<<blocks_for(n), kThreads, 0, stream_>>>(widened_, static_cast<const __nv_bfloat16*>(src), n);
+    else widen_k<<<blocks_for(n), kThreads, 0, stream_>>>(widened_, static_cast<const __half*>(src), n);
+    LAUNCH_CHECK();
+    return widened_;
+  }
+  template <class T>
+  void bias_backward(float* dbias, const void* dout, int N, int OC) {
+    if (N == 0) return;
+    dim3 grid((OC + kThreads - 1) / kThreads, (N + kRowsPerChunk - 1) / kRowsPerChunk);
+    bias_bwd_k<T><<<grid, kThreads, 0, stream_>>>(dbias, static_cast<const T*>(dout), N, OC);
+    LAUNCH_CHECK();
+  }
+  // dinp (N,C) += dout (N,OC) @ W (OC,C): dinp^T = W^T dout^T, m=C, n=N, k=OC, both op N.
+  // dW (OC,C) += dout^T @ inp: dW^T = inp^T dout, m=C, n=OC, k=N, op(B) = T.
+  void backward_gemms(DType t, float* dinp, float* dweight, const void* dout, const void* inp, const void* weight,
+                      int N, int C, int OC) {
+    if (dinp) gemm(t, false, false, C, N, OC, weight, C, dout, OC, dinp, C, 1.0f, nullptr, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+    if (dweight) gemm(t, false, true, C, OC, N, inp, C, dout, OC, dweight, C, 1.0f, nullptr, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+  }
+  // D (m,n) fp32 col-major = op(A) op(B) + beta D (+ bias[m] epilogue); A and B of dtype t,
+  // fp32 compute (CUBLAS_COMPUTE_32F: no TF32 for fp32 operands, the CPU's arithmetic).
+  void gemm(DType t, bool ta, bool tb, int m, int n, int k, const void* A, int lda, const void* B, int ldb, float* D,
+            int ldd, float beta, const float* bias, cublasLtEpilogue_t epi, float* aux) {
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      if (beta == 0.0f) CU_CHECK(cudaMemset2DAsync(D, sizeof(float) * ldd, 0, sizeof(float) * m, n, stream_));
+      return;
+    }
+    const cudaDataType_t ab = lt_type(t);
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
+      LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+      LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+      cudaDataType_t bt = CUDA_R_32F;
+      LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+      if (aux) {
+        int64_t aux_ld = ldd;
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        cudaDataType_t at = CUDA_R_32F;
+        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof(at)));
+      }
+    }
+    LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, ta ? k : m, ta ? m : k, lda));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, tb ? n : k, tb ? k : n, ldb));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = kWorkspace;
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    // The heuristic assumes 256-byte aligned operands unless told: views into flat parameter
+    // and gradient buffers are often less aligned, so pass each pointer's actual alignment.
+    auto align_of = [](const void* ptr) {
+      uint32_t a = 256;
+      while (a > 1 && reinterpret_cast<uintptr_t>(ptr) % a) a >>= 1;
+      return a;
+    };
+    const uint32_t aa = align_of(A), ab_ = align_of(B), ad = align_of(D);
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab_, sizeof(ab_)));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad)));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, op, la, lb, ld, ld, pref, 1, &heur, &found));
+    const float alpha = 1.0f;
+    cublasStatus_t st = found ? cublasLtMatmul(lt_, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heur.algo,
+                                               workspace_, kWorkspace, stream_)
+                              : CUBLAS_STATUS_NOT_SUPPORTED;
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatmulDescDestroy(op);
+    if (!found)
+      throw std::runtime_error("CUDA backend: cuBLASLt has no algorithm for a " + std::string(dtype_name(t)) + " GEMM " +
+                               std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
+    LT_CHECK(st);
+  }
+  void rope(float* dst, const float* src, int B, int T, int C, int NH, float theta, bool inverse) {
+    REQUIRE_ARG(NH > 0 && C % NH == 0 && (C / NH) % 2 == 0,
+                "rope: head size C/NH must be even, got C=" + std::to_string(C) + " NH=" + std::to_string(NH));
+    const int64_t N = static_cast<int64_t>(B) * T;
+    if (N == 0) return;
+    rope_k<<<blocks_for(N * C), kThreads, 0, stream_>>>(dst, src, N, T, C, NH, theta, inverse);
+    LAUNCH_CHECK();
+  }
+};
+
+CudaBackend* g_backend = nullptr;
+std::once_flag g_once;
+
+CudaBackend& backend_impl() {
+  std::call_once(g_once, [] {
+    std::string why;
+    if (!device_available(&why)) throw std::runtime_error("no CUDA device was found: " + why);
+    g_backend = new CudaBackend();  // lives until exit (CUDA tears down its own state)
+  });
+  return *g_backend;
+}
+
+}  // namespace
+
+Backend& cuda_backend() { return backend_impl(); }
+
+DeviceBuffer::DeviceBuffer(size_t bytes, Account account, bool zero) : bytes_(bytes), account_(account) {
+  if (bytes == 0) return;
+  CU_CHECK(cudaMalloc(&ptr_, bytes));
+  if (zero) CU_CHECK(cudaMemset(ptr_, 0, bytes));
+  MemoryTracker::instance().on_alloc(account, bytes);
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (!ptr_) return;
+  cudaFree(ptr_);  // synchronizes with the device
+  MemoryTracker::instance().on_free(account_, bytes_);
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_), account_(o.account_) {
+  o.ptr_ = nullptr;
+  o.bytes_ = 0;
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    this->~DeviceBuffer();
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    account_ = o.account_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+  cudaStream_t s = backend_impl().stream();
+  CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+  CU_CHECK(cudaStreamSynchronize(s));
+}
+void copy_to_host(void* dst, const void* src, size_t bytes) {
+  cudaStream_t s = backend_impl().stream();
+  CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  CU_CHECK(cudaStreamSynchronize(s));
+}
+void* compute_stream() { return backend_impl().stream(); }
+void synchronize() { CU_CHECK(cudaStreamSynchronize(backend_impl().stream())); }
+void memory_info(size_t* free_bytes, size_t* total_bytes) { CU_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }
+
+void* alloc_pinned(size_t bytes) {
+  void* p = nullptr;
+  CU_CHECK(cudaMallocHost(&p, bytes));
+  return p;
+}
+void free_pinned(void* p) {
+  if (p) cudaFreeHost(p);
+}
+
+void matmul_bias_gelu_forward(Backend& be, float* out, float* pre, const float* inp, const float* weight,
+                              const float* bias, int N, int C, int OC) {
+  auto* cb = dynamic_cast<CudaBackend*>(&be);
+  REQUIRE_ARG(cb, "matmul_bias_gelu_forward needs the CUDA backend");
+  cb->matmul_bias_gelu(out, pre, inp, weight, bias, N, C, OC);
+}
+
+void nvtx_push(const char* name) { nvtxRangePushA(name); }
+void nvtx_pop() { nvtxRangePop(); }
+
+}  // namespace ops::cuda

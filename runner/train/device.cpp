@@ -1,0 +1,33 @@
+// Backend selection from hardware.device (device.h).
+#include "runner/train/device.h"
+
+#include "runner/errors.h"
+#if defined(RUNNER_HAVE_CUDA)
+#include "ops/cuda/cuda_backend.h"
+#endif
+
+namespace runner {
+
+bool wants_gpu(const std::string& device) {
+  for (const char* gpu : {"cuda", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "v100-32gb", "l40s"})
+    if (device == gpu) return true;
+  return false;
+}
+
+ops::Backend& select_backend(const Recipe& r) {
+  if (!wants_gpu(r.hardware.device)) return ops::cpu_backend();
+  const std::string what = "hardware.device " + r.hardware.device + " selects the CUDA backend, but ";
+  const std::string fix = "train on the CPU with --set hardware.device=cpu (or hardware: device: cpu in the recipe)";
+#if defined(RUNNER_HAVE_CUDA)
+  std::string why;
+  if (!ops::cuda::device_available(&why)) throw UserError(r.loc("hardware.device"), what + "no CUDA device was found (" + why + ")", fix);
+  throw UserError(r.loc("hardware.device"),
+                  what + "`runner train` does not run on the GPU yet (found " + ops::cuda::device_description() +
+                      "; the CUDA kernels are built and tested on their own, see README's GPU section)",
+                  fix);
+#else
+  throw UserError(r.loc("hardware.device"), what + "this runner was built without CUDA, so no CUDA device was found", fix);
+#endif
+}
+
+}  // namespace runner

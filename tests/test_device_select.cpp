@@ -1,0 +1,87 @@
+// hardware.device selects the backend: cuda and the GPU kinds the plan knows want the CUDA
+// backend, and on a machine without a usable GPU (this one, CI) `runner train` and
+// `runner resume` exit 2 at hardware.device, saying no CUDA device was found, before writing
+// anything; cpu and custom stay on the CPU backend.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "runner/train/device.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result run(const std::string& args, const std::string& cwd) {
+  std::string cmd = "cd '" + cwd + "' && " + std::string(RUNNER_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("runner_dev_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+const std::string kQuickstart = std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml";
+
+}  // namespace
+
+TEST_CASE("GPU device names want the CUDA backend, cpu and custom do not") {
+  for (const char* d : {"cuda", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "v100-32gb", "l40s"}) {
+    CAPTURE(d);
+    CHECK(runner::wants_gpu(d));
+  }
+  CHECK_FALSE(runner::wants_gpu("cpu"));
+  CHECK_FALSE(runner::wants_gpu("custom"));
+}
+
+TEST_CASE("runner train on a GPU recipe without a GPU exits 2 and writes nothing") {
+  if (getenv("RUNNER_EXPECT_GPU")) {
+    MESSAGE("RUNNER_EXPECT_GPU is set: this machine has a GPU, the no-GPU path is not checked here");
+    return;
+  }
+  for (const char* d : {"cuda", "h100-80gb", "h200"}) {
+    CAPTURE(d);
+    fs::path cwd = temp_dir(d);
+    Result r = run("train " + kQuickstart + " --set hardware.device=" + d + " --set train.steps=2 --run-dir run",
+                   cwd.string());
+    CAPTURE(r.out);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("hardware.device") != std::string::npos);
+    CHECK(r.out.find("no CUDA device was found") != std::string::npos);
+    CHECK(r.out.find("hardware.device=cpu") != std::string::npos);  // the fix
+    CHECK(r.out.find("terminate called") == std::string::npos);
+    CHECK(fs::is_empty(cwd));
+    fs::remove_all(cwd);
+  }
+}
+
+TEST_CASE("runner resume of a GPU recipe without a GPU exits 2") {
+  if (getenv("RUNNER_EXPECT_GPU")) return;
+  fs::path cwd = temp_dir("resume");
+  Result t = run("train " + kQuickstart + " --quiet --set train.steps=2 --set train.eval_every=0 --set checkpoint.every_steps=2 --run-dir run",
+                 cwd.string());
+  REQUIRE(t.code == 0);
+  Result r = run("resume run --set hardware.device=cuda", cwd.string());
+  CAPTURE(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("no CUDA device was found") != std::string::npos);
+  fs::remove_all(cwd);
+}
