@@ -18,6 +18,7 @@
 #include "runner/recipe/recipe.h"
 #include "runner/signals.h"
 #include "runner/train/launch.h"
+#include "runner/train/slurm.h"
 
 using namespace runner;
 
@@ -69,6 +70,33 @@ int main(int argc, char** argv) {
   prep_cmd->add_option("text", text_path, "UTF-8 text file")->required();
   prep_cmd->add_option("out", out_path, "output .h5 file")->required();
 
+  // Slurm: `runner launch --slurm`, `runner status`, `runner train --elastic` (runner/train/slurm.h).
+  bool elastic = false, slurm = false, submit = false, dry_run = false, status_json = false;
+  train_cmd->add_flag("--elastic", elastic,
+                      "on a world size other than the recipe's layout (a job requeued on fewer or more ranks), continue "
+                      "at the dp it gives with the same global batch, accum derived again (train.elastic)");
+  SlurmLaunchOptions lopts;
+  std::string script_out, template_path, status_dir;
+  auto* launch_cmd = app.add_subcommand("launch", "write, print or submit the batch script that trains a recipe under Slurm");
+  launch_cmd->add_option("recipe", lopts.recipe_path, "recipe YAML")->required();
+  launch_cmd->add_flag("--slurm", slurm, "an sbatch script (Slurm is the one scheduler so far)")->required();
+  launch_cmd->add_option("--set", lopts.sets, "override a recipe field (passed on to `runner train`)")->take_all();
+  launch_cmd->add_option("--run-dir", lopts.run_dir, "run directory (default: train.run_dir or runs/<name>)");
+  launch_cmd->add_option("--time", lopts.time, "wall-clock limit (sbatch --time), e.g. 04:00:00")->capture_default_str();
+  launch_cmd->add_option("--warn", lopts.warn_seconds, "seconds before the limit at which the ranks are told to checkpoint "
+                                                       "and exit (--signal=USR1@N)")->capture_default_str();
+  launch_cmd->add_option("--cpus-per-task", lopts.cpus_per_task, "cores per rank (default: train.threads, else 1)");
+  launch_cmd->add_option("--partition", lopts.partition, "Slurm partition");
+  launch_cmd->add_option("--job-name", lopts.job_name, "job name (default: the recipe's name)");
+  launch_cmd->add_flag("--elastic", lopts.elastic, "a requeued or resubmitted job may continue on another number of ranks");
+  launch_cmd->add_option("--template", template_path, "your own template (default: the built-in scripts/slurm.sbatch.in)");
+  launch_cmd->add_option("-o,--output", script_out, "where to write the script (default: RUN_DIR/slurm.sbatch)");
+  launch_cmd->add_flag("--dry-run", dry_run, "print the script and write nothing");
+  launch_cmd->add_flag("--submit", submit, "write the script and submit it with sbatch");
+  auto* status_cmd = app.add_subcommand("status", "where a run stands: step, checkpoint, restarts, Slurm job, ETA");
+  status_cmd->add_option("run_dir", status_dir, "run directory")->required();
+  status_cmd->add_flag("--json", status_json, "print it as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -93,7 +121,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*train_cmd) {
-      Recipe recipe = load_recipe(recipe_path, sets);
+      Recipe recipe = fit_allocation(load_recipe(recipe_path, sets), launch->world_size(), elastic, &topts.resume_notes);
       if (recipe.precision.compute != FloatFormat::fp32) launch->agree_gemm_paths(run_paths(recipe, topts.run_dir).run_dir);
       return launch->train(make_plan(recipe, launch->world_size()), topts);
     }
@@ -105,6 +133,12 @@ int main(int argc, char** argv) {
       topts.resume_notes = req.notes;
       if (req.recipe.precision.compute != FloatFormat::fp32) launch->agree_gemm_paths(resume_dir);
       return launch->train(make_plan(req.recipe, launch->world_size()), topts);
+    }
+    if (*launch_cmd) return launch_slurm(lopts, template_path, script_out, dry_run, submit);
+    if (*status_cmd) {
+      if (status_json) std::cout << run_status_json(status_dir).dump(2) << "\n";
+      else std::cout << run_status(status_dir);
+      return 0;
     }
     if (*inspect_cmd) {
       bool ok = false;
