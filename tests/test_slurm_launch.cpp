@@ -107,7 +107,9 @@ TEST_CASE("runner launch --slurm --dry-run: the script's resources, signal, requ
   CHECK(s.find("RECIPE=" + fs::absolute(kTiny).lexically_normal().string()) != std::string::npos);
   CHECK(s.find("RUNNER=" + fs::canonical(RUNNER_BINARY).string()) != std::string::npos);
   // The script requeues on exit 3 (the runner does not).
-  CHECK(std::regex_search(s, std::regex("if \\[ \"\\$rc\" -eq 3 \\]; then\n[^\n]*\n  scontrol requeue \"\\$SLURM_JOB_ID\"")));
+  CHECK(std::regex_search(s, std::regex("if \\[ \"\\$rc\" -eq 3 \\] && \\[ -z \"\\$stopped\" \\]; then\n[^\n]*\n  scontrol requeue \"\\$SLURM_JOB_ID\"")));
+  // ... but not after SIGTERM (scancel, the time limit): the trap marks it.
+  CHECK(s.find("trap 'stopped=1;") != std::string::npos);
   // Valid bash, and nothing written by a dry run.
   fs::path f = d / "dry.sbatch";
   std::ofstream(f) << s;

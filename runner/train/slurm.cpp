@@ -89,9 +89,9 @@ Recipe fit_allocation(const Recipe& r, int64_t world, bool elastic, std::vector<
                                                      have == 1 ? "is" : "are");
   if (!elastic)
     throw UserError(r.loc("parallel"),
-                    fmt::format("this {} allocation: {}, but the recipe's layout needs {} ranks (dp {} x tp {} x pp {})",
-                                have < want.world ? "allocation is too small for the recipe" : "allocation does not match the recipe",
-                                where, want.world, want.dp, want.tp, want.pp),
+                    fmt::format("this allocation {}: {}, but the recipe's layout needs {} ranks (dp {} x tp {} x pp {})",
+                                have < want.world ? "is too small for the recipe" : "does not match the recipe", where,
+                                want.world, want.dp, want.tp, want.pp),
                     fmt::format("submit with --ntasks={} (`runner launch RECIPE --slurm` writes that), or continue at "
                                 "this size with the same global batch: `runner train --elastic` or train.elastic: true",
                                 want.world));

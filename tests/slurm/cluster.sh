@@ -12,6 +12,7 @@ cluster_fail() { echo "slurm cluster: $*" >&2; return 1; }
 cluster_start() {
   SLURM_TEST_DIR=$1
   mkdir -p "$SLURM_TEST_DIR"/{state,spool,log,munge}
+  chmod 0755 "$SLURM_TEST_DIR"
   for bin in munged mungekey slurmctld slurmd sbatch scontrol squeue scancel; do
     command -v "$bin" >/dev/null || cluster_fail "$bin not found: install slurm-wlm and munge (bash scripts/setup.sh)" || return 1
   done
@@ -66,18 +67,18 @@ CONF
   export SLURM_CONF=$SLURM_TEST_DIR/slurm.conf
   local i
   for i in $(seq 50); do [ -S "$m/munge.socket.2" ] && break; sleep 0.1; done
-  [ -S "$m/munge.socket.2" ] || { cluster_fail "munged did not start: $(cat "$m/munged.out" "$m/munged.log" 2>/dev/null | tail -5)"; return 1; }
+  [ -S "$m/munge.socket.2" ] || { cluster_fail "munged did not start: $(cat "$m/munged.out" "$m/munged.log" 2>/dev/null | tail -n 5)"; return 1; }
   slurmctld -D -i -f "$SLURM_CONF" >"$SLURM_TEST_DIR/log/slurmctld.out" 2>&1 &
   SLURMCTLD_PID=$!
   slurmd -D -N localhost -f "$SLURM_CONF" >"$SLURM_TEST_DIR/log/slurmd.out" 2>&1 &
   SLURMD_PID=$!
   for i in $(seq 150); do
     if sinfo -h -o %T 2>/dev/null | grep -qE '^idle'; then return 0; fi
-    kill -0 "$SLURMCTLD_PID" 2>/dev/null || { cluster_fail "slurmctld exited: $(tail -5 "$SLURM_TEST_DIR/log/slurmctld.log" "$SLURM_TEST_DIR/log/slurmctld.out" 2>/dev/null)"; return 1; }
-    kill -0 "$SLURMD_PID" 2>/dev/null || { cluster_fail "slurmd exited: $(tail -5 "$SLURM_TEST_DIR/log/slurmd.log" "$SLURM_TEST_DIR/log/slurmd.out" 2>/dev/null)"; return 1; }
+    kill -0 "$SLURMCTLD_PID" 2>/dev/null || { cluster_fail "slurmctld exited: $(tail -q -n 5 "$SLURM_TEST_DIR/log/slurmctld.log" "$SLURM_TEST_DIR/log/slurmctld.out" 2>/dev/null)"; return 1; }
+    kill -0 "$SLURMD_PID" 2>/dev/null || { cluster_fail "slurmd exited: $(tail -q -n 5 "$SLURM_TEST_DIR/log/slurmd.log" "$SLURM_TEST_DIR/log/slurmd.out" 2>/dev/null)"; return 1; }
     sleep 0.2
   done
-  cluster_fail "the node did not become idle in 30 s: $(sinfo 2>&1 | tail -3); $(tail -5 "$SLURM_TEST_DIR/log/slurmctld.log")"
+  cluster_fail "the node did not become idle in 30 s: $(sinfo 2>&1 | tail -n 3); $(tail -q -n 5 "$SLURM_TEST_DIR/log/slurmctld.log")"
 }
 
 cluster_stop() {
