@@ -26,7 +26,7 @@ RANDOM=$SEED
 WORK=$(mktemp -d "$( [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo /tmp )/runner_slurm.XXXXXX")
 chmod 0755 "$WORK"  # munged needs every directory above its socket searchable by all
 T0=$(date +%s)
-STEPS=300  # train.steps of tiny.yaml
+STEPS=600  # train.steps of tiny.yaml
 EVERY=20   # checkpoint.every_steps of tiny.yaml
 FAILURES=0
 # Debian's python3 (python3-h5py, python3-numpy from scripts/setup.sh), not one earlier on PATH without them.
@@ -36,7 +36,7 @@ PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3 )
 source "$HERE/cluster.sh"
 finish() {
   local p
-  for p in $(jobs -p); do kill "$p" 2>/dev/null; done  # scenarios still running (a failure or a timeout)
+  for p in ${SCENARIOS:-}; do kill "$p" 2>/dev/null; done  # scenarios still running (a failure or a timeout)
   cluster_stop
   FAILURES=$(( FAILURES + $(wc -l <"$WORK/failures" 2>/dev/null || echo 0) ))
   if [ "$FAILURES" -ne 0 ] || [ "${RUNNER_SLURM_KEEP:-0}" = 1 ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
@@ -147,12 +147,15 @@ scenario_elastic() {
     stop_job_gone "$1"
   }
   local j1 j2 j3 s1
-  j1=$(submit elastic)
+  # One rank runs a step in ~10 ms: slower checkpoint writes keep the 1-rank leg long enough
+  # for a signal to land in it (they change no numbers).
+  local slow=--export=ALL,RUNNER_CKPT_FAULT_SLOW_MS=300
+  j1=$(submit elastic $slow)
   elastic_stop "$j1" $(( 40 + RANDOM % 80 )) 1 || return
   s1=$(field "$(nth_event elastic end 1)" step)
-  j2=$(submit elastic --ntasks=1 --ntasks-per-node=1)
-  elastic_stop "$j2" $(( s1 + 30 + RANDOM % 80 )) 2 || return
-  j3=$(submit elastic)
+  j2=$(submit elastic $slow --ntasks=1 --ntasks-per-node=1)
+  elastic_stop "$j2" $(( s1 + 10 + RANDOM % 40 )) 2 || return
+  j3=$(submit elastic $slow)
   log "elastic: jobs $j1 (2 ranks) -> $j2 (1 rank) -> $j3 (2 ranks)"
   wait_until 300 job_gone "$j3" || fail "elastic: job $j3 did not finish"
 }
@@ -160,8 +163,11 @@ scenario_elastic() {
 REF_JOB=$(submit reference)
 PRE_JOB=$(submit preempt --export=ALL,RUNNER_CKPT_FAULT_SLOW_MS=300)
 scenario_small &
+SCENARIOS=$!
 scenario_hardkill &
+SCENARIOS="$SCENARIOS $!"
 scenario_elastic &
+SCENARIOS="$SCENARIOS $!"
 log "submitted: reference $REF_JOB, preempt $PRE_JOB; small, hardkill, elastic in the background"
 
 # preempt: SIGUSR1 at N_SIGNALS random moments. Each target step is drawn after the last stop,
@@ -200,7 +206,7 @@ done
 
 # ---- completion ----
 for j in "$REF_JOB" "$PRE_JOB"; do wait_until 300 job_gone "$j" || fail "job $j did not finish in time"; done
-wait  # the background scenarios
+wait $SCENARIOS  # the background scenarios (a bare wait would wait for the daemons too)
 for n in reference preempt hardkill elastic; do
   e=$(grep '"event":"end"' "$WORK/$n/events.jsonl" 2>/dev/null | tail -1)
   [ -n "$e" ] && [ "$(field "$e" cause)" = done ] && [ "$(field "$e" step)" = "$STEPS" ] ||
