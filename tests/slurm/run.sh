@@ -14,7 +14,7 @@
 #               preempted, resubmitted on 2: losses within the layout-equivalence tolerance
 # If the cluster cannot start, the group FAILS with the reason.
 #
-# Usage: run.sh RUNNER_BINARY   (env: RUNNER_SLURM_SEED, N_SIGNALS, RUNNER_SLURM_KEEP=1 keeps the temp dir)
+# Usage: run.sh RUNNER_BINARY   (env: RUNNER_SLURM_SEED, N_SIGNALS, RUNNER_SLURM_KEEP=1 keeps the work dir)
 set -uo pipefail
 RUNNER=$(readlink -f "$1")
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -24,6 +24,7 @@ N_SIGNALS=${N_SIGNALS:-10}
 RANDOM=$SEED
 # On tmpfs when there is one: fsync there costs nothing (on a busy disk a 1.4 MB checkpoint took seconds).
 WORK=$(mktemp -d "$( [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo /tmp )/runner_slurm.XXXXXX")
+: >"$WORK/failures"
 chmod 0755 "$WORK"  # munged needs every directory above its socket searchable by all
 T0=$(date +%s)
 STEPS=600  # train.steps of tiny.yaml
@@ -161,7 +162,7 @@ scenario_elastic() {
 }
 
 REF_JOB=$(submit reference)
-PRE_JOB=$(submit preempt --export=ALL,RUNNER_CKPT_FAULT_SLOW_MS=300)
+PRE_JOB=$(submit preempt --export=ALL,RUNNER_CKPT_FAULT_SLOW_MS=500)
 scenario_small &
 SCENARIOS=$!
 scenario_hardkill &
@@ -172,7 +173,8 @@ log "submitted: reference $REF_JOB, preempt $PRE_JOB; small, hardkill, elastic i
 
 # preempt: SIGUSR1 at N_SIGNALS random moments. Each target step is drawn after the last stop,
 # from an even share of the steps left; every third signal waits for a checkpoint write in
-# progress (its temporary file; RUNNER_CKPT_FAULT_SLOW_MS holds it 300 ms) and lands in it.
+# progress (its temporary file; RUNNER_CKPT_FAULT_SLOW_MS holds it 500 ms): it landed in the
+# write when the ranks stop at that checkpoint's step (they agree at the next step boundary).
 prev=0
 during_write=0
 for i in $(seq 1 "$N_SIGNALS"); do
@@ -183,8 +185,7 @@ for i in $(seq 1 "$N_SIGNALS"); do
   wait_until 120 step_at_least preempt "$t" || { fail "preempt: step $t never reached (signal $i)"; break; }
   hit=""
   if [ $((i % 3)) -eq 0 ]; then
-    wait_until 60 compgen -G "$WORK/preempt/checkpoints/.*.tmp.*" >/dev/null && hit=" (during a checkpoint write)" &&
-      during_write=$((during_write + 1))
+    wait_until 60 compgen -G "$WORK/preempt/checkpoints/.step_*.tmp.*" >/dev/null && hit=" (sent during a checkpoint write)"
   fi
   scancel --signal=USR1 "$PRE_JOB"
   at=$(last_step preempt)
@@ -192,6 +193,8 @@ for i in $(seq 1 "$N_SIGNALS"); do
   e=$(nth_event preempt end "$i")
   [ "$(field "$e" cause)" = preempted ] || { fail "preempt: stop $i is not a preemption: $e"; break; }
   s=$(field "$e" step)
+  [ -n "$hit" ] && [ $((s % EVERY)) -eq 0 ] && hit=" (landed in the checkpoint write of step $s)" &&
+    during_write=$((during_write + 1))
   latest=$(cat "$WORK/preempt/checkpoints/LATEST")
   [ "$latest" = "$(printf 'step_%08d.h5' "$s")" ] || fail "preempt: stop $i at step $s but LATEST is $latest"
   wait_until 120 starts_at_least preempt $((i + 1)) || { fail "preempt: not requeued after signal $i"; break; }
@@ -202,7 +205,8 @@ for i in $(seq 1 "$N_SIGNALS"); do
   log "preempt: signal $i (target step $t) at step $at$hit -> checkpoint at step $s, exit 3, requeued, resumed from $s"
   prev=$s
 done
-[ "$during_write" -ge 3 ] || fail "preempt: only $during_write signal(s) landed during a checkpoint write"
+[ "$during_write" -ge 1 ] || fail "preempt: no signal landed in a checkpoint write"
+log "preempt: $during_write of $((N_SIGNALS / 3)) signals aimed at a checkpoint write landed in one"
 
 # ---- completion ----
 for j in "$REF_JOB" "$PRE_JOB"; do wait_until 300 job_gone "$j" || fail "job $j did not finish in time"; done
