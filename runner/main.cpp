@@ -105,7 +105,10 @@ int main(int argc, char** argv) {
   }
 
   std::optional<Launch> launch;
-  if (*train_cmd || *resume_cmd) launch.emplace(&argc, &argv);
+  if (*train_cmd || *resume_cmd) {
+    install_signal_handlers();  // Slurm's warning may come during start-up: it must not kill the process
+    launch.emplace(&argc, &argv);
+  }
   const bool quiet_rank = launch && launch->rank() != 0;  // identical errors print once
   try {
     if (*train_cmd || *resume_cmd) ops::cpu_backend();  // selects OpenBLAS's kernels before any GEMM runs

@@ -110,8 +110,8 @@ scenario_small() {
 scenario_hardkill() {
   RANDOM=$SEED_KILL
   local job kt killed_at ck job2 st lost
-  job=$(submit hardkill)
-  kt=$(( 60 + RANDOM % (STEPS - 150) ))
+  job=$(submit hardkill --export=ALL,RUNNER_CKPT_FAULT_SLOW_MS=300)  # a longer run to aim at
+  kt=$(( 60 + RANDOM % 200 ))
   [ $((kt % EVERY)) -eq 0 ] && kt=$((kt + 7))
   wait_until 240 step_at_least hardkill "$kt" || { fail "hardkill: step $kt never reached"; return; }
   # SIGKILL straight to the ranks (as the OOM killer or a lost node would; `scancel --signal=KILL`
@@ -171,16 +171,16 @@ scenario_elastic &
 SCENARIOS="$SCENARIOS $!"
 log "submitted: reference $REF_JOB, preempt $PRE_JOB; small, hardkill, elastic in the background"
 
-# preempt: SIGUSR1 at N_SIGNALS random moments. Each target step is drawn after the last stop,
-# from an even share of the steps left; every third signal waits for a checkpoint write in
+# preempt: SIGUSR1 at N_SIGNALS random moments: signal i at a random step of the i-th of N
+# equal slots of the run's first STEPS-150 steps (the last 150 leave room for the signal's
+# latency, tens of steps on a busy machine); a target the run has already passed is signalled
+# as soon as the job is back (during its start-up or resume). Every third signal waits for a checkpoint write in
 # progress (its temporary file; RUNNER_CKPT_FAULT_SLOW_MS holds it 500 ms): it landed in the
 # write when the ranks stop at that checkpoint's step (they agree at the next step boundary).
-prev=0
 during_write=0
+slot=$(( (STEPS - 150) / N_SIGNALS ))
 for i in $(seq 1 "$N_SIGNALS"); do
-  room=$(( (STEPS - 30 - prev) / (N_SIGNALS - i + 1) ))
-  [ "$room" -lt 2 ] && room=2
-  t=$(( prev + 1 + RANDOM % room ))
+  t=$(( 5 + (i - 1) * slot + RANDOM % (slot - 5) ))
   wait_until 120 starts_at_least preempt "$i" || { fail "preempt: start $i never came"; break; }
   wait_until 120 step_at_least preempt "$t" || { fail "preempt: step $t never reached (signal $i)"; break; }
   hit=""
@@ -203,7 +203,6 @@ for i in $(seq 1 "$N_SIGNALS"); do
   [ "$(field "$st" slurm.restart_count)" = "$i" ] || fail "preempt: restart $i has SLURM_RESTART_COUNT $(field "$st" slurm.restart_count)"
   [ "$(field "$st" slurm.job_id)" = "$PRE_JOB" ] || fail "preempt: restart $i is another job"
   log "preempt: signal $i (target step $t) at step $at$hit -> checkpoint at step $s, exit 3, requeued, resumed from $s"
-  prev=$s
 done
 [ "$during_write" -ge 1 ] || fail "preempt: no signal landed in a checkpoint write"
 log "preempt: $during_write of $((N_SIGNALS / 3)) signals aimed at a checkpoint write landed in one"
