@@ -88,6 +88,9 @@ struct Faults {
   // one gradient element of the last parameter set to +inf (the loss stays finite), as an fp16
   // overflow in the backward would.
   int64_t inf_step = env("RUNNER_FAULT_INF_STEP"), inf_count = std::max<int64_t>(1, env("RUNNER_FAULT_INF_COUNT"));
+  // RUNNER_FAULT_STEP_SLEEP_MS=N: each step takes N ms longer (a slow machine; numbers unchanged),
+  // so a test's signals, which take a while to arrive, land where they were aimed (tests/slurm/).
+  int64_t step_sleep_ms = env("RUNNER_FAULT_STEP_SLEEP_MS");
   static int64_t env(const char* name) { return std::getenv(name) ? std::atoll(std::getenv(name)) : -1; }
 };
 
@@ -131,6 +134,7 @@ class Trainer {
           (!snapshot.valid() || snapshot.step() != st.step))
         snapshot.take(st);
       StepResult s = train_step();
+      if (faults.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.step_sleep_ms));
       if (rollback_needed(s)) continue;
       metrics->step(st.step, st.tokens, s, pending_ckpt_ms);
       pending_ckpt_ms = 0;

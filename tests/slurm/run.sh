@@ -162,7 +162,8 @@ scenario_elastic() {
 }
 
 REF_JOB=$(submit reference)
-PRE_JOB=$(submit preempt --export=ALL,RUNNER_CKPT_FAULT_SLOW_MS=500)
+# Slower steps and checkpoint writes (numbers unchanged): a signal takes ~1-2 s to arrive.
+PRE_JOB=$(submit preempt --export=ALL,RUNNER_CKPT_FAULT_SLOW_MS=500,RUNNER_FAULT_STEP_SLEEP_MS=40)
 scenario_small &
 SCENARIOS=$!
 scenario_hardkill &
