@@ -22,6 +22,7 @@
 #include "runner/signals.h"
 #include "runner/train/device.h"
 #include "runner/train/launch.h"
+#include "runner/train/slurm.h"
 
 using namespace runner;
 
@@ -105,6 +106,33 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--set", gen_sets, "override a field of the stored recipe, e.g. --set inference.batch=8")->take_all();
   gen_cmd->add_flag("--json", gen_json, "one JSON record per prompt instead of the text");
 
+  // Slurm: `runner launch --slurm`, `runner status`, `runner train --elastic` (runner/train/slurm.h).
+  bool elastic = false, slurm = false, submit = false, dry_run = false, status_json = false;
+  train_cmd->add_flag("--elastic", elastic,
+                      "on a world size other than the recipe's layout (a job requeued on fewer or more ranks), continue "
+                      "at the dp it gives with the same global batch, accum derived again (train.elastic)");
+  SlurmLaunchOptions lopts;
+  std::string script_out, template_path, status_dir;
+  auto* launch_cmd = app.add_subcommand("launch", "write, print or submit the batch script that trains a recipe under Slurm");
+  launch_cmd->add_option("recipe", lopts.recipe_path, "recipe YAML")->required();
+  launch_cmd->add_flag("--slurm", slurm, "an sbatch script (Slurm is the one scheduler so far)")->required();
+  launch_cmd->add_option("--set", lopts.sets, "override a recipe field (passed on to `runner train`)")->take_all();
+  launch_cmd->add_option("--run-dir", lopts.run_dir, "run directory (default: train.run_dir or runs/<name>)");
+  launch_cmd->add_option("--time", lopts.time, "wall-clock limit (sbatch --time), e.g. 04:00:00")->capture_default_str();
+  launch_cmd->add_option("--warn", lopts.warn_seconds, "seconds before the limit at which the ranks are told to checkpoint "
+                                                       "and exit (--signal=USR1@N)")->capture_default_str();
+  launch_cmd->add_option("--cpus-per-task", lopts.cpus_per_task, "cores per rank (default: train.threads, else 1)");
+  launch_cmd->add_option("--partition", lopts.partition, "Slurm partition");
+  launch_cmd->add_option("--job-name", lopts.job_name, "job name (default: the recipe's name)");
+  launch_cmd->add_flag("--elastic", lopts.elastic, "a requeued or resubmitted job may continue on another number of ranks");
+  launch_cmd->add_option("--template", template_path, "your own template (default: the built-in scripts/slurm.sbatch.in)");
+  launch_cmd->add_option("-o,--output", script_out, "where to write the script (default: RUN_DIR/slurm.sbatch)");
+  launch_cmd->add_flag("--dry-run", dry_run, "print the script and write nothing");
+  launch_cmd->add_flag("--submit", submit, "write the script and submit it with sbatch");
+  auto* status_cmd = app.add_subcommand("status", "where a run stands: step, checkpoint, restarts, Slurm job, ETA");
+  status_cmd->add_option("run_dir", status_dir, "run directory")->required();
+  status_cmd->add_flag("--json", status_json, "print it as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -113,7 +141,10 @@ int main(int argc, char** argv) {
   }
 
   std::optional<Launch> launch;
-  if (*train_cmd || *resume_cmd) launch.emplace(&argc, &argv);
+  if (*train_cmd || *resume_cmd) {
+    install_signal_handlers();  // Slurm's warning may come during start-up: it must not kill the process
+    launch.emplace(&argc, &argv);
+  }
   const bool quiet_rank = launch && launch->rank() != 0;  // identical errors print once
   try {
     if (*train_cmd || *resume_cmd) ops::cpu_backend();  // selects OpenBLAS's kernels before any GEMM runs
@@ -129,7 +160,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*train_cmd) {
-      Recipe recipe = load_recipe(recipe_path, sets);
+      Recipe recipe = fit_allocation(load_recipe(recipe_path, sets), launch->world_size(), elastic, &topts.resume_notes);
       select_backend(recipe);  // a GPU device without a usable GPU: exit 2 before anything is written
       if (recipe.precision.compute != FloatFormat::fp32) launch->agree_gemm_paths(run_paths(recipe, topts.run_dir).run_dir);
       return launch->train(make_plan(recipe, launch->world_size()), topts);
@@ -143,6 +174,12 @@ int main(int argc, char** argv) {
       topts.resume_notes = req.notes;
       if (req.recipe.precision.compute != FloatFormat::fp32) launch->agree_gemm_paths(resume_dir);
       return launch->train(make_plan(req.recipe, launch->world_size()), topts);
+    }
+    if (*launch_cmd) return launch_slurm(lopts, template_path, script_out, dry_run, submit);
+    if (*status_cmd) {
+      if (status_json) std::cout << run_status_json(status_dir).dump(2) << "\n";
+      else std::cout << run_status(status_dir);
+      return 0;
     }
     if (*inspect_cmd) {
       bool ok = false;

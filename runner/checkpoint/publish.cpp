@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 #include <fmt/format.h>
 
 #include "runner/checkpoint/checkpoint.h"
@@ -106,6 +108,10 @@ void publish(const std::string& tmp, const std::string& dir, const std::string& 
     throw std::runtime_error(std::string("checkpoint: the file just written does not verify: ") + e.what());
   }
   fsync_path(tmp, false);
+  // RUNNER_CKPT_FAULT_SLOW_MS=N: the write takes N ms longer before its rename (a slow file
+  // system), so a test can signal while a checkpoint is being written (tests/slurm/run.sh).
+  if (const char* slow = std::getenv("RUNNER_CKPT_FAULT_SLOW_MS"); slow && *slow)
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::strtoll(slow, nullptr, 10)));
   fault_check_stage(WriteFault::BeforeRename);
   rename_or_throw(tmp, (fs::path(dir) / name).string());
   *renamed = true;

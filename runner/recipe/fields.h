@@ -149,6 +149,7 @@ void visit(V& v, Self& t) {
   v("eval_batches", t.eval_batches);
   v("threads", t.threads);
   v("run_dir", t.run_dir);
+  v("elastic", t.elastic);
 }
 
 template <class V, Section<InferenceConfig> Self>

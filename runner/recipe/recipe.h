@@ -140,6 +140,7 @@ struct TrainConfig {
   int64_t eval_batches = 8;
   int64_t threads = 0;             // 0: OMP_NUM_THREADS or all cores
   std::string run_dir;             // default runs/<name>
+  bool elastic = false;            // continue at another world size, same global batch (runner/train/slurm.h)
 };
 
 struct InferenceConfig {

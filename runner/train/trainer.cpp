@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -35,6 +36,7 @@
 #include "runner/train/precision.h"
 #include "runner/train/profile.h"
 #include "runner/train/rank_model.h"
+#include "runner/train/slurm.h"
 
 namespace fs = std::filesystem;
 
@@ -90,6 +92,9 @@ struct Faults {
   // RUNNER_FAULT_NOISE_STEP=N: step N's batch is random tokens with random targets, as a
   // corrupt shard would be (a loss and gradient-norm spike, for the monitoring's tests).
   int64_t noise_step = env("RUNNER_FAULT_NOISE_STEP");
+  // RUNNER_FAULT_STEP_SLEEP_MS=N: each step takes N ms longer (a slow machine; numbers unchanged),
+  // so a test's signals, which take a while to arrive, land where they were aimed (tests/slurm/).
+  int64_t step_sleep_ms = env("RUNNER_FAULT_STEP_SLEEP_MS");
   static int64_t env(const char* name) { return std::getenv(name) ? std::atoll(std::getenv(name)) : -1; }
 };
 
@@ -110,6 +115,8 @@ class Trainer {
     maybe_resume();
     ckpt->remove_stale_files();
     write_run_files();
+    // Each start and stop of a job on this run directory (runner status reads them).
+    if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
     // MFU is against the peak of all ranks together.
     if (r.hardware.peak_tflops > 0) {
       metrics->set_peak_flops(r.hardware.peak_tflops * 1e12 * grid.world_size());
@@ -139,6 +146,7 @@ class Trainer {
       if (profiled) before = model->profile();
       StepResult s = train_step();
       if (profiled) profile_step(before, s.total_ms);
+      if (faults.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.step_sleep_ms));
       auto rb0 = Clock::now();
       if (rollback_needed(s)) {
         pending_rollback += s.total_ms + ms_between(rb0, Clock::now());  // the attempt is lost
@@ -170,6 +178,7 @@ class Trainer {
     metrics->eval(st.step, last_eval);
     double wall = ms_between(run_t0, Clock::now()) / 1e3;
     metrics->summary(st.step, st.tokens, last_eval, wall, model->profile());
+    end_event("done", 0);
     return 0;
   }
 
@@ -510,6 +519,7 @@ class Trainer {
                "(now {:g}); a smaller precision.loss_scale.init (now {:g}) or min_scale; grad_clip if the gradients "
                "themselves diverge", r.optimizer.lr, c.init, c.min_scale);
     ckpt->poll();
+    end_event("stopped on fp16 overflows", kExitNumerics);
     return kExitNumerics;
   }
 
@@ -518,7 +528,16 @@ class Trainer {
     log->warn("signal {} received: writing a checkpoint at step {} and exiting (code {})", stop_signal(), st.step,
               kExitPreempted);
     ckpt->save(st, true);
+    end_event("preempted", kExitPreempted);
     return kExitPreempted;
+  }
+
+  void end_event(const char* cause, int code) {
+    if (!lead()) return;
+    nlohmann::json j{{"event", "end"}, {"cause", cause}, {"step", st.step}, {"exit_code", code}};
+    if (code == kExitPreempted)
+      j["signal"] = stop_signal() == SIGUSR1 ? "SIGUSR1" : stop_signal() == SIGTERM ? "SIGTERM" : "a stop request";
+    append_run_event(paths.run_dir, j);
   }
 
   // A stop signal reaches the ranks at different moments: they agree at step boundaries.

@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# The Slurm test group (ctest test_slurm, its own step in .ci/run): a real single-node Slurm
+# cluster on loopback (tests/slurm/cluster.sh), jobs written by `runner launch --slurm`:
+#   reference   a 2-rank run, uninterrupted
+#   preempt     the same run, SIGUSR1 (scancel --signal=USR1, what --signal=USR1@N sends) at
+#               N_SIGNALS random moments, some while a checkpoint is being written: each time a
+#               checkpoint at a step boundary, exit 3, the script requeues, the job continues;
+#               losses and the final checkpoint bit-identical to the reference
+#   hardkill    SIGKILL to the ranks without warning (as past a time limit's KillWait), then
+#               resubmitted: it resumes from the last published checkpoint (at most the steps
+#               since it lost) and ends bit-identical to the reference
+#   small       a 1-task allocation for the 2-rank recipe: refused, exit 2, nothing trained
+#   elastic     --elastic: 2 ranks, preempted, resubmitted on 1 rank (dp 1, accum re-derived),
+#               preempted, resubmitted on 2: losses within the layout-equivalence tolerance
+# If the cluster cannot start, the group FAILS with the reason.
+#
+# Usage: run.sh RUNNER_BINARY   (env: RUNNER_SLURM_SEED, N_SIGNALS, RUNNER_SLURM_KEEP=1 keeps the work dir)
+set -uo pipefail
+RUNNER=$(readlink -f "$1")
+HERE=$(cd "$(dirname "$0")" && pwd)
+RECIPE=$HERE/tiny.yaml
+SEED=${RUNNER_SLURM_SEED:-$(( $(date +%s) % 100000 ))}
+N_SIGNALS=${N_SIGNALS:-10}
+RANDOM=$SEED
+# On tmpfs when there is one: fsync there costs nothing (on a busy disk a 1.4 MB checkpoint took seconds).
+WORK=$(mktemp -d "$( [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo /tmp )/runner_slurm.XXXXXX")
+: >"$WORK/failures"
+chmod 0755 "$WORK"  # munged needs every directory above its socket searchable by all
+T0=$(date +%s)
+STEPS=600  # train.steps of tiny.yaml
+EVERY=20   # checkpoint.every_steps of tiny.yaml
+FAILURES=0
+# Debian's python3 (python3-h5py, python3-numpy from scripts/setup.sh), not one earlier on PATH without them.
+PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3 )
+
+# shellcheck source=cluster.sh
+source "$HERE/cluster.sh"
+finish() {
+  local p
+  for p in ${SCENARIOS:-}; do kill "$p" 2>/dev/null; done  # scenarios still running (a failure or a timeout)
+  cluster_stop
+  FAILURES=$(( FAILURES + $(wc -l <"$WORK/failures" 2>/dev/null || echo 0) ))
+  if [ "$FAILURES" -ne 0 ] || [ "${RUNNER_SLURM_KEEP:-0}" = 1 ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
+}
+trap finish EXIT
+
+log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+fail() { echo "FAIL: $*"; echo "$*" >>"$WORK/failures"; }  # also from the scenarios run in the background
+die() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); exit 1; }
+
+log "seed $SEED (RUNNER_SLURM_SEED=$SEED reproduces the signal moments), work dir $WORK"
+cluster_start "$WORK/cluster" || die "cannot start the Slurm cluster (see above); tests/slurm/cluster.sh says why"
+log "cluster up: $(sinfo -h -o '%P %T %c CPUs %N')"
+
+# Ranks waiting in MPI yield their core (2 cores, several 2-rank jobs at once).
+export OMPI_MCA_mpi_yield_when_idle=1
+
+# ---- helpers ----
+script_for() {  # script_for NAME [launch flags...] -> writes $WORK/NAME/slurm.sbatch
+  local name=$1; shift
+  "$RUNNER" launch "$RECIPE" --slurm --run-dir "$WORK/$name" --time 00:15:00 --warn 60 "$@" >/dev/null ||
+    die "runner launch failed for $name"
+}
+submit() {  # submit NAME [sbatch flags...] -> job id
+  local name=$1; shift
+  sbatch --parsable "$@" "$WORK/$name/slurm.sbatch" | cut -d';' -f1
+}
+last_step() { grep -o '"step":[0-9]*' "$WORK/$1/metrics.jsonl" 2>/dev/null | tail -n 1 | cut -d: -f2; }
+count() { local c; c=$(grep -c "\"event\":\"$2\"" "$WORK/$1/events.jsonl" 2>/dev/null); echo "${c:-0}"; }
+nth_event() {  # nth_event NAME start|end N -> that record's JSON line
+  grep "\"event\":\"$2\"" "$WORK/$1/events.jsonl" | sed -n "${3}p"
+}
+field() { "$PY" -c 'import json,sys; j=json.loads(sys.argv[1]); v=j
+for k in sys.argv[2].split("."): v=v[k]
+print(v)' "$1" "$2"; }
+job_state() { squeue -h -j "$1" -o %T 2>/dev/null; }
+wait_until() {  # wait_until SECONDS CMD...: polls CMD every 0.05 s
+  local limit=$1; shift
+  local end=$(( $(date +%s) + limit ))
+  while ! "$@"; do [ "$(date +%s)" -ge "$end" ] && return 1; sleep 0.05; done
+}
+starts_at_least() { [ "$(count "$1" start)" -ge "$2" ]; }
+ends_at_least() { [ "$(count "$1" end)" -ge "$2" ]; }
+step_at_least() { local s; s=$(last_step "$1"); [ -n "$s" ] && [ "$s" -ge "$2" ]; }
+job_gone() { [ -z "$(job_state "$1")" ]; }
+stop_job_gone() { scancel "$1" 2>/dev/null; wait_until 30 job_gone "$1"; }
+
+# ---- the scenarios (they run side by side: the node has more CPUs than cores) ----
+for n in reference preempt hardkill small; do script_for $n; done
+script_for elastic --elastic
+echo "$RANDOM $RANDOM $RANDOM" >"$WORK/seeds"  # one seed per background scenario, from the run's seed
+read -r SEED_KILL SEED_ELASTIC _ <"$WORK/seeds"
+
+# small: a 1-task allocation for the 2-rank recipe is refused with exit 2 before anything is trained.
+scenario_small() {
+  local job
+  job=$(submit small --ntasks=1 --ntasks-per-node=1)
+  wait_until 120 job_gone "$job" || { fail "small: job $job still there after 120 s"; return; }
+  local out
+  out=$(cat "$WORK/small"/slurm-*.out 2>/dev/null)
+  grep -q "this allocation is too small for the recipe: Slurm job $job has 1 task, but the recipe's layout needs 2 ranks" <<<"$out" ||
+    fail "small: no clear refusal in the job output: $out"
+  grep -q "runner exited 2" <<<"$out" || fail "small: the runner did not exit 2: $out"
+  [ ! -e "$WORK/small/checkpoints" ] && [ ! -e "$WORK/small/events.jsonl" ] || fail "small: a refused job wrote run files"
+  log "small: job $job refused, exit 2, nothing written"
+}
+
+# hardkill: SIGKILL to the ranks without warning (as at a time limit once KillWait is over),
+# then the same script resubmitted: it resumes from the last published checkpoint.
+scenario_hardkill() {
+  RANDOM=$SEED_KILL
+  local job kt killed_at ck job2 st lost
+  job=$(submit hardkill --export=ALL,RUNNER_CKPT_FAULT_SLOW_MS=300)  # a longer run to aim at
+  kt=$(( 60 + RANDOM % 200 ))
+  [ $((kt % EVERY)) -eq 0 ] && kt=$((kt + 7))
+  wait_until 240 step_at_least hardkill "$kt" || { fail "hardkill: step $kt never reached"; return; }
+  # SIGKILL straight to the ranks (as the OOM killer or a lost node would; `scancel --signal=KILL`
+  # is a cancel: SIGTERM first): srun sees them die, the script does not requeue.
+  local pids
+  pids=$(scontrol listpids "$job" 2>/dev/null | awk 'NR > 1 {print $1}' |
+    while read -r p; do [ "$(cat /proc/"$p"/comm 2>/dev/null)" = runner ] && echo "$p"; done)
+  [ -n "$pids" ] || { fail "hardkill: no runner processes in job $job"; return; }
+  kill -9 $pids
+  wait_until 60 job_gone "$job" || { fail "hardkill: job $job still there after its ranks were killed"; stop_job_gone "$job"; }
+  killed_at=$(last_step hardkill)
+  ck=$(sed 's/step_0*\([0-9]*\)\.h5/\1/' "$WORK/hardkill/checkpoints/LATEST")
+  [ "$(count hardkill end)" = 0 ] || fail "hardkill: a stop record after SIGKILL"
+  [ "$killed_at" -lt "$STEPS" ] || { fail "hardkill: the run ended before the kill"; return; }
+  job2=$(submit hardkill)
+  wait_until 120 starts_at_least hardkill 2 || { fail "hardkill: the resubmitted job did not start"; return; }
+  st=$(nth_event hardkill start 2)
+  [ "$(field "$st" resumed_from)" = "$ck" ] || fail "hardkill: resumed from $(field "$st" resumed_from), not the last checkpoint $ck"
+  lost=$((killed_at - ck))
+  [ "$lost" -ge 0 ] && [ "$lost" -le "$EVERY" ] || fail "hardkill: lost $lost steps (killed at $killed_at, checkpoint $ck)"
+  log "hardkill: SIGKILL at step $killed_at, resubmitted as job $job2, resumed from the last checkpoint $ck ($lost steps redone)"
+  wait_until 300 job_gone "$job2" || fail "hardkill: job $job2 did not finish"
+}
+
+# elastic (--elastic): 2 ranks, preempted; resubmitted on 1 rank (dp 1, accum derived again),
+# preempted; resubmitted on 2 ranks, to the end.
+scenario_elastic() {
+  RANDOM=$SEED_ELASTIC
+  elastic_stop() {  # elastic_stop JOB STEP N: SIGUSR1 at STEP, the N-th stop record, the requeued job cancelled
+    wait_until 240 step_at_least elastic "$2" || { fail "elastic: step $2 never reached"; return 1; }
+    scancel --signal=USR1 "$1"
+    wait_until 60 ends_at_least elastic "$3" || { fail "elastic: no stop record after the signal at step $2"; return 1; }
+    [ "$(field "$(nth_event elastic end "$3")" cause)" = preempted ] || { fail "elastic: stop $3 is no preemption"; return 1; }
+    stop_job_gone "$1"
+  }
+  local j1 j2 j3 s1
+  # One rank runs a step in ~10 ms: slower checkpoint writes keep the 1-rank leg long enough
+  # for a signal to land in it (they change no numbers).
+  local slow=--export=ALL,RUNNER_CKPT_FAULT_SLOW_MS=300
+  j1=$(submit elastic $slow)
+  elastic_stop "$j1" $(( 40 + RANDOM % 80 )) 1 || return
+  s1=$(field "$(nth_event elastic end 1)" step)
+  j2=$(submit elastic $slow --ntasks=1 --ntasks-per-node=1)
+  elastic_stop "$j2" $(( s1 + 10 + RANDOM % 40 )) 2 || return
+  j3=$(submit elastic $slow)
+  log "elastic: jobs $j1 (2 ranks) -> $j2 (1 rank) -> $j3 (2 ranks)"
+  wait_until 300 job_gone "$j3" || fail "elastic: job $j3 did not finish"
+}
+
+REF_JOB=$(submit reference)
+# Slower steps and checkpoint writes (numbers unchanged): a signal takes ~1-2 s to arrive.
+PRE_JOB=$(submit preempt --export=ALL,RUNNER_CKPT_FAULT_SLOW_MS=500,RUNNER_FAULT_STEP_SLEEP_MS=40)
+scenario_small &
+SCENARIOS=$!
+scenario_hardkill &
+SCENARIOS="$SCENARIOS $!"
+scenario_elastic &
+SCENARIOS="$SCENARIOS $!"
+log "submitted: reference $REF_JOB, preempt $PRE_JOB; small, hardkill, elastic in the background"
+
+# preempt: SIGUSR1 at N_SIGNALS random moments: signal i at a random step of the i-th of N
+# equal slots of the run's first STEPS-150 steps (the last 150 leave room for the signal's
+# latency, tens of steps on a busy machine); a target the run has already passed is signalled
+# as soon as the job is back (during its start-up or resume). Every third signal waits for a checkpoint write in
+# progress (its temporary file; RUNNER_CKPT_FAULT_SLOW_MS holds it 500 ms): it landed in the
+# write when the ranks stop at that checkpoint's step (they agree at the next step boundary).
+during_write=0
+slot=$(( (STEPS - 150) / N_SIGNALS ))
+for i in $(seq 1 "$N_SIGNALS"); do
+  t=$(( 5 + (i - 1) * slot + RANDOM % (slot - 5) ))
+  wait_until 120 starts_at_least preempt "$i" || { fail "preempt: start $i never came"; break; }
+  wait_until 120 step_at_least preempt "$t" || { fail "preempt: step $t never reached (signal $i)"; break; }
+  hit=""
+  if [ $((i % 3)) -eq 0 ]; then
+    wait_until 60 compgen -G "$WORK/preempt/checkpoints/.step_*.tmp.*" >/dev/null && hit=" (sent during a checkpoint write)"
+  fi
+  scancel --signal=USR1 "$PRE_JOB"
+  at=$(last_step preempt)
+  wait_until 60 ends_at_least preempt "$i" || { fail "preempt: no stop record after signal $i"; break; }
+  e=$(nth_event preempt end "$i")
+  [ "$(field "$e" cause)" = preempted ] || { fail "preempt: stop $i is not a preemption: $e"; break; }
+  s=$(field "$e" step)
+  [ -n "$hit" ] && [ $((s % EVERY)) -eq 0 ] && hit=" (landed in the checkpoint write of step $s)" &&
+    during_write=$((during_write + 1))
+  latest=$(cat "$WORK/preempt/checkpoints/LATEST")
+  [ "$latest" = "$(printf 'step_%08d.h5' "$s")" ] || fail "preempt: stop $i at step $s but LATEST is $latest"
+  wait_until 120 starts_at_least preempt $((i + 1)) || { fail "preempt: not requeued after signal $i"; break; }
+  st=$(nth_event preempt start $((i + 1)))
+  [ "$(field "$st" resumed_from)" = "$s" ] || fail "preempt: restart $i resumed from $(field "$st" resumed_from), not $s"
+  [ "$(field "$st" slurm.restart_count)" = "$i" ] || fail "preempt: restart $i has SLURM_RESTART_COUNT $(field "$st" slurm.restart_count)"
+  [ "$(field "$st" slurm.job_id)" = "$PRE_JOB" ] || fail "preempt: restart $i is another job"
+  log "preempt: signal $i (target step $t) at step $at$hit -> checkpoint at step $s, exit 3, requeued, resumed from $s"
+done
+[ "$during_write" -ge 1 ] || fail "preempt: no signal landed in a checkpoint write"
+log "preempt: $during_write of $((N_SIGNALS / 3)) signals aimed at a checkpoint write landed in one"
+
+# ---- completion ----
+for j in "$REF_JOB" "$PRE_JOB"; do wait_until 300 job_gone "$j" || fail "job $j did not finish in time"; done
+wait $SCENARIOS  # the background scenarios (a bare wait would wait for the daemons too)
+for n in reference preempt hardkill elastic; do
+  e=$(grep '"event":"end"' "$WORK/$n/events.jsonl" 2>/dev/null | tail -1)
+  [ -n "$e" ] && [ "$(field "$e" cause)" = done ] && [ "$(field "$e" step)" = "$STEPS" ] ||
+    fail "$n: did not complete (last stop record: ${e:-none}); $(tail -q -n 3 "$WORK/$n"/slurm-*.out 2>/dev/null)"
+done
+r=$("$PY" "$HERE/compare.py" exact "$WORK/reference" "$WORK/preempt" 2>&1) && log "preempt vs reference: $r" ||
+  fail "preempt is not bit-identical to the reference: $r"
+r=$("$PY" "$HERE/compare.py" exact "$WORK/reference" "$WORK/hardkill" 2>&1) && log "hardkill vs reference: $r" ||
+  fail "hardkill is not bit-identical to the reference: $r"
+# Elastic: the layouts of its three starts, the change recorded, losses close to the reference.
+layouts=$(grep '"event":"start"' "$WORK/elastic/events.jsonl" | while read -r l; do echo "$(field "$l" dp)x$(field "$l" accum)"; done | tr '\n' ' ')
+[ "$layouts" = "2x2 1x4 2x2 " ] || fail "elastic: starts at dp x accum '$layouts', expected '2x2 1x4 2x2 '"
+grep -q 'elastic: Slurm job [0-9]* has 1 task, the recipe.s layout 2: dp 2 -> 1, accum 2 -> 4, global batch 16 kept' \
+  "$WORK/elastic/events.jsonl" || fail "elastic: the change to 1 rank is not recorded in events.jsonl"
+r=$("$PY" "$HERE/compare.py" close "$WORK/reference" "$WORK/elastic" 1e-5 2>&1) && log "elastic vs reference: $r" ||
+  fail "elastic: $r"
+"$RUNNER" status "$WORK/preempt" | sed 's/^/  status: /'
+"$RUNNER" status "$WORK/preempt" --json | "$PY" -c "import json,sys; s=json.load(sys.stdin); assert len(s['restarts'])==$N_SIGNALS and s['state']=='done', s" ||
+  fail "runner status does not show $N_SIGNALS restarts and done"
+
+n=$(wc -l <"$WORK/failures" 2>/dev/null || echo 0)
+log "done: $n failure(s)"
+[ "$n" -eq 0 ]
