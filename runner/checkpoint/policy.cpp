@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runner/agree.h"
+#include "runner/checkpoint/run_lock.h"
 #include "runner/checkpoint/state_shards.h"
 
 namespace fs = std::filesystem;
@@ -23,6 +24,32 @@ bool overridden(const Recipe& r, const std::string& field) {
     if (loc.file == "--set" && (path == field || path.rfind(field + ".", 0) == 0 || path.rfind(field + "[", 0) == 0))
       return true;
   return false;
+}
+
+// A checkpoint that cannot be written (disk full, permissions, quota) stops the run as a user
+// error, exit 2, on every rank: the writer removed its temporary file and the previous
+// checkpoint stays published.
+template <class F>
+void as_write_error(const std::string& dir, F&& f) {
+  try {
+    f();
+  } catch (const UserError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // HDF5 often reports a failed write without errno's reason: say when the disk is full.
+    std::error_code ec;
+    const fs::space_info sp = fs::space(dir, ec);
+    uintmax_t one = 0;  // the size of a published checkpoint
+    for (int64_t s : list_checkpoint_steps(dir)) one = std::max(one, fs::file_size(fs::path(dir) / checkpoint_file_name(s), ec));
+    const std::string full =
+        !ec && (sp.available < (1u << 20) || sp.available < one)
+            ? fmt::format(" (No space left on device: {} bytes free on that file system, a checkpoint takes {})",
+                          sp.available, one)
+            : "";
+    throw UserError({dir, 0, 0}, std::string("cannot write a checkpoint: ") + e.what() + full,
+                    "free space on that file system or fix its permissions, then continue with `runner resume RUN_DIR` "
+                    "(the last published checkpoint is intact)");
+  }
 }
 
 }  // namespace
@@ -78,7 +105,12 @@ ResumeRequest prepare_resume(const std::string& run_dir, const std::vector<std::
   std::string ckpt_dir = run_paths(Recipe{}, run_dir).checkpoint_dir;
   if (fs::exists(saved)) ckpt_dir = run_paths(load_recipe(saved.string()), run_dir).checkpoint_dir;
   std::optional<ResumePoint> point = choose_resume_point(ckpt_dir, step, strict);
-  if (!point) throw UserError({ckpt_dir, 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
+  if (!point) {
+    // A run killed before its first checkpoint left its temporary file: remove it, unless the
+    // directory has a live owner (that one's write is in flight; the trainer says who it is).
+    if (auto lock = RunLock::try_take(run_dir)) cleanup_stale(ckpt_dir);
+    throw UserError({ckpt_dir, 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
+  }
   ResumeRequest req{load_recipe_text(read_recipe_text(point->path), saved.string(), overrides), *point, {}};
   if (overridden(req.recipe, "parallel")) {
     const int64_t dp = req.recipe.parallel.dp, accum = req.recipe.batch.accum;
@@ -139,6 +171,10 @@ bool CheckpointPolicy::due(int64_t step, double elapsed_seconds) {
 }
 
 void CheckpointPolicy::save(const TrainState& st, bool final) {
+  as_write_error(mgr_.dir(), [&] { save_unchecked(st, final); });
+}
+
+void CheckpointPolicy::save_unchecked(const TrainState& st, bool final) {
   if (!multi()) {
     // A 16-bit run stores its fp32 weights (the masters, or the values widened): the logical state.
     const bool fp32_state = st.params.values.empty() || st.params.values[0].dtype() == ops::DType::F32;
@@ -162,7 +198,7 @@ void CheckpointPolicy::save(const TrainState& st, bool final) {
 double CheckpointPolicy::last_stall_ms() const { return lead() ? mgr_.last_stall_seconds() * 1e3 : 0.0; }
 
 void CheckpointPolicy::poll() {
-  if (lead()) mgr_.poll();
+  if (lead()) as_write_error(mgr_.dir(), [&] { mgr_.poll(); });
 }
 
 void CheckpointPolicy::remove_stale_files() {

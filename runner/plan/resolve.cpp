@@ -134,8 +134,16 @@ void resolve_batch(const Recipe& r, Plan& p) {
                       fmt::format("try global {} or {}", std::max<int64_t>(dp, g / dp * dp), (g / dp + 1) * dp));
     m = g / dp;
     p.derived.insert(p.derived.end(), {"micro", "accum"});
+  } else if (!m) {
+    // global = micro x dp x accum with neither global nor micro: two unknowns, no one answer.
+    throw UserError(r.loc("batch.micro"),  // batch.micro, else the batch section, else the file
+                    fmt::format("the batch is under-determined: neither batch.global nor batch.micro is set (micro {} "
+                                "means derive it), and global = micro x dp {} x accum {} has two unknowns",
+                                b.micro, dp, a ? std::to_string(a) : std::string("(derived)")),
+                    fmt::format("set batch.micro (sequences per micro-batch, e.g. micro: 8), or batch.global (e.g. "
+                                "global: {}; micro is derived), or both with accum left out",
+                                8 * dp * std::max<int64_t>(a, 1)));
   } else {
-    if (!m) { m = 1; p.derived.push_back("micro"); }
     if (!a) { a = 1; p.derived.push_back("accum"); }
     g = m * dp * a;
     p.derived.push_back("global");

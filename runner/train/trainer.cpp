@@ -26,6 +26,7 @@
 #include "ops/rng.h"
 #include "runner/agree.h"
 #include "runner/checkpoint/policy.h"
+#include "runner/checkpoint/run_lock.h"
 #include "runner/data/data.h"
 #include "runner/signals.h"
 #include "runner/state.h"
@@ -97,12 +98,15 @@ class Trainer {
     install_signal_handlers();
     open_inputs();
     paths = run_paths(r, opts.run_dir);
+    take_run_lock();
     if (r.train.threads > 0) ops::set_num_threads(static_cast<int>(r.train.threads));
     else if (!std::getenv("OMP_NUM_THREADS")) share_cores_between_local_ranks();
     build();
     setup_logging();
     ckpt = std::make_unique<CheckpointPolicy>(plan, grid, paths.checkpoint_dir, log);
     metrics = std::make_unique<RunMetrics>(plan, grid, log);
+    if (lock && !lock->took_over().empty())
+      log->warn("took over the lock of a previous owner that is gone ({}): {}", lock->took_over(), lock->path());
     maybe_resume();
     ckpt->remove_stale_files();
     write_run_files();
@@ -171,6 +175,7 @@ class Trainer {
   int64_t resumed_from = -1;
   std::set<int64_t> skip_batches;  // steps whose batch is skipped after a rollback
   Faults faults;
+  std::optional<RunLock> lock;  // rank 0: this run owns its directory until the Trainer ends
 
   bool multi() const { return grid.world_size() > 1; }
   bool lead() const { return grid.rank() == 0; }
@@ -185,6 +190,14 @@ class Trainer {
     });
   }
 
+  // One owner per run directory (run_lock.h): rank 0 takes the lock before any checkpoint is
+  // read or any run file written; every rank learns whether it did.
+  void take_run_lock() {
+    agree(grid.world(), [&] {
+      if (lead()) lock.emplace(paths.run_dir);
+    });
+  }
+
   // Resumes from the run directory's checkpoints when there are any (a requeued job runs the
   // same command line), from the one the policy chose (`runner resume` chose it before
   // planning). Loading writes nothing; a checkpoint that does not verify is skipped unless strict.
@@ -192,6 +205,7 @@ class Trainer {
     std::optional<ResumePoint> point = opts.resume_point;
     if (!point) agree(grid.world(), [&] { point = choose_resume_point(ckpt->dir(), opts.resume_step, opts.strict, log); });
     if (!point) {
+      if (opts.resume) ckpt->remove_stale_files();  // a run killed before its first checkpoint left its temporary file
       if (opts.resume) throw UserError({ckpt->dir(), 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
       return;
     }
