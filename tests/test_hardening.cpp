@@ -4,6 +4,7 @@
 // checkpoint, and the smaller command-line and recipe refusals. Every check here failed
 // before the fix it guards.
 #include <doctest/doctest.h>
+#include <hdf5.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -313,5 +314,34 @@ TEST_CASE("smaller refusals: an under-determined batch, seq_len 1 in plan, resum
   Result unk = run("trian " + q);
   CHECK(unk.code == 2);
   CHECK(contains(unk.out, "unknown command 'trian'"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a checkpoint records its OpenMP thread count; a resume with another count warns, an older file without it loads") {
+  fs::path dir = temp_dir("threads");
+  const std::string args = kQuick + "--set checkpoint.every_steps=4 --set checkpoint.keep_last=5 --run-dir " + dir.string();
+  REQUIRE(run("train " + args + " --set train.steps=4", "OMP_NUM_THREADS=2").code == 0);
+  const fs::path f = dir / "checkpoints" / "step_00000004.h5";
+  Result in = run("inspect " + f.string());
+  CHECK(contains(in.out, "written with 2 OpenMP thread(s) per rank"));
+  const std::string warning = "was written with 2 OpenMP thread(s) per rank and this run has 1";
+  REQUIRE(run("resume " + dir.string() + " --quiet --set train.steps=5", "OMP_NUM_THREADS=1").code == 0);
+  CHECK(contains(read_file(dir / "log.rank0.txt"), warning));
+
+  // A file from before the attribute: remove it; the file still verifies and resumes, silently.
+  fs::remove(dir / "log.rank0.txt");
+  fs::remove(dir / "checkpoints" / "step_00000005.h5");
+  std::ofstream(dir / "checkpoints" / "LATEST") << "step_00000004.h5\n";
+  {
+    hid_t file = H5Fopen(f.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(file >= 0);
+    CHECK(H5Adelete_by_name(file, "/state", "omp_threads", H5P_DEFAULT) >= 0);
+    H5Fclose(file);
+  }
+  Result old = run("inspect " + f.string());
+  CHECK(old.code == 0);
+  CHECK(contains(old.out, "OpenMP threads not recorded"));
+  REQUIRE(run("resume " + dir.string() + " --quiet --set train.steps=5", "OMP_NUM_THREADS=1").code == 0);
+  CHECK(!contains(read_file(dir / "log.rank0.txt"), "OpenMP thread(s) per rank and this run has"));
   fs::remove_all(dir);
 }

@@ -51,6 +51,8 @@ bool describe_state(const FileReader& rd, std::string& out) {
     out += fmt::format("  format {}, written by runner {}\n", sc.format_version, sc.program_version);
     out += fmt::format("  step {}, tokens {}, loss_ema {:.6g}, loss scale {:g} (good steps {}, skipped {}), world size {}\n",
                        sc.step, sc.tokens, sc.loss_ema, sc.scale, sc.good_steps, sc.skipped_steps, sc.world_size);
+    out += sc.omp_threads > 0 ? fmt::format("  written with {} OpenMP thread(s) per rank\n", sc.omp_threads)
+                              : std::string("  OpenMP threads not recorded (a file from before runner recorded them)\n");
   } catch (const UserError& e) {
     ok = false;
     out += "  /state: BAD: " + e.problem() + "\n";

@@ -151,7 +151,10 @@ int64_t CheckpointPolicy::resume(const ResumePoint& point, TrainState& st) {
     TrainState t = logical_template(*plan_.layout, c.pp, grid_.rank(), grid_.world_size());
     mgr_.set_subset_load(true);
     step = mgr_.load_step(point.step, t, /*strict=*/true);
+    const int64_t threads = st.omp_threads;
     load_local_from_logical(*plan_.layout, c.pp, c.tp, t, st);
+    st.omp_threads = threads;  // this run's, not the checkpoint's
+    st.loaded_omp_threads = t.loaded_omp_threads;
   });
   if (multi()) {  // every rank must continue from the same step
     int64_t lo = step, hi = step;

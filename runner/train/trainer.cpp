@@ -211,6 +211,11 @@ class Trainer {
     }
     for (const std::string& why : point->skipped) log->warn("{}", why);
     resumed_from = ckpt->resume(*point, st);
+    st.omp_threads = ops::num_threads();  // a single-rank load copies the checkpoint's scalars
+    if (st.loaded_omp_threads > 0 && st.loaded_omp_threads != st.omp_threads)
+      log->warn("the checkpoint was written with {} OpenMP thread(s) per rank and this run has {}: the losses will not "
+                "continue bit for bit (the reductions split by thread); set OMP_NUM_THREADS={} (or train.threads) for "
+                "an exact continuation", st.loaded_omp_threads, st.omp_threads, st.loaded_omp_threads);
     loader->restore(st.loader);
   }
 
@@ -253,6 +258,7 @@ class Trainer {
     st.rng.data_seed = ops::rng_key(seed(), 2);
     st.rng.sample_seed = ops::rng_key(seed(), 3);
     st.world_rank = grid.rank();
+    st.omp_threads = ops::num_threads();
     st.world_size = grid.world_size();
     // Values in the compute format; gradients accumulate in precision.grad_accum (fp32 when the
     // compute is fp32); fp32 masters after the model decided each rank's ZeRO-1 piece.
