@@ -283,7 +283,7 @@ TEST_CASE("killed before its first checkpoint: resume refuses and removes the te
   fs::remove_all(dir);
 }
 
-TEST_CASE("smaller refusals: an under-determined batch, seq_len 1 in plan, resume --step -1, an unknown command") {
+TEST_CASE("smaller refusals: an under-determined batch, a huge accum, seq_len 1 in plan, resume --step -1, an unknown command") {
   const std::string q = std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml";
   Result b = run("plan " + q + " --set batch.micro=0");
   CHECK(b.code == 2);
@@ -310,6 +310,13 @@ TEST_CASE("smaller refusals: an under-determined batch, seq_len 1 in plan, resum
   Result neg = run("resume " + dir.string() + " --step -1");
   CHECK(neg.code == 2);
   CHECK(contains(neg.out, "--step"));
+
+  // Found by the soak: a huge accum kept `plan` replaying micro-batches for minutes.
+  auto t0 = std::chrono::steady_clock::now();
+  Result acc = run("plan " + q + " --set batch.accum=817885513917");
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 5.0);  // measured ~0.02 s
+  CHECK(acc.code == 2);
+  CHECK(contains(acc.out, "micro-batches per step"));
 
   Result unk = run("trian " + q);
   CHECK(unk.code == 2);
