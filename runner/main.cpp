@@ -4,6 +4,7 @@
 // code 2, before anything is allocated or written.
 #include <cstdio>
 #include <fstream>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 
@@ -27,6 +28,7 @@
 using namespace runner;
 
 int main(int argc, char** argv) {
+  disable_hdf5_exit_cleanup();  // a failed write's half-closed file must not crash the exit
   CLI::App app{"runner: a declarative training job runner for transformer language models"};
   app.set_version_flag("--version", std::string("runner ") + RUNNER_VERSION);
   app.require_subcommand(1);
@@ -53,7 +55,10 @@ int main(int argc, char** argv) {
   std::string resume_dir;
   auto* resume_cmd = app.add_subcommand("resume", "continue a run from its last checkpoint");
   resume_cmd->add_option("run_dir", resume_dir, "run directory")->required();
-  resume_cmd->add_option("--step", topts.resume_step, "resume from this step's checkpoint instead of LATEST");
+  resume_cmd->add_option("--step", topts.resume_step, "resume from this step's checkpoint instead of LATEST")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.rfind('-', 0) == 0 ? std::string("a step is >= 0 (omit --step for LATEST)") : ""; },
+          "STEP>=0"));
   resume_cmd->add_flag("--strict", topts.strict, "fail on a corrupt checkpoint instead of falling back");
   resume_cmd->add_flag("--quiet", topts.quiet, "no progress lines on stdout (the log file keeps them)");
   for (CLI::App* c : {train_cmd, resume_cmd})
@@ -133,6 +138,19 @@ int main(int argc, char** argv) {
   status_cmd->add_option("run_dir", status_dir, "run directory")->required();
   status_cmd->add_flag("--json", status_json, "print it as JSON");
 
+  // An unknown command is named (CLI11 would only say an argument was not expected).
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string names;  // listed from the parser, so a new command is never left out
+    for (const CLI::App* c : app.get_subcommands({})) {
+      known = known || c->check_name(argv[1]);
+      names += (names.empty() ? "" : ", ") + c->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "unknown command '%s'; the commands are %s (see runner --help)\n", argv[1], names.c_str());
+      return kExitUserError;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -183,7 +201,7 @@ int main(int argc, char** argv) {
     }
     if (*inspect_cmd) {
       bool ok = false;
-      std::cout << inspect_checkpoint(ckpt_path, &ok);
+      std::cout << inspect_checkpoint_isolated(ckpt_path, &ok);  // a crash in HDF5 is a corrupt file
       return ok ? 0 : kExitUserError;
     }
     if (*gen_cmd) {
@@ -236,6 +254,14 @@ int main(int argc, char** argv) {
   } catch (const UserError& e) {
     std::cout.flush();
     if (!quiet_rank) std::fprintf(stderr, "%s\n", e.what());
+    return kExitUserError;
+  } catch (const std::filesystem::filesystem_error& e) {  // issue 13: no exception reaches terminate
+    std::cout.flush();
+    std::fprintf(stderr, "%s: %s (%s)\n", e.path1().c_str(), e.code().message().c_str(), e.what());
+    return kExitUserError;
+  } catch (const std::exception& e) {
+    std::cout.flush();
+    std::fprintf(stderr, "error: %s\n", e.what());
     return kExitUserError;
   }
   return 0;

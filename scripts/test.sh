@@ -7,6 +7,7 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C build
 export OMP_WAIT_POLICY=PASSIVE
 # The soaks and the Slurm cluster are .ci/run's own steps (SOAKS below: the quickstart in bf16
-# and fp16; the quickstart completing additions through `runner generate`; a real Slurm cluster).
-SOAKS='^(test_quickstart16|test_generate_quickstart|test_slurm)$'
+# and fp16; the quickstart completing additions through `runner generate`; a real Slurm cluster;
+# soak_hardening: kills, corrupt checkpoints, fuzzed recipes).
+SOAKS='^(test_quickstart16|test_generate_quickstart|test_slurm|soak_hardening)$'
 ctest --test-dir build --output-on-failure --timeout 900 -j1 -E "$SOAKS"

@@ -168,6 +168,16 @@ int64_t read_checkpoint_step(const std::string& path);
 // bytes and checksum status, and a verdict line. Throws UserError when the file cannot be opened
 // as a checkpoint at all. *ok (if given) is set to whether everything verified.
 std::string inspect_checkpoint(const std::string& path, bool* ok = nullptr);
+// The same, run in a forked child process, so that a corrupt file that crashes the HDF5
+// library (a signal inside its metadata code) is reported as a corrupt checkpoint (UserError
+// naming the signal) instead of taking the caller down. For `runner inspect`.
+std::string inspect_checkpoint_isolated(const std::string& path, bool* ok = nullptr);
+
+// Keeps HDF5 from registering its exit-time cleanup (call first thing in main, before any other
+// HDF5 call). Every handle the runner opens is closed by its owner; a file whose close failed
+// (a disk that filled up mid-write) stays half-closed in the library, and the exit-time cleanup
+// then crashes on it (SIGSEGV in H5F__close_cb) or loops ("infinite loop closing library").
+void disable_hdf5_exit_cleanup();
 
 // ---- fault injection (tests) ----
 // A write that reaches `n` bytes of tensor data (n >= 0) stops: it throws CheckpointFault, or,

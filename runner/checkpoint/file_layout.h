@@ -53,7 +53,11 @@ struct StateScalars {
   double loss_ema = 0, scale = 1;
   int64_t good_steps = 0, skipped_steps = 0, world_size = 1;
   std::string program_version;
+  // OpenMP threads per rank of the run that wrote the file (its losses depend on it: the
+  // reductions split by thread). Outside the checksum and optional: 0 in files from before it.
+  int64_t omp_threads = 0;
 };
+inline constexpr const char* kThreadsAttr = "omp_threads";
 
 // /state's attributes in creation order, each as f(name, field&) with the field an int64_t,
 // double or std::string; the crc32c attribute (state_crc) follows them.

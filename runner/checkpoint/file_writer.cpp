@@ -42,6 +42,7 @@ void FileWriter::state(const StateScalars& s) {
   };
   for_each_state_field(s, Put{this, g});
   attr_u32(g, kCrcAttr, state_crc(s));
+  if (s.omp_threads > 0) attr_i64(g, kThreadsAttr, s.omp_threads);
 }
 
 void FileWriter::u64_array(const std::string& p, const std::vector<uint64_t>& v, const char* fields) {

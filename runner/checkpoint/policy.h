@@ -73,16 +73,18 @@ class CheckpointPolicy {
   // decides: time-based cadences differ between ranks' clocks).
   bool due(int64_t step, double elapsed_seconds);
   // Collective: saves `st` along the path the layout and checkpoint.async call for. final:
-  // synchronous and durable (published) on every rank's return.
+  // synchronous and durable (published) on every rank's return. A write that fails (disk
+  // full, permissions) throws UserError naming the path and the cause.
   void save(const TrainState& st, bool final);
   double last_stall_ms() const;  // rank 0: how long the last save blocked training
-  void poll();                   // rank 0: rethrows a failed background write
+  void poll();                   // rank 0: rethrows a failed background write (as UserError)
   void remove_stale_files();     // rank 0: temporary files of writes that were killed
 
  private:
   const Plan& plan_;
   parallel::Grid& grid_;
   CheckpointManager mgr_;
+  void save_unchecked(const TrainState& st, bool final);
   bool multi() const { return grid_.world_size() > 1; }
   bool lead() const { return grid_.rank() == 0; }
 };

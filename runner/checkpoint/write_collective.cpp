@@ -272,6 +272,7 @@ class CollectiveSave {
     sc.good_steps = h.good_steps;
     sc.skipped_steps = h.skipped_steps;
     sc.world_size = size_;
+    sc.omp_threads = s.omp_threads;
     name_ = checkpoint_file_name(h.step);
     final_path_ = (fs::path(dir_) / name_).string();
     rng_words_ = {s.rng.init_seed, s.rng.dropout_seed, s.rng.data_seed, s.rng.sample_seed, s.rng.sample_counter};

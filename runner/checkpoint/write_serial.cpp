@@ -118,6 +118,7 @@ FileHeader header_of(const TrainState& s) {
   h.state.good_steps = s.scaler.good_steps;
   h.state.skipped_steps = s.scaler.skipped_steps;
   h.state.world_size = s.world_size;
+  h.state.omp_threads = s.omp_threads;
   h.recipe = s.recipe_yaml;
   // One entry per rank of the writing job. The runner's RNGs are counter-based and its data
   // cursor global, so every rank's entry holds the same values today; the per-rank places are

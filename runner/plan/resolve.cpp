@@ -134,12 +134,29 @@ void resolve_batch(const Recipe& r, Plan& p) {
                       fmt::format("try global {} or {}", std::max<int64_t>(dp, g / dp * dp), (g / dp + 1) * dp));
     m = g / dp;
     p.derived.insert(p.derived.end(), {"micro", "accum"});
+  } else if (!m && r.locs.count("batch.micro")) {
+    // `micro: 0` (derive it) with no global: global = micro x dp x accum has two unknowns, no
+    // one answer. (A recipe that leaves micro out altogether takes the default, micro 1.)
+    throw UserError(r.loc("batch.micro"),  // batch.micro, else the batch section, else the file
+                    fmt::format("the batch is under-determined: neither batch.global nor batch.micro is set (micro {} "
+                                "means derive it), and global = micro x dp {} x accum {} has two unknowns",
+                                b.micro, dp, a ? std::to_string(a) : std::string("(derived)")),
+                    fmt::format("set batch.micro (sequences per micro-batch, e.g. micro: 8), or batch.global (e.g. "
+                                "global: {}; micro is derived), or both with accum left out",
+                                8 * dp * std::max<int64_t>(a, 1)));
   } else {
-    if (!m) { m = 1; p.derived.push_back("micro"); }
     if (!a) { a = 1; p.derived.push_back("accum"); }
     g = m * dp * a;
     p.derived.push_back("global");
   }
+  // The plan replays every micro-batch of a step along its schedule; a step of more than this
+  // many is not a training job (found by the soak: accum 817885513917 planned for minutes).
+  constexpr int64_t kMaxAccum = 1 << 16;
+  if (a > kMaxAccum)
+    throw UserError(r.loc(b.accum ? "batch.accum" : "batch.global"),
+                    fmt::format("{} micro-batches per step (accum) is more than a plan replays ({} at most)", a, kMaxAccum),
+                    fmt::format("raise batch.micro or lower batch.global so that accum = global / (micro x dp) <= {}",
+                                kMaxAccum));
   p.global = g;
   p.micro = m;
   p.accum = a;

@@ -118,6 +118,11 @@ void Doc::erase_subtree(const std::string& path) {
 namespace {
 
 constexpr int kMaxDepth = 16;  // the schema is 4 levels deep; anything far deeper is not a recipe
+// YAML aliases (*name) repeat what an anchor (&name) holds, and nested ones multiply: nine
+// levels of them expand to billions of values from a few lines. A recipe is small (the largest
+// shipped one holds under 200 values), so converting stops at this many.
+constexpr size_t kMaxValues = 10000;
+thread_local size_t g_values = 0;  // values converted so far in this document (or --set value)
 
 // ---------------------------------------------------------------------------------------
 // YAML 1.2 core-schema scalars
@@ -207,6 +212,11 @@ json convert(const YAML::Node& n, const std::string& path, NodeInfo info, int de
                         std::to_string(kMaxDepth) + " levels deep",
                     "a recipe has sections with keys (and a few lists) only; compare with recipes/quickstart.yaml");
   }
+  if (++g_values > kMaxValues)
+    throw UserError(info.from_set ? kSetLoc : SourceLoc{doc.file, line_of(n.Mark()), col_of(n.Mark())},
+                    "the recipe expands to more than " + std::to_string(kMaxValues) +
+                        " values (YAML aliases *name repeat the anchor &name, and nested aliases multiply)",
+                    "a recipe is small: write the values out instead of through aliases");
   json out;
   if (n.IsScalar()) {
     info.raw = n.Scalar();
@@ -447,6 +457,7 @@ Doc parse_document(const std::string& text, const std::string& file) {
   ri.key_line = ri.val_line = top_loc.line;
   ri.key_col = ri.val_col = top_loc.col;
   try {
+    g_values = 0;
     doc.root = convert(top, "", ri, 0, doc);
   } catch (const YAML::Exception& e) {  // not expected after a successful parse; never let it escape raw
     throw UserError(SourceLoc{file, line_of(e.mark), col_of(e.mark)}, "could not read this YAML node",
@@ -522,6 +533,7 @@ void apply_override(Doc& doc, const std::string& spec) {
     cur_path = next_path;
   }
   doc.erase_subtree(cur_path);
+  g_values = 0;
   *cur = convert(value, cur_path, set_info, 1, doc);
 }
 

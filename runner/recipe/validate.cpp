@@ -175,6 +175,12 @@ void check_data_and_hardware(const Recipe& r) {
   if (d.kind == DataKind::addition && !d.path.empty())
     fail(r, "data.path", "data.path is not used by data kind addition (the task is generated)",
          "remove path, or set kind: text, hdf5 or bin");
+  // The same bound the addition source enforces when training, so `plan` refuses what `train` would.
+  if (d.kind == DataKind::addition && d.digits > 0 && m.seq_len > 0 && m.seq_len < 3 * d.digits + 4)
+    fail(r, "model.seq_len",
+         "model.seq_len = " + std::to_string(m.seq_len) + " is shorter than one " + std::to_string(d.digits) +
+             "-digit addition problem (3*digits+4 = " + std::to_string(3 * d.digits + 4) + " tokens)",
+         "use model.seq_len >= " + std::to_string(3 * d.digits + 4) + " (several problems per sample train better)");
   if (r.hardware.device == "custom" && !(r.hardware.memory_gb > 0))
     fail(r, "hardware.device", "hardware device custom needs hardware.memory_gb",
          "add memory_gb: <GB per device> under hardware, e.g. memory_gb: 80");

@@ -61,8 +61,14 @@ RunMetrics::RunMetrics(const Plan& plan, parallel::Grid& grid, std::shared_ptr<s
 void RunMetrics::open(const std::string& run_dir, int64_t resumed_from) {
   if (grid_.rank() != 0) return;
   const fs::path path = fs::path(run_dir) / "metrics.jsonl";
-  if (resumed_from >= 0) truncate_after(path, resumed_from);
-  file_.open(path, std::ios::app);
+  // A resumed run keeps the records up to its checkpoint; a run that starts from step 0 (a
+  // fresh directory, or one whose run was killed before its first checkpoint) starts the file over.
+  if (resumed_from >= 0) {
+    truncate_after(path, resumed_from);
+    file_.open(path, std::ios::app);
+  } else {
+    file_.open(path, std::ios::trunc);
+  }
 }
 
 void RunMetrics::write(const std::string& line) {

@@ -27,6 +27,7 @@
 #include "ops/rng.h"
 #include "runner/agree.h"
 #include "runner/checkpoint/policy.h"
+#include "runner/checkpoint/run_lock.h"
 #include "runner/data/data.h"
 #include "runner/signals.h"
 #include "runner/state.h"
@@ -106,12 +107,15 @@ class Trainer {
     install_signal_handlers();
     open_inputs();
     paths = run_paths(r, opts.run_dir);
+    take_run_lock();
     if (r.train.threads > 0) ops::set_num_threads(static_cast<int>(r.train.threads));
     else if (!std::getenv("OMP_NUM_THREADS")) share_cores_between_local_ranks();
     build();
     setup_logging();
     ckpt = std::make_unique<CheckpointPolicy>(plan, grid, paths.checkpoint_dir, log);
     metrics = std::make_unique<RunMetrics>(plan, grid, log);
+    if (lock && !lock->took_over().empty())
+      log->warn("took over the lock of a previous owner that is gone ({}): {}", lock->took_over(), lock->path());
     maybe_resume();
     ckpt->remove_stale_files();
     write_run_files();
@@ -238,6 +242,8 @@ class Trainer {
     if (lead()) std::ofstream(fs::path(paths.run_dir) / "profile.json") << j.dump(2) << "\n";
   }
 
+  std::optional<RunLock> lock;  // rank 0: this run owns its directory until the Trainer ends
+
   bool multi() const { return grid.world_size() > 1; }
   bool lead() const { return grid.rank() == 0; }
   uint64_t seed() const { return static_cast<uint64_t>(r.train.seed); }
@@ -252,6 +258,14 @@ class Trainer {
     });
   }
 
+  // One owner per run directory (run_lock.h): rank 0 takes the lock before any checkpoint is
+  // read or any run file written; every rank learns whether it did.
+  void take_run_lock() {
+    agree(grid.world(), [&] {
+      if (lead()) lock.emplace(paths.run_dir);
+    });
+  }
+
   // Resumes from the run directory's checkpoints when there are any (a requeued job runs the
   // same command line), from the one the policy chose (`runner resume` chose it before
   // planning). Loading writes nothing; a checkpoint that does not verify is skipped unless strict.
@@ -259,11 +273,17 @@ class Trainer {
     std::optional<ResumePoint> point = opts.resume_point;
     if (!point) agree(grid.world(), [&] { point = choose_resume_point(ckpt->dir(), opts.resume_step, opts.strict, log); });
     if (!point) {
+      if (opts.resume) ckpt->remove_stale_files();  // a run killed before its first checkpoint left its temporary file
       if (opts.resume) throw UserError({ckpt->dir(), 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
       return;
     }
     for (const std::string& why : point->skipped) log->warn("{}", why);
     resumed_from = ckpt->resume(*point, st);
+    st.omp_threads = ops::num_threads();  // a single-rank load copies the checkpoint's scalars
+    if (st.loaded_omp_threads > 0 && st.loaded_omp_threads != st.omp_threads)
+      log->warn("the checkpoint was written with {} OpenMP thread(s) per rank and this run has {}: the losses will not "
+                "continue bit for bit (the reductions split by thread); set OMP_NUM_THREADS={} (or train.threads) for "
+                "an exact continuation", st.loaded_omp_threads, st.omp_threads, st.loaded_omp_threads);
     loader->restore(st.loader);
   }
 
@@ -306,6 +326,7 @@ class Trainer {
     st.rng.data_seed = ops::rng_key(seed(), 2);
     st.rng.sample_seed = ops::rng_key(seed(), 3);
     st.world_rank = grid.rank();
+    st.omp_threads = ops::num_threads();
     st.world_size = grid.world_size();
     // Values in the compute format; gradients accumulate in precision.grad_accum (fp32 when the
     // compute is fp32); fp32 masters after the model decided each rank's ZeRO-1 piece.
