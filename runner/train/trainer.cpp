@@ -109,6 +109,10 @@ class Trainer {
     metrics = std::make_unique<RunMetrics>(plan, grid, log);
     maybe_resume();
     ckpt->remove_stale_files();
+    if (profile_window.on() && resumed_from >= profile_window.from) {  // a resume inside the window profiles the rest
+      if (resumed_from >= profile_window.to) profile_window = {};
+      else profile_window.from = resumed_from + 1;
+    }
     write_run_files();
     // MFU is against the peak of all ranks together.
     if (r.hardware.peak_tflops > 0) {
@@ -117,6 +121,15 @@ class Trainer {
       double v = ops::measure_cpu_gemm_peak_flops();
       grid.world().allreduce_sum(&v, 1);
       metrics->set_peak_flops(v);
+    }
+    if (profile_window.on()) {
+      // The roofline of one rank: its share of the peak, and its memory bandwidth (every rank
+      // measures at once, as they will run).
+      roofline.peak_flops = metrics->peak_flops() / static_cast<double>(grid.world_size());
+      roofline.bandwidth = ops::measure_cpu_memory_bandwidth();
+      double bw = roofline.bandwidth;
+      grid.world().allreduce_sum(&bw, 1);
+      roofline.bandwidth = bw / static_cast<double>(grid.world_size());
     }
     print_startup();
     if (resumed_from >= 0) log->info("resumed from step {} ({})", resumed_from, ckpt->dir());
@@ -195,6 +208,7 @@ class Trainer {
   ProfileWindow profile_window;
   std::vector<ops::OpProfile> profiled_ops;  // summed over the profiled steps' passes (evaluation excluded)
   double profiled_ms = 0;
+  Roofline roofline;  // this rank's, measured at start-up when profiling
 
   // A profiled step: adds its passes' operator times; after the window's last step, writes
   // profile.rankR.json (and rank 0 profile.json) and logs the top operators.
@@ -222,7 +236,7 @@ class Trainer {
     if (st.step != profile_window.to) return;
     const int64_t steps = profile_window.to - profile_window.from + 1;
     auto figures = op_figures(model->graphs(), plan.accum * steps, profiled_ops);
-    nlohmann::json j = profile_json(figures, profile_window, profiled_ms, log.get());
+    nlohmann::json j = profile_json(figures, profile_window, profiled_ms, roofline, log.get());
     j["rank"] = grid.rank();
     j["grid"] = grid.name();
     std::ofstream(fs::path(paths.run_dir) / fmt::format("profile.rank{}.json", grid.rank())) << j.dump(2) << "\n";
@@ -236,8 +250,10 @@ class Trainer {
   // Everything that can fail on user input happens here, before any file is written.
   void open_inputs() {
     check_supported(plan, grid.world_size());
-    profile_window = parse_profile(opts.profile, r.train.steps);
     agree(grid.world(), [&] {
+      profile_window = opts.profile.empty()
+                           ? parse_profile(r.profile.steps, r.train.steps, r.loc("profile.steps"), "profile.steps")
+                           : parse_profile(opts.profile, r.train.steps, {"--profile", 0, 0}, "--profile");
       train_src = open_source(r.data, Split::Train, r.model.seq_len, r.model.vocab_size, seed());
       val_src = open_source(r.data, Split::Val, r.model.seq_len, r.model.vocab_size, seed());
     });
