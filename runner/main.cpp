@@ -16,6 +16,7 @@
 #include "runner/errors.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
+#include "runner/report/report.h"
 #include "runner/signals.h"
 #include "runner/train/launch.h"
 
@@ -71,6 +72,10 @@ int main(int argc, char** argv) {
   prep_cmd->add_option("text", text_path, "UTF-8 text file")->required();
   prep_cmd->add_option("out", out_path, "output .h5 file")->required();
 
+  std::string report_dir;  // runner report RUN_DIR
+  auto* report_cmd = app.add_subcommand("report", "write RUN_DIR/report.html: curves, breakdown, memory, operators, alerts (one self-contained file)");
+  report_cmd->add_option("run_dir", report_dir, "run directory (runs/NAME)")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -107,6 +112,12 @@ int main(int argc, char** argv) {
       topts.resume_notes = req.notes;
       if (req.recipe.precision.compute != FloatFormat::fp32) launch->agree_gemm_paths(resume_dir);
       return launch->train(make_plan(req.recipe, launch->world_size()), topts);
+    }
+    if (*report_cmd) {
+      ReportInfo r = write_report(report_dir);
+      std::cout << "wrote " << r.path.string() << " (" << r.steps << " steps" << (r.finished ? "" : ", run in progress")
+                << (r.profiled ? ", profiled" : "") << ")\n";
+      return 0;
     }
     if (*inspect_cmd) {
       bool ok = false;
