@@ -184,8 +184,9 @@ std::string breakdown_chart(const std::vector<json>& steps) {
   }
   Frame f;
   f.w = 1140, f.h = 280;
-  f.x0 = 0, f.x1 = nb, f.y0 = 0, f.y1 = ymax * 1.15 + 1e-9;
-  std::string s = axes(f, "Step-time breakdown (ms, mean per bar)", "step bins (first step of each bin on hover)", "ms");
+  // Bars are uniform bins over the records in order: the axis reads in steps.
+  f.x0 = first[0], f.x1 = last[nb - 1] + 1, f.y0 = 0, f.y1 = ymax * 1.15 + 1e-9;
+  std::string s = axes(f, "Step-time breakdown (ms, mean per bar)", "step (hover a bar for its numbers)", "ms");
   double bw = (f.w - f.l - f.r) / nb;
   for (size_t k = 0; k < nb; ++k) {
     double acc = 0;
