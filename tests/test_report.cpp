@@ -8,6 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -160,6 +162,52 @@ TEST_CASE("report: a two-rank run has a breakdown row per rank") {
   CHECK(h.find("<tr><td>0</td><td>0</td>") != std::string::npos);
   CHECK(h.find("<tr><td>1</td><td>0</td>") != std::string::npos);
   no_external_references(h);
+  // The merged trace has a track (pid) per rank, each with its operators.
+  auto merged = nlohmann::json::parse(slurp(dir / "trace.json"));
+  std::map<int, int> per_pid;
+  for (auto& e : merged["traceEvents"])
+    if (e["ph"] == "X" && e["tid"] == 1) per_pid[e["pid"].get<int>()]++;
+  CHECK(per_pid.size() == 2);
+  CHECK(per_pid[0] > 0);
+  CHECK(per_pid[0] == per_pid[1]);  // tensor parallel: both ranks run the same nodes
+  CHECK(fs::exists(dir / "trace.rank1.json"));
+}
+
+// --profile writes Chrome trace-event files: every operator node of every profiled step, forward
+// and backward, inside its step's span; the event counts agree with the executor's per-kind
+// call counters in profile.json (a different path through the code).
+TEST_CASE("trace: an event per operator node of each profiled step") {
+  const fs::path& dir = profiled_run();
+  auto t = nlohmann::json::parse(slurp(dir / "trace.rank0.json"));
+  auto merged = nlohmann::json::parse(slurp(dir / "trace.json"));
+  CHECK(merged["traceEvents"].size() == t["traceEvents"].size());
+  auto prof = nlohmann::json::parse(slurp(dir / "profile.json"));
+  std::map<int64_t, std::pair<double, double>> span;
+  std::map<std::pair<int64_t, std::string>, std::set<int>> nodes;
+  std::map<std::string, int64_t> calls;  // per op kind, forward
+  for (auto& e : t["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    CHECK(e["pid"] == 0);
+    if (e["cat"] == "step") {
+      span[e["args"]["step"].get<int64_t>()] = {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
+      continue;
+    }
+    int64_t step = e["args"]["step"];
+    CHECK(nodes[{step, e["cat"].get<std::string>()}].insert(e["args"]["node"].get<int>()).second);  // once per step and pass
+    if (e["cat"] == "forward") calls[e["args"]["op"].get<std::string>()]++;
+    REQUIRE(span.count(step));
+    CHECK(e["ts"].get<double>() >= span[step].first);
+    CHECK(e["ts"].get<double>() + e["dur"].get<double>() <= span[step].second + 1e-3);
+  }
+  CHECK(span.size() == 5);
+  for (int64_t step = 4; step <= 8; ++step) {
+    REQUIRE(span.count(step));
+    const auto& f = nodes[{step, "forward"}];
+    REQUIRE(!f.empty());
+    CHECK(*f.rbegin() + 1 == static_cast<int>(f.size()));  // nodes 0..N-1, none missing
+    CHECK(nodes[{step, "backward"}] == f);
+  }
+  for (auto& o : prof["ops"]) CHECK_MESSAGE(calls[o["op"].get<std::string>()] == o["forward"]["calls"].get<int64_t>(), o["op"]);
 }
 
 TEST_CASE("report: a bad run directory exits 2 and says why") {

@@ -122,4 +122,24 @@ nlohmann::json profile_json(const std::vector<OpFigures>& ops, const ProfileWind
           {"operators_ms", op_ms}, {"ops", arr}};
 }
 
+nlohmann::json trace_json(const std::vector<TraceStep>& steps, int rank, const std::string& grid_name, int64_t origin_ns) {
+  nlohmann::json ev = nlohmann::json::array();
+  auto us = [&](int64_t ns) { return static_cast<double>(ns - origin_ns) / 1e3; };
+  ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", fmt::format("rank {} ({})", rank, grid_name)}}}});
+  ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", 0}, {"args", {{"name", "steps"}}}});
+  ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", 1}, {"args", {{"name", "operators"}}}});
+  for (const TraceStep& s : steps) {
+    ev.push_back({{"ph", "X"}, {"name", fmt::format("step {}", s.step)}, {"cat", "step"}, {"pid", rank}, {"tid", 0},
+                  {"ts", us(s.t0_ns)}, {"dur", static_cast<double>(s.t1_ns - s.t0_ns) / 1e3}, {"args", {{"step", s.step}}}});
+    for (const ops::TraceEvent& e : s.ops) {
+      const ops::Node& n = e.graph->nodes[e.node];
+      const char* pass = e.pass == 'f' ? "forward" : e.pass == 'b' ? "backward" : "recompute";
+      ev.push_back({{"ph", "X"}, {"name", n.name}, {"cat", pass}, {"pid", rank}, {"tid", 1}, {"ts", us(e.t0_ns)},
+                    {"dur", static_cast<double>(e.t1_ns - e.t0_ns) / 1e3},
+                    {"args", {{"op", ops::op_name(n.kind)}, {"pass", pass}, {"step", s.step}, {"node", e.node}}}});
+    }
+  }
+  return {{"traceEvents", ev}, {"displayTimeUnit", "ms"}};
+}
+
 }  // namespace runner

@@ -67,4 +67,14 @@ struct Roofline {
 nlohmann::json profile_json(const std::vector<OpFigures>& ops, const ProfileWindow& w, double steps_ms, const Roofline& roof,
                             spdlog::logger* log);
 
+// Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev) of the profiled steps: one
+// complete ("X") event per operator node executed, named by the node with its kind, pass and
+// step in args, and one per profiled step, all on pid `rank`, tid 0 (steps) and 1 (operators);
+// timestamps in microseconds from `origin_ns` (steady clock, the run's start).
+struct TraceStep {
+  int64_t step, t0_ns, t1_ns;
+  std::vector<ops::TraceEvent> ops;
+};
+nlohmann::json trace_json(const std::vector<TraceStep>& steps, int rank, const std::string& grid_name, int64_t origin_ns);
+
 }  // namespace runner

@@ -150,7 +150,9 @@ class Trainer {
       const bool profiled = profile_window.covers(st.step + 1);
       std::vector<ops::OpProfile> before;
       if (profiled) before = model->profile();
+      if (profiled) trace_steps.push_back({st.step + 1, now_ns(), 0, {}}), model->set_trace(&trace_steps.back().ops);
       StepResult s = train_step();
+      if (profiled) trace_steps.back().t1_ns = now_ns(), model->set_trace(nullptr);
       if (profiled) profile_step(before, s.total_ms);
       auto rb0 = Clock::now();
       if (rollback_needed(s)) {
@@ -241,6 +243,34 @@ class Trainer {
     j["grid"] = grid.name();
     std::ofstream(fs::path(paths.run_dir) / fmt::format("profile.rank{}.json", grid.rank())) << j.dump(2) << "\n";
     if (lead()) std::ofstream(fs::path(paths.run_dir) / "profile.json") << j.dump(2) << "\n";
+    write_traces();
+  }
+
+  // trace.rankR.json per rank; rank 0 then merges them into trace.json (one pid per rank).
+  std::vector<TraceStep> trace_steps;  // the profiled steps' attempts, with their operator events
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  }
+  void write_traces() {
+    const fs::path dir = paths.run_dir;
+    // One time base for every rank (the steady clock is the host's): rank 0's first profiled
+    // step starts at 0 (ns since boot fit a double exactly).
+    double origin = lead() && !trace_steps.empty() ? static_cast<double>(trace_steps.front().t0_ns) : 0;
+    grid.world().allreduce_sum(&origin, 1);
+    std::ofstream(dir / fmt::format("trace.rank{}.json", grid.rank()))
+        << trace_json(trace_steps, grid.rank(), grid.name(), static_cast<int64_t>(origin)).dump() << "\n";
+    trace_steps.clear();
+    double done = 1;
+    grid.world().allreduce_sum(&done, 1);  // every rank's file is written
+    if (!lead()) return;
+    nlohmann::json merged = {{"traceEvents", nlohmann::json::array()}, {"displayTimeUnit", "ms"}};
+    for (int rk = 0; rk < grid.world_size(); ++rk) {
+      std::ifstream in(dir / fmt::format("trace.rank{}.json", rk));
+      nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+      if (j.is_discarded()) continue;
+      for (auto& e : j["traceEvents"]) merged["traceEvents"].push_back(std::move(e));
+    }
+    std::ofstream(dir / "trace.json") << merged.dump() << "\n";
   }
 
   bool multi() const { return grid.world_size() > 1; }
