@@ -115,6 +115,12 @@ struct Executor::Impl {
   size_t peak_total = 0;
 
   std::array<OpProfile, kOpKinds> prof{};
+  std::vector<TraceEvent>* trace = nullptr;
+  void traced(int node, char pass, Clock::time_point t0) {
+    if (!trace || dry()) return;
+    auto ns = [](Clock::time_point t) { return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count(); };
+    trace->push_back({&g, node, pass, ns(t0), ns(Clock::now())});
+  }
 
   Impl(const Graph& graph, Backend* backend) : g(graph), be(backend) {
     size_t n = g.tensors.size();
@@ -343,6 +349,7 @@ struct Executor::Impl {
       std::memcpy(stage_out, vals[n.out[0]].raw(), g.tensors[g.stage_output].nbytes());
     auto& p = prof[static_cast<int>(n.kind)];
     p.forward_ms += ms_since(t0);
+    traced(i, 'f', t0);
     p.calls++;
     for (int x : n.in) {
       const TensorDesc& d = g.tensors[x];
@@ -399,6 +406,7 @@ struct Executor::Impl {
       finish_outputs(n, outs, storage);
       release_wide();
       prof[static_cast<int>(n.kind)].recompute_ms += ms_since(t0);
+      traced(j, 'r', t0);
       for (int o : scratch)
         if (dry()) count(Account::Workspace, -static_cast<long long>(g.tensors[o].nbytes()));
       for (int x : n.in) {
@@ -474,6 +482,7 @@ struct Executor::Impl {
       auto t0 = Clock::now();
       kernel_backward(n, dloss);
       prof[static_cast<int>(n.kind)].backward_ms += ms_since(t0);
+      traced(i, 'b', t0);
       for (int o : n.out) { release_grad(o); release(o); }
       if (grad_hook && !dry()) grad_hook(i);
     }
@@ -519,6 +528,7 @@ void Executor::backward(float dloss, const void* dstage_out, void* dstage_in) {
 }
 
 void Executor::set_group(ReduceGroup* group) { impl_->group = group; }
+void Executor::set_trace(std::vector<TraceEvent>* sink) { impl_->trace = sink; }
 void Executor::set_grad_hook(std::function<void(int)> hook) { impl_->grad_hook = std::move(hook); }
 
 const Tensor& Executor::forward_logits(const int32_t* tokens, const void* stage_in) {

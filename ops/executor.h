@@ -51,6 +51,15 @@ struct OpProfile {
   int64_t calls = 0;
 };
 
+// One timed node execution, for trace files: which node of which graph, the pass ('f'
+// forward, 'b' backward, 'r' recompute) and its steady-clock start and end (ns).
+struct TraceEvent {
+  const Graph* graph;
+  int node;
+  char pass;
+  int64_t t0_ns, t1_ns;
+};
+
 class Executor {
  public:
   Executor(const Graph& g, Backend& be);
@@ -95,6 +104,9 @@ class Executor {
 
   std::vector<OpProfile> profile() const;
   void reset_profile();
+  // Appends a TraceEvent per node executed (forward, backward, recompute) to `sink` while it
+  // is set; null (the default) records nothing.
+  void set_trace(std::vector<TraceEvent>* sink);
 
  private:
   struct Impl;

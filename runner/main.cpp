@@ -20,6 +20,7 @@
 #include "runner/generate/generate.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
+#include "runner/report/report.h"
 #include "runner/signals.h"
 #include "runner/train/device.h"
 #include "runner/train/launch.h"
@@ -80,6 +81,10 @@ int main(int argc, char** argv) {
   auto* prep_cmd = data_cmd->add_subcommand("prepare", "turn a text file into an HDF5 token dataset (byte-level)");
   prep_cmd->add_option("text", text_path, "UTF-8 text file")->required();
   prep_cmd->add_option("out", out_path, "output .h5 file")->required();
+
+  std::string report_dir;  // runner report RUN_DIR
+  auto* report_cmd = app.add_subcommand("report", "write RUN_DIR/report.html: curves, breakdown, memory, operators, alerts (one self-contained file)");
+  report_cmd->add_option("run_dir", report_dir, "run directory (runs/NAME)")->required();
 
   // runner export (runner/export/): a trained model as safetensors (Hugging Face layouts) or npz.
   std::string export_src, export_out, export_format = "safetensors", export_dtype = "fp32";
@@ -197,6 +202,12 @@ int main(int argc, char** argv) {
     if (*status_cmd) {
       if (status_json) std::cout << run_status_json(status_dir).dump(2) << "\n";
       else std::cout << run_status(status_dir);
+      return 0;
+    }
+    if (*report_cmd) {
+      ReportInfo r = write_report(report_dir);
+      std::cout << "wrote " << r.path.string() << " (" << r.steps << " steps" << (r.finished ? "" : ", run in progress")
+                << (r.profiled ? ", profiled" : "") << ")\n";
       return 0;
     }
     if (*inspect_cmd) {

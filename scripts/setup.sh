@@ -12,6 +12,7 @@ PACKAGES=(
   libdnnl-dev
   python3-torch python3-h5py python3-numpy
   slurm-wlm munge
+  chromium
 )
 
 missing=()

@@ -187,8 +187,12 @@ TEST_CASE("alert: a slow data source") {
 }
 
 TEST_CASE("alert: a stalled rank is a straggler, and the others wait in communication") {
-  Run run = train("straggler", 2, layout_recipe(), "--set parallel.dp=2 --set train.steps=24 --set train.log_every=12",
-                  "RUNNER_DEBUG_STALL_RANK=1 RUNNER_DEBUG_STALL_EVERY=4 RUNNER_DEBUG_STALL_MS=400");
+  // 110 steps: the alert wants 100 timed steps (below, the P99 is the maximum); every 10th
+  // step rank 1 stalls for 300 ms.
+  Run run = train("straggler", 2, layout_recipe(),
+                  "--set parallel.dp=2 --set train.steps=110 --set train.log_every=110 --set train.eval_every=0 "
+                  "--set checkpoint.every_steps=1000",
+                  "RUNNER_DEBUG_STALL_RANK=1 RUNNER_DEBUG_STALL_EVERY=10 RUNNER_DEBUG_STALL_MS=300");
   REQUIRE(run.count("straggler") == 1);
   REQUIRE(run.count("communication") == 1);
   for (const auto& a : run.alerts) {
@@ -262,6 +266,12 @@ TEST_CASE("--profile FROM:TO: per operator forward/backward/recompute, FLOPs fro
     flops[ops::op_name(n.kind)] += runner::plan_detail::node_flops(g, n);
     graph_flops += runner::plan_detail::node_flops(g, n) * passes;
   }
+  // The roofline: the measured peak and bandwidth, each operator placed against it.
+  const auto& roof = p["roofline"];
+  const double peak = roof["peak_gflops_per_s"].get<double>(), bw = roof["bandwidth_gb_per_s"].get<double>();
+  CHECK(peak > 0);
+  CHECK(bw > 0);
+  CHECK(roof["ridge_flops_per_byte"].get<double>() == doctest::Approx(peak / bw));
   double profile_fwd_flops = 0, share = 0, prev_ms = 1e300, matmul_flops = 0;
   REQUIRE(p["ops"].size() == nodes.size());
   for (const auto& op : p["ops"]) {
@@ -276,6 +286,12 @@ TEST_CASE("--profile FROM:TO: per operator forward/backward/recompute, FLOPs fro
     prev_ms = op["ms"].get<double>();
     CHECK(op["gflops_per_s"].get<double>() > 0);
     CHECK(op["gb_per_s"].get<double>() > 0);
+    const double intensity = op["intensity"].get<double>();
+    CHECK(intensity == doctest::Approx(op["flops"].get<double>() / op["bytes"].get<double>()));
+    CHECK(op["bound"] == (intensity >= peak / bw ? "compute" : "memory"));
+    CHECK(op["roof_gflops_per_s"].get<double>() == doctest::Approx(std::min(peak, intensity * bw)));
+    CHECK(op["of_roof"].get<double>() == doctest::Approx(op["gflops_per_s"].get<double>() / op["roof_gflops_per_s"].get<double>()));
+    if (name == "add") CHECK(op["bound"] == "memory");
     profile_fwd_flops += op["forward"]["flops"].get<double>();
     share += op["share"].get<double>();
     if (name == "linear" || name == "attention") matmul_flops += op["flops"].get<double>();
@@ -299,7 +315,20 @@ TEST_CASE("--profile FROM:TO: per operator forward/backward/recompute, FLOPs fro
   Result bad = sh(std::string(RUNNER_BINARY) + " train " + recipe + " --run-dir " + (kDir / "badprofile").string() +
                   " --set train.steps=6 --profile 5:9");
   CHECK(bad.rc == 2);
-  CHECK(bad.out.find("--profile 5:9") != std::string::npos);
+  CHECK(bad.out.find("--profile '5:9'") != std::string::npos);
   CHECK(bad.out.find("FROM:TO") != std::string::npos);
   CHECK_FALSE(fs::exists(kDir / "badprofile"));
+  // The recipe's profile section, pointed at by file:line:col when wrong.
+  const fs::path rp = kDir / "profiled.yaml";
+  std::ofstream(rp) << kLayoutRecipe << "profile:\n  steps: \"2:x\"\n";
+  Result bad2 = sh(std::string(RUNNER_BINARY) + " train " + rp.string() + " --run-dir " + (kDir / "badprofile").string());
+  CHECK(bad2.rc == 2);
+  CHECK(bad2.out.find(rp.string() + ":") != std::string::npos);
+  CHECK(bad2.out.find("profile.steps '2:x'") != std::string::npos);
+  CHECK_FALSE(fs::exists(kDir / "badprofile"));
+  std::ofstream(kDir / "profiled_ok.yaml") << kLayoutRecipe << "profile:\n  steps: \"2\"\n";
+  train("profiled", 0, (kDir / "profiled_ok.yaml").string(), "--set train.steps=3");
+  nlohmann::json p2 = nlohmann::json::parse(std::ifstream(kDir / "profiled" / "profile.json"));
+  CHECK(p2["from_step"] == 2);
+  CHECK(p2["to_step"] == 2);
 }

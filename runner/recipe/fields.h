@@ -159,6 +159,11 @@ void visit(V& v, Self& i) {
   v("kv_dtype", i.kv_dtype);
 }
 
+template <class V, Section<ProfileConfig> Self>
+void visit(V& v, Self& p) {
+  v("steps", p.steps);
+}
+
 // The whole recipe: the top-level keys (source_file, source_text and locs are not keys).
 template <class V, Section<Recipe> Self>
 void visit(V& v, Self& r) {
@@ -174,6 +179,7 @@ void visit(V& v, Self& r) {
   v.section("hardware", r.hardware);
   v.section("train", r.train);
   v.section("inference", r.inference);
+  v.section("profile", r.profile);
 }
 
 }  // namespace runner

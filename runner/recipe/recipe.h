@@ -143,6 +143,11 @@ struct TrainConfig {
   bool elastic = false;            // continue at another world size, same global batch (runner/train/slurm.h)
 };
 
+// Medium-depth profiling (runner/train/profile.h); `runner train --profile` overrides it.
+struct ProfileConfig {
+  std::string steps;               // "FROM:TO" or one step; empty: off
+};
+
 struct InferenceConfig {
   int64_t batch = 1;
   int64_t context = 0;             // 0: model.seq_len
@@ -162,6 +167,7 @@ struct Recipe {
   HardwareConfig hardware;
   TrainConfig train;
   std::optional<InferenceConfig> inference;
+  ProfileConfig profile;
 
   std::string source_file;                 // path the recipe was read from
   std::string source_text;                 // the YAML text as read; each --set override is appended

@@ -51,9 +51,10 @@ struct Breakdown {
   std::array<double, kParts> ms{};
   static Breakdown of(const StepResult& s);
   double interval() const;  // the sum: the step's total_ms plus rollback and checkpoint
-  // Time this rank worked, not waiting on others or on data: the interval less data, exposed
-  // communication and pipeline idle.
-  double busy() const { return interval() - ms[Data] - ms[CommExposed] - ms[PipelineIdle]; }
+  // Time this rank spent on its own step, not waiting on others or on data: the step less
+  // data, exposed communication and pipeline idle (checkpoint and rollback work, which wait
+  // on the other ranks too, are left out).
+  double busy() const { return ms[Forward] + ms[Backward] + ms[Optimizer] + ms[LossScale] + ms[Other]; }
 };
 
 // An alert the monitoring raised: once per run, printed and recorded in metrics.jsonl.

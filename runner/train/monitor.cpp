@@ -90,11 +90,9 @@ std::vector<std::array<double, RunMetrics::kRow>> RunMetrics::gather(const std::
 
 namespace {
 
-double busy_of(const std::array<double, RunMetrics::kRow>& row) {
-  double t = 0;
-  for (int p = 0; p < Breakdown::kParts; ++p)
-    if (p != Breakdown::Data && p != Breakdown::CommExposed && p != Breakdown::PipelineIdle) t += row[static_cast<size_t>(p)];
-  return t;
+double busy_of(const std::array<double, RunMetrics::kRow>& row) {  // as Breakdown::busy()
+  return row[Breakdown::Forward] + row[Breakdown::Backward] + row[Breakdown::Optimizer] + row[Breakdown::LossScale] +
+         row[Breakdown::Other];
 }
 double interval_of(const std::array<double, RunMetrics::kRow>& row) {
   double t = 0;
@@ -192,10 +190,13 @@ void RunMetrics::monitor(int64_t step) {
     raise({"data_wait", step, data_frac, 0.05,
            fmt::format("waiting for data is {:.0f}% of the step on {}", 100 * data_frac, slow_name(data_rank)),
            fmt::format("raise data.workers (now {}) or data.prefetch (now {})", r.data.workers, r.data.prefetch)});
-  if (step_times_.size() >= 10 && p50 > 0 && p99 > 1.5 * p50) {
-    size_t strag = 0;  // the rank whose own work has the longest tail
-    for (size_t k = 0; k < rows.size(); ++k)
-      if (rows[k][kBusyP99] - rows[k][kBusyP50] > rows[strag][kBusyP99] - rows[strag][kBusyP50]) strag = k;
+  size_t strag = 0;  // the rank whose own work has the longest tail this interval
+  for (size_t k = 0; k < rows.size(); ++k)
+    if (rows[k][kBusyP99] - rows[k][kBusyP50] > rows[strag][kBusyP99] - rows[strag][kBusyP50]) strag = k;
+  // A straggler: the step's tail comes from a rank's own work (its busy time has the tail
+  // too); a tail of waiting for data is the data_wait alert's.
+  // Below 100 steps the P99 is the maximum, and one preempted step is not a straggler.
+  if (step_times_.size() >= 100 && p50 > 0 && p99 > 1.5 * p50 && rows[strag][kBusyP99] > 1.5 * rows[strag][kBusyP50]) {
     raise({"straggler", step, p99 / p50, 1.5,
            fmt::format("step time P99 {:.0f} ms is {:.1f}x its P50 {:.0f} ms; the straggler is {} (its own work P99 {:.0f} ms, "
                        "P50 {:.0f} ms)", p99, p99 / p50, p50, slow_name(strag), rows[strag][kBusyP99], rows[strag][kBusyP50]),

@@ -12,12 +12,12 @@
 
 namespace runner {
 
-ProfileWindow parse_profile(const std::string& spec, int64_t steps) {
+ProfileWindow parse_profile(const std::string& spec, int64_t steps, const SourceLoc& where, const std::string& what) {
   ProfileWindow w;
   if (spec.empty()) return w;
   auto bad = [&](const std::string& why) {
-    return UserError({"--profile", 0, 0}, fmt::format("--profile {}: {}", spec, why),
-                     fmt::format("give the steps to profile as FROM:TO (e.g. --profile 20:30) or one step, within 1..{}", steps));
+    return UserError(where, fmt::format("{} '{}': {}", what, spec, why),
+                     fmt::format("give the steps to profile as FROM:TO (e.g. 20:30) or one step, within 1..{}", steps));
   };
   auto number = [&](const std::string& s) {
     if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) throw bad("not a step number: '" + s + "'");
@@ -70,7 +70,8 @@ std::vector<OpFigures> op_figures(const std::vector<const ops::Graph*>& graphs, 
   return out;
 }
 
-nlohmann::json profile_json(const std::vector<OpFigures>& ops, const ProfileWindow& w, double steps_ms, spdlog::logger* log) {
+nlohmann::json profile_json(const std::vector<OpFigures>& ops, const ProfileWindow& w, double steps_ms, const Roofline& roof,
+                            spdlog::logger* log) {
   auto pass = [](const OpPassFigures& p) {
     return nlohmann::json{{"calls", p.calls}, {"ms", p.ms}, {"flops", p.flops}, {"bytes", p.bytes},
                           {"gflops_per_s", p.ms > 0 ? p.flops / (p.ms / 1e3) / 1e9 : 0.0},
@@ -79,8 +80,15 @@ nlohmann::json profile_json(const std::vector<OpFigures>& ops, const ProfileWind
   double op_ms = 0;
   for (const OpFigures& f : ops) op_ms += f.ms();
   nlohmann::json arr = nlohmann::json::array();
-  for (const OpFigures& f : ops)
+  for (const OpFigures& f : ops) {
+    const double intensity = f.bytes() > 0 ? f.flops() / f.bytes() : 0;
+    const double achieved = f.ms() > 0 ? f.flops() / (f.ms() / 1e3) : 0;
+    const double r = roof.roof(intensity);
     arr.push_back({{"op", f.op},
+                   {"intensity", intensity},
+                   {"bound", intensity >= roof.ridge() ? "compute" : "memory"},
+                   {"roof_gflops_per_s", r / 1e9},
+                   {"of_roof", r > 0 ? achieved / r : 0.0},
                    {"ms", f.ms()},
                    {"share", steps_ms > 0 ? f.ms() / steps_ms : 0.0},
                    {"flops", f.flops()},
@@ -90,19 +98,48 @@ nlohmann::json profile_json(const std::vector<OpFigures>& ops, const ProfileWind
                    {"forward", pass(f.forward)},
                    {"backward", pass(f.backward)},
                    {"recompute", pass(f.recompute)}});
+  }
   if (log) {
+    log->info("roofline: sgemm peak {:.1f} GFLOP/s, memory {:.1f} GB/s, ridge {:.1f} FLOP/byte", roof.peak_flops / 1e9,
+              roof.bandwidth / 1e9, roof.ridge());
     log->info("profile of steps {}..{} ({:.0f} ms in those steps, {:.0f} ms in operators)", w.from, w.to, steps_ms, op_ms);
-    log->info("  {:<13} {:>9} {:>9} {:>9} {:>7} {:>10} {:>9} {:>9}", "operator", "fwd ms", "bwd ms", "recomp ms", "share",
-              "GFLOP", "GFLOP/s", "GB/s");
+    log->info("  {:<13} {:>9} {:>9} {:>9} {:>7} {:>10} {:>9} {:>9} {:>8} {:>8}", "operator", "fwd ms", "bwd ms", "recomp ms",
+              "share", "GFLOP", "GFLOP/s", "GB/s", "bound", "of roof");
     for (size_t i = 0; i < std::min<size_t>(10, ops.size()); ++i) {
       const OpFigures& f = ops[i];
-      log->info("  {:<13} {:>9.1f} {:>9.1f} {:>9.1f} {:>6.1f}% {:>10.3f} {:>9.1f} {:>9.2f}", f.op, f.forward.ms, f.backward.ms,
-                f.recompute.ms, steps_ms > 0 ? 100 * f.ms() / steps_ms : 0.0, f.flops() / 1e9,
-                f.ms() > 0 ? f.flops() / (f.ms() / 1e3) / 1e9 : 0.0, f.ms() > 0 ? f.bytes() / (f.ms() / 1e3) / 1e9 : 0.0);
+      const double intensity = f.bytes() > 0 ? f.flops() / f.bytes() : 0;
+      const double achieved = f.ms() > 0 ? f.flops() / (f.ms() / 1e3) : 0;
+      const double r = roof.roof(intensity);
+      log->info("  {:<13} {:>9.1f} {:>9.1f} {:>9.1f} {:>6.1f}% {:>10.3f} {:>9.1f} {:>9.2f} {:>8} {:>7.0f}%", f.op, f.forward.ms,
+                f.backward.ms, f.recompute.ms, steps_ms > 0 ? 100 * f.ms() / steps_ms : 0.0, f.flops() / 1e9, achieved / 1e9,
+                f.ms() > 0 ? f.bytes() / (f.ms() / 1e3) / 1e9 : 0.0, intensity >= roof.ridge() ? "compute" : "memory",
+                r > 0 ? 100 * achieved / r : 0.0);
     }
   }
-  return {{"from_step", w.from}, {"to_step", w.to}, {"steps", w.to - w.from + 1}, {"steps_ms", steps_ms},
+  return {{"roofline", {{"peak_gflops_per_s", roof.peak_flops / 1e9}, {"bandwidth_gb_per_s", roof.bandwidth / 1e9},
+                        {"ridge_flops_per_byte", roof.ridge()}}},
+          {"from_step", w.from}, {"to_step", w.to}, {"steps", w.to - w.from + 1}, {"steps_ms", steps_ms},
           {"operators_ms", op_ms}, {"ops", arr}};
+}
+
+nlohmann::json trace_json(const std::vector<TraceStep>& steps, int rank, const std::string& grid_name, int64_t origin_ns) {
+  nlohmann::json ev = nlohmann::json::array();
+  auto us = [&](int64_t ns) { return static_cast<double>(ns - origin_ns) / 1e3; };
+  ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", fmt::format("rank {} ({})", rank, grid_name)}}}});
+  ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", 0}, {"args", {{"name", "steps"}}}});
+  ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", 1}, {"args", {{"name", "operators"}}}});
+  for (const TraceStep& s : steps) {
+    ev.push_back({{"ph", "X"}, {"name", fmt::format("step {}", s.step)}, {"cat", "step"}, {"pid", rank}, {"tid", 0},
+                  {"ts", us(s.t0_ns)}, {"dur", static_cast<double>(s.t1_ns - s.t0_ns) / 1e3}, {"args", {{"step", s.step}}}});
+    for (const ops::TraceEvent& e : s.ops) {
+      const ops::Node& n = e.graph->nodes[e.node];
+      const char* pass = e.pass == 'f' ? "forward" : e.pass == 'b' ? "backward" : "recompute";
+      ev.push_back({{"ph", "X"}, {"name", n.name}, {"cat", pass}, {"pid", rank}, {"tid", 1}, {"ts", us(e.t0_ns)},
+                    {"dur", static_cast<double>(e.t1_ns - e.t0_ns) / 1e3},
+                    {"args", {{"op", ops::op_name(n.kind)}, {"pass", pass}, {"step", s.step}, {"node", e.node}}}});
+    }
+  }
+  return {{"traceEvents", ev}, {"displayTimeUnit", "ms"}};
 }
 
 }  // namespace runner

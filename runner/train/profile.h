@@ -4,6 +4,7 @@
 // 10 are logged; all of them go to RUN_DIR/profile.json (rank 0's; every rank writes
 // profile.rankR.json). Off, it costs nothing: the executor's per-kind timers run anyway.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 
 #include "ops/executor.h"
 #include "ops/graph.h"
+#include "runner/errors.h"
 
 namespace spdlog {
 class logger;
@@ -25,9 +27,9 @@ struct ProfileWindow {
   bool covers(int64_t step) const { return on() && step >= from && step <= to; }
 };
 
-// "20:30" (steps 20 to 30), "20" (that step only); empty: off. Throws UserError naming
-// --profile when it is not that form or lies outside 1..steps.
-ProfileWindow parse_profile(const std::string& spec, int64_t steps);
+// "20:30" (steps 20 to 30), "20" (that step only); empty: off. Throws UserError at `where`
+// (the recipe's profile.steps, or --profile) when it is not that form or lies outside 1..steps.
+ProfileWindow parse_profile(const std::string& spec, int64_t steps, const SourceLoc& where, const std::string& what);
 
 // One operator kind's figures over the profiled steps, per pass.
 struct OpPassFigures {
@@ -51,7 +53,28 @@ struct OpFigures {
 std::vector<OpFigures> op_figures(const std::vector<const ops::Graph*>& graphs, int64_t micro_passes,
                                   const std::vector<ops::OpProfile>& measured);
 
-// profile.json's content; logs the top 10 by time on `log`.
-nlohmann::json profile_json(const std::vector<OpFigures>& ops, const ProfileWindow& w, double steps_ms, spdlog::logger* log);
+// The roofline of one rank: its measured sgemm peak (FLOP/s) and memory bandwidth (bytes/s).
+struct Roofline {
+  double peak_flops = 0, bandwidth = 0;
+  double ridge() const { return bandwidth > 0 ? peak_flops / bandwidth : 0; }  // FLOPs per byte
+  // What an operator of this arithmetic intensity can reach: min(peak, intensity x bandwidth).
+  double roof(double intensity) const { return std::min(peak_flops, intensity * bandwidth); }
+};
+
+// profile.json's content; logs the top 10 by time on `log`. Per operator, with the roofline:
+// its arithmetic intensity, compute- or memory-bound (intensity above or below the ridge),
+// the roof at its intensity and the fraction of it reached.
+nlohmann::json profile_json(const std::vector<OpFigures>& ops, const ProfileWindow& w, double steps_ms, const Roofline& roof,
+                            spdlog::logger* log);
+
+// Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev) of the profiled steps: one
+// complete ("X") event per operator node executed, named by the node with its kind, pass and
+// step in args, and one per profiled step, all on pid `rank`, tid 0 (steps) and 1 (operators);
+// timestamps in microseconds from `origin_ns` (steady clock, the run's start).
+struct TraceStep {
+  int64_t step, t0_ns, t1_ns;
+  std::vector<ops::TraceEvent> ops;
+};
+nlohmann::json trace_json(const std::vector<TraceStep>& steps, int rank, const std::string& grid_name, int64_t origin_ns);
 
 }  // namespace runner

@@ -54,6 +54,10 @@ class RankModel {
   }
   // Time per operator over every executor of this rank.
   std::vector<ops::OpProfile> profile() const;
+  // Every executor of this rank appends its node timings to `sink` (null: off).
+  void set_trace(std::vector<ops::TraceEvent>* sink) {
+    for (auto& ex : execs_) ex->set_trace(sink);
+  }
 
  private:
   const Plan& plan_;

@@ -118,6 +118,10 @@ class Trainer {
       log->warn("took over the lock of a previous owner that is gone ({}): {}", lock->took_over(), lock->path());
     maybe_resume();
     ckpt->remove_stale_files();
+    if (profile_window.on() && resumed_from >= profile_window.from) {  // a resume inside the window profiles the rest
+      if (resumed_from >= profile_window.to) profile_window = {};
+      else profile_window.from = resumed_from + 1;
+    }
     write_run_files();
     // Each start and stop of a job on this run directory (runner status reads them).
     if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
@@ -128,6 +132,15 @@ class Trainer {
       double v = ops::measure_cpu_gemm_peak_flops();
       grid.world().allreduce_sum(&v, 1);
       metrics->set_peak_flops(v);
+    }
+    if (profile_window.on()) {
+      // The roofline of one rank: its share of the peak, and its memory bandwidth (every rank
+      // measures at once, as they will run).
+      roofline.peak_flops = metrics->peak_flops() / static_cast<double>(grid.world_size());
+      roofline.bandwidth = ops::measure_cpu_memory_bandwidth();
+      double bw = roofline.bandwidth;
+      grid.world().allreduce_sum(&bw, 1);
+      roofline.bandwidth = bw / static_cast<double>(grid.world_size());
     }
     print_startup();
     if (resumed_from >= 0) log->info("resumed from step {} ({})", resumed_from, ckpt->dir());
@@ -148,7 +161,9 @@ class Trainer {
       const bool profiled = profile_window.covers(st.step + 1);
       std::vector<ops::OpProfile> before;
       if (profiled) before = model->profile();
+      if (profiled) trace_steps.push_back({st.step + 1, now_ns(), 0, {}}), model->set_trace(&trace_steps.back().ops);
       StepResult s = train_step();
+      if (profiled) trace_steps.back().t1_ns = now_ns(), model->set_trace(nullptr);
       if (profiled) profile_step(before, s.total_ms);
       if (faults.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.step_sleep_ms));
       auto rb0 = Clock::now();
@@ -208,6 +223,7 @@ class Trainer {
   ProfileWindow profile_window;
   std::vector<ops::OpProfile> profiled_ops;  // summed over the profiled steps' passes (evaluation excluded)
   double profiled_ms = 0;
+  Roofline roofline;  // this rank's, measured at start-up when profiling
 
   // A profiled step: adds its passes' operator times; after the window's last step, writes
   // profile.rankR.json (and rank 0 profile.json) and logs the top operators.
@@ -235,11 +251,39 @@ class Trainer {
     if (st.step != profile_window.to) return;
     const int64_t steps = profile_window.to - profile_window.from + 1;
     auto figures = op_figures(model->graphs(), plan.accum * steps, profiled_ops);
-    nlohmann::json j = profile_json(figures, profile_window, profiled_ms, log.get());
+    nlohmann::json j = profile_json(figures, profile_window, profiled_ms, roofline, log.get());
     j["rank"] = grid.rank();
     j["grid"] = grid.name();
     std::ofstream(fs::path(paths.run_dir) / fmt::format("profile.rank{}.json", grid.rank())) << j.dump(2) << "\n";
     if (lead()) std::ofstream(fs::path(paths.run_dir) / "profile.json") << j.dump(2) << "\n";
+    write_traces();
+  }
+
+  // trace.rankR.json per rank; rank 0 then merges them into trace.json (one pid per rank).
+  std::vector<TraceStep> trace_steps;  // the profiled steps' attempts, with their operator events
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  }
+  void write_traces() {
+    const fs::path dir = paths.run_dir;
+    // One time base for every rank (the steady clock is the host's): rank 0's first profiled
+    // step starts at 0 (ns since boot fit a double exactly).
+    double origin = lead() && !trace_steps.empty() ? static_cast<double>(trace_steps.front().t0_ns) : 0;
+    grid.world().allreduce_sum(&origin, 1);
+    std::ofstream(dir / fmt::format("trace.rank{}.json", grid.rank()))
+        << trace_json(trace_steps, grid.rank(), grid.name(), static_cast<int64_t>(origin)).dump() << "\n";
+    trace_steps.clear();
+    double done = 1;
+    grid.world().allreduce_sum(&done, 1);  // every rank's file is written
+    if (!lead()) return;
+    nlohmann::json merged = {{"traceEvents", nlohmann::json::array()}, {"displayTimeUnit", "ms"}};
+    for (int rk = 0; rk < grid.world_size(); ++rk) {
+      std::ifstream in(dir / fmt::format("trace.rank{}.json", rk));
+      nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+      if (j.is_discarded()) continue;
+      for (auto& e : j["traceEvents"]) merged["traceEvents"].push_back(std::move(e));
+    }
+    std::ofstream(dir / "trace.json") << merged.dump() << "\n";
   }
 
   std::optional<RunLock> lock;  // rank 0: this run owns its directory until the Trainer ends
@@ -251,8 +295,10 @@ class Trainer {
   // Everything that can fail on user input happens here, before any file is written.
   void open_inputs() {
     check_supported(plan, grid.world_size());
-    profile_window = parse_profile(opts.profile, r.train.steps);
     agree(grid.world(), [&] {
+      profile_window = opts.profile.empty()
+                           ? parse_profile(r.profile.steps, r.train.steps, r.loc("profile.steps"), "profile.steps")
+                           : parse_profile(opts.profile, r.train.steps, {"--profile", 0, 0}, "--profile");
       train_src = open_source(r.data, Split::Train, r.model.seq_len, r.model.vocab_size, seed());
       val_src = open_source(r.data, Split::Val, r.model.seq_len, r.model.vocab_size, seed());
     });

@@ -1,0 +1,489 @@
+// runner report: RUN_DIR/report.html, see report.h. Every chart is inline SVG drawn here;
+// the page has no script, no external reference, nothing to fetch.
+#include "runner/report/report.h"
+
+#include <algorithm>
+#include <array>
+#include <tuple>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "runner/errors.h"
+
+namespace runner {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string esc(const std::string& s) {
+  std::string o;
+  o.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+double num(const json& j, const char* k, double def = NAN) {
+  if (!j.is_object() || !j.contains(k) || !j[k].is_number()) return def;
+  return j[k].get<double>();
+}
+
+std::string fmtv(double v) {
+  if (!std::isfinite(v)) return "-";
+  double a = std::fabs(v);
+  if (v == std::round(v) && a < 1e9) return fmt::format("{:.0f}", v);
+  if (a != 0 && (a >= 1e6 || a < 1e-3)) return fmt::format("{:.3g}", v);
+  if (a >= 100) return fmt::format("{:.0f}", v);
+  if (a >= 1) return fmt::format("{:.3g}", v);
+  return fmt::format("{:.3f}", v);
+}
+
+std::string bytes(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (std::fabs(b) >= 1024 && i < 4) b /= 1024, ++i;
+  return fmt::format("{:.1f} {}", b, u[i]);
+}
+
+const char* const kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                               "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+
+struct Series {
+  std::string name;
+  std::vector<std::pair<double, double>> pts;
+};
+
+// Plot frame: 560 x 240 with margins; maps data to pixels.
+struct Frame {
+  double w = 560, h = 240, l = 60, r = 12, t = 26, b = 34;
+  double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
+  bool logx = false, logy = false;
+  double tx(double x) const {
+    double a = logx ? std::log10(x) : x, lo = logx ? std::log10(x0) : x0, hi = logx ? std::log10(x1) : x1;
+    return l + (a - lo) / (hi - lo) * (w - l - r);
+  }
+  double ty(double y) const {
+    double a = logy ? std::log10(y) : y, lo = logy ? std::log10(y0) : y0, hi = logy ? std::log10(y1) : y1;
+    return h - b - (a - lo) / (hi - lo) * (h - t - b);
+  }
+};
+
+void fit(double* lo, double* hi, bool zero) {
+  if (!std::isfinite(*lo) || !std::isfinite(*hi)) *lo = 0, *hi = 1;
+  if (zero && *lo > 0) *lo = 0;
+  if (*hi <= *lo) *hi = *lo + (std::fabs(*lo) > 0 ? std::fabs(*lo) * 0.1 : 1);
+  else *hi += (*hi - *lo) * 0.05;
+}
+
+std::string axes(const Frame& f, const std::string& title, const std::string& xl, const std::string& yl) {
+  std::string s = fmt::format(R"(<svg class="plot" width="{}" height="{}" viewBox="0 0 {} {}" role="img">)", f.w, f.h, f.w, f.h);
+  s += fmt::format(R"(<text x="{}" y="16" class="t">{}</text>)", f.l, esc(title));
+  s += fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="#fff" stroke="#999"/>)", f.l, f.t, f.w - f.l - f.r,
+                   f.h - f.t - f.b);
+  for (int i = 0; i <= 4; ++i) {
+    double yv = f.logy ? std::pow(10, std::log10(f.y0) + (std::log10(f.y1) - std::log10(f.y0)) * i / 4)
+                       : f.y0 + (f.y1 - f.y0) * i / 4;
+    double xv = f.logx ? std::pow(10, std::log10(f.x0) + (std::log10(f.x1) - std::log10(f.x0)) * i / 4)
+                       : f.x0 + (f.x1 - f.x0) * i / 4;
+    s += fmt::format(R"(<line x1="{:.1f}" x2="{:.1f}" y1="{:.1f}" y2="{:.1f}" stroke="#eee"/>)", f.l, f.w - f.r, f.ty(yv), f.ty(yv));
+    s += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="ay">{}</text>)", f.l - 4, f.ty(yv) + 4, fmtv(yv));
+    s += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="ax">{}</text>)", f.tx(xv), f.h - f.b + 14, fmtv(xv));
+  }
+  s += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="ax">{}</text>)", (f.l + f.w - f.r) / 2, f.h - 4, esc(xl));
+  s += fmt::format(R"~(<text x="12" y="{:.1f}" class="ay" transform="rotate(-90 12 {:.1f})">{}</text>)~", (f.t + f.h - f.b) / 2,
+                   (f.t + f.h - f.b) / 2, esc(yl));
+  return s;
+}
+
+std::string legend(const Frame& f, const std::vector<std::string>& names) {
+  std::string s;
+  double x = f.l + 6;
+  for (size_t i = 0; i < names.size(); ++i) {
+    s += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="10" height="10" fill="{}"/><text x="{:.1f}" y="{:.1f}" class="lg">{}</text>)",
+                     x, f.t + 4, kColors[i % 10], x + 13, f.t + 13, esc(names[i]));
+    x += 20 + 6.2 * names[i].size();
+  }
+  return s;
+}
+
+std::string line_chart(const std::string& title, const std::string& yl, const std::vector<Series>& ss, bool zero = false) {
+  Frame f;
+  double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
+  for (auto& s : ss)
+    for (auto [x, y] : s.pts)
+      if (std::isfinite(x) && std::isfinite(y)) xlo = std::min(xlo, x), xhi = std::max(xhi, x), ylo = std::min(ylo, y), yhi = std::max(yhi, y);
+  if (!std::isfinite(xlo)) return "<p class=\"na\">" + esc(title) + ": no data yet</p>";
+  f.x0 = xlo, f.x1 = xhi;
+  if (f.x1 <= f.x0) f.x1 = f.x0 + 1;
+  fit(&ylo, &yhi, zero);
+  f.y0 = ylo, f.y1 = yhi;
+  std::string s = axes(f, title, "step", yl);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ss.size(); ++i) {
+    names.push_back(ss[i].name);
+    std::string d;
+    for (auto [x, y] : ss[i].pts)
+      if (std::isfinite(y)) d += fmt::format("{:.1f},{:.1f} ", f.tx(x), f.ty(y));
+    s += fmt::format(R"(<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>)", kColors[i % 10], d);
+    if (ss[i].pts.size() < 40)
+      for (auto [x, y] : ss[i].pts)
+        if (std::isfinite(y)) s += fmt::format(R"(<circle cx="{:.1f}" cy="{:.1f}" r="2.5" fill="{}"/>)", f.tx(x), f.ty(y), kColors[i % 10]);
+  }
+  if (ss.size() > 1) s += legend(f, names);
+  return s + "</svg>";
+}
+
+const char* const kParts[] = {"data_ms",       "forward_ms",       "backward_ms",   "optimizer_ms", "comm_exposed_ms",
+                              "pipeline_idle_ms", "loss_scale_ms", "rollback_ms",   "checkpoint_ms", "other_ms"};
+
+// Steps binned into at most 100 bars, each the mean breakdown of its steps.
+std::string breakdown_chart(const std::vector<json>& steps) {
+  std::vector<const json*> bs;
+  for (auto& s : steps)
+    if (s.contains("breakdown")) bs.push_back(&s);
+  if (bs.empty()) return "<p class=\"na\">no breakdown in the step records</p>";
+  const size_t nb = std::min<size_t>(100, bs.size());
+  std::vector<std::array<double, 10>> bins(nb);
+  std::vector<double> first(nb), last(nb);
+  std::vector<int> cnt(nb);
+  for (size_t i = 0; i < bs.size(); ++i) {
+    size_t k = i * nb / bs.size();
+    for (int p = 0; p < 10; ++p) bins[k][p] += std::max(0.0, num((*bs[i])["breakdown"], kParts[p], 0));
+    double st = num(*bs[i], "step", i);
+    if (!cnt[k]) first[k] = st;
+    last[k] = st;
+    ++cnt[k];
+  }
+  double ymax = 0;
+  for (size_t k = 0; k < nb; ++k) {
+    double t = 0;
+    for (auto& v : bins[k]) v /= std::max(1, cnt[k]), t += v;
+    ymax = std::max(ymax, t);
+  }
+  Frame f;
+  f.w = 1140, f.h = 280;
+  // Bars are uniform bins over the records in order: the axis reads in steps.
+  f.x0 = first[0], f.x1 = last[nb - 1] + 1, f.y0 = 0, f.y1 = ymax * 1.15 + 1e-9;
+  std::string s = axes(f, "Step-time breakdown (ms, mean per bar)", "step (hover a bar for its numbers)", "ms");
+  double bw = (f.w - f.l - f.r) / nb;
+  for (size_t k = 0; k < nb; ++k) {
+    double acc = 0;
+    std::string tip = fmt::format("steps {}-{}", first[k], last[k]);
+    for (int p = 0; p < 10; ++p) tip += fmt::format("&#10;{}: {:.2f}", kParts[p], bins[k][p]);
+    s += "<g><title>" + tip + "</title>";
+    for (int p = 0; p < 10; ++p) {
+      if (bins[k][p] <= 0) continue;
+      double y0 = f.ty(acc), y1 = f.ty(acc + bins[k][p]);
+      s += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.2f}" fill="{}"/>)", f.l + k * bw + 0.5, y1,
+                       std::max(0.5, bw - 1), y0 - y1, kColors[p]);
+      acc += bins[k][p];
+    }
+    s += "</g>";
+  }
+  std::vector<std::string> names;
+  for (auto* p : kParts) names.emplace_back(std::string(p).substr(0, std::string(p).size() - 3));
+  return s + legend(f, names) + "</svg>";
+}
+
+double pct(std::vector<double> v, double q) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(q * v.size())) - (q > 0 ? 1 : 0));
+  return v[i];
+}
+
+std::string histogram(const std::vector<double>& ms) {
+  if (ms.empty()) return "<p class=\"na\">no step times yet</p>";
+  double lo = *std::min_element(ms.begin(), ms.end()), hi = *std::max_element(ms.begin(), ms.end());
+  if (hi <= lo) hi = lo + 1;
+  const int nb = 40;
+  std::vector<int> c(nb);
+  for (double v : ms) c[std::min(nb - 1, static_cast<int>((v - lo) / (hi - lo) * nb))]++;
+  Frame f;
+  f.x0 = lo, f.x1 = hi, f.y0 = 0, f.y1 = *std::max_element(c.begin(), c.end()) * 1.15;
+  std::string s = axes(f, "Step-time distribution", "step time (ms)", "steps");
+  for (int i = 0; i < nb; ++i) {
+    double x0 = f.tx(lo + (hi - lo) * i / nb), x1 = f.tx(lo + (hi - lo) * (i + 1) / nb);
+    s += fmt::format(R"(<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="#1f77b4"/>)", x0, f.ty(c[i]),
+                     std::max(0.5, x1 - x0 - 0.5), f.ty(0) - f.ty(c[i]));
+  }
+  double p50 = pct(ms, 0.5), p99 = pct(ms, 0.99);
+  for (auto [v, name, col] : {std::tuple{p50, "P50", "#2ca02c"}, std::tuple{p99, "P99", "#d62728"}}) {
+    s += fmt::format(R"(<line class="{}" x1="{:.1f}" x2="{:.1f}" y1="{}" y2="{}" stroke="{}" stroke-width="2" stroke-dasharray="5,3"/>)",
+                     name, f.tx(v), f.tx(v), f.t, f.h - f.b, col);
+    const bool right = f.tx(v) > f.w - 110;  // label left of a line near the right edge
+    s += fmt::format(R"(<text x="{:.1f}" y="{}" class="lg" fill="{}" text-anchor="{}">{} {:.1f} ms</text>)", f.tx(v) + (right ? -3 : 3),
+                     f.t + (name[1] == '5' ? 14 : 28), col, right ? "end" : "start", name, v);
+  }
+  return s + "</svg>";
+}
+
+// Horizontal grouped bars: each account, planned vs measured.
+std::string memory_chart(const json& plan, const json& measured) {
+  static const char* acc[] = {"parameters", "gradients", "optimizer", "activations", "communication", "workspace"};
+  if (!plan.contains("stages") && measured.is_null()) return "<p class=\"na\">no plan or measurement</p>";
+  std::vector<std::pair<std::string, std::pair<double, double>>> rows;
+  double mx = 1;
+  for (auto* a : acc) {
+    double pv = 0;
+    if (plan.contains("stages"))
+      for (auto& st : plan["stages"]) pv = std::max(pv, num(st, (std::string(a) + "_bytes").c_str(), 0));
+    double mv = NAN;
+    if (measured.is_object() && measured.contains(a)) {
+      auto& m = measured[a];
+      mv = m.is_number() ? m.get<double>() : num(m, "measured");
+    }
+    rows.push_back({a, {pv, mv}});
+    mx = std::max({mx, pv, std::isfinite(mv) ? mv : 0});
+  }
+  const double W = 560, L = 110, rowh = 30;
+  const double H = 40 + rowh * rows.size();
+  std::string s = fmt::format(R"(<svg class="plot" width="{}" height="{}" viewBox="0 0 {} {}" role="img">)", W, H, W, H);
+  s += R"(<text x="110" y="16" class="t">Memory per account, largest stage: plan vs measured</text>)";
+  s += R"(<rect x="300" y="22" width="10" height="10" fill="#aec7e8"/><text x="313" y="31" class="lg">plan</text>)"
+       R"(<rect x="350" y="22" width="10" height="10" fill="#1f77b4"/><text x="363" y="31" class="lg">measured</text>)";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    double y = 38 + rowh * i;
+    auto [pv, mv] = rows[i].second;
+    s += fmt::format(R"(<text x="{}" y="{:.1f}" class="ay">{}</text>)", L - 4, y + 16, rows[i].first);
+    double wp = pv / mx * (W - L - 120), wm = std::isfinite(mv) ? mv / mx * (W - L - 120) : 0;
+    s += fmt::format(R"(<rect x="{}" y="{:.1f}" width="{:.1f}" height="11" fill="#aec7e8"/>)", L, y + 2, wp);
+    s += fmt::format(R"(<rect x="{}" y="{:.1f}" width="{:.1f}" height="11" fill="#1f77b4"/>)", L, y + 14, wm);
+    s += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="lg">{} / {}</text>)", L + std::max(wp, wm) + 4, y + 16, bytes(pv),
+                     std::isfinite(mv) ? bytes(mv) : std::string("-"));
+  }
+  return s + "</svg>";
+}
+
+std::string roofline_chart(const json& prof) {
+  double peak = num(prof["roofline"], "peak_gflops_per_s"), bw = num(prof["roofline"], "bandwidth_gb_per_s");
+  if (!std::isfinite(peak) || !std::isfinite(bw) || !prof.contains("ops")) return "<p class=\"na\">no roofline in profile.json</p>";
+  Frame f;
+  f.logx = f.logy = true;
+  double ilo = 0.05, ihi = 1000, glo = INFINITY;
+  for (auto& o : prof["ops"]) {
+    double ai = num(o, "intensity"), g = num(o, "gflops_per_s");
+    if (ai > 0 && g > 0) ilo = std::min(ilo, ai / 2), ihi = std::max(ihi, ai * 2), glo = std::min(glo, g);
+  }
+  f.x0 = ilo, f.x1 = ihi, f.y0 = std::min(std::isfinite(glo) ? glo / 3 : peak / 1000, bw * ilo), f.y1 = peak * 3;
+  std::string s = axes(f, "Roofline: operators (forward+backward+recompute)", "arithmetic intensity (FLOP/byte)", "GFLOP/s");
+  double ridge = peak / bw;
+  s += fmt::format(R"(<polyline class="roof" fill="none" stroke="#d62728" stroke-width="2" points="{:.1f},{:.1f} {:.1f},{:.1f} {:.1f},{:.1f}"/>)",
+                   f.tx(ilo), f.ty(bw * ilo), f.tx(ridge), f.ty(peak), f.tx(ihi), f.ty(peak));
+  int i = 0;
+  for (auto& o : prof["ops"]) {
+    double ai = num(o, "intensity"), g = num(o, "gflops_per_s");
+    if (!(ai > 0 && g > 0)) continue;
+    std::string op = o.value("op", "?");
+    s += fmt::format(R"(<g class="op"><title>{}: {:.2f} FLOP/B, {:.2f} GFLOP/s, {:.0f}% of roof</title><circle cx="{:.1f}" cy="{:.1f}" r="5" fill="{}"/><text x="{:.1f}" y="{:.1f}" class="lg">{}</text></g>)",
+                     esc(op), ai, g, 100 * num(o, "of_roof", 0), f.tx(ai), f.ty(g), kColors[i % 10], f.tx(ai) + 7, f.ty(g) + 4, esc(op));
+    ++i;
+  }
+  return s + "</svg>";
+}
+
+std::string ops_table(const json& prof) {
+  std::string s = "<table><tr><th>op</th><th>calls</th><th>ms</th><th>share</th><th>fwd ms</th><th>bwd ms</th><th>recompute ms</th>"
+                  "<th>GFLOP</th><th>GFLOP/s</th><th>GB/s</th><th>FLOP/B</th><th>bound</th><th>of roof</th></tr>";
+  int n = 0;
+  for (auto& o : prof["ops"]) {
+    if (n++ >= 15) break;
+    double calls = num(o["forward"], "calls", 0) + num(o["backward"], "calls", 0) + num(o["recompute"], "calls", 0);
+    s += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{:.1f}%</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0f}%</td></tr>",
+                     esc(o.value("op", "?")), fmtv(calls), fmtv(num(o, "ms")), 100 * num(o, "share", 0), fmtv(num(o["forward"], "ms")),
+                     fmtv(num(o["backward"], "ms")), fmtv(num(o["recompute"], "ms")), fmtv(num(o, "flops") / 1e9),
+                     fmtv(num(o, "gflops_per_s")), fmtv(num(o, "gb_per_s")), fmtv(num(o, "intensity")),
+                     esc(o.value("bound", "")), 100 * num(o, "of_roof", 0));
+  }
+  return s + "</table>";
+}
+
+std::string kv_table(const json& j, const std::vector<std::string>& keys) {
+  std::string s = "<table class=\"kv\">";
+  for (auto& k : keys)
+    if (j.contains(k)) s += "<tr><th>" + esc(k) + "</th><td>" + esc(j[k].is_number() ? fmtv(j[k].get<double>()) : j[k].dump()) + "</td></tr>";
+  return s + "</table>";
+}
+
+std::string per_rank_table(const json& rows) {
+  std::string s = "<table><tr><th>rank</th><th>stage</th>";
+  for (auto* p : kParts) s += std::string("<th>") + p + "</th>";
+  s += "</tr>";
+  for (auto& r : rows) {
+    s += fmt::format("<tr><td>{}</td><td>{}</td>", fmtv(num(r, "rank")), fmtv(num(r, "stage")));
+    for (auto* p : kParts) s += "<td>" + fmtv(num(r, p)) + "</td>";
+    s += "</tr>";
+  }
+  return s + "</table>";
+}
+
+const char* kStyle = R"(body{font-family:sans-serif;margin:16px;color:#222;background:#fafafa}
+h1{font-size:22px}h2{font-size:17px;border-bottom:1px solid #ccc;margin-top:26px}
+.grid{display:flex;flex-wrap:wrap;gap:12px}.plot{background:#fff;border:1px solid #ddd}
+.t{font-size:13px;font-weight:bold}.ax{font-size:10px;text-anchor:middle}.ay{font-size:10px;text-anchor:end}.lg{font-size:10px}
+table{border-collapse:collapse;font-size:12px;background:#fff}td,th{border:1px solid #ddd;padding:2px 6px;text-align:right}
+th{background:#eee}td:first-child{text-align:left}.kv th{text-align:left}
+pre{background:#fff;border:1px solid #ddd;padding:8px;font-size:11px;max-height:480px;overflow:auto}
+.alert{color:#a00}.na{color:#888;font-style:italic}.status{padding:6px;background:#ffe;border:1px solid #cc9;display:inline-block})";
+
+}  // namespace
+
+ReportInfo write_report(const fs::path& run_dir) {
+  const fs::path mpath = run_dir / "metrics.jsonl";
+  if (!fs::is_directory(run_dir))
+    throw UserError({run_dir.string()}, "not a directory", "give the run directory a `runner train` wrote (e.g. runs/quickstart)");
+  if (!fs::exists(mpath))
+    throw UserError({mpath.string()}, "no metrics.jsonl: this is not a run directory, or the run has not started a step",
+                    "give the run directory a `runner train` wrote (e.g. runs/quickstart)");
+  ReportInfo info;
+  std::vector<json> steps, evals, monitors, alerts;
+  json summary;
+  {
+    std::ifstream in(mpath);
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      json j = json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) {
+        ++info.skipped_lines;
+        continue;
+      }
+      if (j.contains("summary")) summary = j;
+      else if (j.contains("alert")) alerts.push_back(j);
+      else if (j.contains("monitor")) monitors.push_back(j);
+      else if (j.contains("eval")) evals.push_back(j);
+      else if (j.contains("step") && j.contains("step_ms")) steps.push_back(j);
+    }
+  }
+  if (steps.empty())
+    throw UserError({mpath.string()}, "no step record yet", "wait for the run's first step, or give a run directory that trained");
+  info.steps = static_cast<int>(steps.size());
+  info.finished = !summary.is_null();
+  json plan, prof;
+  std::string recipe_text = fs::exists(run_dir / "recipe.yaml") ? slurp(run_dir / "recipe.yaml") : "";
+  if (fs::exists(run_dir / "plan.json")) plan = json::parse(slurp(run_dir / "plan.json"), nullptr, false);
+  if (plan.is_discarded()) plan = json();
+  if (fs::exists(run_dir / "profile.json")) prof = json::parse(slurp(run_dir / "profile.json"), nullptr, false);
+  if (prof.is_discarded()) prof = json();
+  info.profiled = prof.is_object() && prof.contains("ops");
+  std::vector<std::string> rank_profiles;
+  for (auto& e : fs::directory_iterator(run_dir)) {
+    std::string n = e.path().filename().string();
+    if (n.rfind("profile.rank", 0) == 0) rank_profiles.push_back(n);
+  }
+  std::sort(rank_profiles.begin(), rank_profiles.end());
+
+  auto series = [&](const std::vector<json>& recs, const char* key, const std::string& name) {
+    Series s{name, {}};
+    for (auto& r : recs)
+      if (r.contains(key) && r[key].is_number()) s.pts.push_back({num(r, "step"), r[key].get<double>()});
+    return s;
+  };
+  std::vector<double> ms;
+  for (auto& s : steps) ms.push_back(num(s, "step_ms"));
+
+  const std::string name = plan.is_object() ? plan.value("name", run_dir.filename().string()) : run_dir.filename().string();
+  std::string h = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>runner report: " + esc(name) +
+                  "</title><style>" + kStyle + "</style></head><body>\n";
+  h += "<h1>runner report: " + esc(name) + "</h1>\n";
+  const json& last = steps.back();
+  h += fmt::format("<p class=\"status\">{} &middot; {} step records, last step {} &middot; {}{}</p>\n",
+                   info.finished ? "finished" : "in progress (no summary record yet)", steps.size(), fmtv(num(last, "step")),
+                   plan.contains("grid") ? "layout " + esc(plan["grid"].dump()) : std::string("layout unknown"),
+                   info.skipped_lines ? fmt::format(" &middot; {} unreadable line(s) skipped", info.skipped_lines) : "");
+  if (info.finished)
+    h += kv_table(summary, {"steps", "tokens", "tokens_per_s", "wall_s", "val_loss", "accuracy", "skipped_steps", "step_ms", "peak_flops",
+                            "comm_hidden_fraction", "pipeline_idle_fraction", "plan_bubble", "layout"});
+  else if (!monitors.empty())
+    h += kv_table(monitors.back(), {"step", "tokens_per_s", "mfu", "utilization", "step_ms", "skipped_steps", "slowest_rank"});
+
+  h += "<h2>Training</h2><div class=\"grid\">\n";
+  {
+    std::vector<Series> loss{series(steps, "loss", "train")};
+    if (!evals.empty()) loss.push_back(series(evals, "val_loss", "eval"));
+    h += line_chart("Loss", "loss", loss);
+    h += line_chart("Learning rate", "lr", {series(steps, "lr", "lr")}, true);
+    h += line_chart("Gradient norm", "norm", {series(steps, "grad_norm", "grad norm")}, true);
+    h += line_chart("Loss scale", "scale", {series(steps, "loss_scale", "loss scale")}, true);
+  }
+  h += "</div>\n<h2>Throughput</h2><div class=\"grid\">\n";
+  h += line_chart("Tokens/s", "tokens/s", {series(steps, "tokens_per_s", "step"), series(monitors, "tokens_per_s", "monitor (window)")}, true);
+  h += line_chart("Step time", "ms", {series(steps, "step_ms", "step_ms")}, true);
+  if (!monitors.empty()) h += line_chart("MFU and utilization", "fraction", {series(monitors, "mfu", "MFU"), series(monitors, "utilization", "utilization")}, true);
+  h += histogram(ms);
+  h += "</div>\n<h2>Where the time went</h2>\n" + breakdown_chart(steps);
+  const json* per_rank = nullptr;
+  if (info.finished && summary.contains("breakdown_per_rank")) per_rank = &summary["breakdown_per_rank"];
+  else if (!monitors.empty() && monitors.back().contains("per_rank")) per_rank = &monitors.back()["per_rank"];
+  if (per_rank) h += "<p>Mean breakdown per rank (ms):</p>" + per_rank_table(*per_rank);
+
+  h += "<h2>Memory</h2>\n";
+  json measured;
+  if (info.finished && summary.contains("ledger")) measured = summary["ledger"];
+  else if (!monitors.empty() && monitors.back().contains("peak_memory")) measured = monitors.back()["peak_memory"];
+  h += memory_chart(plan, measured);
+
+  h += "<h2>Operators</h2>\n";
+  if (info.profiled) {
+    h += fmt::format("<p>Profiled steps {} to {} on rank {} ({} steps, operators {:.1f} ms of {:.1f} ms).{}</p>",
+                     fmtv(num(prof, "from_step")), fmtv(num(prof, "to_step")), fmtv(num(prof, "rank")), fmtv(num(prof, "steps")),
+                     num(prof, "operators_ms", 0), num(prof, "steps_ms", 0),
+                     rank_profiles.empty() ? "" : " Per rank: " + esc(fmt::format("{}", fmt::join(rank_profiles, ", "))) + ".");
+    h += "<div class=\"grid\">" + roofline_chart(prof) + "</div>" + ops_table(prof);
+  } else if (info.finished && summary.contains("top_ops")) {
+    h += "<p>No profile.json (train with <code>--profile FROM:TO</code> for FLOPs and the roofline); time per operator kind over the run:</p><table><tr><th>op</th><th>calls</th><th>forward ms</th><th>backward ms</th><th>recompute ms</th></tr>";
+    for (auto& o : summary["top_ops"])
+      h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", esc(o.value("op", "?")), fmtv(num(o, "calls")),
+                       fmtv(num(o, "forward_ms")), fmtv(num(o, "backward_ms")), fmtv(num(o, "recompute_ms")));
+    h += "</table>";
+  } else {
+    h += "<p class=\"na\">no operator profile (train with --profile FROM:TO)</p>";
+  }
+
+  h += "<h2>Alerts</h2>\n";
+  if (alerts.empty()) h += "<p>No alert fired.</p>";
+  else {
+    h += "<table><tr><th>alert</th><th>step</th><th>value</th><th>threshold</th><th>message</th><th>what to do</th></tr>";
+    for (auto& a : alerts)
+      h += fmt::format("<tr class=\"alert\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", esc(a.value("alert", "")),
+                       fmtv(num(a, "step")), fmtv(num(a, "value")), fmtv(num(a, "threshold")), esc(a.value("message", "")),
+                       esc(a.value("action", "")));
+    h += "</table>";
+  }
+  h += "<h2>Recipe (resolved)</h2><pre>" + (recipe_text.empty() ? std::string("(no recipe.yaml)") : esc(recipe_text)) + "</pre>\n";
+  h += "<h2>Plan</h2><pre>" + (plan.is_null() ? std::string("(no plan.json)") : esc(plan.dump(2))) + "</pre>\n";
+  h += "</body></html>\n";
+
+  info.path = run_dir / "report.html";
+  const fs::path tmp = run_dir / "report.html.tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << h;
+    if (!out) throw UserError({tmp.string()}, "cannot write the report", "check the run directory is writable");
+  }
+  fs::rename(tmp, info.path);
+  return info;
+}
+
+}  // namespace runner
