@@ -11,6 +11,7 @@ PACKAGES=(
   libopenblas-openmp-dev
   libdnnl-dev
   python3-torch python3-h5py python3-numpy
+  clang libclang-rt-14-dev
 )
 
 missing=()
