@@ -6,7 +6,7 @@
 # the sources they read with), seeds fuzz_recipe with recipes/*.yaml and tests/bad_recipes,
 # fuzz_checkpoint with one small checkpoint trained by build/runner (made here if missing).
 # Fails on any crash, sanitizer report, non-UserError exception or timeout in our code. A crash
-# whose top frame is inside libhdf5 (not instrumented; a corrupt file can crash it: that is why
+# or leak whose top frame is inside libhdf5 (not instrumented; a corrupt file can crash it: that is why
 # `runner inspect` and resume verification run in a forked child) is listed, kept under
 # build-fuzz/findings/, and does not fail the run.
 set -euo pipefail
@@ -21,6 +21,7 @@ CC=clang CXX=clang++ cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebIn
 ninja -C "$B" fuzz_recipe fuzz_checkpoint
 echo "fuzz: build took $((SECONDS - t0)) s"
 
+set +o pipefail   # below, `grep | head` pipelines: the status is the last command's
 W="$ROOT/$B/work"
 rm -rf "$W" && mkdir -p "$W"/recipe/corpus "$W"/recipe/seed "$W"/checkpoint/corpus "$W"/checkpoint/seed "$ROOT/$B/findings"
 cp recipes/*.yaml tests/bad_recipes/*.yaml "$W/recipe/seed/"
@@ -65,7 +66,7 @@ for c in "$W"/checkpoint/crash-* "$W"/checkpoint/timeout-* "$W"/checkpoint/oom-*
   [ -e "$c" ] || continue
   cp "$c" "$ROOT/$B/findings/"
   rc=0; (cd "$W/checkpoint" && "$ROOT/$B/fuzz_checkpoint" "$c" >"$c.replay" 2>&1) || rc=$?
-  case "$(basename "$c")" in crash-*) w=$(where "$c.replay") ;; *) w=ours ;; esac
+  case "$(basename "$c")" in crash-* | leak-*) w=$(where "$c.replay") ;; *) w=ours ;; esac
   if [ "$rc" = 0 ]; then
     norepro=$((norepro + 1))   # fork mode saves an empty unit when a job dies between inputs
   elif [ "$w" = hdf5 ]; then
@@ -75,6 +76,6 @@ for c in "$W"/checkpoint/crash-* "$W"/checkpoint/timeout-* "$W"/checkpoint/oom-*
     echo "fuzz_checkpoint: FINDING $(basename "$c") (ours):"; grep -E 'ERROR|SUMMARY|non-UserError|#[0-9]+ ' "$c.replay" | head -16
   fi
 done
-echo "fuzz_checkpoint: crashes inside libhdf5: $hdf5 (kept in $B/findings, not failing), in our code: $ours, not reproduced on replay: $norepro"
+echo "fuzz_checkpoint: crashes and leaks inside libhdf5: $hdf5 (kept in $B/findings, not failing), in our code: $ours, not reproduced on replay: $norepro"
 echo "fuzz: total $((SECONDS - t0)) s, $([ $status = 0 ] && echo PASS || echo FAIL)"
 exit $status
