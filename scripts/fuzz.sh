@@ -16,8 +16,9 @@ ROOT="$PWD"
 B=build-fuzz
 export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
 t0=$SECONDS
+mkdir -p "$B"
 CC=clang CXX=clang++ cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRUNNER_FUZZ=ON \
-  -DRUNNER_WITH_CUDA=OFF >"$B.configure.log" 2>&1 || { cat "$B.configure.log"; exit 1; }
+  -DRUNNER_WITH_CUDA=OFF >"$B/configure.log" 2>&1 || { cat "$B/configure.log"; exit 1; }
 ninja -C "$B" fuzz_recipe fuzz_checkpoint
 echo "fuzz: build took $((SECONDS - t0)) s"
 
