@@ -13,6 +13,7 @@ PACKAGES=(
   python3-torch python3-h5py python3-numpy
   slurm-wlm munge
   chromium
+  clang libclang-rt-14-dev
 )
 
 missing=()
