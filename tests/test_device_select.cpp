@@ -9,35 +9,18 @@
 #include <filesystem>
 #include <string>
 
+#include "cli_util.h"
 #include "runner/train/device.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
+using cli_util::Result;
 
-Result run(const std::string& args, const std::string& cwd) {
-  std::string cmd = "cd '" + cwd + "' && " + std::string(RUNNER_BINARY) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+Result run(const std::string& args, const std::string& cwd) { return cli_util::runner_cmd(args, cwd); }
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("runner_dev_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return cli_util::temp_dir("dev", name); }
 
 const std::string kQuickstart = std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml";
 

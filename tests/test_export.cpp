@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "runner/export/export.h"
 #include "runner/generate/trained_model.h"
 
@@ -23,29 +24,11 @@ using namespace runner;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
+using cli_util::Result;
+using cli_util::runner_cmd;
+using cli_util::sh;
 
-Result sh(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-Result runner_cmd(const std::string& args) { return sh(std::string(RUNNER_BINARY) + " " + args); }
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("runner_export_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return cli_util::temp_dir("export", name); }
 
 // A tiny quickstart model trained 20 steps (so no tensor is still at its initial value).
 fs::path train_tiny(const fs::path& dir, const std::string& extra) {

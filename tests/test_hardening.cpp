@@ -22,26 +22,16 @@
 #include <thread>
 #include <vector>
 
+#include "cli_util.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code = -1;  // exit status, or 128 + signal
-  std::string out;
-};
+using cli_util::Result;
 
 Result run(const std::string& args, const std::string& env = "") {
-  std::string cmd = env + " " + std::string(RUNNER_BINARY) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  // popen runs sh -c, which reports a signalled child as 128 + signal
-  return r;
+  return cli_util::sh(env + " " + std::string(RUNNER_BINARY) + " " + args);
 }
 
 pid_t spawn(const std::string& args, const std::string& env = "") {
@@ -60,12 +50,7 @@ int wait_exit(pid_t pid) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("runner_hard_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return cli_util::temp_dir("hard", name); }
 
 std::string read_file(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "runner/errors.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
@@ -26,30 +27,11 @@ using namespace runner;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
+using cli_util::Result;
+using cli_util::runner_cmd;
+using cli_util::sh;
 
-Result sh(const std::string& cmd) {
-  Result r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-Result runner_cmd(const std::string& args) { return sh(std::string(RUNNER_BINARY) + " " + args); }
-
-fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("runner_slurm_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& name) { return cli_util::temp_dir("slurm", name); }
 
 const std::string kTiny = std::string(RUNNER_TEST_DIR) + "/slurm/tiny.yaml";
 

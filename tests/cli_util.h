@@ -1,0 +1,45 @@
+// Shared by the tests that run the real binary as a user would (test_cli, test_export,
+// test_slurm_launch, test_device_select, test_hardening): a shell runner that captures output
+// and the exit status, the binary's command line, and a fresh temporary directory per test.
+#pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace cli_util {
+
+struct Result {
+  int code = -1;    // exit status, or 128 + signal (as a shell reports it)
+  std::string out;  // stdout and stderr together
+};
+
+// Runs `cmd` with sh -c, stdout and stderr together.
+inline Result sh(const std::string& cmd) {
+  Result r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return r;
+}
+
+// The runner binary with `args`, run in `cwd` when one is given.
+inline Result runner_cmd(const std::string& args, const std::string& cwd = "") {
+  return sh((cwd.empty() ? "" : "cd '" + cwd + "' && ") + std::string(RUNNER_BINARY) + " " + args);
+}
+
+// An empty directory <tmp>/runner_<suite>_<name>_<pid>, removed first if a previous run left it.
+inline std::filesystem::path temp_dir(const std::string& suite, const std::string& name) {
+  namespace fs = std::filesystem;
+  fs::path d = fs::temp_directory_path() / ("runner_" + suite + "_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+}  // namespace cli_util
