@@ -26,6 +26,7 @@ itself with them set); both sides get --threads threads.
 import argparse
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -125,7 +126,7 @@ class TorchGpt2:
     def conv1d(self, x, p):
         return torch.addmm(self.w[p + ".bias"], x.reshape(-1, x.shape[-1]), self.w[p + ".weight"]).view(*x.shape[:-1], -1)
 
-    def forward(self, tokens, start, cache, dtype):
+    def forward(self, tokens, start, cache, dtype, every=False):
         """tokens (B, T) at positions [start, start + T); cache[l] = (K, V) (B, NH, ctx, HS)."""
         B, T = tokens.shape
         w, C, NH, HS = self.w, self.C, self.NH, self.HS
@@ -148,8 +149,17 @@ class TorchGpt2:
             h = self.conv1d(self.ln(x, p + ".ln_2"), p + ".mlp.c_fc")
             h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h ** 3)))
             x = x + self.conv1d(h, p + ".mlp.c_proj")
+        if every:  # logits at every position (B, T, V)
+            return self.ln(x, "transformer.ln_f") @ w["transformer.wte.weight"].T
         x = self.ln(x[:, -1:], "transformer.ln_f")
         return x[:, -1] @ w["transformer.wte.weight"].T
+
+    def teacher_forced_argmax(self, seqs, context):
+        """Argmax at every position of one full pass over the given sequences (B, T)."""
+        B, T = seqs.shape
+        cache = [(torch.empty(B, self.NH, context, self.HS), torch.empty(B, self.NH, context, self.HS)) for _ in range(self.L)]
+        with torch.no_grad():
+            return self.forward(seqs, 0, cache, torch.float32, every=True).argmax(-1)
 
     def generate(self, prompts, new_tokens, context, dtype):
         B = prompts.shape[0]
@@ -177,15 +187,16 @@ def main():
     model_sets = [f"model.d_model={ARGS.d_model}", f"model.n_layers={ARGS.layers}", f"model.n_heads={ARGS.heads}",
                   f"model.seq_len={max(64, context)}"]
     run([ARGS.runner, "train", os.path.join(SRC, "recipes/quickstart.yaml"), "--quiet", "--run-dir", run_dir, "--set",
-         "train.steps=3", "train.eval_every=0", "checkpoint.every_steps=3", "batch.micro=4", *model_sets])
+         "train.steps=20", "train.eval_every=0", "checkpoint.every_steps=20", "batch.micro=4", "optimizer.lr=3e-3",
+         *model_sets])
     run([ARGS.runner, "export", run_dir, "--format", "safetensors", "--out", export_dir])
     with open(os.path.join(export_dir, "config.json")) as f:
         cfg = json.load(f)
     torch_model = TorchGpt2(cfg, read_safetensors(os.path.join(export_dir, "model.safetensors")))
 
     # Prompts: digits of addition problems, all of one length (every row's positions are real).
-    rng = np.random.default_rng(0)
-    def prompts_for(B):
+    def prompts_for(B):  # the same B prompts on every call for B
+        rng = np.random.default_rng(B)
         rows = ["".join(rng.choice(list("0123456789+="), ARGS.prompt_len)) for _ in range(B)]
         path = os.path.join(tmp, f"prompts_{B}.txt")
         with open(path, "w") as f:
@@ -230,12 +241,17 @@ def main():
                     tt = (t_toks, t_pre, t_dec)
             t_toks, t_pre, t_dec = tt
             same = sum(int(a == b) for a, b in zip(np.array(toks).ravel().tolist(), t_toks.numpy().ravel().tolist()))
+            # Per position, without the cascade of a first difference: PyTorch's argmax over the
+            # runner's own sequence (prompt + its tokens) at each generated position.
+            full = torch.cat([tp, torch.tensor(toks, dtype=torch.long)], 1)[:, :-1]
+            tf = torch_model.teacher_forced_argmax(full, context)[:, ARGS.prompt_len - 1:]
+            agree = (tf == torch.tensor(toks, dtype=torch.long)).float().mean().item()
             rec = {"kv_dtype": dtype, "batch": B, "max_batch": max_batch,
                    "runner_prefill_tok_s": st["prefill_tokens"] / st["prefill_s"],
                    "runner_decode_tok_s": st["decode_tokens"] / st["decode_s"],
                    "torch_prefill_tok_s": B * ARGS.prompt_len / t_pre,
                    "torch_decode_tok_s": B * (ARGS.new_tokens - 1) / t_dec,
-                   "same_tokens": same / (B * ARGS.new_tokens),
+                   "same_tokens": same / (B * ARGS.new_tokens), "argmax_agreement": agree,
                    "kv_cache_bytes": st["kv_cache_bytes"], "plan_kv_cache_bytes": st["plan"]["kv_cache_bytes"],
                    "peak_bytes": st["peak_bytes"], "plan_weights_bytes": st["plan"]["weights_bytes"]}
             rec["prefill_ratio"] = rec["runner_prefill_tok_s"] / rec["torch_prefill_tok_s"]
@@ -247,15 +263,18 @@ def main():
                 print(f"{dtype} B={B:3d}/{max_batch}: prefill runner {rec['runner_prefill_tok_s']:8.0f} tok/s torch "
                       f"{rec['torch_prefill_tok_s']:8.0f} (x{rec['prefill_ratio']:.2f}) | decode runner "
                       f"{rec['runner_decode_tok_s']:7.0f} tok/s torch {rec['torch_decode_tok_s']:7.0f} "
-                      f"(x{rec['decode_ratio']:.2f}) | same tokens {100 * rec['same_tokens']:.0f}% | KV "
-                      f"{rec['kv_cache_bytes']} B (plan {rec['plan_kv_cache_bytes']:.0f}) | peak param "
-                      f"{st['peak_bytes']['parameters']} kv {st['peak_bytes']['kv_cache']} act+ws "
-                      f"{st['peak_bytes']['activations'] + st['peak_bytes']['workspace']}", flush=True)
+                      f"(x{rec['decode_ratio']:.2f}) | same tokens {100 * rec['same_tokens']:.0f}%, argmax agreement "
+                      f"{100 * agree:.1f}% | KV "
+                      f"{rec['kv_cache_bytes']} B (plan {rec['plan_kv_cache_bytes']:.0f}) | peak B: params "
+                      f"{st['peak_bytes']['parameters']} (plan {st['plan']['weights_bytes']:.0f}) kv_cache "
+                      f"{st['peak_bytes']['kv_cache']} grads {st['peak_bytes']['gradients']} act "
+                      f"{st['peak_bytes']['activations']} ws {st['peak_bytes']['workspace']}", flush=True)
         # One past the plan's largest batch: the cache no longer fits, and the runner says so.
         _, res, r = runner_generate(max_batch + 1, dtype, memory_gb, check=False)
         msg = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
         line = {"kv_dtype": dtype, "batch": max_batch + 1, "refused": r.returncode == 2, "message": msg}
         print(json.dumps(line) if ARGS.json else f"{dtype} B={max_batch + 1}: exit {r.returncode}: {msg}", flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
     return results
 
 
