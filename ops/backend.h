@@ -39,6 +39,23 @@ struct DropoutSpec {
   int head_start = 0;
 };
 
+// One layer's KV cache as the kernels see it (ops/kv_cache.h owns the storage): K and V of
+// `rows` sequences x `context` positions x C channels (the heads of this rank, head h owning
+// channels [h*HS, (h+1)*HS)), row-major (row, position, channel), stored in `dtype`:
+//   F32, BF16, F16  the values (16-bit ones rounded to nearest even);
+//   I8              codes q = round(x / scale) in [-127, 127] with one fp32 scale per (row,
+//                   position, head), scale = max|x| / 127 over that head's HS channels (0 for
+//                   an all-zero head); x is read back as q * scale. k_scale, v_scale: (rows,
+//                   context, NH).
+struct KvView {
+  void* k = nullptr;
+  void* v = nullptr;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
+  DType dtype = DType::F32;
+  int64_t context = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -111,6 +128,21 @@ class Backend {
   // dqkv: (B,T,3C) +=. dout: (B,T,C).
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B,
                                   int T, int C, int NH, DropoutSpec drop) = 0;
+
+  // The KV cache (generation; forward only, nothing to differentiate).
+  // Prefill: K and V of qkv (B,T,3C) (after rope, as the attention reads them) into positions
+  // [0, T) of rows [0, B) of the cache.
+  virtual void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, int NH) {
+    throw std::logic_error(std::string(name()) + " backend: no KV cache");
+  }
+  // Decode, one new token per row: qkv (B,3C) holds row b's token at position pos[b]. With
+  // theta > 0 its q and k are first rotated at pos[b] (rope_forward's convention and angles);
+  // k and v are stored at pos[b], then out (B,C) = attention of q over the cache's positions
+  // [0, pos[b]] of row b (scale 1/sqrt(HS), causal by construction, no dropout).
+  virtual void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, int NH,
+                                float theta) {
+    throw std::logic_error(std::string(name()) + " backend: no KV cache");
+  }
 
   // GELU, tanh approximation (GPT-2's gelu_new; PyTorch GELU(approximate="tanh")).
   virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;

@@ -69,6 +69,7 @@ struct Executor::Impl {
   std::function<void(int)> grad_hook;
   const void* stage_in = nullptr;
   void* stage_out = nullptr;
+  KvCache* kv = nullptr;            // OpContext::kv (generation)
   std::vector<float> host_scratch;  // OpContext::host (vocabulary-parallel cross-entropy's row statistics)
 
   // The dry run counts the scratch an OpDef allocates and frees within one call (sequence
@@ -227,6 +228,7 @@ struct Executor::Impl {
     c.key = key;
     c.sample_offset = sample_offset;
     c.host = &host_scratch;
+    c.kv = kv;
     c.ins = ins;
     return c;
   }
@@ -528,6 +530,7 @@ void Executor::backward(float dloss, const void* dstage_out, void* dstage_in) {
 }
 
 void Executor::set_group(ReduceGroup* group) { impl_->group = group; }
+void Executor::set_kv_cache(KvCache* cache) { impl_->kv = cache; }
 void Executor::set_trace(std::vector<TraceEvent>* sink) { impl_->trace = sink; }
 void Executor::set_grad_hook(std::function<void(int)> hook) { impl_->grad_hook = std::move(hook); }
 

@@ -35,6 +35,7 @@
 #include "ops/backend.h"
 #include "ops/graph.h"
 #include "ops/group.h"
+#include "ops/kv_cache.h"
 #include "ops/tensor.h"
 
 namespace ops {
@@ -98,6 +99,11 @@ class Executor {
   // Forward up to the logits only (inference); returns (B*T, V) logits valid until the next call.
   // A pipeline's last stage passes its received activation as stage_in (tokens may be null).
   const Tensor& forward_logits(const int32_t* tokens, const void* stage_in = nullptr);
+
+  // Generation: the KV cache the graph's Attention nodes use (must outlive the executor's
+  // use; null: none). A prefill graph stores each layer's K and V into it as it attends; a
+  // decode graph (Graph::decode) attends over it at the positions in cache->pos.
+  void set_kv_cache(KvCache* cache);
 
   // Dry run of forward+backward (train) counting bytes per account, no kernels executed.
   static MemoryEstimate simulate(const Graph& g);

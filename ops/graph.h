@@ -90,6 +90,7 @@ struct Node {
   int64_t vocab_start = 0;      // VocabEmbed / VocabXent: first vocabulary id of this shard
   int heads_total = 0;          // Attention: heads of the whole model (0: heads); this shard computes
   int head_start = 0;           //   [head_start, head_start + heads) -- dropout counters use the logical head
+  bool rope = false;            // Attention in a decode graph: rotate q and k at each row's position (theta)
   bool inplace = false;         // SoftmaxXent: probs overwrite logits (in[0])
   // Sequence parallelism (Korthikanti et al. 2022): a column-parallel Linear all-gathers its
   // sequence-sharded input (and saves the shard, re-gathering in backward); a row-parallel
@@ -124,6 +125,9 @@ class Graph {
   int losses = -1;                 // (B*T) per-position loss
   int64_t B = 0, T = 0;
   int sp_parts = 1, sp_index = 0;  // sequence parallelism: rows [sp_index*N/sp_parts, ...) of each micro-batch
+  // Generation's decode step: T = 1, row b's one token sits at position KvCache::pos[b]
+  // (learned positions and rope use it), and Attention nodes attend over the KV cache.
+  bool decode = false;
 
   int find(const std::string& name) const;  // -1 if absent
   int64_t param_count() const;

@@ -8,6 +8,9 @@
 // the unsharded model draws (DropoutSpec::heads_total).
 #include "ops/ops.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace ops {
 namespace {
 
@@ -27,7 +30,11 @@ void backward(OpContext& c) {
 
 namespace attention {
 
-std::vector<int> saves(const Node& n) { return {n.in[0], n.out[1]}; }  // qkv, probs
+// qkv, probs (a decode graph's attention has no probs and no backward)
+std::vector<int> saves(const Node& n) {
+  if (n.out.size() < 2) return {n.in[0]};
+  return {n.in[0], n.out[1]};
+}
 
 // Counters of the logical head in the whole model (ops/backend.h, DropoutSpec).
 DropoutSpec drop(const OpContext& c) {
@@ -39,13 +46,26 @@ DropoutSpec drop(const OpContext& c) {
   return d;
 }
 
+// With a KV cache (generation): a prefill graph attends as in training and stores this
+// layer's K and V; a decode graph attends one position per row over the cache (rope, when the
+// model has it, applied there at each row's position: the decode graph has no Rope node).
 void forward(OpContext& c) {
   const int C = static_cast<int>(c.in_desc(0).shape.back() / 3);
+  if (c.g.decode) {
+    if (!c.kv || !c.kv->has_layer(c.n.layer))
+      throw std::logic_error("node " + c.n.name + ": a decode graph needs the executor's KV cache (set_kv_cache)");
+    if (static_cast<int64_t>(c.kv->pos.size()) < c.B()) throw std::logic_error("KV cache: fewer positions than rows");
+    c.be.attention_decode(c.out(0), c.in(0), c.kv->layer(c.n.layer), c.kv->pos.data(), c.B(), C, c.n.heads,
+                          c.n.rope ? c.n.theta : 0.0f);
+    return;
+  }
   c.be.attention_forward(c.out(0), c.out(1), c.in(0), c.B(), c.T(), C, c.n.heads, drop(c));
+  if (c.kv) c.be.kv_cache_write(c.kv->layer(c.n.layer), c.in(0), c.B(), c.T(), C, c.n.heads);
 }
 
 void backward(OpContext& c) {
   const int C = static_cast<int>(c.in_desc(0).shape.back() / 3);
+  if (c.g.decode) throw std::logic_error("node " + c.n.name + ": a decode graph has no backward");
   c.be.attention_backward(c.din(0), c.dout, c.in(0), c.out(1), c.B(), c.T(), C, c.n.heads, drop(c));
 }
 

@@ -8,6 +8,8 @@
 // backward all-gathers the output gradient back to the whole sequence.
 #include "ops/ops.h"
 
+#include <stdexcept>
+
 namespace ops {
 namespace {
 namespace embedding {
@@ -36,6 +38,11 @@ void forward(OpContext& c) {
                                  static_cast<int>(n.vocab_start), static_cast<int>(c.in_desc(1).shape[0]));
     if (n.scatter_output) c.group->reduce_scatter_sum(dst, c.out(0), out_n);
     else c.allreduce(c.out(0), out_n);
+  } else if (c.g.decode && wpe) {  // one token per row, each at its own position
+    if (!c.kv) throw std::logic_error("node " + n.name + ": a decode graph needs the executor's KV cache (set_kv_cache)");
+    for (int b = 0; b < c.B(); ++b)
+      c.be.embedding_forward(c.out(0) + static_cast<int64_t>(b) * C, c.in_i32(0) + b, c.in(1),
+                             wpe + static_cast<int64_t>(c.kv->pos[static_cast<size_t>(b)]) * C, 1, 1, C);
   } else {
     c.be.embedding_forward(c.out(0), c.in_i32(0), c.in(1), wpe, c.B(), c.T(), C);
   }

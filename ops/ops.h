@@ -29,6 +29,7 @@
 #include "ops/backend.h"
 #include "ops/graph.h"
 #include "ops/group.h"
+#include "ops/kv_cache.h"
 #include "ops/rng.h"
 #include "ops/tensor.h"
 
@@ -48,6 +49,7 @@ struct OpContext {
   bool train = false;
   uint64_t key = 0;              // the step's dropout key
   int64_t sample_offset = 0;     // index of this micro-batch's first sample in the global batch
+  KvCache* kv = nullptr;         // generation's KV cache (Executor::set_kv_cache); null otherwise
   std::vector<float>* host = nullptr;  // a reusable host buffer outside the ledger (row statistics)
   std::array<void*, kMaxOperands> ins{}, outs{};  // values by position (forward outputs: the
                                                   // buffers to write; null for a non-fp32 one)

@@ -19,6 +19,7 @@ size_t dtype_size(DType t) {
     case DType::U16: return 2;
     case DType::U8: return 1;
     case DType::F64: return 8;
+    case DType::I8: return 1;
   }
   return 0;
 }
@@ -32,6 +33,7 @@ const char* dtype_name(DType t) {
     case DType::U16: return "uint16";
     case DType::U8: return "uint8";
     case DType::F64: return "fp64";
+    case DType::I8: return "int8";
   }
   return "?";
 }
@@ -42,7 +44,8 @@ bool parse_dtype(const std::string& s, DType* out) {
   else if (s == "fp16" || s == "float16" || s == "f16") *out = DType::F16;
   else if (s == "int32") *out = DType::I32;
   else if (s == "uint16") *out = DType::U16;
-  else if (s == "uint8" || s == "int8") *out = DType::U8;
+  else if (s == "uint8") *out = DType::U8;
+  else if (s == "int8") *out = DType::I8;
   else if (s == "fp64" || s == "float64") *out = DType::F64;
   else return false;
   return true;
@@ -56,6 +59,7 @@ const char* account_name(Account a) {
     case Account::Activations: return "activations";
     case Account::Workspace: return "workspace";
     case Account::Communication: return "communication";
+    case Account::KvCache: return "kv_cache";
     case Account::Count: break;
   }
   return "?";

@@ -16,13 +16,14 @@
 
 namespace ops {
 
-enum class DType : uint8_t { F32, BF16, F16, I32, U16, U8, F64 };
+enum class DType : uint8_t { F32, BF16, F16, I32, U16, U8, F64, I8 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
-// Parses "fp32"/"float32"/"f32", "bf16", "fp16"/"f16", "int32", "uint16", "uint8", "fp64".
+// Parses "fp32"/"float32"/"f32", "bf16", "fp16"/"f16", "int32", "uint16", "uint8", "int8", "fp64".
 bool parse_dtype(const std::string& s, DType* out);
 
-enum class Account : uint8_t { Parameters, Gradients, Optimizer, Activations, Workspace, Communication, Count };
+// KvCache: the inference KV cache (ops/kv_cache.h), allocated once per generation request.
+enum class Account : uint8_t { Parameters, Gradients, Optimizer, Activations, Workspace, Communication, KvCache, Count };
 constexpr int kAccounts = static_cast<int>(Account::Count);
 const char* account_name(Account a);
 

@@ -3,12 +3,14 @@
 // Every user error ends here as `file:line:col: what; how to fix` on stderr with exit
 // code 2, before anything is allocated or written.
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <filesystem>
 #include <iostream>
 #include <optional>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "ops/backend.h"
 #include "ops/gemm_path.h"
@@ -115,6 +117,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> gen_sets;
   gen_cmd->add_option("--set", gen_sets, "override a field of the stored recipe, e.g. --set inference.batch=8")->take_all();
   gen_cmd->add_flag("--json", gen_json, "one JSON record per prompt instead of the text");
+  bool gen_no_cache = false, gen_stats = false;
+  gen_cmd->add_flag("--stats", gen_stats, "print one JSON line to stderr: prefill and decode tokens and seconds, KV-cache bytes, "
+                    "peak bytes per memory account beside the plan's inference figures");
+  gen_cmd->add_flag("--no-kv-cache", gen_no_cache, "no KV cache: every step a full forward pass over the prefix (the reference)");
 
   // Slurm: `runner launch --slurm`, `runner status`, `runner train --elastic` (runner/train/slurm.h).
   bool elastic = false, slurm = false, submit = false, dry_run = false, status_json = false;
@@ -225,15 +231,39 @@ int main(int argc, char** argv) {
         gen.prompts.push_back(gen_prompt);
       }
       ops::cpu_backend();
+      gen.kv_cache = !gen_no_cache;
+      // One process: any layout's checkpoint (tp, pp included) loads into one rank; running the
+      // generation itself over tp/pp ranks is not implemented, so several ranks are refused.
+      for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+        if (const char* v = std::getenv(var); v && std::atoi(v) > 1)
+          throw UserError({}, fmt::format("runner generate runs on one process, and {} were started ({}={})", v, var, v),
+                          "run it without mpirun/srun: a checkpoint of any tp/pp layout loads into one rank");
       TrainedModel m = load_trained_model(gen_src, gen_sets);
       const bool stream = !gen_json && gen.prompts.size() == 1;
       bool started = false;  // the prompt is echoed with the first token: an error prints nothing on stdout
+      GenerateStats gstats;
+      ops::MemoryTracker::instance().reset_peaks();
       auto done = generate(m, gen, [&](size_t, int32_t t) {
         if (!stream) return;
         if (!started) std::cout << gen.prompts[0];
         started = true;
         std::cout << static_cast<char>(t) << std::flush;
-      });
+      }, &gstats);
+      if (gen_stats) {
+        auto& mt = ops::MemoryTracker::instance();
+        nlohmann::json peak;
+        for (int a = 0; a < ops::kAccounts; ++a)
+          peak[ops::account_name(static_cast<ops::Account>(a))] = mt.peak(static_cast<ops::Account>(a));
+        nlohmann::json j{{"batch", gen.prompts.size()}, {"kv_cache", gen.kv_cache},
+                         {"prefill_tokens", gstats.prefill_tokens}, {"prefill_s", gstats.prefill_s},
+                         {"decode_tokens", gstats.decode_tokens}, {"decode_s", gstats.decode_s},
+                         {"kv_cache_bytes", gstats.kv_cache_bytes}, {"peak_bytes", peak}};
+        if (m.plan.inference)
+          j["plan"] = {{"batch", m.plan.inference->batch}, {"context", m.plan.inference->context},
+                       {"kv_dtype", m.plan.inference->kv_dtype}, {"kv_cache_bytes", m.plan.inference->kv_cache},
+                       {"weights_bytes", m.plan.inference->weights}, {"max_batch", m.plan.inference->max_batch}};
+        std::cerr << j.dump() << std::endl;
+      }
       for (size_t i = 0; i < done.size(); ++i) {
         const Completion& c = done[i];
         if (gen_json) {

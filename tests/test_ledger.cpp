@@ -209,6 +209,9 @@ TEST_CASE("inference sizing: KV cache per rank and the largest batch that fits")
   double weights = 2.0 * static_cast<double>(p.stages[0].params);
   CHECK(p.inference->weights == weights);
   CHECK(p.inference->max_batch == static_cast<int64_t>((80.0 * (1ull << 30) - weights) / per_seq));
+  // int8: one byte per channel and one fp32 scale per head (32 heads), per position.
   r.inference->kv_dtype = KvFormat::int8;
-  CHECK(make_plan(r).inference->kv_per_sequence == per_seq / 2);
+  CHECK(make_plan(r).inference->kv_per_sequence == 2.0 * 32 * 4096 * (4096 * 1 + 32 * 4));
+  r.inference->kv_dtype = KvFormat::fp32;
+  CHECK(make_plan(r).inference->kv_per_sequence == per_seq * 2);
 }

@@ -1,11 +1,15 @@
 // Attention-family operators (causal self-attention with dropout on the probabilities,
 // rotary position embedding) against double references, driven by tables of cases
 // (gradcheck.h), plus the properties the training loop relies on: causality, dropout
-// determinism and its counter convention, rotation invariants.
+// determinism and its counter convention, rotation invariants; and the KV cache's decode
+// kernel against the training attention.
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "ops/cpu/attention.h"
 #include "ops/cpu/small_gemm.h"
+#include "ops/kv_cache.h"
 #include "tests/gradcheck.h"
 
 using namespace gc;
@@ -332,4 +336,65 @@ TEST_CASE("small_gemm (attention's per-head GEMM): all tile remainders, transpos
               }
             REQUIRE(rel_err(Cm, want) < 1e-5);
           }
+}
+
+// The KV cache's kernels (generation): K and V stored for a prefix, then one query per row at
+// its own position, against the training attention over the whole sequence. Rows decode at
+// different positions in one call; with rope, the decode kernel rotates at each row's
+// position what the training path rotates with rope_forward over the sequence.
+TEST_CASE("attention_decode: cached rows at their own positions equal the full attention's rows (fp32, rope)") {
+  const int B = 2, T = 9, C = 16, NH = 2;
+  for (const float theta : {0.0f, 10000.0f}) {
+    CAPTURE(theta);
+    const Vec raw = randn(static_cast<size_t>(B) * T * 3 * C, 41);
+    Vec qkv = raw;
+    if (theta > 0) be().rope_forward(qkv.data(), raw.data(), B, T, C, NH, theta);
+    Vec full(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T * T);
+    be().attention_forward(full.data(), probs.data(), qkv.data(), B, T, C, NH, {});
+    ops::KvCache cache(0, 1, B, T, C, NH, ops::DType::F32);
+    const int P = 3;  // prefill positions [0, P) of both rows (the roped qkv, as the graph stores it)
+    Vec pre(static_cast<size_t>(B) * P * 3 * C);
+    for (int b = 0; b < B; b++)
+      std::copy_n(qkv.begin() + static_cast<int64_t>(b) * T * 3 * C, P * 3 * C, pre.begin() + static_cast<int64_t>(b) * P * 3 * C);
+    be().kv_cache_write(cache.layer(0), pre.data(), B, P, C, NH);
+    // Row 0 decodes positions P..T-1; row 1 runs one position behind (it repeats P at first).
+    double worst = 0;
+    for (int s = 0; s < T - P; s++) {
+      const int32_t pos[2] = {P + s, P + std::max(0, s - 1)};
+      Vec in(static_cast<size_t>(B) * 3 * C), out(static_cast<size_t>(B) * C);
+      for (int b = 0; b < B; b++)  // the un-roped row: the kernel rotates it at pos[b]
+        std::copy_n(raw.begin() + (static_cast<int64_t>(b) * T + pos[b]) * 3 * C, 3 * C, in.begin() + b * 3 * C);
+      be().attention_decode(out.data(), in.data(), cache.layer(0), pos, B, C, NH, theta);
+      for (int b = 0; b < B; b++)
+        for (int i = 0; i < C; i++)
+          worst = std::max(worst, static_cast<double>(std::fabs(out[static_cast<size_t>(b * C + i)] -
+                                                                full[(static_cast<size_t>(b) * T + pos[b]) * C + i])));
+    }
+    CHECK(worst < 1e-5);
+  }
+}
+
+TEST_CASE("attention_decode: 16-bit and int8 caches read back within their formats' rounding") {
+  const int B = 1, T = 6, C = 16, NH = 2;
+  const Vec qkv = randn(static_cast<size_t>(B) * T * 3 * C, 43);
+  Vec full(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T * T);
+  be().attention_forward(full.data(), probs.data(), qkv.data(), B, T, C, NH, {});
+  // Output error of one query over 6 positions of unit-variance K and V, per format (measured
+  // 1.6e-3 bf16, 3.9e-4 fp16, 4.7e-3 int8): bounds about 5x that.
+  const std::vector<std::pair<ops::DType, double>> formats = {
+      {ops::DType::BF16, 8e-3}, {ops::DType::F16, 2e-3}, {ops::DType::I8, 2.5e-2}};
+  for (const auto& [dt, bound] : formats) {
+    CAPTURE(ops::dtype_name(dt));
+    ops::KvCache cache(0, 1, B, T, C, NH, dt);
+    be().kv_cache_write(cache.layer(0), qkv.data(), B, T - 1, C, NH);
+    const int32_t pos[1] = {T - 1};
+    Vec out(static_cast<size_t>(C));
+    be().attention_decode(out.data(), qkv.data() + (T - 1) * 3 * C, cache.layer(0), pos, B, C, NH, 0.0f);
+    double worst = 0;
+    for (int i = 0; i < C; i++)
+      worst = std::max(worst, static_cast<double>(std::fabs(out[static_cast<size_t>(i)] - full[(T - 1) * C + i])));
+    MESSAGE(std::string(ops::dtype_name(dt)) << ": max abs output difference " << worst);
+    CHECK(worst > 0);
+    CHECK(worst < bound);
+  }
 }

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/convert.h"
 #include "ops/cpu/small_gemm.h"
 #include "ops/cpu/vecmath.h"
 #include "ops/rng.h"
@@ -316,6 +317,135 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     const float* P = probs + static_cast<size_t>(bh) * T * T;
     const uint64_t ctr0 = head_counter0(drop, b, h, T, NH);
     backward_head(dq, dq + C, dq + 2 * C, dO, q, q + C, q + 2 * C, P, T, C, HS, drop, ctr0);
+  }
+}
+
+// ============================================================================ the KV cache
+// Decode reads one query row against p+1 cached rows per (b, h): a matrix-vector product, so
+// plain dot products beat packing panels. The cache's format is decoded into per-thread fp32
+// scratch (K and V rows of the head), then: s_j = scale q.k_j, P = softmax(s) with the same
+// exp as the full attention's softmax (vecmath.h), o = sum_j P_j v_j.
+
+namespace {
+
+// Stores one head's HS values at element `at` of a K or V buffer (scales: element `sat`).
+inline void kv_store_head(const KvView& kv, void* buf, float* scales, size_t at, size_t sat, const float* x, int HS) {
+  switch (kv.dtype) {
+    case DType::F32: std::memcpy(static_cast<float*>(buf) + at, x, sizeof(float) * HS); break;
+    case DType::BF16: {
+      uint16_t* d = static_cast<uint16_t*>(buf) + at;
+      for (int i = 0; i < HS; i++) d[i] = f32_to_bf16(x[i]);
+      break;
+    }
+    case DType::F16: {
+      uint16_t* d = static_cast<uint16_t*>(buf) + at;
+      for (int i = 0; i < HS; i++) d[i] = f32_to_f16(x[i]);
+      break;
+    }
+    case DType::I8: {
+      float mx = 0.0f;
+      for (int i = 0; i < HS; i++) mx = std::max(mx, std::fabs(x[i]));
+      const float scale = mx / 127.0f, inv = mx > 0 ? 127.0f / mx : 0.0f;
+      int8_t* d = static_cast<int8_t*>(buf) + at;
+      for (int i = 0; i < HS; i++) d[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+      scales[sat] = scale;
+      break;
+    }
+    default: OPS_CHECK(false, std::string("KV cache: no ") + dtype_name(kv.dtype) + " format");
+  }
+}
+
+// Reads n positions [0, n) of one head (row b, head h) into dst (n, HS) fp32.
+inline void kv_load_head(float* dst, const KvView& kv, const void* buf, const float* scales, int b, int h, int n,
+                         int C, int NH) {
+  const int HS = C / NH;
+  const size_t row0 = static_cast<size_t>(b) * kv.context;
+  for (int j = 0; j < n; j++) {
+    const size_t at = (row0 + j) * C + static_cast<size_t>(h) * HS;
+    float* d = dst + static_cast<size_t>(j) * HS;
+    switch (kv.dtype) {
+      case DType::F32: std::memcpy(d, static_cast<const float*>(buf) + at, sizeof(float) * HS); break;
+      case DType::BF16: {
+        const uint16_t* s = static_cast<const uint16_t*>(buf) + at;
+        for (int i = 0; i < HS; i++) d[i] = bf16_to_f32(s[i]);
+        break;
+      }
+      case DType::F16: {
+        const uint16_t* s = static_cast<const uint16_t*>(buf) + at;
+        for (int i = 0; i < HS; i++) d[i] = f16_to_f32(s[i]);
+        break;
+      }
+      case DType::I8: {
+        const int8_t* s = static_cast<const int8_t*>(buf) + at;
+        const float sc = scales[(row0 + j) * NH + h];
+        for (int i = 0; i < HS; i++) d[i] = static_cast<float>(s[i]) * sc;
+        break;
+      }
+      default: break;
+    }
+  }
+}
+
+// K and V of row b's token at position p (its qkv row: [q | k | v]) into the cache.
+inline void kv_store_position(const KvView& kv, const float* qkv_row, int b, int64_t p, int C, int NH) {
+  const int HS = C / NH;
+  const size_t rowpos = static_cast<size_t>(b) * kv.context + static_cast<size_t>(p);
+  for (int h = 0; h < NH; h++) {
+    const size_t at = rowpos * C + static_cast<size_t>(h) * HS, sat = rowpos * NH + h;
+    kv_store_head(kv, kv.k, kv.k_scale, at, sat, qkv_row + C + h * HS, HS);
+    kv_store_head(kv, kv.v, kv.v_scale, at, sat, qkv_row + 2 * C + h * HS, HS);
+  }
+}
+
+}  // namespace
+
+// qkv: (B,T,3C); positions [0, T) of rows [0, B)
+void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, int NH) {
+  OPS_CHECK(T <= kv.context, "KV cache: " + std::to_string(T) + " positions over its context of " + std::to_string(kv.context));
+  const int64_t N = static_cast<int64_t>(B) * T;
+  const bool par = N > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t r = 0; r < N; r++)
+    kv_store_position(kv, qkv + r * 3 * C, static_cast<int>(r / T), r % T, C, NH);
+}
+
+// out: (B,C), qkv: (B,3C) roped, pos: (B)
+void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, int NH) {
+  OPS_CHECK(NH > 0 && C % NH == 0, "attention_decode: C % NH != 0");
+  const int HS = C / NH;
+  for (int b = 0; b < B; b++) {
+    OPS_CHECK(pos[b] >= 0 && pos[b] < kv.context, "attention_decode: position " + std::to_string(pos[b]) +
+                                                      " outside the KV cache's context of " + std::to_string(kv.context));
+    kv_store_position(kv, qkv + static_cast<size_t>(b) * 3 * C, b, pos[b], C, NH);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const int BH = B * NH;
+  const bool par = BH > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+  for (int bh = 0; bh < BH; bh++) {
+    const int b = bh / NH, h = bh % NH, n = pos[b] + 1, n16 = round16(n);
+    float* K = grow(0, static_cast<size_t>(n) * HS);
+    float* V = grow(1, static_cast<size_t>(n) * HS);
+    float* s = grow(2, static_cast<size_t>(n16));
+    kv_load_head(K, kv, kv.k, kv.k_scale, b, h, n, C, NH);
+    kv_load_head(V, kv, kv.v, kv.v_scale, b, h, n, C, NH);
+    const float* q = qkv + static_cast<size_t>(b) * 3 * C + static_cast<size_t>(h) * HS;
+    for (int j = 0; j < n; j++) {
+      const float* k = K + static_cast<size_t>(j) * HS;
+      float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+      for (int i = 0; i < HS; i++) d += q[i] * k[i];
+      s[j] = d * scale;
+    }
+    const float inv = softmax_row_exp(s, n, n16);
+    float* o = out + static_cast<size_t>(b) * C + static_cast<size_t>(h) * HS;
+    std::fill(o, o + HS, 0.0f);
+    for (int j = 0; j < n; j++) {
+      const float w = s[j] * inv;
+      const float* v = V + static_cast<size_t>(j) * HS;
+#pragma omp simd
+      for (int i = 0; i < HS; i++) o[i] += w * v[i];
+    }
   }
 }
 

@@ -8,6 +8,11 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C,
                         int NH, DropoutSpec drop);
 
+// The KV cache (ops/backend.h, KvView): prefill's store of K and V, and one decode step's
+// attention of each row's new query over its cached positions (q, k already roped).
+void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, int NH);
+void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, int NH);
+
 // Rows per block of the blocked causal product (tuned with bench/bench_kernels).
 int attention_block_rows();
 void set_attention_block_rows(int rows);

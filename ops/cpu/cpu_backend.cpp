@@ -21,6 +21,7 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -675,6 +676,38 @@ class CpuBackend final : public Backend {
     cpu::attention_backward(dqkv, dout, qkv, probs, B, T, C, NH, drop);
   }
 
+  void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, int NH) override {
+    cpu::kv_cache_write(kv, qkv, B, T, C, NH);
+  }
+  // Rope at each row's own position, from the table rope_forward uses (same angles, same
+  // products), on a copy of q and k; then the cached attention.
+  void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, int NH,
+                        float theta) override {
+    if (theta <= 0.0f) return cpu::attention_decode(out, qkv, kv, pos, B, C, NH);
+    OPS_CHECK(NH > 0 && C % NH == 0 && (C / NH) % 2 == 0, "attention_decode: rope needs an even head size");
+    int maxp = 0;
+    for (int b = 0; b < B; b++) maxp = std::max(maxp, pos[b]);
+    const int HS = C / NH, half = HS / 2;
+    const std::shared_ptr<const RopeTable> tab = rope_table(maxp + 1, HS, theta);
+    std::vector<float>& r = decode_roped_;
+    r.assign(qkv, qkv + static_cast<size_t>(B) * 3 * C);
+    for (int b = 0; b < B; b++) {
+      const float* cs = tab->cos.data() + static_cast<size_t>(pos[b]) * half;
+      const float* sn = tab->sin.data() + static_cast<size_t>(pos[b]) * half;
+      float* y = r.data() + static_cast<size_t>(b) * 3 * C;
+      for (int hh = 0; hh < 2 * NH; hh++) {  // q heads, then k heads
+        float* y1 = y + hh * HS;
+        float* y2 = y1 + half;
+        for (int i = 0; i < half; i++) {
+          const float a = y1[i], c = y2[i];
+          y1[i] = a * cs[i] - c * sn[i];
+          y2[i] = c * cs[i] + a * sn[i];
+        }
+      }
+    }
+    cpu::attention_decode(out, r.data(), kv, pos, B, C, NH);
+  }
+
   void gelu_forward(float* out, const float* inp, int64_t n) override {
     parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) { gelu_forward_range(out + i0, inp + i0, i1 - i0); });
   }
@@ -820,6 +853,7 @@ class CpuBackend final : public Backend {
     float theta = 0.0f;
     std::vector<float> cos, sin;  // (T, HS/2)
   };
+  std::vector<float> decode_roped_;  // attention_decode's rotated copy of q and k (outside the ledger)
   std::mutex rope_mutex_;
   std::shared_ptr<const RopeTable> rope_table_;
 

@@ -1,6 +1,7 @@
 #include "runner/generate/generate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -11,6 +12,7 @@
 #include "ops/rng.h"
 #include "runner/data/data.h"
 #include "runner/errors.h"
+#include "runner/generate/decoder.h"
 
 namespace runner {
 
@@ -44,7 +46,10 @@ int32_t sample_token(const float* L, int64_t V, const SamplingConfig& s, float u
 }
 
 std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
-                                 const std::function<void(size_t, int32_t)>& on_token) {
+                                 const std::function<void(size_t, int32_t)>& on_token, GenerateStats* stats) {
+  GenerateStats st;
+  using clock = std::chrono::steady_clock;
+  auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   const ModelConfig& mc = m.model();
   const SamplingConfig& s = req.sampling;
   if (req.prompts.empty()) throw UserError({}, "no prompt", "pass --prompt TEXT or --prompts FILE");
@@ -78,30 +83,17 @@ std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
                       fmt::format("shorten the prompt or ask for at most {} new tokens", mc.seq_len - static_cast<int64_t>(p.size())));
     longest = std::max(longest, need);
   }
-  // One graph for the whole request: rows of `longest` positions (within the context).
-  const int64_t T = longest;
-  GptSpec spec = m.plan.layout->spec(0, 0);
-  spec.B = B;
-  spec.T = T;
-  ops::Graph g = build_gpt_graph(spec);
-  ops::Executor ex(g, ops::cpu_backend());
-  bind_params(ex, g, m.params);
   std::vector<Completion> out(static_cast<size_t>(B));
   std::vector<bool> done(static_cast<size_t>(B), false);
-  std::vector<int32_t> tokens(static_cast<size_t>(B * T));
   for (int64_t i = 0; i < B; ++i) out[static_cast<size_t>(i)].prompt = req.prompts[static_cast<size_t>(i)];
-  for (int64_t step = 0; step < req.max_new_tokens; ++step) {
-    std::fill(tokens.begin(), tokens.end(), '\n');
-    for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * T);
-    const ops::Tensor& L = ex.forward_logits(tokens.data());
-    const int64_t Vp = L.shape().back();
+  // Row i's next token from its logits row `L`; false once every row is done.
+  auto choose = [&](int64_t step, const std::function<const float*(int64_t)>& row_logits) {
     bool any = false;
     for (int64_t i = 0; i < B; ++i) {
       const size_t k = static_cast<size_t>(i);
       if (done[k]) continue;
-      const int64_t pos = static_cast<int64_t>(seq[k].size()) - 1;
       const float u = ops::rng_uniform(ops::rng_key(s.seed, static_cast<uint64_t>(i)), static_cast<uint64_t>(step));
-      const int32_t t = sample_token(L.data<float>() + (i * T + pos) * Vp, mc.vocab_size, s, u);
+      const int32_t t = sample_token(row_logits(i), mc.vocab_size, s, u);
       seq[k].push_back(t);
       Completion& c = out[k];
       c.tokens.push_back(t);
@@ -114,8 +106,65 @@ std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
       }
       any = any || !done[k];
     }
-    if (!any) break;
+    return any;
+  };
+  if (req.kv_cache) {
+    // Prefill: every prompt in one (B, longest prompt) graph, padded with '\n' (causal: padding
+    // after a row's prompt never reaches it, and decode overwrites those cache positions before
+    // any query reads them). Then one token per row per step.
+    CachedDecoder dec(m, B, longest);
+    st.kv_cache_bytes = dec.cache().bytes();
+    auto t0 = clock::now();
+    int64_t Tp = 0;
+    for (auto& q : seq) Tp = std::max<int64_t>(Tp, static_cast<int64_t>(q.size()));
+    std::vector<int32_t> tokens(static_cast<size_t>(B * Tp), '\n');
+    for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * Tp);
+    const ops::Tensor& L0 = dec.prefill(tokens, Tp);
+    const int64_t Vp0 = L0.shape().back();
+    bool any = choose(0, [&](int64_t i) {
+      return L0.data<float>() + (i * Tp + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1) * Vp0;
+    });
+    st.prefill_tokens = B * Tp;
+    st.prefill_s = seconds(t0, clock::now());
+    t0 = clock::now();
+    std::vector<int32_t> last(static_cast<size_t>(B)), pos(static_cast<size_t>(B));
+    for (int64_t step = 1; any && step < req.max_new_tokens; ++step) {
+      for (size_t k = 0; k < seq.size(); ++k) {  // a finished row repeats its last position (rewrites the same K, V)
+        last[k] = seq[k].back();
+        pos[k] = static_cast<int32_t>(seq[k].size()) - 1;
+      }
+      const ops::Tensor& L = dec.step(last, pos);
+      const int64_t Vp = L.shape().back();
+      any = choose(step, [&](int64_t i) { return L.data<float>() + i * Vp; });
+      st.decode_tokens += B;
+    }
+    st.decode_s = seconds(t0, clock::now());
+  } else {
+    // The reference path (--no-kv-cache): one graph for the whole request, rows of `longest`
+    // positions, every step a full forward pass over the prefix.
+    const int64_t T = longest;
+    GptSpec spec = m.plan.layout->spec(0, 0);
+    spec.B = B;
+    spec.T = T;
+    ops::Graph g = build_gpt_graph(spec);
+    ops::Executor ex(g, ops::cpu_backend());
+    bind_params(ex, g, m.params);
+    std::vector<int32_t> tokens(static_cast<size_t>(B * T));
+    for (int64_t step = 0; step < req.max_new_tokens; ++step) {
+      const auto t0 = clock::now();
+      std::fill(tokens.begin(), tokens.end(), '\n');
+      for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * T);
+      const ops::Tensor& L = ex.forward_logits(tokens.data());
+      const int64_t Vp = L.shape().back();
+      const bool any = choose(step, [&](int64_t i) {
+        return L.data<float>() + (i * T + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1) * Vp;
+      });
+      (step == 0 ? st.prefill_s : st.decode_s) += seconds(t0, clock::now());
+      (step == 0 ? st.prefill_tokens : st.decode_tokens) += B * T;
+      if (!any) break;
+    }
   }
+  if (stats) *stats = st;
   for (Completion& c : out)
     if (c.finish.empty()) c.finish = "length";
   return out;

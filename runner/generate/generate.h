@@ -1,10 +1,12 @@
 // `runner generate`: completions of byte-level prompts by a trained model.
 //
-// Each step runs the model builder's graph for the batch (every prompt one row, the rows
-// padded to the longest sequence; the attention is causal, so a row's padding never reaches
-// its real positions) through the executor, as training and evaluation do, and takes every
-// unfinished row's next token from its last real position's logits. There is no KV cache yet:
-// a step recomputes the whole prefix (see docs/generate.md for what is and is not done).
+// With the KV cache (the default; runner/generate/decoder.h): the prompts run as one batch
+// through the model builder's graph (every prompt one row, padded to the longest; the
+// attention is causal, so a row's padding never reaches its real positions), storing each
+// layer's K and V, and then every step runs the builder's decode graph, one token per row
+// at its own position, attending over the cache. Without it (kv_cache = false, the
+// reference), each step runs the graph over the whole prefix. Either way every unfinished
+// row's next token comes from its last real position's logits.
 //
 // Sampling: temperature 0 is greedy (the largest logit, the smallest id among equals, as the
 // trainer's evaluation picks); otherwise softmax(logits / temperature), cut to the top_k most
@@ -33,6 +35,7 @@ struct GenerateRequest {
   int64_t max_new_tokens = 32;
   std::string stop;          // a completion ends once it ends with this (kept); empty: never
   SamplingConfig sampling;
+  bool kv_cache = true;      // false: every step a full forward pass over the prefix (the reference; --no-kv-cache)
 };
 
 struct Completion {
@@ -41,12 +44,24 @@ struct Completion {
   std::string finish;           // "stop" or "length"
 };
 
-// Throws UserError before running anything: an empty prompt, a token over the vocabulary, a
+// What a request cost (runner generate --stats, bench/generate.py): positions computed and
+// wall time of the prefill (the first token's forward) and of the decode steps after it, and
+// the KV cache's bytes (0 without the cache).
+struct GenerateStats {
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  double prefill_s = 0, decode_s = 0;
+  size_t kv_cache_bytes = 0;
+};
+
+// Throws UserError before running (or allocating) anything: an empty prompt, a token over the vocabulary, a
 // prompt plus max_new_tokens over the model's context (seq_len), more prompts than the plan's
-// inference.max_batch (when the recipe has an inference section), a bad sampling parameter.
+// inference.max_batch (when the recipe has an inference section), with the cache more prompts
+// than inference.batch or a prompt plus max_new_tokens over inference.context, a bad
+// sampling parameter.
 // `on_token(prompt index, token)` hears every new token as it is chosen (may be empty).
 std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
-                                 const std::function<void(size_t, int32_t)>& on_token = {});
+                                 const std::function<void(size_t, int32_t)>& on_token = {},
+                                 GenerateStats* stats = nullptr);
 
 // The next token from one row of logits (vocab entries) under `s`; `u` is the uniform draw in
 // [0, 1) for this choice (unused when greedy).

@@ -73,6 +73,7 @@ hid_t file_type(ops::DType t) {
     case ops::DType::F16:
     case ops::DType::U16: return H5T_STD_U16LE;
     case ops::DType::U8: return H5T_STD_U8LE;
+    case ops::DType::I8: return H5T_STD_I8LE;
   }
   return H5T_IEEE_F32LE;
 }

@@ -62,7 +62,8 @@ struct Builder {
     V = s.vocab_padded ? s.vocab_padded : padded_vocab(m.vocab_size, t);
     NH = m.n_heads;
     g.B = s.B;
-    g.T = s.T ? s.T : m.seq_len;
+    g.T = s.decode ? 1 : (s.T ? s.T : m.seq_len);
+    g.decode = s.decode;
     N = g.B * g.T;
     sp = s.sequence_parallel && t > 1;
     Ns = sp ? N / t : N;
@@ -174,14 +175,16 @@ struct Builder {
     int wqkv = col_weight(p + ".attn.qkv.weight", 3 * C, C, l, 3);
     int bqkv = m.bias ? col_bias(p + ".attn.qkv.bias", 3 * C, l, 3) : -1;
     int qkv = linear(p + ".attn.qkv", a, wqkv, bqkv, 3 * C / t, l, "attention", 'c');
-    if (m.position == Position::rope) {
+    if (m.position == Position::rope && !s.decode) {  // decode: the cached attention rotates at each row's position
       int r = g.add_activation(p + ".attn.rope.out", {N, 3 * C / t}, l, act);
       node(OpKind::Rope, p + ".attn.rope", {qkv}, {r}, l, "attention");
       qkv = r;
     }
     int y = g.add_activation(p + ".attn.core.out", {N, C / t}, l, act);
-    int probs = g.add_activation(p + ".attn.core.probs", {g.B, NH / t, g.T, g.T}, l, act);
-    int core = node(OpKind::Attention, p + ".attn.core", {qkv}, {y, probs}, l, "attention_core");
+    std::vector<int> core_out{y};
+    if (!s.decode) core_out.push_back(g.add_activation(p + ".attn.core.probs", {g.B, NH / t, g.T, g.T}, l, act));
+    int core = node(OpKind::Attention, p + ".attn.core", {qkv}, core_out, l, "attention_core");
+    g.nodes[core].rope = s.decode && m.position == Position::rope;
     g.nodes[core].dropout = static_cast<float>(m.dropout);
     g.nodes[core].site = site + 1;
     g.nodes[core].heads_total = static_cast<int>(NH);

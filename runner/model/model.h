@@ -32,6 +32,9 @@ struct GptSpec {
   ops::DType grad_dtype = ops::DType::F32;  // parameters' gradient buffers (precision.grad_accum)
   // recompute[layer] = modules of that layer to recompute (norm, attention, attention_core, mlp, residual)
   std::vector<std::set<std::string>> recompute;
+  // Generation's decode step (ops::Graph::decode): one token per row (T = 1) at the KV
+  // cache's positions; the attention reads the cache. Forward only.
+  bool decode = false;
 };
 
 // Vocabulary padded to a multiple of `multiple` (tp): returns the padded size.

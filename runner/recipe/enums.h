@@ -33,7 +33,7 @@ enum class OptimizerName { adamw };
 enum class LrSchedule { cosine, linear, constant };
 enum class CheckpointCadence { steps, minutes, automatic, never };
 enum class MomentFormat { fp32, bf16 };          // checkpoint.optimizer_dtype
-enum class KvFormat { fp16, bf16, int8 };        // inference.kv_dtype
+enum class KvFormat { fp32, fp16, bf16, int8 };  // inference.kv_dtype
 
 template <class E, size_t N>
 using EnumTable = std::array<std::pair<E, std::string_view>, N>;
@@ -84,8 +84,8 @@ constexpr EnumTable<CheckpointCadence, 4> enum_names(CheckpointCadence) {
 constexpr EnumTable<MomentFormat, 2> enum_names(MomentFormat) {
   return {{{MomentFormat::fp32, "fp32"}, {MomentFormat::bf16, "bf16"}}};
 }
-constexpr EnumTable<KvFormat, 3> enum_names(KvFormat) {
-  return {{{KvFormat::fp16, "fp16"}, {KvFormat::bf16, "bf16"}, {KvFormat::int8, "int8"}}};
+constexpr EnumTable<KvFormat, 4> enum_names(KvFormat) {
+  return {{{KvFormat::fp32, "fp32"}, {KvFormat::fp16, "fp16"}, {KvFormat::bf16, "bf16"}, {KvFormat::int8, "int8"}}};
 }
 // clang-format on
 

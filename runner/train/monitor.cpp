@@ -21,7 +21,7 @@ double percentile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, k > 0 ? k - 1 : 0)];
 }
 
-const char* const kAccountNames[] = {"parameters", "gradients", "optimizer", "activations", "workspace", "communication"};
+const char* const kAccountNames[] = {"parameters", "gradients", "optimizer", "activations", "workspace", "communication", "kv_cache"};
 
 // Indices of a gathered row beyond the parts.
 enum { kSteps = Breakdown::kParts, kBusyP50, kBusyP99, kStage, kStepMax, kDp };

@@ -1,0 +1,49 @@
+// The inference KV cache: per transformer layer, the keys and values of every sequence of a
+// generation batch at every position of the context, allocated once (account kv_cache) and
+// written by the attention as it runs.
+//
+// Prefill runs the prompts through the model's ordinary graph; each Attention node, seeing a
+// cache on the executor, also stores the (roped) K and V it attended with. Decode runs the
+// same model's graph built for one position per row (Graph::decode): its Attention nodes call
+// Backend::attention_decode, which stores the new position's K and V and attends over the
+// cache. Formats: fp32, bf16, fp16, int8 with an fp32 scale per (row, position, head)
+// (ops/backend.h, KvView). bytes() is what the tracker counts; the plan's KV-cache figure
+// (runner/plan/ledger.cpp) is the same sum and a test holds them equal.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "ops/backend.h"
+#include "ops/tensor.h"
+
+namespace ops {
+
+class KvCache {
+ public:
+  // Layers [first_layer, first_layer + layers) of rows x context positions x C channels over
+  // NH heads (this rank's), in dtype F32, BF16, F16 or I8.
+  KvCache(int first_layer, int layers, int64_t rows, int64_t context, int64_t C, int64_t NH, DType dtype);
+
+  // Bytes this configuration allocates: 2 * layers * rows * context * (C * size(dtype)
+  // + (I8 ? NH * 4 : 0)).
+  static size_t bytes_for(int layers, int64_t rows, int64_t context, int64_t C, int64_t NH, DType dtype);
+  size_t bytes() const;
+
+  bool has_layer(int layer) const { return layer >= first_ && layer < first_ + static_cast<int>(k_.size()); }
+  KvView layer(int layer);
+  int64_t rows() const { return rows_; }
+  int64_t context() const { return context_; }
+  DType dtype() const { return dtype_; }
+
+  // Decode: the position each row's new token takes (rows of the decode graph; set before
+  // every step).
+  std::vector<int32_t> pos;
+
+ private:
+  int first_;
+  int64_t rows_, context_, C_, NH_;
+  DType dtype_;
+  std::vector<Tensor> k_, v_, ks_, vs_;
+};
+
+}  // namespace ops

@@ -1,0 +1,104 @@
+#include "runner/generate/decoder.h"
+
+#include <fmt/format.h>
+
+#include "ops/backend.h"
+#include "runner/errors.h"
+#include "runner/model/model.h"
+
+namespace runner {
+
+namespace {
+ops::DType kv_dtype(KvFormat f) {
+  switch (f) {
+    case KvFormat::fp32: return ops::DType::F32;
+    case KvFormat::bf16: return ops::DType::BF16;
+    case KvFormat::fp16: return ops::DType::F16;
+    case KvFormat::int8: return ops::DType::I8;
+  }
+  return ops::DType::F32;
+}
+}  // namespace
+
+KvCacheShape kv_cache_shape(const TrainedModel& m, int64_t batch) {
+  KvCacheShape s;
+  const Recipe& r = m.plan.recipe;
+  if (r.inference && m.plan.inference) {
+    s.rows = m.plan.inference->batch;
+    s.context = m.plan.inference->context;
+    s.dtype = kv_dtype(r.inference->kv_dtype);
+    s.from_plan = true;
+  } else {
+    s.rows = batch;
+    s.context = m.model().seq_len;
+  }
+  return s;
+}
+
+CachedDecoder::CachedDecoder(TrainedModel& m, int64_t batch, int64_t longest) : m_(m), B_(batch) {
+  const ModelConfig& mc = m.model();
+  const KvCacheShape s = kv_cache_shape(m, batch);
+  if (s.from_plan) {
+    const InferencePlan& ip = *m.plan.inference;
+    if (batch > ip.max_batch)
+      throw UserError({m.checkpoint, 0, 0},
+                      fmt::format("{} prompts are more than the plan's largest inference batch, {} (KV cache {} per "
+                                  "sequence beside {} of weights)", batch, ip.max_batch,
+                                  format_bytes(ip.kv_per_sequence), format_bytes(ip.weights)),
+                      "pass fewer prompts per call");
+    if (batch > s.rows)
+      throw UserError({m.checkpoint, 0, 0},
+                      fmt::format("{} prompts are more than the KV cache's {} sequences (inference.batch {}, {} "
+                                  "per sequence)", batch, s.rows, s.rows, format_bytes(ip.kv_per_sequence)),
+                      fmt::format("pass at most {} prompts, or --set inference.batch={} (the plan fits up to {})",
+                                  s.rows, batch, ip.max_batch));
+    if (longest > s.context)
+      throw UserError({m.checkpoint, 0, 0},
+                      fmt::format("a prompt plus --max-new-tokens is {} tokens, over the KV cache's context of {} "
+                                  "(inference.context)", longest, s.context),
+                      fmt::format("shorten the prompt or --max-new-tokens, or --set inference.context={} (at most "
+                                  "seq_len {})", longest, mc.seq_len));
+  }
+  if (s.context > mc.seq_len && mc.position == Position::learned)
+    throw UserError({m.checkpoint, 0, 0},
+                    fmt::format("inference.context {} is over seq_len {}: learned positions stop there", s.context, mc.seq_len),
+                    fmt::format("--set inference.context={} or less", mc.seq_len));
+  cache_ = std::make_unique<ops::KvCache>(0, static_cast<int>(mc.n_layers), s.rows, s.context, mc.d_model, mc.n_heads,
+                                          s.dtype);
+  GptSpec spec = m.plan.layout->spec(0, 0);
+  spec.B = B_;
+  spec.decode = true;
+  decode_g_ = std::make_unique<ops::Graph>(build_gpt_graph(spec));
+  decode_ex_ = std::make_unique<ops::Executor>(*decode_g_, ops::cpu_backend());
+  bind_params(*decode_ex_, *decode_g_, m.params);
+  decode_ex_->set_kv_cache(cache_.get());
+}
+
+CachedDecoder::~CachedDecoder() = default;
+
+const ops::Tensor& CachedDecoder::prefill(const std::vector<int32_t>& tokens, int64_t T) {
+  RUNNER_CHECK(static_cast<int64_t>(tokens.size()) == B_ * T, "prefill: tokens are not B x T");
+  RUNNER_CHECK(T >= 1 && T <= cache_->context(), "prefill: more positions than the KV cache's context");
+  prefill_ex_.reset();
+  GptSpec spec = m_.plan.layout->spec(0, 0);
+  spec.B = B_;
+  spec.T = T;
+  prefill_g_ = std::make_unique<ops::Graph>(build_gpt_graph(spec));
+  prefill_ex_ = std::make_unique<ops::Executor>(*prefill_g_, ops::cpu_backend());
+  bind_params(*prefill_ex_, *prefill_g_, m_.params);
+  prefill_ex_->set_kv_cache(cache_.get());
+  return prefill_ex_->forward_logits(tokens.data());
+}
+
+const ops::Tensor& CachedDecoder::step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& pos) {
+  RUNNER_CHECK(static_cast<int64_t>(tokens.size()) == B_ && static_cast<int64_t>(pos.size()) == B_,
+               "decode step: one token and one position per row");
+  for (int64_t b = 0; b < B_; ++b) {
+    RUNNER_CHECK(pos[static_cast<size_t>(b)] >= 0 && pos[static_cast<size_t>(b)] < cache_->context(),
+                 "decode step: a position outside the KV cache's context");
+    cache_->pos[static_cast<size_t>(b)] = pos[static_cast<size_t>(b)];
+  }
+  return decode_ex_->forward_logits(tokens.data());
+}
+
+}  // namespace runner
