@@ -26,12 +26,16 @@ struct TraceSpan {
   int micro = -1;          // the micro-batch it belongs to (-1: none)
   bool async = false;      // launched non-blocking: overlapped with whatever ran between t0 and t1
   int64_t wait_ns = 0;     // async: of t1 - t0, the time the caller spent waiting for it (exposed)
+  int64_t mark = -1;       // the sink's mark() when the span began (-1: none)
 };
 
 class TraceSink {
  public:
   virtual ~TraceSink() = default;
   virtual void span(const TraceSpan& s) = 0;
+  // Where the caller is when a span begins (the trainer: which profiled step), stamped on the
+  // span, so a non-blocking one seen complete later is filed where it began.
+  virtual int64_t mark() { return -1; }
 };
 
 inline int64_t trace_now_ns() {

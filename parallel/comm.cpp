@@ -206,6 +206,7 @@ Kind kind_of(ops::DType t) {
   static MPI_Op bf16_sum = MPI_OP_NULL, f16_sum = MPI_OP_NULL;
   switch (t) {
     case ops::DType::F32: return {MPI_FLOAT, MPI_SUM, 4};
+    case ops::DType::F64: return {MPI_DOUBLE, MPI_SUM, 8};  // small sums (the monitor's rows)
     case ops::DType::BF16:
       if (bf16_sum == MPI_OP_NULL) check(MPI_Op_create(&sum16<ops::DType::BF16>, 1, &bf16_sum), "MPI_Op_create");
       return {MPI_UINT16_T, bf16_sum, 2};
@@ -273,6 +274,7 @@ class MpiComm final : public Communicator {
     sp.bytes = bytes;
     sp.peer = peer;
     sp.tag = tag;
+    sp.mark = trace_->mark();
     sp.t0_ns = ops::trace_now_ns();
     return sp;
   }

@@ -55,7 +55,7 @@ class Communicator : public ops::ReduceGroup {
   // The gradient and parameter collectives take the buffer's dtype: F32, or BF16 / F16 (16-bit
   // storage, summed in fp32 and rounded to nearest even after each addition, so a 16-bit sum
   // over ranks depends on MPI's reduction order as any 16-bit accumulation does).
-  // Non-blocking in-place sum.
+  // Non-blocking in-place sum (also F64).
   virtual std::unique_ptr<Request> iallreduce_sum(void* x, ops::DType t, int64_t n) = 0;
   // in: size()*n elements (rank r's block is in[r*n, (r+1)*n)); out: n elements = sum over
   // ranks of their block `rank()`. out must not overlap in.

@@ -82,21 +82,36 @@ struct TraceStep {
 };
 
 // The sink the trainer hands to the grid's communicators and the pipeline runner while a
-// profiled step runs: spans go to the current step's list (thread-safe; null target: dropped).
+// profiled step runs: each span is filed under the step attempt that was current when it
+// began (a non-blocking collective may complete after its step), thread-safe.
 class StepSpans : public ops::TraceSink {
  public:
-  void to(std::vector<ops::TraceSpan>* v) {
+  // The current step attempt (an index into the trainer's list; -1: none, spans dropped).
+  void set_current(int64_t i) {
     std::lock_guard<std::mutex> g(m_);
-    to_ = v;
+    current_ = i;
+  }
+  int64_t mark() override {
+    std::lock_guard<std::mutex> g(m_);
+    return current_;
   }
   void span(const ops::TraceSpan& s) override {
     std::lock_guard<std::mutex> g(m_);
-    if (to_) to_->push_back(s);
+    const int64_t i = s.mark >= 0 ? s.mark : current_;
+    if (i >= 0) spans_[i].push_back(s);
+  }
+  // The spans filed under attempt i, removed from the sink.
+  std::vector<ops::TraceSpan> take(int64_t i) {
+    std::lock_guard<std::mutex> g(m_);
+    std::vector<ops::TraceSpan> v = std::move(spans_[i]);
+    spans_.erase(i);
+    return v;
   }
 
  private:
   std::mutex m_;
-  std::vector<ops::TraceSpan>* to_ = nullptr;
+  int64_t current_ = -1;
+  std::map<int64_t, std::vector<ops::TraceSpan>> spans_;
 };
 
 // Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev) of the profiled steps, all on

@@ -192,7 +192,10 @@ class Trainer {
       metrics->set_scaler(st.scaler, scaler.active());
       metrics->step_line(st.step, s);
       if (profiled) end_trace();
-      if (profiled && st.step == profile_window.to) write_profile();
+      if (profiled && st.step == profile_window.to) {
+        metrics->flush_monitor();  // its gather, started inside the window, is in the trace
+        write_profile();
+      }
       if (s.skipped && !s.overflow) log->warn("step {}: non-finite loss or gradient norm; update skipped", st.step);
       if (r.train.eval_every > 0 && st.step % r.train.eval_every == 0 && st.step != total)
         metrics->eval(st.step, evaluate_untimed());
@@ -282,6 +285,7 @@ class Trainer {
     nlohmann::json j = profile_json(figures, profile_window, profiled_ms, roofline, log.get());
     j["rank"] = grid.rank();
     j["grid"] = grid.name();
+    for (size_t i = 0; i < trace_steps.size(); ++i) trace_steps[i].spans = step_spans.take(static_cast<int64_t>(i));
     j["communication"] = comm_calls_json(trace_steps);
     std::ofstream(fs::path(paths.run_dir) / fmt::format("profile.rank{}.json", grid.rank())) << j.dump(2) << "\n";
     if (lead()) std::ofstream(fs::path(paths.run_dir) / "profile.json") << j.dump(2) << "\n";
@@ -300,7 +304,7 @@ class Trainer {
   void begin_trace(int64_t step) {
     trace_steps.push_back({step, now_ns(), 0, {}, {}, {}});
     model->set_trace(&trace_steps.back().ops);
-    step_spans.to(&trace_steps.back().spans);
+    step_spans.set_current(static_cast<int64_t>(trace_steps.size()) - 1);
     tracing = &step_spans;
     comm_before.clear();
     for (parallel::Communicator* c : grid.comms()) comm_before.push_back(c->counts());
@@ -312,7 +316,7 @@ class Trainer {
     model->pipe().set_trace(nullptr);
     model->set_trace(nullptr);
     tracing = nullptr;
-    step_spans.to(nullptr);
+    step_spans.set_current(-1);
     std::vector<parallel::Communicator*> comms = grid.comms();
     for (size_t i = 0; i < comms.size(); ++i)
       for (int k = 0; k < parallel::kCommOps; ++k) {
@@ -665,6 +669,7 @@ class Trainer {
                "(now {:g}); a smaller precision.loss_scale.init (now {:g}) or min_scale; grad_clip if the gradients "
                "themselves diverge", r.optimizer.lr, c.init, c.min_scale);
     ckpt->poll();
+    metrics->flush_monitor();
     end_event("stopped on fp16 overflows", kExitNumerics);
     return kExitNumerics;
   }
@@ -674,6 +679,7 @@ class Trainer {
     log->warn("signal {} received: writing a checkpoint at step {} and exiting (code {})", stop_signal(), st.step,
               kExitPreempted);
     ckpt->save(st, true);
+    metrics->flush_monitor();
     end_event("preempted", kExitPreempted);
     return kExitPreempted;
   }
