@@ -102,6 +102,9 @@ struct Faults {
 class Trainer {
  public:
   Trainer(const Plan& p, TrainOptions o, parallel::Grid& g) : plan(p), r(p.recipe), opts(std::move(o)), grid(g) {}
+  // The grid outlives the trainer: its communicators must not report to our sink after us
+  // (a profiled step left by an exception).
+  ~Trainer() { grid.set_trace(nullptr); }
 
   int run() {
     install_signal_handlers();
@@ -217,6 +220,10 @@ class Trainer {
   TrainOptions opts;
   parallel::Grid& grid;
   ops::Backend& be = ops::cpu_backend();
+  // The trace sink of communicators, pipeline and loop while a profiled step runs; declared
+  // before everything that may hold a request reporting to it (pipeline sends, gradient
+  // buckets, the monitor's gather), so it outlives them.
+  StepSpans step_spans;
   RunPaths paths;
   std::shared_ptr<const DataSource> train_src, val_src;
   std::unique_ptr<DataLoader> loader;
@@ -294,7 +301,6 @@ class Trainer {
 
   // trace.rankR.json per rank; rank 0 then merges them into trace.json (one pid per rank).
   std::vector<TraceStep> trace_steps;  // the profiled steps' attempts, with their operator events and spans
-  StepSpans step_spans;                // the sink of communicators, pipeline and loop while a profiled step runs
   ops::TraceSink* tracing = nullptr;   // &step_spans inside a profiled step, else null
   std::vector<parallel::CommCounts> comm_before;  // per grid communicator, at the profiled step's start
   static int64_t now_ns() { return ops::trace_now_ns(); }
