@@ -3,8 +3,10 @@
 off (the peer) and on (`--profile 2:STEPS`, every step but the first profiled), round-robin in
 one run. The coarse breakdown and the monitor are always on, in both.
 
-Prints per mode the median step time over every step but the first of each run, and the ratio
-on/off. Runs alternate --repeats times so that both see the machine's load alike.
+Prints each run's median step time (over every step but the first) as it goes, so the noise
+between runs of one mode is visible beside the difference between modes; then per mode the
+median over all those steps, the ratio on/off, and the range of the ratios of each off/on pair.
+Runs alternate --repeats times so that both see the machine's load alike.
 
     /usr/bin/python3 bench/profile_overhead.py [--steps N] [--repeats R] [--runner build/runner]
 """
@@ -39,6 +41,7 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS="2", OMP_WAIT_POLICY="PASSIVE")
     modes = {"off": [], "on": ["--profile", f"2:{a.steps}"]}
     times = {m: [] for m in modes}
+    run_medians = {m: [] for m in modes}
     tmp = tempfile.mkdtemp(prefix="runner_profile_bench_")
     try:
         for rep in range(a.repeats):
@@ -52,7 +55,10 @@ def main():
                     sys.exit(f"failed: {' '.join(cmd)}\n{p.stdout[-2000:]}")
                 if m == "on" and not os.path.exists(os.path.join(d, "profile.json")):
                     sys.exit("--profile wrote no profile.json")
-                times[m] += step_times(d)
+                t = step_times(d)
+                times[m] += t
+                run_medians[m].append(statistics.median(t))
+                print(f"  run {rep + 1}/{a.repeats} profile {m:<3}  median {run_medians[m][-1]:8.2f} ms", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     med = {m: statistics.median(t) for m, t in times.items()}
@@ -60,6 +66,10 @@ def main():
     for m in modes:
         print(f"  profile {m:<3}  {med[m]:8.2f} ms  ({len(times[m])} steps)")
     print(f"  on / off     {med['on'] / med['off']:8.3f}")
+    pairs = [on / off for on, off in zip(run_medians["on"], run_medians["off"])]
+    print(f"  per-pair on / off: {', '.join(f'{r:.3f}' for r in pairs)} (min {min(pairs):.3f}, max {max(pairs):.3f})")
+    spread = {m: (max(v) - min(v)) / statistics.median(v) for m, v in run_medians.items()}
+    print(f"  run-to-run spread of the medians: off {100 * spread['off']:.1f}%, on {100 * spread['on']:.1f}%")
 
 
 if __name__ == "__main__":

@@ -130,6 +130,8 @@ void for_chunks(int64_t n, F&& f) {
   for (int64_t off = 0; off < n; off += lim) f(off, int(std::min(lim, n - off)));
 }
 
+// A non-blocking call in flight. When traced, it reports its span once it is seen complete
+// (by test(), wait() or the destructor), with the time spent in wait() as the exposed part.
 class MpiRequest final : public Request {
  public:
   MpiRequest() = default;
@@ -137,26 +139,44 @@ class MpiRequest final : public Request {
   MpiRequest& operator=(const MpiRequest&) = delete;
   ~MpiRequest() override {
     if (done_ || reqs_.empty() || finalized()) return;
+    const int64_t t = sink_ ? ops::trace_now_ns() : 0;
     MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);  // no throwing here
+    if (sink_) span_.wait_ns += ops::trace_now_ns() - t;
+    complete();
   }
   std::vector<MPI_Request>& reqs() { return reqs_; }
+  void trace(ops::TraceSink* sink, ops::TraceSpan span) {
+    sink_ = sink;
+    span_ = std::move(span);
+  }
 
   bool test() override {
     if (done_) return true;
     int flag = 0;
     check(MPI_Testall(int(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE), "MPI_Testall");
-    done_ = flag != 0;
+    if (flag != 0) complete();
     return done_;
   }
   void wait() override {
     if (done_) return;
+    const int64_t t = sink_ ? ops::trace_now_ns() : 0;
     check(MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
-    done_ = true;
+    if (sink_) span_.wait_ns += ops::trace_now_ns() - t;
+    complete();
   }
 
  private:
+  void complete() {
+    done_ = true;
+    if (!sink_) return;
+    span_.t1_ns = ops::trace_now_ns();
+    sink_->span(span_);
+    sink_ = nullptr;
+  }
   std::vector<MPI_Request> reqs_;
   bool done_ = false;
+  ops::TraceSink* sink_ = nullptr;
+  ops::TraceSpan span_;
 };
 
 // 16-bit sums: MPI has no bf16/fp16 type, so the elements travel as MPI_UINT16_T and a
@@ -186,6 +206,7 @@ Kind kind_of(ops::DType t) {
   static MPI_Op bf16_sum = MPI_OP_NULL, f16_sum = MPI_OP_NULL;
   switch (t) {
     case ops::DType::F32: return {MPI_FLOAT, MPI_SUM, 4};
+    case ops::DType::F64: return {MPI_DOUBLE, MPI_SUM, 8};  // small sums (the monitor's rows)
     case ops::DType::BF16:
       if (bf16_sum == MPI_OP_NULL) check(MPI_Op_create(&sum16<ops::DType::BF16>, 1, &bf16_sum), "MPI_Op_create");
       return {MPI_UINT16_T, bf16_sum, 2};
@@ -219,6 +240,45 @@ class MpiComm final : public Communicator {
   int size() const override { return size_; }
   MPI_Comm* handle() { return &comm_; }
 
+  // One blocking call: counted, and reported as a span when traced.
+  struct Blocking {
+    MpiComm& c;
+    ops::TraceSpan s;
+    Blocking(MpiComm& comm, CommOp op, int64_t bytes, int peer = -1, int tag = -1) : c(comm) {
+      c.counts_[static_cast<size_t>(op)]++;
+      if (!c.trace_) return;
+      s = c.span(op, bytes, peer, tag);
+    }
+    ~Blocking() {
+      if (!c.trace_) return;
+      s.t1_ns = ops::trace_now_ns();
+      c.trace_->span(s);
+    }
+  };
+  // One non-blocking call: counted, and its request reports its span when it completes.
+  std::unique_ptr<MpiRequest> launched(CommOp op, int64_t bytes, int peer = -1, int tag = -1) {
+    counts_[static_cast<size_t>(op)]++;
+    auto r = std::make_unique<MpiRequest>();
+    if (trace_) {
+      ops::TraceSpan sp = span(op, bytes, peer, tag);
+      sp.async = true;
+      r->trace(trace_, std::move(sp));
+    }
+    return r;
+  }
+  ops::TraceSpan span(CommOp op, int64_t bytes, int peer, int tag) const {
+    ops::TraceSpan sp;
+    sp.name = comm_op_name(op);
+    sp.cat = comm_op_p2p(op) ? "p2p" : "comm";
+    sp.group = name_;
+    sp.bytes = bytes;
+    sp.peer = peer;
+    sp.tag = tag;
+    sp.mark = trace_->mark();
+    sp.t0_ns = ops::trace_now_ns();
+    return sp;
+  }
+
   void allreduce_sum(float* x, int64_t n) override { allreduce(x, n, MPI_FLOAT, MPI_SUM); }
   void allreduce_max(float* x, int64_t n) override { allreduce(x, n, MPI_FLOAT, MPI_MAX); }
   void allreduce_sum(double* x, int64_t n) override { allreduce(x, n, MPI_DOUBLE, MPI_SUM); }
@@ -229,7 +289,7 @@ class MpiComm final : public Communicator {
   std::unique_ptr<Request> iallreduce_sum(void* xv, ops::DType t, int64_t n) override {
     const Kind k = kind_of(t);
     char* x = static_cast<char*>(xv);
-    auto r = std::make_unique<MpiRequest>();
+    auto r = launched(CommOp::Iallreduce, n * k.size);
     for_chunks(n, [&](int64_t off, int c) {
       MPI_Request q;
       check(MPI_Iallreduce(MPI_IN_PLACE, x + off * k.size, c, k.type, k.sum, comm_, &q), "MPI_Iallreduce");
@@ -242,7 +302,7 @@ class MpiComm final : public Communicator {
     const Kind k = kind_of(t);
     const char* in = static_cast<const char*>(inv);
     char* out = static_cast<char*>(outv);
-    auto r = std::make_unique<MpiRequest>();
+    auto r = launched(CommOp::IreduceScatter, n * size_ * k.size);
     if (fits(n * size_)) {
       MPI_Request q;
       check(MPI_Ireduce_scatter_block(in, out, int(n), k.type, k.sum, comm_, &q), "MPI_Ireduce_scatter_block");
@@ -263,9 +323,11 @@ class MpiComm final : public Communicator {
   }
 
   std::unique_ptr<Request> iallgather_inplace(void* bufv, ops::DType t, int64_t n) override {
+    return iallgather(bufv, t, n, launched(CommOp::Iallgather, n * size_ * kind_of(t).size));
+  }
+  std::unique_ptr<Request> iallgather(void* bufv, ops::DType t, int64_t n, std::unique_ptr<MpiRequest> r) {
     const Kind k = kind_of(t);
     char* buf = static_cast<char*>(bufv);
-    auto r = std::make_unique<MpiRequest>();
     if (fits(n * size_)) {
       MPI_Request q;
       check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, int(n), k.type, comm_, &q), "MPI_Iallgather");
@@ -283,14 +345,16 @@ class MpiComm final : public Communicator {
   }
 
   void allgather_inplace(float* buf, int64_t n) override {
+    Blocking b(*this, CommOp::Allgather, n * size_ * int64_t(sizeof(float)));
     if (fits(n * size_)) {
       check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, int(n), MPI_FLOAT, comm_), "MPI_Allgather");
       return;
     }
-    iallgather_inplace(buf, n)->wait();
+    iallgather(buf, ops::DType::F32, n, std::make_unique<MpiRequest>())->wait();
   }
 
   void broadcast(void* buf, size_t bytes, int root) override {
+    Blocking b(*this, CommOp::Broadcast, int64_t(bytes), root);
     char* p = static_cast<char*>(buf);
     for_chunks(int64_t(bytes), [&](int64_t off, int c) {
       check(MPI_Bcast(p + off, c, MPI_BYTE, root, comm_), "MPI_Bcast");
@@ -300,19 +364,21 @@ class MpiComm final : public Communicator {
   // Point-to-point: a message above the limit travels as several messages with the same tag;
   // MPI's non-overtaking rule matches them in order.
   void send(const void* buf, size_t bytes, int dst, int tag) override {
+    Blocking b(*this, CommOp::Send, int64_t(bytes), dst, tag);
     const char* p = static_cast<const char*>(buf);
     for_chunks(int64_t(bytes), [&](int64_t off, int c) {
       check(MPI_Send(p + off, c, MPI_BYTE, dst, tag, comm_), "MPI_Send");
     });
   }
   void recv(void* buf, size_t bytes, int src, int tag) override {
+    Blocking b(*this, CommOp::Recv, int64_t(bytes), src, tag);
     char* p = static_cast<char*>(buf);
     for_chunks(int64_t(bytes), [&](int64_t off, int c) {
       check(MPI_Recv(p + off, c, MPI_BYTE, src, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
     });
   }
   std::unique_ptr<Request> isend(const void* buf, size_t bytes, int dst, int tag) override {
-    auto r = std::make_unique<MpiRequest>();
+    auto r = launched(CommOp::Isend, int64_t(bytes), dst, tag);
     const char* p = static_cast<const char*>(buf);
     for_chunks(int64_t(bytes), [&](int64_t off, int c) {
       MPI_Request q;
@@ -322,7 +388,7 @@ class MpiComm final : public Communicator {
     return r;
   }
   std::unique_ptr<Request> irecv(void* buf, size_t bytes, int src, int tag) override {
-    auto r = std::make_unique<MpiRequest>();
+    auto r = launched(CommOp::Irecv, int64_t(bytes), src, tag);
     char* p = static_cast<char*>(buf);
     for_chunks(int64_t(bytes), [&](int64_t off, int c) {
       MPI_Request q;
@@ -332,7 +398,10 @@ class MpiComm final : public Communicator {
     return r;
   }
 
-  void barrier() override { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() override {
+    Blocking b(*this, CommOp::Barrier, 0);
+    check(MPI_Barrier(comm_), "MPI_Barrier");
+  }
 
   [[noreturn]] void abort(int code) override {
     std::fflush(nullptr);
@@ -353,6 +422,7 @@ class MpiComm final : public Communicator {
   void allreduce(void* x, int64_t n, MPI_Datatype t, MPI_Op op) {
     int sz = 0;
     check(MPI_Type_size(t, &sz), "MPI_Type_size");
+    Blocking b(*this, CommOp::Allreduce, n * sz);
     char* p = static_cast<char*>(x);
     for_chunks(n, [&](int64_t off, int c) {
       check(MPI_Allreduce(MPI_IN_PLACE, p + off * sz, c, t, op, comm_), "MPI_Allreduce");
@@ -371,6 +441,28 @@ bool env_set(const char* name) {
 }  // namespace
 
 std::unique_ptr<Communicator> self_comm() { return std::make_unique<SelfComm>(); }
+
+const char* comm_op_name(CommOp op) {
+  switch (op) {
+    case CommOp::Allreduce: return "allreduce";
+    case CommOp::Iallreduce: return "iallreduce";
+    case CommOp::IreduceScatter: return "ireduce_scatter";
+    case CommOp::Iallgather: return "iallgather";
+    case CommOp::Allgather: return "allgather";
+    case CommOp::Broadcast: return "broadcast";
+    case CommOp::Send: return "send";
+    case CommOp::Recv: return "recv";
+    case CommOp::Isend: return "isend";
+    case CommOp::Irecv: return "irecv";
+    case CommOp::Barrier: return "barrier";
+    case CommOp::Count: break;
+  }
+  return "?";
+}
+
+bool comm_op_p2p(CommOp op) {
+  return op == CommOp::Send || op == CommOp::Recv || op == CommOp::Isend || op == CommOp::Irecv;
+}
 
 bool mpi_launched() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK", "MPI_LOCALNRANKS"})

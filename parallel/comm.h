@@ -10,6 +10,7 @@
 // rule). Results of reductions are bit-identical on every member. Counts above INT_MAX are
 // split internally.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -18,8 +19,18 @@
 
 #include "ops/group.h"
 #include "ops/tensor.h"
+#include "ops/trace.h"
 
 namespace parallel {
+
+// The calls a communicator makes, by kind, for counting and for trace events' names.
+enum class CommOp : int {
+  Allreduce, Iallreduce, IreduceScatter, Iallgather, Allgather, Broadcast, Send, Recv, Isend, Irecv, Barrier, Count
+};
+constexpr int kCommOps = static_cast<int>(CommOp::Count);
+const char* comm_op_name(CommOp op);  // "allreduce", "iallreduce", "ireduce_scatter", ...
+bool comm_op_p2p(CommOp op);          // send, recv, isend, irecv
+using CommCounts = std::array<int64_t, kCommOps>;
 
 // A non-blocking operation in flight. Destroying an unfinished request waits for it.
 class Request {
@@ -44,7 +55,7 @@ class Communicator : public ops::ReduceGroup {
   // The gradient and parameter collectives take the buffer's dtype: F32, or BF16 / F16 (16-bit
   // storage, summed in fp32 and rounded to nearest even after each addition, so a 16-bit sum
   // over ranks depends on MPI's reduction order as any 16-bit accumulation does).
-  // Non-blocking in-place sum.
+  // Non-blocking in-place sum (also F64).
   virtual std::unique_ptr<Request> iallreduce_sum(void* x, ops::DType t, int64_t n) = 0;
   // in: size()*n elements (rank r's block is in[r*n, (r+1)*n)); out: n elements = sum over
   // ranks of their block `rank()`. out must not overlap in.
@@ -70,6 +81,21 @@ class Communicator : public ops::ReduceGroup {
   [[noreturn]] virtual void abort(int code) = 0;
   // Splits into sub-communicators: members with the same color form one, ordered by key.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // What this communicator is called in traces and counts ("dp", "tp", "world", ...).
+  void set_name(const char* name) { name_ = name; }
+  const char* name() const { return name_; }
+  // Every call from now on is reported to `sink` as a span (a non-blocking one when it is seen
+  // complete, with its time in wait() as exposed); null (the default): nothing is recorded.
+  // The one-rank communicator does nothing and reports nothing.
+  void set_trace(ops::TraceSink* sink) { trace_ = sink; }
+  // The calls made so far, per kind (always counted, traced or not; cumulative).
+  const CommCounts& counts() const { return counts_; }
+
+ protected:
+  ops::TraceSink* trace_ = nullptr;
+  const char* name_ = "";
+  CommCounts counts_{};
 };
 
 // The one-rank communicator: reductions and gathers are no-ops, point-to-point throws.

@@ -60,6 +60,21 @@ Grid::Grid(std::unique_ptr<Communicator> world, GridShape shape) : shape_(shape)
     auto e = world_->split(member ? pair : dp * tp + pair, c_.pp);
     if (member) embed_ = std::move(e);
   }
+  world_->set_name("world");
+  tp_->set_name("tp");
+  dp_->set_name("dp");
+  pp_->set_name("pp");
+  if (embed_) embed_->set_name("embed");
+}
+
+std::vector<Communicator*> Grid::comms() {
+  std::vector<Communicator*> c{world_.get(), dp_.get(), tp_.get(), pp_.get()};
+  if (embed_) c.push_back(embed_.get());
+  return c;
+}
+
+void Grid::set_trace(ops::TraceSink* sink) {
+  for (Communicator* c : comms()) c->set_trace(sink);
 }
 
 int Grid::prev_stage_rank() const {

@@ -11,6 +11,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "parallel/comm.h"
 
@@ -53,6 +54,10 @@ class Grid {
   Communicator& tp() { return *tp_; }
   Communicator& pp() { return *pp_; }
   Communicator* embed() { return embed_.get(); }  // null when not a member
+  // world, dp, tp, pp and embed (when a member), each named so in traces and counts.
+  std::vector<Communicator*> comms();
+  // Every communicator of the grid reports its calls to `sink` (null: off).
+  void set_trace(ops::TraceSink* sink);
 
  private:
   GridShape shape_;

@@ -116,12 +116,41 @@ PipelineRunner::~PipelineRunner() {
   }
 }
 
-void PipelineRunner::wait_send(std::unique_ptr<Request>& req, double& wait_ms) {
+void PipelineRunner::wait_send(std::unique_ptr<Request>& req, double& wait_ms, int micro) {
   if (!req) return;
+  if (trace_ && req->test()) {  // already sent: no wait to show
+    req.reset();
+    return;
+  }
   auto t = Clock::now();
+  const int64_t t0 = trace_ ? ops::trace_now_ns() : 0;
   req->wait();
   req.reset();
   wait_ms += ms_since(t);
+  if (trace_) idle("idle: send buffer in use", -1, micro, t0);
+}
+
+void PipelineRunner::pass(const char* what, const PipeAction& a, int64_t t0_ns) {
+  ops::TraceSpan s;
+  s.name = std::string(what) + " mb " + std::to_string(a.micro);
+  if (chunks_.size() > 1) s.name += " chunk " + std::to_string(a.chunk);
+  s.cat = "pass";
+  s.micro = a.micro;
+  s.t0_ns = t0_ns;
+  s.t1_ns = ops::trace_now_ns();
+  trace_->span(s);
+}
+
+void PipelineRunner::idle(const char* what, int peer, int micro, int64_t t0_ns) {
+  ops::TraceSpan s;
+  s.name = what;
+  s.cat = "pipeline";
+  s.group = "world";
+  s.peer = peer;
+  s.micro = micro;
+  s.t0_ns = t0_ns;
+  s.t1_ns = ops::trace_now_ns();
+  trace_->span(s);
 }
 
 PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, const std::vector<MicroBatch>& mbs, float dloss,
@@ -139,14 +168,17 @@ PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, con
       void* out = nullptr;
       if (prev >= 0) {
         auto t = Clock::now();
+        const int64_t w0 = trace_ ? ops::trace_now_ns() : 0;
         world_.recv(ch.act_in[slot].raw(), ch.act_in[slot].nbytes(), prev, tag(vs, kAct));
         st.wait_ms += ms_since(t);
+        if (trace_) idle("idle: waiting for activation", prev, a.micro, w0);
         in = ch.act_in[slot].raw();
       }
       if (next >= 0) {
-        wait_send(ch.act_sends[slot], st.wait_ms);
+        wait_send(ch.act_sends[slot], st.wait_ms, a.micro);
         out = ch.act_out[slot].raw();
       }
+      const int64_t p0 = trace_ ? ops::trace_now_ns() : 0;
       auto t0 = Clock::now();
       const double c0 = comm_clock_ ? *comm_clock_ : 0.0;
       auto ls = ex.forward(mb.tokens, mb.targets, true, key, mb.sample_offset, in, out);
@@ -154,6 +186,7 @@ PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, con
       st.forward_ms += ms_since(t0) - dc;
       st.comm_ms += dc;
       st.loss_sum += ls.sum;
+      if (trace_) pass("forward", a, p0);
       if (next >= 0)
         ch.act_sends[slot] = world_.isend(ch.act_out[slot].raw(), ch.act_out[slot].nbytes(), next, tag(vs + 1, kAct));
     } else {
@@ -161,17 +194,20 @@ PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, con
       void* din = nullptr;
       if (next >= 0) {
         auto t = Clock::now();
+        const int64_t w0 = trace_ ? ops::trace_now_ns() : 0;
         world_.recv(ch.grad_out.raw(), ch.grad_out.nbytes(), next, tag(vs, kGrad));
         st.wait_ms += ms_since(t);
+        if (trace_) idle("idle: waiting for gradient", next, a.micro, w0);
         dout = ch.grad_out.raw();
       }
       if (prev >= 0) {
-        wait_send(ch.grad_sends[slot], st.wait_ms);
+        wait_send(ch.grad_sends[slot], st.wait_ms, a.micro);
         din = ch.grad_in[slot].raw();
       }
       const bool final_pass = a.micro == last_micro && final_hook;
       const int chunk = a.chunk;
       if (final_pass) ex.set_grad_hook([&final_hook, chunk](int node) { final_hook(chunk, node); });
+      const int64_t p0 = trace_ ? ops::trace_now_ns() : 0;
       auto t0 = Clock::now();
       const double c0 = comm_clock_ ? *comm_clock_ : 0.0;
       ex.backward(dloss, dout, din);
@@ -179,13 +215,14 @@ PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, con
       st.backward_ms += ms_since(t0) - dc;
       st.comm_ms += dc;
       if (final_pass) ex.set_grad_hook(nullptr);
+      if (trace_) pass("backward", a, p0);
       if (prev >= 0)
         ch.grad_sends[slot] = world_.isend(ch.grad_in[slot].raw(), ch.grad_in[slot].nbytes(), prev, tag(vs - 1, kGrad));
     }
   }
   for (auto& ch : chunks_) {
-    for (auto& r : ch.act_sends) wait_send(r, st.wait_ms);
-    for (auto& r : ch.grad_sends) wait_send(r, st.wait_ms);
+    for (auto& r : ch.act_sends) wait_send(r, st.wait_ms, -1);
+    for (auto& r : ch.grad_sends) wait_send(r, st.wait_ms, -1);
   }
   return st;
 }

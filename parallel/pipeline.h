@@ -14,6 +14,7 @@
 
 #include "ops/executor.h"
 #include "ops/graph.h"
+#include "ops/trace.h"
 #include "parallel/comm.h"
 
 namespace parallel {
@@ -86,6 +87,9 @@ class PipelineRunner {
   // (tensor parallelism, parallel::TimedGroup): train() moves its growth during each pass from
   // forward/backward to PipelineStats::comm_ms. Null: none.
   void set_comm_clock(const double* ms) { comm_clock_ = ms; }
+  // While set, train() reports each micro-batch pass ("forward mb K", category "pass") and
+  // each wait on a neighbour ("idle: ...", category "pipeline": the bubble) to `sink`.
+  void set_trace(ops::TraceSink* sink) { trace_ = sink; }
 
  private:
   struct Chunk {
@@ -94,11 +98,14 @@ class PipelineRunner {
     ops::Tensor grad_out;
     std::vector<std::unique_ptr<Request>> act_sends, grad_sends;
   };
-  void wait_send(std::unique_ptr<Request>& req, double& wait_ms);
+  void wait_send(std::unique_ptr<Request>& req, double& wait_ms, int micro);
+  void idle(const char* what, int peer, int micro, int64_t t0_ns);
+  void pass(const char* what, const PipeAction& a, int64_t t0_ns);
   const ops::Tensor* eval_pass(const MicroBatch& mb, bool logits, ops::Executor::LossSum* ls);
   std::vector<Chunk> chunks_;
   Communicator& world_;
   const double* comm_clock_ = nullptr;
+  ops::TraceSink* trace_ = nullptr;
 };
 
 }  // namespace parallel

@@ -192,6 +192,8 @@ TEST_CASE("trace: an event per operator node of each profiled step") {
       span[e["args"]["step"].get<int64_t>()] = {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
       continue;
     }
+    const std::string cat = e["cat"];
+    if (cat != "forward" && cat != "backward" && cat != "recompute") continue;  // loop phases (tests/test_trace.cpp)
     int64_t step = e["args"]["step"];
     CHECK(nodes[{step, e["cat"].get<std::string>()}].insert(e["args"]["node"].get<int>()).second);  // once per step and pass
     if (e["cat"] == "forward") calls[e["args"]["op"].get<std::string>()]++;

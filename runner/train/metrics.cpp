@@ -233,6 +233,7 @@ void RunMetrics::summarize_range(const GradReport& r) {
 
 void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, double wall_s,
                          std::vector<ops::OpProfile> prof) {
+  flush_monitor();  // the last interval's record
   const Recipe& r = plan_.recipe;
   // Pipeline idle time per stage, measured (time blocked on neighbours) against the plan's bubble.
   std::vector<double> idle(static_cast<size_t>(plan_.pp), 0.0);

@@ -86,11 +86,16 @@ class RunMetrics {
   void rollback(int64_t step, int64_t to_step, double loss);
   // Collective: the end-of-run tables and the summary record.
   void summary(int64_t steps, int64_t tokens, const EvalResult& e, double wall_s, std::vector<ops::OpProfile> prof);
-  // Collective, every rank, at each step line: gathers each rank's breakdown over the last
-  // interval (a small all-reduce), writes a monitor record (step-time percentiles, tokens/s,
-  // MFU, utilization, memory per account, skipped steps, checkpoint cost, slowest rank and
-  // stage) and raises the alerts that first hold.
+  // Collective, every rank, at each step line: starts gathering each rank's breakdown over the
+  // last interval (a small non-blocking all-reduce, so no rank waits for the slowest here) and
+  // completes the previous interval's gather, which long finished: rank 0 writes that
+  // interval's monitor record (step-time percentiles, tokens/s, MFU, utilization, memory per
+  // account, skipped steps, checkpoint cost, slowest rank and stage; its own figures as they
+  // were at the interval's end) and raises the alerts that first hold. So a record comes one
+  // log interval late; summary() and flush_monitor() complete the last one.
   void monitor(int64_t step);
+  // Collective: completes the gather in flight, if any, and writes its record now.
+  void flush_monitor();
   const std::vector<Alert>& alerts() const { return alerts_; }
   // A rank's row in the gathered breakdown: the parts' sums, then steps, busy P50 and P99 of
   // the interval, pipeline stage, step-time max, dp coordinate.
@@ -109,6 +114,18 @@ class RunMetrics {
   // Collective: every rank's row (kRow doubles) on rank 0, in world-rank order.
   std::vector<std::array<double, kRow>> gather(const std::array<double, Breakdown::kParts>& parts, double steps);
   void breakdown_table(const std::vector<std::array<double, kRow>>& rows);
+  // An interval's gather in flight, with rank 0's own figures at the interval's end.
+  struct PendingMonitor {
+    int64_t step = 0;
+    std::vector<double> all;  // world_size x kRow, summed in place
+    std::unique_ptr<parallel::Request> req;
+    double p50 = 0, p90 = 0, p99 = 0, max = 0, peak = 0, checkpoint_ms = 0;
+    size_t timed = 0;
+    int64_t skipped = 0;
+    std::array<size_t, ops::kAccounts> memory{};
+  };
+  std::unique_ptr<PendingMonitor> pending_;
+  void report_monitor(const PendingMonitor& p, const std::vector<std::array<double, kRow>>& rows);
   std::array<double, Breakdown::kParts> window_parts_{}, total_parts_{};
   double window_steps_ = 0, total_steps_ = 0;
   std::vector<double> step_times_, busy_times_;  // per step after the first

@@ -103,10 +103,49 @@ double interval_of(const std::array<double, RunMetrics::kRow>& row) {
 }  // namespace
 
 void RunMetrics::monitor(int64_t step) {
-  auto rows = gather(window_parts_, window_steps_);
+  flush_monitor();
+  auto p = std::make_unique<PendingMonitor>();
+  p->step = step;
+  const int W = grid_.world_size(), me = grid_.rank();
+  p->all.assign(static_cast<size_t>(W * kRow), 0.0);
+  double* row = p->all.data() + static_cast<size_t>(me) * kRow;
+  std::copy(window_parts_.begin(), window_parts_.end(), row);
+  row[kSteps] = window_steps_;
+  row[kBusyP50] = percentile(window_busy_, 0.5);
+  row[kBusyP99] = percentile(window_busy_, 0.99);
+  row[kStage] = grid_.coords().pp;
+  row[kStepMax] = step_times_.empty() ? 0 : *std::max_element(step_times_.begin(), step_times_.end());
+  row[kDp] = grid_.coords().dp;
+  if (me == 0) {
+    p->p50 = percentile(step_times_, 0.5);
+    p->p90 = percentile(step_times_, 0.9);
+    p->p99 = percentile(step_times_, 0.99);
+    p->max = step_times_.empty() ? 0 : *std::max_element(step_times_.begin(), step_times_.end());
+    p->timed = step_times_.size();
+    p->memory = measured_peak_;
+    p->peak = static_cast<double>(ops::MemoryTracker::instance().peak_total());
+    p->skipped = skipped_;
+    p->checkpoint_ms = checkpoint_total_;
+  }
+  p->req = grid_.world().iallreduce_sum(p->all.data(), ops::DType::F64, static_cast<int64_t>(p->all.size()));
   window_parts_ = {};
   window_steps_ = 0;
   window_busy_.clear();
+  pending_ = std::move(p);
+}
+
+void RunMetrics::flush_monitor() {
+  if (!pending_) return;
+  std::unique_ptr<PendingMonitor> p = std::move(pending_);
+  p->req->wait();
+  const int W = grid_.world_size();
+  std::vector<std::array<double, kRow>> rows(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r) std::copy_n(p->all.data() + static_cast<size_t>(r) * kRow, kRow, rows[static_cast<size_t>(r)].begin());
+  report_monitor(*p, rows);
+}
+
+void RunMetrics::report_monitor(const PendingMonitor& pm, const std::vector<std::array<double, kRow>>& rows) {
+  const int64_t step = pm.step;
   if (grid_.rank() != 0 || rows[0][kSteps] <= 0) return;
   const Recipe& r = plan_.recipe;
   const double n = rows[0][kSteps];
@@ -137,15 +176,13 @@ void RunMetrics::monitor(int64_t step) {
   const double stage_min = *std::min_element(stage_busy.begin(), stage_busy.end());
   const double imbalance = stage_busy[slow_stage] > 0 ? (stage_busy[slow_stage] - stage_min) / stage_busy[slow_stage] : 0;
 
-  const double p50 = percentile(step_times_, 0.5), p90 = percentile(step_times_, 0.9), p99 = percentile(step_times_, 0.99);
-  const double mx = step_times_.empty() ? 0 : *std::max_element(step_times_.begin(), step_times_.end());
+  const double p50 = pm.p50, p90 = pm.p90, p99 = pm.p99, mx = pm.max;
   const double iv0 = interval_of(rows[0]) / n;
   const double tps = iv0 > 0 ? static_cast<double>(plan_.tokens_per_step) / (iv0 / 1e3) : 0;
   const double mfu = peak_flops_ > 0 ? plan_.flops_per_token * tps / peak_flops_ : 0;
-  auto& mt = ops::MemoryTracker::instance();
   nlohmann::json mem = nlohmann::json::object();
-  for (int a = 0; a < ops::kAccounts; ++a) mem[kAccountNames[a]] = measured_peak_[static_cast<size_t>(a)];
-  const double peak = static_cast<double>(mt.peak_total());
+  for (int a = 0; a < ops::kAccounts; ++a) mem[kAccountNames[a]] = pm.memory[static_cast<size_t>(a)];
+  const double peak = pm.peak;
   auto slow_name = [&](size_t k) {
     parallel::Coords c = parallel::coords_of(grid_.shape(), static_cast<int>(k));
     return fmt::format("rank {} (dp {} tp {} pp {})", k, c.dp, c.tp, c.pp);
@@ -159,15 +196,15 @@ void RunMetrics::monitor(int64_t step) {
                    {"peak_memory", mem},
                    {"peak_bytes", peak},
                    {"device_memory", plan_.device_memory},
-                   {"skipped_steps", skipped_},
-                   {"checkpoint_ms", checkpoint_total_},
+                   {"skipped_steps", pm.skipped},
+                   {"checkpoint_ms", pm.checkpoint_ms},
                    {"slowest_rank", slow},
                    {"slowest_stage", slow_stage},
                    {"stage_imbalance", imbalance},
                    {"per_rank", per_rank}};
   write(j.dump());
   log_->info("  monitor | step ms p50 {:.0f} p90 {:.0f} p99 {:.0f} max {:.0f} | util {:.0f}% | skipped {} | checkpoints {:.0f} ms{}",
-             p50, p90, p99, mx, 100 * util, skipped_, checkpoint_total_,
+             p50, p90, p99, mx, 100 * util, pm.skipped, pm.checkpoint_ms,
              rows.size() > 1 ? fmt::format(" | slowest {} busy {:.0f} ms/step", slow_name(slow), busy_of(rows[slow]) / n) : "");
 
   // Alerts, each once.
@@ -196,7 +233,7 @@ void RunMetrics::monitor(int64_t step) {
   // A straggler: the step's tail comes from a rank's own work (its busy time has the tail
   // too); a tail of waiting for data is the data_wait alert's.
   // Below 100 steps the P99 is the maximum, and one preempted step is not a straggler.
-  if (step_times_.size() >= 100 && p50 > 0 && p99 > 1.5 * p50 && rows[strag][kBusyP99] > 1.5 * rows[strag][kBusyP50]) {
+  if (pm.timed >= 100 && p50 > 0 && p99 > 1.5 * p50 && rows[strag][kBusyP99] > 1.5 * rows[strag][kBusyP50]) {
     raise({"straggler", step, p99 / p50, 1.5,
            fmt::format("step time P99 {:.0f} ms is {:.1f}x its P50 {:.0f} ms; the straggler is {} (its own work P99 {:.0f} ms, "
                        "P50 {:.0f} ms)", p99, p99 / p50, p50, slow_name(strag), rows[strag][kBusyP99], rows[strag][kBusyP50]),

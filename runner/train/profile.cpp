@@ -122,24 +122,80 @@ nlohmann::json profile_json(const std::vector<OpFigures>& ops, const ProfileWind
           {"operators_ms", op_ms}, {"ops", arr}};
 }
 
+namespace {
+// The track of a synchronous span, by category.
+int track_of(const ops::TraceSpan& s) {
+  const std::string c = s.cat;
+  if (c == "comm" || c == "p2p") return 4;
+  if (c == "pipeline" || c == "pass") return 3;
+  return 2;
+}
+}  // namespace
+
 nlohmann::json trace_json(const std::vector<TraceStep>& steps, int rank, const std::string& grid_name, int64_t origin_ns) {
   nlohmann::json ev = nlohmann::json::array();
   auto us = [&](int64_t ns) { return static_cast<double>(ns - origin_ns) / 1e3; };
+  auto dur = [](int64_t a, int64_t b) { return static_cast<double>(b - a) / 1e3; };
   ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", fmt::format("rank {} ({})", rank, grid_name)}}}});
-  ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", 0}, {"args", {{"name", "steps"}}}});
-  ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", 1}, {"args", {{"name", "operators"}}}});
+  ev.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
+  const char* tracks[] = {"steps", "operators", "step phases", "pipeline", "communication (blocking)"};
+  for (int t = 0; t < 5; ++t)
+    ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", t}, {"args", {{"name", tracks[t]}}}});
+  int64_t async_id = 0;
   for (const TraceStep& s : steps) {
     ev.push_back({{"ph", "X"}, {"name", fmt::format("step {}", s.step)}, {"cat", "step"}, {"pid", rank}, {"tid", 0},
-                  {"ts", us(s.t0_ns)}, {"dur", static_cast<double>(s.t1_ns - s.t0_ns) / 1e3}, {"args", {{"step", s.step}}}});
+                  {"ts", us(s.t0_ns)}, {"dur", dur(s.t0_ns, s.t1_ns)}, {"args", {{"step", s.step}}}});
     for (const ops::TraceEvent& e : s.ops) {
       const ops::Node& n = e.graph->nodes[e.node];
       const char* pass = e.pass == 'f' ? "forward" : e.pass == 'b' ? "backward" : "recompute";
       ev.push_back({{"ph", "X"}, {"name", n.name}, {"cat", pass}, {"pid", rank}, {"tid", 1}, {"ts", us(e.t0_ns)},
-                    {"dur", static_cast<double>(e.t1_ns - e.t0_ns) / 1e3},
+                    {"dur", dur(e.t0_ns, e.t1_ns)},
                     {"args", {{"op", ops::op_name(n.kind)}, {"pass", pass}, {"step", s.step}, {"node", e.node}}}});
+    }
+    for (const ops::TraceSpan& sp : s.spans) {
+      const std::string cat = sp.cat;
+      const bool comm = cat == "comm" || cat == "p2p";
+      nlohmann::json args = {{"step", s.step}};
+      std::string name = sp.name;
+      if (comm) {
+        args["op"] = sp.name;
+        args["group"] = sp.group;
+        args["bytes"] = sp.bytes;
+        name += std::string(" ") + sp.group;
+        if (cat == "p2p") {
+          args["peer"] = sp.peer;
+          args["tag"] = sp.tag;
+          name += (sp.name == "send" || sp.name == "isend" ? " to " : " from ") + std::to_string(sp.peer);
+        }
+      } else {
+        if (sp.peer >= 0) args["peer"] = sp.peer;
+        if (*sp.group) args["group"] = sp.group;
+        if (sp.bytes >= 0) args["bytes"] = sp.bytes;
+      }
+      if (sp.micro >= 0) args["micro"] = sp.micro;
+      if (sp.async) {
+        const double total = dur(sp.t0_ns, sp.t1_ns) / 1e3;
+        const double exposed = static_cast<double>(sp.wait_ns) / 1e6;
+        args["exposed_ms"] = exposed;
+        args["hidden_ms"] = std::max(0.0, total - exposed);
+        const int64_t id = static_cast<int64_t>(rank) * 100000000 + async_id++;  // unique across the merged ranks
+        ev.push_back({{"ph", "b"}, {"name", name}, {"cat", cat}, {"id", id}, {"pid", rank}, {"tid", 4},
+                      {"ts", us(sp.t0_ns)}, {"args", args}});
+        ev.push_back({{"ph", "e"}, {"name", name}, {"cat", cat}, {"id", id}, {"pid", rank}, {"tid", 4},
+                      {"ts", us(sp.t1_ns)}});
+      } else {
+        ev.push_back({{"ph", "X"}, {"name", name}, {"cat", cat}, {"pid", rank}, {"tid", track_of(sp)}, {"ts", us(sp.t0_ns)},
+                      {"dur", dur(sp.t0_ns, sp.t1_ns)}, {"args", args}});
+      }
     }
   }
   return {{"traceEvents", ev}, {"displayTimeUnit", "ms"}};
+}
+
+nlohmann::json comm_calls_json(const std::vector<TraceStep>& steps) {
+  nlohmann::json per = nlohmann::json::array();
+  for (const TraceStep& s : steps) per.push_back({{"step", s.step}, {"calls", s.calls}});
+  return {{"per_step", per}};
 }
 
 }  // namespace runner

@@ -6,6 +6,8 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 
 #include "ops/executor.h"
 #include "ops/graph.h"
+#include "ops/trace.h"
 #include "runner/errors.h"
 
 namespace spdlog {
@@ -67,14 +70,63 @@ struct Roofline {
 nlohmann::json profile_json(const std::vector<OpFigures>& ops, const ProfileWindow& w, double steps_ms, const Roofline& roof,
                             spdlog::logger* log);
 
-// Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev) of the profiled steps: one
-// complete ("X") event per operator node executed, named by the node with its kind, pass and
-// step in args, and one per profiled step, all on pid `rank`, tid 0 (steps) and 1 (operators);
-// timestamps in microseconds from `origin_ns` (steady clock, the run's start).
+// One profiled step's attempt on the timeline: its operator nodes (ops::Executor::set_trace),
+// and the spans the communicators, the pipeline runner and the training loop reported while it
+// ran, its checkpoint work included (ops::TraceSink); `calls`: the communicators' own counts
+// of the calls made in that time ("dp iallreduce" -> 3), to check the trace against.
 struct TraceStep {
   int64_t step, t0_ns, t1_ns;
   std::vector<ops::TraceEvent> ops;
+  std::vector<ops::TraceSpan> spans;
+  std::map<std::string, int64_t> calls;
 };
+
+// The sink the trainer hands to the grid's communicators and the pipeline runner while a
+// profiled step runs: each span is filed under the step attempt that was current when it
+// began (a non-blocking collective may complete after its step), thread-safe.
+class StepSpans : public ops::TraceSink {
+ public:
+  // The current step attempt (an index into the trainer's list; -1: none, spans dropped).
+  void set_current(int64_t i) {
+    std::lock_guard<std::mutex> g(m_);
+    current_ = i;
+  }
+  int64_t mark() override {
+    std::lock_guard<std::mutex> g(m_);
+    return current_;
+  }
+  void span(const ops::TraceSpan& s) override {
+    std::lock_guard<std::mutex> g(m_);
+    const int64_t i = s.mark >= 0 ? s.mark : current_;
+    if (i >= 0) spans_[i].push_back(s);
+  }
+  // The spans filed under attempt i, removed from the sink.
+  std::vector<ops::TraceSpan> take(int64_t i) {
+    std::lock_guard<std::mutex> g(m_);
+    std::vector<ops::TraceSpan> v = std::move(spans_[i]);
+    spans_.erase(i);
+    return v;
+  }
+
+ private:
+  std::mutex m_;
+  int64_t current_ = -1;
+  std::map<int64_t, std::vector<ops::TraceSpan>> spans_;
+};
+
+// Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev) of the profiled steps, all on
+// pid `rank`, timestamps in microseconds from `origin_ns` (steady clock), "step" in every
+// event's args. Tracks (tid): 0 steps (an "X" event per step), 1 operators (one per node
+// executed, its kind, pass and node in args), 2 step phases (data wait, gradient sync wait,
+// gradient norm, optimizer, checkpoint), 3 pipeline (each micro-batch pass, and the idle
+// waits on a neighbour: the bubble), 4 blocking communication (collectives and send/recv,
+// "X"). Non-blocking collectives and sends are async slices ("b"/"e" pairs, one id each), so
+// Perfetto draws the hidden all-reduce on a track of its own; their args say how much of them
+// the rank waited for (exposed_ms) and how much ran behind compute (hidden_ms). Every
+// communication event has its op, group, bytes (and peer, tag for send/recv) in args.
 nlohmann::json trace_json(const std::vector<TraceStep>& steps, int rank, const std::string& grid_name, int64_t origin_ns);
+
+// profile.json's "communication": per profiled step attempt, the communicators' call counts.
+nlohmann::json comm_calls_json(const std::vector<TraceStep>& steps);
 
 }  // namespace runner

@@ -102,6 +102,9 @@ struct Faults {
 class Trainer {
  public:
   Trainer(const Plan& p, TrainOptions o, parallel::Grid& g) : plan(p), r(p.recipe), opts(std::move(o)), grid(g) {}
+  // The grid outlives the trainer: its communicators must not report to our sink after us
+  // (a profiled step left by an exception).
+  ~Trainer() { grid.set_trace(nullptr); }
 
   int run() {
     install_signal_handlers();
@@ -161,7 +164,7 @@ class Trainer {
       const bool profiled = profile_window.covers(st.step + 1);
       std::vector<ops::OpProfile> before;
       if (profiled) before = model->profile();
-      if (profiled) trace_steps.push_back({st.step + 1, now_ns(), 0, {}}), model->set_trace(&trace_steps.back().ops);
+      if (profiled) begin_trace(st.step + 1);
       StepResult s = train_step();
       if (profiled) trace_steps.back().t1_ns = now_ns(), model->set_trace(nullptr);
       if (profiled) profile_step(before, s.total_ms);
@@ -169,6 +172,7 @@ class Trainer {
       auto rb0 = Clock::now();
       if (rollback_needed(s)) {
         pending_rollback += s.total_ms + ms_between(rb0, Clock::now());  // the attempt is lost
+        if (profiled) end_trace();
         continue;
       }
       s.rollback_ms = pending_rollback;
@@ -179,24 +183,33 @@ class Trainer {
       if (s.overflow && scaler.exhausted(st.scaler)) return stop_on_overflows(s);
       auto c0 = Clock::now();
       if (st.step < total && ckpt->due(st.step, ms_between(run_t0, Clock::now()) / 1e3)) {
+        const int64_t t = now_ns();
         ckpt->save(st, false);
         pending_ckpt_ms = ckpt->last_stall_ms();
+        phase("checkpoint save", "checkpoint", t);
       }
+      const int64_t p0 = now_ns();
       ckpt->poll();
+      if (now_ns() - p0 > 100000) phase("checkpoint poll", "checkpoint", p0);  // a background write finished
       pending_ckpt_wall = ms_between(c0, Clock::now());
       metrics->set_scaler(st.scaler, scaler.active());
       metrics->step_line(st.step, s);
+      if (profiled) end_trace();
+      if (profiled && st.step == profile_window.to) {
+        metrics->flush_monitor();  // its gather, started inside the window, is in the trace
+        write_profile();
+      }
       if (s.skipped && !s.overflow) log->warn("step {}: non-finite loss or gradient norm; update skipped", st.step);
       if (r.train.eval_every > 0 && st.step % r.train.eval_every == 0 && st.step != total)
-        metrics->eval(st.step, evaluate(plan, grid, *model, val_src, st.rng.data_seed));
+        metrics->eval(st.step, evaluate_untimed());
     }
     ckpt->save(st, true);
     if (stop_agreed()) return preempt();
-    EvalResult last_eval = evaluate(plan, grid, *model, val_src, st.rng.data_seed);
+    EvalResult last_eval = evaluate_untimed();
     if (stop_agreed()) return preempt();
     metrics->eval(st.step, last_eval);
     double wall = ms_between(run_t0, Clock::now()) / 1e3;
-    metrics->summary(st.step, st.tokens, last_eval, wall, model->profile());
+    metrics->summary(st.step, st.tokens, last_eval, wall, training_ops());
     end_event("done", 0);
     return 0;
   }
@@ -207,6 +220,10 @@ class Trainer {
   TrainOptions opts;
   parallel::Grid& grid;
   ops::Backend& be = ops::cpu_backend();
+  // The trace sink of communicators, pipeline and loop while a profiled step runs; declared
+  // before everything that may hold a request reporting to it (pipeline sends, gradient
+  // buckets, the monitor's gather), so it outlives them.
+  StepSpans step_spans;
   RunPaths paths;
   std::shared_ptr<const DataSource> train_src, val_src;
   std::unique_ptr<DataLoader> loader;
@@ -225,44 +242,104 @@ class Trainer {
   double profiled_ms = 0;
   Roofline roofline;  // this rank's, measured at start-up when profiling
 
-  // A profiled step: adds its passes' operator times; after the window's last step, writes
-  // profile.rankR.json (and rank 0 profile.json) and logs the top operators.
-  void profile_step(const std::vector<ops::OpProfile>& before, double step_ms) {
-    for (const ops::OpProfile& p : model->profile()) {
+  // The executors time every pass, evaluation's forwards too; the end-of-run table of top
+  // operators is the training passes' (the step breakdown's forward and backward), so the
+  // evaluations' share is kept apart and taken out.
+  std::vector<ops::OpProfile> eval_ops;
+  EvalResult evaluate_untimed() {
+    std::vector<ops::OpProfile> before = model->profile();
+    EvalResult e = evaluate(plan, grid, *model, val_src, st.rng.data_seed);
+    add_ops(eval_ops, model->profile(), before);
+    return e;
+  }
+  std::vector<ops::OpProfile> training_ops() const {
+    std::vector<ops::OpProfile> t;
+    add_ops(t, model->profile(), eval_ops);
+    return t;
+  }
+  // into += a - b, per operator kind (b may lack kinds a has).
+  static void add_ops(std::vector<ops::OpProfile>& into, const std::vector<ops::OpProfile>& a,
+                      const std::vector<ops::OpProfile>& b) {
+    for (const ops::OpProfile& p : a) {
       ops::OpProfile d = p;
-      for (const ops::OpProfile& b : before)
-        if (b.name == p.name) {
-          d.forward_ms -= b.forward_ms;
-          d.backward_ms -= b.backward_ms;
-          d.recompute_ms -= b.recompute_ms;
-          d.calls -= b.calls;
+      for (const ops::OpProfile& q : b)
+        if (q.name == p.name) {
+          d.forward_ms -= q.forward_ms;
+          d.backward_ms -= q.backward_ms;
+          d.recompute_ms -= q.recompute_ms;
+          d.calls -= q.calls;
         }
-      auto it = std::find_if(profiled_ops.begin(), profiled_ops.end(), [&](const ops::OpProfile& q) { return q.name == d.name; });
-      if (it == profiled_ops.end()) {
-        profiled_ops.push_back(d);
-      } else {
-        it->forward_ms += d.forward_ms;
-        it->backward_ms += d.backward_ms;
-        it->recompute_ms += d.recompute_ms;
-        it->calls += d.calls;
-      }
+      auto it = std::find_if(into.begin(), into.end(), [&](const ops::OpProfile& x) { return x.name == d.name; });
+      if (it == into.end()) it = into.insert(into.end(), ops::OpProfile{d.name, 0, 0, 0, 0});
+      it->forward_ms += d.forward_ms;
+      it->backward_ms += d.backward_ms;
+      it->recompute_ms += d.recompute_ms;
+      it->calls += d.calls;
     }
+  }
+
+  // A profiled step: adds its passes' operator times (written by write_profile()).
+  void profile_step(const std::vector<ops::OpProfile>& before, double step_ms) {
+    add_ops(profiled_ops, model->profile(), before);
     profiled_ms += step_ms;
-    if (st.step != profile_window.to) return;
+  }
+
+  // After the window's last step (and its checkpoint): profile.rankR.json (and rank 0's
+  // profile.json), the top operators logged, and the trace files.
+  void write_profile() {
     const int64_t steps = profile_window.to - profile_window.from + 1;
     auto figures = op_figures(model->graphs(), plan.accum * steps, profiled_ops);
     nlohmann::json j = profile_json(figures, profile_window, profiled_ms, roofline, log.get());
     j["rank"] = grid.rank();
     j["grid"] = grid.name();
+    for (size_t i = 0; i < trace_steps.size(); ++i) trace_steps[i].spans = step_spans.take(static_cast<int64_t>(i));
+    j["communication"] = comm_calls_json(trace_steps);
     std::ofstream(fs::path(paths.run_dir) / fmt::format("profile.rank{}.json", grid.rank())) << j.dump(2) << "\n";
     if (lead()) std::ofstream(fs::path(paths.run_dir) / "profile.json") << j.dump(2) << "\n";
     write_traces();
   }
 
   // trace.rankR.json per rank; rank 0 then merges them into trace.json (one pid per rank).
-  std::vector<TraceStep> trace_steps;  // the profiled steps' attempts, with their operator events
-  static int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  std::vector<TraceStep> trace_steps;  // the profiled steps' attempts, with their operator events and spans
+  ops::TraceSink* tracing = nullptr;   // &step_spans inside a profiled step, else null
+  std::vector<parallel::CommCounts> comm_before;  // per grid communicator, at the profiled step's start
+  static int64_t now_ns() { return ops::trace_now_ns(); }
+
+  // A profiled step's attempt starts: operators, communicators, pipeline and the loop's own
+  // phases report to it until end_trace() (after its checkpoint work).
+  void begin_trace(int64_t step) {
+    trace_steps.push_back({step, now_ns(), 0, {}, {}, {}});
+    model->set_trace(&trace_steps.back().ops);
+    step_spans.set_current(static_cast<int64_t>(trace_steps.size()) - 1);
+    tracing = &step_spans;
+    comm_before.clear();
+    for (parallel::Communicator* c : grid.comms()) comm_before.push_back(c->counts());
+    grid.set_trace(tracing);
+    model->pipe().set_trace(tracing);
+  }
+  void end_trace() {
+    grid.set_trace(nullptr);
+    model->pipe().set_trace(nullptr);
+    model->set_trace(nullptr);
+    tracing = nullptr;
+    step_spans.set_current(-1);
+    std::vector<parallel::Communicator*> comms = grid.comms();
+    for (size_t i = 0; i < comms.size(); ++i)
+      for (int k = 0; k < parallel::kCommOps; ++k) {
+        const int64_t n = comms[i]->counts()[static_cast<size_t>(k)] - comm_before[i][static_cast<size_t>(k)];
+        if (n > 0)
+          trace_steps.back().calls[fmt::format("{} {}", comms[i]->name(), parallel::comm_op_name(static_cast<parallel::CommOp>(k)))] += n;
+      }
+  }
+  // A phase of the loop (data wait, optimizer, checkpoint, ...) from t0 to now, when tracing.
+  void phase(const char* name, const char* cat, int64_t t0) {
+    if (!tracing) return;
+    ops::TraceSpan s;
+    s.name = name;
+    s.cat = cat;
+    s.t0_ns = t0;
+    s.t1_ns = now_ns();
+    tracing->span(s);
   }
   void write_traces() {
     const fs::path dir = paths.run_dir;
@@ -467,9 +544,11 @@ class Trainer {
   StepResult train_step() {
     StepResult res;
     auto t0 = Clock::now();
+    const int64_t d0 = now_ns();
     std::vector<Batch> mbs = next_batches();
     loader->take_wait_ms();
     res.data_ms = ms_between(t0, Clock::now());  // the loader's wait and the batches' hand-over
+    phase("data wait", "data", d0);
     debug_stall();
     // The loss is the mean over every target token of the global batch.
     int64_t count = 0;
@@ -495,8 +574,10 @@ class Trainer {
     comm += ps.comm_ms;
     double loss_sum = ps.loss_sum;
     auto o0 = Clock::now();
+    const int64_t f0 = now_ns();
     model->finish_grads();
     comm += ms_between(o0, Clock::now());
+    phase("gradient sync wait", "sync", f0);
     res.comm_hidden_ms = model->sync().stats().hidden_ms;
     if (st.step + 1 == faults.nan_step) {
       faults.nan_step = -1;
@@ -507,7 +588,9 @@ class Trainer {
       set_element(st.params.grads.back(), 0, INFINITY);
     double loss_part = (grid.last_stage() && grid.coords().tp == 0) ? loss_sum : 0.0;
     auto n0 = Clock::now();
+    const int64_t g0 = now_ns();
     res.norm = std::sqrt(model->global_sum_squares(loss_part)) / res.scale;  // unscaled
+    phase("gradient norm", "optimizer", g0);
     comm += model->last_norm_comm_ms();
     double opt = ms_between(n0, Clock::now()) - model->last_norm_comm_ms();
     res.loss = count > 0 ? loss_part / static_cast<double>(count) : 0.0;
@@ -536,15 +619,21 @@ class Trainer {
       }
       scaler.update(st.scaler, true);
       auto a0 = Clock::now();
+      const int64_t w0 = now_ns();
       adamw_step(be, r.optimizer, st, res.lr, clip_factor(res.norm, r.optimizer.grad_clip) / res.scale);
+      phase("optimizer step", "optimizer", w0);
       auto a1 = Clock::now();
+      const int64_t q0 = now_ns();
       model->gather_params();
+      if (model->sync().zero1()) phase("gather parameters", "sync", q0);
       opt += ms_between(a0, a1);
       comm += ms_between(a1, Clock::now());
     }
     auto z0 = Clock::now();
+    const int64_t zn = now_ns();
     zero_grads(st.params);
     opt += ms_between(z0, Clock::now());
+    phase("zero gradients", "optimizer", zn);
     metrics->measure_memory();
     st.step++;
     st.tokens += plan.tokens_per_step;
@@ -586,6 +675,7 @@ class Trainer {
                "(now {:g}); a smaller precision.loss_scale.init (now {:g}) or min_scale; grad_clip if the gradients "
                "themselves diverge", r.optimizer.lr, c.init, c.min_scale);
     ckpt->poll();
+    metrics->flush_monitor();
     end_event("stopped on fp16 overflows", kExitNumerics);
     return kExitNumerics;
   }
@@ -595,6 +685,7 @@ class Trainer {
     log->warn("signal {} received: writing a checkpoint at step {} and exiting (code {})", stop_signal(), st.step,
               kExitPreempted);
     ckpt->save(st, true);
+    metrics->flush_monitor();
     end_event("preempted", kExitPreempted);
     return kExitPreempted;
   }
