@@ -3,7 +3,8 @@
 // its own heads, the vocabulary shards gathered), the same greedy tokens as the same
 // checkpoint on one rank, and the logits each token was chosen from agree to 1e-5 relative
 // (fp32), with and without the KV cache; the cache per rank is the one-rank cache / tp; tp2 x
-// dp2 replicas print once, the same; a pipeline recipe under mpirun is refused.
+// dp2 replicas print once, the same; the same for a model trained on pp2, generated on pp2
+// (each stage caching its layers, activations passed stage to stage).
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -131,7 +132,7 @@ TEST_CASE("generate on tp2 under mpirun: the one-rank tokens, logits within 1e-5
   }
 }
 
-TEST_CASE("generate on tp2 x dp2: the replicas generate the same, rank 0 prints; pp under mpirun is refused") {
+TEST_CASE("generate on tp2 x dp2: the replicas generate the same, rank 0 prints") {
   const fs::path& rd = tp2_run();
   const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() + " --max-new-tokens 6 --json";
   Out one = run(kOneRank, args);
@@ -140,9 +141,41 @@ TEST_CASE("generate on tp2 x dp2: the replicas generate the same, rank 0 prints;
   REQUIRE(one.code == 0);
   REQUIRE(dp.code == 0);
   CHECK(dp.out == one.out);
-  // A pipeline layout under mpirun: not implemented, refused with exit 2 (printed once).
-  Out pp = run(mpirun_util::mpirun(2), args + " --set parallel.tp=1 parallel.pp=2");
-  CHECK(pp.code == 2);
-  CHECK(pp.out.empty());
-  CHECK(pp.err.find("generation over pipeline stages is not implemented") != std::string::npos);
+}
+
+TEST_CASE("generate on pp2 under mpirun: each stage its layers' cache, the one-rank tokens, logits within 1e-5 relative") {
+  tp2_run();  // writes the recipe and the prompts
+  const fs::path rd = kDir / "pp2";
+  mpirun_util::Result r = mpirun_util::sh(mpirun_util::mpirun(2) + RUNNER_BINARY + " train " + (kDir / "layout.yaml").string() +
+                                          " --quiet --run-dir " + rd.string() + " --set parallel.pp=2");
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() +
+                           " --max-new-tokens 8 --json --stats --logits-out ";
+  for (const std::string cache : {"", " --no-kv-cache"}) {
+    CAPTURE(cache);
+    Out one = run(kOneRank, args + (kDir / "one.bin").string() + cache);
+    Out pp = run(mpirun_util::mpirun(2), args + (kDir / "pp.bin").string() + cache);
+    INFO(one.err << pp.err);
+    REQUIRE(one.code == 0);
+    REQUIRE(pp.code == 0);
+    CHECK(!one.out.empty());
+    CHECK(pp.out == one.out);
+    const std::vector<float> a = read_floats(kDir / "one.bin"), b = read_floats(kDir / "pp.bin");
+    REQUIRE(a.size() == 3u * 8u * 63u);
+    REQUIRE(a.size() == b.size());
+    const double rel = worst_relative(a, b, 63);
+    MESSAGE("pp2 vs one rank" << (cache.empty() ? " (KV cache)" : cache) << ": worst relative logit difference " << rel);
+    CHECK(rel <= 1e-5);
+    if (cache.empty()) {  // rank 0 (stage 0) caches its layer only: half the one-rank cache (2 layers)
+      auto bytes = [](const std::string& err) {
+        const size_t k = err.find("\"kv_cache_bytes\":");
+        REQUIRE(k != std::string::npos);
+        return std::stoll(err.substr(k + 17));
+      };
+      const long long b1 = bytes(one.err), b2 = bytes(pp.err);
+      MESSAGE("KV cache bytes: one rank " << b1 << ", pp2 stage 0 " << b2);
+      CHECK(b2 * 2 == b1);
+    }
+  }
 }

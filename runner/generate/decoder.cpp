@@ -65,9 +65,11 @@ CachedDecoder::CachedDecoder(TrainedModel& m, int64_t batch, int64_t longest) : 
                     fmt::format("--set inference.context={} or less", mc.seq_len));
   // Under tp this rank's heads only: C / tp channels, n_heads / tp heads (the plan's figure is per rank).
   const int64_t tp = m.plan.tp;
-  cache_ = std::make_unique<ops::KvCache>(0, static_cast<int>(mc.n_layers), s.rows, s.context, mc.d_model / tp,
-                                          mc.n_heads / tp, s.dtype);
+  // Under pp this stage's layers only.
   GptSpec spec = m.spec();
+  const int64_t last = spec.last_layer < 0 ? mc.n_layers : spec.last_layer;
+  cache_ = std::make_unique<ops::KvCache>(static_cast<int>(spec.first_layer), static_cast<int>(last - spec.first_layer), s.rows,
+                                          s.context, mc.d_model / tp, mc.n_heads / tp, s.dtype);
   spec.B = B_;
   spec.decode = true;
   decode_g_ = std::make_unique<ops::Graph>(build_gpt_graph(spec));
@@ -89,7 +91,7 @@ const ops::Tensor& CachedDecoder::prefill(const std::vector<int32_t>& tokens, in
   prefill_ex_ = std::make_unique<ops::Executor>(*prefill_g_, ops::cpu_backend());
   m_.bind(*prefill_ex_, *prefill_g_);
   prefill_ex_->set_kv_cache(cache_.get());
-  return m_.full_vocab(prefill_ex_->forward_logits(tokens.data()));
+  return m_.logits(*prefill_ex_, *prefill_g_, tokens.data());
 }
 
 const ops::Tensor& CachedDecoder::step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& pos) {
@@ -100,7 +102,7 @@ const ops::Tensor& CachedDecoder::step(const std::vector<int32_t>& tokens, const
                  "decode step: a position outside the KV cache's context");
     cache_->pos[static_cast<size_t>(b)] = pos[static_cast<size_t>(b)];
   }
-  return m_.full_vocab(decode_ex_->forward_logits(tokens.data()));
+  return m_.logits(*decode_ex_, *decode_g_, tokens.data());
 }
 
 }  // namespace runner

@@ -156,7 +156,7 @@ std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
       const auto t0 = clock::now();
       std::fill(tokens.begin(), tokens.end(), '\n');
       for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * T);
-      const ops::Tensor& L = m.full_vocab(ex.forward_logits(tokens.data()));
+      const ops::Tensor& L = m.logits(ex, g, tokens.data());
       const int64_t Vp = L.shape().back();
       const bool any = choose(step, [&](int64_t i) {
         return L.data<float>() + (i * T + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1) * Vp;

@@ -41,36 +41,39 @@ TrainedModel load_trained_model(const std::string& src, const std::vector<std::s
   // process: one rank. Several: the recipe's tensor-parallel layout, each dp replica the same.
   const int64_t ranks = world ? world->size() : 1;
   const int64_t tp = recipe.parallel.tp;
-  if (ranks > 1 && recipe.parallel.pp > 1)
+  const int64_t pp = recipe.parallel.pp;
+  const std::vector<int64_t> stage_layers = recipe.parallel.stage_layers;
+  if (ranks > 1 && ranks % (tp * pp) != 0)
     throw UserError({tm.checkpoint, 0, 0},
-                    fmt::format("generation over pipeline stages is not implemented (the recipe has pp {})", recipe.parallel.pp),
-                    "run runner generate without mpirun: a checkpoint of any layout loads into one rank");
-  if (ranks > 1 && ranks % tp != 0)
-    throw UserError({tm.checkpoint, 0, 0}, fmt::format("{} ranks are not a multiple of the recipe's tp {}", ranks, tp),
-                    fmt::format("start a multiple of {} ranks (each group of tp ranks generates the same)", tp));
+                    fmt::format("{} ranks are not a multiple of the recipe's tp x pp = {}", ranks, tp * pp),
+                    fmt::format("start a multiple of {} ranks (each tp x pp group generates the same)", tp * pp));
   recipe.parallel = ParallelConfig{};
-  recipe.parallel.dp = ranks > 1 ? ranks / tp : 1;
+  recipe.parallel.dp = ranks > 1 ? ranks / (tp * pp) : 1;
   recipe.parallel.tp = ranks > 1 ? tp : 1;
+  recipe.parallel.pp = ranks > 1 ? pp : 1;
+  if (ranks > 1) recipe.parallel.stage_layers = stage_layers;
   recipe.precision = PrecisionConfig{};
   recipe.recompute = RecomputeConfig{};
   recipe.batch = BatchConfig{};
   recipe.batch.micro = 1;
-  recipe.batch.accum = 1;
+  recipe.batch.accum = recipe.parallel.pp;  // the plan's pipeline rule (accum >= pp); generation does not use it
   tm.plan = make_plan(recipe, ranks);
   if (ranks > 1) {
     tm.grid = std::make_shared<parallel::Grid>(std::move(world),
-                                               parallel::GridShape{static_cast<int>(tm.plan.dp), static_cast<int>(tm.plan.tp), 1});
+                                               parallel::GridShape{static_cast<int>(tm.plan.dp), static_cast<int>(tm.plan.tp),
+                                                                   static_cast<int>(tm.plan.pp)});
     tm.tp_rank = tm.grid->coords().tp;
+    tm.stage = tm.grid->coords().pp;
   }
   const ModelLayout& layout = *tm.plan.layout;
-  tm.logical = logical_template(layout, 0, 0, 1);
+  tm.logical = logical_template(layout, tm.stage, 0, 1);
   load_checkpoint_file(tm.checkpoint, tm.logical, /*subset=*/true);
   tm.step = tm.logical.step;
   tm.logical.adam_m.clear();
   tm.logical.adam_v.clear();
   TrainState local;
-  local.params = init_params(layout.rank_params(0, tm.tp_rank), tm.model(), 0);
-  load_local_from_logical(layout, 0, tm.tp_rank, tm.logical, local);
+  local.params = init_params(layout.rank_params(tm.stage, tm.tp_rank), tm.model(), 0);
+  load_local_from_logical(layout, tm.stage, tm.tp_rank, tm.logical, local);
   tm.params = std::move(local.params);
   return tm;
 }
@@ -96,6 +99,30 @@ const ops::Tensor& TrainedModel::full_vocab(const ops::Tensor& L) {
   return gathered;
 }
 
+const ops::Tensor& TrainedModel::logits(ops::Executor& ex, const ops::Graph& g, const int32_t* tokens) {
+  if (!grid || plan.pp <= 1) return full_vocab(ex.forward_logits(tokens));
+  parallel::Grid& G = *grid;
+  constexpr int kTag = 0x6e6;  // generation's activations, stage to stage
+  std::vector<char> in;
+  if (g.stage_input >= 0) {
+    in.resize(g.tensors[static_cast<size_t>(g.stage_input)].nbytes());
+    G.world().recv(in.data(), in.size(), G.prev_stage_rank(), kTag);
+  }
+  const int64_t rows = g.B * g.T, Vp = spec().vocab_padded ? spec().vocab_padded : padded_vocab(model().vocab_size, plan.tp);
+  if (pp_logits.numel() != rows * Vp) pp_logits = ops::Tensor::empty({rows, Vp}, ops::DType::F32, ops::Account::Workspace);
+  if (!G.last_stage()) {
+    std::vector<char> out(g.tensors[static_cast<size_t>(g.stage_output)].nbytes());
+    ex.forward(tokens, nullptr, /*train=*/false, 0, 0, in.empty() ? nullptr : in.data(), out.data());
+    G.world().send(out.data(), out.size(), G.next_stage_rank(), kTag);
+  } else {
+    const ops::Tensor& L = full_vocab(ex.forward_logits(tokens, in.empty() ? nullptr : in.data()));
+    RUNNER_CHECK(L.numel() == rows * Vp, "pipeline generation: the last stage's logits are not rows x padded vocabulary");
+    std::copy(L.data<float>(), L.data<float>() + rows * Vp, pp_logits.data<float>());
+  }
+  G.pp().broadcast(pp_logits.raw(), static_cast<size_t>(rows * Vp) * sizeof(float), static_cast<int>(plan.pp) - 1);
+  return pp_logits;
+}
+
 std::vector<float> full_forward_logits(TrainedModel& m, const std::vector<int32_t>& tokens, int64_t B, int64_t T) {
   RUNNER_CHECK(static_cast<int64_t>(tokens.size()) == B * T, "full_forward_logits: tokens are not B x T");
   GptSpec spec = m.spec();
@@ -104,7 +131,7 @@ std::vector<float> full_forward_logits(TrainedModel& m, const std::vector<int32_
   ops::Graph g = build_gpt_graph(spec);
   ops::Executor ex(g, ops::cpu_backend());
   m.bind(ex, g);
-  const ops::Tensor& L = m.full_vocab(ex.forward_logits(tokens.data()));
+  const ops::Tensor& L = m.logits(ex, g, tokens.data());
   const int64_t Vp = L.shape().back(), V = m.model().vocab_size;
   std::vector<float> out(static_cast<size_t>(B * T * V));
   const float* p = L.data<float>();

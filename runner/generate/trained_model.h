@@ -29,12 +29,14 @@ struct TrainedModel {
   TrainState logical;      // the logical tensors (checkpoint shapes, fp32), no moments
   ParamSet params;         // the same values in this rank's graph's shapes (vocabulary padding zero)
   // Under mpirun (several ranks): the grid of the recipe's tensor-parallel layout (dp = world /
-  // tp replicas, pp 1); null on one process. This rank holds tensor-parallel shard tp_rank.
+  // tp replicas); null on one process. This rank holds tensor-parallel shard tp_rank of
+  // pipeline stage `stage`.
   std::shared_ptr<parallel::Grid> grid;
   int64_t tp_rank = 0;
+  int stage = 0;
   const ModelConfig& model() const { return plan.recipe.model; }
-  // This rank's graph spec (pipeline stage 0, its tensor-parallel shard); set B, T, decode.
-  GptSpec spec() const { return plan.layout->spec(0, tp_rank); }
+  // This rank's graph spec (its pipeline stage, its tensor-parallel shard); set B, T, decode.
+  GptSpec spec() const { return plan.layout->spec(stage, tp_rank); }
   // Binds this rank's parameters to an executor of a graph from spec(), and the
   // tensor-parallel group when tp > 1.
   void bind(ops::Executor& ex, const ops::Graph& g);
@@ -43,6 +45,14 @@ struct TrainedModel {
   // tp rank gets the same bits). Valid until the next call.
   const ops::Tensor& full_vocab(const ops::Tensor& L);
   ops::Tensor gathered;  // full_vocab's buffer under tp
+  // Runs executor `ex` of graph `g` (built from spec()) over B*T tokens and returns the whole
+  // vocabulary's logits (B*T, padded vocabulary), the same bits on every rank: one stage, its
+  // forward_logits through full_vocab; under pp every stage receives its input activation from
+  // the previous stage and sends its output to the next (world send/recv, as the training
+  // pipeline does), and the last stage's logits are broadcast over the pp group. Valid until
+  // the next call.
+  const ops::Tensor& logits(ops::Executor& ex, const ops::Graph& g, const int32_t* tokens);
+  ops::Tensor pp_logits;  // logits()'s buffer under pp
   // The logical tensor `name` (a parameter of the layout's table).
   const ops::Tensor& logical_tensor(const std::string& name) const;
 };
@@ -51,7 +61,7 @@ struct TrainedModel {
 // `overrides` (`--set key=value`) change fields of the stored recipe (e.g. inference.batch).
 // `world` (mpirun, several ranks): lay the model out as the recipe's tensor-parallel layout over
 // them (make_plan with the world size, as training does; sequence parallelism off, dp = world
-// / tp replicas); a recipe with pp > 1 is refused (UserError). Null or one rank: one rank.
+// / tp replicas, the recipe's pipeline stages). Null or one rank: one rank.
 TrainedModel load_trained_model(const std::string& run_dir_or_checkpoint, const std::vector<std::string>& overrides = {},
                                 std::unique_ptr<parallel::Communicator> world = nullptr);
 
