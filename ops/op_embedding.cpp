@@ -34,8 +34,17 @@ void forward(OpContext& c) {
       full = scratch_tensor({out_n * c.g.sp_parts}, false);
       dst = full.data<float>();
     }
-    c.be.embedding_shard_forward(dst, c.in_i32(0), c.in(1), c.tp_rank() == 0 ? wpe : nullptr, c.B(), c.T(), C,
-                                 static_cast<int>(n.vocab_start), static_cast<int>(c.in_desc(1).shape[0]));
+    const float* wpe0 = c.tp_rank() == 0 ? wpe : nullptr;
+    if (c.g.decode && wpe0) {  // one token per row, each at its own position
+      if (!c.kv) throw std::logic_error("node " + n.name + ": a decode graph needs the executor's KV cache (set_kv_cache)");
+      for (int b = 0; b < c.B(); ++b)
+        c.be.embedding_shard_forward(dst + static_cast<int64_t>(b) * C, c.in_i32(0) + b, c.in(1),
+                                     wpe0 + static_cast<int64_t>(c.kv->pos[static_cast<size_t>(b)]) * C, 1, 1, C,
+                                     static_cast<int>(n.vocab_start), static_cast<int>(c.in_desc(1).shape[0]));
+    } else {
+      c.be.embedding_shard_forward(dst, c.in_i32(0), c.in(1), wpe0, c.B(), c.T(), C, static_cast<int>(n.vocab_start),
+                                   static_cast<int>(c.in_desc(1).shape[0]));
+    }
     if (n.scatter_output) c.group->reduce_scatter_sum(dst, c.out(0), out_n);
     else c.allreduce(c.out(0), out_n);
   } else if (c.g.decode && wpe) {  // one token per row, each at its own position

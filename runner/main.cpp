@@ -121,6 +121,9 @@ int main(int argc, char** argv) {
   gen_cmd->add_flag("--stats", gen_stats, "print one JSON line to stderr: prefill and decode tokens and seconds, KV-cache bytes, "
                     "peak bytes per memory account beside the plan's inference figures");
   gen_cmd->add_flag("--no-kv-cache", gen_no_cache, "no KV cache: every step a full forward pass over the prefix (the reference)");
+  std::string gen_logits_out;
+  gen_cmd->add_option("--logits-out", gen_logits_out, "write the logits each token was chosen from (fp32, the real vocabulary, "
+                      "in the order the tokens are chosen) to this file (rank 0)");
 
   // Slurm: `runner launch --slurm`, `runner status`, `runner train --elastic` (runner/train/slurm.h).
   bool elastic = false, slurm = false, submit = false, dry_run = false, status_json = false;
@@ -174,6 +177,7 @@ int main(int argc, char** argv) {
     install_signal_handlers();  // Slurm's warning may come during start-up: it must not kill the process
     launch.emplace(&argc, &argv);
   }
+  if (*gen_cmd && parallel::mpi_launched()) launch.emplace(&argc, &argv);  // generation over the recipe's tp layout
   const bool quiet_rank = launch && launch->rank() != 0;  // identical errors print once
   try {
     if (*train_cmd || *resume_cmd) ops::cpu_backend();  // selects OpenBLAS's kernels before any GEMM runs
@@ -232,14 +236,20 @@ int main(int argc, char** argv) {
       }
       ops::cpu_backend();
       gen.kv_cache = !gen_no_cache;
-      // One process: any layout's checkpoint (tp, pp included) loads into one rank; running the
-      // generation itself over tp/pp ranks is not implemented, so several ranks are refused.
-      for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-        if (const char* v = std::getenv(var); v && std::atoi(v) > 1)
-          throw UserError({}, fmt::format("runner generate runs on one process, and {} were started ({}={})", v, var, v),
-                          "run it without mpirun/srun: a checkpoint of any tp/pp layout loads into one rank");
-      TrainedModel m = load_trained_model(gen_src, gen_sets);
-      const bool stream = !gen_json && gen.prompts.size() == 1;
+      // One process: any layout's checkpoint (tp, pp included) loads into one rank. Under mpirun:
+      // the recipe's tensor-parallel layout (dp = ranks / tp replicas, every rank the same
+      // tokens, rank 0 prints); a pp recipe is refused there (docs/generate.md).
+      TrainedModel m = load_trained_model(gen_src, gen_sets, launch ? launch->take_world() : nullptr);
+      const bool printer = !quiet_rank;
+      std::ofstream logits_out;
+      if (printer && !gen_logits_out.empty()) {
+        logits_out.open(gen_logits_out, std::ios::binary);
+        if (!logits_out) throw UserError({gen_logits_out, 0, 0}, "cannot write the logits file", "pass a writable path");
+        gen.on_logits = [&](size_t, const float* L, int64_t V) {
+          logits_out.write(reinterpret_cast<const char*>(L), static_cast<std::streamsize>(V * sizeof(float)));
+        };
+      }
+      const bool stream = printer && !gen_json && gen.prompts.size() == 1;
       bool started = false;  // the prompt is echoed with the first token: an error prints nothing on stdout
       GenerateStats gstats;
       ops::MemoryTracker::instance().reset_peaks();
@@ -249,6 +259,7 @@ int main(int argc, char** argv) {
         started = true;
         std::cout << static_cast<char>(t) << std::flush;
       }, &gstats);
+      if (!printer) return 0;
       if (gen_stats) {
         auto& mt = ops::MemoryTracker::instance();
         nlohmann::json peak;

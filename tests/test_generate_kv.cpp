@@ -265,12 +265,5 @@ TEST_CASE("KV cache: a request over the plan's batch or context is refused befor
   CHECK(a.code == 0);
   CHECK(b.code == 0);
   CHECK(a.out == b.out);
-  // Generation runs on one process (any layout's checkpoint loads into one rank): several
-  // ranks are refused before anything loads.
-  setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
-  Result mp = runner_cmd("generate " + f.run.string() + " --prompt '1+1='", f.dir);
-  unsetenv("OMPI_COMM_WORLD_SIZE");
-  CHECK(mp.code == 2);
-  CHECK(mp.out.empty());
-  CHECK(mp.err.find("runner generate runs on one process, and 2 were started") != std::string::npos);
+  // Generation under mpirun (tp layouts): tests/test_generate_tp.cpp.
 }

@@ -63,14 +63,18 @@ CachedDecoder::CachedDecoder(TrainedModel& m, int64_t batch, int64_t longest) : 
     throw UserError({m.checkpoint, 0, 0},
                     fmt::format("inference.context {} is over seq_len {}: learned positions stop there", s.context, mc.seq_len),
                     fmt::format("--set inference.context={} or less", mc.seq_len));
-  cache_ = std::make_unique<ops::KvCache>(0, static_cast<int>(mc.n_layers), s.rows, s.context, mc.d_model, mc.n_heads,
-                                          s.dtype);
-  GptSpec spec = m.plan.layout->spec(0, 0);
+  // Under tp this rank's heads only: C / tp channels, n_heads / tp heads (the plan's figure is per rank).
+  const int64_t tp = m.plan.tp;
+  // Under pp this stage's layers only.
+  GptSpec spec = m.spec();
+  const int64_t last = spec.last_layer < 0 ? mc.n_layers : spec.last_layer;
+  cache_ = std::make_unique<ops::KvCache>(static_cast<int>(spec.first_layer), static_cast<int>(last - spec.first_layer), s.rows,
+                                          s.context, mc.d_model / tp, mc.n_heads / tp, s.dtype);
   spec.B = B_;
   spec.decode = true;
   decode_g_ = std::make_unique<ops::Graph>(build_gpt_graph(spec));
   decode_ex_ = std::make_unique<ops::Executor>(*decode_g_, ops::cpu_backend());
-  bind_params(*decode_ex_, *decode_g_, m.params);
+  m.bind(*decode_ex_, *decode_g_);
   decode_ex_->set_kv_cache(cache_.get());
 }
 
@@ -80,14 +84,14 @@ const ops::Tensor& CachedDecoder::prefill(const std::vector<int32_t>& tokens, in
   RUNNER_CHECK(static_cast<int64_t>(tokens.size()) == B_ * T, "prefill: tokens are not B x T");
   RUNNER_CHECK(T >= 1 && T <= cache_->context(), "prefill: more positions than the KV cache's context");
   prefill_ex_.reset();
-  GptSpec spec = m_.plan.layout->spec(0, 0);
+  GptSpec spec = m_.spec();
   spec.B = B_;
   spec.T = T;
   prefill_g_ = std::make_unique<ops::Graph>(build_gpt_graph(spec));
   prefill_ex_ = std::make_unique<ops::Executor>(*prefill_g_, ops::cpu_backend());
-  bind_params(*prefill_ex_, *prefill_g_, m_.params);
+  m_.bind(*prefill_ex_, *prefill_g_);
   prefill_ex_->set_kv_cache(cache_.get());
-  return prefill_ex_->forward_logits(tokens.data());
+  return m_.logits(*prefill_ex_, *prefill_g_, tokens.data());
 }
 
 const ops::Tensor& CachedDecoder::step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& pos) {
@@ -98,7 +102,7 @@ const ops::Tensor& CachedDecoder::step(const std::vector<int32_t>& tokens, const
                  "decode step: a position outside the KV cache's context");
     cache_->pos[static_cast<size_t>(b)] = pos[static_cast<size_t>(b)];
   }
-  return decode_ex_->forward_logits(tokens.data());
+  return m_.logits(*decode_ex_, *decode_g_, tokens.data());
 }
 
 }  // namespace runner

@@ -93,7 +93,9 @@ std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
       const size_t k = static_cast<size_t>(i);
       if (done[k]) continue;
       const float u = ops::rng_uniform(ops::rng_key(s.seed, static_cast<uint64_t>(i)), static_cast<uint64_t>(step));
-      const int32_t t = sample_token(row_logits(i), mc.vocab_size, s, u);
+      const float* Lrow = row_logits(i);
+      if (req.on_logits) req.on_logits(k, Lrow, mc.vocab_size);
+      const int32_t t = sample_token(Lrow, mc.vocab_size, s, u);
       seq[k].push_back(t);
       Completion& c = out[k];
       c.tokens.push_back(t);
@@ -143,18 +145,18 @@ std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
     // The reference path (--no-kv-cache): one graph for the whole request, rows of `longest`
     // positions, every step a full forward pass over the prefix.
     const int64_t T = longest;
-    GptSpec spec = m.plan.layout->spec(0, 0);
+    GptSpec spec = m.spec();
     spec.B = B;
     spec.T = T;
     ops::Graph g = build_gpt_graph(spec);
     ops::Executor ex(g, ops::cpu_backend());
-    bind_params(ex, g, m.params);
+    m.bind(ex, g);
     std::vector<int32_t> tokens(static_cast<size_t>(B * T));
     for (int64_t step = 0; step < req.max_new_tokens; ++step) {
       const auto t0 = clock::now();
       std::fill(tokens.begin(), tokens.end(), '\n');
       for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * T);
-      const ops::Tensor& L = ex.forward_logits(tokens.data());
+      const ops::Tensor& L = m.logits(ex, g, tokens.data());
       const int64_t Vp = L.shape().back();
       const bool any = choose(step, [&](int64_t i) {
         return L.data<float>() + (i * T + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1) * Vp;

@@ -36,6 +36,9 @@ struct GenerateRequest {
   std::string stop;          // a completion ends once it ends with this (kept); empty: never
   SamplingConfig sampling;
   bool kv_cache = true;      // false: every step a full forward pass over the prefix (the reference; --no-kv-cache)
+  // Hears the logits (the real vocabulary) each chosen token came from, before it is chosen
+  // (--logits-out; may be empty).
+  std::function<void(size_t prompt, const float* logits, int64_t vocab)> on_logits;
 };
 
 struct Completion {

@@ -2,16 +2,20 @@
 //
 // load_trained_model reads a run directory (its LATEST checkpoint, falling back to the newest
 // that verifies) or one checkpoint file, takes the recipe stored in it, and lays the model out
-// on one rank in fp32 (tp = pp = dp = 1, no recompute): the plan and its ModelLayout come from
+// in fp32 (no recompute) on one rank (tp = pp = dp = 1), or under mpirun on the recipe's
+// tensor-parallel layout over the world (each rank its shards): the plan and its ModelLayout come from
 // make_plan as for training, the values are the checkpoint's logical tensors (the fp32 masters
 // of a 16-bit run). Whatever layout trained it, the logical tensors are the same, so every
 // layout's checkpoint loads here. Nothing below builds a second model: logits come from the
 // model builder's graph run by the executor, as in training.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "ops/executor.h"
+#include "parallel/grid.h"
 #include "runner/model/model.h"
 #include "runner/plan/plan.h"
 #include "runner/state.h"
@@ -23,15 +27,43 @@ struct TrainedModel {
   int64_t step = 0;
   Plan plan;               // the one-rank fp32 plan of the stored recipe
   TrainState logical;      // the logical tensors (checkpoint shapes, fp32), no moments
-  ParamSet params;         // the same values in the one-rank graph's shapes (vocabulary padding zero)
+  ParamSet params;         // the same values in this rank's graph's shapes (vocabulary padding zero)
+  // Under mpirun (several ranks): the grid of the recipe's tensor-parallel layout (dp = world /
+  // tp replicas); null on one process. This rank holds tensor-parallel shard tp_rank of
+  // pipeline stage `stage`.
+  std::shared_ptr<parallel::Grid> grid;
+  int64_t tp_rank = 0;
+  int stage = 0;
   const ModelConfig& model() const { return plan.recipe.model; }
+  // This rank's graph spec (its pipeline stage, its tensor-parallel shard); set B, T, decode.
+  GptSpec spec() const { return plan.layout->spec(stage, tp_rank); }
+  // Binds this rank's parameters to an executor of a graph from spec(), and the
+  // tensor-parallel group when tp > 1.
+  void bind(ops::Executor& ex, const ops::Graph& g);
+  // The logits over the whole padded vocabulary from this rank's graph's logits: `L` itself on
+  // one tensor-parallel rank; under tp the vocabulary shards gathered over the tp group (every
+  // tp rank gets the same bits). Valid until the next call.
+  const ops::Tensor& full_vocab(const ops::Tensor& L);
+  ops::Tensor gathered;  // full_vocab's buffer under tp
+  // Runs executor `ex` of graph `g` (built from spec()) over B*T tokens and returns the whole
+  // vocabulary's logits (B*T, padded vocabulary), the same bits on every rank: one stage, its
+  // forward_logits through full_vocab; under pp every stage receives its input activation from
+  // the previous stage and sends its output to the next (world send/recv, as the training
+  // pipeline does), and the last stage's logits are broadcast over the pp group. Valid until
+  // the next call.
+  const ops::Tensor& logits(ops::Executor& ex, const ops::Graph& g, const int32_t* tokens);
+  ops::Tensor pp_logits;  // logits()'s buffer under pp
   // The logical tensor `name` (a parameter of the layout's table).
   const ops::Tensor& logical_tensor(const std::string& name) const;
 };
 
 // Throws UserError (not a run directory or checkpoint, none verifies).
 // `overrides` (`--set key=value`) change fields of the stored recipe (e.g. inference.batch).
-TrainedModel load_trained_model(const std::string& run_dir_or_checkpoint, const std::vector<std::string>& overrides = {});
+// `world` (mpirun, several ranks): lay the model out as the recipe's tensor-parallel layout over
+// them (make_plan with the world size, as training does; sequence parallelism off, dp = world
+// / tp replicas, the recipe's pipeline stages). Null or one rank: one rank.
+TrainedModel load_trained_model(const std::string& run_dir_or_checkpoint, const std::vector<std::string>& overrides = {},
+                                std::unique_ptr<parallel::Communicator> world = nullptr);
 
 // A full forward pass over B sequences of T tokens (row-major, B*T ids), through the model
 // builder's graph for that (B, T) and the executor: logits (B*T, vocab) in fp32, the real

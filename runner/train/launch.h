@@ -22,6 +22,9 @@ class Launch {
   int rank() const { return rank_; }
   // The job's size under a launcher; 0 when started by hand (the plan takes it from the recipe).
   int64_t world_size() const { return world_ ? size_ : 0; }
+  // The world communicator, handed over (runner generate's grid); null when started by hand.
+  // MPI stays initialised until this object goes.
+  std::unique_ptr<parallel::Communicator> take_world() { return std::move(world_); }
   // Decides, before anything is planned, which GEMM path each 16-bit dtype takes on every rank
   // (ops/gemm_path.h): a run directory that already holds the run (a resume, a requeued job)
   // keeps the paths it recorded in gemm_paths.json, so it continues bit for bit; otherwise

@@ -1,0 +1,181 @@
+// `runner generate` under mpirun on the recipe's tensor-parallel layout (docs/generate.md,
+// Layouts): a model trained on tp2 generates, on two ranks with the same layout (each caching
+// its own heads, the vocabulary shards gathered), the same greedy tokens as the same
+// checkpoint on one rank, and the logits each token was chosen from agree to 1e-5 relative
+// (fp32), with and without the KV cache; the cache per rank is the one-rank cache / tp; tp2 x
+// dp2 replicas print once, the same; the same for a model trained on pp2, generated on pp2
+// (each stage caching its layers, activations passed stage to stage).
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mpirun_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kDir = fs::temp_directory_path() / ("runner_generate_tp_" + std::to_string(getpid()));
+
+struct Cleanup {
+  ~Cleanup() {
+    std::error_code ec;
+    if (!std::getenv("RUNNER_KEEP_TEST_DIRS")) fs::remove_all(kDir, ec);
+  }
+} cleanup;
+
+struct Out {
+  int code = -1;
+  std::string out, err;  // stdout, stderr apart
+};
+
+// `prefix runner ARGS`, stdout and stderr captured apart.
+Out run(const std::string& prefix, const std::string& args) {
+  Out r;
+  const fs::path errf = kDir / "stderr.txt";
+  const std::string cmd = prefix + RUNNER_BINARY + " " + args + " 2>" + errf.string();
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  std::ifstream e(errf);
+  std::stringstream ss;
+  ss << e.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+std::vector<float> read_floats(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::vector<float> v;
+  float x;
+  while (in.read(reinterpret_cast<char*>(&x), sizeof x)) v.push_back(x);
+  return v;
+}
+
+// The trained tp2 run (mpirun_util's layout model: vocabulary 63, padded to 64 under tp2).
+const fs::path& tp2_run() {
+  static fs::path run;
+  if (run.empty()) {
+    fs::create_directories(kDir);
+    const fs::path recipe = kDir / "layout.yaml";
+    std::ofstream(recipe) << mpirun_util::kLayoutRecipe;
+    run = kDir / "tp2";
+    mpirun_util::Result r = mpirun_util::sh(mpirun_util::mpirun(2) + RUNNER_BINARY + " train " + recipe.string() +
+                                            " --quiet --run-dir " + run.string() + " --set parallel.tp=2");
+    INFO(r.out);
+    REQUIRE(r.rc == 0);
+    std::ofstream(kDir / "prompts.txt") << "12+34=\n7+8=\n99+1=\n";
+  }
+  return run;
+}
+
+const char* kOneRank = "OMP_NUM_THREADS=1 ";
+
+// Max over the chosen tokens' logits rows of max|a - b| / max|a|.
+double worst_relative(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
+  double worst = 0;
+  for (size_t r = 0; r + static_cast<size_t>(V) <= a.size(); r += static_cast<size_t>(V)) {
+    double d = 0, m = 0;
+    for (size_t j = r; j < r + static_cast<size_t>(V); ++j) {
+      d = std::max(d, std::fabs(static_cast<double>(a[j]) - b[j]));
+      m = std::max(m, std::fabs(static_cast<double>(a[j])));
+    }
+    worst = std::max(worst, d / m);
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("generate on tp2 under mpirun: the one-rank tokens, logits within 1e-5 relative, cache / tp") {
+  const fs::path& rd = tp2_run();
+  const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() +
+                           " --max-new-tokens 8 --json --stats --logits-out ";
+  for (const std::string cache : {"", " --no-kv-cache"}) {
+    CAPTURE(cache);
+    Out one = run(kOneRank, args + (kDir / "one.bin").string() + cache);
+    Out tp = run(mpirun_util::mpirun(2), args + (kDir / "tp.bin").string() + cache);
+    INFO(one.err << tp.err);
+    REQUIRE(one.code == 0);
+    REQUIRE(tp.code == 0);
+    CHECK(!one.out.empty());
+    CHECK(tp.out == one.out);  // the same greedy tokens, printed once
+    const std::vector<float> a = read_floats(kDir / "one.bin"), b = read_floats(kDir / "tp.bin");
+    REQUIRE(a.size() == b.size());
+    REQUIRE(a.size() == 3u * 8u * 63u);  // 3 prompts x 8 tokens x the real vocabulary
+    const double rel = worst_relative(a, b, 63);
+    MESSAGE("tp2 vs one rank" << (cache.empty() ? " (KV cache)" : cache) << ": worst relative logit difference " << rel);
+    CHECK(rel <= 1e-5);
+    if (cache.empty()) {  // each tp rank caches its own heads: the cache is the one-rank cache / 2
+      auto bytes = [](const std::string& err) {
+        const size_t k = err.find("\"kv_cache_bytes\":");
+        REQUIRE(k != std::string::npos);
+        return std::stoll(err.substr(k + 17));
+      };
+      const long long b1 = bytes(one.err), b2 = bytes(tp.err);
+      MESSAGE("KV cache bytes: one rank " << b1 << ", per tp2 rank " << b2);
+      CHECK(b1 > 0);
+      CHECK(b2 * 2 == b1);
+    }
+  }
+}
+
+TEST_CASE("generate on tp2 x dp2: the replicas generate the same, rank 0 prints") {
+  const fs::path& rd = tp2_run();
+  const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() + " --max-new-tokens 6 --json";
+  Out one = run(kOneRank, args);
+  Out dp = run(mpirun_util::mpirun(4), args);
+  INFO(one.err << dp.err);
+  REQUIRE(one.code == 0);
+  REQUIRE(dp.code == 0);
+  CHECK(dp.out == one.out);
+}
+
+TEST_CASE("generate on pp2 under mpirun: each stage its layers' cache, the one-rank tokens, logits within 1e-5 relative") {
+  tp2_run();  // writes the recipe and the prompts
+  const fs::path rd = kDir / "pp2";
+  mpirun_util::Result r = mpirun_util::sh(mpirun_util::mpirun(2) + RUNNER_BINARY + " train " + (kDir / "layout.yaml").string() +
+                                          " --quiet --run-dir " + rd.string() + " --set parallel.pp=2");
+  INFO(r.out);
+  REQUIRE(r.rc == 0);
+  const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() +
+                           " --max-new-tokens 8 --json --stats --logits-out ";
+  for (const std::string cache : {"", " --no-kv-cache"}) {
+    CAPTURE(cache);
+    Out one = run(kOneRank, args + (kDir / "one.bin").string() + cache);
+    Out pp = run(mpirun_util::mpirun(2), args + (kDir / "pp.bin").string() + cache);
+    INFO(one.err << pp.err);
+    REQUIRE(one.code == 0);
+    REQUIRE(pp.code == 0);
+    CHECK(!one.out.empty());
+    CHECK(pp.out == one.out);
+    const std::vector<float> a = read_floats(kDir / "one.bin"), b = read_floats(kDir / "pp.bin");
+    REQUIRE(a.size() == 3u * 8u * 63u);
+    REQUIRE(a.size() == b.size());
+    const double rel = worst_relative(a, b, 63);
+    MESSAGE("pp2 vs one rank" << (cache.empty() ? " (KV cache)" : cache) << ": worst relative logit difference " << rel);
+    CHECK(rel <= 1e-5);
+    if (cache.empty()) {  // rank 0 (stage 0) caches its layer only: half the one-rank cache (2 layers)
+      auto bytes = [](const std::string& err) {
+        const size_t k = err.find("\"kv_cache_bytes\":");
+        REQUIRE(k != std::string::npos);
+        return std::stoll(err.substr(k + 17));
+      };
+      const long long b1 = bytes(one.err), b2 = bytes(pp.err);
+      MESSAGE("KV cache bytes: one rank " << b1 << ", pp2 stage 0 " << b2);
+      CHECK(b2 * 2 == b1);
+    }
+  }
+}
