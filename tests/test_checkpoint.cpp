@@ -755,7 +755,7 @@ TEST_CASE("inspect lists every dataset with its checksum status") {
   bool ok = false;
   std::string rep = inspect_checkpoint(r.path, &ok);
   CHECK(ok);
-  for (const char* needle : {"step 20", "format 1", "runner " RUNNER_VERSION, "recipe: tiny", "d_model=32",
+  for (const char* needle : {"step 20", "format 2", "runner " RUNNER_VERSION, "recipe: tiny", "d_model=32",
                              "/params/h.0.attn.qkv.weight", "(96, 32)", "fp32", "/optimizer/adam_v/lnf.weight",
                              "/rng/rank_0", "/data/rank_0", "sample_cursor 163", "verdict: OK"})
     CHECK_MESSAGE(rep.find(needle) != std::string::npos, needle << "\n" << rep);
