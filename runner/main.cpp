@@ -9,6 +9,8 @@
 #include <iostream>
 #include <optional>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -76,6 +78,11 @@ int main(int argc, char** argv) {
   std::string ckpt_path;
   auto* inspect_cmd = app.add_subcommand("inspect", "print what a checkpoint holds and verify its checksums");
   inspect_cmd->add_option("checkpoint", ckpt_path, "checkpoint .h5 file")->required();
+
+  // Hidden: resume verification under MPI runs here, in a fresh process (policy.h).
+  std::string verify_path;
+  auto* verify_cmd = app.add_subcommand("__verify-checkpoint", "")->group("");
+  verify_cmd->add_option("checkpoint", verify_path)->required();
 
   std::string text_path, out_path;
   auto* data_cmd = app.add_subcommand("data", "data utilities");
@@ -158,7 +165,7 @@ int main(int argc, char** argv) {
     std::string names;  // listed from the parser, so a new command is never left out
     for (const CLI::App* c : app.get_subcommands({})) {
       known = known || c->check_name(argv[1]);
-      names += (names.empty() ? "" : ", ") + c->get_name();
+      if (!c->get_group().empty()) names += (names.empty() ? "" : ", ") + c->get_name();
     }
     if (!known) {
       std::fprintf(stderr, "unknown command '%s'; the commands are %s (see runner --help)\n", argv[1], names.c_str());
@@ -172,6 +179,14 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitUserError;
   }
 
+  if (*verify_cmd) {  // no MPI, no logging: one record on stdout (policy.cpp reads it)
+    const std::string rec = verify_record(verify_path);
+    return std::fwrite(rec.data(), 1, rec.size(), stdout) == rec.size() && std::fflush(stdout) == 0 ? 0 : 1;
+  }
+  {
+    char exe[4096];
+    if (const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1); n > 0) set_checkpoint_verifier(std::string(exe, n));
+  }
   std::optional<Launch> launch;
   if (*train_cmd || *resume_cmd) {
     install_signal_handlers();  // Slurm's warning may come during start-up: it must not kill the process

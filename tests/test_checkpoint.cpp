@@ -205,6 +205,64 @@ void set_state_attr(const std::string& file, const char* name, int64_t v) {
   H5Fclose(f);
 }
 
+// /names as stored (NUL padding removed).
+std::string names_of(const std::string& file) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  hid_t d = H5Dopen2(f, "/names", H5P_DEFAULT);
+  REQUIRE(d >= 0);
+  hid_t t = H5Dget_type(d);
+  std::string out(H5Tget_size(t), '\0');
+  REQUIRE(H5Dread(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0);
+  H5Tclose(t);
+  H5Dclose(d);
+  H5Fclose(f);
+  while (!out.empty() && out.back() == '\0') out.pop_back();
+  return out;
+}
+
+// Makes a format-2 file what a format-1 writer wrote: no /names, format_version 1, /state's
+// checksum recomputed over the changed version.
+void downgrade_to_format1(const std::string& file) {
+  delete_dataset(file, "/names");
+  set_state_attr(file, "format_version", 1);
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  hid_t g = H5Gopen2(f, "/state", H5P_DEFAULT);
+  ckpt::StateScalars sc;
+  auto get = [&](const char* name, hid_t type, void* v) {
+    hid_t a = H5Aopen(g, name, H5P_DEFAULT);
+    REQUIRE(a >= 0);
+    REQUIRE(H5Aread(a, type, v) >= 0);
+    H5Aclose(a);
+  };
+  for (auto [name, v] : {std::pair{"format_version", &sc.format_version}, {"step", &sc.step}, {"tokens", &sc.tokens},
+                         {"good_steps", &sc.good_steps}, {"skipped_steps", &sc.skipped_steps}, {"world_size", &sc.world_size}})
+    get(name, H5T_NATIVE_INT64, v);
+  get("loss_ema", H5T_NATIVE_DOUBLE, &sc.loss_ema);
+  get("loss_scale", H5T_NATIVE_DOUBLE, &sc.scale);
+  uint32_t crc = ckpt::state_crc(sc);
+  hid_t a = H5Aopen(g, "crc32c", H5P_DEFAULT);
+  REQUIRE(a >= 0);
+  REQUIRE(H5Awrite(a, H5T_NATIVE_UINT32, &crc) >= 0);
+  H5Aclose(a);
+  H5Gclose(g);
+  H5Fclose(f);
+}
+
+// A dataset at the root that no runner writes (and so /names does not list).
+void add_stray_dataset(const std::string& file) {
+  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  hsize_t n = 4;
+  hid_t sp = H5Screate_simple(1, &n, nullptr);
+  hid_t d = H5Dcreate2(f, "/stray", H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  REQUIRE(d >= 0);
+  H5Dclose(d);
+  H5Sclose(sp);
+  H5Fclose(f);
+}
+
 }  // namespace
 
 TEST_CASE("crc32c: the standard check value, and hardware == portable") {
@@ -497,6 +555,18 @@ TEST_CASE("corruption: each damage has its own message, and the loader falls bac
     flip_byte(f20, dataset_offset(f20, "/recipe") + 3);
     expect_fallback("dataset /recipe fails its checksum");
   }
+  SUBCASE("a flipped byte in /names (format 2's list of datasets)") {
+    flip_byte(f20, dataset_offset(f20, "/names") + 5);
+    expect_fallback("dataset /names fails its checksum");
+  }
+  SUBCASE("/names deleted") {
+    delete_dataset(f20, "/names");
+    expect_fallback("dataset /names is missing");
+  }
+  SUBCASE("a flipped byte in the HDF5 superblock, checked before HDF5 opens the file") {
+    flip_byte(f20, 30);  // inside its end-of-file address
+    expect_fallback("HDF5 superblock fails its checksum");
+  }
   SUBCASE("a deleted dataset") {
     delete_dataset(f20, "/optimizer/adam_m/h.0.mlp.fc.weight");
     expect_fallback("dataset /optimizer/adam_m/h.0.mlp.fc.weight is missing");
@@ -748,6 +818,43 @@ TEST_CASE("memory snapshot restores the state bit for bit") {
   check_equal(s, expect);
 }
 
+TEST_CASE("format 2 lists every dataset in /names and readers open them by name; format 1 is still read") {
+  TempDir dir;
+  TrainState s = make_state(83, 20);
+  SaveResult r = write_checkpoint_atomic(dir.path, s, {});
+  // /names: /recipe, the rank entries, then each tree in model order.
+  std::string want = "/recipe\n/rng/rank_0\n/data/rank_0\n";
+  for (const char* g : {"/params/", "/optimizer/adam_m/", "/optimizer/adam_v/"})
+    for (auto& n : s.params.names) want += g + n + "\n";
+  CHECK(names_of(r.path) == want);
+
+  // A dataset outside /names is not looked at: nothing iterates the file's groups.
+  add_stray_dataset(r.path);
+  TrainState back = make_state(0, 0);
+  load_checkpoint_file(r.path, back);
+  check_equal(back, s);
+  verify_checkpoint_file(r.path);
+  bool ok = false;
+  std::string rep = inspect_checkpoint(r.path, &ok);
+  CHECK_MESSAGE(ok, rep);
+  CHECK(rep.find("as /names lists them") != std::string::npos);
+  CHECK(rep.find("/stray") == std::string::npos);
+
+  // Format 1 (no /names): the groups are iterated, so the stray dataset shows (it has no
+  // checksum); loading is unchanged and bit-exact.
+  downgrade_to_format1(r.path);
+  TrainState back1 = make_state(0, 0);
+  load_checkpoint_file(r.path, back1);
+  check_equal(back1, s);
+  rep = inspect_checkpoint(r.path, &ok);
+  CHECK(rep.find("format 1,") != std::string::npos);
+  CHECK(rep.find("found by iterating the groups") != std::string::npos);
+  CHECK(rep.find("/stray") != std::string::npos);
+  CHECK(rep.find("/params/lnf.weight") != std::string::npos);
+  CHECK_FALSE(ok);
+  CHECK(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL) == 0);
+}
+
 TEST_CASE("inspect lists every dataset with its checksum status") {
   TempDir dir;
   TrainState s = make_state(81, 20);
@@ -755,7 +862,7 @@ TEST_CASE("inspect lists every dataset with its checksum status") {
   bool ok = false;
   std::string rep = inspect_checkpoint(r.path, &ok);
   CHECK(ok);
-  for (const char* needle : {"step 20", "format 1", "runner " RUNNER_VERSION, "recipe: tiny", "d_model=32",
+  for (const char* needle : {"step 20", "format 2", "runner " RUNNER_VERSION, "recipe: tiny", "d_model=32",
                              "/params/h.0.attn.qkv.weight", "(96, 32)", "fp32", "/optimizer/adam_v/lnf.weight",
                              "/rng/rank_0", "/data/rank_0", "sample_cursor 163", "verdict: OK"})
     CHECK_MESSAGE(rep.find(needle) != std::string::npos, needle << "\n" << rep);
@@ -764,7 +871,8 @@ TEST_CASE("inspect lists every dataset with its checksum status") {
   CHECK_FALSE(ok);
   CHECK(rep.find("/params/wte.weight") != std::string::npos);
   CHECK(rep.find("BAD: dataset /params/wte.weight fails its checksum") != std::string::npos);
-  CHECK(rep.find("verdict: BAD (1 problem in 21 datasets)") != std::string::npos);
+  // 22: /names, /recipe, /rng/rank_0, /data/rank_0 and 3 x 6 tensors (format 1 had 21, without /names)
+  CHECK(rep.find("verdict: BAD (1 problem in 22 datasets)") != std::string::npos);
   CHECK(user_error([&] { inspect_checkpoint(dir / "nope.h5"); }).find("does not exist") != std::string::npos);
 }
 

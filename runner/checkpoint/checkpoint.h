@@ -46,7 +46,8 @@ class Communicator;
 
 namespace runner {
 
-constexpr int kCheckpointFormatVersion = 1;  // bumped on any incompatible change of the layout
+constexpr int kCheckpointFormatVersion = 2;  // bumped on any incompatible change of the layout (2: /names)
+inline constexpr int kOldestCheckpointFormat = 1;  // still read: format 1 has no /names (its groups are iterated)
 
 // ---- checksums ----
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), zlib-style chaining:

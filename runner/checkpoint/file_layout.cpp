@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <set>
 #include <stdexcept>
 
 #include "runner/checkpoint/checkpoint.h"
@@ -43,6 +44,7 @@ std::vector<LayoutEntry> checkpoint_layout(int world_size, const std::vector<std
   std::vector<LayoutEntry> out;
   out.push_back({LayoutEntry::State, kStatePath});
   out.push_back({LayoutEntry::Recipe, kRecipePath});
+  out.push_back({LayoutEntry::Names, kNamesPath});
   out.push_back({LayoutEntry::Group, kRngGroup});
   for (int r = 0; r < world_size; ++r) out.push_back({LayoutEntry::Rng, rng_path(r), r});
   out.push_back({LayoutEntry::Group, kDataGroup});
@@ -51,6 +53,50 @@ std::vector<LayoutEntry> checkpoint_layout(int world_size, const std::vector<std
     if (which == kAdamM) out.push_back({LayoutEntry::Group, kOptimizerGroup});
     out.push_back({LayoutEntry::Group, tensor_group(which)});
     for (size_t i = 0; i < names.size(); ++i) out.push_back({LayoutEntry::Tensor, tensor_path(which, names[i]), 0, which, i});
+  }
+  return out;
+}
+
+std::string names_text(const std::vector<LayoutEntry>& layout) {
+  std::string out;
+  for (const LayoutEntry& e : layout)
+    if (e.kind == LayoutEntry::Recipe || e.kind == LayoutEntry::Rng || e.kind == LayoutEntry::Data ||
+        e.kind == LayoutEntry::Tensor)
+      out += e.path + "\n";
+  return out;
+}
+
+namespace {
+// "rank_<r>" with r a plain decimal number below 2^31.
+bool rank_name(const std::string& s) {
+  if (s.size() <= 5 || s.compare(0, 5, "rank_") != 0 || s.size() > 15) return false;
+  for (size_t i = 5; i < s.size(); ++i)
+    if (s[i] < '0' || s[i] > '9') return false;
+  return (s[5] != '0' || s.size() == 6) && std::stoll(s.substr(5)) < (int64_t{1} << 31);
+}
+}  // namespace
+
+std::vector<std::string> parse_names_text(const std::string& text, std::string* problem) {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  auto fail = [&](const std::string& why) {
+    *problem = why;
+    out.clear();
+    return out;
+  };
+  problem->clear();
+  if (text.empty() || text.back() != '\n') return fail("dataset /names does not end with a newline");
+  for (size_t start = 0; start < text.size();) {
+    const size_t end = text.find('\n', start);
+    const std::string p = text.substr(start, end - start);
+    start = end + 1;
+    const size_t slash = p.rfind('/');
+    const std::string parent = slash == std::string::npos ? "" : p.substr(0, slash), leaf = p.substr(slash + 1);
+    bool ok = p == kRecipePath || ((parent == kRngGroup || parent == kDataGroup) && rank_name(leaf));
+    for (int which = 0; which < kTensorRoles && !ok; ++which) ok = parent == tensor_group(which) && valid_tensor_name(leaf);
+    if (!ok) return fail(fmt::format("dataset /names lists '{}', which is not a checkpoint dataset path", p.substr(0, 120)));
+    if (!seen.insert(p).second) return fail(fmt::format("dataset /names lists {} twice", p));
+    out.push_back(p);
   }
   return out;
 }

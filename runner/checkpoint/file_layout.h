@@ -20,6 +20,9 @@ namespace runner::ckpt {
 // ---- paths ----
 inline constexpr const char* kStatePath = "/state";
 inline constexpr const char* kRecipePath = "/recipe";
+// Format 2: every other dataset's path, one per line in creation order (a fixed-length string
+// with a crc32c, like /recipe), so readers open the datasets by name and never iterate a group.
+inline constexpr const char* kNamesPath = "/names";
 inline constexpr const char* kRngGroup = "/rng";
 inline constexpr const char* kDataGroup = "/data";
 inline constexpr const char* kParamsGroup = "/params";
@@ -83,17 +86,25 @@ uint32_t state_crc(const StateScalars& s);
 // One object of the file. Writers create the objects in exactly this order (it decides where
 // each dataset's bytes land, and h5ls/inspect list by creation order).
 struct LayoutEntry {
-  enum Kind { Group, State, Recipe, Rng, Data, Tensor } kind;
+  enum Kind { Group, State, Recipe, Names, Rng, Data, Tensor } kind;
   std::string path;
   int rank = 0;      // Rng, Data: whose entry
   int which = 0;     // Tensor: its tree (TensorRole)
   size_t index = 0;  // Tensor: its index in `names`
 };
 
-// /state, /recipe, /rng and its rank_0..rank_{world-1}, /data and its ranks, /params and each
+// /state, /recipe, /names, /rng and its rank_0..rank_{world-1}, /data and its ranks, /params and each
 // parameter in `names` order, /optimizer, /optimizer/adam_m and each moment, /optimizer/adam_v
 // and each moment. Aborts (an internal error) on a name that cannot be a dataset name.
 std::vector<LayoutEntry> checkpoint_layout(int world_size, const std::vector<std::string>& names);
+
+// What /names holds for a layout: the path of every dataset but /state (a group) and /names
+// itself, in creation order, each followed by '\n'.
+std::string names_text(const std::vector<LayoutEntry>& layout);
+// The paths of a /names text, each checked to be one a checkpoint may hold (/recipe,
+// /rng/rank_<r>, /data/rank_<r>, or a tensor of the three trees with a valid name) and listed
+// once; a problem comes back in *problem (and the list is then empty).
+std::vector<std::string> parse_names_text(const std::string& text, std::string* problem);
 
 // ---- HDF5 properties ----
 // File creation: link creation order tracked and indexed, no timestamps.

@@ -40,7 +40,78 @@ std::string storage_problem(const DsInfo& d, bool variable_length, uint64_t file
   return "";
 }
 
+// Bob Jenkins' lookup3 hashlittle, as HDF5 checksums its metadata (H5_checksum_lookup3).
+uint32_t lookup3(const unsigned char* k, size_t length, uint32_t initval) {
+  auto rot = [](uint32_t x, int r) { return (x << r) | (x >> (32 - r)); };
+  uint32_t a, b, c;
+  a = b = c = 0xdeadbeefu + static_cast<uint32_t>(length) + initval;
+  auto word = [](const unsigned char* p) {
+    return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+  };
+  while (length > 12) {
+    a += word(k), b += word(k + 4), c += word(k + 8);
+    a -= c, a ^= rot(c, 4), c += b;
+    b -= a, b ^= rot(a, 6), a += c;
+    c -= b, c ^= rot(b, 8), b += a;
+    a -= c, a ^= rot(c, 16), c += b;
+    b -= a, b ^= rot(a, 19), a += c;
+    c -= b, c ^= rot(b, 4), b += a;
+    length -= 12, k += 12;
+  }
+  if (length == 0) return c;
+  unsigned char tail[12] = {};
+  std::memcpy(tail, k, length);
+  a += word(tail), b += word(tail + 4), c += word(tail + 8);
+  c ^= b, c -= rot(b, 14);
+  a ^= c, a -= rot(c, 11);
+  b ^= a, b -= rot(a, 25);
+  c ^= b, c -= rot(b, 16);
+  a ^= c, a -= rot(c, 4);
+  b ^= a, b -= rot(a, 14);
+  c ^= b, c -= rot(b, 24);
+  return c;
+}
+
+uint64_t le64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = v << 8 | p[i];
+  return v;
+}
+
 }  // namespace
+
+void FileReader::check_superblock() const {
+  // Version 2 and 3 superblocks (what libver v18..v110 writes): signature (8), version, size of
+  // offsets, size of lengths, flags, base address, extension address, end-of-file address,
+  // root group object header address (8 each), lookup3 checksum of the 44 bytes before it.
+  static const unsigned char kSig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  unsigned char sb[48] = {};
+  const ssize_t got = ::pread(fd_.fd, sb, sizeof sb, 0);
+  if (got < 8 || std::memcmp(sb, kSig, 8) != 0)
+    bad(path_, fmt::format("not an HDF5 file (no HDF5 signature in its {} bytes)", file_size_), kCorruptFix);
+  if (sb[8] != 2 && sb[8] != 3)
+    bad(path_, fmt::format("HDF5 superblock version {} is not one runner writes (2 or 3)", int{sb[8]}), kCorruptFix);
+  if (got < static_cast<ssize_t>(sizeof sb))
+    bad(path_, fmt::format("checkpoint is truncated ({} bytes on disk, inside the HDF5 superblock)", file_size_), kCorruptFix);
+  if (sb[9] != 8 || sb[10] != 8)
+    bad(path_, fmt::format("HDF5 superblock claims {}-byte offsets and {}-byte lengths (runner writes 8)", int{sb[9]}, int{sb[10]}),
+        kCorruptFix);
+  uint32_t stored = 0;
+  for (int i = 3; i >= 0; --i) stored = stored << 8 | sb[44 + i];
+  const uint32_t computed = lookup3(sb, 44, 0);
+  if (stored != computed)
+    bad(path_, fmt::format("HDF5 superblock fails its checksum (stored {:#010x}, computed {:#010x})", stored, computed),
+        kCorruptFix);
+  const uint64_t base = le64(sb + 12), ext = le64(sb + 20), eof = le64(sb + 28), root = le64(sb + 36);
+  if (base != 0) bad(path_, fmt::format("HDF5 superblock has base address {} (runner writes 0)", base), kCorruptFix);
+  if (eof > file_size_)
+    bad(path_, fmt::format("checkpoint is truncated ({} bytes on disk; its HDF5 superblock says {})", file_size_, eof),
+        kCorruptFix);
+  if (root < sizeof sb || root >= eof || (ext != UINT64_MAX && (ext < sizeof sb || ext >= eof)))
+    bad(path_, fmt::format("HDF5 superblock points outside the file (root group at {}, extension at {}, end {})", root,
+                           ext == UINT64_MAX ? std::string("none") : std::to_string(ext), eof),
+        kCorruptFix);
+}
 
 void bad(const std::string& path, const std::string& what, const std::string& fix) {
   throw UserError(SourceLoc{path, 0, 0}, what, fix);
@@ -57,6 +128,7 @@ FileReader::FileReader(std::string path) : path_(std::move(path)) {
   if (::fstat(fd_.fd, &sb) != 0) bad(path_, std::string("cannot stat checkpoint: ") + std::strerror(errno));
   file_size_ = static_cast<uint64_t>(sb.st_size);
   if (file_size_ == 0) bad(path_, "checkpoint file is empty (0 bytes)", kCorruptFix);
+  check_superblock();
   h5::Lock l;
   htri_t is = H5Fis_hdf5(path_.c_str());
   if (is <= 0) {
@@ -125,7 +197,54 @@ DsInfo FileReader::info(const std::string& p) const {
   return describe(o, p);
 }
 
+int64_t FileReader::format_hint() const {
+  h5::Lock l;
+  try {
+    if (!exists(kStatePath)) return 0;
+    h5::Id g(H5Oopen(file_, kStatePath, H5P_DEFAULT), H5Oclose);
+    if (!g.ok() || H5Iget_type(g) != H5I_GROUP) {
+      h5::clear_errors();
+      return 0;
+    }
+    return attr_i64(g, kStatePath, "format_version");
+  } catch (const UserError&) {
+    h5::clear_errors();
+    return 0;
+  }
+}
+
+const std::vector<std::string>* FileReader::names() const {
+  if (names_mode_ == Names::Unread) {
+    h5::Lock l;
+    // Only a file that says it is format 1 is iterated; any other (format 2, or a /state too
+    // damaged to say) must list its datasets in /names.
+    if (format_hint() == 1) {
+      names_mode_ = Names::Iterate;
+    } else {
+      try {
+        if (!exists(kNamesPath)) bad(path_, "dataset /names is missing", kCorruptFix);
+        std::string problem;
+        names_ = parse_names_text(text(kNamesPath), &problem);
+        if (!problem.empty()) bad(path_, problem, kCorruptFix);
+        names_mode_ = Names::Listed;
+      } catch (const UserError& e) {
+        names_mode_ = Names::Broken;
+        names_problem_ = e.problem();
+      }
+    }
+  }
+  if (names_mode_ == Names::Broken)
+    bad(path_, "cannot list the checkpoint's datasets: " + names_problem_ + " (format 2 lists them there)", kCorruptFix);
+  return names_mode_ == Names::Listed ? &names_ : nullptr;
+}
+
 std::vector<std::string> FileReader::list_datasets() const {
+  if (const auto* n = names()) {
+    std::vector<std::string> out{kNamesPath};
+    out.insert(out.end(), n->begin(), n->end());
+    return out;
+  }
+  // Format 1: iterate (a damaged file can crash HDF5 here; see the header).
   h5::Lock l;
   struct Ctx {
     std::vector<std::string> out;
@@ -133,14 +252,13 @@ std::vector<std::string> FileReader::list_datasets() const {
   auto cb = [](hid_t g, const char* name, const H5L_info_t* li, void* op) -> herr_t {
     auto* c = static_cast<Ctx*>(op);
     if (li->type != H5L_TYPE_HARD) return 0;
-    hid_t o = H5Oopen(g, name, H5P_DEFAULT);
-    if (o < 0) {
+    h5::Id o(H5Oopen(g, name, H5P_DEFAULT), H5Oclose);
+    if (!o.ok()) {
       h5::clear_errors();
       c->out.push_back(std::string("/") + name);  // reported as unreadable by info()
       return 0;
     }
     if (H5Iget_type(o) == H5I_DATASET) c->out.push_back(std::string("/") + name);
-    H5Oclose(o);
     return 0;
   };
   if (H5Lvisit(file_, H5_INDEX_CRT_ORDER, H5_ITER_INC, cb, &ctx) < 0) {
@@ -153,8 +271,15 @@ std::vector<std::string> FileReader::list_datasets() const {
 }
 
 std::vector<std::string> FileReader::members(const std::string& group) const {
-  h5::Lock l;
   std::vector<std::string> out;
+  if (const auto* n = names()) {
+    const std::string prefix = group + "/";
+    for (const std::string& p : *n)
+      if (p.size() > prefix.size() && p.compare(0, prefix.size(), prefix) == 0 && p.find('/', prefix.size()) == std::string::npos)
+        out.push_back(p.substr(prefix.size()));
+    return out;
+  }
+  h5::Lock l;
   if (!exists(group)) return out;
   auto cb = [](hid_t, const char* name, const H5L_info_t*, void* op) -> herr_t {
     static_cast<std::vector<std::string>*>(op)->push_back(name);

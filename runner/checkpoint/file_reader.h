@@ -70,10 +70,17 @@ class FileReader {
   StateScalars state() const;
   // Metadata of one dataset; throws when it is missing or not a dataset. Never reads data.
   DsInfo info(const std::string& p) const;
-  // Every dataset reachable by hard links, in creation order where the file tracks it.
+  // Every dataset of the checkpoint: format 2 lists them in /names (read by name, checksummed,
+  // each path checked); format 1 has no /names, and its groups are iterated (H5Lvisit, the
+  // part of HDF5 a damaged file can crash: callers that cannot afford a crash run in a child
+  // process). Throws when /names is needed and missing or damaged.
   std::vector<std::string> list_datasets() const;
-  // Names of the links directly in a group ([] when the group is missing).
+  // Names of the datasets directly in a group ([] when there are none): from /names, or by
+  // iterating the group in a format-1 file. Throws as list_datasets does.
   std::vector<std::string> members(const std::string& group) const;
+  // Whether the datasets are listed by /names (false: a format-1 file, iterated). Throws as
+  // list_datasets does.
+  bool listed_by_names() const { return names() != nullptr; }
   // Checks a dataset against what the state expects: type (exactly), shape, storage. Throws.
   void expect(const DsInfo& d, const std::vector<int64_t>& shape, ops::DType stored, const char* role) const;
   // Throws unless the dataset's bytes can be read: contiguous, storage = shape x type size,
@@ -115,6 +122,14 @@ class FileReader {
 
  private:
   std::vector<char> read_small(const DsInfo& d) const;
+  // /names, parsed and checked (read once); nullptr for a format-1 file. Throws.
+  const std::vector<std::string>* names() const;
+  // The format_version attribute of /state alone (0 when it cannot be read).
+  int64_t format_hint() const;
+  // Checks the superblock (what HDF5 reads first) before HDF5 opens the file: the signature at
+  // byte 0, a version-2/3 superblock with 8-byte addresses, base address 0, its checksum, and an
+  // end-of-file address within the file (else: truncated). Throws.
+  void check_superblock() const;
   DsInfo describe(hid_t ds, const std::string& p) const;  // lock held
   // Attributes: exist, scalar, of the right class; converted to the native type by HDF5.
   h5::Id open_attr(hid_t obj, const std::string& where, const char* name, H5T_class_t cls) const;
@@ -134,6 +149,10 @@ class FileReader {
   Fd fd_;
   uint64_t file_size_ = 0;
   h5::Id file_;  // closed before fd_
+  enum class Names { Unread, Listed, Iterate, Broken };
+  mutable Names names_mode_ = Names::Unread;
+  mutable std::vector<std::string> names_;
+  mutable std::string names_problem_;
 };
 
 // Every dataset's metadata (under the lock) and then its bytes, checksummed (without it).

@@ -119,11 +119,13 @@ void FileWriter::attr_u32(hid_t o, const char* n, uint32_t v) {
 
 void write_layout(FileWriter& w, const FileHeader& h, const std::vector<std::string>& names,
                   const std::function<void(const LayoutEntry&)>& tensor) {
-  for (const LayoutEntry& e : checkpoint_layout(static_cast<int>(h.rng.size()), names)) {
+  const std::vector<LayoutEntry> layout = checkpoint_layout(static_cast<int>(h.rng.size()), names);
+  for (const LayoutEntry& e : layout) {
     switch (e.kind) {
       case LayoutEntry::Group: w.group(e.path); break;
       case LayoutEntry::State: w.state(h.state); break;
       case LayoutEntry::Recipe: w.text(e.path, h.recipe); break;
+      case LayoutEntry::Names: w.text(e.path, names_text(layout)); break;
       case LayoutEntry::Rng: {
         const auto& v = h.rng[static_cast<size_t>(e.rank)];
         w.u64_array(e.path, {v.begin(), v.end()}, kRngFields);

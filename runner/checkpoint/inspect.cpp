@@ -90,11 +90,27 @@ std::string inspect_checkpoint(const std::string& path, bool* ok_out) {
   FileReader rd(path);
   std::string out = fmt::format("checkpoint {} ({} bytes)\n", path, rd.file_size());
   bool ok = describe_state(rd, out);
-  describe_rank_entries(rd, out);
-  auto entries = scan(rd);
+  // Which datasets there are: /names (format 2), or the groups iterated (format 1). When
+  // /names is damaged nothing else can be listed: that is the one problem reported.
+  std::string listing_problem;
+  bool by_names = false;
+  try {
+    by_names = rd.listed_by_names();
+  } catch (const UserError& e) {
+    listing_problem = e.problem();
+  }
+  std::vector<ScanEntry> entries;
+  std::vector<std::string> structure;
+  if (listing_problem.empty()) {
+    describe_rank_entries(rd, out);
+    entries = scan(rd);
+    structure = structure_problems(rd);
+  }
   size_t width = 8;
   for (auto& e : entries) width = std::max(width, e.d.path.size());
-  out += "  datasets:\n";
+  out += by_names ? "  datasets (as /names lists them):\n"
+                  : listing_problem.empty() ? "  datasets (format 1, no /names: found by iterating the groups):\n"
+                                            : "  datasets:\n";
   int bad_count = 0;
   uint64_t total = 0;
   for (auto& e : entries) {
@@ -104,7 +120,11 @@ std::string inspect_checkpoint(const std::string& path, bool* ok_out) {
     out += fmt::format("    {:<{}}  {:<16} {:<8} {:>12}  {}\n", e.d.path, width, ops::shape_to_string(e.d.shape), e.d.dtype,
                        e.d.expected_bytes(), status);
   }
-  for (auto& p : structure_problems(rd)) {
+  if (!listing_problem.empty()) {
+    out += "  BAD: " + listing_problem + "\n";
+    ++bad_count;
+  }
+  for (auto& p : structure) {
     out += "  BAD: " + p + "\n";
     ++bad_count;
   }

@@ -2,11 +2,13 @@
 #include "runner/checkpoint/policy.h"
 
 #include <fcntl.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <vector>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -19,6 +21,8 @@
 #include "runner/checkpoint/state_shards.h"
 
 namespace fs = std::filesystem;
+
+extern char** environ;
 
 namespace runner {
 
@@ -33,45 +37,9 @@ bool overridden(const Recipe& r, const std::string& field) {
   return false;
 }
 
-// verify_checkpoint_file in a forked child when no MPI job is running (forking under MPI is
-// not safe), so a corrupt file that crashes HDF5 (found by the soak: a double free on a flipped
-// metadata byte) counts as one that does not verify and the resume falls back to an older one.
-void verify_isolated(const std::string& path) {
-  int fds[2];
-  if (parallel::mpi_launched() || ::pipe(fds) != 0) return verify_checkpoint_file(path);
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return verify_checkpoint_file(path);
-  }
-  if (pid == 0) {
-    ::close(fds[0]);
-    if (int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, 2);
-    std::string rec = "O";
-    try {
-      verify_checkpoint_file(path);
-    } catch (const UserError& e) {
-      rec = "E" + e.problem() + std::string(1, '\0') + e.fix();
-    } catch (const std::exception& e) {
-      rec = std::string("E") + e.what() + std::string(1, '\0');
-    }
-    const bool ok = ::write(fds[1], rec.data(), rec.size()) == static_cast<ssize_t>(rec.size());
-    ::_exit(ok ? 0 : 1);
-  }
-  ::close(fds[1]);
-  std::string rec;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    rec.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fds[0]);
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
+// The verdict a verifying child process sent: "O" (verified) or "E" problem NUL fix; anything
+// else (a signal, no record) means the file crashed the reader.
+void child_verdict(const std::string& path, const std::string& rec, int st) {
   const bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0 && !rec.empty();
   if (clean && rec == "O") return;
   if (clean && rec[0] == 'E') {
@@ -83,6 +51,97 @@ void verify_isolated(const std::string& path) {
                   fmt::format("checkpoint is corrupt: reading its HDF5 metadata crashed the reader ({})",
                               WIFSIGNALED(st) ? fmt::format("signal {}", WTERMSIG(st)) : std::string("no verdict")),
                   "use an older checkpoint (runner resume --step N) or start over");
+}
+
+std::string read_all(int fd) {
+  std::string rec;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    rec.append(buf, static_cast<size_t>(n));
+  }
+  return rec;
+}
+
+std::string g_verifier_exe;  // set by the runner's main (set_checkpoint_verifier)
+
+// Under MPI: a fork of an MPI process is unsafe (Open MPI's registered memory, its progress
+// threads), so the verifier is a fresh process instead: the runner binary's hidden
+// `__verify-checkpoint FILE`, started with posix_spawn (glibc: clone(CLONE_VM | CLONE_VFORK) +
+// exec, no copy of the address space) and an environment without the launcher's variables, so
+// it does not take itself for an MPI rank. It writes the same record as the forked child.
+// false: it could not be started (the caller verifies in-process).
+bool verify_spawned(const std::string& path) {
+  if (g_verifier_exe.empty()) return false;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return false;
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string v = *e;
+    const bool launcher = v.rfind("OMPI_", 0) == 0 || v.rfind("PMIX_", 0) == 0 || v.rfind("PMI_", 0) == 0 ||
+                          v.rfind("MPI_LOCALNRANKS=", 0) == 0 || v.rfind("SLURM_PROCID=", 0) == 0;
+    if (!launcher) env.push_back(v);
+  }
+  std::vector<char*> envp, argv;
+  for (auto& v : env) envp.push_back(v.data());
+  envp.push_back(nullptr);
+  std::string a0 = g_verifier_exe, a1 = "__verify-checkpoint", a2 = path;
+  argv = {a0.data(), a1.data(), a2.data(), nullptr};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);  // dup2 clears close-on-exec on the copy
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  std::fflush(nullptr);
+  const int rc = ::posix_spawn(&pid, g_verifier_exe.c_str(), &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(fds[1]);
+  if (rc != 0) {
+    ::close(fds[0]);
+    return false;
+  }
+  const std::string rec = read_all(fds[0]);
+  ::close(fds[0]);
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  child_verdict(path, rec, st);
+  return true;
+}
+
+// verify_checkpoint_file in a child process, so a corrupt file that crashes HDF5 (found by the
+// soak: a double free on a flipped metadata byte, inside group iteration, which format-1 files
+// still need) counts as one that does not verify and the resume falls back to an older one:
+// a forked child without MPI, a spawned runner under MPI (verify_spawned).
+void verify_isolated(const std::string& path) {
+  if (parallel::mpi_launched()) {
+    if (!verify_spawned(path)) verify_checkpoint_file(path);
+    return;
+  }
+  int fds[2];
+  if (::pipe(fds) != 0) return verify_checkpoint_file(path);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return verify_checkpoint_file(path);
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    if (int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, 2);
+    const std::string rec = verify_record(path);
+    const bool ok = ::write(fds[1], rec.data(), rec.size()) == static_cast<ssize_t>(rec.size());
+    ::_exit(ok ? 0 : 1);
+  }
+  ::close(fds[1]);
+  const std::string rec = read_all(fds[0]);
+  ::close(fds[0]);
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  child_verdict(path, rec, st);
 }
 
 // A checkpoint that cannot be written (disk full, permissions, quota) stops the run as a user
@@ -112,6 +171,19 @@ void as_write_error(const std::string& dir, F&& f) {
 }
 
 }  // namespace
+
+void set_checkpoint_verifier(const std::string& exe) { g_verifier_exe = exe; }
+
+std::string verify_record(const std::string& path) {
+  try {
+    verify_checkpoint_file(path);
+    return "O";
+  } catch (const UserError& e) {
+    return "E" + e.problem() + std::string(1, '\0') + e.fix();
+  } catch (const std::exception& e) {
+    return std::string("E") + e.what() + std::string(1, '\0');
+  }
+}
 
 RunPaths run_paths(const Recipe& r, const std::string& cli_run_dir) {
   RunPaths p;

@@ -42,6 +42,15 @@ struct ResumePoint {
 // older one that does; strict: a checkpoint that does not verify is the error. nullopt: the
 // directory holds no checkpoint. Throws UserError when none verifies. Reads nothing but
 // `checkpoint_dir` and writes nothing; `log` (default: spdlog's) hears about a missing LATEST.
+// Resume verification runs in a child process so that a file that crashes HDF5 is one that does
+// not verify: forked without MPI; under MPI a fresh process of `exe` (the runner binary, whose
+// hidden command `__verify-checkpoint FILE` prints verify_record's result), started with
+// posix_spawn. The runner's main sets it; without it (a test binary under mpirun) verification
+// under MPI stays in-process.
+void set_checkpoint_verifier(const std::string& exe);
+// What the verifying child sends: "O", or "E" problem NUL fix.
+std::string verify_record(const std::string& path);
+
 std::optional<ResumePoint> choose_resume_point(const std::string& checkpoint_dir, int64_t step, bool strict,
                                                std::shared_ptr<spdlog::logger> log = nullptr);
 

@@ -456,6 +456,7 @@ Doc parse_document(const std::string& text, const std::string& file) {
   NodeInfo ri;
   ri.key_line = ri.val_line = top_loc.line;
   ri.key_col = ri.val_col = top_loc.col;
+  check_unknown_keys(top, file);  // before any alias is expanded (issue 13)
   try {
     g_values = 0;
     doc.root = convert(top, "", ri, 0, doc);

@@ -1,7 +1,8 @@
 // Inside the recipe loader (runner/recipe/*.cpp only): the YAML document as a typed JSON
 // tree plus where each node was written, and the helpers its messages share.
 //
-// load_recipe_text() = parse_document() -> apply_override() per --set ->
+// load_recipe_text() = parse_document() (unknown keys first, then the bounded conversion) ->
+// apply_override() per --set ->
 // validate_against_schema() -> fill the structs (recipe.cpp) -> validate_recipe().
 #pragma once
 #include <map>
@@ -11,6 +12,10 @@
 #include <vector>
 
 #include "runner/errors.h"
+
+namespace YAML {
+class Node;
+}
 
 namespace runner::recipe_detail {
 
@@ -62,6 +67,11 @@ void apply_override(Doc& doc, const std::string& spec);
 // Validates the document against schemas/recipe.schema.json; throws the first problem
 // (in file order; missing keys last) as file:line:col with a fix.
 void validate_against_schema(const Doc& doc);
+// The first unknown key (in file order) of the parsed YAML, before anything is converted:
+// parse_document calls it first, so an unknown key answers at once even beside YAML aliases
+// that would expand past the value cap. Walks only the mappings the schema describes (bounded
+// by the schema, never through an alias of a list or an unknown key's value). Throws it.
+void check_unknown_keys(const YAML::Node& top, const std::string& file);
 std::string type_phrase(const std::string& schema_type);  // "integer" -> "an integer"
 std::string shown(const json& v, const NodeInfo& info);    // a value as written, for messages
 

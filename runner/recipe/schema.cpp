@@ -31,6 +31,7 @@
 #include <valijson/schema_parser.hpp>
 #include <valijson/validator.hpp>
 #include <vector>
+#include <yaml-cpp/yaml.h>
 
 #include "runner/recipe/document.h"
 
@@ -297,6 +298,44 @@ void range_problem(const json& v, const json& sub, const std::string& path, cons
 }
 
 // Re-checks one node against its own subschema (not its children) and says what is wrong.
+// Key `key` in the mapping at `path`, whose schema allows only `names`.
+Problem unknown_key_problem(const std::string& key, const std::string& path, const std::vector<std::string>& names,
+                            const SourceLoc& loc, bool from_set) {
+  Problem p;
+  p.loc = loc;
+  p.from_set = from_set;
+  p.what = "unknown key '" + printable(key) + "' " + (path.empty() ? "at the top level" : "in " + path);
+  std::vector<std::string> owners;
+  find_key_owners(recipe_schema().doc, "", key, owners);
+  if (auto best = closest(key, names)) p.fix = "did you mean '" + *best + "'?";
+  else if (!owners.empty()) p.fix = "'" + key + "' belongs under " + owners[0] + ": move it there";
+  else p.fix = "allowed keys " + (path.empty() ? std::string("at the top level") : "in " + path) + ": " + join(names, ", ");
+  return p;
+}
+
+// The unknown keys of the mapping `n` (a yaml-cpp node, before conversion) and of the mappings
+// under its known keys that the schema describes as mappings. Nothing else is entered: a
+// value the schema does not open (a list, a scalar, an unknown key's value) is never walked,
+// so YAML aliases in it are not expanded, and the walk is bounded by the schema's size.
+void unknown_keys_in(const YAML::Node& n, const json& sub, const std::string& path, const std::string& file,
+                     std::vector<Problem>& out) {
+  if (!n.IsMap() || !sub.is_object()) return;
+  const auto names = property_names(sub);
+  const bool closed = sub.contains("additionalProperties") && sub["additionalProperties"] == false;
+  for (auto it = n.begin(); it != n.end(); ++it) {
+    const YAML::Node k = it->first;
+    // Keys that are not plain names are convert()'s to report, with their own message.
+    if (!k.IsScalar() || k.Scalar().empty() || k.Scalar().find_first_of(".[]") != std::string::npos) continue;
+    const std::string& key = k.Scalar();
+    if (std::find(names.begin(), names.end(), key) != names.end()) {
+      unknown_keys_in(it->second, sub["properties"][key], child_path(path, key), file, out);
+    } else if (closed) {
+      const SourceLoc loc{file, k.Mark().line >= 0 ? k.Mark().line + 1 : 0, k.Mark().column >= 0 ? k.Mark().column + 1 : 0};
+      out.push_back(unknown_key_problem(key, path, names, loc, false));
+    }
+  }
+}
+
 void diagnose_node(const json& v, const json& sub, const std::string& path, const Doc& doc, std::vector<Problem>& out) {
   if (!sub.is_object()) return;
   const NodeInfo& info = doc.info(path);
@@ -363,16 +402,7 @@ void diagnose_node(const json& v, const json& sub, const std::string& path, cons
       for (auto it = v.begin(); it != v.end(); ++it) {
         if (std::find(names.begin(), names.end(), it.key()) != names.end()) continue;
         const std::string cp = child_path(path, it.key());
-        Problem p;
-        p.loc = doc.key_loc(cp);
-        p.from_set = doc.info(cp).from_set;
-        p.what = "unknown key '" + printable(it.key()) + "' " + (path.empty() ? "at the top level" : "in " + path);
-        std::vector<std::string> owners;
-        find_key_owners(recipe_schema().doc, "", it.key(), owners);
-        if (auto best = closest(it.key(), names)) p.fix = "did you mean '" + *best + "'?";
-        else if (!owners.empty()) p.fix = "'" + it.key() + "' belongs under " + owners[0] + ": move it there";
-        else p.fix = "allowed keys " + (path.empty() ? std::string("at the top level") : "in " + path) + ": " + join(names, ", ");
-        out.push_back(p);
+        out.push_back(unknown_key_problem(it.key(), path, names, doc.key_loc(cp), doc.info(cp).from_set));
       }
     }
     if (sub.contains("required") && sub["required"].is_array()) {
@@ -398,6 +428,16 @@ void diagnose_node(const json& v, const json& sub, const std::string& path, cons
 }
 
 }  // namespace
+
+void check_unknown_keys(const YAML::Node& top, const std::string& file) {
+  std::vector<Problem> found;
+  unknown_keys_in(top, recipe_schema().doc, "", file, found);
+  if (found.empty()) return;
+  const Problem& first = *std::min_element(found.begin(), found.end(), [](const Problem& a, const Problem& b) {
+    return std::tie(a.loc.line, a.loc.col) < std::tie(b.loc.line, b.loc.col);
+  });
+  throw UserError(first.loc, first.what, first.fix);
+}
 
 // Validates the document; throws the first problem (in file order; missing keys last).
 void validate_against_schema(const Doc& doc) {
