@@ -43,3 +43,29 @@ inline std::filesystem::path temp_dir(const std::string& suite, const std::strin
 }
 
 }  // namespace cli_util
+
+namespace cli_util {
+
+struct SplitResult {
+  int code = -1;
+  std::string out;  // stdout alone
+  std::string err;  // stderr alone
+};
+
+// The runner binary with `args`, stdout and stderr kept apart (stderr through `dir`/stderr.txt).
+inline SplitResult runner_split(const std::string& args, const std::filesystem::path& dir) {
+  const std::filesystem::path errf = dir / "stderr.txt";
+  const Result r = sh("{ " + std::string(RUNNER_BINARY) + " " + args + " 2>'" + errf.string() + "'; }");
+  SplitResult s;
+  s.code = r.code;
+  s.out = r.out;  // the group's 2>&1 (sh's) finds stderr already in the file
+  std::FILE* f = std::fopen(errf.c_str(), "rb");
+  if (f != nullptr) {
+    char buf[4096];
+    while (size_t n = std::fread(buf, 1, sizeof buf, f)) s.err.append(buf, n);
+    std::fclose(f);
+  }
+  return s;
+}
+
+}  // namespace cli_util

@@ -3,8 +3,13 @@
 #pragma once
 #include <doctest/doctest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace mpirun_util {
@@ -71,6 +76,26 @@ inline Result sh(const std::string& cmd) {
 // oversubscription); a 300 s timeout so a hang fails the test instead of CI.
 inline std::string mpirun(int np) {
   return std::string("timeout 300 ") + RUNNER_MPIEXEC + " -np " + std::to_string(np) + " --oversubscribe -x OMP_NUM_THREADS=1 ";
+}
+
+// A scratch directory <tmp>/runner_test_<name>_<pid> for one test binary, removed when the
+// binary exits unless RUNNER_KEEP_TEST_DIRS is set (to look at what a failing test left).
+struct ScratchDir {
+  std::filesystem::path path;
+  explicit ScratchDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / ("runner_test_" + name + "_" + std::to_string(::getpid()))) {}
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!std::getenv("RUNNER_KEEP_TEST_DIRS")) std::filesystem::remove_all(path, ec);
+  }
+};
+
+// A whole file as bytes ("" when it cannot be read).
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 }  // namespace mpirun_util

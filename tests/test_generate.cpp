@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_util.h"
 #include "runner/data/data.h"
 #include "runner/errors.h"
 #include "runner/generate/generate.h"
@@ -27,26 +28,9 @@ using namespace runner;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using Result = cli_util::SplitResult;
 
-Result runner_cmd(const std::string& args, const fs::path& dir) {
-  Result r;
-  const fs::path errf = dir / "stderr.txt";
-  FILE* p = popen((std::string(RUNNER_BINARY) + " " + args + " 2>" + errf.string()).c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream e(errf);
-  std::stringstream ss;
-  ss << e.rdbuf();
-  r.err = ss.str();
-  return r;
-}
+Result runner_cmd(const std::string& args, const fs::path& dir) { return cli_util::runner_split(args, dir); }
 
 struct Fixture {
   fs::path dir, run;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "ops/tensor.h"
 #include "runner/data/data.h"
 #include "runner/errors.h"
@@ -28,26 +29,9 @@ using namespace runner;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using Result = cli_util::SplitResult;
 
-Result runner_cmd(const std::string& args, const fs::path& dir) {
-  Result r;
-  const fs::path errf = dir / "stderr.txt";
-  FILE* p = popen((std::string(RUNNER_BINARY) + " " + args + " 2>" + errf.string()).c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream e(errf);
-  std::stringstream ss;
-  ss << e.rdbuf();
-  r.err = ss.str();
-  return r;
-}
+Result runner_cmd(const std::string& args, const fs::path& dir) { return cli_util::runner_split(args, dir); }
 
 // A tiny model trained on addition for a few seconds (2 layers, d_model 32, 2 heads, context
 // 32): confident enough that its logits span several units.

@@ -24,20 +24,9 @@ using mpirun_util::sh;
 
 namespace {
 
-const fs::path kDir = fs::temp_directory_path() / ("runner_test_report_" + std::to_string(::getpid()));
-struct Cleanup {
-  ~Cleanup() {
-    std::error_code ec;
-    if (!std::getenv("RUNNER_KEEP_TEST_DIRS")) fs::remove_all(kDir, ec);
-  }
-} cleanup;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+const mpirun_util::ScratchDir kScratch("report");
+const fs::path& kDir = kScratch.path;
+using mpirun_util::slurp;
 
 int count(const std::string& hay, const std::string& needle) {
   int n = 0;
