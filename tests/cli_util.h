@@ -2,6 +2,7 @@
 // test_slurm_launch, test_device_select, test_hardening): a shell runner that captures output
 // and the exit status, the binary's command line, and a fresh temporary directory per test.
 #pragma once
+#include <doctest/doctest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -67,5 +68,31 @@ inline SplitResult runner_split(const std::string& args, const std::filesystem::
   }
   return s;
 }
+
+}  // namespace cli_util
+
+namespace cli_util {
+
+// The quickstart recipe trained at a tiny size (2 layers, d_model 32, 2 heads, context 32) for
+// `steps` steps at learning rate `lr`, with `extra` --set overrides, in <tmp>/runner_<name>_<pid>
+// (removed at the end); the run directory is `run`, its one checkpoint at the last step.
+struct TinyQuickstartRun {
+  std::filesystem::path dir, run;
+  TinyQuickstartRun(const std::string& name, int steps, const std::string& lr, const std::string& extra) {
+    dir = temp_dir(name, "run");
+    run = dir / "run";
+    const std::string n = std::to_string(steps);
+    const SplitResult r = runner_split("train " + std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml --quiet --run-dir " +
+                                           run.string() + " --set train.steps=" + n + " train.eval_every=0 checkpoint.every_steps=" + n +
+                                           " model.d_model=32 model.n_heads=2 model.seq_len=32 optimizer.lr=" + lr + " " + extra,
+                                       dir);
+    INFO(r.out << r.err);
+    REQUIRE(r.code == 0);
+  }
+  ~TinyQuickstartRun() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+};
 
 }  // namespace cli_util

@@ -32,21 +32,9 @@ using Result = cli_util::SplitResult;
 
 Result runner_cmd(const std::string& args, const fs::path& dir) { return cli_util::runner_split(args, dir); }
 
-struct Fixture {
-  fs::path dir, run;
-  explicit Fixture(const std::string& style = "gpt", const std::string& extra = "") {
-    dir = fs::temp_directory_path() / ("runner_generate_" + style + "_" + std::to_string(getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    run = dir / "run";
-    Result r = runner_cmd("train " + std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml --quiet --run-dir " +
-                              run.string() + " --set train.steps=30 train.eval_every=0 checkpoint.every_steps=30 " +
-                              "model.d_model=32 model.n_heads=2 model.seq_len=32 optimizer.lr=3e-3 " + extra,
-                          dir);
-    INFO(r.out << r.err);
-    REQUIRE(r.code == 0);
-  }
-  ~Fixture() { fs::remove_all(dir); }
+struct Fixture : cli_util::TinyQuickstartRun {
+  explicit Fixture(const std::string& style = "gpt", const std::string& extra = "")
+      : TinyQuickstartRun("generate_" + style, 30, "3e-3", extra) {}
 };
 
 Fixture& fixture() {

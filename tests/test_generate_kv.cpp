@@ -35,21 +35,9 @@ Result runner_cmd(const std::string& args, const fs::path& dir) { return cli_uti
 
 // A tiny model trained on addition for a few seconds (2 layers, d_model 32, 2 heads, context
 // 32): confident enough that its logits span several units.
-struct Fixture {
-  fs::path dir, run;
-  explicit Fixture(const std::string& style, const std::string& extra = "") {
-    dir = fs::temp_directory_path() / ("runner_generate_kv_" + style + "_" + std::to_string(getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-    run = dir / "run";
-    Result r = runner_cmd("train " + std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml --quiet --run-dir " +
-                              run.string() + " --set train.steps=150 train.eval_every=0 checkpoint.every_steps=150 " +
-                              "model.d_model=32 model.n_heads=2 model.seq_len=32 optimizer.lr=1e-2 " + extra,
-                          dir);
-    INFO(r.out << r.err);
-    REQUIRE(r.code == 0);
-  }
-  ~Fixture() { fs::remove_all(dir); }
+struct Fixture : cli_util::TinyQuickstartRun {
+  explicit Fixture(const std::string& style, const std::string& extra = "")
+      : TinyQuickstartRun("generate_kv_" + style, 150, "1e-2", extra) {}
 };
 
 Fixture& gpt_fixture() {
