@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 
+from torch_env import openblas_coretype
+
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -50,21 +52,6 @@ def parse_args():
 
 
 ARGS = parse_args()
-
-
-def openblas_coretype():  # as bench/torch_gpt.py
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
-    except OSError:
-        return None
-    if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= set(flags):
-        return "Cooperlake"
-    if {"avx512f", "avx512bw", "avx512vl"} <= set(flags):
-        return "SkylakeX"
-    if {"avx2", "fma"} <= set(flags):
-        return "Haswell"
-    return None
 
 
 _env = dict(os.environ)

@@ -12,7 +12,7 @@ PyTorch gets its best setup: torch.set_num_threads(--threads), and the process r
 OMP_WAIT_POLICY=PASSIVE (idle OpenMP workers sleep instead of spinning, so they do not steal
 the cores from the threads that have work). The OpenMP runtime reads that variable when it
 starts, i.e. before torch is imported, so the script re-executes itself with it set when it
-is missing (it also sets OPENBLAS_CORETYPE, see openblas_coretype() below, and
+is missing (it also sets OPENBLAS_CORETYPE, see openblas_coretype() in bench/torch_env.py, and
 OMP_NUM_THREADS=--threads unless the caller set them). One step = zero_grad, forward, cross-entropy, backward, clip_grad_norm_(1.0),
 AdamW step: what our runner does per optimizer step.
 
@@ -36,6 +36,8 @@ import argparse
 import json
 import os
 import sys
+
+from torch_env import openblas_coretype
 
 
 def parse_args():
@@ -61,28 +63,6 @@ def parse_args():
 
 
 ARGS = parse_args()
-
-
-def openblas_coretype():
-    """The OpenBLAS kernel set this CPU deserves, from /proc/cpuinfo flags (None: leave it).
-
-    Debian 12's OpenBLAS 0.3.21 (DYNAMIC_ARCH), which torch uses for fp32 GEMM, does not know
-    newer Xeons (e.g. family 6 model 207, Emerald Rapids) and falls back to its generic
-    "Prescott" SSE3 kernels: 3-4x slower GEMMs. OPENBLAS_CORETYPE fixes the choice; it is read
-    when the library loads, so it too must be in the environment before torch is imported.
-    """
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), [])
-    except OSError:
-        return None
-    if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= set(flags):
-        return "Cooperlake"
-    if {"avx512f", "avx512bw", "avx512vl"} <= set(flags):
-        return "SkylakeX"
-    if {"avx2", "fma"} <= set(flags):
-        return "Haswell"
-    return None
 
 
 # Re-exec with the OpenMP/OpenBLAS settings in place before anything loads those runtimes.
