@@ -113,6 +113,8 @@ class RunMetrics {
   void raise(Alert a);
   // Collective: every rank's row (kRow doubles) on rank 0, in world-rank order.
   std::vector<std::array<double, kRow>> gather(const std::array<double, Breakdown::kParts>& parts, double steps);
+  // This rank's row of a gather: `parts` and `steps`, the window's busy P50/P99, stage, slowest step, dp.
+  void fill_row(double* row, const std::array<double, Breakdown::kParts>& parts, double steps) const;
   void breakdown_table(const std::vector<std::array<double, kRow>>& rows);
   // An interval's gather in flight, with rank 0's own figures at the interval's end.
   struct PendingMonitor {

@@ -70,11 +70,7 @@ void RunMetrics::raise(Alert a) {
   alerts_.push_back(std::move(a));
 }
 
-std::vector<std::array<double, RunMetrics::kRow>> RunMetrics::gather(const std::array<double, Breakdown::kParts>& parts,
-                                                                     double steps) {
-  const int W = grid_.world_size(), me = grid_.rank();
-  std::vector<double> all(static_cast<size_t>(W * kRow), 0.0);
-  double* row = all.data() + static_cast<size_t>(me) * kRow;
+void RunMetrics::fill_row(double* row, const std::array<double, Breakdown::kParts>& parts, double steps) const {
   std::copy(parts.begin(), parts.end(), row);
   row[kSteps] = steps;
   row[kBusyP50] = percentile(window_busy_, 0.5);
@@ -82,6 +78,13 @@ std::vector<std::array<double, RunMetrics::kRow>> RunMetrics::gather(const std::
   row[kStage] = grid_.coords().pp;
   row[kStepMax] = step_times_.empty() ? 0 : *std::max_element(step_times_.begin(), step_times_.end());
   row[kDp] = grid_.coords().dp;
+}
+
+std::vector<std::array<double, RunMetrics::kRow>> RunMetrics::gather(const std::array<double, Breakdown::kParts>& parts,
+                                                                     double steps) {
+  const int W = grid_.world_size(), me = grid_.rank();
+  std::vector<double> all(static_cast<size_t>(W * kRow), 0.0);
+  fill_row(all.data() + static_cast<size_t>(me) * kRow, parts, steps);
   grid_.world().allreduce_sum(all.data(), static_cast<int64_t>(all.size()));
   std::vector<std::array<double, kRow>> rows(static_cast<size_t>(W));
   for (int r = 0; r < W; ++r) std::copy_n(all.data() + static_cast<size_t>(r) * kRow, kRow, rows[static_cast<size_t>(r)].begin());
@@ -108,14 +111,7 @@ void RunMetrics::monitor(int64_t step) {
   p->step = step;
   const int W = grid_.world_size(), me = grid_.rank();
   p->all.assign(static_cast<size_t>(W * kRow), 0.0);
-  double* row = p->all.data() + static_cast<size_t>(me) * kRow;
-  std::copy(window_parts_.begin(), window_parts_.end(), row);
-  row[kSteps] = window_steps_;
-  row[kBusyP50] = percentile(window_busy_, 0.5);
-  row[kBusyP99] = percentile(window_busy_, 0.99);
-  row[kStage] = grid_.coords().pp;
-  row[kStepMax] = step_times_.empty() ? 0 : *std::max_element(step_times_.begin(), step_times_.end());
-  row[kDp] = grid_.coords().dp;
+  fill_row(p->all.data() + static_cast<size_t>(me) * kRow, window_parts_, window_steps_);
   if (me == 0) {
     p->p50 = percentile(step_times_, 0.5);
     p->p90 = percentile(step_times_, 0.9);
