@@ -145,18 +145,13 @@ std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
     // The reference path (--no-kv-cache): one graph for the whole request, rows of `longest`
     // positions, every step a full forward pass over the prefix.
     const int64_t T = longest;
-    GptSpec spec = m.spec();
-    spec.B = B;
-    spec.T = T;
-    ops::Graph g = build_gpt_graph(spec);
-    ops::Executor ex(g, ops::cpu_backend());
-    m.bind(ex, g);
+    FullForward full(m, B, T);
     std::vector<int32_t> tokens(static_cast<size_t>(B * T));
     for (int64_t step = 0; step < req.max_new_tokens; ++step) {
       const auto t0 = clock::now();
       std::fill(tokens.begin(), tokens.end(), '\n');
       for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * T);
-      const ops::Tensor& L = m.logits(ex, g, tokens.data());
+      const ops::Tensor& L = full.logits(tokens.data());
       const int64_t Vp = L.shape().back();
       const bool any = choose(step, [&](int64_t i) {
         return L.data<float>() + (i * T + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1) * Vp;

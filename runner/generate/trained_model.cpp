@@ -123,15 +123,22 @@ const ops::Tensor& TrainedModel::logits(ops::Executor& ex, const ops::Graph& g, 
   return pp_logits;
 }
 
+FullForward::FullForward(TrainedModel& m, int64_t B, int64_t T)
+    : model(m),
+      graph([&] {
+        GptSpec spec = m.spec();
+        spec.B = B;
+        spec.T = T;
+        return build_gpt_graph(spec);
+      }()),
+      ex(graph, ops::cpu_backend()) {
+  m.bind(ex, graph);
+}
+
 std::vector<float> full_forward_logits(TrainedModel& m, const std::vector<int32_t>& tokens, int64_t B, int64_t T) {
   RUNNER_CHECK(static_cast<int64_t>(tokens.size()) == B * T, "full_forward_logits: tokens are not B x T");
-  GptSpec spec = m.spec();
-  spec.B = B;
-  spec.T = T;
-  ops::Graph g = build_gpt_graph(spec);
-  ops::Executor ex(g, ops::cpu_backend());
-  m.bind(ex, g);
-  const ops::Tensor& L = m.logits(ex, g, tokens.data());
+  FullForward f(m, B, T);
+  const ops::Tensor& L = f.logits(tokens.data());
   const int64_t Vp = L.shape().back(), V = m.model().vocab_size;
   std::vector<float> out(static_cast<size_t>(B * T * V));
   const float* p = L.data<float>();

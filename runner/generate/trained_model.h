@@ -65,6 +65,18 @@ struct TrainedModel {
 TrainedModel load_trained_model(const std::string& run_dir_or_checkpoint, const std::vector<std::string>& overrides = {},
                                 std::unique_ptr<parallel::Communicator> world = nullptr);
 
+// The model builder's graph for B sequences of T tokens, bound to `m`'s weights, and its
+// executor: one full forward pass per logits() call (the --no-kv-cache path, and
+// full_forward_logits below).
+struct FullForward {
+  FullForward(TrainedModel& m, int64_t B, int64_t T);
+  // Logits (B*T, padded vocabulary) of B*T token ids, row-major.
+  const ops::Tensor& logits(const int32_t* tokens) { return model.logits(ex, graph, tokens); }
+  TrainedModel& model;
+  ops::Graph graph;
+  ops::Executor ex;
+};
+
 // A full forward pass over B sequences of T tokens (row-major, B*T ids), through the model
 // builder's graph for that (B, T) and the executor: logits (B*T, vocab) in fp32, the real
 // vocabulary only.
