@@ -16,9 +16,9 @@ target_compile_options(runner_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wext
 set_target_properties(runner_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION OFF POSITION_INDEPENDENT_CODE ON)
 # CUDA's headers and RUNNER_HAVE_CUDA stay private: ops/cuda/cuda_backend.h includes no CUDA
 # header, and code above it compiles exactly as in a CPU-only build (same flags, same ccache
-# entries); only runner/train/device.cpp asks whether the backend is there.
+# entries); only runner/device/device.cpp asks whether the backend is there.
 target_link_libraries(runner_cuda PUBLIC runner_ops runner_cuda_probe PRIVATE CUDA::cudart CUDA::cublasLt)
-set_source_files_properties(${CMAKE_SOURCE_DIR}/runner/train/device.cpp PROPERTIES COMPILE_DEFINITIONS RUNNER_HAVE_CUDA=1)
+set_source_files_properties(${CMAKE_SOURCE_DIR}/runner/device/device.cpp PROPERTIES COMPILE_DEFINITIONS RUNNER_HAVE_CUDA=1)
 
 file(GLOB RUNNER_PARALLEL_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/parallel/cuda/*.cpp)
 if(RUNNER_HAVE_NCCL AND RUNNER_PARALLEL_CUDA_SOURCES)

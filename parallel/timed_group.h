@@ -1,6 +1,6 @@
 // A reduction group that times its calls: the tensor-parallel collectives an executor makes
 // inside its forward and backward passes, so the step-time breakdown can move them from
-// compute to communication (runner/train/metrics.h). Cumulative; readers take differences.
+// compute to communication (runner/observe/metrics.h). Cumulative; readers take differences.
 #pragma once
 #include <chrono>
 

@@ -26,9 +26,9 @@
 #include "runner/recipe/recipe.h"
 #include "runner/report/report.h"
 #include "runner/signals.h"
-#include "runner/train/device.h"
+#include "runner/device/device.h"
 #include "runner/train/launch.h"
-#include "runner/train/slurm.h"
+#include "runner/run/slurm.h"
 
 using namespace runner;
 
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--logits-out", gen_logits_out, "write the logits each token was chosen from (fp32, the real vocabulary, "
                       "in the order the tokens are chosen) to this file (rank 0)");
 
-  // Slurm: `runner launch --slurm`, `runner status`, `runner train --elastic` (runner/train/slurm.h).
+  // Slurm: `runner launch --slurm`, `runner status`, `runner train --elastic` (runner/run/slurm.h).
   bool elastic = false, slurm = false, submit = false, dry_run = false, status_json = false;
   train_cmd->add_flag("--elastic", elastic,
                       "on a world size other than the recipe's layout (a job requeued on fewer or more ranks), continue "

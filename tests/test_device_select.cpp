@@ -10,7 +10,7 @@
 #include <string>
 
 #include "cli_util.h"
-#include "runner/train/device.h"
+#include "runner/device/device.h"
 
 namespace fs = std::filesystem;
 

@@ -17,7 +17,7 @@
 
 #include "cli_util.h"
 #include "runner/export/export.h"
-#include "runner/generate/trained_model.h"
+#include "runner/trained/trained_model.h"
 
 namespace fs = std::filesystem;
 using namespace runner;

@@ -20,7 +20,7 @@
 #include "runner/errors.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
-#include "runner/train/slurm.h"
+#include "runner/run/slurm.h"
 
 namespace fs = std::filesystem;
 using namespace runner;

@@ -17,7 +17,7 @@
 
 #include "parallel/comm.h"
 #include "runner/agree.h"
-#include "runner/checkpoint/run_lock.h"
+#include "runner/run/run_lock.h"
 #include "runner/checkpoint/state_shards.h"
 
 namespace fs = std::filesystem;

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "ops/tensor.h"
-#include "runner/generate/trained_model.h"
+#include "runner/trained/trained_model.h"
 
 namespace runner {
 

@@ -19,7 +19,7 @@
 
 #include "ops/executor.h"
 #include "ops/kv_cache.h"
-#include "runner/generate/trained_model.h"
+#include "runner/trained/trained_model.h"
 
 namespace runner {
 

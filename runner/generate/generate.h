@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "runner/generate/trained_model.h"
+#include "runner/trained/trained_model.h"
 
 namespace runner {
 

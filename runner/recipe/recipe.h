@@ -140,10 +140,10 @@ struct TrainConfig {
   int64_t eval_batches = 8;
   int64_t threads = 0;             // 0: OMP_NUM_THREADS or all cores
   std::string run_dir;             // default runs/<name>
-  bool elastic = false;            // continue at another world size, same global batch (runner/train/slurm.h)
+  bool elastic = false;            // continue at another world size, same global batch (runner/run/slurm.h)
 };
 
-// Medium-depth profiling (runner/train/profile.h); `runner train --profile` overrides it.
+// Medium-depth profiling (runner/observe/profile.h); `runner train --profile` overrides it.
 struct ProfileConfig {
   std::string steps;               // "FROM:TO" or one step; empty: off
 };

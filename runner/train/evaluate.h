@@ -6,16 +6,11 @@
 
 #include "parallel/grid.h"
 #include "runner/data/data.h"
+#include "runner/observe/records.h"
 #include "runner/plan/plan.h"
 #include "runner/train/rank_model.h"
 
 namespace runner {
-
-struct EvalResult {
-  double loss = 0;
-  double accuracy = -1;  // -1: no task accuracy for this data kind
-  int64_t problems = 0;
-};
 
 // Collective over grid.world(): every rank runs the same passes (a stop request is acted on
 // after evaluation on several ranks; one rank stops early). The result is complete on world

@@ -148,10 +148,4 @@ GradReport grad_report(ops::Backend& be, const RankModel& model, const ParamSet&
   return r;
 }
 
-std::string describe_tensor(const GradRange& t) {
-  if (t.layer >= 0) return fmt::format("{} (layer {})", t.name, t.layer);
-  const bool head = t.name.find("head") != std::string::npos || t.name.rfind("ln_f", 0) == 0;
-  return fmt::format("{} ({})", t.name, head ? "output layer" : "embedding");
-}
-
 }  // namespace runner

@@ -18,6 +18,7 @@
 #include "parallel/grid.h"
 #include "runner/model/layout.h"
 #include "runner/recipe/recipe.h"
+#include "runner/observe/records.h"
 #include "runner/state.h"
 
 namespace runner {
@@ -48,39 +49,9 @@ class LossScaler {
 inline constexpr double kF16Max = 65504.0;
 inline constexpr double kF16MinSubnormal = 5.9604644775390625e-08;  // 2^-24
 
-// One logical parameter's gradient over the whole model (every element once), unscaled.
-struct GradRange {
-  std::string name;
-  int layer = -1;             // transformer layer, -1 outside the blocks
-  int64_t numel = 0, zeros = 0, nonfinite = 0;
-  double max_abs = 0;         // largest finite |gradient|
-  // Fraction of the elements that are non-zero but below fp16's smallest subnormal once
-  // multiplied by the scale: they would flush to zero in fp16 at that scale.
-  double underflow = 0;
-  // log2(65504 / (max_abs * scale)): doublings of the scale left before this tensor overflows
-  // fp16 (+inf for an all-zero gradient).
-  double headroom_bits = 0;
-  // The range of scales that suit this tensor: no overflow (< hi) and at most 1% of its
-  // gradient norm flushed to zero (>= lo).
-  double scale_lo = 0, scale_hi = 0;
-};
-
-struct GradReport {
-  double scale = 1;
-  std::vector<GradRange> tensors;  // the layout's table order
-  int first_nonfinite = -1;        // index into tensors of the first non-finite one in backward order; -1: none
-  // When no single scale suits every tensor: the tensor needing the largest scale (small
-  // gradients) and the one allowing the smallest (large gradients); -1 otherwise.
-  int needs_large = -1, needs_small = -1;
-  bool conflict() const { return needs_large >= 0; }
-};
-
 // Collective over grid.world(): the report for the gradients the step left in `ps` (scaled by
 // `scale`). Must follow RankModel::finish_grads.
 GradReport grad_report(ops::Backend& be, const RankModel& model, const ParamSet& ps, const ModelLayout& layout,
                        parallel::Grid& grid, double scale);
-
-// "h.3.attn.qkv.weight (layer 3)", "wte (embedding)".
-std::string describe_tensor(const GradRange& t);
 
 }  // namespace runner

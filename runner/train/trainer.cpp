@@ -27,17 +27,17 @@
 #include "ops/rng.h"
 #include "runner/agree.h"
 #include "runner/checkpoint/policy.h"
-#include "runner/checkpoint/run_lock.h"
+#include "runner/run/run_lock.h"
 #include "runner/data/data.h"
 #include "runner/signals.h"
 #include "runner/state.h"
 #include "runner/train/evaluate.h"
-#include "runner/train/metrics.h"
+#include "runner/observe/metrics.h"
 #include "runner/train/optimizer.h"
 #include "runner/train/precision.h"
-#include "runner/train/profile.h"
+#include "runner/observe/profile.h"
 #include "runner/train/rank_model.h"
-#include "runner/train/slurm.h"
+#include "runner/run/slurm.h"
 
 namespace fs = std::filesystem;
 

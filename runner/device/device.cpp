@@ -1,5 +1,5 @@
 // Backend selection from hardware.device (device.h).
-#include "runner/train/device.h"
+#include "runner/device/device.h"
 
 #include "runner/errors.h"
 #if defined(RUNNER_HAVE_CUDA)

@@ -1,5 +1,5 @@
 // Medium-depth profiling (see profile.h).
-#include "runner/train/profile.h"
+#include "runner/observe/profile.h"
 
 #include <algorithm>
 #include <map>

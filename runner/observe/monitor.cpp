@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "runner/train/metrics.h"
+#include "runner/observe/metrics.h"
 
 namespace runner {
 

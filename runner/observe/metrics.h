@@ -16,30 +16,14 @@
 #include "ops/tensor.h"
 #include "parallel/grid.h"
 #include "runner/plan/plan.h"
-#include "runner/train/precision.h"
-#include "runner/train/evaluate.h"
+#include "runner/observe/records.h"
+#include "runner/state.h"
 
 namespace spdlog {
 class logger;
 }
 
 namespace runner {
-
-// One optimizer step as the trainer measured it.
-struct StepResult {
-  double loss = 0, norm = 0, lr = 0;
-  double data_ms = 0, fwd_ms = 0, bwd_ms = 0, opt_ms = 0, total_ms = 0;
-  double comm_hidden_ms = 0, comm_exposed_ms = 0, pipe_wait_ms = 0;
-  // The rest of the coarse breakdown (see Breakdown): gradient range reports for the loss
-  // scaler and precision diagnostics; rolled-back attempts, restores and snapshots since the
-  // last record; checkpoint saves and polls since the last record (outside total_ms).
-  double loss_scale_ms = 0, rollback_ms = 0, checkpoint_ms = 0;
-  bool skipped = false;
-  double scale = 1;            // the loss scale the step ran with
-  bool overflow = false;       // fp16 gradients overflowed: skipped by the loss scaler
-  std::string overflow_tensor; // the first non-finite gradient in backward order
-  std::optional<GradReport> diagnostics;  // per-tensor gradient range (precision.diagnostics)
-};
 
 // A step's wall time, split into parts that do not overlap (coarse profiling, always on):
 // the step itself (data .. other, summing to total_ms) and the work between two step records

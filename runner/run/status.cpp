@@ -13,7 +13,7 @@
 
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/errors.h"
-#include "runner/train/slurm.h"
+#include "runner/run/slurm.h"
 
 namespace fs = std::filesystem;
 

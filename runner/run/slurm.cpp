@@ -1,5 +1,5 @@
 // Running under Slurm (see slurm.h).
-#include "runner/train/slurm.h"
+#include "runner/run/slurm.h"
 
 #include <unistd.h>
 

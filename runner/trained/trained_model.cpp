@@ -1,4 +1,4 @@
-#include "runner/generate/trained_model.h"
+#include "runner/trained/trained_model.h"
 
 #include <filesystem>
 

@@ -1,5 +1,5 @@
 // One owner per run directory (see run_lock.h).
-#include "runner/checkpoint/run_lock.h"
+#include "runner/run/run_lock.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -1,5 +1,5 @@
 // What a run reports (see metrics.h).
-#include "runner/train/metrics.h"
+#include "runner/observe/metrics.h"
 
 #include <algorithm>
 #include <cmath>
