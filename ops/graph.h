@@ -7,7 +7,7 @@
 // layout builds tensor-parallel rank 0's graph of every stage/chunk (the ledger dry-runs
 // them, the parameter table reads their shapes), and each rank builds the graphs of its own
 // stage's chunks for its own shard, which its executors run. All come out of the one builder
-// from the same specs, so every reader sees the same structure (ARCHITECTURE.md invariant 1):
+// from the same specs, so every reader sees the same structure (docs/invariants.md, invariant 1):
 // the executor runs it, the ledger dry-runs the executor over it, recompute flags mark its
 // nodes, the profiler names its nodes.
 //

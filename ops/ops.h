@@ -93,7 +93,7 @@ inline int64_t rows_of(const TensorDesc& d) { return numel_of(d.shape) / d.shape
 
 // An fp32 temporary in the workspace account (sequence parallelism's full-sequence buffers).
 // Every byte an OpDef allocates this way must be reported by its `scratch` at the same call,
-// so that the dry run counts it (ARCHITECTURE.md invariant 4).
+// so that the dry run counts it (docs/invariants.md, invariant 4).
 inline Tensor scratch_tensor(std::vector<int64_t> shape, bool zero) {
   return zero ? Tensor::zeros(std::move(shape), DType::F32, Account::Workspace)
               : Tensor::empty(std::move(shape), DType::F32, Account::Workspace);

@@ -2,7 +2,7 @@
 //
 // Every byte the runner allocates is tagged with one ledger account (parameters,
 // gradients, optimizer, activations, workspace, communication), so that the measured
-// peak of each account can be compared with the plan's prediction (ARCHITECTURE.md,
+// peak of each account can be compared with the plan's prediction (docs/invariants.md,
 // invariant 4). A Tensor is a shape, a dtype and a shared storage block; it knows
 // nothing of recipes, ranks or files.
 #pragma once

@@ -1,5 +1,5 @@
 // The command line end to end: exit codes, error format, nothing written on bad input,
-// and a short training run that leaves the run directory ARCHITECTURE.md describes.
+// and a short training run that leaves the run directory docs/architecture.md describes.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 

@@ -1,4 +1,4 @@
-// Training across ranks, through the real binary under mpirun (ARCHITECTURE.md invariant 2).
+// Training across ranks, through the real binary under mpirun (docs/invariants.md, invariant 2).
 //
 // A small GPT (2 layers, 4 heads, a vocabulary of 63 that tensor parallelism must pad,
 // dropout 0.1 so that masks must not depend on the layout) is trained for 10 steps with the

@@ -10,7 +10,7 @@
 //   it is read.
 // - Publication is a rename: write `.step_N.h5.tmp.<pid>`, verify it, fsync, rename, fsync the
 //   directory, then replace LATEST the same way. A crash at any instant leaves the previous
-//   checkpoint and LATEST as they were (ARCHITECTURE.md, invariant 5).
+//   checkpoint and LATEST as they were (docs/invariants.md, invariant 5).
 // - CheckpointManager owns cadence, asynchronous writing (a snapshot in host memory at the
 //   step boundary, one background writer, errors rethrown on the training thread), retention
 //   and loading with fallback to the newest checkpoint that verifies.

@@ -1,5 +1,5 @@
 // The training state across ranks: between this rank's shards and the logical,
-// layout-independent tensors a checkpoint stores (ARCHITECTURE.md, "Checkpoint file").
+// layout-independent tensors a checkpoint stores (docs/checkpoint-format.md).
 //
 // A logical tensor is the full parameter of the unsharded model, with the vocabulary
 // dimension cut to the real vocabulary (tensor parallelism may pad it; padding rows are not

@@ -1,4 +1,4 @@
-// The model's layout over the process grid, derived once (ARCHITECTURE.md invariant 1).
+// The model's layout over the process grid, derived once (docs/invariants.md, invariant 1).
 //
 // The plan builds one ModelLayout from the resolved recipe. It holds, for every virtual
 // pipeline stage (a pipeline stage's model chunk; one per stage except under the interleaved

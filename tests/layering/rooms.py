@@ -8,7 +8,8 @@ runner/ the rooms are folders of one library, so this walks every `#include "run
 every file under runner/ and fails on an include the table below does not allow, naming the
 file, the line and the room it climbed into. The table is the map of docs/architecture.md:
 change both together. Files directly in runner/ are rooms of their own (errors, agree,
-signals: the base every room may use; state: the training state), as is main.cpp.
+signals: the base every room may use; state: the training state), as is main.cpp. It also
+checks that only the device room calls ops::cpu_backend() (docs/invariants.md, invariant 7).
 """
 import os
 import re
@@ -72,6 +73,12 @@ def main():
                     if target not in allowed:
                         bad.append(f"{rel}:{i}: room '{room}' includes {m.group(1)} (room '{target}'), which it does "
                                    f"not stand on; allowed: {', '.join(sorted(allowed - {room}))}")
+            if room != "device":
+                with open(path, encoding="utf-8") as f:
+                    for i, line in enumerate(f, 1):
+                        if "cpu_backend()" in line and not line.lstrip().startswith("//"):
+                            bad.append(f"{rel}:{i}: calls ops::cpu_backend(); the backend is chosen once "
+                                       "(runner/device/) and passed down (docs/invariants.md, invariant 7)")
     for b in bad:
         print(b)
     print(f"{files} files under runner/, {len(bad)} include(s) that climb a room")
