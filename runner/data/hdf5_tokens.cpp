@@ -283,13 +283,13 @@ std::unique_ptr<DataSource> open_hdf5(const std::string& path, const DataConfig&
 
 }  // namespace data_detail
 
-// `runner data prepare`: stream a text file through the byte tokenizer into HDF5.
-int64_t prepare_text_to_hdf5(const std::string& text_path, const std::string& out_path,
-                             const std::atomic<bool>* stop) {
-  using namespace data_detail;
-  namespace fs = std::filesystem;
-  constexpr size_t kReadBytes = 1 << 20;
+namespace data_detail {
+namespace {
 
+// The text to prepare, opened, and the output's folder, made (invariant 6: every mistake is
+// reported before anything is written).
+std::ifstream open_prepare_paths(const std::string& text_path, const std::string& out_path) {
+  namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(text_path, ec))
     throw UserError(SourceLoc{text_path}, "text file not found", "check the path to the text to prepare");
@@ -306,6 +306,74 @@ int64_t prepare_text_to_hdf5(const std::string& text_path, const std::string& ou
       throw UserError(SourceLoc{out_path}, "cannot create the output directory: " + ec.message(),
                       "check permissions or choose another output path");
   }
+  return in;
+}
+
+// The prepared file being written: an extendible, chunked, compressed uint16 'tokens' dataset.
+struct TokenFile {
+  Id file, dset;
+};
+
+template <class Fail>
+TokenFile create_token_file(const std::string& tmp, Fail&& fail) {
+  TokenFile t;
+  t.file = Id(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  if (!t.file.ok()) fail("cannot create " + tmp);
+  const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = kChunkTokens;
+  Id space(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
+  Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (!space.ok() || !dcpl.ok() || H5Pset_chunk(dcpl.get(), 1, &chunk) < 0 || H5Pset_shuffle(dcpl.get()) < 0 ||
+      H5Pset_deflate(dcpl.get(), kDeflateLevel) < 0)
+    fail("cannot set up the dataset layout (is deflate available in this HDF5?)");
+  t.dset = Id(H5Dcreate2(t.file.get(), "tokens", H5T_STD_U16LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+              H5Dclose);
+  if (!t.dset.ok()) fail("cannot create dataset 'tokens'");
+  return t;
+}
+
+// Streams the bytes of `in` into the dataset, one token per byte, in bounded pieces. Returns the
+// token count; `max_token` gets the largest.
+template <class Fail>
+int64_t stream_byte_tokens(std::ifstream& in, hid_t dset, const std::string& text_path, const std::string& out_path,
+                           const std::atomic<bool>* stop, int64_t& max_token, Fail&& fail) {
+  constexpr size_t kReadBytes = 1 << 20;
+  std::vector<char> bytes(kReadBytes);
+  std::vector<uint16_t> tokens(kReadBytes);
+  int64_t n = 0;
+  for (;;) {
+    if (stop && stop->load())
+      throw UserError(SourceLoc{text_path}, "interrupted",
+                      "nothing was written to " + out_path + "; run the command again");
+    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    const hsize_t got = static_cast<hsize_t>(in.gcount());
+    if (got == 0) break;
+    for (hsize_t i = 0; i < got; ++i) {
+      tokens[i] = static_cast<unsigned char>(bytes[i]);
+      max_token = std::max<int64_t>(max_token, tokens[i]);
+    }
+    const hsize_t start = static_cast<hsize_t>(n), new_size = start + got;
+    if (H5Dset_extent(dset, &new_size) < 0) fail("cannot extend dataset 'tokens'");
+    Id fspace(H5Dget_space(dset), H5Sclose);
+    Id mspace(H5Screate_simple(1, &got, nullptr), H5Sclose);
+    if (!fspace.ok() || !mspace.ok() ||
+        H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &got, nullptr) < 0 ||
+        H5Dwrite(dset, H5T_NATIVE_UINT16, mspace.get(), fspace.get(), H5P_DEFAULT, tokens.data()) < 0)
+      fail("cannot write tokens (disk full?)");
+    n += static_cast<int64_t>(got);
+  }
+  return n;
+}
+
+}  // namespace
+}  // namespace data_detail
+
+// `runner data prepare`: stream a text file through the byte tokenizer into HDF5.
+int64_t prepare_text_to_hdf5(const std::string& text_path, const std::string& out_path,
+                             const std::atomic<bool>* stop) {
+  using namespace data_detail;
+  namespace fs = std::filesystem;
+  std::ifstream in = open_prepare_paths(text_path, out_path);
+  std::error_code ec;
   const std::string tmp = out_path + ".tmp." + std::to_string(::getpid());
   std::string abs_source = fs::absolute(text_path, ec).string();
   if (ec) abs_source = text_path;
@@ -325,53 +393,20 @@ int64_t prepare_text_to_hdf5(const std::string& text_path, const std::string& ou
     throw UserError(SourceLoc{out_path}, what, "check free disk space and permissions; nothing was written");
   };
 
-  Id file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  if (!file.ok()) fail("cannot create " + tmp);
-  const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = kChunkTokens;
-  Id space(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
-  Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-  if (!space.ok() || !dcpl.ok() || H5Pset_chunk(dcpl.get(), 1, &chunk) < 0 || H5Pset_shuffle(dcpl.get()) < 0 ||
-      H5Pset_deflate(dcpl.get(), kDeflateLevel) < 0)
-    fail("cannot set up the dataset layout (is deflate available in this HDF5?)");
-  Id dset(H5Dcreate2(file.get(), "tokens", H5T_STD_U16LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-            H5Dclose);
-  if (!dset.ok()) fail("cannot create dataset 'tokens'");
-
-  std::vector<char> bytes(kReadBytes);
-  std::vector<uint16_t> tokens(kReadBytes);
-  int64_t n = 0, max_token = 0;
-  for (;;) {
-    if (stop && stop->load())
-      throw UserError(SourceLoc{text_path}, "interrupted",
-                      "nothing was written to " + out_path + "; run the command again");
-    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    const hsize_t got = static_cast<hsize_t>(in.gcount());
-    if (got == 0) break;
-    for (hsize_t i = 0; i < got; ++i) {
-      tokens[i] = static_cast<unsigned char>(bytes[i]);
-      max_token = std::max<int64_t>(max_token, tokens[i]);
-    }
-    const hsize_t start = static_cast<hsize_t>(n), new_size = start + got;
-    if (H5Dset_extent(dset.get(), &new_size) < 0) fail("cannot extend dataset 'tokens'");
-    Id fspace(H5Dget_space(dset.get()), H5Sclose);
-    Id mspace(H5Screate_simple(1, &got, nullptr), H5Sclose);
-    if (!fspace.ok() || !mspace.ok() ||
-        H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &got, nullptr) < 0 ||
-        H5Dwrite(dset.get(), H5T_NATIVE_UINT16, mspace.get(), fspace.get(), H5P_DEFAULT, tokens.data()) < 0)
-      fail("cannot write tokens (disk full?)");
-    n += static_cast<int64_t>(got);
-  }
+  TokenFile t = create_token_file(tmp, fail);
+  int64_t max_token = 0;
+  const int64_t n = stream_byte_tokens(in, t.dset.get(), text_path, out_path, stop, max_token, fail);
   if (in.bad()) throw UserError(SourceLoc{text_path}, "read error", "check the file and the disk");
   if (n == 0) throw UserError(SourceLoc{text_path}, "is empty: nothing to prepare", "give a non-empty text file");
   try {
-    write_attr(dset.get(), "vocab_size", int64_t{256});
-    write_attr(dset.get(), "tokenizer", std::string("byte"));
-    write_attr(dset.get(), "source", abs_source);
-    write_attr(dset.get(), "max_token", max_token);
+    write_attr(t.dset.get(), "vocab_size", int64_t{256});
+    write_attr(t.dset.get(), "tokenizer", std::string("byte"));
+    write_attr(t.dset.get(), "source", abs_source);
+    write_attr(t.dset.get(), "max_token", max_token);
   } catch (const std::runtime_error& e) {
     fail(e.what());
   }
-  if (!dset.close() || !file.close()) fail("cannot finish writing " + tmp + " (disk full?)");
+  if (!t.dset.close() || !t.file.close()) fail("cannot finish writing " + tmp + " (disk full?)");
   // Make the bytes durable before the rename makes them visible.
   int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0 || ::fsync(fd) != 0) {

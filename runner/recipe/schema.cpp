@@ -336,95 +336,106 @@ void unknown_keys_in(const YAML::Node& n, const json& sub, const std::string& pa
   }
 }
 
+// Each check below adds the problem it finds and says whether it found one (a node gets the
+// first problem only: the others usually follow from it).
+bool enum_problem(const json& v, const json& sub, const std::string& path, const Doc& doc, std::vector<Problem>& out) {
+  if (!sub.contains("enum") || !sub["enum"].is_array()) return false;
+  bool found = false;
+  std::vector<std::string> options;
+  for (const json& e : sub["enum"]) {
+    found = found || e == v;
+    options.push_back(format_json_scalar(e));
+  }
+  if (found) return false;
+  const NodeInfo& info = doc.info(path);
+  Problem p;
+  p.loc = doc.value_loc(path);
+  p.from_set = info.from_set;
+  p.what = path + " must be one of " + join(options, ", ") + ", got " + shown(v, info);
+  const auto best = v.is_string() ? closest(v.get<std::string>(), options) : std::nullopt;
+  p.fix = best ? "did you mean '" + *best + "'?" : "pick one of those";
+  out.push_back(p);
+  return true;
+}
+
+bool string_problem(const json& v, const json& sub, const std::string& path, const Doc& doc, std::vector<Problem>& out) {
+  if (!v.is_string()) return false;
+  const NodeInfo& info = doc.info(path);
+  const std::string s = v.get<std::string>();
+  const std::string hint = sub.value("x-hint", "");
+  if (sub.contains("minLength") && s.size() < sub["minLength"].get<size_t>()) {
+    out.push_back({0, doc.value_loc(path), info.from_set, path + " is empty", hint.empty() ? "write at least one character" : hint});
+    return true;
+  }
+  if (!sub.contains("pattern")) return false;
+  bool ok = true;
+  try {
+    ok = std::regex_search(s, std::regex(sub["pattern"].get<std::string>()));
+  } catch (const std::regex_error&) {
+  }
+  if (ok) return false;
+  out.push_back({0, doc.value_loc(path), info.from_set, path + " '" + printable(s) + "' is not allowed",
+                 hint.empty() ? "it must match " + sub["pattern"].get<std::string>() : hint});
+  return true;
+}
+
+bool repeated_item_problem(const json& v, const json& sub, const std::string& path, const Doc& doc, std::vector<Problem>& out) {
+  if (!v.is_array() || !sub.value("uniqueItems", false)) return false;
+  for (size_t j = 1; j < v.size(); ++j)
+    for (size_t i = 0; i < j; ++i)
+      if (v[i] == v[j]) {
+        const std::string ip = item_path(path, j);
+        out.push_back({0, doc.value_loc(ip), doc.info(ip).from_set,
+                       path + " lists " + shown(v[j], doc.info(ip)) + " twice", "remove the repeated entry"});
+        return true;
+      }
+  return false;
+}
+
+// An object's unknown keys (when closed) and every missing required key, each with its fix.
+void object_problems(const json& v, const json& sub, const std::string& path, const Doc& doc, std::vector<Problem>& out) {
+  const auto names = property_names(sub);
+  if (sub.contains("additionalProperties") && sub["additionalProperties"] == false) {
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (std::find(names.begin(), names.end(), it.key()) != names.end()) continue;
+      const std::string cp = child_path(path, it.key());
+      out.push_back(unknown_key_problem(it.key(), path, names, doc.key_loc(cp), doc.info(cp).from_set));
+    }
+  }
+  if (!sub.contains("required") || !sub["required"].is_array()) return;
+  for (const json& r : sub["required"]) {
+    const std::string k = r.get<std::string>();
+    if (v.contains(k)) continue;
+    const json& ks = sub["properties"].contains(k) ? sub["properties"][k] : json::object();
+    Problem p;
+    p.rank = 1;
+    p.loc = doc.key_loc(path);
+    p.from_set = doc.info(path).from_set;
+    p.what = describe_path(path) + " is missing required key '" + k + "'";
+    if (ks.value("type", "") == "object") {
+      const auto req = ks.contains("required") ? ks["required"].get<std::vector<std::string>>() : std::vector<std::string>{};
+      p.fix = "add a " + k + ": section" + (req.empty() ? std::string() : " with " + join(req, ", ") + " indented under it");
+    } else {
+      p.fix = "add " + k + ": " + placeholder(ks);
+    }
+    out.push_back(p);
+  }
+}
+
 void diagnose_node(const json& v, const json& sub, const std::string& path, const Doc& doc, std::vector<Problem>& out) {
   if (!sub.is_object()) return;
-  const NodeInfo& info = doc.info(path);
   if (sub.contains("type") && sub["type"].is_string() && !type_matches(v, sub["type"].get<std::string>())) {
     type_problem(v, sub, path, doc, out);
     return;
   }
-  if (sub.contains("enum") && sub["enum"].is_array()) {
-    bool found = false;
-    std::vector<std::string> options;
-    for (const json& e : sub["enum"]) {
-      found = found || e == v;
-      options.push_back(format_json_scalar(e));
-    }
-    if (!found) {
-      Problem p;
-      p.loc = doc.value_loc(path);
-      p.from_set = info.from_set;
-      p.what = path + " must be one of " + join(options, ", ") + ", got " + shown(v, info);
-      const auto best = v.is_string() ? closest(v.get<std::string>(), options) : std::nullopt;
-      p.fix = best ? "did you mean '" + *best + "'?" : "pick one of those";
-      out.push_back(p);
-      return;
-    }
-  }
+  if (enum_problem(v, sub, path, doc, out)) return;
   if (v.is_number()) {
     const size_t before = out.size();
     range_problem(v, sub, path, doc, out);
     if (out.size() > before) return;
   }
-  if (v.is_string()) {
-    const std::string s = v.get<std::string>();
-    const std::string hint = sub.value("x-hint", "");
-    if (sub.contains("minLength") && s.size() < sub["minLength"].get<size_t>()) {
-      out.push_back({0, doc.value_loc(path), info.from_set, path + " is empty", hint.empty() ? "write at least one character" : hint});
-      return;
-    }
-    if (sub.contains("pattern")) {
-      bool ok = true;
-      try {
-        ok = std::regex_search(s, std::regex(sub["pattern"].get<std::string>()));
-      } catch (const std::regex_error&) {
-      }
-      if (!ok) {
-        out.push_back({0, doc.value_loc(path), info.from_set, path + " '" + printable(s) + "' is not allowed",
-                       hint.empty() ? "it must match " + sub["pattern"].get<std::string>() : hint});
-        return;
-      }
-    }
-  }
-  if (v.is_array() && sub.value("uniqueItems", false)) {
-    for (size_t j = 1; j < v.size(); ++j)
-      for (size_t i = 0; i < j; ++i)
-        if (v[i] == v[j]) {
-          const std::string ip = item_path(path, j);
-          out.push_back({0, doc.value_loc(ip), doc.info(ip).from_set,
-                         path + " lists " + shown(v[j], doc.info(ip)) + " twice", "remove the repeated entry"});
-          return;
-        }
-  }
-  if (v.is_object()) {
-    const auto names = property_names(sub);
-    if (sub.contains("additionalProperties") && sub["additionalProperties"] == false) {
-      for (auto it = v.begin(); it != v.end(); ++it) {
-        if (std::find(names.begin(), names.end(), it.key()) != names.end()) continue;
-        const std::string cp = child_path(path, it.key());
-        out.push_back(unknown_key_problem(it.key(), path, names, doc.key_loc(cp), doc.info(cp).from_set));
-      }
-    }
-    if (sub.contains("required") && sub["required"].is_array()) {
-      for (const json& r : sub["required"]) {
-        const std::string k = r.get<std::string>();
-        if (v.contains(k)) continue;
-        const json& ks = sub["properties"].contains(k) ? sub["properties"][k] : json::object();
-        Problem p;
-        p.rank = 1;
-        p.loc = doc.key_loc(path);
-        p.from_set = info.from_set;
-        p.what = describe_path(path) + " is missing required key '" + k + "'";
-        if (ks.value("type", "") == "object") {
-          const auto req = ks.contains("required") ? ks["required"].get<std::vector<std::string>>() : std::vector<std::string>{};
-          p.fix = "add a " + k + ": section" + (req.empty() ? std::string() : " with " + join(req, ", ") + " indented under it");
-        } else {
-          p.fix = "add " + k + ": " + placeholder(ks);
-        }
-        out.push_back(p);
-      }
-    }
-  }
+  if (string_problem(v, sub, path, doc, out) || repeated_item_problem(v, sub, path, doc, out)) return;
+  if (v.is_object()) object_problems(v, sub, path, doc, out);
 }
 
 }  // namespace

@@ -348,112 +348,126 @@ th{background:#eee}td:first-child{text-align:left}.kv th{text-align:left}
 pre{background:#fff;border:1px solid #ddd;padding:8px;font-size:11px;max-height:480px;overflow:auto}
 .alert{color:#a00}.na{color:#888;font-style:italic}.status{padding:6px;background:#ffe;border:1px solid #cc9;display:inline-block})";
 
-}  // namespace
 
-ReportInfo write_report(const fs::path& run_dir) {
+// What a run directory holds, read once: every metrics.jsonl record by kind, the plan, the
+// profile and the recipe (a missing or unreadable optional file is left empty).
+struct RunFiles {
+  std::vector<json> steps, evals, monitors, alerts;
+  json summary, plan, prof;
+  std::string recipe_text;
+  std::vector<std::string> rank_profiles;
+};
+
+RunFiles read_run_files(const fs::path& run_dir, ReportInfo& info) {
   const fs::path mpath = run_dir / "metrics.jsonl";
   if (!fs::is_directory(run_dir))
     throw UserError({run_dir.string()}, "not a directory", "give the run directory a `runner train` wrote (e.g. runs/quickstart)");
   if (!fs::exists(mpath))
     throw UserError({mpath.string()}, "no metrics.jsonl: this is not a run directory, or the run has not started a step",
                     "give the run directory a `runner train` wrote (e.g. runs/quickstart)");
-  ReportInfo info;
-  std::vector<json> steps, evals, monitors, alerts;
-  json summary;
-  {
-    std::ifstream in(mpath);
-    for (std::string line; std::getline(in, line);) {
-      if (line.empty()) continue;
-      json j = json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.is_object()) {
-        ++info.skipped_lines;
-        continue;
-      }
-      if (j.contains("summary")) summary = j;
-      else if (j.contains("alert")) alerts.push_back(j);
-      else if (j.contains("monitor")) monitors.push_back(j);
-      else if (j.contains("eval")) evals.push_back(j);
-      else if (j.contains("step") && j.contains("step_ms")) steps.push_back(j);
+  RunFiles f;
+  std::ifstream in(mpath);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      ++info.skipped_lines;
+      continue;
     }
+    if (j.contains("summary")) f.summary = j;
+    else if (j.contains("alert")) f.alerts.push_back(j);
+    else if (j.contains("monitor")) f.monitors.push_back(j);
+    else if (j.contains("eval")) f.evals.push_back(j);
+    else if (j.contains("step") && j.contains("step_ms")) f.steps.push_back(j);
   }
-  if (steps.empty())
+  if (f.steps.empty())
     throw UserError({mpath.string()}, "no step record yet", "wait for the run's first step, or give a run directory that trained");
-  info.steps = static_cast<int>(steps.size());
-  info.finished = !summary.is_null();
-  json plan, prof;
-  std::string recipe_text = fs::exists(run_dir / "recipe.yaml") ? slurp(run_dir / "recipe.yaml") : "";
-  if (fs::exists(run_dir / "plan.json")) plan = json::parse(slurp(run_dir / "plan.json"), nullptr, false);
-  if (plan.is_discarded()) plan = json();
-  if (fs::exists(run_dir / "profile.json")) prof = json::parse(slurp(run_dir / "profile.json"), nullptr, false);
-  if (prof.is_discarded()) prof = json();
-  info.profiled = prof.is_object() && prof.contains("ops");
-  std::vector<std::string> rank_profiles;
+  info.steps = static_cast<int>(f.steps.size());
+  info.finished = !f.summary.is_null();
+  f.recipe_text = fs::exists(run_dir / "recipe.yaml") ? slurp(run_dir / "recipe.yaml") : "";
+  if (fs::exists(run_dir / "plan.json")) f.plan = json::parse(slurp(run_dir / "plan.json"), nullptr, false);
+  if (f.plan.is_discarded()) f.plan = json();
+  if (fs::exists(run_dir / "profile.json")) f.prof = json::parse(slurp(run_dir / "profile.json"), nullptr, false);
+  if (f.prof.is_discarded()) f.prof = json();
+  info.profiled = f.prof.is_object() && f.prof.contains("ops");
   for (auto& e : fs::directory_iterator(run_dir)) {
     std::string n = e.path().filename().string();
-    if (n.rfind("profile.rank", 0) == 0) rank_profiles.push_back(n);
+    if (n.rfind("profile.rank", 0) == 0) f.rank_profiles.push_back(n);
   }
-  std::sort(rank_profiles.begin(), rank_profiles.end());
+  std::sort(f.rank_profiles.begin(), f.rank_profiles.end());
+  return f;
+}
 
-  auto series = [&](const std::vector<json>& recs, const char* key, const std::string& name) {
-    Series s{name, {}};
-    for (auto& r : recs)
-      if (r.contains(key) && r[key].is_number()) s.pts.push_back({num(r, "step"), r[key].get<double>()});
-    return s;
-  };
-  std::vector<double> ms;
-  for (auto& s : steps) ms.push_back(num(s, "step_ms"));
+Series series(const std::vector<json>& recs, const char* key, const std::string& name) {
+  Series s{name, {}};
+  for (auto& r : recs)
+    if (r.contains(key) && r[key].is_number()) s.pts.push_back({num(r, "step"), r[key].get<double>()});
+  return s;
+}
 
-  const std::string name = plan.is_object() ? plan.value("name", run_dir.filename().string()) : run_dir.filename().string();
+// The page's head, the status line and the summary (or latest monitor) table.
+std::string head_section(const RunFiles& f, const ReportInfo& info, const std::string& name) {
   std::string h = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>runner report: " + esc(name) +
                   "</title><style>" + kStyle + "</style></head><body>\n";
   h += "<h1>runner report: " + esc(name) + "</h1>\n";
-  const json& last = steps.back();
+  const json& last = f.steps.back();
   h += fmt::format("<p class=\"status\">{} &middot; {} step records, last step {} &middot; {}{}</p>\n",
-                   info.finished ? "finished" : "in progress (no summary record yet)", steps.size(), fmtv(num(last, "step")),
-                   plan.contains("grid") ? "layout " + esc(plan["grid"].dump()) : std::string("layout unknown"),
+                   info.finished ? "finished" : "in progress (no summary record yet)", f.steps.size(), fmtv(num(last, "step")),
+                   f.plan.contains("grid") ? "layout " + esc(f.plan["grid"].dump()) : std::string("layout unknown"),
                    info.skipped_lines ? fmt::format(" &middot; {} unreadable line(s) skipped", info.skipped_lines) : "");
   if (info.finished)
-    h += kv_table(summary, {"steps", "tokens", "tokens_per_s", "wall_s", "val_loss", "accuracy", "skipped_steps", "step_ms", "peak_flops",
-                            "comm_hidden_fraction", "pipeline_idle_fraction", "plan_bubble", "layout"});
-  else if (!monitors.empty())
-    h += kv_table(monitors.back(), {"step", "tokens_per_s", "mfu", "utilization", "step_ms", "skipped_steps", "slowest_rank"});
+    h += kv_table(f.summary, {"steps", "tokens", "tokens_per_s", "wall_s", "val_loss", "accuracy", "skipped_steps", "step_ms", "peak_flops",
+                              "comm_hidden_fraction", "pipeline_idle_fraction", "plan_bubble", "layout"});
+  else if (!f.monitors.empty())
+    h += kv_table(f.monitors.back(), {"step", "tokens_per_s", "mfu", "utilization", "step_ms", "skipped_steps", "slowest_rank"});
+  return h;
+}
 
-  h += "<h2>Training</h2><div class=\"grid\">\n";
-  {
-    std::vector<Series> loss{series(steps, "loss", "train")};
-    if (!evals.empty()) loss.push_back(series(evals, "val_loss", "eval"));
-    h += line_chart("Loss", "loss", loss);
-    h += line_chart("Learning rate", "lr", {series(steps, "lr", "lr")}, true);
-    h += line_chart("Gradient norm", "norm", {series(steps, "grad_norm", "grad norm")}, true);
-    h += line_chart("Loss scale", "scale", {series(steps, "loss_scale", "loss scale")}, true);
-  }
+// Training curves, throughput, the step-time breakdown and memory.
+std::string charts_section(const RunFiles& f, const ReportInfo& info) {
+  const auto& steps = f.steps;
+  const auto& monitors = f.monitors;
+  std::string h = "<h2>Training</h2><div class=\"grid\">\n";
+  std::vector<Series> loss{series(steps, "loss", "train")};
+  if (!f.evals.empty()) loss.push_back(series(f.evals, "val_loss", "eval"));
+  h += line_chart("Loss", "loss", loss);
+  h += line_chart("Learning rate", "lr", {series(steps, "lr", "lr")}, true);
+  h += line_chart("Gradient norm", "norm", {series(steps, "grad_norm", "grad norm")}, true);
+  h += line_chart("Loss scale", "scale", {series(steps, "loss_scale", "loss scale")}, true);
   h += "</div>\n<h2>Throughput</h2><div class=\"grid\">\n";
   h += line_chart("Tokens/s", "tokens/s", {series(steps, "tokens_per_s", "step"), series(monitors, "tokens_per_s", "monitor (window)")}, true);
   h += line_chart("Step time", "ms", {series(steps, "step_ms", "step_ms")}, true);
   if (!monitors.empty()) h += line_chart("MFU and utilization", "fraction", {series(monitors, "mfu", "MFU"), series(monitors, "utilization", "utilization")}, true);
+  std::vector<double> ms;
+  for (auto& s : steps) ms.push_back(num(s, "step_ms"));
   h += histogram(ms);
   h += "</div>\n<h2>Where the time went</h2>\n" + breakdown_chart(steps);
   const json* per_rank = nullptr;
-  if (info.finished && summary.contains("breakdown_per_rank")) per_rank = &summary["breakdown_per_rank"];
+  if (info.finished && f.summary.contains("breakdown_per_rank")) per_rank = &f.summary["breakdown_per_rank"];
   else if (!monitors.empty() && monitors.back().contains("per_rank")) per_rank = &monitors.back()["per_rank"];
   if (per_rank) h += "<p>Mean breakdown per rank (ms):</p>" + per_rank_table(*per_rank);
 
   h += "<h2>Memory</h2>\n";
   json measured;
-  if (info.finished && summary.contains("ledger")) measured = summary["ledger"];
+  if (info.finished && f.summary.contains("ledger")) measured = f.summary["ledger"];
   else if (!monitors.empty() && monitors.back().contains("peak_memory")) measured = monitors.back()["peak_memory"];
-  h += memory_chart(plan, measured);
+  h += memory_chart(f.plan, measured);
+  return h;
+}
 
-  h += "<h2>Operators</h2>\n";
+// The operator profile (or the run's time per operator kind) and the alerts.
+std::string operators_section(const RunFiles& f, const ReportInfo& info) {
+  const json& prof = f.prof;
+  std::string h = "<h2>Operators</h2>\n";
   if (info.profiled) {
     h += fmt::format("<p>Profiled steps {} to {} on rank {} ({} steps, operators {:.1f} ms of {:.1f} ms).{}</p>",
                      fmtv(num(prof, "from_step")), fmtv(num(prof, "to_step")), fmtv(num(prof, "rank")), fmtv(num(prof, "steps")),
                      num(prof, "operators_ms", 0), num(prof, "steps_ms", 0),
-                     rank_profiles.empty() ? "" : " Per rank: " + esc(fmt::format("{}", fmt::join(rank_profiles, ", "))) + ".");
+                     f.rank_profiles.empty() ? "" : " Per rank: " + esc(fmt::format("{}", fmt::join(f.rank_profiles, ", "))) + ".");
     h += "<div class=\"grid\">" + roofline_chart(prof) + "</div>" + ops_table(prof);
-  } else if (info.finished && summary.contains("top_ops")) {
+  } else if (info.finished && f.summary.contains("top_ops")) {
     h += "<p>No profile.json (train with <code>--profile FROM:TO</code> for FLOPs and the roofline); time per operator kind over the run:</p><table><tr><th>op</th><th>calls</th><th>forward ms</th><th>backward ms</th><th>recompute ms</th></tr>";
-    for (auto& o : summary["top_ops"])
+    for (auto& o : f.summary["top_ops"])
       h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", esc(o.value("op", "?")), fmtv(num(o, "calls")),
                        fmtv(num(o, "forward_ms")), fmtv(num(o, "backward_ms")), fmtv(num(o, "recompute_ms")));
     h += "</table>";
@@ -462,17 +476,28 @@ ReportInfo write_report(const fs::path& run_dir) {
   }
 
   h += "<h2>Alerts</h2>\n";
-  if (alerts.empty()) h += "<p>No alert fired.</p>";
+  if (f.alerts.empty()) h += "<p>No alert fired.</p>";
   else {
     h += "<table><tr><th>alert</th><th>step</th><th>value</th><th>threshold</th><th>message</th><th>what to do</th></tr>";
-    for (auto& a : alerts)
+    for (auto& a : f.alerts)
       h += fmt::format("<tr class=\"alert\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", esc(a.value("alert", "")),
                        fmtv(num(a, "step")), fmtv(num(a, "value")), fmtv(num(a, "threshold")), esc(a.value("message", "")),
                        esc(a.value("action", "")));
     h += "</table>";
   }
-  h += "<h2>Recipe (resolved)</h2><pre>" + (recipe_text.empty() ? std::string("(no recipe.yaml)") : esc(recipe_text)) + "</pre>\n";
-  h += "<h2>Plan</h2><pre>" + (plan.is_null() ? std::string("(no plan.json)") : esc(plan.dump(2))) + "</pre>\n";
+  return h;
+}
+
+}  // namespace
+
+ReportInfo write_report(const fs::path& run_dir) {
+  ReportInfo info;
+  const RunFiles f = read_run_files(run_dir, info);
+  const std::string name =
+      f.plan.is_object() ? f.plan.value("name", run_dir.filename().string()) : run_dir.filename().string();
+  std::string h = head_section(f, info, name) + charts_section(f, info) + operators_section(f, info);
+  h += "<h2>Recipe (resolved)</h2><pre>" + (f.recipe_text.empty() ? std::string("(no recipe.yaml)") : esc(f.recipe_text)) + "</pre>\n";
+  h += "<h2>Plan</h2><pre>" + (f.plan.is_null() ? std::string("(no plan.json)") : esc(f.plan.dump(2))) + "</pre>\n";
   h += "</body></html>\n";
 
   info.path = run_dir / "report.html";

@@ -48,15 +48,10 @@ constexpr int64_t kPiece = 1 << 14;
 // them would demand absurd scales for nothing.
 constexpr double kFlushNormShare = 0.01;
 
-}  // namespace
-
-GradReport grad_report(ops::Backend& be, const RankModel& model, const ParamSet& ps, const ModelLayout& layout,
-                       parallel::Grid& grid, double scale) {
-  (void)be;
-  const auto& table = layout.params();
-  const size_t P = table.size();
-  std::vector<double> acc(P * kStride, 0.0);
-  std::vector<float> mx(P, 0.0f);
+// This rank's share of every logical tensor's histogram (acc, kStride per table entry) and
+// largest scaled |gradient| (mx): the elements it owns, each counted once over the grid.
+void local_histograms(const RankModel& model, const ParamSet& ps, const ModelLayout& layout, double scale,
+                      std::vector<double>& acc, std::vector<float>& mx) {
   float buf[kPiece];
   for (size_t i = 0; i < ps.grads.size(); ++i) {
     if (!model.counts(i)) continue;
@@ -88,6 +83,62 @@ GradReport grad_report(ops::Backend& be, const RankModel& model, const ParamSet&
     h[0] += static_cast<double>(e - a);
     mx[static_cast<size_t>(k)] = std::max(mx[static_cast<size_t>(k)], m);
   }
+}
+
+// One tensor's range from its summed histogram `h` and its largest scaled |gradient| `mx`.
+GradRange range_of(const LogicalParam& entry, const double* h, float mx, double scale) {
+  GradRange t;
+  t.name = entry.name;
+  t.layer = entry.desc.layer;
+  t.numel = static_cast<int64_t>(h[0]);
+  t.zeros = static_cast<int64_t>(h[1]);
+  t.nonfinite = static_cast<int64_t>(h[2]);
+  t.max_abs = static_cast<double>(mx) / scale;
+  double energy = 0;
+  for (int b = 0; b < kBins; ++b) energy += h[kHead + b];
+  t.underflow = h[0] > 0 ? h[3] / h[0] : 0.0;
+  t.headroom_bits = t.max_abs > 0 ? std::log2(kF16Max / (t.max_abs * scale)) : std::numeric_limits<double>::infinity();
+  t.scale_hi = t.max_abs > 0 ? kF16Max / t.max_abs : std::numeric_limits<double>::infinity();
+  t.scale_lo = 0;
+  if (energy > 0) {  // the exponent below which at most 1% of the norm lies
+    double cum = 0;
+    for (int b = 0; b < kBins; ++b) {
+      cum += h[kHead + b];
+      if (cum > kFlushNormShare * kFlushNormShare * energy) {
+        t.scale_lo = kF16MinSubnormal / std::ldexp(1.0, b + kMinExp);
+        break;
+      }
+    }
+  }
+  return t;
+}
+
+// When no single scale suits every tensor: the one needing the largest scale and the one
+// allowing the smallest.
+void find_conflict(GradReport& r) {
+  int lo = -1, hi = -1;
+  for (size_t k = 0; k < r.tensors.size(); ++k) {
+    const GradRange& t = r.tensors[k];
+    if (t.numel == t.zeros + t.nonfinite) continue;
+    if (lo < 0 || t.scale_lo > r.tensors[static_cast<size_t>(lo)].scale_lo) lo = static_cast<int>(k);
+    if (hi < 0 || t.scale_hi < r.tensors[static_cast<size_t>(hi)].scale_hi) hi = static_cast<int>(k);
+  }
+  if (lo >= 0 && hi >= 0 && lo != hi && r.tensors[static_cast<size_t>(lo)].scale_lo > r.tensors[static_cast<size_t>(hi)].scale_hi) {
+    r.needs_large = lo;
+    r.needs_small = hi;
+  }
+}
+
+}  // namespace
+
+GradReport grad_report(ops::Backend& be, const RankModel& model, const ParamSet& ps, const ModelLayout& layout,
+                       parallel::Grid& grid, double scale) {
+  (void)be;
+  const auto& table = layout.params();
+  const size_t P = table.size();
+  std::vector<double> acc(P * kStride, 0.0);
+  std::vector<float> mx(P, 0.0f);
+  local_histograms(model, ps, layout, scale, acc, mx);
   grid.world().allreduce_sum(acc.data(), static_cast<int64_t>(acc.size()));
   grid.world().allreduce_max(mx.data(), static_cast<int64_t>(mx.size()));
 
@@ -100,30 +151,7 @@ GradReport grad_report(ops::Backend& be, const RankModel& model, const ParamSet&
   for (size_t k = 0; k < P; ++k)
     if (table[k].vocab_rows) head = static_cast<int>(k);
   for (size_t k = 0; k < P; ++k) {
-    const double* h = acc.data() + k * kStride;
-    GradRange t;
-    t.name = table[k].name;
-    t.layer = table[k].desc.layer;
-    t.numel = static_cast<int64_t>(h[0]);
-    t.zeros = static_cast<int64_t>(h[1]);
-    t.nonfinite = static_cast<int64_t>(h[2]);
-    t.max_abs = static_cast<double>(mx[k]) / scale;
-    double energy = 0;
-    for (int b = 0; b < kBins; ++b) energy += h[kHead + b];
-    t.underflow = h[0] > 0 ? h[3] / h[0] : 0.0;
-    t.headroom_bits = t.max_abs > 0 ? std::log2(kF16Max / (t.max_abs * scale)) : std::numeric_limits<double>::infinity();
-    t.scale_hi = t.max_abs > 0 ? kF16Max / t.max_abs : std::numeric_limits<double>::infinity();
-    t.scale_lo = 0;
-    if (energy > 0) {  // the exponent below which at most 1% of the norm lies
-      double cum = 0;
-      for (int b = 0; b < kBins; ++b) {
-        cum += h[kHead + b];
-        if (cum > kFlushNormShare * kFlushNormShare * energy) {
-          t.scale_lo = kF16MinSubnormal / std::ldexp(1.0, b + kMinExp);
-          break;
-        }
-      }
-    }
+    GradRange t = range_of(table[k], acc.data() + k * kStride, mx[k], scale);
     // Backward order: the reverse of the table's (forward) order, the output layer first.
     if (t.nonfinite > 0) {
       const int bwd = static_cast<int>(k) == head ? static_cast<int>(P) : static_cast<int>(k);
@@ -134,17 +162,7 @@ GradReport grad_report(ops::Backend& be, const RankModel& model, const ParamSet&
     }
     r.tensors.push_back(std::move(t));
   }
-  int lo = -1, hi = -1;
-  for (size_t k = 0; k < r.tensors.size(); ++k) {
-    const GradRange& t = r.tensors[k];
-    if (t.numel == t.zeros + t.nonfinite) continue;
-    if (lo < 0 || t.scale_lo > r.tensors[static_cast<size_t>(lo)].scale_lo) lo = static_cast<int>(k);
-    if (hi < 0 || t.scale_hi < r.tensors[static_cast<size_t>(hi)].scale_hi) hi = static_cast<int>(k);
-  }
-  if (lo >= 0 && hi >= 0 && lo != hi && r.tensors[static_cast<size_t>(lo)].scale_lo > r.tensors[static_cast<size_t>(hi)].scale_hi) {
-    r.needs_large = lo;
-    r.needs_small = hi;
-  }
+  find_conflict(r);
   return r;
 }
 
