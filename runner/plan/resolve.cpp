@@ -162,9 +162,13 @@ void resolve_batch(const Recipe& r, Plan& p) {
   p.accum = a;
 }
 
-void check_layout(const Recipe& r, Plan& p) {
+namespace {
+
+// Tensor parallelism: heads, the MLP width and (with sequence parallelism) seq_len divide by
+// tp; the vocabulary is padded to a multiple of it.
+void check_tensor_parallel(const Recipe& r, Plan& p) {
   const ModelConfig& m = r.model;
-  int64_t tp = p.tp, pp = p.pp;
+  const int64_t tp = p.tp;
   if (m.n_heads % tp != 0)
     throw UserError(r.loc("parallel.tp"), fmt::format("model.n_heads {} is not divisible by parallel.tp {}", m.n_heads, tp),
                     "choose tp among " + or_list(nearest_divisors(m.n_heads, tp, 3)));
@@ -182,6 +186,12 @@ void check_layout(const Recipe& r, Plan& p) {
   if (p.vocab_padded != m.vocab_size)
     p.notes.push_back(fmt::format("vocabulary padded from {} to {} (a multiple of tp {}); padded logits are masked out",
                                   m.vocab_size, p.vocab_padded, tp));
+}
+
+// The layers over the pipeline stages: an explicit split, or an even one.
+void check_stage_split(const Recipe& r, Plan& p) {
+  const ModelConfig& m = r.model;
+  const int64_t pp = p.pp;
   const auto& sl = r.parallel.stage_layers;
   if (!sl.empty()) {
     int64_t sum = 0;
@@ -208,6 +218,11 @@ void check_layout(const Recipe& r, Plan& p) {
     }
     p.stage_layers.assign(pp, m.n_layers / pp);
   }
+}
+
+// The pipeline schedule: enough micro-batches, the interleaved chunks, the bubble.
+void check_schedule(const Recipe& r, Plan& p) {
+  const int64_t pp = p.pp;
   if (pp > 1 && p.accum < pp)
     throw UserError(r.loc("batch"),
                     fmt::format("a {}-stage pipeline needs at least {} micro-batches per step, got accum {}", pp, pp, p.accum),
@@ -231,6 +246,11 @@ void check_layout(const Recipe& r, Plan& p) {
   if (p.bubble > 0.25)
     p.warnings.push_back(fmt::format("pipeline bubble {:.0f}% = {}: raise accum to shrink it", 100 * p.bubble,
                                      p.bubble_formula(" with ")));
+}
+
+// Warnings and notes on a layout that is valid but may not be what the user meant.
+void layout_notes(const Recipe& r, Plan& p) {
+  const int64_t tp = p.tp;
   if (tp > r.hardware.devices_per_node && r.hardware.device != "cpu")
     p.warnings.push_back(fmt::format("tp {} spans more than one node ({} devices per node): tensor parallelism across nodes is slow",
                                      tp, r.hardware.devices_per_node));
@@ -252,6 +272,15 @@ void check_layout(const Recipe& r, Plan& p) {
         to_string(pr.grad_accum), adds, pr.grad_accum == FloatFormat::bf16 ? 8 : 11, u, adds, u * std::sqrt(static_cast<double>(adds)),
         pr.grad_accum == FloatFormat::fp16 ? "; an fp16 sum of loss-scaled gradients also overflows sooner than any one micro-batch's gradient" : ""));
   }
+}
+
+}  // namespace
+
+void check_layout(const Recipe& r, Plan& p) {
+  check_tensor_parallel(r, p);
+  check_stage_split(r, p);
+  check_schedule(r, p);
+  layout_notes(r, p);
 }
 
 }  // namespace runner::plan_detail

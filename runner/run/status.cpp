@@ -52,19 +52,8 @@ std::string cause_of(const nlohmann::json* end) {
   return fmt::format("{} at step {} (exit {})", cause, end->value("step", int64_t{-1}), end->value("exit_code", 0));
 }
 
-}  // namespace
-
-nlohmann::json run_status_json(const std::string& run_dir) {
-  const fs::path dir(run_dir);
-  if (!fs::is_directory(dir) || (!fs::exists(dir / "recipe.yaml") && !fs::exists(dir / "metrics.jsonl")))
-    throw UserError({run_dir, 0, 0}, "not a run directory (no recipe.yaml or metrics.jsonl)",
-                    "pass the directory `runner train` wrote (runs/NAME, or its --run-dir)");
-  nlohmann::json s{{"run_dir", run_dir}};
-  const double now = static_cast<double>(std::time(nullptr));
-
-  // The recipe as resolved: name, steps, checkpoint directory.
-  int64_t total = 0;
-  fs::path ckpt_dir = dir / "checkpoints";
+// The recipe as resolved: name (into s), the total steps and the checkpoint directory.
+void status_recipe(const fs::path& dir, nlohmann::json& s, int64_t& total, fs::path& ckpt_dir) {
   try {
     YAML::Node y = YAML::LoadFile((dir / "recipe.yaml").string());
     s["name"] = y["name"] ? y["name"].as<std::string>() : "";
@@ -75,40 +64,50 @@ nlohmann::json run_status_json(const std::string& run_dir) {
     // no or unreadable recipe.yaml: what the other files say still holds
   }
   s["total_steps"] = total;
+}
 
-  // Steps: metrics.jsonl, one record per step (the end-of-run summary has "summary").
+// Steps: metrics.jsonl, one record per step (the end-of-run summary has "summary").
+struct StepRecords {
   int64_t last_step = 0;
-  double loss = 0, ms_sum = 0;
   std::vector<double> step_ms;
   bool summary = false;
+};
+
+StepRecords status_steps(const fs::path& dir, nlohmann::json& s, double now) {
+  StepRecords r;
+  double loss = 0;
   for (const auto& j : read_jsonl(dir / "metrics.jsonl")) {
-    if (j.contains("summary")) summary = true;
+    if (j.contains("summary")) r.summary = true;
     if (!j.contains("step") || !j.contains("loss") || !j.contains("step_ms")) continue;
-    last_step = std::max(last_step, j["step"].get<int64_t>());
+    r.last_step = std::max(r.last_step, j["step"].get<int64_t>());
     loss = j["loss"].get<double>();
-    step_ms.push_back(j["step_ms"].get<double>());
+    r.step_ms.push_back(j["step_ms"].get<double>());
   }
-  s["last_step"] = last_step;
-  if (!step_ms.empty()) s["last_loss"] = loss;
+  s["last_step"] = r.last_step;
+  if (!r.step_ms.empty()) s["last_loss"] = loss;
   struct stat mst{};
   if (::stat((dir / "metrics.jsonl").c_str(), &mst) == 0) s["last_step_age_s"] = now - static_cast<double>(mst.st_mtime);
+  return r;
+}
 
-  // The last checkpoint: LATEST, else the newest step file.
+// The last checkpoint: LATEST, else the newest step file.
+void status_checkpoint(const fs::path& ckpt_dir, nlohmann::json& s, double now) {
   std::string latest = read_latest(ckpt_dir.string());
   if (latest.empty()) {
     auto steps = list_checkpoint_steps(ckpt_dir.string());
     if (!steps.empty()) latest = checkpoint_file_name(steps.back());
   }
-  if (!latest.empty()) {
-    int64_t st = -1;
-    parse_checkpoint_file_name(latest, &st);
-    nlohmann::json c{{"file", (ckpt_dir / latest).string()}, {"step", st}};
-    struct stat cst{};
-    if (::stat((ckpt_dir / latest).c_str(), &cst) == 0) c["age_s"] = now - static_cast<double>(cst.st_mtime);
-    s["checkpoint"] = c;
-  }
+  if (latest.empty()) return;
+  int64_t st = -1;
+  parse_checkpoint_file_name(latest, &st);
+  nlohmann::json c{{"file", (ckpt_dir / latest).string()}, {"step", st}};
+  struct stat cst{};
+  if (::stat((ckpt_dir / latest).c_str(), &cst) == 0) c["age_s"] = now - static_cast<double>(cst.st_mtime);
+  s["checkpoint"] = c;
+}
 
-  // Starts and stops: events.jsonl.
+// Starts and stops: events.jsonl gives the restarts, the last start's layout and the state.
+std::string status_events(const fs::path& dir, nlohmann::json& s, bool summary) {
   const std::vector<nlohmann::json> events = read_jsonl(dir / "events.jsonl");
   std::vector<size_t> starts;
   for (size_t i = 0; i < events.size(); ++i)
@@ -137,13 +136,32 @@ nlohmann::json run_status_json(const std::string& run_dir) {
         state = events[i].value("cause", "") == "done" ? "done" : "stopped: " + cause_of(&events[i]);
   }
   s["state"] = state;
+  return state;
+}
+
+}  // namespace
+
+nlohmann::json run_status_json(const std::string& run_dir) {
+  const fs::path dir(run_dir);
+  if (!fs::is_directory(dir) || (!fs::exists(dir / "recipe.yaml") && !fs::exists(dir / "metrics.jsonl")))
+    throw UserError({run_dir, 0, 0}, "not a run directory (no recipe.yaml or metrics.jsonl)",
+                    "pass the directory `runner train` wrote (runs/NAME, or its --run-dir)");
+  nlohmann::json s{{"run_dir", run_dir}};
+  const double now = static_cast<double>(std::time(nullptr));
+  int64_t total = 0;
+  fs::path ckpt_dir = dir / "checkpoints";
+  status_recipe(dir, s, total, ckpt_dir);
+  const StepRecords steps = status_steps(dir, s, now);
+  status_checkpoint(ckpt_dir, s, now);
+  const std::string state = status_events(dir, s, steps.summary);
 
   // ETA: the mean of the last (up to) 50 steps' times over the steps left.
-  if (total > 0 && last_step < total && !step_ms.empty() && state.rfind("done", 0) != 0) {
-    const size_t n = std::min<size_t>(50, step_ms.size());
-    for (size_t i = step_ms.size() - n; i < step_ms.size(); ++i) ms_sum += step_ms[i];
+  if (total > 0 && steps.last_step < total && !steps.step_ms.empty() && state.rfind("done", 0) != 0) {
+    const size_t n = std::min<size_t>(50, steps.step_ms.size());
+    double ms_sum = 0;
+    for (size_t i = steps.step_ms.size() - n; i < steps.step_ms.size(); ++i) ms_sum += steps.step_ms[i];
     const double per_step = ms_sum / static_cast<double>(n) / 1e3;
-    s["eta_s"] = per_step * static_cast<double>(total - last_step);
+    s["eta_s"] = per_step * static_cast<double>(total - steps.last_step);
     s["step_s"] = per_step;
   }
   return s;
