@@ -110,7 +110,6 @@ class Trainer {
   Tracer tracer{grid, timer};
   FaultHook faults{grid.rank()};
   RunPaths paths;
-  std::optional<RunLock> lock;  // rank 0: this run owns its directory until the Trainer ends
   std::shared_ptr<const DataSource> train_src, val_src;
   std::unique_ptr<DataLoader> loader;
   TrainState st;
@@ -129,8 +128,8 @@ class Trainer {
   // operators is the training passes' (the step breakdown's forward and backward), so the
   // evaluations' share is kept apart and taken out.
   std::vector<ops::OpProfile> eval_ops;
+  std::optional<RunLock> lock;  // rank 0: this run owns its directory until the Trainer ends
 
-  bool multi() const { return grid.world_size() > 1; }
   bool lead() const { return grid.rank() == 0; }
   uint64_t seed() const { return static_cast<uint64_t>(r.train.seed); }
   bool diagnose() const { return r.precision.diagnostics || opts.diagnose_precision; }
