@@ -14,17 +14,19 @@
 #include "parallel/grid.h"
 #include "parallel/pipeline.h"
 #include "parallel/timed_group.h"
+#include "runner/observe/trace.h"
 #include "runner/plan/plan.h"
 #include "runner/state.h"
 
 namespace runner {
 
-class RankModel {
+// What the tracer sees of it (TracedModel): executors, pipeline, operator times, graphs.
+class RankModel : public TracedModel {
  public:
   // Builds this rank's chunk graphs and executors over `params` (its parameters in the layout's
   // stage_params order, from init_params), and sets their ZeRO-1 ownership (ParamSet::owned).
   RankModel(const Plan& plan, parallel::Grid& grid, ops::Backend& be, ParamSet& params);
-  ~RankModel();
+  ~RankModel() override;
 
   // The forward and backward passes of one step over its micro-batches, in the plan's schedule
   // order; parameter gradients are summed over tensor-parallel sequence shards and handed to
@@ -47,17 +49,18 @@ class RankModel {
   parallel::PipelineRunner& pipe() { return *pipe_; }
   const parallel::GradSync& sync() const { return *sync_; }
   // This rank's model chunks' graphs.
-  std::vector<const ops::Graph*> graphs() const {
+  std::vector<const ops::Graph*> graphs() const override {
     std::vector<const ops::Graph*> g;
     for (const ops::Graph& cg : chunk_graphs_) g.push_back(&cg);
     return g;
   }
   // Time per operator over every executor of this rank.
-  std::vector<ops::OpProfile> profile() const;
+  std::vector<ops::OpProfile> profile() const override;
   // Every executor of this rank appends its node timings to `sink` (null: off).
-  void set_trace(std::vector<ops::TraceEvent>* sink) {
+  void set_trace(std::vector<ops::TraceEvent>* sink) override {
     for (auto& ex : execs_) ex->set_trace(sink);
   }
+  void set_pipeline_trace(ops::TraceSink* sink) override { pipe_->set_trace(sink); }
 
  private:
   const Plan& plan_;

@@ -1,9 +1,11 @@
 // `runner train` and `runner resume`: training on this process's rank of a job.
 //
 // The pieces: trainer.cpp (the step loop), rank_model (this rank's graphs, executors,
-// gradient sync and pipeline), metrics (records, the step line, the end-of-run tables),
-// evaluate (held-out loss and task accuracy), runner/checkpoint/policy (run directory,
-// resume point, save paths, cadence), launch (MPI under mpirun/srun, the job's grid).
+// gradient sync and pipeline), evaluate (held-out loss and task accuracy), rollback (the
+// in-memory snapshot tier), fault_hook (test faults), startup (banner, run files, end event),
+// launch (MPI under mpirun/srun, the job's grid); the observers in runner/observe/ (metrics,
+// monitor, the step timer and the tracer) and runner/checkpoint/policy (run directory,
+// resume point, save paths, cadence).
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -1,54 +1,47 @@
 // The training loop of one rank, on any layout: data -> the step's forward and backward passes
-// (RankModel) -> clip -> AdamW -> log (RunMetrics), evaluate, checkpoint (CheckpointPolicy).
+// (RankModel) -> clip -> AdamW, and the step's state; a step returns its StepResult. Observers
+// stand around the loop, each in its own file: the step timer and the tracer
+// (runner/observe/step_timer.h, trace.h), metrics and the monitor (runner/observe/metrics.h),
+// the in-memory rollback tier (rollback.h), checkpoints (runner/checkpoint/policy.h), the
+// test fault hook (fault_hook.h), the banner and run files (startup.h).
 // Everything a user can get wrong is checked before the run directory is touched
-// (invariant 6), and every rank agrees on such an error before any rank stops.
+// (docs/invariants.md, invariant 6), and every rank agrees on such an error before any rank stops.
 #include "runner/train/train.h"
 
-#include <algorithm>
-#include <chrono>
-#include <csignal>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
+#include <memory>
 #include <optional>
-#include <set>
-#include <sstream>
-#include <thread>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
-#include <spdlog/sinks/basic_file_sink.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "ops/backend.h"
-#include "ops/convert.h"
-#include "ops/gemm_path.h"
 #include "ops/peak.h"
 #include "ops/rng.h"
 #include "runner/agree.h"
 #include "runner/checkpoint/policy.h"
-#include "runner/run/run_lock.h"
 #include "runner/data/data.h"
+#include "runner/observe/metrics.h"
+#include "runner/observe/profile.h"
+#include "runner/observe/step_timer.h"
+#include "runner/observe/trace.h"
+#include "runner/run/run_lock.h"
+#include "runner/run/slurm.h"
 #include "runner/signals.h"
 #include "runner/state.h"
 #include "runner/train/evaluate.h"
-#include "runner/observe/metrics.h"
+#include "runner/train/fault_hook.h"
 #include "runner/train/optimizer.h"
 #include "runner/train/precision.h"
-#include "runner/observe/profile.h"
 #include "runner/train/rank_model.h"
-#include "runner/run/slurm.h"
-
-namespace fs = std::filesystem;
+#include "runner/train/rollback.h"
+#include "runner/train/startup.h"
 
 namespace runner {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 // Options the trainer does not implement yet are refused, never ignored.
 void check_supported(const Plan& p, int64_t grid_world) {
@@ -61,143 +54,35 @@ void check_supported(const Plan& p, int64_t grid_world) {
                                 "degrees for {} rank{}", p.world, p.world, grid_world, grid_world == 1 ? "" : "s"));
 }
 
-// Ranks on one machine share its cores: without train.threads or OMP_NUM_THREADS, each of L
-// local ranks gets cores/L threads (OpenMP's default would give every rank all the cores, and
-// ranks that wait in a collective on a descheduled thread slow down many-fold). When the
-// launcher bound the rank to fewer cores, OpenMP's default already follows that binding.
-void share_cores_between_local_ranks() {
-  int local = 1;
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
-    if (const char* e = std::getenv(v)) {
-      local = std::max(1, std::atoi(e));  // Slurm's "4(x2)" form: the leading count is this node's
-      break;
-    }
-  if (local <= 1) return;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int share = std::max(1, cores / local);
-  if (share < ops::num_threads()) ops::set_num_threads(share);
-}
-
-// Fault injection for tests, read once from the environment.
-struct Faults {
-  // RUNNER_FAULT_FAIL_RANK=R, RUNNER_FAULT_FAIL_STEP=N: world rank R fails in the middle of
-  // step N, as a crashed kernel or a lost node would.
-  int64_t fail_rank = env("RUNNER_FAULT_FAIL_RANK"), fail_step = env("RUNNER_FAULT_FAIL_STEP");
-  // RUNNER_FAULT_NAN_STEP=N: the first time step N runs, its loss and gradients become NaN, as a
-  // numerical blow-up would make them.
-  int64_t nan_step = env("RUNNER_FAULT_NAN_STEP");
-  // RUNNER_FAULT_INF_STEP=N (and RUNNER_FAULT_INF_COUNT=K, default 1): steps N .. N+K-1 get
-  // one gradient element of the last parameter set to +inf (the loss stays finite), as an fp16
-  // overflow in the backward would.
-  int64_t inf_step = env("RUNNER_FAULT_INF_STEP"), inf_count = std::max<int64_t>(1, env("RUNNER_FAULT_INF_COUNT"));
-  // RUNNER_FAULT_NOISE_STEP=N: step N's batch is random tokens with random targets, as a
-  // corrupt shard would be (a loss and gradient-norm spike, for the monitoring's tests).
-  int64_t noise_step = env("RUNNER_FAULT_NOISE_STEP");
-  // RUNNER_FAULT_STEP_SLEEP_MS=N: each step takes N ms longer (a slow machine; numbers unchanged),
-  // so a test's signals, which take a while to arrive, land where they were aimed (tests/slurm/).
-  int64_t step_sleep_ms = env("RUNNER_FAULT_STEP_SLEEP_MS");
-  static int64_t env(const char* name) { return std::getenv(name) ? std::atoll(std::getenv(name)) : -1; }
-};
-
 class Trainer {
  public:
   Trainer(const Plan& p, TrainOptions o, parallel::Grid& g) : plan(p), r(p.recipe), opts(std::move(o)), grid(g) {}
-  // The grid outlives the trainer: its communicators must not report to our sink after us
-  // (a profiled step left by an exception).
-  ~Trainer() { grid.set_trace(nullptr); }
 
   int run() {
-    install_signal_handlers();
-    open_inputs();
-    paths = run_paths(r, opts.run_dir);
-    take_run_lock();
-    if (r.train.threads > 0) ops::set_num_threads(static_cast<int>(r.train.threads));
-    else if (!std::getenv("OMP_NUM_THREADS")) share_cores_between_local_ranks();
-    build();
-    setup_logging();
-    ckpt = std::make_unique<CheckpointPolicy>(plan, grid, paths.checkpoint_dir, log);
-    metrics = std::make_unique<RunMetrics>(plan, grid, log);
-    if (lock && !lock->took_over().empty())
-      log->warn("took over the lock of a previous owner that is gone ({}): {}", lock->took_over(), lock->path());
-    maybe_resume();
-    ckpt->remove_stale_files();
-    if (profile_window.on() && resumed_from >= profile_window.from) {  // a resume inside the window profiles the rest
-      if (resumed_from >= profile_window.to) profile_window = {};
-      else profile_window.from = resumed_from + 1;
-    }
-    write_run_files();
-    // Each start and stop of a job on this run directory (runner status reads them).
-    if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
-    // MFU is against the peak of all ranks together.
-    if (r.hardware.peak_tflops > 0) {
-      metrics->set_peak_flops(r.hardware.peak_tflops * 1e12 * grid.world_size());
-    } else {
-      double v = ops::measure_cpu_gemm_peak_flops();
-      grid.world().allreduce_sum(&v, 1);
-      metrics->set_peak_flops(v);
-    }
-    if (profile_window.on()) {
-      // The roofline of one rank: its share of the peak, and its memory bandwidth (every rank
-      // measures at once, as they will run).
-      roofline.peak_flops = metrics->peak_flops() / static_cast<double>(grid.world_size());
-      roofline.bandwidth = ops::measure_cpu_memory_bandwidth();
-      double bw = roofline.bandwidth;
-      grid.world().allreduce_sum(&bw, 1);
-      roofline.bandwidth = bw / static_cast<double>(grid.world_size());
-    }
-    print_startup();
-    if (resumed_from >= 0) log->info("resumed from step {} ({})", resumed_from, ckpt->dir());
-    for (const std::string& note : opts.resume_notes) log->info("{}", note);
-
+    start();
     const int64_t total = r.train.steps;
-    auto run_t0 = Clock::now();
-    double pending_ckpt_ms = 0;
-    double pending_ckpt_wall = 0, pending_rollback = 0;  // breakdown parts outside the step, for the next record
     while (st.step < total) {
       if (stop_agreed()) return preempt();
-      if (r.checkpoint.snapshot_every > 0 && st.step % r.checkpoint.snapshot_every == 0 &&
-          (!snapshot.valid() || snapshot.step() != st.step)) {
-        auto t = Clock::now();
-        snapshot.take(st);
-        pending_rollback += ms_between(t, Clock::now());
-      }
-      const bool profiled = profile_window.covers(st.step + 1);
-      std::vector<ops::OpProfile> before;
-      if (profiled) before = model->profile();
-      if (profiled) begin_trace(st.step + 1);
+      rollback->before_step(st);
+      tracer.begin(st.step + 1, *model);
       StepResult s = train_step();
-      if (profiled) trace_steps.back().t1_ns = now_ns(), model->set_trace(nullptr);
-      if (profiled) profile_step(before, s.total_ms);
-      if (faults.step_sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.step_sleep_ms));
-      auto rb0 = Clock::now();
-      if (rollback_needed(s)) {
-        pending_rollback += s.total_ms + ms_between(rb0, Clock::now());  // the attempt is lost
-        if (profiled) end_trace();
+      tracer.step_done(s.total_ms);
+      faults.after_step();
+      if (rollback->after_step(s, st, s.total_ms)) {
+        tracer.end(st.step);
         continue;
       }
-      s.rollback_ms = pending_rollback;
-      s.checkpoint_ms = pending_ckpt_wall;
-      pending_rollback = pending_ckpt_wall = 0;
-      metrics->step(st.step, st.tokens, s, pending_ckpt_ms);
-      pending_ckpt_ms = 0;
+      s.rollback_ms = rollback->take_ms();
+      s.checkpoint_ms = ckpt_wall_ms;
+      metrics->step(st.step, st.tokens, s, ckpt_stall_ms);
+      ckpt_stall_ms = 0;
       if (s.overflow && scaler.exhausted(st.scaler)) return stop_on_overflows(s);
-      auto c0 = Clock::now();
-      if (st.step < total && ckpt->due(st.step, ms_between(run_t0, Clock::now()) / 1e3)) {
-        const int64_t t = now_ns();
-        ckpt->save(st, false);
-        pending_ckpt_ms = ckpt->last_stall_ms();
-        phase("checkpoint save", "checkpoint", t);
-      }
-      const int64_t p0 = now_ns();
-      ckpt->poll();
-      if (now_ns() - p0 > 100000) phase("checkpoint poll", "checkpoint", p0);  // a background write finished
-      pending_ckpt_wall = ms_between(c0, Clock::now());
+      checkpoint_after_step();
       metrics->set_scaler(st.scaler, scaler.active());
       metrics->step_line(st.step, s);
-      if (profiled) end_trace();
-      if (profiled && st.step == profile_window.to) {
+      if (tracer.end(st.step)) {
         metrics->flush_monitor();  // its gather, started inside the window, is in the trace
-        write_profile();
+        tracer.write(paths.run_dir, plan.accum, log.get());
       }
       if (s.skipped && !s.overflow) log->warn("step {}: non-finite loss or gradient norm; update skipped", st.step);
       if (r.train.eval_every > 0 && st.step % r.train.eval_every == 0 && st.step != total)
@@ -208,8 +93,7 @@ class Trainer {
     EvalResult last_eval = evaluate_untimed();
     if (stop_agreed()) return preempt();
     metrics->eval(st.step, last_eval);
-    double wall = ms_between(run_t0, Clock::now()) / 1e3;
-    metrics->summary(st.step, st.tokens, last_eval, wall, training_ops());
+    metrics->summary(st.step, st.tokens, last_eval, StepTimer::since(run_t0) / 1e3, training_ops());
     end_event("done", 0);
     return 0;
   }
@@ -220,10 +104,11 @@ class Trainer {
   TrainOptions opts;
   parallel::Grid& grid;
   ops::Backend& be = ops::cpu_backend();
-  // The trace sink of communicators, pipeline and loop while a profiled step runs; declared
-  // before everything that may hold a request reporting to it (pipeline sends, gradient
-  // buckets, the monitor's gather), so it outlives them.
-  StepSpans step_spans;
+  StepTimer timer;
+  // Declared before everything that may hold a request reporting to its sink (pipeline
+  // sends, gradient buckets, the monitor's gather), so it outlives them.
+  Tracer tracer{grid, timer};
+  FaultHook faults{grid.rank()};
   RunPaths paths;
   std::shared_ptr<const DataSource> train_src, val_src;
   std::unique_ptr<DataLoader> loader;
@@ -232,20 +117,83 @@ class Trainer {
   std::shared_ptr<spdlog::logger> log;
   std::unique_ptr<CheckpointPolicy> ckpt;
   std::unique_ptr<RunMetrics> metrics;
-  MemorySnapshot snapshot;
+  std::unique_ptr<Rollback> rollback;
   LossScaler scaler{r.precision};
   int64_t resumed_from = -1;
-  std::set<int64_t> skip_batches;  // steps whose batch is skipped after a rollback
-  Faults faults;
-  ProfileWindow profile_window;
-  std::vector<ops::OpProfile> profiled_ops;  // summed over the profiled steps' passes (evaluation excluded)
-  double profiled_ms = 0;
-  Roofline roofline;  // this rank's, measured at start-up when profiling
-
+  int64_t run_t0 = 0;  // when the steps began (StepTimer::now)
+  // Breakdown parts outside the step, reported with the next step record: the last save's
+  // stall, and the wall time of the checkpoint work after the step.
+  double ckpt_stall_ms = 0, ckpt_wall_ms = 0;
   // The executors time every pass, evaluation's forwards too; the end-of-run table of top
   // operators is the training passes' (the step breakdown's forward and backward), so the
   // evaluations' share is kept apart and taken out.
   std::vector<ops::OpProfile> eval_ops;
+  std::optional<RunLock> lock;  // rank 0: this run owns its directory until the Trainer ends
+
+  bool lead() const { return grid.rank() == 0; }
+  uint64_t seed() const { return static_cast<uint64_t>(r.train.seed); }
+  bool diagnose() const { return r.precision.diagnostics || opts.diagnose_precision; }
+
+  // Everything before the first step: inputs checked, the run directory taken, the state built
+  // or resumed, the run files written, the peaks measured, the banner printed.
+  void start() {
+    install_signal_handlers();
+    open_inputs();
+    paths = run_paths(r, opts.run_dir);
+    take_run_lock();
+    choose_threads(r);
+    build();
+    log = open_run_log(paths.run_dir, grid, !opts.quiet && lead());
+    ckpt = std::make_unique<CheckpointPolicy>(plan, grid, paths.checkpoint_dir, log);
+    metrics = std::make_unique<RunMetrics>(plan, grid, log);
+    rollback = std::make_unique<Rollback>(r.checkpoint, *loader, *metrics, log);
+    if (lock && !lock->took_over().empty())
+      log->warn("took over the lock of a previous owner that is gone ({}): {}", lock->took_over(), lock->path());
+    maybe_resume();
+    ckpt->remove_stale_files();
+    tracer.resumed_at(resumed_from);
+    if (lead()) write_run_files(plan, paths.run_dir);
+    metrics->open(paths.run_dir, resumed_from);
+    // Each start and stop of a job on this run directory (runner status reads them).
+    if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
+    measure_peaks();
+    print_startup(*log, plan, grid,
+                  {paths.run_dir, train_src->describe(), model->sync().bucket_count(), model->sync().zero1(),
+                   metrics->peak_flops(), precision_line(r.precision, scaler, st.scaler.scale, diagnose())});
+    if (resumed_from >= 0) log->info("resumed from step {} ({})", resumed_from, ckpt->dir());
+    for (const std::string& note : opts.resume_notes) log->info("{}", note);
+    run_t0 = StepTimer::now();
+  }
+
+  // MFU is against the peak of all ranks together; a profiled run also measures its roofline.
+  void measure_peaks() {
+    if (r.hardware.peak_tflops > 0) {
+      metrics->set_peak_flops(r.hardware.peak_tflops * 1e12 * grid.world_size());
+    } else {
+      double v = ops::measure_cpu_gemm_peak_flops();
+      grid.world().allreduce_sum(&v, 1);
+      metrics->set_peak_flops(v);
+    }
+    tracer.measure_roofline(metrics->peak_flops());
+  }
+
+  // After a step's record: a save when one is due, and the poll of a background write (its
+  // span only when one finished). Both go with the next step's record.
+  void checkpoint_after_step() {
+    const int64_t c0 = StepTimer::now();
+    if (st.step < r.train.steps && ckpt->due(st.step, StepTimer::ms(run_t0, c0) / 1e3)) {
+      const int64_t t = StepTimer::now();
+      ckpt->save(st, false);
+      ckpt_stall_ms = ckpt->last_stall_ms();
+      timer.phase("checkpoint save", "checkpoint", t);
+    }
+    const int64_t p0 = StepTimer::now();
+    ckpt->poll();
+    const int64_t p1 = StepTimer::now();
+    if (p1 - p0 > 100000) timer.span("checkpoint poll", "checkpoint", p0, p1);  // a background write finished
+    ckpt_wall_ms = StepTimer::ms(c0, p1);
+  }
+
   EvalResult evaluate_untimed() {
     std::vector<ops::OpProfile> before = model->profile();
     EvalResult e = evaluate(plan, grid, *model, val_src, st.rng.data_seed);
@@ -257,125 +205,14 @@ class Trainer {
     add_ops(t, model->profile(), eval_ops);
     return t;
   }
-  // into += a - b, per operator kind (b may lack kinds a has).
-  static void add_ops(std::vector<ops::OpProfile>& into, const std::vector<ops::OpProfile>& a,
-                      const std::vector<ops::OpProfile>& b) {
-    for (const ops::OpProfile& p : a) {
-      ops::OpProfile d = p;
-      for (const ops::OpProfile& q : b)
-        if (q.name == p.name) {
-          d.forward_ms -= q.forward_ms;
-          d.backward_ms -= q.backward_ms;
-          d.recompute_ms -= q.recompute_ms;
-          d.calls -= q.calls;
-        }
-      auto it = std::find_if(into.begin(), into.end(), [&](const ops::OpProfile& x) { return x.name == d.name; });
-      if (it == into.end()) it = into.insert(into.end(), ops::OpProfile{d.name, 0, 0, 0, 0});
-      it->forward_ms += d.forward_ms;
-      it->backward_ms += d.backward_ms;
-      it->recompute_ms += d.recompute_ms;
-      it->calls += d.calls;
-    }
-  }
-
-  // A profiled step: adds its passes' operator times (written by write_profile()).
-  void profile_step(const std::vector<ops::OpProfile>& before, double step_ms) {
-    add_ops(profiled_ops, model->profile(), before);
-    profiled_ms += step_ms;
-  }
-
-  // After the window's last step (and its checkpoint): profile.rankR.json (and rank 0's
-  // profile.json), the top operators logged, and the trace files.
-  void write_profile() {
-    const int64_t steps = profile_window.to - profile_window.from + 1;
-    auto figures = op_figures(model->graphs(), plan.accum * steps, profiled_ops);
-    nlohmann::json j = profile_json(figures, profile_window, profiled_ms, roofline, log.get());
-    j["rank"] = grid.rank();
-    j["grid"] = grid.name();
-    for (size_t i = 0; i < trace_steps.size(); ++i) trace_steps[i].spans = step_spans.take(static_cast<int64_t>(i));
-    j["communication"] = comm_calls_json(trace_steps);
-    std::ofstream(fs::path(paths.run_dir) / fmt::format("profile.rank{}.json", grid.rank())) << j.dump(2) << "\n";
-    if (lead()) std::ofstream(fs::path(paths.run_dir) / "profile.json") << j.dump(2) << "\n";
-    write_traces();
-  }
-
-  // trace.rankR.json per rank; rank 0 then merges them into trace.json (one pid per rank).
-  std::vector<TraceStep> trace_steps;  // the profiled steps' attempts, with their operator events and spans
-  ops::TraceSink* tracing = nullptr;   // &step_spans inside a profiled step, else null
-  std::vector<parallel::CommCounts> comm_before;  // per grid communicator, at the profiled step's start
-  static int64_t now_ns() { return ops::trace_now_ns(); }
-
-  // A profiled step's attempt starts: operators, communicators, pipeline and the loop's own
-  // phases report to it until end_trace() (after its checkpoint work).
-  void begin_trace(int64_t step) {
-    trace_steps.push_back({step, now_ns(), 0, {}, {}, {}});
-    model->set_trace(&trace_steps.back().ops);
-    step_spans.set_current(static_cast<int64_t>(trace_steps.size()) - 1);
-    tracing = &step_spans;
-    comm_before.clear();
-    for (parallel::Communicator* c : grid.comms()) comm_before.push_back(c->counts());
-    grid.set_trace(tracing);
-    model->pipe().set_trace(tracing);
-  }
-  void end_trace() {
-    grid.set_trace(nullptr);
-    model->pipe().set_trace(nullptr);
-    model->set_trace(nullptr);
-    tracing = nullptr;
-    step_spans.set_current(-1);
-    std::vector<parallel::Communicator*> comms = grid.comms();
-    for (size_t i = 0; i < comms.size(); ++i)
-      for (int k = 0; k < parallel::kCommOps; ++k) {
-        const int64_t n = comms[i]->counts()[static_cast<size_t>(k)] - comm_before[i][static_cast<size_t>(k)];
-        if (n > 0)
-          trace_steps.back().calls[fmt::format("{} {}", comms[i]->name(), parallel::comm_op_name(static_cast<parallel::CommOp>(k)))] += n;
-      }
-  }
-  // A phase of the loop (data wait, optimizer, checkpoint, ...) from t0 to now, when tracing.
-  void phase(const char* name, const char* cat, int64_t t0) {
-    if (!tracing) return;
-    ops::TraceSpan s;
-    s.name = name;
-    s.cat = cat;
-    s.t0_ns = t0;
-    s.t1_ns = now_ns();
-    tracing->span(s);
-  }
-  void write_traces() {
-    const fs::path dir = paths.run_dir;
-    // One time base for every rank (the steady clock is the host's): rank 0's first profiled
-    // step starts at 0 (ns since boot fit a double exactly).
-    double origin = lead() && !trace_steps.empty() ? static_cast<double>(trace_steps.front().t0_ns) : 0;
-    grid.world().allreduce_sum(&origin, 1);
-    std::ofstream(dir / fmt::format("trace.rank{}.json", grid.rank()))
-        << trace_json(trace_steps, grid.rank(), grid.name(), static_cast<int64_t>(origin)).dump() << "\n";
-    trace_steps.clear();
-    double done = 1;
-    grid.world().allreduce_sum(&done, 1);  // every rank's file is written
-    if (!lead()) return;
-    nlohmann::json merged = {{"traceEvents", nlohmann::json::array()}, {"displayTimeUnit", "ms"}};
-    for (int rk = 0; rk < grid.world_size(); ++rk) {
-      std::ifstream in(dir / fmt::format("trace.rank{}.json", rk));
-      nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-      if (j.is_discarded()) continue;
-      for (auto& e : j["traceEvents"]) merged["traceEvents"].push_back(std::move(e));
-    }
-    std::ofstream(dir / "trace.json") << merged.dump() << "\n";
-  }
-
-  std::optional<RunLock> lock;  // rank 0: this run owns its directory until the Trainer ends
-
-  bool multi() const { return grid.world_size() > 1; }
-  bool lead() const { return grid.rank() == 0; }
-  uint64_t seed() const { return static_cast<uint64_t>(r.train.seed); }
 
   // Everything that can fail on user input happens here, before any file is written.
   void open_inputs() {
     check_supported(plan, grid.world_size());
     agree(grid.world(), [&] {
-      profile_window = opts.profile.empty()
-                           ? parse_profile(r.profile.steps, r.train.steps, r.loc("profile.steps"), "profile.steps")
-                           : parse_profile(opts.profile, r.train.steps, {"--profile", 0, 0}, "--profile");
+      tracer.set_window(opts.profile.empty()
+                            ? parse_profile(r.profile.steps, r.train.steps, r.loc("profile.steps"), "profile.steps")
+                            : parse_profile(opts.profile, r.train.steps, {"--profile", 0, 0}, "--profile"));
       train_src = open_source(r.data, Split::Train, r.model.seq_len, r.model.vocab_size, seed());
       val_src = open_source(r.data, Split::Val, r.model.seq_len, r.model.vocab_size, seed());
     });
@@ -410,38 +247,6 @@ class Trainer {
     loader->restore(st.loader);
   }
 
-  void setup_logging() {
-    fs::create_directories(paths.run_dir);
-    auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
-        (fs::path(paths.run_dir) / fmt::format("log.rank{}.txt", grid.rank())).string());
-    std::vector<spdlog::sink_ptr> sinks{file_sink};
-    if (!opts.quiet && lead()) sinks.push_back(std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
-    log = std::make_shared<spdlog::logger>("runner", sinks.begin(), sinks.end());
-    // Ranks are named by their grid coordinates.
-    log->set_pattern(multi() ? fmt::format("%H:%M:%S [{}] %v", grid.name()) : std::string("%H:%M:%S %v"));
-    log->flush_on(spdlog::level::info);
-  }
-
-  // The recipe as resolved: every default and every derived number filled in.
-  std::string resolved_recipe_yaml() const {
-    Recipe rr = r;
-    rr.batch = {plan.global, plan.micro, plan.accum};
-    rr.parallel.dp = plan.dp;
-    return recipe_to_yaml(rr);
-  }
-
-  void write_run_files() {
-    if (lead()) {
-      std::ofstream(fs::path(paths.run_dir) / "recipe.yaml") << resolved_recipe_yaml();
-      std::ofstream(fs::path(paths.run_dir) / "plan.json") << plan.to_json().dump(2) << "\n";
-      // Which GEMM each 16-bit dtype took and the measurements behind it; a continuation of
-      // this run directory takes the same paths (Launch::agree_gemm_paths).
-      if (r.precision.compute != FloatFormat::fp32)
-        std::ofstream(fs::path(paths.run_dir) / "gemm_paths.json") << ops::gemm_paths().to_json() << "\n";
-    }
-    metrics->open(paths.run_dir, resumed_from);
-  }
-
   void build() {
     const parallel::Coords c = grid.coords();
     st.rng.init_seed = seed();
@@ -472,48 +277,7 @@ class Trainer {
     lc.prefetch = r.data.prefetch;
     loader = std::make_unique<DataLoader>(train_src, lc, st.rng.data_seed);
     st.loader = loader->state();
-    st.recipe_yaml = resolved_recipe_yaml();
-  }
-
-  void print_startup() {
-    log->info("runner {} | run dir {}", RUNNER_VERSION, paths.run_dir);
-    if (multi())
-      log->info("  grid       {} ranks = dp {} x tp {} x pp {} (tp fastest, then dp, then pp) | this rank {} | "
-                "{} gradient bucket(s){}",
-                grid.world_size(), plan.dp, plan.tp, plan.pp, grid.name(), model->sync().bucket_count(),
-                model->sync().zero1() ? " | ZeRO-1" : "");
-    std::istringstream table(plan.table());
-    for (std::string line; std::getline(table, line);) log->info("{}", line);
-    log->info("  data       {}", train_src->describe());
-    log->info("  threads    {}{} (OpenMP; OpenBLAS shares the pool) | fp32 GEMM peak {:.1f} GFLOP/s{} (measured, for MFU)",
-              ops::num_threads(), multi() ? " per rank" : "", metrics->peak_flops() / 1e9,
-              multi() ? fmt::format(" over {} ranks", grid.world_size()) : std::string());
-    log->info("  precision  {}", precision_line());
-    if (r.precision.compute != FloatFormat::fp32)
-      log->info("  GEMM       {} (recorded in gemm_paths.json)", ops::gemm_paths().summary());
-    log->info("  optimizer  adamw lr {:g} betas ({:g}, {:g}) wd {:g} clip {:g} | schedule {} warmup {}", r.optimizer.lr,
-              r.optimizer.beta1, r.optimizer.beta2, r.optimizer.weight_decay, r.optimizer.grad_clip,
-              to_string(r.optimizer.schedule.kind), r.optimizer.schedule.warmup_steps);
-  }
-
-  std::string precision_line() const {
-    const PrecisionConfig& p = r.precision;
-    if (p.compute == FloatFormat::fp32) return "fp32 (weights, activations, gradients, optimizer)";
-    std::string line = fmt::format("{} weights and activations | {} | gradients accumulated in {} | Adam moments fp32",
-                                   to_string(p.compute), keeps_masters(p) ? "fp32 master weights" : "no master copy (same)",
-                                   to_string(p.grad_accum));
-    if (scaler.active()) {
-      const LossScaleConfig& c = scaler.config();
-      line += p.loss_scale.mode == LossScaleMode::dynamic
-                  ? fmt::format(" | loss scale dynamic from {:g} (x{:g} every {} clean steps, x{:g} on overflow, min {:g}, "
-                                "stop after {} overflows in a row)", st.scaler.scale, c.growth_factor, c.growth_interval,
-                                c.backoff_factor, c.min_scale, c.max_consecutive_skips)
-                  : fmt::format(" | loss scale static {:g}", st.scaler.scale);
-    } else if (p.compute == FloatFormat::fp16) {
-      line += " | no loss scaling (mode none)";
-    }
-    if (diagnose()) line += " | gradient range diagnostics on";
-    return line;
+    st.recipe_yaml = resolved_recipe_yaml(plan);
   }
 
   // Index of a micro-batch's first sample in the global batch: dp rank r holds the contiguous
@@ -523,40 +287,57 @@ class Trainer {
   std::vector<Batch> next_batches() {
     std::vector<Batch> mbs;
     for (int64_t k = 0; k < plan.accum; ++k) mbs.push_back(loader->next());
-    while (skip_batches.count(st.step)) {  // the batch that made the loss spike: skip it
-      skip_batches.erase(st.step);
-      log->warn("step {}: skipping the batch that caused the rollback", st.step + 1);
+    while (rollback->skip_batch(st.step)) {  // the batch that made the loss spike: skip it
       mbs.clear();
       for (int64_t k = 0; k < plan.accum; ++k) mbs.push_back(loader->next());
     }
-    if (st.step + 1 == faults.noise_step) {
-      uint64_t x = 0x9E3779B97F4A7C15ull;
-      for (Batch& b : mbs)
-        for (size_t i = 0; i < b.tokens.size(); ++i) {
-          x = x * 6364136223846793005ull + 1442695040888963407ull;
-          b.tokens[i] = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(r.model.vocab_size));
-          b.targets[i] = static_cast<int32_t>((x >> 13) % static_cast<uint64_t>(r.model.vocab_size));
-        }
-    }
+    faults.batches_ready(st.step + 1, mbs, r.model.vocab_size);
     return mbs;
   }
 
+  // One step: the batches, this rank's passes, the gradient norm, the update, the state
+  // advanced. Every phase is timed once (StepTimer) for the breakdown and the trace.
   StepResult train_step() {
     StepResult res;
-    auto t0 = Clock::now();
-    const int64_t d0 = now_ns();
+    double comm = 0;  // every collective this step waited in, outside the backward's overlap
+    const int64_t t0 = StepTimer::now();
     std::vector<Batch> mbs = next_batches();
     loader->take_wait_ms();
-    res.data_ms = ms_between(t0, Clock::now());  // the loader's wait and the batches' hand-over
-    phase("data wait", "data", d0);
-    debug_stall();
+    res.data_ms = timer.phase("data wait", "data", t0);  // the loader's wait and the batches' hand-over
+    faults.after_data(st.step + 1);
     // The loss is the mean over every target token of the global batch.
     int64_t count = 0;
     for (auto& b : mbs)
       for (int32_t t : b.targets) count += t >= 0;
-    auto c0 = Clock::now();
+    const int64_t c0 = StepTimer::now();
     grid.dp().allreduce_sum(&count, 1);
-    double comm = ms_between(c0, Clock::now());
+    comm += StepTimer::since(c0);
+    double loss_sum = passes(mbs, count, res, comm);
+    faults.after_grads(st.step + 1, loss_sum, st.params);
+    double loss_part = (grid.last_stage() && grid.coords().tp == 0) ? loss_sum : 0.0;
+    const int64_t n0 = StepTimer::now();
+    res.norm = std::sqrt(model->global_sum_squares(loss_part)) / res.scale;  // unscaled
+    double opt = timer.phase("gradient norm", "optimizer", n0) - model->last_norm_comm_ms();
+    comm += model->last_norm_comm_ms();
+    res.loss = count > 0 ? loss_part / static_cast<double>(count) : 0.0;
+    res.lr = lr_at(r.optimizer, st.step, r.train.steps);
+    update(res, opt, comm);
+    const int64_t z0 = StepTimer::now();
+    zero_grads(st.params);
+    opt += timer.phase("zero gradients", "optimizer", z0);
+    metrics->measure_memory();
+    st.step++;
+    st.tokens += plan.tokens_per_step;
+    st.loader = loader->state();
+    res.comm_exposed_ms = comm;
+    res.opt_ms = opt;
+    res.total_ms = StepTimer::since(t0);
+    return res;
+  }
+
+  // The forward and backward passes over the step's micro-batches and the wait for the
+  // gradients' synchronisation; returns this rank's summed loss.
+  double passes(const std::vector<Batch>& mbs, int64_t count, StepResult& res, double& comm) {
     // fp16: the backward is seeded with scale / count, so every gradient is `scale` times larger.
     res.scale = st.scaler.scale;
     float dloss = count > 0 ? static_cast<float>(res.scale / static_cast<double>(count)) : 0.0f;
@@ -565,101 +346,54 @@ class Trainer {
     std::vector<parallel::MicroBatch> micro;
     for (int64_t k = 0; k < plan.accum; ++k)
       micro.push_back({mbs[static_cast<size_t>(k)].tokens.data(), mbs[static_cast<size_t>(k)].targets.data(), sample_offset(k)});
-    if (grid.rank() == faults.fail_rank && st.step + 1 == faults.fail_step)
-      throw std::runtime_error(fmt::format("injected fault at step {} (RUNNER_FAULT_FAIL_RANK)", st.step + 1));
+    faults.before_passes(st.step + 1);
     parallel::PipelineStats ps = model->train(micro, dloss, key);
     res.fwd_ms = ps.forward_ms;
     res.bwd_ms = ps.backward_ms;
     res.pipe_wait_ms = ps.wait_ms;
     comm += ps.comm_ms;
-    double loss_sum = ps.loss_sum;
-    auto o0 = Clock::now();
-    const int64_t f0 = now_ns();
+    const int64_t f0 = StepTimer::now();
     model->finish_grads();
-    comm += ms_between(o0, Clock::now());
-    phase("gradient sync wait", "sync", f0);
+    comm += timer.phase("gradient sync wait", "sync", f0);
     res.comm_hidden_ms = model->sync().stats().hidden_ms;
-    if (st.step + 1 == faults.nan_step) {
-      faults.nan_step = -1;
-      loss_sum = std::nan("");
-      set_element(st.params.grads[0], 0, std::nanf(""));
-    }
-    if (faults.inf_step > 0 && st.step + 1 >= faults.inf_step && st.step + 1 < faults.inf_step + faults.inf_count)
-      set_element(st.params.grads.back(), 0, INFINITY);
-    double loss_part = (grid.last_stage() && grid.coords().tp == 0) ? loss_sum : 0.0;
-    auto n0 = Clock::now();
-    const int64_t g0 = now_ns();
-    res.norm = std::sqrt(model->global_sum_squares(loss_part)) / res.scale;  // unscaled
-    phase("gradient norm", "optimizer", g0);
-    comm += model->last_norm_comm_ms();
-    double opt = ms_between(n0, Clock::now()) - model->last_norm_comm_ms();
-    res.loss = count > 0 ? loss_part / static_cast<double>(count) : 0.0;
-    res.lr = lr_at(r.optimizer, st.step, r.train.steps);
-    const bool finite = std::isfinite(res.loss) && std::isfinite(res.norm);
-    if (scaler.active() && std::isfinite(res.loss) && !std::isfinite(res.norm)) {
-      // fp16 overflow: skip the step, back the scale off, name the first tensor that overflowed.
-      auto g0 = Clock::now();
-      GradReport rep = grad_report(be, *model, st.params, *plan.layout, grid, res.scale);
-      res.loss_scale_ms += ms_between(g0, Clock::now());
-      res.overflow = res.skipped = true;
-      if (rep.first_nonfinite >= 0) res.overflow_tensor = describe_tensor(rep.tensors[static_cast<size_t>(rep.first_nonfinite)]);
-      scaler.update(st.scaler, false);
-      log->warn("step {}: fp16 gradients overflowed at loss scale {:g} (first non-finite in backward order: {}); step "
-                "skipped, scale now {:g} ({} in a row)",
-                st.step + 1, res.scale, res.overflow_tensor.empty() ? "?" : res.overflow_tensor, st.scaler.scale,
-                st.scaler.consecutive_skips);
-    } else if (!finite) {
+    return ps.loss_sum;
+  }
+
+  // Clips and applies the gradients when they are finite. An fp16 overflow is the loss
+  // scaler's (overflowed()); any other non-finite step is skipped.
+  void update(StepResult& res, double& opt, double& comm) {
+    if (scaler.active() && std::isfinite(res.loss) && !std::isfinite(res.norm)) return overflowed(res);
+    if (!std::isfinite(res.loss) || !std::isfinite(res.norm)) {
       res.skipped = true;
       st.scaler.skipped_steps++;
-    } else {
-      if (diagnose() && metrics->logged(st.step + 1)) {
-        auto g0 = Clock::now();
-        res.diagnostics = grad_report(be, *model, st.params, *plan.layout, grid, res.scale);
-        res.loss_scale_ms += ms_between(g0, Clock::now());
-      }
-      scaler.update(st.scaler, true);
-      auto a0 = Clock::now();
-      const int64_t w0 = now_ns();
-      adamw_step(be, r.optimizer, st, res.lr, clip_factor(res.norm, r.optimizer.grad_clip) / res.scale);
-      phase("optimizer step", "optimizer", w0);
-      auto a1 = Clock::now();
-      const int64_t q0 = now_ns();
-      model->gather_params();
-      if (model->sync().zero1()) phase("gather parameters", "sync", q0);
-      opt += ms_between(a0, a1);
-      comm += ms_between(a1, Clock::now());
+      return;
     }
-    auto z0 = Clock::now();
-    const int64_t zn = now_ns();
-    zero_grads(st.params);
-    opt += ms_between(z0, Clock::now());
-    phase("zero gradients", "optimizer", zn);
-    metrics->measure_memory();
-    st.step++;
-    st.tokens += plan.tokens_per_step;
-    st.loader = loader->state();
-    auto t1 = Clock::now();
-    res.comm_exposed_ms = comm;  // every collective this step waited in, outside the backward's overlap
-    res.opt_ms = opt;
-    res.total_ms = ms_between(t0, t1);
-    return res;
+    if (diagnose() && metrics->logged(st.step + 1)) {
+      const int64_t g0 = StepTimer::now();
+      res.diagnostics = grad_report(be, *model, st.params, *plan.layout, grid, res.scale);
+      res.loss_scale_ms += StepTimer::since(g0);
+    }
+    scaler.update(st.scaler, true);
+    const int64_t a0 = StepTimer::now();
+    adamw_step(be, r.optimizer, st, res.lr, clip_factor(res.norm, r.optimizer.grad_clip) / res.scale);
+    opt += timer.phase("optimizer step", "optimizer", a0);
+    const int64_t a1 = StepTimer::now();
+    model->gather_params();
+    comm += model->sync().zero1() ? timer.phase("gather parameters", "sync", a1) : StepTimer::since(a1);
   }
 
-  // RUNNER_DEBUG_STALL_RANK=R, RUNNER_DEBUG_STALL_EVERY=N, RUNNER_DEBUG_STALL_MS=T: world
-  // rank R sleeps T ms at the start of every N-th step, as a rank sharing its cores with
-  // another job would stall (a straggler, for the monitoring's tests).
-  void debug_stall() {
-    static const int64_t rank = Faults::env("RUNNER_DEBUG_STALL_RANK"), every = Faults::env("RUNNER_DEBUG_STALL_EVERY"),
-                         ms = Faults::env("RUNNER_DEBUG_STALL_MS");
-    if (rank != grid.rank() || ms <= 0 || every <= 0 || (st.step + 1) % every != 0) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-  }
-
-  bool diagnose() const { return r.precision.diagnostics || opts.diagnose_precision; }
-
-  static void set_element(ops::Tensor& t, int64_t i, float v) {
-    if (t.dtype() == ops::DType::F32) t.data<float>()[i] = v;
-    else ops::from_f32(static_cast<char*>(t.raw()) + i * static_cast<int64_t>(ops::dtype_size(t.dtype())), t.dtype(), &v, 1);
+  // fp16 overflow: the step is skipped, the scale backed off, the first tensor that overflowed named.
+  void overflowed(StepResult& res) {
+    const int64_t g0 = StepTimer::now();
+    GradReport rep = grad_report(be, *model, st.params, *plan.layout, grid, res.scale);
+    res.loss_scale_ms += StepTimer::since(g0);
+    res.overflow = res.skipped = true;
+    if (rep.first_nonfinite >= 0) res.overflow_tensor = describe_tensor(rep.tensors[static_cast<size_t>(rep.first_nonfinite)]);
+    scaler.update(st.scaler, false);
+    log->warn("step {}: fp16 gradients overflowed at loss scale {:g} (first non-finite in backward order: {}); step "
+              "skipped, scale now {:g} ({} in a row)",
+              st.step + 1, res.scale, res.overflow_tensor.empty() ? "?" : res.overflow_tensor, st.scaler.scale,
+              st.scaler.consecutive_skips);
   }
 
   // More fp16 overflows in a row than the recipe allows: stop with kExitNumerics and say why.
@@ -691,11 +425,7 @@ class Trainer {
   }
 
   void end_event(const char* cause, int code) {
-    if (!lead()) return;
-    nlohmann::json j{{"event", "end"}, {"cause", cause}, {"step", st.step}, {"exit_code", code}};
-    if (code == kExitPreempted)
-      j["signal"] = stop_signal() == SIGUSR1 ? "SIGUSR1" : stop_signal() == SIGTERM ? "SIGTERM" : "a stop request";
-    append_run_event(paths.run_dir, j);
+    if (lead()) append_end_event(paths.run_dir, cause, st.step, code);
   }
 
   // A stop signal reaches the ranks at different moments: they agree at step boundaries.
@@ -703,26 +433,6 @@ class Trainer {
     int64_t stop = stop_requested() ? 1 : 0;
     grid.world().allreduce_max(&stop, 1);
     return stop != 0;
-  }
-
-  // The in-memory tier: a non-finite loss, or a loss above spike_threshold x its running mean,
-  // rolls back to the last snapshot and skips the offending batch, without touching disk.
-  bool rollback_needed(const StepResult& s) {
-    // An fp16 overflow is the loss scaler's to handle (skipped, scale backed off), not a rollback.
-    bool bad = !std::isfinite(s.loss) || (!std::isfinite(s.norm) && !s.overflow);
-    bool spike = r.checkpoint.spike_threshold > 0 && st.loss_ema > 0 && st.step > 10 &&
-                 s.loss > r.checkpoint.spike_threshold * st.loss_ema;
-    if (!bad && std::isfinite(s.loss)) st.loss_ema = st.loss_ema > 0 ? 0.9 * st.loss_ema + 0.1 * s.loss : s.loss;
-    if (!(bad || spike) || !snapshot.valid() || r.checkpoint.snapshot_every <= 0) return false;
-    int64_t offending = st.step - 1;
-    log->warn("step {}: loss {:.4f} ({}); rolling back to the in-memory snapshot of step {} and skipping that batch",
-              st.step, s.loss, bad ? "not finite" : fmt::format("{:.1f}x its running mean", s.loss / st.loss_ema),
-              snapshot.step());
-    snapshot.restore(st);
-    loader->restore(st.loader);
-    skip_batches.insert(offending);
-    metrics->rollback(offending + 1, st.step, s.loss);
-    return true;
   }
 };
 

@@ -1,0 +1,129 @@
+// The start-up banner, the run files and the end event (startup.h).
+#include "runner/train/startup.h"
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "ops/backend.h"
+#include "ops/gemm_path.h"
+#include "runner/run/slurm.h"
+#include "runner/signals.h"
+#include "runner/train/optimizer.h"
+
+namespace fs = std::filesystem;
+
+namespace runner {
+
+namespace {
+
+// Ranks on one machine share its cores: without train.threads or OMP_NUM_THREADS, each of L
+// local ranks gets cores/L threads (OpenMP's default would give every rank all the cores, and
+// ranks that wait in a collective on a descheduled thread slow down many-fold). When the
+// launcher bound the rank to fewer cores, OpenMP's default already follows that binding.
+void share_cores_between_local_ranks() {
+  int local = 1;
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
+    if (const char* e = std::getenv(v)) {
+      local = std::max(1, std::atoi(e));  // Slurm's "4(x2)" form: the leading count is this node's
+      break;
+    }
+  if (local <= 1) return;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int share = std::max(1, cores / local);
+  if (share < ops::num_threads()) ops::set_num_threads(share);
+}
+
+}  // namespace
+
+void choose_threads(const Recipe& r) {
+  if (r.train.threads > 0) ops::set_num_threads(static_cast<int>(r.train.threads));
+  else if (!std::getenv("OMP_NUM_THREADS")) share_cores_between_local_ranks();
+}
+
+std::shared_ptr<spdlog::logger> open_run_log(const std::string& run_dir, const parallel::Grid& grid, bool to_stdout) {
+  fs::create_directories(run_dir);
+  auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
+      (fs::path(run_dir) / fmt::format("log.rank{}.txt", grid.rank())).string());
+  std::vector<spdlog::sink_ptr> sinks{file_sink};
+  if (to_stdout) sinks.push_back(std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
+  auto log = std::make_shared<spdlog::logger>("runner", sinks.begin(), sinks.end());
+  // Ranks are named by their grid coordinates.
+  log->set_pattern(grid.world_size() > 1 ? fmt::format("%H:%M:%S [{}] %v", grid.name()) : std::string("%H:%M:%S %v"));
+  log->flush_on(spdlog::level::info);
+  return log;
+}
+
+void print_startup(spdlog::logger& log, const Plan& plan, const parallel::Grid& grid, const StartupFacts& f) {
+  const Recipe& r = plan.recipe;
+  const bool multi = grid.world_size() > 1;
+  log.info("runner {} | run dir {}", RUNNER_VERSION, f.run_dir);
+  if (multi)
+    log.info("  grid       {} ranks = dp {} x tp {} x pp {} (tp fastest, then dp, then pp) | this rank {} | "
+             "{} gradient bucket(s){}",
+             grid.world_size(), plan.dp, plan.tp, plan.pp, grid.name(), f.buckets, f.zero1 ? " | ZeRO-1" : "");
+  std::istringstream table(plan.table());
+  for (std::string line; std::getline(table, line);) log.info("{}", line);
+  log.info("  data       {}", f.data);
+  log.info("  threads    {}{} (OpenMP; OpenBLAS shares the pool) | fp32 GEMM peak {:.1f} GFLOP/s{} (measured, for MFU)",
+           ops::num_threads(), multi ? " per rank" : "", f.peak_flops / 1e9,
+           multi ? fmt::format(" over {} ranks", grid.world_size()) : std::string());
+  log.info("  precision  {}", f.precision);
+  if (r.precision.compute != FloatFormat::fp32)
+    log.info("  GEMM       {} (recorded in gemm_paths.json)", ops::gemm_paths().summary());
+  log.info("  optimizer  adamw lr {:g} betas ({:g}, {:g}) wd {:g} clip {:g} | schedule {} warmup {}", r.optimizer.lr,
+           r.optimizer.beta1, r.optimizer.beta2, r.optimizer.weight_decay, r.optimizer.grad_clip,
+           to_string(r.optimizer.schedule.kind), r.optimizer.schedule.warmup_steps);
+}
+
+std::string precision_line(const PrecisionConfig& p, const LossScaler& scaler, double scale, bool diagnose) {
+  if (p.compute == FloatFormat::fp32) return "fp32 (weights, activations, gradients, optimizer)";
+  std::string line = fmt::format("{} weights and activations | {} | gradients accumulated in {} | Adam moments fp32",
+                                 to_string(p.compute), keeps_masters(p) ? "fp32 master weights" : "no master copy (same)",
+                                 to_string(p.grad_accum));
+  if (scaler.active()) {
+    const LossScaleConfig& c = scaler.config();
+    line += p.loss_scale.mode == LossScaleMode::dynamic
+                ? fmt::format(" | loss scale dynamic from {:g} (x{:g} every {} clean steps, x{:g} on overflow, min {:g}, "
+                              "stop after {} overflows in a row)", scale, c.growth_factor, c.growth_interval,
+                              c.backoff_factor, c.min_scale, c.max_consecutive_skips)
+                : fmt::format(" | loss scale static {:g}", scale);
+  } else if (p.compute == FloatFormat::fp16) {
+    line += " | no loss scaling (mode none)";
+  }
+  if (diagnose) line += " | gradient range diagnostics on";
+  return line;
+}
+
+std::string resolved_recipe_yaml(const Plan& plan) {
+  Recipe rr = plan.recipe;
+  rr.batch = {plan.global, plan.micro, plan.accum};
+  rr.parallel.dp = plan.dp;
+  return recipe_to_yaml(rr);
+}
+
+void write_run_files(const Plan& plan, const std::string& run_dir) {
+  std::ofstream(fs::path(run_dir) / "recipe.yaml") << resolved_recipe_yaml(plan);
+  std::ofstream(fs::path(run_dir) / "plan.json") << plan.to_json().dump(2) << "\n";
+  if (plan.recipe.precision.compute != FloatFormat::fp32)
+    std::ofstream(fs::path(run_dir) / "gemm_paths.json") << ops::gemm_paths().to_json() << "\n";
+}
+
+void append_end_event(const std::string& run_dir, const char* cause, int64_t step, int code) {
+  nlohmann::json j{{"event", "end"}, {"cause", cause}, {"step", step}, {"exit_code", code}};
+  if (code == kExitPreempted)
+    j["signal"] = stop_signal() == SIGUSR1 ? "SIGUSR1" : stop_signal() == SIGTERM ? "SIGTERM" : "a stop request";
+  append_run_event(run_dir, j);
+}
+
+}  // namespace runner
