@@ -180,12 +180,98 @@ std::vector<double> stage_totals(const Recipe& r, const Plan& p, const GptSpec& 
   return t;
 }
 
+// The rule of thumb beside the choice, on one probe layer: each step kind's share of what the
+// layer holds for backward with nothing recomputed (by the module of the node that wrote each
+// held tensor), and what recomputing it alone would save and cost.
+void rule_of_thumb(LayerPrices& lp, RecomputeAuto& a) {
+  const ops::Graph& g = lp.graph_without();
+  std::map<ops::Module, double> held;
+  for (const ops::TensorDesc& t : g.tensors) {
+    if (t.kind != ops::TensorKind::Activation || !t.saved || t.layer != lp.layer() || t.producer < 0) continue;
+    held[g.nodes[static_cast<size_t>(t.producer)].module] += static_cast<double>(t.nbytes());
+    a.layer_activation_bytes += static_cast<double>(t.nbytes());
+  }
+  for (const StepKind& st : kSteps) {
+    RecomputeModuleCost c;
+    c.module = st.name;
+    c.bytes_saved = lp.saved(st.adds);
+    c.flops = lp.flops(st.adds);
+    // "layer" is the whole layer: everything it holds (beyond the modules: the residual adds').
+    const bool whole = st.module == ops::Module::none;
+    c.activation_bytes = whole ? a.layer_activation_bytes : held[st.module];
+    c.share = a.layer_activation_bytes > 0 ? c.activation_bytes / a.layer_activation_bytes : 0;
+    c.rule_of_thumb = !whole && c.share > 0.15;
+    a.modules.push_back(c);
+  }
+}
+
+// Stage `s` (its total `before` without recompute, its candidate layers `cands`): the shortest
+// prefix of its greedy order that fits, set into `whole` and appended to `chosen`.
+RecomputeStageChoice choose_stage(const Recipe& r, Plan& p, GptSpec& whole, int s, double before,
+                                  const std::vector<Candidate>& cands, std::map<int, LayerPrices>& prices,
+                                  std::vector<RecomputeStep>& chosen) {
+  RecomputeStageChoice sc;
+  sc.stage = s;
+  sc.before = before;
+  const std::vector<RecomputeStep> order = greedy_order(s, cands, prices);
+  sc.candidates = static_cast<int64_t>(order.size());
+  if (sc.before <= p.device_memory || order.empty()) {
+    sc.after = sc.before;
+    return sc;
+  }
+  // Each step's held bytes count once per micro-batch its chunk holds at once.
+  const auto sched = p.schedule(s);
+  std::vector<double> weight;
+  for (const RecomputeStep& st : order) {
+    int chunk = 0;
+    for (const Candidate& c : cands)
+      if (c.layer == st.layer) chunk = c.chunk;
+    weight.push_back(static_cast<double>(parallel::max_in_flight(sched, chunk)) * st.bytes_saved);
+  }
+  auto apply = [&](size_t k) {  // the stage's layers set to the first k steps
+    GptSpec w = whole;
+    std::vector<ops::ModuleSet> sets(static_cast<size_t>(r.model.n_layers));
+    for (size_t i = 0; i < k; ++i) sets[static_cast<size_t>(order[i].layer)] |= step_adds(order[i].module);
+    for (const Candidate& c : cands) w.recompute[static_cast<size_t>(c.layer)] = sets[static_cast<size_t>(c.layer)];
+    return w;
+  };
+  // The dry-run estimate picks where to look (total before less the held bytes freed);
+  // the ledger decides, with the estimate corrected by what it missed (transient, workspace).
+  auto first_fitting = [&](size_t from, double error) {
+    double t = sc.before + error;
+    size_t k = 0;
+    for (; k < order.size() && (k < from || t > p.device_memory); ++k) t -= weight[k];
+    return k;
+  };
+  size_t k = first_fitting(0, 0);
+  std::map<size_t, double> seen;
+  auto total_at = [&](size_t n) {
+    if (!seen.count(n)) seen[n] = stage_totals(r, p, apply(n))[static_cast<size_t>(s)];
+    return seen[n];
+  };
+  while (total_at(k) > p.device_memory && k < order.size()) {
+    double est = sc.before;
+    for (size_t i = 0; i < k; ++i) est -= weight[i];
+    k = std::max(k + 1, first_fitting(k + 1, total_at(k) - est));
+  }
+  while (k > 0 && total_at(k - 1) <= p.device_memory) --k;  // the estimate may overshoot
+  whole = apply(k);
+  sc.after = total_at(k);
+  if (sc.after > p.device_memory)
+    p.warnings.push_back(fmt::format(
+        "recompute auto: {} needs {} per rank even with every layer recomputed whole, more than the device's {}; "
+        "recompute cannot make it fit (see the suggestions)",
+        p.pp > 1 ? fmt::format("stage {}", s) : std::string("the model"), format_bytes(sc.after),
+        format_bytes(p.device_memory)));
+  chosen.insert(chosen.end(), order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+  return sc;
+}
+
 }  // namespace
 
 void choose_recompute(const Recipe& r, Plan& p, GptSpec& whole) {
   RecomputeAuto a;
-  const int64_t L = r.model.n_layers;
-  whole.recompute.assign(static_cast<size_t>(L), {});
+  whole.recompute.assign(static_cast<size_t>(r.model.n_layers), {});
 
   // The candidate layers of each pipeline stage (all of its layers: recipe validation refuses
   // recompute.layers beside auto), and one probe layer per virtual stage.
@@ -200,95 +286,14 @@ void choose_recompute(const Recipe& r, Plan& p, GptSpec& whole) {
       if (!prices.count(v)) prices.emplace(v, LayerPrices(s, l));
     }
   }
-
-  // The rule of thumb beside the choice, on the first candidate layer: each module's share of
-  // what the layer holds for backward with nothing recomputed (by the module of the node that
-  // wrote each held tensor), and what recomputing it alone would save and cost.
-  if (!prices.empty()) {
-    LayerPrices& lp = prices.begin()->second;
-    const ops::Graph& g = lp.graph_without();
-    std::map<ops::Module, double> held;
-    for (const ops::TensorDesc& t : g.tensors) {
-      if (t.kind != ops::TensorKind::Activation || !t.saved || t.layer != lp.layer() || t.producer < 0) continue;
-      held[g.nodes[static_cast<size_t>(t.producer)].module] += static_cast<double>(t.nbytes());
-      a.layer_activation_bytes += static_cast<double>(t.nbytes());
-    }
-    for (const StepKind& st : kSteps) {
-      RecomputeModuleCost c;
-      c.module = st.name;
-      c.bytes_saved = lp.saved(st.adds);
-      c.flops = lp.flops(st.adds);
-      // "layer" is the whole layer: everything it holds (beyond the modules: the residual adds').
-      const bool whole = st.module == ops::Module::none;
-      c.activation_bytes = whole ? a.layer_activation_bytes : held[st.module];
-      c.share = a.layer_activation_bytes > 0 ? c.activation_bytes / a.layer_activation_bytes : 0;
-      c.rule_of_thumb = !whole && c.share > 0.15;
-      a.modules.push_back(c);
-    }
-  }
+  if (!prices.empty()) rule_of_thumb(prices.begin()->second, a);  // on the first candidate layer
 
   // Without recompute first; then, stage by stage, the shortest prefix of the stage's greedy
   // order that fits. Stages are independent in the ledger (each holds only its own layers).
   const std::vector<double> before = stage_totals(r, p, whole);
-  for (int s = 0; s < P; ++s) {
-    RecomputeStageChoice sc;
-    sc.stage = s;
-    sc.before = before[static_cast<size_t>(s)];
-    const std::vector<RecomputeStep> order = greedy_order(s, cands[static_cast<size_t>(s)], prices);
-    sc.candidates = static_cast<int64_t>(order.size());
-    if (sc.before <= p.device_memory || order.empty()) {
-      sc.after = sc.before;
-      a.stages.push_back(sc);
-      continue;
-    }
-    // Each step's held bytes count once per micro-batch its chunk holds at once.
-    const auto sched = p.schedule(s);
-    std::vector<double> weight;
-    for (const RecomputeStep& st : order) {
-      int chunk = 0;
-      for (const Candidate& c : cands[static_cast<size_t>(s)])
-        if (c.layer == st.layer) chunk = c.chunk;
-      weight.push_back(static_cast<double>(parallel::max_in_flight(sched, chunk)) * st.bytes_saved);
-    }
-    auto apply = [&](size_t k) {  // the stage's layers set to the first k steps
-      GptSpec w = whole;
-      std::vector<ops::ModuleSet> sets(static_cast<size_t>(L));
-      for (size_t i = 0; i < k; ++i) sets[static_cast<size_t>(order[i].layer)] |= step_adds(order[i].module);
-      for (const Candidate& c : cands[static_cast<size_t>(s)])
-        w.recompute[static_cast<size_t>(c.layer)] = sets[static_cast<size_t>(c.layer)];
-      return w;
-    };
-    // The dry-run estimate picks where to look (total before less the held bytes freed);
-    // the ledger decides, with the estimate corrected by what it missed (transient, workspace).
-    auto first_fitting = [&](size_t from, double error) {
-      double t = sc.before + error;
-      size_t k = 0;
-      for (; k < order.size() && (k < from || t > p.device_memory); ++k) t -= weight[k];
-      return k;
-    };
-    size_t k = first_fitting(0, 0);
-    std::map<size_t, double> seen;
-    auto total_at = [&](size_t n) {
-      if (!seen.count(n)) seen[n] = stage_totals(r, p, apply(n))[static_cast<size_t>(s)];
-      return seen[n];
-    };
-    while (total_at(k) > p.device_memory && k < order.size()) {
-      double est = sc.before;
-      for (size_t i = 0; i < k; ++i) est -= weight[i];
-      k = std::max(k + 1, first_fitting(k + 1, total_at(k) - est));
-    }
-    while (k > 0 && total_at(k - 1) <= p.device_memory) --k;  // the estimate may overshoot
-    whole = apply(k);
-    sc.after = total_at(k);
-    if (sc.after > p.device_memory)
-      p.warnings.push_back(fmt::format(
-          "recompute auto: {} needs {} per rank even with every layer recomputed whole, more than the device's {}; "
-          "recompute cannot make it fit (see the suggestions)",
-          p.pp > 1 ? fmt::format("stage {}", s) : std::string("the model"), format_bytes(sc.after),
-          format_bytes(p.device_memory)));
-    a.chosen.insert(a.chosen.end(), order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
-    a.stages.push_back(sc);
-  }
+  for (int s = 0; s < P; ++s)
+    a.stages.push_back(choose_stage(r, p, whole, s, before[static_cast<size_t>(s)], cands[static_cast<size_t>(s)],
+                                    prices, a.chosen));
   a.sets = whole.recompute;
   p.recompute_auto = std::move(a);
 }
