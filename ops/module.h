@@ -5,8 +5,8 @@
 // (runner::RecomputeModule is ops::Module; its recipe table lists the ones a recipe may
 // select), the builder tags every node with one, recompute sets are ModuleSets, and the
 // planner's steps are ModuleSets built with the same rule. The rule "a module brings the
-// modules it contains" is written once, as data: the `contains` column of kModules, applied
-// by with_parts(). Names are spelled once, here; the plan, the tests and the recipe read them.
+// modules it contains" is written once, as data: the `contains` column of kModuleTable,
+// applied by with_parts(). Names are spelled once, here; the plan, the tests and the recipe read them.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -29,8 +29,9 @@ struct ModuleInfo {
   bool in_layer;    // a transformer layer's module: recomputing a whole layer recomputes it
 };
 
-// attention contains attention_core (softmax(QK^T)V): recomputing the attention block's
-// projections while keeping the core's output would hold the core's inputs and output both.
+// attention contains attention_core (softmax(QK^T)V), which runs between the block's
+// projections: a recompute segment frees none of its outputs that a node outside it reads
+// (docs/ledger.md), so recomputing the projections around a kept core would hold q, k, v anyway.
 constexpr ModuleInfo kModuleTable[kModules] = {
     {Module::none, "none", Module::none, false},
     {Module::embed, "embed", Module::none, false},

@@ -240,6 +240,7 @@ TEST_CASE("the schema's recompute.modules are the modules a recipe may select, b
     selectable.insert(std::string(word));
   }
   CHECK(in_schema == selectable);
+  CHECK(to_string(ops::Module::residual) == "residual");  // the other modules have names too (no abort)
   // recompute auto's steps are the same modules, plus whole layers.
   Plan a = plan_of({"recompute.mode=auto"});
   REQUIRE(a.recompute_auto);

@@ -108,6 +108,8 @@ constexpr std::string_view enum_word(E e) {
 }
 template <RecipeEnum E>
 std::string to_string(E e) { return std::string(enum_word(e)); }
+// Every module has a name, selectable by a recipe or not (a node's module: residual, embed).
+inline std::string to_string(ops::Module m) { return std::string(ops::module_name(m)); }
 
 // The value a recipe word names; nullopt for a word outside the table.
 template <RecipeEnum E>
