@@ -9,7 +9,7 @@
 // stage's chunks for its own shard, which its executors run. All come out of the one builder
 // from the same specs, so every reader sees the same structure (docs/invariants.md, invariant 1):
 // the executor runs it, the ledger dry-runs the executor over it, recompute flags mark its
-// nodes, the profiler names its nodes.
+// nodes (by their ops::Module), the profiler names its nodes.
 //
 // Backward is implied: each node kind's OpDef (ops/ops.h) says which of its tensors its
 // backward reads (Node::saves), and the executor walks the nodes in reverse.
@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/module.h"
 #include "ops/tensor.h"
 
 namespace ops {
@@ -77,7 +78,7 @@ struct Node {
   std::vector<int> in, out;     // tensor ids (see the builder functions for each kind's order)
   std::vector<int> saves;       // tensor ids that backward reads (add_node asks the kind's OpDef)
   int layer = -1;
-  std::string module;           // embed | norm | attention | attention_core | mlp | residual | head | loss
+  Module module = Module::none; // its name: module_name(module) (ops/module.h)
   bool recompute = false;       // discard this node's outputs after forward; recompute in backward
   // Attributes (meaning depends on kind).
   float eps = 0.0f;

@@ -98,7 +98,7 @@ LinearResult run_linear(const LinearShape& s, const std::vector<uint16_t>& x, co
   n.kind = ops::OpKind::Linear;
   n.name = "linear";
   n.layer = 0;
-  n.module = "test";
+  n.module = ops::Module::none;
   g.stage_input = g.add_activation("x", {s.N, s.IC}, 0, DType::BF16);
   n.in.push_back(g.stage_input);
   const int wid = g.add_param("W", {s.OC, s.IC}, 0);

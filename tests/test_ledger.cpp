@@ -51,8 +51,10 @@ double per_layer_activations(ModelConfig m, int64_t b, int64_t t, const std::str
     spec.recompute.resize(static_cast<size_t>(layers));
     if (!recompute_modules.empty())
       for (auto& r : spec.recompute)
-        r = recompute_modules == "full" ? std::set<std::string>{"norm", "attention", "attention_core", "mlp", "residual"}
-                                        : std::set<std::string>{recompute_modules};
+        r = recompute_modules == "full"
+                ? ops::ModuleSet{ops::Module::norm, ops::Module::attention, ops::Module::attention_core,
+                                 ops::Module::mlp, ops::Module::residual}
+                : ops::ModuleSet{parse_enum<RecomputeModule>(recompute_modules).value()};
     return static_cast<double>(ops::Executor::simulate(build_gpt_graph(spec)).activations_after_forward);
   };
   return held(3) - held(2);

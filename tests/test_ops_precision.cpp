@@ -160,7 +160,7 @@ struct GraphBuilder {
     n.kind = k;
     n.name = "op";
     n.layer = 0;
-    n.module = "test";
+    n.module = ops::Module::none;
   }
   GraphBuilder& x(std::vector<int64_t> s, DType t) {
     g.stage_input = g.add_activation("x", std::move(s), 0, t);

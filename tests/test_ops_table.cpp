@@ -57,7 +57,7 @@ struct Case {
     n.kind = kind;
     n.name = name;
     n.layer = 0;
-    n.module = "test";
+    n.module = ops::Module::none;
   }
   Case& x(std::vector<int64_t> shape) {
     g.stage_input = g.add_activation("x", std::move(shape), 0);

@@ -57,19 +57,20 @@ double ratio(const RecomputeStep& s) { return s.bytes_saved / s.flops; }
 
 // The per-layer module sets that the chosen steps amount to, derived here from the step names
 // alone ("layer": everything plus the residual adds, as mode full; attention brings its core).
-std::vector<std::set<std::string>> sets_of(const std::vector<RecomputeStep>& chosen, int64_t n_layers) {
-  std::vector<std::set<std::string>> sets(static_cast<size_t>(n_layers));
+std::vector<ops::ModuleSet> sets_of(const std::vector<RecomputeStep>& chosen, int64_t n_layers) {
+  using M = ops::Module;
+  std::vector<ops::ModuleSet> sets(static_cast<size_t>(n_layers));
   for (const RecomputeStep& st : chosen) {
-    auto& s = sets[static_cast<size_t>(st.layer)];
-    if (st.module == "layer") s.insert({"norm", "attention_core", "attention", "mlp", "residual"});
-    else if (st.module == "attention") s.insert({"attention", "attention_core"});
-    else s.insert(st.module);
+    ops::ModuleSet& s = sets[static_cast<size_t>(st.layer)];
+    if (st.module == "layer") s |= {M::norm, M::attention_core, M::attention, M::mlp, M::residual};
+    else if (st.module == "attention") s |= {M::attention, M::attention_core};
+    else s |= {parse_enum<RecomputeModule>(st.module).value()};
   }
   return sets;
 }
 
 // The real ledger of plan `p` with its layout rebuilt from other per-layer sets.
-Plan replanned(const Plan& p, std::vector<std::set<std::string>> sets) {
+Plan replanned(const Plan& p, std::vector<ops::ModuleSet> sets) {
   Plan q = p;
   GptSpec whole = p.layout->spec(0);
   whole.first_layer = 0;
@@ -224,6 +225,69 @@ TEST_CASE("pipeline stages choose for themselves") {
     CHECK(c.layer < 2);
   }
   CHECK(p2.stages[1].total() == pnone.stages[1].total());
+}
+
+// Recompute modules are one type (ops::Module, ops/module.h) from the schema to the graph node,
+// and the rule "attention brings attention_core" is applied one way everywhere.
+TEST_CASE("the schema's recompute.modules are the modules a recipe may select, by the names ops spells") {
+  std::ifstream in(fs::path(RUNNER_SOURCE_DIR) / "schemas" / "recipe.schema.json");
+  const auto schema = nlohmann::json::parse(in);
+  std::set<std::string> in_schema, selectable;
+  for (const auto& w : schema["properties"]["recompute"]["properties"]["modules"]["items"]["enum"]) in_schema.insert(w);
+  for (const auto& [m, word] : enum_names(RecomputeModule{})) {
+    CHECK(word == ops::module_name(m));
+    CHECK(ops::layer_modules().has(m));  // a layer's module: embed, head and loss are never recomputed
+    selectable.insert(std::string(word));
+  }
+  CHECK(in_schema == selectable);
+  CHECK(to_string(ops::Module::residual) == "residual");  // the other modules have names too (no abort)
+  // recompute auto's steps are the same modules, plus whole layers.
+  Plan a = plan_of({"recompute.mode=auto"});
+  REQUIRE(a.recompute_auto);
+  std::set<std::string> steps;
+  for (const RecomputeModuleCost& m : a.recompute_auto->modules) steps.insert(m.module);
+  selectable.insert("layer");
+  CHECK(steps == selectable);
+}
+
+TEST_CASE("selecting attention recomputes attention_core: in the graph and in the planner's price") {
+  using M = ops::Module;
+  Plan a = plan_of({"recompute.mode=auto"});
+  REQUIRE(a.recompute_auto);
+  GptSpec none = a.layout->spec(0);
+  none.recompute.assign(4, {});
+  const ops::Graph g0 = build_gpt_graph(none);
+  const double held0 = static_cast<double>(ops::Executor::simulate(g0).activations_after_forward);
+  for (const RecomputeModuleCost& cost : a.recompute_auto->modules) {
+    if (cost.module == "layer") continue;
+    CAPTURE(cost.module);
+    RecomputeConfig rc;
+    rc.mode = RecomputeMode::selective;
+    rc.modules = {parse_enum<RecomputeModule>(cost.module).value()};
+    rc.layers = {0};  // the planner prices its first candidate layer
+    GptSpec spec = none;
+    spec.recompute = recompute_sets(rc, 4);
+    const ops::Graph g = build_gpt_graph(spec);
+    // The graph: exactly the layer's nodes of the module, and of attention_core under attention.
+    const bool attention = cost.module == "attention";
+    double flops = 0;
+    for (const ops::Node& n : g.nodes) {
+      CAPTURE(n.name);
+      const bool expect = n.layer == 0 && (n.module == rc.modules[0] || (attention && n.module == M::attention_core));
+      CHECK(n.recompute == expect);
+      if (expect) flops += plan_detail::node_flops(g, n);
+    }
+    // The planner's price of the step is that graph's: its FLOPs and the bytes it frees.
+    CHECK(cost.flops == doctest::Approx(flops).epsilon(1e-12));
+    const double held = static_cast<double>(ops::Executor::simulate(g).activations_after_forward);
+    CHECK(cost.bytes_saved == doctest::Approx(held0 - held).epsilon(1e-12));
+  }
+  // Mode full recomputes every node of every layer, and nothing outside them.
+  RecomputeConfig full;
+  full.mode = RecomputeMode::full;
+  GptSpec spec = none;
+  spec.recompute = recompute_sets(full, 4);
+  for (const ops::Node& n : build_gpt_graph(spec).nodes) CHECK(n.recompute == (n.layer >= 0));
 }
 
 TEST_CASE("recompute.modules or recompute.layers beside mode auto is a recipe error, where it was written") {

@@ -15,6 +15,7 @@ namespace runner {
 
 using ops::DType;
 using ops::Graph;
+using ops::Module;
 using ops::Node;
 using ops::OpKind;
 using ops::ShardSpec;
@@ -24,13 +25,13 @@ int64_t padded_vocab(int64_t vocab, int64_t multiple) {
   return (vocab + multiple - 1) / multiple * multiple;
 }
 
-std::vector<std::set<std::string>> recompute_sets(const RecomputeConfig& rc, int64_t n_layers) {
-  std::vector<std::set<std::string>> sets(static_cast<size_t>(n_layers));
+std::vector<ops::ModuleSet> recompute_sets(const RecomputeConfig& rc, int64_t n_layers) {
+  std::vector<ops::ModuleSet> sets(static_cast<size_t>(n_layers));
   if (rc.mode == RecomputeMode::none) return sets;
-  std::set<std::string> mods;
-  if (rc.mode == RecomputeMode::full) mods = {"norm", "attention", "attention_core", "mlp", "residual"};
-  else for (RecomputeModule m : rc.modules) mods.insert(to_string(m));
-  if (mods.count("attention")) mods.insert("attention_core");
+  ops::ModuleSet mods;
+  if (rc.mode == RecomputeMode::full) mods = ops::layer_modules();
+  else for (RecomputeModule m : rc.modules) mods |= ops::ModuleSet{m};
+  mods = ops::with_parts(mods);
   if (rc.layers.empty()) {
     for (auto& s : sets) s = mods;
   } else {
@@ -74,13 +75,13 @@ struct Builder {
     act = s.act_dtype;
   }
 
-  bool recomputes(int layer, const std::string& module) const {
+  bool recomputes(int layer, Module module) const {
     if (layer < 0 || layer >= static_cast<int>(s.recompute.size())) return false;
-    return s.recompute[static_cast<size_t>(layer)].count(module) > 0;
+    return s.recompute[static_cast<size_t>(layer)].has(module);
   }
 
   int node(OpKind k, const std::string& name, std::vector<int> in, std::vector<int> out, int layer,
-           const std::string& module) {
+           Module module) {
     Node n;
     n.kind = k;
     n.name = name;
@@ -118,7 +119,7 @@ struct Builder {
     return id;
   }
 
-  int norm(const std::string& prefix, int x, int layer, const std::string& module) {
+  int norm(const std::string& prefix, int x, int layer, Module module) {
     const ModelConfig& m = s.model;
     int w = seq_param(prefix + ".weight", C, layer);
     int y = g.add_activation(prefix + ".out", {Ns, C}, layer, act);
@@ -137,7 +138,7 @@ struct Builder {
 
   // kind: 'c' column-parallel (gathers a sequence-sharded input under sp), 'r' row-parallel
   // (scatters its output to sequence shards under sp), 'n' neither.
-  int linear(const std::string& prefix, int x, int w, int b, int64_t out_cols, int layer, const std::string& module,
+  int linear(const std::string& prefix, int x, int w, int b, int64_t out_cols, int layer, Module module,
              char kind = 'n') {
     std::vector<int> in{x, w};
     if (b >= 0) in.push_back(b);
@@ -150,7 +151,7 @@ struct Builder {
     return y;
   }
 
-  int dropout(const std::string& prefix, int x, int layer, const std::string& module, uint32_t site) {
+  int dropout(const std::string& prefix, int x, int layer, Module module, uint32_t site) {
     if (s.model.dropout <= 0.0) return x;
     int y = g.add_activation(prefix + ".out", g.tensors[x].shape, layer, act);
     int id = node(OpKind::Dropout, prefix, {x}, {y}, layer, module);
@@ -162,7 +163,7 @@ struct Builder {
 
   int add(const std::string& name, int a, int b, int layer) {
     int y = g.add_activation(name + ".out", {Ns, C}, layer, act);
-    node(OpKind::Add, name, {a, b}, {y}, layer, "residual");
+    node(OpKind::Add, name, {a, b}, {y}, layer, Module::residual);
     return y;
   }
 
@@ -171,19 +172,19 @@ struct Builder {
     std::string p = "h." + std::to_string(l);
     uint32_t site = static_cast<uint32_t>(l + 1) * 8;
     // Attention.
-    int a = norm(p + ".ln1", x, l, "norm");
+    int a = norm(p + ".ln1", x, l, Module::norm);
     int wqkv = col_weight(p + ".attn.qkv.weight", 3 * C, C, l, 3);
     int bqkv = m.bias ? col_bias(p + ".attn.qkv.bias", 3 * C, l, 3) : -1;
-    int qkv = linear(p + ".attn.qkv", a, wqkv, bqkv, 3 * C / t, l, "attention", 'c');
+    int qkv = linear(p + ".attn.qkv", a, wqkv, bqkv, 3 * C / t, l, Module::attention, 'c');
     if (m.position == Position::rope && !s.decode) {  // decode: the cached attention rotates at each row's position
       int r = g.add_activation(p + ".attn.rope.out", {N, 3 * C / t}, l, act);
-      node(OpKind::Rope, p + ".attn.rope", {qkv}, {r}, l, "attention");
+      node(OpKind::Rope, p + ".attn.rope", {qkv}, {r}, l, Module::attention);
       qkv = r;
     }
     int y = g.add_activation(p + ".attn.core.out", {N, C / t}, l, act);
     std::vector<int> core_out{y};
     if (!s.decode) core_out.push_back(g.add_activation(p + ".attn.core.probs", {g.B, NH / t, g.T, g.T}, l, act));
-    int core = node(OpKind::Attention, p + ".attn.core", {qkv}, core_out, l, "attention_core");
+    int core = node(OpKind::Attention, p + ".attn.core", {qkv}, core_out, l, Module::attention_core);
     g.nodes[core].rope = s.decode && m.position == Position::rope;
     g.nodes[core].dropout = static_cast<float>(m.dropout);
     g.nodes[core].site = site + 1;
@@ -191,22 +192,22 @@ struct Builder {
     g.nodes[core].head_start = static_cast<int>(s.tp_rank * (NH / t));
     int wo = row_weight(p + ".attn.proj.weight", C, C, l);
     int bo = m.bias ? seq_param(p + ".attn.proj.bias", C, l) : -1;
-    int o = linear(p + ".attn.proj", y, wo, bo, C, l, "attention", 'r');
-    o = dropout(p + ".attn.drop", o, l, "attention", site + 2);
+    int o = linear(p + ".attn.proj", y, wo, bo, C, l, Module::attention, 'r');
+    o = dropout(p + ".attn.drop", o, l, Module::attention, site + 2);
     int x1 = add(p + ".res1", x, o, l);
     // MLP.
-    int mm = norm(p + ".ln2", x1, l, "norm");
+    int mm = norm(p + ".ln2", x1, l, Module::norm);
     bool glu = m.activation == Activation::swiglu;
     int64_t fc_out = glu ? 2 * H : H;
     int wfc = col_weight(p + ".mlp.fc.weight", fc_out, C, l, glu ? 2 : 1);
     int bfc = m.bias ? col_bias(p + ".mlp.fc.bias", fc_out, l, glu ? 2 : 1) : -1;
-    int u = linear(p + ".mlp.fc", mm, wfc, bfc, fc_out / t, l, "mlp", 'c');
+    int u = linear(p + ".mlp.fc", mm, wfc, bfc, fc_out / t, l, Module::mlp, 'c');
     int h = g.add_activation(p + ".mlp.act.out", {N, H / t}, l, act);
-    node(glu ? OpKind::SwiGLU : OpKind::Gelu, p + ".mlp.act", {u}, {h}, l, "mlp");
+    node(glu ? OpKind::SwiGLU : OpKind::Gelu, p + ".mlp.act", {u}, {h}, l, Module::mlp);
     int wp = row_weight(p + ".mlp.proj.weight", C, H, l);
     int bp = m.bias ? seq_param(p + ".mlp.proj.bias", C, l) : -1;
-    int o2 = linear(p + ".mlp.proj", h, wp, bp, C, l, "mlp", 'r');
-    o2 = dropout(p + ".mlp.drop", o2, l, "mlp", site + 3);
+    int o2 = linear(p + ".mlp.proj", h, wp, bp, C, l, Module::mlp, 'r');
+    o2 = dropout(p + ".mlp.drop", o2, l, Module::mlp, site + 3);
     return add(p + ".res2", x1, o2, l);
   }
 
@@ -222,30 +223,30 @@ struct Builder {
       std::vector<int> in{g.tokens, wte};
       if (m.position == Position::learned) in.push_back(g.add_param("wpe", {m.seq_len, C}, -1, true));
       x = g.add_activation("embed.out", {Ns, C}, -1, act);
-      int e = node(OpKind::Embedding, "embed", in, {x}, -1, "embed");
+      int e = node(OpKind::Embedding, "embed", in, {x}, -1, Module::embed);
       if (t > 1) {
         g.nodes[e].tp = ops::TpMode::VocabEmbed;
         g.nodes[e].vocab_start = s.tp_rank * (V / t);
         g.nodes[e].scatter_output = sp;
       }
-      x = dropout("embed.drop", x, -1, "embed", 1);
+      x = dropout("embed.drop", x, -1, Module::embed, 1);
     } else {
       x = g.add_activation("stage.in", {Ns, C}, static_cast<int>(s.first_layer), act);
       g.stage_input = x;
     }
     for (int64_t l = s.first_layer; l < last; ++l) x = block(x, static_cast<int>(l));
     if (s.last_stage) {
-      int xf = norm("ln_f", x, -1, "head");
+      int xf = norm("ln_f", x, -1, Module::head);
       int wlm = wte;
       if (!m.tie_embeddings || wlm < 0) {
         ShardSpec sh{t > 1 ? 0 : -1, static_cast<int>(t), static_cast<int>(s.tp_rank), 1};
         wlm = g.add_param(m.tie_embeddings ? kEmbedding : kHead, {V / t, C}, -1, true, sh, {V, C});
       }
-      g.logits = linear("lm_head", xf, wlm, -1, V / t, -1, "head", 'c');
+      g.logits = linear("lm_head", xf, wlm, -1, V / t, -1, Module::head, 'c');
       g.tensors[g.logits].dtype = DType::F32;  // the loss is always computed in fp32
       g.targets = g.add_input("targets", {g.B, g.T}, DType::I32);
       g.losses = g.add_activation("loss.per_position", {N}, -1, DType::F32);
-      int xe = node(OpKind::SoftmaxXent, "loss", {g.logits, g.targets}, {g.losses}, -1, "loss");
+      int xe = node(OpKind::SoftmaxXent, "loss", {g.logits, g.targets}, {g.losses}, -1, Module::loss);
       g.nodes[xe].inplace = true;
       g.nodes[xe].vocab_real = m.vocab_size;
       if (t > 1) {  // this shard's real columns: the padding sits at the end of the last shards

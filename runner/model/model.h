@@ -13,6 +13,7 @@
 
 #include "ops/executor.h"
 #include "ops/graph.h"
+#include "ops/module.h"
 #include "ops/tensor.h"
 #include "runner/recipe/recipe.h"
 
@@ -30,8 +31,9 @@ struct GptSpec {
   int64_t vocab_padded = 0;      // 0: vocab_size rounded up to a multiple of tp
   ops::DType act_dtype = ops::DType::F32;
   ops::DType grad_dtype = ops::DType::F32;  // parameters' gradient buffers (precision.grad_accum)
-  // recompute[layer] = modules of that layer to recompute (norm, attention, attention_core, mlp, residual)
-  std::vector<std::set<std::string>> recompute;
+  // recompute[layer] = modules of that layer to recompute, closed under ops::with_parts: a node
+  // is recomputed iff its layer's set has its module
+  std::vector<ops::ModuleSet> recompute;
   // Generation's decode step (ops::Graph::decode): one token per row (T = 1) at the KV
   // cache's positions; the attention reads the cache. Forward only.
   bool decode = false;
@@ -40,8 +42,8 @@ struct GptSpec {
 // Vocabulary padded to a multiple of `multiple` (tp): returns the padded size.
 int64_t padded_vocab(int64_t vocab, int64_t multiple);
 
-// Per-layer recompute sets from the recipe's recompute section.
-std::vector<std::set<std::string>> recompute_sets(const RecomputeConfig& rc, int64_t n_layers);
+// Per-layer recompute sets from the recipe's recompute section (mode full: ops::layer_modules()).
+std::vector<ops::ModuleSet> recompute_sets(const RecomputeConfig& rc, int64_t n_layers);
 
 ops::Graph build_gpt_graph(const GptSpec& spec);
 // Graphs build_gpt_graph has built in this process (tests: no checkpoint path builds one).

@@ -58,14 +58,14 @@ struct InferencePlan {
 struct RecomputeStep {
   int stage = 0;
   int64_t layer = 0;
-  std::string module;
+  std::string module;      // the step kind: a module's name (ops::module_name) or "layer"
   double bytes_saved = 0;  // activation bytes held per micro-batch that this step frees (dry run)
   double flops = 0;        // forward FLOPs it adds per micro-batch (this rank's shard)
 };
 
 // One step kind on one layer with nothing else recomputed, and the rule of thumb beside it.
 struct RecomputeModuleCost {
-  std::string module;
+  std::string module;                 // the step kind, as RecomputeStep::module
   double bytes_saved = 0, flops = 0;  // recomputing it alone in one layer
   double activation_bytes = 0;        // held for backward by the nodes of this module, nothing recomputed ("layer": all)
   double share = 0;                   // activation_bytes / the layer's total
@@ -83,7 +83,7 @@ struct RecomputeAuto {
   std::vector<RecomputeModuleCost> modules;     // per step kind, one layer
   double layer_activation_bytes = 0;            // one layer's activations held, nothing recomputed
   std::vector<RecomputeStageChoice> stages;
-  std::vector<std::set<std::string>> sets;      // the resolved per-layer sets the layout was built with
+  std::vector<ops::ModuleSet> sets;             // the resolved per-layer sets the layout was built with
 };
 
 struct Plan {

@@ -25,10 +25,12 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <string_view>
 
 #include <fmt/format.h>
 
 #include "ops/executor.h"
+#include "ops/module.h"
 #include "runner/plan/internal.h"
 
 namespace runner::plan_detail {
@@ -72,59 +74,49 @@ double node_flops(const ops::Graph& g, const ops::Node& n) {
 
 namespace {
 
-// A layer's recompute state as bits; each step adds bits (attention implies its core, as in
-// recompute_sets; "layer" is everything plus the residual adds).
-enum : unsigned { kNorm = 1, kCore = 2, kAttention = 4, kMlp = 8, kResidual = 16 };
+// A layer's recompute state is an ops::ModuleSet; each step adds a set made by the one rule
+// (ops::with_parts: attention brings its core, as in recompute_sets), and "layer" adds every
+// module of the layer, the residual adds included (mode full). Ties go in this order.
 struct StepKind {
-  const char* name;
-  unsigned bits;
+  std::string_view name;
+  ops::Module module;  // none for "layer"
+  ops::ModuleSet adds;
 };
-constexpr StepKind kSteps[] = {{"norm", kNorm},
-                               {"attention_core", kCore},
-                               {"attention", kAttention | kCore},
-                               {"mlp", kMlp},
-                               {"layer", kNorm | kCore | kAttention | kMlp | kResidual}};
-constexpr unsigned kWhole = kNorm | kCore | kAttention | kMlp | kResidual;
-
-std::set<std::string> modules_of(unsigned state) {
-  std::set<std::string> m;
-  if (state & kNorm) m.insert("norm");
-  if (state & kCore) m.insert("attention_core");
-  if (state & kAttention) m.insert("attention");
-  if (state & kMlp) m.insert("mlp");
-  if (state & kResidual) m.insert("residual");
-  return m;
-}
+constexpr StepKind step(ops::Module m) { return {ops::module_name(m), m, ops::with_parts({m})}; }
+constexpr StepKind kSteps[] = {step(ops::Module::norm), step(ops::Module::attention_core),
+                               step(ops::Module::attention), step(ops::Module::mlp),
+                               {"layer", ops::Module::none, ops::layer_modules()}};
+constexpr ops::ModuleSet kWhole = ops::layer_modules();
 
 // What each state of one probe layer holds and recomputes, on one virtual stage's graph.
 class LayerPrices {
  public:
   LayerPrices(GptSpec spec, int64_t layer) : spec_(std::move(spec)), layer_(layer) {}
 
-  double saved(unsigned state) { return price(0).held - price(state).held; }
-  double flops(unsigned state) { return price(state).flops; }
-  const ops::Graph& graph_without() { price(0); return none_; }
+  double saved(ops::ModuleSet state) { return price({}).held - price(state).held; }
+  double flops(ops::ModuleSet state) { return price(state).flops; }
+  const ops::Graph& graph_without() { price({}); return none_; }
   int64_t layer() const { return layer_; }
 
  private:
   struct Price { double held = 0, flops = 0; };
-  Price price(unsigned state) {
+  Price price(ops::ModuleSet state) {
     auto it = memo_.find(state);
     if (it != memo_.end()) return it->second;
     GptSpec s = spec_;
     s.recompute.assign(static_cast<size_t>(s.model.n_layers), {});
-    s.recompute[static_cast<size_t>(layer_)] = modules_of(state);
+    s.recompute[static_cast<size_t>(layer_)] = state;
     ops::Graph g = build_gpt_graph(s);
     Price p;
     p.held = static_cast<double>(ops::Executor::simulate(g).activations_after_forward);
     for (const ops::Node& n : g.nodes)
       if (n.recompute && n.layer == layer_) p.flops += node_flops(g, n);
-    if (state == 0) none_ = std::move(g);
+    if (state.empty()) none_ = std::move(g);
     return memo_[state] = p;
   }
   GptSpec spec_;
   int64_t layer_;
-  std::map<unsigned, Price> memo_;
+  std::map<ops::ModuleSet, Price> memo_;
   ops::Graph none_;
 };
 
@@ -139,7 +131,7 @@ struct Candidate {
 std::vector<RecomputeStep> greedy_order(int stage, const std::vector<Candidate>& layers,
                                         std::map<int, LayerPrices>& prices) {
   std::vector<RecomputeStep> order;
-  std::vector<unsigned> state(layers.size(), 0);
+  std::vector<ops::ModuleSet> state(layers.size());
   for (;;) {
     double best = -1;
     size_t best_i = 0;
@@ -148,7 +140,7 @@ std::vector<RecomputeStep> greedy_order(int stage, const std::vector<Candidate>&
       if (state[i] == kWhole) continue;
       LayerPrices& lp = prices.at(layers[i].vstage);
       for (const StepKind& st : kSteps) {
-        const unsigned next = state[i] | st.bits;
+        const ops::ModuleSet next = state[i] | st.adds;
         if (next == state[i]) continue;
         const double ds = lp.saved(next) - lp.saved(state[i]);
         const double df = lp.flops(next) - lp.flops(state[i]);
@@ -159,18 +151,18 @@ std::vector<RecomputeStep> greedy_order(int stage, const std::vector<Candidate>&
     }
     if (!best_step) break;
     LayerPrices& lp = prices.at(layers[best_i].vstage);
-    const unsigned next = state[best_i] | best_step->bits;
-    order.push_back({stage, layers[best_i].layer, best_step->name, lp.saved(next) - lp.saved(state[best_i]),
+    const ops::ModuleSet next = state[best_i] | best_step->adds;
+    order.push_back({stage, layers[best_i].layer, std::string(best_step->name), lp.saved(next) - lp.saved(state[best_i]),
                      lp.flops(next) - lp.flops(state[best_i])});
     state[best_i] = next;
   }
   return order;
 }
 
-unsigned step_bits(const std::string& name) {
+ops::ModuleSet step_adds(const std::string& name) {
   for (const StepKind& st : kSteps)
-    if (name == st.name) return st.bits;
-  return 0;
+    if (name == st.name) return st.adds;
+  return {};
 }
 
 // Every stage's total bytes per rank with these per-layer sets: the real ledger.
@@ -188,12 +180,98 @@ std::vector<double> stage_totals(const Recipe& r, const Plan& p, const GptSpec& 
   return t;
 }
 
+// The rule of thumb beside the choice, on one probe layer: each step kind's share of what the
+// layer holds for backward with nothing recomputed (by the module of the node that wrote each
+// held tensor), and what recomputing it alone would save and cost.
+void rule_of_thumb(LayerPrices& lp, RecomputeAuto& a) {
+  const ops::Graph& g = lp.graph_without();
+  std::map<ops::Module, double> held;
+  for (const ops::TensorDesc& t : g.tensors) {
+    if (t.kind != ops::TensorKind::Activation || !t.saved || t.layer != lp.layer() || t.producer < 0) continue;
+    held[g.nodes[static_cast<size_t>(t.producer)].module] += static_cast<double>(t.nbytes());
+    a.layer_activation_bytes += static_cast<double>(t.nbytes());
+  }
+  for (const StepKind& st : kSteps) {
+    RecomputeModuleCost c;
+    c.module = st.name;
+    c.bytes_saved = lp.saved(st.adds);
+    c.flops = lp.flops(st.adds);
+    // "layer" is the whole layer: everything it holds (beyond the modules: the residual adds').
+    const bool whole = st.module == ops::Module::none;
+    c.activation_bytes = whole ? a.layer_activation_bytes : held[st.module];
+    c.share = a.layer_activation_bytes > 0 ? c.activation_bytes / a.layer_activation_bytes : 0;
+    c.rule_of_thumb = !whole && c.share > 0.15;
+    a.modules.push_back(c);
+  }
+}
+
+// Stage `s` (its total `before` without recompute, its candidate layers `cands`): the shortest
+// prefix of its greedy order that fits, set into `whole` and appended to `chosen`.
+RecomputeStageChoice choose_stage(const Recipe& r, Plan& p, GptSpec& whole, int s, double before,
+                                  const std::vector<Candidate>& cands, std::map<int, LayerPrices>& prices,
+                                  std::vector<RecomputeStep>& chosen) {
+  RecomputeStageChoice sc;
+  sc.stage = s;
+  sc.before = before;
+  const std::vector<RecomputeStep> order = greedy_order(s, cands, prices);
+  sc.candidates = static_cast<int64_t>(order.size());
+  if (sc.before <= p.device_memory || order.empty()) {
+    sc.after = sc.before;
+    return sc;
+  }
+  // Each step's held bytes count once per micro-batch its chunk holds at once.
+  const auto sched = p.schedule(s);
+  std::vector<double> weight;
+  for (const RecomputeStep& st : order) {
+    int chunk = 0;
+    for (const Candidate& c : cands)
+      if (c.layer == st.layer) chunk = c.chunk;
+    weight.push_back(static_cast<double>(parallel::max_in_flight(sched, chunk)) * st.bytes_saved);
+  }
+  auto apply = [&](size_t k) {  // the stage's layers set to the first k steps
+    GptSpec w = whole;
+    std::vector<ops::ModuleSet> sets(static_cast<size_t>(r.model.n_layers));
+    for (size_t i = 0; i < k; ++i) sets[static_cast<size_t>(order[i].layer)] |= step_adds(order[i].module);
+    for (const Candidate& c : cands) w.recompute[static_cast<size_t>(c.layer)] = sets[static_cast<size_t>(c.layer)];
+    return w;
+  };
+  // The dry-run estimate picks where to look (total before less the held bytes freed);
+  // the ledger decides, with the estimate corrected by what it missed (transient, workspace).
+  auto first_fitting = [&](size_t from, double error) {
+    double t = sc.before + error;
+    size_t k = 0;
+    for (; k < order.size() && (k < from || t > p.device_memory); ++k) t -= weight[k];
+    return k;
+  };
+  size_t k = first_fitting(0, 0);
+  std::map<size_t, double> seen;
+  auto total_at = [&](size_t n) {
+    if (!seen.count(n)) seen[n] = stage_totals(r, p, apply(n))[static_cast<size_t>(s)];
+    return seen[n];
+  };
+  while (total_at(k) > p.device_memory && k < order.size()) {
+    double est = sc.before;
+    for (size_t i = 0; i < k; ++i) est -= weight[i];
+    k = std::max(k + 1, first_fitting(k + 1, total_at(k) - est));
+  }
+  while (k > 0 && total_at(k - 1) <= p.device_memory) --k;  // the estimate may overshoot
+  whole = apply(k);
+  sc.after = total_at(k);
+  if (sc.after > p.device_memory)
+    p.warnings.push_back(fmt::format(
+        "recompute auto: {} needs {} per rank even with every layer recomputed whole, more than the device's {}; "
+        "recompute cannot make it fit (see the suggestions)",
+        p.pp > 1 ? fmt::format("stage {}", s) : std::string("the model"), format_bytes(sc.after),
+        format_bytes(p.device_memory)));
+  chosen.insert(chosen.end(), order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+  return sc;
+}
+
 }  // namespace
 
 void choose_recompute(const Recipe& r, Plan& p, GptSpec& whole) {
   RecomputeAuto a;
-  const int64_t L = r.model.n_layers;
-  whole.recompute.assign(static_cast<size_t>(L), {});
+  whole.recompute.assign(static_cast<size_t>(r.model.n_layers), {});
 
   // The candidate layers of each pipeline stage (all of its layers: recipe validation refuses
   // recompute.layers beside auto), and one probe layer per virtual stage.
@@ -208,96 +286,14 @@ void choose_recompute(const Recipe& r, Plan& p, GptSpec& whole) {
       if (!prices.count(v)) prices.emplace(v, LayerPrices(s, l));
     }
   }
-
-  // The rule of thumb beside the choice, on the first candidate layer: each module's share of
-  // what the layer holds for backward with nothing recomputed (by the module of the node that
-  // wrote each held tensor), and what recomputing it alone would save and cost.
-  if (!prices.empty()) {
-    LayerPrices& lp = prices.begin()->second;
-    const ops::Graph& g = lp.graph_without();
-    std::map<std::string, double> held;
-    for (const ops::TensorDesc& t : g.tensors) {
-      if (t.kind != ops::TensorKind::Activation || !t.saved || t.layer != lp.layer() || t.producer < 0) continue;
-      const std::string& m = g.nodes[static_cast<size_t>(t.producer)].module;
-      held[m] += static_cast<double>(t.nbytes());
-      a.layer_activation_bytes += static_cast<double>(t.nbytes());
-    }
-    for (const StepKind& st : kSteps) {
-      RecomputeModuleCost c;
-      c.module = st.name;
-      c.bytes_saved = lp.saved(st.bits);
-      c.flops = lp.flops(st.bits);
-      // "layer" is the whole layer: everything it holds (beyond the modules: the residual adds').
-      c.activation_bytes = std::string(st.name) == "layer" ? a.layer_activation_bytes : held[st.name];
-      c.share = a.layer_activation_bytes > 0 ? c.activation_bytes / a.layer_activation_bytes : 0;
-      c.rule_of_thumb = std::string(st.name) != "layer" && c.share > 0.15;
-      a.modules.push_back(c);
-    }
-  }
+  if (!prices.empty()) rule_of_thumb(prices.begin()->second, a);  // on the first candidate layer
 
   // Without recompute first; then, stage by stage, the shortest prefix of the stage's greedy
   // order that fits. Stages are independent in the ledger (each holds only its own layers).
   const std::vector<double> before = stage_totals(r, p, whole);
-  for (int s = 0; s < P; ++s) {
-    RecomputeStageChoice sc;
-    sc.stage = s;
-    sc.before = before[static_cast<size_t>(s)];
-    const std::vector<RecomputeStep> order = greedy_order(s, cands[static_cast<size_t>(s)], prices);
-    sc.candidates = static_cast<int64_t>(order.size());
-    if (sc.before <= p.device_memory || order.empty()) {
-      sc.after = sc.before;
-      a.stages.push_back(sc);
-      continue;
-    }
-    // Each step's held bytes count once per micro-batch its chunk holds at once.
-    const auto sched = p.schedule(s);
-    std::vector<double> weight;
-    for (const RecomputeStep& st : order) {
-      int chunk = 0;
-      for (const Candidate& c : cands[static_cast<size_t>(s)])
-        if (c.layer == st.layer) chunk = c.chunk;
-      weight.push_back(static_cast<double>(parallel::max_in_flight(sched, chunk)) * st.bytes_saved);
-    }
-    auto apply = [&](size_t k) {  // the stage's layers set to the first k steps
-      GptSpec w = whole;
-      for (const Candidate& c : cands[static_cast<size_t>(s)]) w.recompute[static_cast<size_t>(c.layer)].clear();
-      std::vector<unsigned> bits(static_cast<size_t>(L), 0);
-      for (size_t i = 0; i < k; ++i) bits[static_cast<size_t>(order[i].layer)] |= step_bits(order[i].module);
-      for (const Candidate& c : cands[static_cast<size_t>(s)])
-        w.recompute[static_cast<size_t>(c.layer)] = modules_of(bits[static_cast<size_t>(c.layer)]);
-      return w;
-    };
-    // The dry-run estimate picks where to look (total before less the held bytes freed);
-    // the ledger decides, with the estimate corrected by what it missed (transient, workspace).
-    auto first_fitting = [&](size_t from, double error) {
-      double t = sc.before + error;
-      size_t k = 0;
-      for (; k < order.size() && (k < from || t > p.device_memory); ++k) t -= weight[k];
-      return k;
-    };
-    size_t k = first_fitting(0, 0);
-    std::map<size_t, double> seen;
-    auto total_at = [&](size_t n) {
-      if (!seen.count(n)) seen[n] = stage_totals(r, p, apply(n))[static_cast<size_t>(s)];
-      return seen[n];
-    };
-    while (total_at(k) > p.device_memory && k < order.size()) {
-      double est = sc.before;
-      for (size_t i = 0; i < k; ++i) est -= weight[i];
-      k = std::max(k + 1, first_fitting(k + 1, total_at(k) - est));
-    }
-    while (k > 0 && total_at(k - 1) <= p.device_memory) --k;  // the estimate may overshoot
-    whole = apply(k);
-    sc.after = total_at(k);
-    if (sc.after > p.device_memory)
-      p.warnings.push_back(fmt::format(
-          "recompute auto: {} needs {} per rank even with every layer recomputed whole, more than the device's {}; "
-          "recompute cannot make it fit (see the suggestions)",
-          p.pp > 1 ? fmt::format("stage {}", s) : std::string("the model"), format_bytes(sc.after),
-          format_bytes(p.device_memory)));
-    a.chosen.insert(a.chosen.end(), order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
-    a.stages.push_back(sc);
-  }
+  for (int s = 0; s < P; ++s)
+    a.stages.push_back(choose_stage(r, p, whole, s, before[static_cast<size_t>(s)], cands[static_cast<size_t>(s)],
+                                    prices, a.chosen));
   a.sets = whole.recompute;
   p.recompute_auto = std::move(a);
 }

@@ -8,6 +8,10 @@
 // "auto", PipelineSchedule::one_f_one_b is "1f1b").
 //
 // A recipe enum written into JSON (nlohmann) becomes its word, never its number.
+//
+// RecomputeModule is ops::Module, the type graph nodes carry (ops/module.h): a recipe selects
+// graph modules, so it holds them directly, with no second enum to map. Its table lists the
+// modules a recipe may select, in the schema's order, by the names ops spells.
 #pragma once
 #include <array>
 #include <cstdlib>
@@ -15,6 +19,8 @@
 #include <string>
 #include <string_view>
 #include <utility>
+
+#include "ops/module.h"
 
 namespace runner {
 
@@ -28,7 +34,7 @@ enum class FloatFormat { fp32, bf16, fp16 };     // precision.compute, precision
 enum class MasterWeights { fp32, same };
 enum class LossScaleMode { dynamic, fixed, none };
 enum class RecomputeMode { none, full, selective, automatic };  // automatic is "auto"
-enum class RecomputeModule { attention_core, attention, mlp, norm };
+using RecomputeModule = ops::Module;     // attention_core, attention, mlp, norm (its table)
 enum class OptimizerName { adamw };
 enum class LrSchedule { cosine, linear, constant };
 enum class CheckpointCadence { steps, minutes, automatic, never };
@@ -70,8 +76,9 @@ constexpr EnumTable<RecomputeMode, 4> enum_names(RecomputeMode) {
            {RecomputeMode::automatic, "auto"}}};
 }
 constexpr EnumTable<RecomputeModule, 4> enum_names(RecomputeModule) {
-  return {{{RecomputeModule::attention_core, "attention_core"}, {RecomputeModule::attention, "attention"},
-           {RecomputeModule::mlp, "mlp"}, {RecomputeModule::norm, "norm"}}};
+  using M = ops::Module;
+  return {{{M::attention_core, ops::module_name(M::attention_core)}, {M::attention, ops::module_name(M::attention)},
+           {M::mlp, ops::module_name(M::mlp)}, {M::norm, ops::module_name(M::norm)}}};
 }
 constexpr EnumTable<OptimizerName, 1> enum_names(OptimizerName) { return {{{OptimizerName::adamw, "adamw"}}}; }
 constexpr EnumTable<LrSchedule, 3> enum_names(LrSchedule) {
@@ -101,6 +108,8 @@ constexpr std::string_view enum_word(E e) {
 }
 template <RecipeEnum E>
 std::string to_string(E e) { return std::string(enum_word(e)); }
+// Every module has a name, selectable by a recipe or not (a node's module: residual, embed).
+inline std::string to_string(ops::Module m) { return std::string(ops::module_name(m)); }
 
 // The value a recipe word names; nullopt for a word outside the table.
 template <RecipeEnum E>
@@ -113,7 +122,8 @@ constexpr std::optional<E> parse_enum(std::string_view word) {
 // nlohmann::json finds these by argument-dependent lookup: an enum assigned to a json
 // value is written as its word (nlohmann's default would be the enumerator's number).
 // One non-template-enum overload per enum, so overload resolution prefers it to
-// nlohmann's catch-all for enums.
+// nlohmann's catch-all for enums. RecomputeModule's is ops::to_json (ops/module.h), found in
+// its own namespace.
 #define RUNNER_RECIPE_ENUM_JSON(E) \
   template <class Json>            \
   void to_json(Json& j, const E& e) { j = to_string(e); }
@@ -127,7 +137,6 @@ RUNNER_RECIPE_ENUM_JSON(FloatFormat)
 RUNNER_RECIPE_ENUM_JSON(MasterWeights)
 RUNNER_RECIPE_ENUM_JSON(LossScaleMode)
 RUNNER_RECIPE_ENUM_JSON(RecomputeMode)
-RUNNER_RECIPE_ENUM_JSON(RecomputeModule)
 RUNNER_RECIPE_ENUM_JSON(OptimizerName)
 RUNNER_RECIPE_ENUM_JSON(LrSchedule)
 RUNNER_RECIPE_ENUM_JSON(CheckpointCadence)

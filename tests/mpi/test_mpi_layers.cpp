@@ -231,7 +231,7 @@ ops::Graph build_layer(const LayerCase& c, int t, int r) {
     if (b >= 0) n.in.push_back(b);
     n.out = {y};
     n.layer = 0;
-    n.module = "attention";
+    n.module = ops::Module::attention;
     n.tp = t > 1 ? mode : TpMode::None;
     g.add_node(std::move(n));
     return y;
@@ -265,7 +265,7 @@ ops::Graph build_layer(const LayerCase& c, int t, int r) {
       a.in = {u};
       a.out = {h};
       a.layer = 0;
-      a.module = "mlp";
+      a.module = ops::Module::mlp;
       g.add_node(std::move(a));
       int w2 = row_w("mlp.proj.weight", c.C, c.H);
       int b2 = c.bias ? g.add_param("mlp.proj.bias", {c.C}, 0, false) : -1;
@@ -285,7 +285,7 @@ ops::Graph build_layer(const LayerCase& c, int t, int r) {
         n.in = {qkv};
         n.out = {rr};
         n.layer = 0;
-        n.module = "attention";
+        n.module = ops::Module::attention;
         n.heads = heads;
         n.theta = 10000.0f;
         g.add_node(std::move(n));
@@ -299,7 +299,7 @@ ops::Graph build_layer(const LayerCase& c, int t, int r) {
       n.in = {qkv};
       n.out = {ao, probs};
       n.layer = 0;
-      n.module = "attention_core";
+      n.module = ops::Module::attention_core;
       n.heads = heads;
       n.heads_total = static_cast<int>(c.NH);
       n.head_start = r * heads;
