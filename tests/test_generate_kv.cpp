@@ -216,12 +216,13 @@ TEST_CASE("KV cache: a request over the plan's batch or context is refused befor
 
   // The CLI says the same with exit code 2 and prints nothing; --no-kv-cache is the reference.
   const std::string run = f.run.string();
-  const test_support::SplitResult r =
-      test_support::runner_split("generate " + run + " --prompt '123+456=' --max-new-tokens 10 --set inference.context=16", f.dir);
+  const test_support::SplitResult r = test_support::runner_split(
+      "generate " + run + " --prompt '123+456=' --max-new-tokens 10 --set inference.context=16", f.dir);
   CHECK(r.code == 2);
   CHECK(r.out.empty());
   CHECK(r.err.find("over the KV cache's context of 16") != std::string::npos);
-  const test_support::SplitResult a = test_support::runner_split("generate " + run + " --prompt '12+34=' --max-new-tokens 8", f.dir);
+  const test_support::SplitResult a =
+      test_support::runner_split("generate " + run + " --prompt '12+34=' --max-new-tokens 8", f.dir);
   const test_support::SplitResult b =
       test_support::runner_split("generate " + run + " --prompt '12+34=' --max-new-tokens 8 --no-kv-cache", f.dir);
   CHECK(a.code == 0);

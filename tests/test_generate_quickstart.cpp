@@ -25,7 +25,8 @@ namespace fs = std::filesystem;
 TEST_CASE("generate: the quickstart model completes held-out additions with the trainer's accuracy") {
   const test_support::TempDir dir("generate_qs");
   const std::string run = (dir / "run").string();
-  const test_support::Result trained = test_support::runner_cmd("train " + test_support::quickstart_recipe() + " --quiet --run-dir " + run);
+  const test_support::Result trained =
+      test_support::runner_cmd("train " + test_support::quickstart_recipe() + " --quiet --run-dir " + run);
   INFO(trained.out);
   REQUIRE(trained.code == 0);
   double trainer_acc = -1;

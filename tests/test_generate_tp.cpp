@@ -122,8 +122,9 @@ TEST_CASE("generate on tp2 x dp2: the replicas generate the same, rank 0 prints"
 TEST_CASE("generate on pp2 under mpirun: each stage its layers' cache, the one-rank tokens, logits within 1e-5 relative") {
   tp2_run();  // writes the recipe and the prompts
   const fs::path rd = kDir / "pp2";
-  test_support::Result r = test_support::sh(test_support::mpirun(2) + RUNNER_BINARY + " train " + (kDir / "layout.yaml").string() +
-                                            " --quiet --run-dir " + rd.string() + " --set parallel.pp=2");
+  test_support::Result r = test_support::sh(test_support::mpirun(2) + RUNNER_BINARY + " train " +
+                                            (kDir / "layout.yaml").string() + " --quiet --run-dir " + rd.string() +
+                                            " --set parallel.pp=2");
   INFO(r.out);
   REQUIRE(r.code == 0);
   const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() +

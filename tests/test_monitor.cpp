@@ -60,7 +60,8 @@ struct Run {
 Run train(const std::string& name, int np, const std::string& recipe, const std::string& sets, const std::string& env = "") {
   const fs::path dir = kDir / name;
   fs::remove_all(dir);
-  std::string cmd = env + " " + test_support::launcher(np) + RUNNER_BINARY + " train " + recipe + " --quiet --run-dir " + dir.string() + " " + sets;
+  std::string cmd = env + " " + test_support::launcher(np) + RUNNER_BINARY + " train " + recipe + " --quiet --run-dir " +
+                    dir.string() + " " + sets;
   Run run;
   run.r = sh(cmd);
   INFO(cmd << "\n" << run.r.out);

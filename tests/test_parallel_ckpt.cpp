@@ -55,13 +55,11 @@ void set_checkpoint_round_bytes(size_t n);  // checkpoint_file.cpp's test hook
 
 namespace {
 
-const test_support::TempDir kScratch("test_pckpt");
-const fs::path& kDir = kScratch.path;
-
 using test_support::mpirun;
 using test_support::Result;
 using test_support::sh;
 
+const test_support::TempDir kDir("test_pckpt");
 
 constexpr uint64_t kInitSeed = 1234;
 
@@ -402,7 +400,8 @@ std::map<int64_t, double> losses_of(const fs::path& run) { return test_support::
 
 std::map<int64_t, double> train(const fs::path& run, const std::string& recipe, int np, const std::string& sets) {
   fs::remove_all(run);
-  std::string cmd = test_support::launcher(np) + RUNNER_BINARY + " train " + recipe + " --quiet --run-dir " + run.string() + " " + sets;
+  std::string cmd =
+      test_support::launcher(np) + RUNNER_BINARY + " train " + recipe + " --quiet --run-dir " + run.string() + " " + sets;
   Result r = sh(cmd);
   INFO(cmd << "\n" << r.out);
   REQUIRE(r.code == 0);

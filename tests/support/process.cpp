@@ -28,7 +28,9 @@ std::string binary() { return RUNNER_BINARY; }
 
 Result sh(const std::string& cmd) {
   Result r;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  // The braces take stderr of every command in `cmd`, not only of its last (the newline lets
+  // `cmd` end in `&` or a comment).
+  FILE* p = ::popen(("{ " + cmd + "\n} 2>&1").c_str(), "r");
   if (p == nullptr) return r;
   char buf[4096];
   while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);

@@ -27,7 +27,7 @@ struct SplitResult {
 // The runner binary under test (its absolute path).
 std::string binary();
 
-// Runs `cmd` with sh -c, stdout and stderr together.
+// Runs `cmd` with sh -c, stdout and stderr (of every command in it) together.
 Result sh(const std::string& cmd);
 
 // The runner binary with `args`, run in `cwd` when one is given.

@@ -1,9 +1,9 @@
-// The small models and recipes the tests share, and the runs made from them: the layout-test
-// recipe (trained under mpirun by the parallel, trace, report and generate tests), the tiny
-// quickstart run, and the full quickstart run with its learning curve (the small ModelConfig of the
-// graph-level tests: models.h). Design: a test names what differs from the shared model (its
-// sizes, a --set) rather than copying the model; scripts/behaviour_snapshot.py reads
-// kLayoutRecipe out of this file, so its text stays one raw string here.
+// The recipes the tests share and the runs made from them: the layout-test recipe (trained
+// under mpirun by the parallel, trace, report and generate tests), the tiny quickstart run, the
+// full quickstart run with its learning curve, and what a run's metrics.jsonl says (the small
+// ModelConfig of the graph-level tests is models.h). Design: a test names what differs from
+// the shared recipe (a --set, its sizes) rather than copying it; scripts/behaviour_snapshot.py
+// reads kLayoutRecipe out of this file, so its text stays one raw string here.
 #pragma once
 #include <cstdint>
 #include <filesystem>
