@@ -8,7 +8,6 @@ foreach(src ${CUDA_TEST_SOURCES})
   if(TARGET runner_parallel_cuda)
     target_link_libraries(${name} PRIVATE runner_parallel_cuda)
   endif()
-  target_compile_definitions(${name} PRIVATE RUNNER_TEST_DIR="${CMAKE_SOURCE_DIR}/tests")
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE")

@@ -26,14 +26,14 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The tests' small layout model (tests/mpirun_util.h), with 4 layers for the interleaved
+# The tests' small layout model (tests/support/recipes.h), with 4 layers for the interleaved
 # schedule, 6 steps and checkpoints at 3.
 LAYOUT_SETS = ["--set", "model.n_layers=4", "--set", "train.steps=6", "--set", "train.log_every=3", "--set",
                "train.eval_every=3", "--set", "checkpoint.every_steps=3"]
 
 
 def layout_recipe():
-    with open(os.path.join(ROOT, "tests", "mpirun_util.h")) as f:
+    with open(os.path.join(ROOT, "tests", "support", "recipes.h")) as f:
         m = re.search(r'kLayoutRecipe = R"\((.*?)\)";', f.read(), re.S)
     return m.group(1)
 

@@ -28,25 +28,15 @@
 #include "runner/errors.h"
 #include "runner/hdf5/hdf5.h"
 #include "runner/signals.h"
+#include "tests/support/temp_dir.h"
 
 using namespace runner;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/test_checkpoint_XXXXXX";
-    char* p = mkdtemp(tmpl);
-    REQUIRE(p != nullptr);
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (fs::path(path) / name).string(); }
+struct TempDir : test_support::TempDir {
+  TempDir() : test_support::TempDir("test_checkpoint") {}
 };
 
 using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
@@ -783,7 +773,7 @@ TEST_CASE("cleanup_stale removes crashed writers' temporaries only") {
   CHECK(fs::exists(dir / "step_00000001.h5"));
   CHECK(fs::exists(dir / "LATEST"));
   CHECK(count_temporaries(dir.path) == 0);
-  CHECK(cleanup_stale(dir.path + "/does-not-exist") == 0);
+  CHECK(cleanup_stale(dir / "does-not-exist") == 0);
 }
 
 TEST_CASE("memory snapshot restores the state bit for bit") {

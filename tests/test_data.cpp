@@ -20,6 +20,7 @@
 #include "runner/data/internal.h"
 #include "runner/hdf5/hdf5.h"
 #include "runner/errors.h"
+#include "tests/support/temp_dir.h"
 
 using namespace runner;
 namespace fs = std::filesystem;
@@ -27,20 +28,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // A fresh directory under /tmp per test, removed at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("runner_test_data_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
+struct TempDir : test_support::TempDir {
+  TempDir() : test_support::TempDir("test_data") {}
 };
 
 void write_bytes(const std::string& path, const std::string& bytes) {

@@ -9,18 +9,19 @@
 #include <filesystem>
 #include <string>
 
-#include "cli_util.h"
 #include "runner/device/device.h"
+#include "tests/support/process.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-using cli_util::Result;
+using test_support::Result;
 
-Result run(const std::string& args, const std::string& cwd) { return cli_util::runner_cmd(args, cwd); }
+Result run(const std::string& args, const std::string& cwd) { return test_support::runner_cmd(args, cwd); }
 
-fs::path temp_dir(const std::string& name) { return cli_util::temp_dir("dev", name); }
+fs::path temp_dir(const std::string& name) { return test_support::fresh_dir("dev", name); }
 
 const std::string kQuickstart = std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml";
 

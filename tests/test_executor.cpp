@@ -9,26 +9,16 @@
 #include "ops/rng.h"
 #include "runner/model/model.h"
 #include "runner/train/optimizer.h"
+#include "tests/support/models.h"
 
 using namespace runner;
 
 namespace {
 
 ModelConfig small_model(const std::string& family) {
-  ModelConfig m;
-  m.vocab_size = 97;
-  m.seq_len = 32;
-  m.d_model = 64;
-  m.n_heads = 4;
-  m.n_layers = 3;
+  ModelConfig m = test_support::small_model(97, 32, 64, 4, 3);
   m.dropout = 0.1;
-  if (family == "llama") {
-    m.norm = Norm::rmsnorm;
-    m.activation = Activation::swiglu;
-    m.position = Position::rope;
-    m.tie_embeddings = false;
-    m.bias = false;
-  }
+  if (family == "llama") test_support::make_llama(m);
   return m;
 }
 

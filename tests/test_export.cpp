@@ -15,27 +15,26 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli_util.h"
 #include "runner/export/export.h"
 #include "runner/trained/trained_model.h"
+#include "tests/support/process.h"
+#include "tests/support/recipes.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace runner;
 
 namespace {
 
-using cli_util::Result;
-using cli_util::runner_cmd;
-using cli_util::sh;
+using test_support::Result;
+using test_support::runner_cmd;
 
-fs::path temp_dir(const std::string& name) { return cli_util::temp_dir("export", name); }
+fs::path temp_dir(const std::string& name) { return test_support::fresh_dir("export", name); }
 
 // A tiny quickstart model trained 20 steps (so no tensor is still at its initial value).
 fs::path train_tiny(const fs::path& dir, const std::string& extra) {
   fs::path run = dir / "run";
-  Result r = runner_cmd("train " + std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml --quiet --run-dir " +
-                        run.string() + " --set train.steps=20 train.eval_every=0 checkpoint.every_steps=20 " +
-                        "model.d_model=32 model.n_heads=2 model.seq_len=24 " + extra);
+  Result r = runner_cmd(test_support::tiny_quickstart_args(run, 20, 24) + " " + extra);
   INFO(r.out);
   REQUIRE(r.code == 0);
   return run;
@@ -73,9 +72,9 @@ void check_against_torch(const std::string& name, const std::string& extra, cons
   CHECK(cfg["model_type"] == style);
   CHECK(cfg["vocab_size"] == 256);
 
-  Result py = sh("/usr/bin/python3 " + std::string(RUNNER_TEST_DIR) + "/python/hf_reference.py " + (dir / "st").string() +
-                 " " + (dir / "npz").string() + " " + (dir / "tokens.i32").string() + " " +
-                 (dir / "logits.f32").string() + " " + std::to_string(B) + " " + std::to_string(T));
+  Result py = test_support::sh("/usr/bin/python3 " + std::string(RUNNER_TEST_DIR) + "/python/hf_reference.py " +
+                               (dir / "st").string() + " " + (dir / "npz").string() + " " + (dir / "tokens.i32").string() +
+                               " " + (dir / "logits.f32").string() + " " + std::to_string(B) + " " + std::to_string(T));
   MESSAGE(py.out);
   CHECK(py.code == 0);
   fs::remove_all(dir);
@@ -88,10 +87,7 @@ TEST_CASE("export: GPT-2 safetensors run in PyTorch give the runner's logits") {
 }
 
 TEST_CASE("export: Llama safetensors (split q/k/v, gate/up, rotate-half rope, untied head) give the runner's logits") {
-  check_against_torch("llama",
-                      "model.norm=rmsnorm model.activation=swiglu model.position=rope model.bias=false "
-                      "model.tie_embeddings=false",
-                      "llama");
+  check_against_torch("llama", std::string(test_support::kLlamaSets) + " model.tie_embeddings=false", "llama");
 }
 
 TEST_CASE("export: the safetensors header and a bf16 export") {

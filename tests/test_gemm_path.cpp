@@ -19,6 +19,7 @@
 #include "ops/ops.h"
 #include "ops/rng.h"
 #include "runner/model/model.h"
+#include "tests/support/models.h"
 
 namespace {
 
@@ -337,19 +338,8 @@ struct ModelRun {
 
 ModelRun run_gpt(bool llama) {
   using namespace runner;
-  ModelConfig m;
-  m.vocab_size = 61;
-  m.seq_len = 16;
-  m.d_model = 32;
-  m.n_heads = 4;
-  m.n_layers = 2;
-  if (llama) {
-    m.norm = Norm::rmsnorm;
-    m.activation = Activation::swiglu;
-    m.position = Position::rope;
-    m.tie_embeddings = false;
-    m.bias = false;
-  }
+  ModelConfig m = test_support::small_model(61, 16, 32, 4, 2);
+  if (llama) test_support::make_llama(m);
   GptSpec spec;
   spec.model = m;
   spec.B = 2;
@@ -358,12 +348,7 @@ ModelRun run_gpt(bool llama) {
   ParamSet ps = init_params(g, m, 11);
   ops::Executor ex(g, ops::cpu_backend());
   bind_params(ex, g, ps);
-  const int64_t n = spec.B * m.seq_len;
-  std::vector<int32_t> tok(static_cast<size_t>(n)), tgt(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    tok[static_cast<size_t>(i)] = static_cast<int32_t>(ops::rng_u32(3, static_cast<uint64_t>(i)) % m.vocab_size);
-    tgt[static_cast<size_t>(i)] = static_cast<int32_t>(ops::rng_u32(4, static_cast<uint64_t>(i)) % m.vocab_size);
-  }
+  auto [tok, tgt] = test_support::random_tokens(spec.B * m.seq_len, m.vocab_size);
   const ops::MemoryEstimate est = ops::Executor::simulate(g);
   auto& mt = ops::MemoryTracker::instance();
   const size_t act0 = mt.current(ops::Account::Activations), ws0 = mt.current(ops::Account::Workspace);

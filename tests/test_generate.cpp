@@ -18,33 +18,24 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli_util.h"
 #include "runner/data/data.h"
 #include "runner/errors.h"
 #include "runner/generate/generate.h"
+#include "tests/support/process.h"
+#include "tests/support/recipes.h"
 
 namespace fs = std::filesystem;
 using namespace runner;
 
 namespace {
 
-using Result = cli_util::SplitResult;
+using Result = test_support::SplitResult;
+using test_support::runner_split;
 
-Result runner_cmd(const std::string& args, const fs::path& dir) { return cli_util::runner_split(args, dir); }
-
-struct Fixture : cli_util::TinyQuickstartRun {
-  explicit Fixture(const std::string& style = "gpt", const std::string& extra = "")
-      : TinyQuickstartRun("generate_" + style, 30, "3e-3", extra) {}
-};
-
-Fixture& fixture() {
-  static Fixture f;
-  return f;
-}
-Fixture& llama_fixture() {
-  static Fixture f("llama", "model.norm=rmsnorm model.activation=swiglu model.position=rope model.bias=false");
-  return f;
-}
+// The quickstart at a tiny size, 30 steps at learning rate 3e-3, in each style.
+using Fixture = const test_support::TinyQuickstartRun;
+Fixture& fixture() { return test_support::tiny_quickstart("generate_gpt", 30, "3e-3"); }
+Fixture& llama_fixture() { return test_support::tiny_quickstart("generate_llama", 30, "3e-3", test_support::kLlamaSets); }
 
 }  // namespace
 
@@ -144,7 +135,7 @@ TEST_CASE("generate: sample_token keeps to top-k and top-p and follows softmax(l
 TEST_CASE("generate CLI: text, --json records, refusals before running with the numbers") {
   Fixture& f = fixture();
   const std::string run = f.run.string();
-  Result one = runner_cmd("generate " + run + " --prompt '12+3' --max-new-tokens 5", f.dir);
+  Result one = runner_split("generate " + run + " --prompt '12+3' --max-new-tokens 5", f.dir);
   INFO(one.err);
   CHECK(one.code == 0);
   TrainedModel m = load_trained_model(run);
@@ -155,7 +146,7 @@ TEST_CASE("generate CLI: text, --json records, refusals before running with the 
   CHECK(one.out.substr(0, want.size()) == want);
 
   std::ofstream(f.dir / "prompts.txt") << "1+1=\n\n22+333=\n";
-  Result js = runner_cmd("generate " + run + " --prompts " + (f.dir / "prompts.txt").string() +
+  Result js = runner_split("generate " + run + " --prompts " + (f.dir / "prompts.txt").string() +
                              " --json --max-new-tokens 4 --temperature 0.7 --top-k 10 --top-p 0.9 --seed 5",
                          f.dir);
   INFO(js.err);
@@ -168,7 +159,7 @@ TEST_CASE("generate CLI: text, --json records, refusals before running with the 
   CHECK(recs[1]["new_tokens"] == 4);
   CHECK(recs[1]["tokens"].size() == 4);
 
-  Result ctx = runner_cmd("generate " + run + " --prompt '123456789' --max-new-tokens 30", f.dir);
+  Result ctx = runner_split("generate " + run + " --prompt '123456789' --max-new-tokens 30", f.dir);
   CHECK(ctx.code == 2);
   CHECK(ctx.out.empty());
   CHECK(ctx.err.find("9 tokens) plus --max-new-tokens 30 is 39 tokens, over the model's context of 32") != std::string::npos);
@@ -184,13 +175,13 @@ TEST_CASE("generate CLI: text, --json records, refusals before running with the 
   const int64_t maxb = m.plan.inference->max_batch;
   REQUIRE(maxb > 0);
   REQUIRE(maxb < 40);
-  Result big = runner_cmd("generate " + run + " --prompts " + (f.dir / "many.txt").string() + sets, f.dir);
+  Result big = runner_split("generate " + run + " --prompts " + (f.dir / "many.txt").string() + sets, f.dir);
   CHECK(big.code == 2);
   CHECK(big.err.find("40 prompts are more than the plan's largest inference batch, " + std::to_string(maxb)) !=
         std::string::npos);
-  Result bad = runner_cmd("generate " + run + " --prompt x --top-p 0", f.dir);
+  Result bad = runner_split("generate " + run + " --prompt x --top-p 0", f.dir);
   CHECK(bad.code == 2);
   CHECK(bad.err.find("--top-p 0 is outside (0, 1]") != std::string::npos);
-  Result none = runner_cmd("generate " + (f.dir / "missing").string() + " --prompt x", f.dir);
+  Result none = runner_split("generate " + (f.dir / "missing").string() + " --prompt x", f.dir);
   CHECK(none.code == 2);
 }

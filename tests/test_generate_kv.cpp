@@ -17,37 +17,24 @@
 #include <string>
 #include <vector>
 
-#include "cli_util.h"
 #include "ops/tensor.h"
 #include "runner/data/data.h"
 #include "runner/errors.h"
 #include "runner/generate/decoder.h"
 #include "runner/generate/generate.h"
+#include "tests/support/process.h"
+#include "tests/support/recipes.h"
 
 namespace fs = std::filesystem;
 using namespace runner;
 
 namespace {
 
-using Result = cli_util::SplitResult;
-
-Result runner_cmd(const std::string& args, const fs::path& dir) { return cli_util::runner_split(args, dir); }
-
 // A tiny model trained on addition for a few seconds (2 layers, d_model 32, 2 heads, context
 // 32): confident enough that its logits span several units.
-struct Fixture : cli_util::TinyQuickstartRun {
-  explicit Fixture(const std::string& style, const std::string& extra = "")
-      : TinyQuickstartRun("generate_kv_" + style, 150, "1e-2", extra) {}
-};
-
-Fixture& gpt_fixture() {
-  static Fixture f("gpt");
-  return f;
-}
-Fixture& llama_fixture() {
-  static Fixture f("llama", "model.norm=rmsnorm model.activation=swiglu model.position=rope model.bias=false");
-  return f;
-}
+using Fixture = const test_support::TinyQuickstartRun;
+Fixture& gpt_fixture() { return test_support::tiny_quickstart("generate_kv_gpt", 150, "1e-2"); }
+Fixture& llama_fixture() { return test_support::tiny_quickstart("generate_kv_llama", 150, "1e-2", test_support::kLlamaSets); }
 
 const std::vector<std::string> kTexts = {"12+34=46\n7+8=15\n100+9", "345+678=1023\n1+1=2\n55+", "9+9=18\n"};
 const std::vector<int64_t> kPrompt = {5, 11, 1};  // prefill lengths: three different, one of a single token
@@ -228,12 +215,16 @@ TEST_CASE("KV cache: a request over the plan's batch or context is refused befor
   CHECK(mt.peak(ops::Account::KvCache) == static_cast<size_t>(m.plan.inference->kv_cache));
 
   // The CLI says the same with exit code 2 and prints nothing; --no-kv-cache is the reference.
-  Result r = runner_cmd("generate " + f.run.string() + " --prompt '123+456=' --max-new-tokens 10 --set inference.context=16", f.dir);
+  const std::string run = f.run.string();
+  const test_support::SplitResult r = test_support::runner_split(
+      "generate " + run + " --prompt '123+456=' --max-new-tokens 10 --set inference.context=16", f.dir);
   CHECK(r.code == 2);
   CHECK(r.out.empty());
   CHECK(r.err.find("over the KV cache's context of 16") != std::string::npos);
-  Result a = runner_cmd("generate " + f.run.string() + " --prompt '12+34=' --max-new-tokens 8", f.dir);
-  Result b = runner_cmd("generate " + f.run.string() + " --prompt '12+34=' --max-new-tokens 8 --no-kv-cache", f.dir);
+  const test_support::SplitResult a =
+      test_support::runner_split("generate " + run + " --prompt '12+34=' --max-new-tokens 8", f.dir);
+  const test_support::SplitResult b =
+      test_support::runner_split("generate " + run + " --prompt '12+34=' --max-new-tokens 8 --no-kv-cache", f.dir);
   CHECK(a.code == 0);
   CHECK(b.code == 0);
   CHECK(a.out == b.out);

@@ -16,17 +16,19 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/data/data.h"
+#include "tests/support/process.h"
+#include "tests/support/recipes.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 
 TEST_CASE("generate: the quickstart model completes held-out additions with the trainer's accuracy") {
-  fs::path dir = fs::temp_directory_path() / ("runner_generate_qs_" + std::to_string(getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const test_support::TempDir dir("generate_qs");
   const std::string run = (dir / "run").string();
-  int st = std::system((std::string(RUNNER_BINARY) + " train " + RUNNER_SOURCE_DIR + "/recipes/quickstart.yaml --quiet --run-dir " + run).c_str());
-  REQUIRE(WIFEXITED(st));
-  REQUIRE(WEXITSTATUS(st) == 0);
+  const test_support::Result trained =
+      test_support::runner_cmd("train " + test_support::quickstart_recipe() + " --quiet --run-dir " + run);
+  INFO(trained.out);
+  REQUIRE(trained.code == 0);
   double trainer_acc = -1;
   std::ifstream mf(fs::path(run) / "metrics.jsonl");
   for (std::string l; std::getline(mf, l);) {
@@ -39,15 +41,12 @@ TEST_CASE("generate: the quickstart model completes held-out additions with the 
   std::ofstream pf(dir / "prompts.txt");
   for (auto& p : problems) pf << runner::byte_detokenize(p.prompt) << "\n";
   pf.close();
-  const std::string cmd = std::string(RUNNER_BINARY) + " generate " + run + " --prompts " + (dir / "prompts.txt").string() +
-                          " --json --max-new-tokens 5 --stop $'\\n'";
-  FILE* p = popen(("bash -c \"" + cmd + "\"").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  REQUIRE(pclose(p) == 0);
-  std::istringstream lines(out);
+  // The stop string is a newline, written inside single quotes (sh has no $'...' quoting).
+  const test_support::SplitResult gen = test_support::runner_split(
+      "generate " + run + " --prompts " + (dir / "prompts.txt").string() + " --json --max-new-tokens 5 --stop '\n'", dir);
+  INFO(gen.err);
+  REQUIRE(gen.code == 0);
+  std::istringstream lines(gen.out);
   int64_t correct = 0, seen = 0;
   for (std::string l; std::getline(lines, l); ++seen) {
     auto j = nlohmann::json::parse(l);

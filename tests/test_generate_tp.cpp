@@ -18,43 +18,21 @@
 #include <string>
 #include <vector>
 
-#include "mpirun_util.h"
+#include "tests/support/process.h"
+#include "tests/support/recipes.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kDir = fs::temp_directory_path() / ("runner_generate_tp_" + std::to_string(getpid()));
+const test_support::TempDir kScratch("generate_tp");
+const fs::path& kDir = kScratch.path;
 
-struct Cleanup {
-  ~Cleanup() {
-    std::error_code ec;
-    if (!std::getenv("RUNNER_KEEP_TEST_DIRS")) fs::remove_all(kDir, ec);
-  }
-} cleanup;
-
-struct Out {
-  int code = -1;
-  std::string out, err;  // stdout, stderr apart
-};
+using Out = test_support::SplitResult;
 
 // `prefix runner ARGS`, stdout and stderr captured apart.
-Out run(const std::string& prefix, const std::string& args) {
-  Out r;
-  const fs::path errf = kDir / "stderr.txt";
-  const std::string cmd = prefix + RUNNER_BINARY + " " + args + " 2>" + errf.string();
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  std::ifstream e(errf);
-  std::stringstream ss;
-  ss << e.rdbuf();
-  r.err = ss.str();
-  return r;
-}
+Out run(const std::string& prefix, const std::string& args) { return test_support::runner_split(args, kDir, prefix); }
 
 std::vector<float> read_floats(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -64,18 +42,16 @@ std::vector<float> read_floats(const fs::path& p) {
   return v;
 }
 
-// The trained tp2 run (mpirun_util's layout model: vocabulary 63, padded to 64 under tp2).
+// The trained tp2 run (the support library's layout model: vocabulary 63, padded to 64 under tp2).
 const fs::path& tp2_run() {
   static fs::path run;
   if (run.empty()) {
-    fs::create_directories(kDir);
-    const fs::path recipe = kDir / "layout.yaml";
-    std::ofstream(recipe) << mpirun_util::kLayoutRecipe;
+    const fs::path recipe = test_support::write_layout_recipe(kDir);
     run = kDir / "tp2";
-    mpirun_util::Result r = mpirun_util::sh(mpirun_util::mpirun(2) + RUNNER_BINARY + " train " + recipe.string() +
+    test_support::Result r = test_support::sh(test_support::mpirun(2) + RUNNER_BINARY + " train " + recipe.string() +
                                             " --quiet --run-dir " + run.string() + " --set parallel.tp=2");
     INFO(r.out);
-    REQUIRE(r.rc == 0);
+    REQUIRE(r.code == 0);
     std::ofstream(kDir / "prompts.txt") << "12+34=\n7+8=\n99+1=\n";
   }
   return run;
@@ -106,7 +82,7 @@ TEST_CASE("generate on tp2 under mpirun: the one-rank tokens, logits within 1e-5
   for (const std::string cache : {"", " --no-kv-cache"}) {
     CAPTURE(cache);
     Out one = run(kOneRank, args + (kDir / "one.bin").string() + cache);
-    Out tp = run(mpirun_util::mpirun(2), args + (kDir / "tp.bin").string() + cache);
+    Out tp = run(test_support::mpirun(2), args + (kDir / "tp.bin").string() + cache);
     INFO(one.err << tp.err);
     REQUIRE(one.code == 0);
     REQUIRE(tp.code == 0);
@@ -136,7 +112,7 @@ TEST_CASE("generate on tp2 x dp2: the replicas generate the same, rank 0 prints"
   const fs::path& rd = tp2_run();
   const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() + " --max-new-tokens 6 --json";
   Out one = run(kOneRank, args);
-  Out dp = run(mpirun_util::mpirun(4), args);
+  Out dp = run(test_support::mpirun(4), args);
   INFO(one.err << dp.err);
   REQUIRE(one.code == 0);
   REQUIRE(dp.code == 0);
@@ -146,16 +122,17 @@ TEST_CASE("generate on tp2 x dp2: the replicas generate the same, rank 0 prints"
 TEST_CASE("generate on pp2 under mpirun: each stage its layers' cache, the one-rank tokens, logits within 1e-5 relative") {
   tp2_run();  // writes the recipe and the prompts
   const fs::path rd = kDir / "pp2";
-  mpirun_util::Result r = mpirun_util::sh(mpirun_util::mpirun(2) + RUNNER_BINARY + " train " + (kDir / "layout.yaml").string() +
-                                          " --quiet --run-dir " + rd.string() + " --set parallel.pp=2");
+  test_support::Result r = test_support::sh(test_support::mpirun(2) + RUNNER_BINARY + " train " +
+                                            (kDir / "layout.yaml").string() + " --quiet --run-dir " + rd.string() +
+                                            " --set parallel.pp=2");
   INFO(r.out);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() +
                            " --max-new-tokens 8 --json --stats --logits-out ";
   for (const std::string cache : {"", " --no-kv-cache"}) {
     CAPTURE(cache);
     Out one = run(kOneRank, args + (kDir / "one.bin").string() + cache);
-    Out pp = run(mpirun_util::mpirun(2), args + (kDir / "pp.bin").string() + cache);
+    Out pp = run(test_support::mpirun(2), args + (kDir / "pp.bin").string() + cache);
     INFO(one.err << pp.err);
     REQUIRE(one.code == 0);
     REQUIRE(pp.code == 0);

@@ -23,40 +23,28 @@
 #include <thread>
 #include <vector>
 
-#include "cli_util.h"
+#include "tests/support/process.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-using cli_util::Result;
+using test_support::Result;
+using test_support::wait_exit;
 
 Result run(const std::string& args, const std::string& env = "") {
-  return cli_util::sh(env + " " + std::string(RUNNER_BINARY) + " " + args);
+  return test_support::sh(env + " " + test_support::binary() + " " + args);
 }
 
-pid_t spawn(const std::string& args, const std::string& env = "") {
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::string cmd = "exec env " + env + " " + std::string(RUNNER_BINARY) + " " + args + " >/dev/null 2>&1";
-    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
+// The binary started without a shell (its pid is the runner's), output discarded.
+pid_t spawn(const std::string& args, const std::string& env) {
+  return test_support::spawn_runner(test_support::split(args), test_support::split(env));
 }
 
-int wait_exit(pid_t pid) {
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+fs::path temp_dir(const std::string& name) { return test_support::fresh_dir("hard", name); }
 
-fs::path temp_dir(const std::string& name) { return cli_util::temp_dir("hard", name); }
-
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+std::string read_file(const fs::path& p) { return test_support::slurp(p); }
 
 bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 

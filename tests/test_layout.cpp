@@ -15,13 +15,14 @@
 
 #include "parallel/comm.h"
 #include "parallel/grid.h"
-#include "mpirun_util.h"
 #include "runner/checkpoint/policy.h"
 #include "runner/checkpoint/state_shards.h"
 #include "runner/model/layout.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
 #include "runner/train/optimizer.h"
+#include "tests/support/recipes.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace runner;
@@ -29,7 +30,7 @@ using namespace runner;
 namespace {
 
 Plan plan_of(const std::vector<std::string>& sets, int64_t world) {
-  return make_plan(load_recipe_text(mpirun_util::kLayoutRecipe, "layout.yaml", sets), world);
+  return make_plan(load_recipe_text(test_support::kLayoutRecipe, "layout.yaml", sets), world);
 }
 
 bool same_desc(const ops::TensorDesc& a, const ops::TensorDesc& b) {
@@ -136,8 +137,8 @@ TEST_CASE("the ledger replays the schedule the trainer runs") {
 }
 
 TEST_CASE("no checkpoint path builds a graph") {
-  const fs::path dir = fs::temp_directory_path() / ("runner_test_layout_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const test_support::TempDir scratch("test_layout");
+  const fs::path& dir = scratch.path;
   const Plan plan = plan_of({"parallel.tp=1"}, 1);
   const ModelLayout& lay = *plan.layout;
   parallel::Grid grid(parallel::self_comm(), {1, 1, 1});

@@ -20,18 +20,14 @@
 #include "ops/executor.h"
 #include "runner/model/model.h"
 #include "runner/plan/plan.h"
+#include "tests/support/models.h"
 
 using namespace runner;
 
 namespace {
 
 ModelConfig gpt_model(int64_t h, int64_t a, int64_t s, int64_t layers, double dropout) {
-  ModelConfig m;
-  m.vocab_size = 1000;
-  m.seq_len = s;
-  m.d_model = h;
-  m.n_heads = a;
-  m.n_layers = layers;
+  ModelConfig m = test_support::small_model(1000, s, h, a, layers);
   m.dropout = dropout;
   return m;
 }

@@ -18,36 +18,30 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mpirun_util.h"
 #include "ops/graph.h"
 #include "runner/model/model.h"
 #include "runner/plan/internal.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
+#include "tests/support/process.h"
+#include "tests/support/recipes.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
-using mpirun_util::kLayoutRecipe;
-using mpirun_util::mpirun;
-using mpirun_util::Result;
-using mpirun_util::sh;
+using test_support::kLayoutRecipe;
+using test_support::Result;
+using test_support::sh;
 
 namespace {
 
-const fs::path kDir = fs::temp_directory_path() / ("runner_test_monitor_" + std::to_string(::getpid()));
-struct Cleanup {
-  ~Cleanup() {
-    std::error_code ec;
-    if (!std::getenv("RUNNER_KEEP_TEST_DIRS")) fs::remove_all(kDir, ec);
-  }
-} cleanup;
+const test_support::TempDir kScratch("test_monitor");
+const fs::path& kDir = kScratch.path;
 
 const char* const kParts[] = {"data_ms",         "forward_ms",       "backward_ms",   "optimizer_ms", "comm_exposed_ms",
                               "pipeline_idle_ms", "loss_scale_ms",    "rollback_ms",   "checkpoint_ms", "other_ms"};
 
 std::string layout_recipe() {
-  fs::create_directories(kDir);
-  fs::path p = kDir / "layout.yaml";
-  if (!fs::exists(p)) std::ofstream(p) << kLayoutRecipe;
+  static const fs::path p = test_support::write_layout_recipe(kDir);
   return p.string();
 }
 
@@ -66,15 +60,13 @@ struct Run {
 Run train(const std::string& name, int np, const std::string& recipe, const std::string& sets, const std::string& env = "") {
   const fs::path dir = kDir / name;
   fs::remove_all(dir);
-  std::string cmd = env + " " + (np ? mpirun(np) : std::string("OMP_NUM_THREADS=1 timeout 300 ")) + RUNNER_BINARY + " train " +
-                    recipe + " --quiet --run-dir " + dir.string() + " " + sets;
+  std::string cmd = env + " " + test_support::launcher(np) + RUNNER_BINARY + " train " + recipe + " --quiet --run-dir " +
+                    dir.string() + " " + sets;
   Run run;
   run.r = sh(cmd);
   INFO(cmd << "\n" << run.r.out);
-  REQUIRE(run.r.rc == 0);
-  std::ifstream in(dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
+  REQUIRE(run.r.code == 0);
+  for (const nlohmann::json& j : test_support::metrics_records(dir)) {
     if (j.contains("summary")) run.summary = j;
     else if (j.contains("monitor")) run.monitors.push_back(j);
     else if (j.contains("alert")) run.alerts.push_back(j);
@@ -314,7 +306,7 @@ TEST_CASE("--profile FROM:TO: per operator forward/backward/recompute, FLOPs fro
   // A window outside the run is refused before anything is written.
   Result bad = sh(std::string(RUNNER_BINARY) + " train " + recipe + " --run-dir " + (kDir / "badprofile").string() +
                   " --set train.steps=6 --profile 5:9");
-  CHECK(bad.rc == 2);
+  CHECK(bad.code == 2);
   CHECK(bad.out.find("--profile '5:9'") != std::string::npos);
   CHECK(bad.out.find("FROM:TO") != std::string::npos);
   CHECK_FALSE(fs::exists(kDir / "badprofile"));
@@ -322,7 +314,7 @@ TEST_CASE("--profile FROM:TO: per operator forward/backward/recompute, FLOPs fro
   const fs::path rp = kDir / "profiled.yaml";
   std::ofstream(rp) << kLayoutRecipe << "profile:\n  steps: \"2:x\"\n";
   Result bad2 = sh(std::string(RUNNER_BINARY) + " train " + rp.string() + " --run-dir " + (kDir / "badprofile").string());
-  CHECK(bad2.rc == 2);
+  CHECK(bad2.code == 2);
   CHECK(bad2.out.find(rp.string() + ":") != std::string::npos);
   CHECK(bad2.out.find("profile.steps '2:x'") != std::string::npos);
   CHECK_FALSE(fs::exists(kDir / "badprofile"));

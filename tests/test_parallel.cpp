@@ -25,50 +25,34 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mpirun_util.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/model/model.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
+#include "tests/support/process.h"
+#include "tests/support/recipes.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kDir = fs::temp_directory_path() / ("runner_test_parallel_" + std::to_string(::getpid()));
-struct Cleanup {
-  ~Cleanup() {
-    std::error_code ec;
-    if (!std::getenv("RUNNER_KEEP_TEST_DIRS")) fs::remove_all(kDir, ec);
-  }
-} cleanup;
+const test_support::TempDir kScratch("test_parallel");
+const fs::path& kDir = kScratch.path;
 
-using mpirun_util::kLayoutRecipe;
-using mpirun_util::mpirun;
-using mpirun_util::Result;
-using mpirun_util::sh;
+using test_support::mpirun;
+using test_support::Result;
+using test_support::sh;
 
 
 
 std::string recipe_path() {
-  static bool written = false;
-  fs::path p = kDir / "layout.yaml";
-  if (!written) {
-    fs::create_directories(kDir);
-    std::ofstream(p) << kLayoutRecipe;
-    written = true;
-  }
+  static const fs::path p = test_support::write_layout_recipe(kDir);
   return p.string();
 }
 
 
-// The records of a run's metrics.jsonl.
-std::vector<nlohmann::json> records(const fs::path& run) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+std::vector<nlohmann::json> records(const fs::path& run) { return test_support::metrics_records(run); }
 
 // The last record that has `key` (null when none does).
 nlohmann::json last_with(const fs::path& run, const char* key) {
@@ -79,21 +63,15 @@ nlohmann::json last_with(const fs::path& run, const char* key) {
 }
 
 // Per-step training losses of a run.
-std::map<int64_t, double> losses_of(const fs::path& run) {
-  std::map<int64_t, double> losses;
-  for (auto& j : records(run))
-    if (j.contains("loss") && j.contains("step") && !j.contains("eval") && !j.contains("rollback"))
-      losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  return losses;
-}
+std::map<int64_t, double> losses_of(const fs::path& run) { return test_support::step_losses(run); }
 
 // Runs `runner COMMAND TARGET --quiet SETS` (np 0: plain process, no mpirun); requires success.
 void run_runner(int np, const std::string& command, const std::string& target, const std::string& sets) {
-  std::string cmd = (np ? mpirun(np) : std::string("OMP_NUM_THREADS=1 ")) + RUNNER_BINARY + " " + command + " " + target +
+  std::string cmd = test_support::launcher(np) + RUNNER_BINARY + " " + command + " " + target +
                     " --quiet " + sets;
   Result r = sh(cmd);
   INFO(cmd << "\n" << r.out);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
 }
 
 // Trains into kDir/name; returns its per-step losses.
@@ -170,16 +148,7 @@ double max_param_rel(const std::map<std::string, std::vector<float>>& a, const s
 
 // Invariant 4 on every layout: rank 0's measured peak of each account against the plan's
 // prediction for its stage (from the run's summary record).
-void check_ledger(const fs::path& run) {
-  nlohmann::json summary = last_with(run, "summary");
-  REQUIRE(summary.contains("ledger"));
-  for (auto& [account, v] : summary["ledger"].items()) {
-    CAPTURE(account);
-    double predicted = v["predicted"].get<double>(), measured = v["measured"].get<double>();
-    if (predicted == 0) CHECK(measured == 0);
-    else CHECK(std::abs(measured - predicted) <= 0.05 * predicted);
-  }
-}
+void check_ledger(const fs::path& run) { test_support::check_ledger(run); }
 
 const std::map<int64_t, double>& serial() {
   static std::map<int64_t, double> s = train("serial", 0, "");
@@ -301,7 +270,7 @@ TEST_CASE("a world size that does not match the recipe, or an indivisible layout
     std::string cmd = (b.np ? mpirun(b.np) : std::string()) + RUNNER_BINARY + " train " + recipe_path() + " --quiet --run-dir " + dir.string() + " " + b.sets;
     Result r = sh(cmd);
     INFO(cmd << "\n" << r.out);
-    CHECK(r.rc == 2);
+    CHECK(r.code == 2);
     CHECK(r.out.find(b.expect) != std::string::npos);
     CHECK(r.out.find(b.where) != std::string::npos);
     CHECK_FALSE(fs::exists(dir));
@@ -315,8 +284,8 @@ TEST_CASE("a rank that fails stops the whole job with its message, and no checkp
                     recipe_path() + " --quiet --run-dir " + dir.string() + " --set parallel.pp=2";
   Result r = sh(cmd);
   INFO(r.out);
-  CHECK(r.rc != 0);
-  CHECK(r.rc != 124);  // stopped promptly, not by the timeout
+  CHECK(r.code != 0);
+  CHECK(r.code != 124);  // stopped promptly, not by the timeout
   CHECK(r.out.find("injected fault at step 7") != std::string::npos);
   CHECK(r.out.find("dp0.tp0.pp1") != std::string::npos);  // the failing rank, by its coordinates
   auto steps = runner::list_checkpoint_steps((dir / "checkpoints").string());
@@ -373,7 +342,7 @@ TEST_CASE("a multi-rank run stopped at any moment resumes bit for bit") {
     fs::path pidfile = kDir / "mpirun.pid";
     std::string cmd = mpirun(2) + RUNNER_BINARY + " train " + recipe_path() + " --quiet --run-dir " + dir.string() + " " +
                       sets + " > /dev/null 2>&1 & echo $! > " + pidfile.string();
-    REQUIRE(sh(cmd).rc == 0);
+    REQUIRE(sh(cmd).code == 0);
     std::string pid;
     std::ifstream(pidfile) >> pid;
     REQUIRE(!pid.empty());
@@ -386,7 +355,7 @@ TEST_CASE("a multi-rank run stopped at any moment resumes bit for bit") {
       sh("kill -TERM " + pid);
     }
     // Wait for every rank to be gone ("[-]" keeps the pattern from matching pgrep's own shell).
-    for (int i = 0; i < 1500 && sh("pgrep -f -- '[-]-run-dir " + dir.string() + "' > /dev/null").rc == 0; ++i) ::usleep(20000);
+    for (int i = 0; i < 1500 && sh("pgrep -f -- '[-]-run-dir " + dir.string() + "' > /dev/null").code == 0; ++i) ::usleep(20000);
     auto steps = runner::list_checkpoint_steps((dir / "checkpoints").string());
     REQUIRE(!steps.empty());
     int64_t from = steps.back();
@@ -439,7 +408,7 @@ TEST_CASE("ranks on one machine share its cores unless told otherwise") {
                     " --set train.threads=0 --set train.steps=2 --set parallel.dp=4";
   Result r = sh("timeout 300 " + cmd);
   INFO(r.out);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   std::ifstream in(dir / "log.rank0.txt");
   std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const unsigned share = std::max(1u, std::thread::hardware_concurrency() / 4);

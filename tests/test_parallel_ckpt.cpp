@@ -36,13 +36,15 @@
 #include "ops/rng.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
-#include "mpirun_util.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/model/model.h"
 #include "runner/train/optimizer.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
 #include "runner/checkpoint/state_shards.h"
+#include "tests/support/process.h"
+#include "tests/support/recipes.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace runner;
@@ -53,23 +55,18 @@ void set_checkpoint_round_bytes(size_t n);  // checkpoint_file.cpp's test hook
 
 namespace {
 
-const fs::path kDir = fs::temp_directory_path() / ("runner_test_pckpt_" + std::to_string(::getpid()));
+using test_support::mpirun;
+using test_support::Result;
+using test_support::sh;
 
-using mpirun_util::kLayoutRecipe;
-using mpirun_util::mpirun;
-using mpirun_util::Result;
-using mpirun_util::sh;
-
+const test_support::TempDir kDir("test_pckpt");
 
 constexpr uint64_t kInitSeed = 1234;
 
 
 std::string recipe_path(const fs::path& dir) {
   fs::path p = dir / "pckpt.yaml";
-  if (!fs::exists(p)) {
-    fs::create_directories(dir);
-    std::ofstream(p) << kLayoutRecipe;
-  }
+  if (!fs::exists(p)) test_support::write_layout_recipe(dir, "pckpt.yaml");
   return p.string();
 }
 
@@ -344,7 +341,7 @@ TEST_CASE("under mpirun every rank writes its slices: the file equals the gather
     std::string cmd = mpirun(np) + "-x RUNNER_PCKPT_CHILD='" + spec + "' " + own_executable() + " -tc='child*'";
     Result r = sh(cmd);
     INFO(cmd << "\n" << r.out);
-    REQUIRE(r.rc == 0);
+    REQUIRE(r.code == 0);
     const fs::path a = dir / "sharded" / "step_00000008.h5", b = dir / "gathered" / "step_00000008.h5";
     CHECK_NOTHROW(verify_checkpoint_file(a.string()));
     bool ok = false;
@@ -392,31 +389,22 @@ TEST_CASE("under mpirun a rank that fails during a save fails it on every rank a
   std::string cmd = mpirun(4) + "-x RUNNER_PCKPT_CHILD='" + spec + "' " + own_executable() + " -tc='child*'";
   Result r = sh(cmd);
   INFO(cmd << "\n" << r.out);
-  CHECK(r.rc == 0);
+  CHECK(r.code == 0);
 }
 
 // ---- through the runner ----
 
 namespace {
 
-std::map<int64_t, double> losses_of(const fs::path& run) {
-  std::map<int64_t, double> losses;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss") && j.contains("step") && !j.contains("eval") && !j.contains("rollback"))
-      losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  }
-  return losses;
-}
+std::map<int64_t, double> losses_of(const fs::path& run) { return test_support::step_losses(run); }
 
 std::map<int64_t, double> train(const fs::path& run, const std::string& recipe, int np, const std::string& sets) {
   fs::remove_all(run);
-  std::string cmd = (np ? mpirun(np) : std::string("OMP_NUM_THREADS=1 ")) + RUNNER_BINARY + " train " + recipe +
-                    " --quiet --run-dir " + run.string() + " " + sets;
+  std::string cmd =
+      test_support::launcher(np) + RUNNER_BINARY + " train " + recipe + " --quiet --run-dir " + run.string() + " " + sets;
   Result r = sh(cmd);
   INFO(cmd << "\n" << r.out);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   return losses_of(run);
 }
 
@@ -448,7 +436,7 @@ TEST_CASE("runner: synchronous (parallel HDF5) and asynchronous (gathered) check
       for (const fs::path& f : {sync / "checkpoints" / step, async / "checkpoints" / step}) {
         Result r = sh(std::string(RUNNER_BINARY) + " inspect " + f.string());
         INFO(r.out);
-        CHECK(r.rc == 0);
+        CHECK(r.code == 0);
         CHECK(r.out.find("verdict: OK") != std::string::npos);
         CHECK(r.out.find("world size 4") != std::string::npos);
       }
@@ -465,7 +453,7 @@ TEST_CASE("runner: synchronous (parallel HDF5) and asynchronous (gathered) check
                       " --quiet --set parallel.tp=1 --set parallel.pp=1 --set parallel.zero=0";
     Result r = sh(cmd);
     INFO(cmd << "\n" << r.out);
-    REQUIRE(r.rc == 0);
+    REQUIRE(r.code == 0);
     auto lr = losses_of(one);
     REQUIRE(lr.size() == 5);
     for (auto& [step, loss] : lr) CHECK(std::abs(loss - serial.at(step)) <= 1e-5 * std::abs(serial.at(step)));
@@ -490,7 +478,7 @@ TEST_CASE("under mpirun a checkpoint that crashes its reader is skipped: resume 
     return std::string(std::istreambuf_iterator<char>(f), {});
   }();
   INFO(cmd << "\n" << r.out << "\n" << log);
-  CHECK(r.rc == 0);
+  CHECK(r.code == 0);
   CHECK(log.find("step_00000010.h5 does not verify: ") != std::string::npos);
   CHECK(log.find("checkpoint is corrupt: reading its HDF5 metadata crashed the reader (signal 6)") != std::string::npos);
   CHECK(log.find("(step 5) instead of step_00000010.h5") != std::string::npos);

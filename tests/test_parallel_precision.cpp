@@ -28,53 +28,33 @@
 
 #include <fmt/format.h>
 
-#include "mpirun_util.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
+#include "tests/support/process.h"
+#include "tests/support/recipes.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kDir = fs::temp_directory_path() / ("runner_test_parallel_precision_" + std::to_string(::getpid()));
-struct Cleanup {
-  ~Cleanup() {
-    std::error_code ec;
-    if (!std::getenv("RUNNER_KEEP_TEST_DIRS")) fs::remove_all(kDir, ec);
-  }
-} cleanup;
+const test_support::TempDir kScratch("test_parallel_precision");
+const fs::path& kDir = kScratch.path;
 
 std::string recipe_path() {
-  fs::path p = kDir / "layout.yaml";
-  if (!fs::exists(p)) {
-    fs::create_directories(kDir);
-    std::ofstream(p) << mpirun_util::kLayoutRecipe;
-  }
+  static const fs::path p = test_support::write_layout_recipe(kDir);
   return p.string();
 }
 
-std::vector<nlohmann::json> records(const fs::path& run) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
-std::map<int64_t, double> losses_of(const fs::path& run) {
-  std::map<int64_t, double> l;
-  for (auto& j : records(run))
-    if (j.contains("loss") && j.contains("step") && !j.contains("eval") && !j.contains("rollback") && !j.contains("summary"))
-      l[j["step"].get<int64_t>()] = j["loss"].get<double>();
-  return l;
-}
+std::map<int64_t, double> losses_of(const fs::path& run) { return test_support::step_losses(run, /*skip_summary=*/true); }
 
 std::map<int64_t, double> train(const std::string& name, int np, const std::string& sets) {
   fs::remove_all(kDir / name);
-  std::string cmd = (np ? mpirun_util::mpirun(np) : std::string("OMP_NUM_THREADS=1 ")) + RUNNER_BINARY + " train " +
-                    recipe_path() + " --quiet --run-dir " + (kDir / name).string() + " " + sets;
-  mpirun_util::Result r = mpirun_util::sh(cmd);
+  std::string cmd = test_support::launcher(np) + RUNNER_BINARY + " train " + recipe_path() + " --quiet --run-dir " +
+                    (kDir / name).string() + " " + sets;
+  test_support::Result r = test_support::sh(cmd);
   INFO(cmd << "\n" << r.out);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   return losses_of(kDir / name);
 }
 
@@ -90,18 +70,7 @@ double max_rel(const std::map<int64_t, double>& a, const std::map<int64_t, doubl
 }
 
 // Rank 0's measured peak of each account against the plan's prediction for its stage.
-void check_ledger(const fs::path& run) {
-  nlohmann::json summary;
-  for (auto& j : records(run))
-    if (j.contains("summary")) summary = j;
-  REQUIRE(summary.contains("ledger"));
-  for (auto& [account, v] : summary["ledger"].items()) {
-    CAPTURE(account);
-    double predicted = v["predicted"].get<double>(), measured = v["measured"].get<double>();
-    if (predicted == 0) CHECK(measured == 0);
-    else CHECK(std::abs(measured - predicted) <= 0.05 * predicted);
-  }
-}
+void check_ledger(const fs::path& run) { test_support::check_ledger(run); }
 
 // `--set hardware.memory_gb=...` halfway between what recompute full and none need on the
 // worst stage of the layout `sets` gives (so that recompute auto must choose some, not all).

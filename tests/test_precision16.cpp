@@ -11,6 +11,7 @@
 #include "ops/executor.h"
 #include "ops/rng.h"
 #include "runner/model/model.h"
+#include "tests/support/models.h"
 
 using namespace runner;
 
@@ -81,19 +82,8 @@ TEST_CASE("bf16 rounding: nearest even, NaN stays NaN, the fp32 range is kept") 
 namespace {
 
 ModelConfig tiny(bool llama) {
-  ModelConfig m;
-  m.vocab_size = 61;
-  m.seq_len = 16;
-  m.d_model = 32;
-  m.n_heads = 4;
-  m.n_layers = 2;
-  if (llama) {
-    m.norm = Norm::rmsnorm;
-    m.activation = Activation::swiglu;
-    m.position = Position::rope;
-    m.tie_embeddings = false;
-    m.bias = false;
-  }
+  ModelConfig m = test_support::small_model(61, 16, 32, 4, 2);
+  if (llama) test_support::make_llama(m);
   return m;
 }
 
@@ -116,12 +106,7 @@ Result run(const ModelConfig& m, ops::DType act, const std::string& recompute) {
   ParamSet ps = init_params(g, m, 11);
   ops::Executor ex(g, ops::cpu_backend());
   bind_params(ex, g, ps);
-  const int64_t n = spec.B * m.seq_len;
-  std::vector<int32_t> tok(static_cast<size_t>(n)), tgt(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    tok[static_cast<size_t>(i)] = static_cast<int32_t>(ops::rng_u32(3, static_cast<uint64_t>(i)) % m.vocab_size);
-    tgt[static_cast<size_t>(i)] = static_cast<int32_t>(ops::rng_u32(4, static_cast<uint64_t>(i)) % m.vocab_size);
-  }
+  auto [tok, tgt] = test_support::random_tokens(spec.B * m.seq_len, m.vocab_size);
   ops::MemoryEstimate est = ops::Executor::simulate(g);
   auto& mt = ops::MemoryTracker::instance();
   const size_t act0 = mt.current(ops::Account::Activations), ws0 = mt.current(ops::Account::Workspace);

@@ -9,9 +9,14 @@
 // than fp32 and differed by 0.30 during the fall (steps 1000-1250). The test allows 0.45 nats
 // per window (1.5x the largest seen) and requires the last window's mean below 0.15 (fp32:
 // ~0.01) and >= 90% accuracy.
-#include "quickstart_run.h"
+#include <doctest/doctest.h>
 
-using namespace quickstart_run;
+#include <cmath>
+#include <string>
+
+#include "tests/support/recipes.h"
+
+using namespace test_support::quickstart;
 
 
 TEST_CASE("quickstart in bf16 and fp16 learns too, and its loss curve tracks fp32's within the band") {

@@ -22,6 +22,8 @@
 #include "runner/plan/internal.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
+#include "tests/support/process.h"
+#include "tests/support/temp_dir.h"
 
 using namespace runner;
 namespace fs = std::filesystem;
@@ -318,22 +320,9 @@ TEST_CASE("recompute.modules or recompute.layers beside mode auto is a recipe er
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
+using test_support::Result;
 
-Result run(const std::string& args, const std::string& cwd) {
-  std::string cmd = "cd '" + cwd + "' && " + std::string(RUNNER_BINARY) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+Result run(const std::string& args, const std::string& cwd) { return test_support::runner_cmd(args, cwd); }
 
 }  // namespace
 
@@ -352,9 +341,7 @@ TEST_CASE("runner train with auto recomputes what the plan chose: activation pea
   REQUIRE(planned.fits);
   REQUIRE_FALSE(planned.recompute_auto->chosen.empty());
 
-  fs::path cwd = fs::temp_directory_path() / ("runner_recompute_auto_" + std::to_string(getpid()));
-  fs::remove_all(cwd);
-  fs::create_directories(cwd);
+  const fs::path cwd = test_support::fresh_dir("recompute_auto", "train");
   std::string args = "train " + recipe + " --quiet --run-dir run";
   for (auto& s : sets) args += " --set " + s;
   Result r = run(args, cwd.string());

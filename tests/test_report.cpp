@@ -15,18 +15,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mpirun_util.h"
+#include "tests/support/process.h"
+#include "tests/support/recipes.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
-using mpirun_util::mpirun;
-using mpirun_util::Result;
-using mpirun_util::sh;
+using test_support::Result;
+using test_support::sh;
 
 namespace {
 
-const mpirun_util::ScratchDir kScratch("report");
+const test_support::TempDir kScratch("test_report");
 const fs::path& kDir = kScratch.path;
-using mpirun_util::slurp;
+using test_support::slurp;
 
 int count(const std::string& hay, const std::string& needle) {
   int n = 0;
@@ -43,7 +44,7 @@ const fs::path& profiled_run() {
                       " --set train.steps=12 --set train.log_every=4 --set train.eval_every=6 --profile 4:8";
     Result r = sh(cmd);
     INFO(cmd << "\n" << r.out);
-    REQUIRE(r.rc == 0);
+    REQUIRE(r.code == 0);
     return d;
   }();
   return dir;
@@ -66,7 +67,7 @@ TEST_CASE("report: a profiled run has every plot as inline SVG and nothing exter
   const fs::path& dir = profiled_run();
   Result r = report(dir);
   INFO(r.out);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   CHECK(r.out.find("12 steps") != std::string::npos);
   const std::string h = slurp(dir / "report.html");
   no_external_references(h);
@@ -121,7 +122,7 @@ TEST_CASE("report: a run in progress (no summary, a cut last line)") {
   REQUIRE(steps == 9);
   Result r = report(dir);
   INFO(r.out);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   CHECK(r.out.find("9 steps, run in progress") != std::string::npos);
   const std::string h = slurp(dir / "report.html");
   CHECK(h.find("in progress (no summary record yet)") != std::string::npos);
@@ -134,17 +135,15 @@ TEST_CASE("report: a run in progress (no summary, a cut last line)") {
 
 TEST_CASE("report: a two-rank run has a breakdown row per rank") {
   const fs::path dir = kDir / "tp2";
-  fs::create_directories(kDir);
-  const fs::path recipe = kDir / "layout.yaml";
-  std::ofstream(recipe) << mpirun_util::kLayoutRecipe;
-  std::string cmd = mpirun(2) + RUNNER_BINARY + " train " + recipe.string() + " --quiet --run-dir " + dir.string() +
+  const fs::path recipe = test_support::write_layout_recipe(kDir);
+  std::string cmd = test_support::mpirun(2) + RUNNER_BINARY + " train " + recipe.string() + " --quiet --run-dir " + dir.string() +
                     " --set parallel.tp=2 --set train.steps=6 --profile 2:4";
   Result t = sh(cmd);
   INFO(cmd << "\n" << t.out);
-  REQUIRE(t.rc == 0);
+  REQUIRE(t.code == 0);
   Result r = report(dir);
   INFO(r.out);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   const std::string h = slurp(dir / "report.html");
   CHECK(h.find("&quot;tp&quot;:2") != std::string::npos);
   CHECK(h.find("profile.rank0.json, profile.rank1.json") != std::string::npos);
@@ -203,21 +202,21 @@ TEST_CASE("trace: an event per operator node of each profiled step") {
 
 TEST_CASE("report: a bad run directory exits 2 and says why") {
   Result r = report(kDir / "no_such_run");
-  CHECK(r.rc == 2);
+  CHECK(r.code == 2);
   CHECK(r.out.find("no_such_run: not a directory") != std::string::npos);
   fs::create_directories(kDir / "empty");
   r = report(kDir / "empty");
-  CHECK(r.rc == 2);
+  CHECK(r.code == 2);
   CHECK(r.out.find("no metrics.jsonl") != std::string::npos);
   std::ofstream(kDir / "empty" / "metrics.jsonl") << "{\"step\": 1, \"step_m";
   r = report(kDir / "empty");
-  CHECK(r.rc == 2);
+  CHECK(r.code == 2);
   CHECK(r.out.find("no step record yet") != std::string::npos);
 }
 
 TEST_CASE("report: headless Chromium renders it, not blank, no console error") {
   const fs::path& dir = profiled_run();
-  if (!fs::exists(dir / "report.html")) REQUIRE(report(dir).rc == 0);
+  if (!fs::exists(dir / "report.html")) REQUIRE(report(dir).code == 0);
   const char* chromium = "/usr/bin/chromium";
   INFO("Chromium is needed for this test: bash scripts/setup.sh (or apt-get install -y --no-install-recommends chromium)");
   REQUIRE_MESSAGE(::access(chromium, X_OK) == 0, "missing /usr/bin/chromium");
@@ -230,14 +229,14 @@ TEST_CASE("report: headless Chromium renders it, not blank, no console error") {
                     fs::absolute(dir / "report.html").string();
   Result r = sh(cmd);
   INFO(cmd << "\n" << r.out);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   REQUIRE(fs::exists(png));
   CHECK(r.out.find("Uncaught") == std::string::npos);
   CHECK(r.out.find("CONSOLE(") == std::string::npos);
   CHECK(r.out.find("ERR_FILE_NOT_FOUND") == std::string::npos);
   Result s = sh(std::string("python3 ") + RUNNER_TEST_DIR + "/png_stats.py " + png.string());
   INFO(s.out);
-  REQUIRE(s.rc == 0);
+  REQUIRE(s.code == 0);
   auto st = nlohmann::json::parse(s.out);
   CHECK(st["width"] == 1200);
   CHECK(st["height"] == 2400);

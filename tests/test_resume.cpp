@@ -25,6 +25,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/checkpoint_files.h"
+#include "tests/support/process.h"
+#include "tests/support/temp_dir.h"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -33,78 +37,22 @@ const std::string kArgs = std::string(RUNNER_SOURCE_DIR) +
                           "/recipes/quickstart.yaml --quiet --set train.steps=30 --set checkpoint.every_steps=10 "
                           "--set checkpoint.keep_last=10 --set train.eval_every=0 --set model.dropout=0.1";
 
-pid_t spawn(const std::vector<std::string>& args) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> argv;
-    std::string bin = RUNNER_BINARY;
-    argv.push_back(bin.data());
-    std::vector<std::string> copy = args;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int devnull = open("/dev/null", O_WRONLY);
-    dup2(devnull, 1);
-    dup2(devnull, 2);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
-  return pid;
-}
+using test_support::split;
+using test_support::wait_exit;
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> v;
-  std::istringstream in(s);
-  for (std::string w; in >> w;) v.push_back(w);
-  return v;
-}
+pid_t spawn(const std::vector<std::string>& args) { return test_support::spawn_runner(args); }
 
-int wait_exit(pid_t pid) {
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+// `runner train` of the recipe into `run_dir`, started (not waited for).
+pid_t spawn_train(const std::string& run_dir) { return spawn(split("train " + kArgs + " --run-dir " + run_dir)); }
 
-int train(const std::string& run_dir) {
-  auto args = split("train " + kArgs);
-  args.push_back("--run-dir");
-  args.push_back(run_dir);
-  return wait_exit(spawn(args));
-}
+int train(const std::string& run_dir) { return wait_exit(spawn_train(run_dir)); }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+std::string read_file(const fs::path& p) { return test_support::slurp(p); }
 
 // Every dataset under /params and /optimizer, as raw bytes.
 std::map<std::string, std::vector<char>> tensors(const fs::path& file) {
   std::map<std::string, std::vector<char>> out;
-  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  REQUIRE(f >= 0);
-  struct Ctx { hid_t f; std::string prefix; std::map<std::string, std::vector<char>>* out; };
-  auto visit = [](hid_t obj, const char* name, const H5O_info_t* info, void* op) -> herr_t {
-    auto* c = static_cast<Ctx*>(op);
-    if (info->type != H5O_TYPE_DATASET) return 0;
-    hid_t d = H5Dopen2(obj, name, H5P_DEFAULT);
-    hid_t t = H5Dget_type(d);
-    hid_t s = H5Dget_space(d);
-    size_t n = static_cast<size_t>(H5Sget_simple_extent_npoints(s)) * H5Tget_size(t);
-    std::vector<char> buf(n);
-    H5Dread(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data());
-    (*c->out)[c->prefix + name] = std::move(buf);
-    H5Sclose(s);
-    H5Tclose(t);
-    H5Dclose(d);
-    return 0;
-  };
-  for (const char* g : {"/params", "/optimizer"}) {
-    Ctx c{f, std::string(g) + "/", &out};
-    hid_t grp = H5Gopen2(f, g, H5P_DEFAULT);
-    REQUIRE(grp >= 0);
-    H5Ovisit(grp, H5_INDEX_NAME, H5_ITER_NATIVE, visit, &c);
-    H5Gclose(grp);
-  }
-  H5Fclose(f);
+  for (auto& [name, data] : test_support::checkpoint_datasets(file)) out[name] = std::move(data.first);
   return out;
 }
 
@@ -146,11 +94,7 @@ bool losses_count_at_least(const fs::path& run_dir, size_t n) {
   return count >= n;
 }
 
-fs::path fresh(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("runner_resume_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  return d;
-}
+fs::path fresh(const std::string& name) { return test_support::fresh_dir("resume", name); }
 
 fs::path straight_run() {
   static fs::path dir;
@@ -166,20 +110,10 @@ fs::path straight_run() {
 TEST_CASE("SIGKILL mid-step after the step-20 checkpoint, then `runner resume`: bit-identical") {
   fs::path ref = straight_run();
   fs::path dir = fresh("killed");
-  auto args = split("train " + kArgs);
-  args.push_back("--run-dir");
-  args.push_back(dir.string());
-  pid_t pid = spawn(args);
+  pid_t pid = spawn_train(dir.string());
   fs::path latest = dir / "checkpoints" / "LATEST";
-  bool killed = false;
-  for (int i = 0; i < 200000 && !killed; ++i) {
-    if (fs::exists(latest) && read_file(latest).find("step_00000020") != std::string::npos) {
-      kill(pid, SIGKILL);
-      killed = true;
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  }
+  const bool killed = test_support::signal_when(
+      pid, SIGKILL, [&] { return fs::exists(latest) && read_file(latest).find("step_00000020") != std::string::npos; }, 200000);
   REQUIRE(killed);
   CHECK(wait_exit(pid) == 128 + SIGKILL);
   CHECK_FALSE(fs::exists(dir / "checkpoints" / "step_00000030.h5"));
@@ -191,10 +125,7 @@ TEST_CASE("SIGKILL mid-step after the step-20 checkpoint, then `runner resume`: 
 TEST_CASE("SIGTERM: checkpoint at the next step boundary, exit code 3, the same command resumes bit-exact") {
   fs::path ref = straight_run();
   fs::path dir = fresh("term");
-  auto args = split("train " + kArgs);
-  args.push_back("--run-dir");
-  args.push_back(dir.string());
-  pid_t pid = spawn(args);
+  pid_t pid = spawn_train(dir.string());
   // Wait until a few steps are logged, past the step-10 checkpoint, then ask it to stop.
   for (int i = 0; i < 600000; ++i) {
     if (losses_count_at_least(dir, 13)) break;
@@ -215,9 +146,9 @@ TEST_CASE("in-memory snapshot tier: a non-finite loss rolls back and skips the b
   std::string cmd = std::string("RUNNER_FAULT_NAN_STEP=13 ") + RUNNER_BINARY + " train " + std::string(RUNNER_SOURCE_DIR) +
                     "/recipes/quickstart.yaml --quiet --set train.steps=20 --set checkpoint.every_steps=100 "
                     "--set checkpoint.snapshot_every=5 --set train.eval_every=0 --run-dir " + dir.string();
-  int st = std::system(cmd.c_str());
-  REQUIRE(WIFEXITED(st));
-  REQUIRE(WEXITSTATUS(st) == 0);
+  const test_support::Result r = test_support::sh(cmd);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
   std::ifstream m(dir / "metrics.jsonl");
   int rollbacks = 0;
   std::vector<int64_t> steps;

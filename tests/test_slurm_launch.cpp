@@ -16,22 +16,23 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli_util.h"
 #include "runner/errors.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
 #include "runner/run/slurm.h"
+#include "tests/support/process.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace runner;
 
 namespace {
 
-using cli_util::Result;
-using cli_util::runner_cmd;
-using cli_util::sh;
+using test_support::Result;
+using test_support::runner_cmd;
+using test_support::sh;
 
-fs::path temp_dir(const std::string& name) { return cli_util::temp_dir("slurm", name); }
+fs::path temp_dir(const std::string& name) { return test_support::fresh_dir("slurm", name); }
 
 const std::string kTiny = std::string(RUNNER_TEST_DIR) + "/slurm/tiny.yaml";
 

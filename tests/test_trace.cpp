@@ -20,18 +20,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mpirun_util.h"
+#include "tests/support/process.h"
+#include "tests/support/recipes.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using mpirun_util::Result;
-using mpirun_util::sh;
 
 namespace {
 
-const mpirun_util::ScratchDir kScratch("trace");
+const test_support::TempDir kScratch("test_trace");
 const fs::path& kDir = kScratch.path;
-using mpirun_util::slurp;
+using test_support::slurp;
 
 constexpr int kFrom = 4, kTo = 6;  // the profiled steps; the layout recipe checkpoints at step 5
 
@@ -39,15 +39,12 @@ constexpr int kFrom = 4, kTo = 6;  // the profiled steps; the layout recipe chec
 fs::path run(const std::string& name, int np, const std::string& sets) {
   static std::map<std::string, fs::path> made;
   if (made.count(name)) return made[name];
-  fs::create_directories(kDir);
-  const fs::path recipe = kDir / "layout.yaml", dir = kDir / name;
-  std::ofstream(recipe) << mpirun_util::kLayoutRecipe;
-  const std::string cmd = (np > 1 ? mpirun_util::mpirun(np) : std::string("OMP_NUM_THREADS=1 timeout 300 ")) +
-                          RUNNER_BINARY + " train " + recipe.string() + " --quiet --run-dir " + dir.string() +
-                          " --set train.steps=6 --profile 4:6 " + sets;
-  Result r = sh(cmd);
+  const fs::path recipe = test_support::write_layout_recipe(kDir), dir = kDir / name;
+  const std::string cmd = test_support::launcher(np > 1 ? np : 0) + RUNNER_BINARY + " train " + recipe.string() +
+                          " --quiet --run-dir " + dir.string() + " --set train.steps=6 --profile 4:6 " + sets;
+  test_support::Result r = test_support::sh(cmd);
   INFO(cmd << "\n" << r.out);
-  REQUIRE(r.rc == 0);
+  REQUIRE(r.code == 0);
   return made[name] = dir;
 }
 

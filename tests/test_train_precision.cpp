@@ -22,65 +22,32 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/checkpoint_files.h"
+#include "tests/support/process.h"
+#include "tests/support/recipes.h"
+#include "tests/support/temp_dir.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kDir = fs::temp_directory_path() / ("runner_test_train_precision_" + std::to_string(::getpid()));
-struct Cleanup {
-  ~Cleanup() {
-    std::error_code ec;
-    if (!std::getenv("RUNNER_KEEP_TEST_DIRS")) fs::remove_all(kDir, ec);
-  }
-} cleanup;
+const test_support::TempDir kScratch("test_train_precision");
+const fs::path& kDir = kScratch.path;
 
-const std::string kQuick = std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml";
+const std::string kQuick = test_support::quickstart_recipe();
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> v;
-  std::istringstream in(s);
-  for (std::string w; in >> w;) v.push_back(w);
-  return v;
-}
+using test_support::split;
+using test_support::wait_exit;
 
 pid_t spawn(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    for (const std::string& e : env) putenv(strdup(e.c_str()));
-    std::vector<char*> argv;
-    std::string bin = RUNNER_BINARY;
-    argv.push_back(bin.data());
-    std::vector<std::string> copy = args;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    int devnull = open("/dev/null", O_WRONLY);
-    dup2(devnull, 1);
-    dup2(devnull, 2);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return test_support::spawn_runner(args, env);
 }
 
 int run(const std::string& args, const std::vector<std::string>& env = {}) { return wait_exit(spawn(split(args), env)); }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+std::string read_file(const fs::path& p) { return test_support::slurp(p); }
 
-std::vector<nlohmann::json> records(const fs::path& run_dir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+std::vector<nlohmann::json> records(const fs::path& run_dir) { return test_support::metrics_records(run_dir); }
 
 // Step records (not eval, rollback or summary), by step.
 std::map<int64_t, nlohmann::json> steps_of(const fs::path& run_dir) {
@@ -93,34 +60,7 @@ std::map<int64_t, nlohmann::json> steps_of(const fs::path& run_dir) {
 
 // Every dataset under /params and /optimizer: raw bytes and the stored HDF5 type's size.
 std::map<std::string, std::pair<std::vector<char>, size_t>> tensors(const fs::path& file) {
-  std::map<std::string, std::pair<std::vector<char>, size_t>> out;
-  hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  REQUIRE(f >= 0);
-  struct Ctx { std::string prefix; std::map<std::string, std::pair<std::vector<char>, size_t>>* out; };
-  auto visit = [](hid_t obj, const char* name, const H5O_info_t* info, void* op) -> herr_t {
-    auto* c = static_cast<Ctx*>(op);
-    if (info->type != H5O_TYPE_DATASET) return 0;
-    hid_t d = H5Dopen2(obj, name, H5P_DEFAULT);
-    hid_t t = H5Dget_type(d);
-    hid_t s = H5Dget_space(d);
-    size_t n = static_cast<size_t>(H5Sget_simple_extent_npoints(s)) * H5Tget_size(t);
-    std::vector<char> buf(n);
-    H5Dread(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data());
-    (*c->out)[c->prefix + name] = {std::move(buf), H5Tget_size(t)};
-    H5Sclose(s);
-    H5Tclose(t);
-    H5Dclose(d);
-    return 0;
-  };
-  for (const char* g : {"/params", "/optimizer"}) {
-    Ctx c{std::string(g) + "/", &out};
-    hid_t grp = H5Gopen2(f, g, H5P_DEFAULT);
-    REQUIRE(grp >= 0);
-    H5Ovisit(grp, H5_INDEX_NAME, H5_ITER_NATIVE, visit, &c);
-    H5Gclose(grp);
-  }
-  H5Fclose(f);
-  return out;
+  return test_support::checkpoint_datasets(file);
 }
 
 }  // namespace
@@ -133,16 +73,9 @@ TEST_CASE("bf16 and fp16: SIGKILL after the step-20 checkpoint, `runner resume` 
     const fs::path ref = kDir / (std::string("straight_") + prec), dir = kDir / (std::string("killed_") + prec);
     REQUIRE(run("train " + args + " --run-dir " + ref.string()) == 0);
     pid_t pid = spawn(split("train " + args + " --run-dir " + dir.string()));
-    bool killed = false;
-    for (int i = 0; i < 300000 && !killed; ++i) {
-      const fs::path latest = dir / "checkpoints" / "LATEST";
-      if (fs::exists(latest) && read_file(latest).find("step_00000020") != std::string::npos) {
-        kill(pid, SIGKILL);
-        killed = true;
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-    }
+    const fs::path latest = dir / "checkpoints" / "LATEST";
+    const bool killed = test_support::signal_when(
+        pid, SIGKILL, [&] { return fs::exists(latest) && read_file(latest).find("step_00000020") != std::string::npos; }, 300000);
     REQUIRE(killed);
     CHECK(wait_exit(pid) == 128 + SIGKILL);
     REQUIRE(run("resume " + dir.string() + " --quiet") == 0);

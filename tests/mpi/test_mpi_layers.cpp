@@ -51,6 +51,7 @@
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 #include "runner/model/model.h"
+#include "tests/support/models.h"
 
 using ops::DType;
 using ops::OpKind;
@@ -493,21 +494,10 @@ void check_model(const runner::ModelConfig& m, const std::string& label, paralle
 }
 
 runner::ModelConfig tiny_model(bool llama, int64_t vocab) {
-  runner::ModelConfig m;
-  m.vocab_size = vocab;
-  m.seq_len = 8;
-  m.d_model = 32;
-  m.n_layers = 1;
-  m.n_heads = 4;
+  runner::ModelConfig m = test_support::small_model(vocab, 8, 32, 4, 1);
   m.mlp_ratio = 2.0;
   m.dropout = 0.1;
-  if (llama) {
-    m.norm = runner::Norm::rmsnorm;
-    m.activation = runner::Activation::swiglu;
-    m.position = runner::Position::rope;
-    m.tie_embeddings = false;
-    m.bias = false;
-  }
+  if (llama) test_support::make_llama(m);
   return m;
 }
 
