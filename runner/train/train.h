@@ -2,15 +2,16 @@
 //
 // The pieces: trainer.cpp (the step loop), rank_model (this rank's graphs, executors,
 // gradient sync and pipeline), metrics (records, the step line, the end-of-run tables),
-// evaluate (held-out loss and task accuracy), runner/checkpoint/policy (run directory,
-// resume point, save paths, cadence), launch (MPI under mpirun/srun, the job's grid).
+// evaluate (held-out loss and task accuracy), runner/checkpoint/resume and saver (resume
+// point, save paths, cadence), runner/run/run_dir (the run directory), launch (MPI under
+// mpirun/srun, the job's grid).
 #pragma once
 #include <cstdint>
 #include <optional>
 #include <string>
 
 #include "parallel/grid.h"
-#include "runner/checkpoint/policy.h"
+#include "runner/checkpoint/resume.h"
 #include "runner/errors.h"
 #include "runner/plan/plan.h"
 
@@ -25,7 +26,7 @@ struct TrainOptions {
   bool diagnose_precision = false;  // per-tensor gradient range per logged step (precision.diagnostics)
   std::string profile;       // --profile FROM:TO: per-operator profile of those steps (runner/observe/profile.h)
   // The checkpoint to continue from, when already chosen (`runner resume` chooses it to read
-  // its recipe); otherwise the trainer asks the checkpoint policy.
+  // its recipe); otherwise the trainer asks the resume chooser.
   std::optional<ResumePoint> resume_point;
   std::vector<std::string> resume_notes;  // what a resume on another layout derived again (logged)
 };

@@ -1,5 +1,5 @@
 // The training loop of one rank, on any layout: data -> the step's forward and backward passes
-// (RankModel) -> clip -> AdamW -> log (RunMetrics), evaluate, checkpoint (CheckpointPolicy).
+// (RankModel) -> clip -> AdamW -> log (RunMetrics), evaluate, checkpoint (CheckpointSaver).
 // Everything a user can get wrong is checked before the run directory is touched
 // (invariant 6), and every rank agrees on such an error before any rank stops.
 #include "runner/train/train.h"
@@ -26,7 +26,9 @@
 #include "ops/peak.h"
 #include "ops/rng.h"
 #include "runner/agree.h"
-#include "runner/checkpoint/policy.h"
+#include "runner/checkpoint/resume.h"
+#include "runner/checkpoint/saver.h"
+#include "runner/run/run_dir.h"
 #include "runner/run/run_lock.h"
 #include "runner/data/data.h"
 #include "runner/signals.h"
@@ -115,7 +117,7 @@ class Trainer {
     else if (!std::getenv("OMP_NUM_THREADS")) share_cores_between_local_ranks();
     build();
     setup_logging();
-    ckpt = std::make_unique<CheckpointPolicy>(plan, grid, paths.checkpoint_dir, log);
+    ckpt = std::make_unique<CheckpointSaver>(plan, grid, paths.checkpoint_dir, log);
     metrics = std::make_unique<RunMetrics>(plan, grid, log);
     if (lock && !lock->took_over().empty())
       log->warn("took over the lock of a previous owner that is gone ({}): {}", lock->took_over(), lock->path());
@@ -182,9 +184,8 @@ class Trainer {
       pending_ckpt_ms = 0;
       if (s.overflow && scaler.exhausted(st.scaler)) return stop_on_overflows(s);
       auto c0 = Clock::now();
-      if (st.step < total && ckpt->due(st.step, ms_between(run_t0, Clock::now()) / 1e3)) {
-        const int64_t t = now_ns();
-        ckpt->save(st, false);
+      const int64_t t = now_ns();
+      if (ckpt->after_step(st, ms_between(run_t0, Clock::now()) / 1e3)) {
         pending_ckpt_ms = ckpt->last_stall_ms();
         phase("checkpoint save", "checkpoint", t);
       }
@@ -230,7 +231,7 @@ class Trainer {
   TrainState st;
   std::unique_ptr<RankModel> model;
   std::shared_ptr<spdlog::logger> log;
-  std::unique_ptr<CheckpointPolicy> ckpt;
+  std::unique_ptr<CheckpointSaver> ckpt;
   std::unique_ptr<RunMetrics> metrics;
   MemorySnapshot snapshot;
   LossScaler scaler{r.precision};
@@ -390,7 +391,7 @@ class Trainer {
   }
 
   // Resumes from the run directory's checkpoints when there are any (a requeued job runs the
-  // same command line), from the one the policy chose (`runner resume` chose it before
+  // same command line), from the one the resume chooser chose (`runner resume` chose it before
   // planning). Loading writes nothing; a checkpoint that does not verify is skipped unless strict.
   void maybe_resume() {
     std::optional<ResumePoint> point = opts.resume_point;
@@ -401,7 +402,8 @@ class Trainer {
       return;
     }
     for (const std::string& why : point->skipped) log->warn("{}", why);
-    resumed_from = ckpt->resume(*point, st);
+    resumed_from = load_resume_point(*point, plan, grid, st, log);
+    ckpt->resumed_at(resumed_from);
     st.omp_threads = ops::num_threads();  // a single-rank load copies the checkpoint's scalars
     if (st.loaded_omp_threads > 0 && st.loaded_omp_threads != st.omp_threads)
       log->warn("the checkpoint was written with {} OpenMP thread(s) per rank and this run has {}: the losses will not "
