@@ -18,6 +18,7 @@
 
 #include "ops/rng.h"
 #include "runner/checkpoint/checkpoint.h"
+#include "runner/checkpoint/saver.h"
 
 using namespace runner;
 
@@ -78,7 +79,7 @@ int main(int argc, char** argv) {
   double stall_sum[2] = {0, 0}, write_sum[2] = {0, 0};
   for (int mode = 0; mode < 2; ++mode) {
     cfg.async = mode == 1;
-    CheckpointManager m(dir + (mode ? "/async" : "/sync"), cfg);
+    CheckpointSaver m(dir + (mode ? "/async" : "/sync"), cfg);
     for (int i = 0; i < saves; ++i) {
       s.step = 1 + i;
       m.save(s);

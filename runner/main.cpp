@@ -17,7 +17,8 @@
 #include "ops/backend.h"
 #include "ops/gemm_path.h"
 #include "runner/checkpoint/checkpoint.h"
-#include "runner/checkpoint/policy.h"
+#include "runner/checkpoint/isolated.h"
+#include "runner/run/run_dir.h"
 #include "runner/data/data.h"
 #include "runner/errors.h"
 #include "runner/export/export.h"
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
   auto* inspect_cmd = app.add_subcommand("inspect", "print what a checkpoint holds and verify its checksums");
   inspect_cmd->add_option("checkpoint", ckpt_path, "checkpoint .h5 file")->required();
 
-  // Hidden: resume verification under MPI runs here, in a fresh process (policy.h).
+  // Hidden: resume verification under MPI runs here, in a fresh process (runner/checkpoint/isolated.h).
   std::string verify_path;
   auto* verify_cmd = app.add_subcommand("__verify-checkpoint", "")->group("");
   verify_cmd->add_option("checkpoint", verify_path)->required();
@@ -179,7 +180,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitUserError;
   }
 
-  if (*verify_cmd) {  // no MPI, no logging: one record on stdout (policy.cpp reads it)
+  if (*verify_cmd) {  // no MPI, no logging: one record on stdout (isolated.cpp reads it)
     const std::string rec = verify_record(verify_path);
     return std::fwrite(rec.data(), 1, rec.size(), stdout) == rec.size() && std::fflush(stdout) == 0 ? 0 : 1;
   }

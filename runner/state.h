@@ -68,4 +68,13 @@ struct TrainState {
   }
 };
 
+// Shape of parameter i's Adam moments (and fp32 masters) on this rank: the parameter's shape, or
+// {n} for a ZeRO-1 piece of n elements. Beside the state it shapes, so the optimizer that
+// allocates the moments and the checkpoint that loads them both stand on it.
+inline std::vector<int64_t> moment_shape(const ParamSet& ps, size_t i) {
+  auto [a, e] = ps.owned_range(i);
+  if (a == 0 && e == ps.values[i].numel()) return ps.values[i].shape();
+  return {e - a};
+}
+
 }  // namespace runner

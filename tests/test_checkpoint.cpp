@@ -23,7 +23,8 @@
 
 #include "ops/rng.h"
 #include "runner/checkpoint/checkpoint.h"
-#include "runner/checkpoint/policy.h"
+#include "runner/checkpoint/resume.h"
+#include "runner/checkpoint/saver.h"
 #include "runner/checkpoint/file_layout.h"
 #include "runner/errors.h"
 #include "runner/hdf5/hdf5.h"
@@ -348,12 +349,12 @@ TEST_CASE("async saves produce the same file as sync saves, and return before th
   TempDir d_sync, d_async;
   TrainState s = make_state(11, 10);
   {
-    CheckpointManager sync(d_sync.path, config("steps", false));
+    CheckpointSaver sync(d_sync.path, config("steps", false));
     sync.save(s);
     CHECK(sync.saves_completed() == 1);
   }
   {
-    CheckpointManager async(d_async.path, config("steps", true));
+    CheckpointSaver async(d_async.path, config("steps", true));
     TrainState live = make_state(11, 10);
     async.save(live);
     fill_random(live.params.values[0], 12345);  // training continues: the snapshot must not see this
@@ -374,14 +375,17 @@ TEST_CASE("async saves produce the same file as sync saves, and return before th
 
 TEST_CASE("an error in the background write fails the next save, wait or poll") {
   TempDir dir;
-  CheckpointManager m(dir.path, config("steps", true));
+  CheckpointSaver m(dir.path, config("steps", true));
   TrainState s10 = make_state(1, 10);
   m.save(s10);
   m.wait();
   set_write_fault_after_bytes(1000);
   TrainState s20 = make_state(1, 20);
   m.save(s20);  // returns: the fault happens on the writer thread
-  CHECK_THROWS_AS(m.wait(), CheckpointFault);
+  // Surfaced as the run reports it: a UserError naming the directory and the cause.
+  const std::string failed = user_error([&] { m.wait(); });
+  CHECK(failed.find("cannot write a checkpoint: injected checkpoint write fault") != std::string::npos);
+  CHECK(failed.find(dir.path) != std::string::npos);
   set_write_fault_after_bytes(-1);
   m.wait();  // reported once
   CHECK(read_latest(dir.path) == "step_00000010.h5");
@@ -391,7 +395,7 @@ TEST_CASE("an error in the background write fails the next save, wait or poll") 
   TrainState s30 = make_state(1, 30);
   m.save(s30);
   TrainState s40 = make_state(1, 40);
-  CHECK_THROWS_AS(m.save(s40), CheckpointFault);  // the previous failure surfaces at the next save
+  CHECK(user_error([&] { m.save(s40); }).find("injected checkpoint write fault") != std::string::npos);  // at the next save
 
   TrainState s50 = make_state(1, 50);
   m.save(s50);
@@ -400,16 +404,19 @@ TEST_CASE("an error in the background write fails the next save, wait or poll") 
     try {
       m.poll();
       usleep(10000);
-    } catch (const CheckpointFault&) {
-      seen = true;
+    } catch (const UserError& e) {
+      seen = std::string(e.what()).find("injected checkpoint write fault") != std::string::npos;
     }
   }
   CHECK(seen);  // poll() reports it without a save
   set_write_fault_after_bytes(-1);
   m.wait();
   CHECK(count_temporaries(dir.path) == 0);
+  std::optional<ResumePoint> p = choose_resume_point(dir.path, -1, /*strict=*/true);
+  REQUIRE(p);
+  CHECK(p->step == 10);
   TrainState back = make_state(2, 0);
-  CHECK(m.load_latest(back, true) == 10);
+  load_checkpoint_file(p->path, back);
   check_equal(back, s10);
 }
 
@@ -446,9 +453,11 @@ TEST_CASE("a crash at any point of a save leaves the previous checkpoint and LAT
     INFO(when);
     CHECK(file_bytes(dir / "LATEST") == latest_before);
     CHECK(file_bytes(first.path) == file_before);
-    CheckpointManager m(dir.path, config());
+    std::optional<ResumePoint> p = choose_resume_point(dir.path, -1, /*strict=*/true);
+    REQUIRE(p);
+    CHECK(p->step == 10);
     TrainState back = make_state(0, 0);
-    CHECK(m.load_latest(back, /*strict=*/true) == 10);
+    load_checkpoint_file(p->path, back);
     check_equal(back, s10);
   };
 
@@ -497,19 +506,26 @@ TEST_CASE("corruption: each damage has its own message, and the loader falls bac
   const std::string f20 = dir / "step_00000020.h5";
   const std::string good20 = file_bytes(f20);
 
-  auto expect_fallback = [&](const std::string& needle) {
-    INFO("expected message: " << needle);
+  // needle: what loading the file says; verified: what verifying it without a model says (the
+  // resume chooser's message), when that differs.
+  auto expect_fallback = [&](const std::string& needle, std::string verified = "") {
+    if (verified.empty()) verified = needle;
+    INFO("expected message: " << needle << " / " << verified);
     const int fds_before = open_fds();
     TrainState t = make_state(0, 0);
     std::string direct = user_error([&] { load_checkpoint_file(f20, t); });
     CHECK(direct.find(needle) != std::string::npos);
     CHECK(direct.find(f20) != std::string::npos);  // names the file
-    CheckpointManager m(dir.path, config());
-    TrainState strict_state = make_state(0, 0);
-    std::string strict = user_error([&] { m.load_latest(strict_state, true); });
-    CHECK(strict.find(needle) != std::string::npos);
+    // The resume chooser: strict makes the damage the error; otherwise it falls back.
+    std::string strict = user_error([&] { choose_resume_point(dir.path, -1, /*strict=*/true); });
+    CHECK(strict.find(verified) != std::string::npos);
+    std::optional<ResumePoint> p = choose_resume_point(dir.path, -1, /*strict=*/false);
+    REQUIRE(p);
+    CHECK(p->step == 10);
+    REQUIRE(p->skipped.size() == 2);
+    CHECK(p->skipped[0].find(verified) != std::string::npos);
     TrainState back = make_state(0, 0);
-    CHECK(m.load_latest(back, false) == 10);
+    load_checkpoint_file(p->path, back);
     check_equal(back, s10);
     bool ok = true;
     try {
@@ -591,21 +607,21 @@ TEST_CASE("corruption: each damage has its own message, and the loader falls bac
     H5Dclose(d);
     H5Sclose(sp);
     H5Fclose(f);
-    expect_fallback("dataset /params/lnf.weight holds int32 but fp32");
+    expect_fallback("dataset /params/lnf.weight holds int32 but fp32", "dataset /params/lnf.weight has no crc32c attribute");
   }
   SUBCASE("LATEST names a file that is gone") {
     fs::remove(f20);
-    TrainState back = make_state(0, 0);
-    CheckpointManager m(dir.path, config());
-    CHECK(m.load_latest(back, false) == 10);
-    CHECK(user_error([&] { m.load_latest(back, true); }).find("does not exist") != std::string::npos);
+    CHECK(choose_resume_point(dir.path, -1, false)->step == 10);
+    CHECK(user_error([&] { choose_resume_point(dir.path, -1, true); }).find("does not exist") != std::string::npos);
   }
   SUBCASE("no LATEST: the newest verifying step file, skipping garbage") {
     fs::remove(dir / "LATEST");
     write_bytes(dir / "step_00000030.h5", "not a checkpoint at all");
+    std::optional<ResumePoint> p = choose_resume_point(dir.path, -1, false);
+    REQUIRE(p);
+    CHECK(p->step == 20);
     TrainState back = make_state(0, 0);
-    CheckpointManager m(dir.path, config());
-    CHECK(m.load_latest(back, false) == 20);
+    load_checkpoint_file(p->path, back);
     check_equal(back, s20);
   }
   SUBCASE("the checkpoint a run continues from is chosen once: the newest that verifies, recipe and tensors") {
@@ -625,10 +641,10 @@ TEST_CASE("corruption: each damage has its own message, and the loader falls bac
     CHECK(p->skipped[0].find("step_00000020.h5 does not verify") != std::string::npos);
     CHECK(p->skipped[1].find("instead of step_00000020.h5") != std::string::npos);
     CHECK(user_error([&] { choose_resume_point(dir.path, -1, true); }).find("fails its checksum") != std::string::npos);
-    // The trainer then loads exactly that checkpoint.
+    // The trainer then loads exactly that checkpoint (load_resume_point; on one fp32 rank, the file as it is).
     TrainState back = make_state(0, 0);
-    CheckpointManager m(dir.path, config());
-    CHECK(m.load_step(p->step, back, true) == 10);
+    load_checkpoint_file(p->path, back);
+    CHECK(back.step == 10);
     check_equal(back, s10);
   }
   SUBCASE("an empty directory has no resume point") {
@@ -639,9 +655,7 @@ TEST_CASE("corruption: each damage has its own message, and the loader falls bac
   SUBCASE("nothing verifies: one error listing every failure") {
     write_bytes(f20, "junk");
     write_bytes(dir / "step_00000010.h5", "more junk");
-    TrainState back = make_state(0, 0);
-    CheckpointManager m(dir.path, config());
-    std::string msg = user_error([&] { m.load_latest(back, false); });
+    std::string msg = user_error([&] { choose_resume_point(dir.path, -1, false); });
     CHECK(msg.find("no checkpoint in this directory verifies") != std::string::npos);
     CHECK(msg.find("step_00000020.h5") != std::string::npos);
     CHECK(msg.find("step_00000010.h5") != std::string::npos);
@@ -661,13 +675,15 @@ TEST_CASE("a model of another shape is refused with both shapes named") {
   CHECK(msg.find("dataset /params/h.0.attn.qkv.weight has shape (96, 32) but the model expects (48, 16)") != std::string::npos);
   CHECK(wrong.step == 0);  // scalars untouched on failure
 
-  SUBCASE("a foreign checkpoint of another model as LATEST: fall back to the newest that fits") {
+  SUBCASE("a foreign checkpoint of another model as LATEST: it verifies, so it is chosen, and loading it names both shapes") {
     write_checkpoint_atomic(dir.path, make_state(43, 30, other), {});
-    CheckpointManager m(dir.path, config());
+    std::optional<ResumePoint> p = choose_resume_point(dir.path, -1, false);
+    REQUIRE(p);
+    CHECK(p->step == 30);
+    CHECK(p->skipped.empty());
     TrainState back = make_state(0, 0);
-    CHECK(user_error([&] { m.load_latest(back, true); }).find("but the model expects (96, 32)") != std::string::npos);
-    CHECK(m.load_latest(back, false) == 20);
-    check_equal(back, s20);
+    CHECK(user_error([&] { load_checkpoint_file(p->path, back); }).find("but the model expects (96, 32)") != std::string::npos);
+    CHECK(back.step == 0);
   }
   SUBCASE("a parameter the model lacks") {
     Shapes fewer = default_shapes();
@@ -683,7 +699,7 @@ TEST_CASE("retention keeps the last K plus every M-th, and deletes only after pu
   CheckpointConfig c = config();
   c.keep_last = 2;
   c.keep_every = 5;
-  CheckpointManager m(dir.path, c);
+  CheckpointSaver m(dir.path, c);
   TrainState s = make_state(51, 0);
   for (int64_t step = 1; step <= 12; ++step) {
     s.step = step;
@@ -697,66 +713,84 @@ TEST_CASE("retention keeps the last K plus every M-th, and deletes only after pu
   SUBCASE("checkpoints newer than a resume point are left alone") {
     CheckpointConfig c2 = c;
     c2.keep_every = 0;
-    CheckpointManager m2(dir.path, c2);
+    CheckpointSaver m2(dir.path, c2);
+    std::optional<ResumePoint> p = choose_resume_point(dir.path, 5, true);
+    REQUIRE(p);
     TrainState back = make_state(0, 0);
-    CHECK(m2.load_step(5, back, true) == 5);
+    load_checkpoint_file(p->path, back);
+    CHECK(back.step == 5);
+    m2.resumed_at(5);
+    m2.save(back);  // the step resumed from is on disk: skipped
+    CHECK(m2.saves_completed() == 0);
     back.step = 6;
     m2.save(back);
     CHECK(list_checkpoint_steps(dir.path) == std::vector<int64_t>{5, 6, 10, 11, 12});
     CHECK(read_latest(dir.path) == "step_00000006.h5");
   }
-  SUBCASE("load_step of a missing step lists what exists") {
-    TrainState back = make_state(0, 0);
-    std::string msg = user_error([&] { m.load_step(7, back, false); });
+  SUBCASE("resuming from a missing step lists what exists") {
+    std::string msg = user_error([&] { choose_resume_point(dir.path, 7, false); });
     CHECK(msg.find("no checkpoint for step 7") != std::string::npos);
     CHECK(msg.find("5, 10, 11, 12") != std::string::npos);
   }
 }
 
-TEST_CASE("cadence: steps, minutes, auto (20 x the measured write time), never") {
+TEST_CASE("cadence: after_step saves when steps, minutes, auto (20 x the measured write time) say so; never does not") {
   TempDir dir;
+  TrainState s = make_state(60, 0);
+  // after_step at the boundary after `step`, `elapsed` seconds into the run: whether it saved.
+  auto after = [&](CheckpointSaver& m, int64_t step, double elapsed) {
+    s.step = step;
+    return m.after_step(s, elapsed);
+  };
   SUBCASE("steps") {
-    CheckpointManager m(dir.path, config("steps"));
-    CHECK_FALSE(m.due(5, 0));
-    CHECK(m.due(10, 0));
-    CHECK(m.due(20, 0));
+    CheckpointSaver m(dir.path, config("steps"));
+    CHECK_FALSE(after(m, 5, 0));
+    CHECK(after(m, 10, 0));
+    CHECK(after(m, 20, 0));
+    CHECK(list_checkpoint_steps(dir.path) == std::vector<int64_t>{10, 20});
   }
   SUBCASE("minutes") {
     CheckpointConfig c = config("minutes");
     c.every_minutes = 1;
-    CheckpointManager m(dir.path, c);
-    CHECK_FALSE(m.due(1, 30));
-    CHECK(m.due(2, 60));
-    CHECK_FALSE(m.due(3, 100));
-    CHECK(m.due(4, 121));
+    CheckpointSaver m(dir.path, c);
+    CHECK_FALSE(after(m, 1, 30));
+    CHECK(after(m, 2, 60));
+    CHECK_FALSE(after(m, 3, 100));
+    CHECK(after(m, 4, 121));
+    CHECK(list_checkpoint_steps(dir.path) == std::vector<int64_t>{2, 4});
   }
   SUBCASE("never") {
-    CheckpointManager m(dir.path, config("never"));
-    for (int64_t s = 1; s < 50; ++s) CHECK_FALSE(m.due(s, 1e9));
+    CheckpointSaver m(dir.path, config("never"));
+    for (int64_t step = 1; step < 50; ++step) CHECK_FALSE(after(m, step, 1e9));
+    CHECK(m.saves_completed() == 0);
+  }
+  SUBCASE("a step resumed from is not saved again") {
+    CheckpointSaver m(dir.path, config("steps"));
+    m.resumed_at(10);
+    CHECK_FALSE(after(m, 10, 0));
+    CHECK(after(m, 20, 0));
   }
   SUBCASE("auto") {
     for (bool async : {false, true}) {
       TempDir d;
-      CheckpointManager m(d.path, config("auto", async));
+      CheckpointSaver m(d.path, config("auto", async));
       m.auto_min_interval_seconds = 0;
       CHECK(m.auto_interval_seconds() == 0);
-      CHECK(m.due(1, 0.5));  // the first boundary saves, to measure
-      TrainState s = make_state(61, 1);
-      m.save(s);
+      CHECK(after(m, 1, 0.5));  // the first boundary saves, to measure
       m.wait();
       const double w = m.last_write_seconds();
       CHECK(w > 0);
       CHECK(m.auto_interval_seconds() == doctest::Approx(20 * w));
-      CHECK_FALSE(m.due(2, 0.5 + 20 * w * 0.5));
-      CHECK_FALSE(m.due(3, 0.5 + 20 * w * 0.9));
-      CHECK(m.due(4, 0.5 + 20 * w * 1.01));
-      CHECK_FALSE(m.due(5, 0.5 + 20 * w * 1.02));
+      CHECK_FALSE(after(m, 2, 0.5 + 20 * w * 0.5));
+      CHECK_FALSE(after(m, 3, 0.5 + 20 * w * 0.9));
+      CHECK(after(m, 4, 0.5 + 20 * w * 1.01));
+      CHECK_FALSE(after(m, 5, 0.5 + 20 * w * 1.02));
+      m.wait();
+      CHECK(m.saves_completed() == 2);
     }
     TempDir d;
-    CheckpointManager m(d.path, config("auto"));  // the default floor keeps tiny models from saving constantly
-    CHECK(m.due(1, 0));
-    TrainState s = make_state(62, 1);
-    m.save(s);
+    CheckpointSaver m(d.path, config("auto"));  // the default floor keeps tiny models from saving constantly
+    CHECK(after(m, 1, 0));
     CHECK(m.auto_interval_seconds() == doctest::Approx(m.auto_min_interval_seconds));
   }
 }

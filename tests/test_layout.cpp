@@ -5,7 +5,7 @@
 //    in the rank's order; shapes, shards, owning and writing stages, vocabulary cuts.
 // 2. The plan's ledger and the trainer run the same schedule (Plan::schedule).
 // 3. No checkpoint path builds a graph: saving (sharded and gathered), loading into a rank's
-//    state and the policy's save/resume, counted with runner::graphs_built().
+//    state and the saver's save and the chooser's resume, counted with runner::graphs_built().
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -15,7 +15,8 @@
 
 #include "parallel/comm.h"
 #include "parallel/grid.h"
-#include "runner/checkpoint/policy.h"
+#include "runner/checkpoint/resume.h"
+#include "runner/checkpoint/saver.h"
 #include "runner/checkpoint/state_shards.h"
 #include "runner/model/layout.h"
 #include "runner/plan/plan.h"
@@ -153,8 +154,7 @@ TEST_CASE("no checkpoint path builds a graph") {
   st.recipe_yaml = recipe_to_yaml(plan.recipe);
   const int64_t before = graphs_built();
 
-  CheckpointManager mgr((dir / "sharded").string(), plan.recipe.checkpoint);
-  save_sharded(mgr, lay, grid, st);
+  write_sharded(lay, grid, (dir / "sharded").string(), st, {});
   TrainState logical = gather_logical_state(lay, grid, st);
   REQUIRE(logical.params.names.size() == lay.params().size());
   TrainState t = logical_template(lay, 0, 0, 1);
@@ -169,14 +169,14 @@ TEST_CASE("no checkpoint path builds a graph") {
                      back.params.values[i].data<float>()));
     CHECK(back.adam_m[i].data<float>()[0] == static_cast<float>(i));
   }
-  // The policy: a save on its path, then the resume point chosen and loaded.
-  CheckpointPolicy policy(plan, grid, (dir / "policy").string(), nullptr);
+  // The saver: a save on its path; then the resume point chosen and loaded.
+  CheckpointSaver saver(plan, grid, (dir / "saver").string(), nullptr);
   st.step = 4;
-  policy.save(st, true);
-  std::optional<ResumePoint> point = choose_resume_point((dir / "policy").string(), -1, false);
+  saver.save(st, true);
+  std::optional<ResumePoint> point = choose_resume_point((dir / "saver").string(), -1, false);
   REQUIRE(point);
   CHECK(point->step == 4);
-  CHECK(policy.resume(*point, back) == 4);
+  CHECK(load_resume_point(*point, plan, grid, back) == 4);
   CHECK(graphs_built() == before);
   fs::remove_all(dir);
 }

@@ -1,17 +1,18 @@
-// Multi-rank checkpoints written with parallel HDF5 (save_sharded, write_checkpoint_collective).
+// Multi-rank checkpoints written with parallel HDF5 (write_sharded, write_checkpoint_collective).
 //
-// 1. In one process (a one-rank grid, no MPI): save_sharded writes what the serial writer
+// 1. In one process (a one-rank grid, no MPI): write_sharded writes what the serial writer
 //    writes, fp32 and bf16 moments alike.
 // 2. Under mpirun, directly: this executable re-runs itself under `mpirun -np N` with
 //    RUNNER_PCKPT_CHILD set; the child test case builds a real rank state (sharded parameters
 //    from init_params, moments that are a known function of the logical element, ZeRO-1
-//    pieces, a different RNG word and data cursor per rank), saves it with save_sharded and,
+//    pieces, a different RNG word and data cursor per rank), saves it through the saver's
+//    collective path (CheckpointSaver, write_sharded) and,
 //    for comparison, gathers it to rank 0 and writes it serially. The parent checks that both
 //    files verify, hold byte-identical tensors equal to the logical state, keep every rank's
 //    RNG and cursor, and that a save fails on every rank without publishing anything when one
 //    rank fails (during its data writes, or rank 0 before the rename).
-// 3. Through the runner (needs train.cpp to save synchronous multi-rank checkpoints with
-//    save_sharded): for dp2 x tp2 with ZeRO-1, tp2 x pp2 and dp2 x pp2, a synchronous and an
+// 3. Through the runner (the saver writes synchronous multi-rank checkpoints with
+//    write_sharded): for dp2 x tp2 with ZeRO-1, tp2 x pp2 and dp2 x pp2, a synchronous and an
 //    asynchronous (gathered) checkpoint of the same run hold byte-identical tensors, `runner
 //    inspect` verifies both, and one rank resumes from the sharded one.
 #include <doctest/doctest.h>
@@ -37,6 +38,7 @@
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 #include "runner/checkpoint/checkpoint.h"
+#include "runner/checkpoint/saver.h"
 #include "runner/model/model.h"
 #include "runner/train/optimizer.h"
 #include "runner/plan/plan.h"
@@ -205,26 +207,26 @@ void run_child(const ChildSpec& c) {
   runner::testing::set_checkpoint_round_bytes(c.round_bytes);
   {
     parallel::Grid grid(parallel::mpi_world(), {c.dp, c.tp, c.pp});
-    const std::vector<std::string> sets = {"parallel.tp=" + std::to_string(c.tp), "parallel.pp=" + std::to_string(c.pp),
-                                           "parallel.zero=" + std::to_string(c.zero),
-                                           std::string("checkpoint.optimizer_dtype=") + (c.bf16 ? "bf16" : "fp32")};
+    std::vector<std::string> sets = {"parallel.tp=" + std::to_string(c.tp), "parallel.pp=" + std::to_string(c.pp),
+                                     "parallel.zero=" + std::to_string(c.zero),
+                                     std::string("checkpoint.optimizer_dtype=") + (c.bf16 ? "bf16" : "fp32")};
+    if (c.mode == "save") sets.push_back("checkpoint.keep_last=1");
     Recipe r = load_recipe(recipe_path(c.dir), sets);
     Plan plan = make_plan(r, grid.world_size());
     ops::Graph g = build_gpt_graph(plan.layout->spec(grid.coords().pp, grid.coords().tp));
     TrainState st = child_state(r, g, grid, c);
     const bool lead = grid.rank() == 0;
     if (c.mode == "save") {
-      CheckpointConfig cc = r.checkpoint;
-      cc.keep_last = 1;
-      CheckpointManager mgr((fs::path(c.dir) / "sharded").string(), cc);
-      save_sharded(mgr, *plan.layout, grid, st);
-      CHECK(mgr.last_saved_step() == 7);
-      save_sharded(mgr, *plan.layout, grid, st);  // the same step again: skipped everywhere
-      CHECK(mgr.saves_completed() == 1);
+      // The saver's collective path (checkpoint.async is off): every rank writes its slices.
+      CheckpointSaver saver(plan, grid, (fs::path(c.dir) / "sharded").string(), nullptr);
+      saver.save(st);
+      CHECK(saver.last_saved_step() == 7);
+      saver.save(st);  // the same step again: skipped everywhere
+      CHECK(saver.saves_completed() == 1);
       st.step = 8;
-      save_sharded(mgr, *plan.layout, grid, st);  // retention (keep_last 1) removes step 7 on rank 0
-      CHECK(mgr.saves_completed() == 2);
-      CHECK(mgr.last_write_seconds() > 0);
+      saver.save(st);  // retention (keep_last 1) removes step 7 on rank 0
+      CHECK(saver.saves_completed() == 2);
+      CHECK(saver.last_write_seconds() > 0);
       // The same state gathered to rank 0 and written serially.
       TrainState logical = gather_logical_state(*plan.layout, grid, st);
       if (lead) {
@@ -237,9 +239,9 @@ void run_child(const ChildSpec& c) {
       }
     } else if (c.mode == "fault") {
       const fs::path dir = fs::path(c.dir) / "fault";
-      CheckpointManager mgr(dir.string(), r.checkpoint);
+      CheckpointSaver saver(plan, grid, dir.string(), nullptr);
       st.step = 5;
-      save_sharded(mgr, *plan.layout, grid, st);
+      saver.save(st);
       st.step = 6;
       auto expect_nothing_new = [&] {
         grid.world().barrier();
@@ -248,18 +250,27 @@ void run_child(const ChildSpec& c) {
         CHECK(read_latest(dir.string()) == "step_00000005.h5");
         CHECK(temporaries(dir).empty());
       };
+      // A failed write stops every rank as a user error naming the cause (exit 2 in a run).
+      auto fails = [&] {
+        try {
+          saver.save(st);
+        } catch (const UserError& e) {
+          return std::string(e.what()).find("injected checkpoint write fault") != std::string::npos;
+        }
+        return false;
+      };
       // Rank 1 fails at its first tensor byte: every rank throws, nothing is published.
       if (grid.rank() == 1) set_write_fault_after_bytes(0);
-      CHECK_THROWS_AS(save_sharded(mgr, *plan.layout, grid, st), CheckpointFault);
+      CHECK(fails());
       set_write_fault_after_bytes(-1);
       expect_nothing_new();
       // Rank 0 fails after verifying, before the rename.
       if (lead) set_write_fault_at(WriteFault::BeforeRename);
-      CHECK_THROWS_AS(save_sharded(mgr, *plan.layout, grid, st), CheckpointFault);
+      CHECK(fails());
       set_write_fault_at(WriteFault::None);
       expect_nothing_new();
       // The same step then saves.
-      save_sharded(mgr, *plan.layout, grid, st);
+      saver.save(st);
       grid.world().barrier();
       if (lead) {
         CHECK(list_checkpoint_steps(dir.string()) == std::vector<int64_t>{5, 6});
@@ -280,7 +291,7 @@ TEST_CASE("child: one rank of a multi-rank save (run under mpirun by the tests b
   run_child(parse_child(env));
 }
 
-TEST_CASE("on one rank save_sharded writes the tensors the serial writer writes") {
+TEST_CASE("on one rank write_sharded writes the tensors the serial writer writes") {
   const fs::path dir = kDir / "onerank";
   fs::remove_all(dir);
   const std::string recipe = recipe_path(dir);
@@ -293,13 +304,12 @@ TEST_CASE("on one rank save_sharded writes the tensors the serial writer writes"
     ChildSpec c;
     TrainState st = child_state(r, g, grid, c);
     const fs::path sharded = dir / (bf16 ? "sharded_bf16" : "sharded"), serial = dir / (bf16 ? "serial_bf16" : "serial");
-    CheckpointManager mgr(sharded.string(), r.checkpoint);
-    save_sharded(mgr, *plan.layout, grid, st);
-    CHECK(mgr.last_saved_step() == 7);
-    CHECK(mgr.saves_completed() == 1);
-    CHECK(read_latest(sharded.string()) == "step_00000007.h5");
     WriteOptions wo;
     wo.optimizer_bf16 = bf16;
+    const SaveResult saved = write_sharded(*plan.layout, grid, sharded.string(), st, wo);
+    CHECK(saved.step == 7);
+    CHECK(saved.path == (sharded / "step_00000007.h5").string());
+    CHECK(read_latest(sharded.string()) == "step_00000007.h5");
     write_checkpoint_atomic(serial.string(), st, wo);
     const fs::path a = sharded / "step_00000007.h5", b = serial / "step_00000007.h5";
     CHECK_NOTHROW(verify_checkpoint_file(a.string()));

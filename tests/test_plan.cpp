@@ -4,6 +4,7 @@
 #include <string>
 
 #include "runner/plan/plan.h"
+#include "runner/plan/relayout.h"
 #include "runner/recipe/recipe.h"
 
 using namespace runner;
@@ -95,6 +96,29 @@ TEST_CASE("batch equation: indivisible derivations suggest the nearest valid cho
   r = load_recipe_text(kBase, "t.yaml", {"batch.global=66"});
   r.batch.micro = 0;
   CHECK_THROWS_WITH_AS(make_plan(r), doctest::Contains("global must be a multiple of dp 4: try global 68"), UserError);
+}
+
+TEST_CASE("resuming on another layout: dp and accum are derived again unless the overrides give them") {
+  // The overrides keep the layout: the stored numbers stand.
+  Recipe same = load_recipe_text(kBase, "t.yaml", {"train.steps=5"});
+  CHECK(rederive_for_new_layout(same).empty());
+  CHECK(same.parallel.dp == 4);
+  CHECK(same.batch.accum == 4);
+  // A new layout: both derived again for the new world, the global batch kept.
+  Recipe tp = load_recipe_text(kBase, "t.yaml", {"parallel.tp=2"});
+  CHECK(rederive_for_new_layout(tp) == std::vector<std::string>{"dp (was 4)", "accum (was 4)"});
+  Plan p = make_plan(tp, 2);
+  CHECK(p.global == 64);
+  CHECK(p.accum == 16);
+  // What the overrides give stays: dp, or (any batch.* field) accum.
+  Recipe dp = load_recipe_text(kBase, "t.yaml", {"parallel.dp=2"});
+  CHECK(rederive_for_new_layout(dp) == std::vector<std::string>{"accum (was 4)"});
+  CHECK(dp.parallel.dp == 2);
+  CHECK(make_plan(dp, 2).accum == 8);
+  Recipe accum = load_recipe_text(kBase, "t.yaml", {"parallel.tp=2", "batch.accum=8"});
+  CHECK(rederive_for_new_layout(accum) == std::vector<std::string>{"dp (was 4)"});
+  CHECK(accum.batch.accum == 8);
+  CHECK(make_plan(accum, 4).global == 64);
 }
 
 TEST_CASE("layout rules: heads, MLP width, layers over stages, micro-batches for a pipeline") {

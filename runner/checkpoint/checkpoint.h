@@ -11,35 +11,28 @@
 // - Publication is a rename: write `.step_N.h5.tmp.<pid>`, verify it, fsync, rename, fsync the
 //   directory, then replace LATEST the same way. A crash at any instant leaves the previous
 //   checkpoint and LATEST as they were (docs/invariants.md, invariant 5).
-// - CheckpointManager owns cadence, asynchronous writing (a snapshot in host memory at the
-//   step boundary, one background writer, errors rethrown on the training thread), retention
-//   and loading with fallback to the newest checkpoint that verifies.
+// - Around the files, two orchestrators: the resume chooser (resume.h: which checkpoint a run
+//   continues from, verified in a child process, isolated.h; loading it) and the saver
+//   (saver.h: cadence, the serial, asynchronous or collective path, retention).
 // - The HDF5 library here is built without thread safety: every HDF5 call holds h5::Lock
 //   (runner/hdf5/hdf5.h: one process-wide lock, shared with the data loader's workers),
 //   taken per slab so a background write never starves the loader for long.
 // - The code, by phase: file_layout (the layout, once), file_writer (creating it), write_serial,
-//   write_collective, file_reader + load (reading, verifying), inspect, publish (the atomic
-//   protocol), manager.
+//   write_collective, file_reader + load (reading, verifying), inspect, isolated (reading in a
+//   child process), publish (the atomic protocol), snapshot (in-memory copies), state_shards
+//   (shards <-> logical tensors), resume (the chooser), saver.
 #pragma once
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "runner/recipe/recipe.h"
 #include "runner/state.h"
 
-namespace spdlog {
-class logger;
-}
 namespace parallel {
 class Communicator;
 }
@@ -167,12 +160,9 @@ int64_t read_checkpoint_step(const std::string& path);
 
 // `runner inspect`: step, tokens, versions, recipe summary, every dataset with shape, dtype,
 // bytes and checksum status, and a verdict line. Throws UserError when the file cannot be opened
-// as a checkpoint at all. *ok (if given) is set to whether everything verified.
+// as a checkpoint at all. *ok (if given) is set to whether everything verified. `runner inspect`
+// runs it in a child process (inspect_checkpoint_isolated, isolated.h).
 std::string inspect_checkpoint(const std::string& path, bool* ok = nullptr);
-// The same, run in a forked child process, so that a corrupt file that crashes the HDF5
-// library (a signal inside its metadata code) is reported as a corrupt checkpoint (UserError
-// naming the signal) instead of taking the caller down. For `runner inspect`.
-std::string inspect_checkpoint_isolated(const std::string& path, bool* ok = nullptr);
 
 // Keeps HDF5 from registering its exit-time cleanup (call first thing in main, before any other
 // HDF5 call). Every handle the runner opens is closed by its owner; a file whose close failed
@@ -213,86 +203,6 @@ class MemorySnapshot {
  private:
   TrainState state_;
   bool valid_ = false;
-};
-
-// ---- the manager ----
-class CheckpointManager {
- public:
-  // Writes nothing until the first save (the directory is created then).
-  CheckpointManager(std::string dir, CheckpointConfig cfg, CheckpointRank rank = {});
-  ~CheckpointManager();  // joins a write in flight (its error is logged, not thrown)
-  CheckpointManager(const CheckpointManager&) = delete;
-  CheckpointManager& operator=(const CheckpointManager&) = delete;
-
-  void set_logger(std::shared_ptr<spdlog::logger> log);  // default: spdlog's default logger
-  const std::string& dir() const { return dir_; }
-
-  // Whether a checkpoint is due after `step` (steps completed), `elapsed_seconds` into the run.
-  // steps: step % every_steps == 0; minutes: every_minutes since the last due; auto: at the first
-  // call, then every max(20 x measured write time, auto_min_interval_seconds) seconds; never: false.
-  bool due(int64_t step, double elapsed_seconds);
-
-  // Saves `s`. Sync: writes now. Async (config) and !final: snapshots `s` into host memory and
-  // returns; a background thread writes; the next save waits for it. final: always synchronous
-  // and durable on return. A save of a step already saved is skipped. Rethrows a stored
-  // background error before anything else.
-  void save(const TrainState& s, bool final = false);
-  // Records a save that `write` performs and publishes itself (the collective writer of a
-  // multi-rank run, save_sharded in state_shards.h): joins a write in flight (rethrowing its
-  // error), skips a step already saved, runs `write` synchronously (when it throws, the step
-  // does not count as saved and the error propagates), then applies retention when
-  // `publisher` (world rank 0; other ranks' managers write nothing) and records the measurements
-  // (stall = write time, last write, auto cadence) as save() does. Every rank of the job calls it.
-  void save_external(int64_t step, const std::function<SaveResult()>& write, bool publisher);
-  const WriteOptions& write_options() const { return wopt_; }
-  void wait();  // joins a write in flight; rethrows its error
-  void poll();  // rethrows a finished background write's error without waiting
-
-  // Loads LATEST (or, without LATEST, the newest step file). A checkpoint that does not verify:
-  // strict -> its UserError; otherwise logged (file and dataset) and the next older one is tried,
-  // saying so; none verifies -> UserError listing each failure. Returns the step loaded, or
-  // nullopt when the directory holds no checkpoint at all.
-  std::optional<int64_t> load_latest(TrainState& s, bool strict);
-  // Loads may fill only part of the parameters (see load_checkpoint_file's subset).
-  void set_subset_load(bool subset) { subset_ = subset; }
-  // Loads step_<step>.h5; if it does not verify and !strict, falls back to older ones.
-  int64_t load_step(int64_t step, TrainState& s, bool strict);
-  bool has_checkpoints() const;
-  // Files to try when resuming, newest first: LATEST (or `step` >= 0, a UserError when there is
-  // no such file), then older steps. Empty: none at all.
-  std::vector<std::string> candidates(int64_t step) const;
-
-  // Measurements.
-  double last_stall_seconds() const;    // time save() blocked the caller (sync: whole write; async: snapshot)
-  double last_write_seconds() const;    // disk cost of the last completed write
-  double auto_interval_seconds() const; // 0 until measured (auto cadence)
-  int64_t last_saved_step() const;
-  int64_t saves_completed() const;
-  double auto_min_interval_seconds = 10.0;  // floor of the auto interval (tiny models write in ms)
-
- private:
-  void write_now(const TrainState& s);  // write + retention + measurements (either thread)
-  void record_write(const SaveResult& r, bool publisher);  // retention (publisher) + log + measurements
-  void apply_retention(int64_t newest);
-  void join_and_rethrow();
-  int64_t load_from(const std::vector<std::string>& candidates, TrainState& s, bool strict);
-  spdlog::logger& log() const;
-
-  std::string dir_;
-  bool subset_ = false;
-  CheckpointConfig cfg_;
-  CheckpointRank rank_;
-  WriteOptions wopt_;
-  std::shared_ptr<spdlog::logger> log_;
-
-  std::thread worker_;
-  mutable std::mutex mu_;           // guards the fields below, shared with the writer thread
-  std::exception_ptr error_;
-  double last_stall_ = 0, last_write_ = 0, auto_interval_ = 0;
-  int64_t last_saved_step_ = -1, saves_ = 0;
-  double next_due_elapsed_ = -1;    // minutes/auto: when the next save is due (-1: not yet known)
-  double last_due_elapsed_ = 0;     // auto: when the save whose cost is being measured was due
-  bool auto_pending_ = false;       // auto: first save requested, its cost not yet known
 };
 
 }  // namespace runner

@@ -1,15 +1,8 @@
 // `runner inspect FILE`: what a checkpoint holds (scalars, recipe summary, per-rank RNG and data
 // entries, every dataset with shape, dtype, bytes and checksum status) and a verdict line. It
-// reports every problem it finds instead of stopping at the first, as verification does.
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
+// reports every problem it finds instead of stopping at the first, as verification does. Run in
+// a child process by `runner inspect` (isolated.h), so a file that crashes HDF5 is a finding too.
 #include <yaml-cpp/yaml.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 
 #include <fmt/format.h>
 
@@ -136,80 +129,6 @@ std::string inspect_checkpoint(const std::string& path, bool* ok_out) {
                        entries.size(), bad_count == 0 ? "; /state fails" : "");
   if (ok_out) *ok_out = ok;
   return out;
-}
-
-namespace {
-
-bool write_all(int fd, const std::string& s) {
-  for (size_t off = 0; off < s.size();) {
-    ssize_t n = ::write(fd, s.data() + off, s.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-}  // namespace
-
-// The child sends one record: 'O' or 'B' (verdict OK / BAD) then the report, or 'E' then the
-// UserError's problem, a NUL and its fix. Anything else (a signal, a truncated record) means
-// the file crashed the reader.
-std::string inspect_checkpoint_isolated(const std::string& path, bool* ok_out) {
-  if (ok_out) *ok_out = false;
-  int fds[2];
-  if (::pipe(fds) != 0) return inspect_checkpoint(path, ok_out);  // cannot isolate: read in-process
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return inspect_checkpoint(path, ok_out);
-  }
-  if (pid == 0) {
-    ::close(fds[0]);
-    // What a crash prints (glibc's "free(): invalid pointer") is not the report: the parent says it.
-    if (int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, 2);
-    std::string rec;
-    try {
-      bool ok = false;
-      std::string text = inspect_checkpoint(path, &ok);
-      rec = (ok ? "O" : "B") + text;
-    } catch (const UserError& e) {
-      rec = "E" + e.problem() + std::string(1, '\0') + e.fix();
-    } catch (const std::exception& e) {
-      rec = std::string("E") + "cannot read the checkpoint: " + e.what() + std::string(1, '\0') + kCorruptFix;
-    }
-    ::_exit(write_all(fds[1], rec) ? 0 : 1);  // no HDF5 shutdown: the library may hold a corrupt file's handles
-  }
-  ::close(fds[1]);
-  std::string rec;
-  char buf[65536];
-  for (;;) {
-    ssize_t n = ::read(fds[0], buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    rec.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fds[0]);
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  const bool clean = WIFEXITED(st) && WEXITSTATUS(st) == 0 && !rec.empty();
-  if (clean && rec[0] == 'E') {
-    const size_t nul = rec.find('\0');
-    throw UserError({path, 0, 0}, rec.substr(1, nul == std::string::npos ? std::string::npos : nul - 1),
-                    nul == std::string::npos ? std::string() : rec.substr(nul + 1));
-  }
-  if (clean && (rec[0] == 'O' || rec[0] == 'B')) {
-    if (ok_out) *ok_out = rec[0] == 'O';
-    return rec.substr(1);
-  }
-  const std::string why = WIFSIGNALED(st) ? fmt::format("signal {} ({})", WTERMSIG(st), ::strsignal(WTERMSIG(st)))
-                                          : fmt::format("exit status {}", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-  throw UserError({path, 0, 0},
-                  fmt::format("checkpoint is corrupt: reading its HDF5 metadata crashed the reader ({})", why),
-                  kCorruptFix);
 }
 
 }  // namespace runner

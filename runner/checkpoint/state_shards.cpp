@@ -9,7 +9,6 @@
 #include "ops/convert.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/errors.h"
-#include "runner/train/optimizer.h"
 
 namespace runner {
 
@@ -205,30 +204,15 @@ TensorSlice shard_slice(const LogicalParam& p, int tp_rank, const float* src) {
   return sl;
 }
 
-void save_sharded(CheckpointManager& mgr, const ModelLayout& layout, parallel::Grid& grid, const TrainState& local) {
+SaveResult write_sharded(const ModelLayout& layout, parallel::Grid& grid, const std::string& dir,
+                         const TrainState& local, const WriteOptions& opt) {
   parallel::Communicator& world = grid.world();
-  // 1. A failed background write (rank 0's manager) fails every rank; a step already saved is
-  //    skipped by every rank (the managers of other ranks may not know of it).
-  std::exception_ptr pending;
-  try {
-    mgr.wait();
-  } catch (...) {
-    pending = std::current_exception();
-  }
-  int64_t flags[2] = {pending ? 1 : 0, mgr.last_saved_step() == local.step ? 1 : 0};
-  world.allreduce_max(flags, 2);
-  if (flags[0]) {
-    if (pending) std::rethrow_exception(pending);
-    throw std::runtime_error("checkpoint: an earlier background checkpoint write failed on rank 0 (see its log)");
-  }
-  if (flags[1]) return;
-
-  // 2. Every logical tensor, in the layout's table order (what gather_logical_state produces).
+  // Every logical tensor, in the layout's table order (what gather_logical_state produces).
   const parallel::Coords me = grid.coords();
   const auto& table = layout.params();
   std::vector<CollectiveTensor> tensors;
   for (const LogicalParam& p : table) tensors.push_back({p.name, p.logical_shape});
-  // 3. This rank's shards of them: the ones its stage writes (dp rank 0 of each shard writes).
+  // This rank's shards of them: the ones its stage writes (dp rank 0 of each shard writes).
   const ParamSet& ps = local.params;
   std::vector<int> index(table.size(), -1);
   for (auto [i, p] : held(layout, me.pp, ps))
@@ -257,10 +241,7 @@ void save_sharded(CheckpointManager& mgr, const ModelLayout& layout, parallel::G
     if (me.dp != 0) return {};
     return shard_slice(p, me.tp, src);
   };
-  const bool publisher = grid.rank() == 0;
-  mgr.save_external(
-      local.step, [&] { return write_checkpoint_collective(world, mgr.dir(), local, tensors, slice, mgr.write_options()); },
-      publisher);
+  return write_checkpoint_collective(world, dir, local, tensors, slice, opt);
 }
 
 TrainState fp32_weights_view(const TrainState& s) {

@@ -9,12 +9,12 @@
 // no path here builds a graph.
 //
 // Saving, two ways, the same file:
-// - save_sharded (synchronous): every rank writes its slice of every logical tensor into the one
+// - write_sharded (synchronous): every rank writes its slice of every logical tensor into the one
 //   file with parallel HDF5 (write_checkpoint_collective); one replica of each shard writes
 //   (data-parallel rank 0), ZeRO-1 pieces of the Adam moments assembled over the data-parallel
 //   group first. Nothing is gathered on one rank.
 // - gather_logical_state: the logical state assembled on world rank 0, which writes it through
-//   the CheckpointManager (what asynchronous saves use: the writer thread needs the whole state
+//   the saver (saver.h: what asynchronous saves use: the writer thread needs the whole state
 //   in host memory).
 // Loading: every rank reads the logical tensors of its own parameters from the file and keeps
 // its slice.
@@ -41,15 +41,16 @@ void logical_to_shard(const LogicalParam& p, const ops::TensorDesc& d, const flo
 TrainState gather_logical_state(const ModelLayout& layout, parallel::Grid& grid, const TrainState& local);
 
 // Collective over grid.world() (every rank calls it at the same step): writes the checkpoint of
-// local.step with parallel HDF5 — each logical tensor's slices are written by the ranks holding
-// them (data-parallel rank 0 of each shard; ZeRO-1 moment pieces assembled over dp first), into
-// one temporary file, collectively; then rank 0 verifies, fsyncs, renames, writes LATEST and
-// applies retention through `mgr`; returns on every rank once the checkpoint is published (or
-// throws on every rank). Synchronous. A write `mgr` has in flight (rank 0, asynchronous saves)
-// is joined first; a step already saved (on any rank's `mgr`) is skipped on every rank. Every
-// rank's /rng/rank_<r> and /data/rank_<r> hold its own RNG state and data cursor. With a
-// one-rank grid (no MPI) the same code writes through the serial HDF5 driver.
-void save_sharded(CheckpointManager& mgr, const ModelLayout& layout, parallel::Grid& grid, const TrainState& local);
+// local.step into `dir` with parallel HDF5 — each logical tensor's slices are written by the
+// ranks holding them (data-parallel rank 0 of each shard; ZeRO-1 moment pieces assembled over dp
+// first), into one temporary file, collectively; then rank 0 verifies, fsyncs, renames and writes
+// LATEST. Returns the same SaveResult on every rank once the checkpoint is published (or throws on
+// every rank). Synchronous; what comes around a save (a write in flight, a step already saved,
+// retention) is the saver's (saver.h). Every rank's /rng/rank_<r> and /data/rank_<r> hold its own
+// RNG state and data cursor. With a one-rank grid (no MPI) the same code writes through the serial
+// HDF5 driver.
+SaveResult write_sharded(const ModelLayout& layout, parallel::Grid& grid, const std::string& dir,
+                         const TrainState& local, const WriteOptions& opt);
 
 // What tensor-parallel rank `tp_rank` writes of parameter `p` from its shard (`src`: the shard's
 // data), as write_checkpoint_collective takes it: dim-0 splits as row runs (one per block),

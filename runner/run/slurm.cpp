@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "runner/checkpoint/policy.h"
+#include "runner/run/run_dir.h"
 #include "runner/errors.h"
 #include "slurm_template.h"  // generated from scripts/slurm.sbatch.in (CMakeLists.txt)
 

@@ -112,12 +112,6 @@ void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, doub
   }
 }
 
-std::vector<int64_t> moment_shape(const ParamSet& ps, size_t i) {
-  auto [a, e] = ps.owned_range(i);
-  if (a == 0 && e == ps.values[i].numel()) return ps.values[i].shape();
-  return {e - a};
-}
-
 void zero_grads(ParamSet& ps) {
   for (auto& g : ps.grads) g.zero();
 }

@@ -43,8 +43,4 @@ void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, doub
 
 void zero_grads(ParamSet& ps);
 
-// Shape of parameter i's Adam moments on this rank: the parameter's shape, or {n} for a ZeRO-1
-// piece of n elements.
-std::vector<int64_t> moment_shape(const ParamSet& ps, size_t i);
-
 }  // namespace runner

@@ -4,15 +4,15 @@
 // gradient sync and pipeline), evaluate (held-out loss and task accuracy), rollback (the
 // in-memory snapshot tier), fault_hook (test faults), startup (banner, run files, end event),
 // launch (MPI under mpirun/srun, the job's grid); the observers in runner/observe/ (metrics,
-// monitor, the step timer and the tracer) and runner/checkpoint/policy (run directory,
-// resume point, save paths, cadence).
+// monitor, the step timer and the tracer); runner/checkpoint/resume and saver (resume point,
+// save paths, cadence) and runner/run/run_dir (the run directory).
 #pragma once
 #include <cstdint>
 #include <optional>
 #include <string>
 
 #include "parallel/grid.h"
-#include "runner/checkpoint/policy.h"
+#include "runner/checkpoint/resume.h"
 #include "runner/errors.h"
 #include "runner/plan/plan.h"
 
@@ -27,7 +27,7 @@ struct TrainOptions {
   bool diagnose_precision = false;  // per-tensor gradient range per logged step (precision.diagnostics)
   std::string profile;       // --profile FROM:TO: per-operator profile of those steps (runner/observe/profile.h)
   // The checkpoint to continue from, when already chosen (`runner resume` chooses it to read
-  // its recipe); otherwise the trainer asks the checkpoint policy.
+  // its recipe); otherwise the trainer asks the resume chooser.
   std::optional<ResumePoint> resume_point;
   std::vector<std::string> resume_notes;  // what a resume on another layout derived again (logged)
 };

@@ -2,7 +2,7 @@
 // (RankModel) -> clip -> AdamW, and the step's state; a step returns its StepResult. Observers
 // stand around the loop, each in its own file: the step timer and the tracer
 // (runner/observe/step_timer.h, trace.h), metrics and the monitor (runner/observe/metrics.h),
-// the in-memory rollback tier (rollback.h), checkpoints (runner/checkpoint/policy.h), the
+// the in-memory rollback tier (rollback.h), checkpoints (runner/checkpoint/saver.h), the
 // test fault hook (fault_hook.h), the banner and run files (startup.h).
 // Everything a user can get wrong is checked before the run directory is touched
 // (docs/invariants.md, invariant 6), and every rank agrees on such an error before any rank stops.
@@ -21,7 +21,9 @@
 #include "ops/peak.h"
 #include "ops/rng.h"
 #include "runner/agree.h"
-#include "runner/checkpoint/policy.h"
+#include "runner/checkpoint/resume.h"
+#include "runner/checkpoint/saver.h"
+#include "runner/run/run_dir.h"
 #include "runner/data/data.h"
 #include "runner/observe/metrics.h"
 #include "runner/observe/profile.h"
@@ -115,7 +117,7 @@ class Trainer {
   TrainState st;
   std::unique_ptr<RankModel> model;
   std::shared_ptr<spdlog::logger> log;
-  std::unique_ptr<CheckpointPolicy> ckpt;
+  std::unique_ptr<CheckpointSaver> ckpt;
   std::unique_ptr<RunMetrics> metrics;
   std::unique_ptr<Rollback> rollback;
   LossScaler scaler{r.precision};
@@ -144,7 +146,7 @@ class Trainer {
     choose_threads(r);
     build();
     log = open_run_log(paths.run_dir, grid, !opts.quiet && lead());
-    ckpt = std::make_unique<CheckpointPolicy>(plan, grid, paths.checkpoint_dir, log);
+    ckpt = std::make_unique<CheckpointSaver>(plan, grid, paths.checkpoint_dir, log);
     metrics = std::make_unique<RunMetrics>(plan, grid, log);
     rollback = std::make_unique<Rollback>(r.checkpoint, *loader, *metrics, log);
     if (lock && !lock->took_over().empty())
@@ -181,9 +183,8 @@ class Trainer {
   // span only when one finished). Both go with the next step's record.
   void checkpoint_after_step() {
     const int64_t c0 = StepTimer::now();
-    if (st.step < r.train.steps && ckpt->due(st.step, StepTimer::ms(run_t0, c0) / 1e3)) {
-      const int64_t t = StepTimer::now();
-      ckpt->save(st, false);
+    const int64_t t = StepTimer::now();
+    if (ckpt->after_step(st, StepTimer::ms(run_t0, t) / 1e3)) {
       ckpt_stall_ms = ckpt->last_stall_ms();
       timer.phase("checkpoint save", "checkpoint", t);
     }
@@ -227,7 +228,7 @@ class Trainer {
   }
 
   // Resumes from the run directory's checkpoints when there are any (a requeued job runs the
-  // same command line), from the one the policy chose (`runner resume` chose it before
+  // same command line), from the one the resume chooser chose (`runner resume` chose it before
   // planning). Loading writes nothing; a checkpoint that does not verify is skipped unless strict.
   void maybe_resume() {
     std::optional<ResumePoint> point = opts.resume_point;
@@ -238,7 +239,8 @@ class Trainer {
       return;
     }
     for (const std::string& why : point->skipped) log->warn("{}", why);
-    resumed_from = ckpt->resume(*point, st);
+    resumed_from = load_resume_point(*point, plan, grid, st, log);
+    ckpt->resumed_at(resumed_from);
     st.omp_threads = ops::num_threads();  // a single-rank load copies the checkpoint's scalars
     if (st.loaded_omp_threads > 0 && st.loaded_omp_threads != st.omp_threads)
       log->warn("the checkpoint was written with {} OpenMP thread(s) per rank and this run has {}: the losses will not "

@@ -7,7 +7,7 @@
 #include "ops/backend.h"
 #include "ops/executor.h"
 #include "runner/checkpoint/checkpoint.h"
-#include "runner/checkpoint/policy.h"
+#include "runner/run/run_dir.h"
 #include "runner/checkpoint/state_shards.h"
 #include "runner/errors.h"
 

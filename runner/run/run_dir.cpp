@@ -1,0 +1,52 @@
+// A run's directory (see run_dir.h).
+#include "runner/run/run_dir.h"
+
+#include <filesystem>
+#include <optional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "runner/checkpoint/checkpoint.h"
+#include "runner/errors.h"
+#include "runner/plan/relayout.h"
+#include "runner/run/run_lock.h"
+
+namespace fs = std::filesystem;
+
+namespace runner {
+
+RunPaths run_paths(const Recipe& r, const std::string& cli_run_dir) {
+  RunPaths p;
+  p.run_dir = !cli_run_dir.empty() ? cli_run_dir
+              : !r.train.run_dir.empty() ? r.train.run_dir
+                                         : (fs::path("runs") / r.name).string();
+  p.checkpoint_dir = r.checkpoint.dir.empty() ? (fs::path(p.run_dir) / "checkpoints").string() : r.checkpoint.dir;
+  return p;
+}
+
+ResumeRequest prepare_resume(const std::string& run_dir, const std::vector<std::string>& overrides, int64_t step,
+                             bool strict) {
+  if (!fs::is_directory(run_dir))
+    throw UserError({run_dir, 0, 0}, "not a run directory", "pass the directory `runner train` wrote (runs/NAME)");
+  // The checkpoint directory: the run's resolved recipe may place it elsewhere.
+  const fs::path saved = fs::path(run_dir) / "recipe.yaml";
+  std::string ckpt_dir = run_paths(Recipe{}, run_dir).checkpoint_dir;
+  if (fs::exists(saved)) ckpt_dir = run_paths(load_recipe(saved.string()), run_dir).checkpoint_dir;
+  std::optional<ResumePoint> point = choose_resume_point(ckpt_dir, step, strict);
+  if (!point) {
+    // A run killed before its first checkpoint left its temporary file: remove it, unless the
+    // directory has a live owner (that one's write is in flight; the trainer says who it is).
+    if (auto lock = RunLock::try_take(run_dir)) cleanup_stale(ckpt_dir);
+    throw UserError({ckpt_dir, 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
+  }
+  ResumeRequest req{load_recipe_text(read_recipe_text(point->path), saved.string(), overrides), *point, {}};
+  const std::vector<std::string> again = rederive_for_new_layout(req.recipe);
+  if (!again.empty())
+    req.notes.push_back(fmt::format("the overrides change the layout of step {}'s checkpoint: {} derived again for the "
+                                    "new layout, global batch {}", point->step, fmt::join(again, " and "),
+                                    req.recipe.batch.global));
+  return req;
+}
+
+}  // namespace runner

@@ -1,0 +1,38 @@
+// A run's directory: where a run's files and checkpoints live, and what `runner resume` (and
+// generate or export given a run directory) prepares before anything is planned.
+//
+// Design: the run directory is a launching matter, a room above plan and checkpoint. It names
+// the places (run_paths: the trainer, the Slurm launcher and main agree on them through this
+// one function) and composes the rooms below it for a resume: the checkpoint chooser picks the
+// point (runner/checkpoint/resume.h), the recipe stored in it plus the user's overrides becomes
+// the run's recipe, and plan/ says what a changed layout derives again (runner/plan/relayout.h).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runner/checkpoint/resume.h"
+#include "runner/recipe/recipe.h"
+
+namespace runner {
+
+struct RunPaths {
+  std::string run_dir;         // --run-dir, else train.run_dir, else runs/<name>
+  std::string checkpoint_dir;  // checkpoint.dir, else RUN_DIR/checkpoints
+};
+RunPaths run_paths(const Recipe& r, const std::string& cli_run_dir = "");
+
+// `runner resume RUN_DIR [--set ...]`: the recipe stored in the checkpoint chosen to continue
+// from, with the user's overrides. The stored recipe holds the dp and accum its layout derived;
+// when the overrides change the layout (any parallel.* field), both are derived again unless
+// the overrides give them (the global batch stays). Throws UserError (not a run directory, no
+// checkpoint, none verifies).
+struct ResumeRequest {
+  Recipe recipe;
+  ResumePoint point;
+  std::vector<std::string> notes;  // what the overrides changed and what was derived again (logged by the trainer)
+};
+ResumeRequest prepare_resume(const std::string& run_dir, const std::vector<std::string>& overrides, int64_t step,
+                             bool strict);
+
+}  // namespace runner
