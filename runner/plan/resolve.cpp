@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "runner/device/devices.h"
 #include "runner/plan/internal.h"
 
 namespace runner::plan_detail {
@@ -77,7 +78,7 @@ void resolve_grid(const Recipe& r, int64_t world_size, Plan& p) {
     p.dp = devices / tppp;
   }
   p.world = p.dp * tppp;
-  if (world_size == 0 && r.hardware.device != "cpu" && p.world > devices)
+  if (world_size == 0 && !device_kind(r.hardware).host && p.world > devices)
     p.warnings.push_back(fmt::format("the layout needs {} devices but hardware lists {}", p.world, devices));
 }
 
@@ -231,7 +232,7 @@ void check_layout(const Recipe& r, Plan& p) {
   if (p.bubble > 0.25)
     p.warnings.push_back(fmt::format("pipeline bubble {:.0f}% = {}: raise accum to shrink it", 100 * p.bubble,
                                      p.bubble_formula(" with ")));
-  if (tp > r.hardware.devices_per_node && r.hardware.device != "cpu")
+  if (tp > r.hardware.devices_per_node && !device_kind(r.hardware).host)
     p.warnings.push_back(fmt::format("tp {} spans more than one node ({} devices per node): tensor parallelism across nodes is slow",
                                      tp, r.hardware.devices_per_node));
   if (r.parallel.zero == 1 && p.dp == 1)

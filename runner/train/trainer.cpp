@@ -101,7 +101,8 @@ struct Faults {
 
 class Trainer {
  public:
-  Trainer(const Plan& p, TrainOptions o, parallel::Grid& g) : plan(p), r(p.recipe), opts(std::move(o)), grid(g) {}
+  Trainer(const Plan& p, TrainOptions o, parallel::Grid& g, ops::Backend& b)
+      : plan(p), r(p.recipe), opts(std::move(o)), grid(g), be(b) {}
   // The grid outlives the trainer: its communicators must not report to our sink after us
   // (a profiled step left by an exception).
   ~Trainer() { grid.set_trace(nullptr); }
@@ -129,8 +130,8 @@ class Trainer {
     // Each start and stop of a job on this run directory (runner status reads them).
     if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
     // MFU is against the peak of all ranks together.
-    if (r.hardware.peak_tflops > 0) {
-      metrics->set_peak_flops(r.hardware.peak_tflops * 1e12 * grid.world_size());
+    if (plan.peak_flops > 0) {
+      metrics->set_peak_flops(plan.peak_flops * grid.world_size());
     } else {
       double v = ops::measure_cpu_gemm_peak_flops();
       grid.world().allreduce_sum(&v, 1);
@@ -219,7 +220,7 @@ class Trainer {
   const Recipe& r;
   TrainOptions opts;
   parallel::Grid& grid;
-  ops::Backend& be = ops::cpu_backend();
+  ops::Backend& be;  // chosen once when the run started (runner/device/device.h)
   // The trace sink of communicators, pipeline and loop while a profiled step runs; declared
   // before everything that may hold a request reporting to it (pipeline sends, gradient
   // buckets, the monitor's gather), so it outlives them.
@@ -728,14 +729,14 @@ class Trainer {
 
 }  // namespace
 
-int run_training(const Plan& plan, const TrainOptions& opts, parallel::Grid& grid) {
-  Trainer t(plan, opts, grid);
+int run_training(const Plan& plan, const TrainOptions& opts, parallel::Grid& grid, ops::Backend& be) {
+  Trainer t(plan, opts, grid, be);
   return t.run();
 }
 
-int run_training(const Plan& plan, const TrainOptions& opts) {
+int run_training(const Plan& plan, const TrainOptions& opts, ops::Backend& be) {
   parallel::Grid grid(parallel::self_comm(), {1, 1, 1});
-  return run_training(plan, opts, grid);
+  return run_training(plan, opts, grid, be);
 }
 
 }  // namespace runner
