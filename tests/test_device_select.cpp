@@ -1,15 +1,24 @@
-// hardware.device selects the backend: cuda and the GPU kinds the plan knows want the CUDA
-// backend, and on a machine without a usable GPU (this one, CI) `runner train` and
-// `runner resume` exit 2 at hardware.device, saying no CUDA device was found, before writing
-// anything; cpu and custom stay on the CPU backend.
+// The device table (runner/device/devices.h) and the schema's hardware.device enum name the
+// same kinds; the plan takes memory and peak from the table. hardware.device selects the
+// backend: cuda and the GPU kinds want the CUDA backend, and on a machine without a usable GPU
+// (this one, CI) `runner train` and `runner resume` exit 2 at hardware.device, saying no CUDA
+// device was found, before writing anything; cpu and custom stay on the CPU backend.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
+#include <set>
+
+#include <nlohmann/json.hpp>
+
 #include "runner/device/device.h"
+#include "runner/device/devices.h"
+#include "runner/plan/plan.h"
+#include "runner/recipe/recipe.h"
 #include "tests/support/process.h"
 #include "tests/support/temp_dir.h"
 
@@ -27,6 +36,66 @@ const std::string kQuickstart = std::string(RUNNER_SOURCE_DIR) + "/recipes/quick
 
 }  // namespace
 
+TEST_CASE("the device table and the schema's hardware.device enum name the same kinds, both ways") {
+  std::ifstream f(std::string(RUNNER_SOURCE_DIR) + "/schemas/recipe.schema.json");
+  REQUIRE(f);
+  const nlohmann::json schema = nlohmann::json::parse(f);
+  const nlohmann::json& device = schema["properties"]["hardware"]["properties"]["device"];
+  std::set<std::string> in_schema, in_table;
+  for (const nlohmann::json& w : device["enum"]) in_schema.insert(w.get<std::string>());
+  for (const runner::DeviceKind& d : runner::device_kinds()) in_table.insert(std::string(d.name));
+  REQUIRE(in_schema.size() == device["enum"].size());  // no word twice
+  REQUIRE(in_table.size() == runner::device_kinds().size());
+  for (const std::string& w : in_schema) {
+    CAPTURE(w);
+    CHECK_MESSAGE(in_table.count(w), "the schema admits a device the table does not know: add it to runner/device/devices.cpp");
+  }
+  for (const std::string& k : in_table) {
+    CAPTURE(k);
+    CHECK_MESSAGE(in_schema.count(k), "the table has a device the schema rejects: add it to schemas/recipe.schema.json");
+  }
+  CHECK(device["default"] == "cpu");
+}
+
+TEST_CASE("the device table: one host kind; every named GPU has its memory and a peak for each format") {
+  int hosts = 0;
+  for (const runner::DeviceKind& d : runner::device_kinds()) {
+    CAPTURE(d.name);
+    CHECK_FALSE((d.host && d.gpu));
+    hosts += d.host;
+    if (d.gpu && d.name != "cuda") {
+      CHECK(d.memory_gb > 0);
+      CHECK(d.peak_tflops_fp32 > 0);
+      CHECK(d.peak_tflops_bf16 >= d.peak_tflops_fp32);
+      CHECK(d.peak_tflops_fp16 >= d.peak_tflops_fp32);
+    }
+  }
+  CHECK(hosts == 1);
+  REQUIRE(runner::find_device_kind("cpu"));
+  CHECK(runner::find_device_kind("cpu")->host);
+  CHECK_FALSE(runner::find_device_kind("tpu"));
+}
+
+TEST_CASE("the plan takes device memory and the MFU peak from the table unless the recipe gives them") {
+  auto plan = [](std::vector<std::string> sets) { return runner::make_plan(runner::load_recipe(kQuickstart, sets)); };
+  const double GiB = double(1ull << 30);
+  // v100-32gb and l40s: the schema rejected them while the plan's memory table knew them.
+  runner::Plan v = plan({"hardware.device=v100-32gb"});
+  CHECK(v.device_memory == 32 * GiB);
+  CHECK(v.peak_flops == doctest::Approx(15.7e12));
+  runner::Plan l = plan({"hardware.device=l40s", "precision.compute=bf16"});
+  CHECK(l.device_memory == 48 * GiB);
+  CHECK(l.peak_flops == doctest::Approx(362e12));
+  CHECK(plan({"hardware.device=h100-80gb", "precision.compute=bf16"}).peak_flops == doctest::Approx(989e12));
+  CHECK(plan({"hardware.device=h200"}).device_memory == 141 * GiB);
+  // The recipe's figures win; the CPU's peak is measured at start (0 here).
+  runner::Plan given = plan({"hardware.device=h100-80gb", "hardware.peak_tflops=500", "hardware.memory_gb=60"});
+  CHECK(given.peak_flops == doctest::Approx(500e12));
+  CHECK(given.device_memory == 60 * GiB);
+  CHECK(plan({}).peak_flops == 0);
+  CHECK(plan({"hardware.device=custom", "hardware.memory_gb=8"}).peak_flops == 0);
+}
+
 TEST_CASE("GPU device names want the CUDA backend, cpu and custom do not") {
   for (const char* d : {"cuda", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "v100-32gb", "l40s"}) {
     CAPTURE(d);
@@ -34,6 +103,7 @@ TEST_CASE("GPU device names want the CUDA backend, cpu and custom do not") {
   }
   CHECK_FALSE(runner::wants_gpu("cpu"));
   CHECK_FALSE(runner::wants_gpu("custom"));
+  for (const runner::DeviceKind& d : runner::device_kinds()) CHECK(runner::wants_gpu(std::string(d.name)) == d.gpu);
 }
 
 TEST_CASE("runner train on a GPU recipe without a GPU exits 2 and writes nothing") {

@@ -100,7 +100,7 @@ Diff cached_vs_full(TrainedModel& m) {
 TEST_CASE("KV cache, fp32: cached logits equal a full forward pass at every position (relative 1e-5), batched") {
   for (const bool llama : {false, true}) {  // learned positions, and rope at each row's position
     CAPTURE(llama);
-    TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string(),
+    TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string(), ops::cpu_backend(),
                                         {"inference.kv_dtype=fp32", "inference.batch=3"});
     const Diff d = cached_vs_full(m);
     MESSAGE(std::string(llama ? "llama" : "gpt") << " fp32 cache: max abs logit difference " << d.abs << ", relative "
@@ -121,7 +121,7 @@ TEST_CASE("KV cache, bf16 / fp16 / int8: cached logits within the measured bound
     for (const auto& [dt, bound] : bounds) {
       CAPTURE(llama);
       CAPTURE(dt);
-      TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string(),
+      TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string(), ops::cpu_backend(),
                                           {"inference.kv_dtype=" + dt, "inference.batch=3"});
       const Diff d = cached_vs_full(m);
       MESSAGE(std::string(llama ? "llama " : "gpt ") << dt << " cache: max abs logit difference " << d.abs << ", relative "
@@ -135,7 +135,7 @@ TEST_CASE("KV cache, bf16 / fp16 / int8: cached logits within the measured bound
 TEST_CASE("KV cache: greedy completions equal those without a cache (prompts of different lengths)") {
   for (const bool llama : {false, true}) {
     CAPTURE(llama);
-    TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string());
+    TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string(), ops::cpu_backend());
     GenerateRequest req;
     req.prompts = {"12+34=", "7+8=", "100+900=", "5"};
     req.max_new_tokens = 12;
@@ -162,7 +162,7 @@ TEST_CASE("KV cache: the tracker's kv_cache bytes are the plan's KV-cache figure
   auto& mt = ops::MemoryTracker::instance();
   for (const std::string dt : {"fp32", "bf16", "fp16", "int8"}) {
     CAPTURE(dt);
-    TrainedModel m = load_trained_model(llama_fixture().run.string(),
+    TrainedModel m = load_trained_model(llama_fixture().run.string(), ops::cpu_backend(),
                                         {"inference.kv_dtype=" + dt, "inference.batch=3", "inference.context=20"});
     REQUIRE(m.plan.inference);
     const size_t before = mt.current(ops::Account::KvCache);
@@ -184,7 +184,8 @@ TEST_CASE("KV cache: the tracker's kv_cache bytes are the plan's KV-cache figure
 TEST_CASE("KV cache: a request over the plan's batch or context is refused before allocating, with the numbers") {
   auto& mt = ops::MemoryTracker::instance();
   Fixture& f = gpt_fixture();
-  TrainedModel m = load_trained_model(f.run.string(), {"inference.kv_dtype=bf16", "inference.batch=2", "inference.context=16"});
+  TrainedModel m = load_trained_model(f.run.string(), ops::cpu_backend(),
+                                      {"inference.kv_dtype=bf16", "inference.batch=2", "inference.context=16"});
   REQUIRE(m.plan.inference);
   REQUIRE(m.plan.inference->max_batch >= 3);
   mt.reset_peaks();

@@ -1,6 +1,7 @@
-// Backend selection from hardware.device (device.h).
+// Backend selection from hardware.device (device.h); the only place that names a backend.
 #include "runner/device/device.h"
 
+#include "runner/device/devices.h"
 #include "runner/errors.h"
 #if defined(RUNNER_HAVE_CUDA)
 #include "ops/cuda/cuda_backend.h"
@@ -9,13 +10,12 @@
 namespace runner {
 
 bool wants_gpu(const std::string& device) {
-  for (const char* gpu : {"cuda", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "v100-32gb", "l40s"})
-    if (device == gpu) return true;
-  return false;
+  const DeviceKind* d = find_device_kind(device);
+  return d && d->gpu;
 }
 
 ops::Backend& select_backend(const Recipe& r) {
-  if (!wants_gpu(r.hardware.device)) return ops::cpu_backend();
+  if (!device_kind(r.hardware).gpu) return ops::cpu_backend();
   const std::string what = "hardware.device " + r.hardware.device + " selects the CUDA backend, but ";
   const std::string fix = "train on the CPU with --set hardware.device=cpu (or hardware: device: cpu in the recipe)";
 #if defined(RUNNER_HAVE_CUDA)
@@ -29,5 +29,7 @@ ops::Backend& select_backend(const Recipe& r) {
   throw UserError(r.loc("hardware.device"), what + "this runner was built without CUDA, so no CUDA device was found", fix);
 #endif
 }
+
+ops::Backend& host_backend() { return ops::cpu_backend(); }
 
 }  // namespace runner

@@ -1,6 +1,8 @@
-// Which backend a recipe trains on: hardware.device `cuda`, or a GPU kind the plan knows
-// (a100-40gb, a100-80gb, h100-80gb, h200, v100-32gb, l40s), selects the CUDA backend
-// (ops/cuda/); `cpu` and `custom` the CPU backend.
+// The backend a run uses, chosen once when the run starts and passed to everything that runs
+// kernels (the trainer, the rank model, the optimizer, the trained model of generate and
+// export): nothing below this room names a backend. hardware.device `cuda` or a GPU kind of
+// the device table (devices.h) selects the CUDA backend (ops/cuda/); `cpu` and `custom` the
+// CPU backend.
 #pragma once
 #include <string>
 
@@ -9,13 +11,20 @@
 
 namespace runner {
 
+// Whether `device` (a kind of the device table) selects the CUDA backend.
 bool wants_gpu(const std::string& device);
 
-// The backend for the recipe. Throws UserError (exit 2, at hardware.device) when the recipe
-// names a GPU and this runner has no usable one: built without CUDA, no CUDA device found
-// (the CUDA runtime's reason), or, with a device, because `runner train` does not run on the
-// GPU yet (the executor's tensors live in host memory; the CUDA kernels are tested on their
-// own, tests/cuda/). Call before anything is written.
+// The backend for a run of the recipe (`runner train`, `runner resume`). Throws UserError
+// (exit 2, at hardware.device) when the recipe names a GPU and this runner has no usable one:
+// built without CUDA, no CUDA device found (the CUDA runtime's reason), or, with a device,
+// because `runner train` does not run on the GPU yet (the executor's tensors live in host
+// memory; the CUDA kernels are tested on their own, tests/cuda/). Call before anything is
+// written and before any GEMM runs: the CPU backend selects OpenBLAS's kernels when first
+// taken.
 ops::Backend& select_backend(const Recipe& r);
+
+// The host's backend, for the commands that run where they are started whatever the stored
+// recipe names: `runner generate` and `runner export` read a checkpoint into host memory.
+ops::Backend& host_backend();
 
 }  // namespace runner

@@ -73,7 +73,7 @@ CachedDecoder::CachedDecoder(TrainedModel& m, int64_t batch, int64_t longest) : 
   spec.B = B_;
   spec.decode = true;
   decode_g_ = std::make_unique<ops::Graph>(build_gpt_graph(spec));
-  decode_ex_ = std::make_unique<ops::Executor>(*decode_g_, ops::cpu_backend());
+  decode_ex_ = std::make_unique<ops::Executor>(*decode_g_, *m.backend);
   m.bind(*decode_ex_, *decode_g_);
   decode_ex_->set_kv_cache(cache_.get());
 }
@@ -88,7 +88,7 @@ const ops::Tensor& CachedDecoder::prefill(const std::vector<int32_t>& tokens, in
   spec.B = B_;
   spec.T = T;
   prefill_g_ = std::make_unique<ops::Graph>(build_gpt_graph(spec));
-  prefill_ex_ = std::make_unique<ops::Executor>(*prefill_g_, ops::cpu_backend());
+  prefill_ex_ = std::make_unique<ops::Executor>(*prefill_g_, *m_.backend);
   m_.bind(*prefill_ex_, *prefill_g_);
   prefill_ex_->set_kv_cache(cache_.get());
   return m_.logits(*prefill_ex_, *prefill_g_, tokens.data());

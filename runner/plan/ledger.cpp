@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "ops/executor.h"
+#include "runner/device/devices.h"
 #include "runner/plan/internal.h"
 
 namespace runner::plan_detail {
@@ -99,7 +100,7 @@ void compute_ledger(const Recipe& r, Plan& p) {
     // Host copies of the state: the asynchronous checkpoint's snapshot buffers and the
     // in-memory rollback snapshot each hold the parameters and the optimizer states. They
     // live in host memory, which is the device's memory only when the device is the CPU.
-    if (r.hardware.device == "cpu") {
+    if (device_kind(r.hardware).host) {
       double state_copy = static_cast<double>(L.params) * 4.0 + L.optimizer;
       if (r.checkpoint.async) L.workspace += state_copy;
       if (r.checkpoint.snapshot_every > 0) L.workspace += state_copy;

@@ -4,24 +4,13 @@
 #include "runner/plan/plan.h"
 
 #include <algorithm>
-#include <fstream>
 
+#include "runner/device/devices.h"
 #include "runner/plan/internal.h"
 
 namespace runner {
 
 namespace {
-
-double host_memory_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  while (f >> key >> kb) {
-    if (key == "MemTotal:") return kb * 1024.0;
-    f.ignore(256, '\n');
-  }
-  return 16.0 * (1ull << 30);
-}
 
 // The whole model's graph spec on tensor-parallel rank 0, for the plan's micro-batch.
 GptSpec whole_model_spec(const Recipe& r, const Plan& p) {
@@ -40,15 +29,6 @@ GptSpec whole_model_spec(const Recipe& r, const Plan& p) {
 }
 
 }  // namespace
-
-double device_memory_bytes(const HardwareConfig& hw) {
-  if (hw.memory_gb > 0) return hw.memory_gb * (1ull << 30);
-  static const std::pair<const char*, double> table[] = {
-      {"a100-40gb", 40}, {"a100-80gb", 80}, {"h100-80gb", 80}, {"h200", 141}, {"v100-32gb", 32}, {"l40s", 48}};
-  for (auto& [name, gb] : table)
-    if (hw.device == name) return gb * (1ull << 30);
-  return host_memory_bytes();
-}
 
 const StageLedger& Plan::worst_stage() const {
   return *std::max_element(stages.begin(), stages.end(),
@@ -72,6 +52,7 @@ Plan plan_detail::make_plan(const Recipe& r, int64_t world_size, bool with_sugge
   check_layout(r, p);
   p.tokens_per_step = p.global * r.model.seq_len;
   p.device_memory = device_memory_bytes(r.hardware);
+  p.peak_flops = device_peak_flops(r.hardware, r.precision.compute);
   GptSpec whole = whole_model_spec(r, p);
   if (r.recompute.mode == RecomputeMode::automatic) choose_recompute(r, p, whole);
   p.layout = std::make_shared<const ModelLayout>(whole, p.stage_layers, p.chunks);

@@ -99,7 +99,10 @@ struct Plan {
   int64_t tokens_per_step = 0;
   double flops_per_token = 0;         // training FLOPs per token (6N + attention)
   std::vector<StageLedger> stages;
-  double device_memory = 0;           // bytes per device
+  double device_memory = 0;           // bytes per device (the device table, runner/device/devices.h)
+  // Peak FLOP/s per device for MFU: hardware.peak_tflops, else the device table's for
+  // precision.compute; 0: unknown, the trainer measures the host's at start.
+  double peak_flops = 0;
   bool fits = true;
   std::vector<std::string> notes, warnings, suggestions;
   std::optional<InferencePlan> inference;
@@ -120,9 +123,6 @@ struct Plan {
 // world_size 0: take it from the recipe (dp x tp x pp when dp is given, else hardware
 // nodes x devices_per_node). A nonzero world_size (the MPI world) must match the recipe.
 Plan make_plan(const Recipe& r, int64_t world_size = 0);
-
-// Device memory in bytes for a hardware section (cpu: this host's memory).
-double device_memory_bytes(const HardwareConfig& hw);
 
 std::string format_bytes(double bytes);  // "3.21 GiB"
 

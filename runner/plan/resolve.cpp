@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "runner/device/devices.h"
 #include "runner/plan/internal.h"
 
 namespace runner::plan_detail {
@@ -77,7 +78,7 @@ void resolve_grid(const Recipe& r, int64_t world_size, Plan& p) {
     p.dp = devices / tppp;
   }
   p.world = p.dp * tppp;
-  if (world_size == 0 && r.hardware.device != "cpu" && p.world > devices)
+  if (world_size == 0 && !device_kind(r.hardware).host && p.world > devices)
     p.warnings.push_back(fmt::format("the layout needs {} devices but hardware lists {}", p.world, devices));
 }
 
@@ -251,7 +252,7 @@ void check_schedule(const Recipe& r, Plan& p) {
 // Warnings and notes on a layout that is valid but may not be what the user meant.
 void layout_notes(const Recipe& r, Plan& p) {
   const int64_t tp = p.tp;
-  if (tp > r.hardware.devices_per_node && r.hardware.device != "cpu")
+  if (tp > r.hardware.devices_per_node && !device_kind(r.hardware).host)
     p.warnings.push_back(fmt::format("tp {} spans more than one node ({} devices per node): tensor parallelism across nodes is slow",
                                      tp, r.hardware.devices_per_node));
   if (r.parallel.zero == 1 && p.dp == 1)

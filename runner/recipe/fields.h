@@ -133,7 +133,7 @@ void visit(V& v, Self& c) {
 
 template <class V, Section<HardwareConfig> Self>
 void visit(V& v, Self& h) {
-  v("device", h.device);  // a string: an open set of device kinds
+  v("device", h.device);  // a string: a kind of the device table (runner/device/devices.cpp; test_device_select)
   v("memory_gb", h.memory_gb);
   v("devices_per_node", h.devices_per_node);
   v("nodes", h.nodes);

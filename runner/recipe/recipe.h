@@ -125,7 +125,7 @@ struct CheckpointConfig {
 };
 
 struct HardwareConfig {
-  std::string device = "cpu";      // cpu | cuda | a100-40gb | a100-80gb | h100-80gb | h200 | custom
+  std::string device = "cpu";      // a kind of the device table (runner/device/devices.cpp)
   double memory_gb = 0.0;          // per device (0: from device kind; cpu: host memory)
   int64_t devices_per_node = 1;
   int64_t nodes = 1;

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "runner/device/devices.h"
 #include "runner/run/run_dir.h"
 #include "runner/errors.h"
 #include "slurm_template.h"  // generated from scripts/slurm.sbatch.in (CMakeLists.txt)
@@ -152,9 +153,9 @@ std::string slurm_script(const Plan& p, const SlurmLaunchOptions& o) {
       {"TASKS_PER_NODE", std::to_string(per_node)},
       {"NODES", std::to_string(nodes)},
       {"CPUS_PER_TASK", std::to_string(cpus)},
-      {"GPUS_LINE", r.hardware.device == "cpu" ? std::string()
-                                               : fmt::format("# One {} per rank.\n#SBATCH --gpus-per-node={}\n",
-                                                             r.hardware.device, per_node)},
+      {"GPUS_LINE", device_kind(r.hardware).host ? std::string()
+                                                 : fmt::format("# One {} per rank.\n#SBATCH --gpus-per-node={}\n",
+                                                               r.hardware.device, per_node)},
       {"PARTITION_LINE", o.partition.empty() ? std::string() : fmt::format("#SBATCH --partition={}\n", o.partition)},
       {"TIME", o.time},
       {"WARN", std::to_string(o.warn_seconds)},

@@ -100,11 +100,11 @@ void Launch::agree_gemm_paths(const std::string& run_dir) {
   ops::set_gemm_paths(p);
 }
 
-int Launch::train(const Plan& p, const TrainOptions& opts) {
-  if (!world_) return run_training(p, opts);
+int Launch::train(const Plan& p, const TrainOptions& opts, ops::Backend& be) {
+  if (!world_) return run_training(p, opts, be);
   parallel::Grid grid(std::move(world_), {static_cast<int>(p.dp), static_cast<int>(p.tp), static_cast<int>(p.pp)});
   try {
-    return run_training(p, opts, grid);
+    return run_training(p, opts, grid, be);
   } catch (const SilentExit& e) {
     return e.code;
   } catch (const AgreedUserError& e) {

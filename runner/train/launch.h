@@ -31,8 +31,9 @@ class Launch {
   // rank 0 measures and every rank takes its choice, so all ranks and the ledger agree.
   // RUNNER_GEMM_PATH=onednn|sgemm forces a path on every rank.
   void agree_gemm_paths(const std::string& run_dir);
-  // Trains `plan` on this process's rank and returns the process exit code.
-  int train(const Plan& plan, const TrainOptions& opts);
+  // Trains `plan` on this process's rank on backend `be` (the run's choice, select_backend)
+  // and returns the process exit code.
+  int train(const Plan& plan, const TrainOptions& opts, ops::Backend& be);
 
  private:
   std::unique_ptr<parallel::Communicator> world_;

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "ops/backend.h"
 #include "parallel/grid.h"
 #include "runner/checkpoint/resume.h"
 #include "runner/errors.h"
@@ -32,11 +33,12 @@ struct TrainOptions {
   std::vector<std::string> resume_notes;  // what a resume on another layout derived again (logged)
 };
 
-// Runs training on this rank of `grid` (every rank of the job calls it); returns the process
+// Runs training on this rank of `grid` (every rank of the job calls it) on backend `be`, the
+// one the run chose at start (runner/device/device.h); returns the process
 // exit code (0 done, 2 bad input, 3 preempted, 4 stopped on fp16 overflows). A UserError that another rank hit first ends
 // this rank with SilentExit (that rank prints the message; runner/agree.h).
-int run_training(const Plan& plan, const TrainOptions& opts, parallel::Grid& grid);
+int run_training(const Plan& plan, const TrainOptions& opts, parallel::Grid& grid, ops::Backend& be);
 // One rank, no MPI.
-int run_training(const Plan& plan, const TrainOptions& opts);
+int run_training(const Plan& plan, const TrainOptions& opts, ops::Backend& be);
 
 }  // namespace runner

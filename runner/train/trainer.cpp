@@ -58,7 +58,8 @@ void check_supported(const Plan& p, int64_t grid_world) {
 
 class Trainer {
  public:
-  Trainer(const Plan& p, TrainOptions o, parallel::Grid& g) : plan(p), r(p.recipe), opts(std::move(o)), grid(g) {}
+  Trainer(const Plan& p, TrainOptions o, parallel::Grid& g, ops::Backend& b)
+      : plan(p), r(p.recipe), opts(std::move(o)), grid(g), be(b) {}
 
   int run() {
     start();
@@ -105,7 +106,7 @@ class Trainer {
   const Recipe& r;
   TrainOptions opts;
   parallel::Grid& grid;
-  ops::Backend& be = ops::cpu_backend();
+  ops::Backend& be;  // chosen once when the run started (runner/device/device.h)
   StepTimer timer;
   // Declared before everything that may hold a request reporting to its sink (pipeline
   // sends, gradient buckets, the monitor's gather), so it outlives them.
@@ -169,8 +170,8 @@ class Trainer {
 
   // MFU is against the peak of all ranks together; a profiled run also measures its roofline.
   void measure_peaks() {
-    if (r.hardware.peak_tflops > 0) {
-      metrics->set_peak_flops(r.hardware.peak_tflops * 1e12 * grid.world_size());
+    if (plan.peak_flops > 0) {
+      metrics->set_peak_flops(plan.peak_flops * grid.world_size());
     } else {
       double v = ops::measure_cpu_gemm_peak_flops();
       grid.world().allreduce_sum(&v, 1);
@@ -440,14 +441,14 @@ class Trainer {
 
 }  // namespace
 
-int run_training(const Plan& plan, const TrainOptions& opts, parallel::Grid& grid) {
-  Trainer t(plan, opts, grid);
+int run_training(const Plan& plan, const TrainOptions& opts, parallel::Grid& grid, ops::Backend& be) {
+  Trainer t(plan, opts, grid, be);
   return t.run();
 }
 
-int run_training(const Plan& plan, const TrainOptions& opts) {
+int run_training(const Plan& plan, const TrainOptions& opts, ops::Backend& be) {
   parallel::Grid grid(parallel::self_comm(), {1, 1, 1});
-  return run_training(plan, opts, grid);
+  return run_training(plan, opts, grid, be);
 }
 
 }  // namespace runner

@@ -21,9 +21,10 @@ const ops::Tensor& TrainedModel::logical_tensor(const std::string& name) const {
   return logical.params.values[static_cast<size_t>(i)];
 }
 
-TrainedModel load_trained_model(const std::string& src, const std::vector<std::string>& overrides,
+TrainedModel load_trained_model(const std::string& src, ops::Backend& be, const std::vector<std::string>& overrides,
                                 std::unique_ptr<parallel::Communicator> world) {
   TrainedModel tm;
+  tm.backend = &be;
   Recipe recipe;
   if (fs::is_directory(src)) {
     ResumeRequest req = prepare_resume(src, overrides, -1, /*strict=*/false);
@@ -131,7 +132,7 @@ FullForward::FullForward(TrainedModel& m, int64_t B, int64_t T)
         spec.T = T;
         return build_gpt_graph(spec);
       }()),
-      ex(graph, ops::cpu_backend()) {
+      ex(graph, *m.backend) {
   m.bind(ex, graph);
 }
 

@@ -24,6 +24,8 @@ namespace runner {
 
 struct TrainedModel {
   std::string checkpoint;  // the file loaded
+  // The backend its graphs run on, chosen by the command that loaded it (runner/device/).
+  ops::Backend* backend = nullptr;
   int64_t step = 0;
   Plan plan;               // the one-rank fp32 plan of the stored recipe
   TrainState logical;      // the logical tensors (checkpoint shapes, fp32), no moments
@@ -57,12 +59,13 @@ struct TrainedModel {
   const ops::Tensor& logical_tensor(const std::string& name) const;
 };
 
-// Throws UserError (not a run directory or checkpoint, none verifies).
+// Throws UserError (not a run directory or checkpoint, none verifies). Its graphs run on `be`.
 // `overrides` (`--set key=value`) change fields of the stored recipe (e.g. inference.batch).
 // `world` (mpirun, several ranks): lay the model out as the recipe's tensor-parallel layout over
 // them (make_plan with the world size, as training does; sequence parallelism off, dp = world
 // / tp replicas, the recipe's pipeline stages). Null or one rank: one rank.
-TrainedModel load_trained_model(const std::string& run_dir_or_checkpoint, const std::vector<std::string>& overrides = {},
+TrainedModel load_trained_model(const std::string& run_dir_or_checkpoint, ops::Backend& be,
+                                const std::vector<std::string>& overrides = {},
                                 std::unique_ptr<parallel::Communicator> world = nullptr);
 
 // The model builder's graph for B sequences of T tokens, bound to `m`'s weights, and its

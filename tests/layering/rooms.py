@@ -27,7 +27,7 @@ ROOMS = {
     "data": {"recipe", "hdf5"},
     "state": {"data", "model"},
     "checkpoint": {"state", "plan", "model", "recipe", "data", "hdf5"},
-    "run": {"checkpoint", "state", "plan", "model", "recipe", "data", "hdf5"},
+    "run": {"checkpoint", "state", "plan", "model", "recipe", "data", "device", "hdf5"},
     "observe": {"state", "plan", "model", "recipe"},
     "train": {"observe", "run", "checkpoint", "state", "plan", "model", "recipe", "data", "device", "hdf5"},
     "trained": {"checkpoint", "run", "state", "plan", "model", "recipe", "data", "device"},

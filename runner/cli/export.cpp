@@ -1,0 +1,46 @@
+// `runner export SOURCE --out DIR`: a trained model written as safetensors + config.json
+// (Hugging Face GPT-2 / Llama layouts) or npz (runner/export/). The model loads on the host's
+// backend: export reads tensors, it runs no kernels of the recipe's device.
+#include <iostream>
+
+#include "ops/tensor.h"
+#include "runner/cli/command.h"
+#include "runner/device/device.h"
+#include "runner/export/export.h"
+#include "runner/trained/trained_model.h"
+
+namespace runner::cli {
+
+namespace {
+
+class ExportCommand final : public Command {
+ public:
+  explicit ExportCommand(CLI::App& app) {
+    sub_ = app.add_subcommand("export", "write a trained model as safetensors + config.json (Hugging Face "
+                                        "GPT-2 / Llama layouts) or npz");
+    sub_->add_option("source", src_, "run directory (its latest checkpoint) or checkpoint .h5 file")->required();
+    sub_->add_option("--out", out_, "output directory")->required();
+    sub_->add_option("--format", format_, "safetensors (default) or npz")->check(CLI::IsMember({"safetensors", "npz"}));
+    sub_->add_option("--dtype", dtype_, "tensor type: fp32 (default), bf16 or fp16 (safetensors only)")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  }
+
+  int run(std::optional<Launch>&) override {
+    ops::DType dt = ops::DType::F32;
+    ops::parse_dtype(dtype_, &dt);
+    TrainedModel m = load_trained_model(src_, host_backend());
+    ExportResult r = export_model(m, format_ == "npz" ? ExportFormat::npz : ExportFormat::safetensors, out_, dt);
+    std::cout << "exported step " << m.step << " of " << m.checkpoint << " (" << r.style << " layout, " << r.tensors
+              << " tensors, " << r.bytes << " bytes) to " << r.weights_path << " and " << r.config_path << "\n";
+    return 0;
+  }
+
+ private:
+  std::string src_, out_, format_ = "safetensors", dtype_ = "fp32";
+};
+
+}  // namespace
+
+std::unique_ptr<Command> export_command(CLI::App& app) { return std::make_unique<ExportCommand>(app); }
+
+}  // namespace runner::cli

@@ -1,0 +1,136 @@
+// `runner generate SOURCE --prompt TEXT`: completions of byte-level prompts by a trained model
+// (runner/generate/), streamed for one prompt, else printed at the end, or as JSON records;
+// --stats and --logits-out report beside them.
+//
+// One process: any layout's checkpoint (tp, pp included) loads into one rank. Under mpirun:
+// the recipe's tensor-parallel layout (dp = ranks / tp replicas, every rank the same tokens,
+// rank 0 prints); a pp recipe is refused there (docs/generate.md). The model runs on the
+// host's backend whatever the stored recipe's hardware.device says.
+#include <fstream>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "ops/tensor.h"
+#include "runner/cli/command.h"
+#include "runner/device/device.h"
+#include "runner/errors.h"
+#include "runner/generate/generate.h"
+#include "runner/trained/trained_model.h"
+
+namespace runner::cli {
+
+namespace {
+
+// One JSON line on stderr: prefill and decode tokens and seconds, KV-cache bytes, peak bytes per
+// memory account, beside the plan's inference figures.
+void print_stats(const TrainedModel& m, const GenerateRequest& gen, const GenerateStats& gstats) {
+  auto& mt = ops::MemoryTracker::instance();
+  nlohmann::json peak;
+  for (int a = 0; a < ops::kAccounts; ++a)
+    peak[ops::account_name(static_cast<ops::Account>(a))] = mt.peak(static_cast<ops::Account>(a));
+  nlohmann::json j{{"batch", gen.prompts.size()}, {"kv_cache", gen.kv_cache},
+                   {"prefill_tokens", gstats.prefill_tokens}, {"prefill_s", gstats.prefill_s},
+                   {"decode_tokens", gstats.decode_tokens}, {"decode_s", gstats.decode_s},
+                   {"kv_cache_bytes", gstats.kv_cache_bytes}, {"peak_bytes", peak}};
+  if (m.plan.inference)
+    j["plan"] = {{"batch", m.plan.inference->batch}, {"context", m.plan.inference->context},
+                 {"kv_dtype", m.plan.inference->kv_dtype}, {"kv_cache_bytes", m.plan.inference->kv_cache},
+                 {"weights_bytes", m.plan.inference->weights}, {"max_batch", m.plan.inference->max_batch}};
+  std::cerr << j.dump() << std::endl;
+}
+
+// The completions on stdout: JSON records, or the text (a streamed completion is already out).
+void print_completions(const std::vector<Completion>& done, bool json, bool streamed) {
+  for (size_t i = 0; i < done.size(); ++i) {
+    const Completion& c = done[i];
+    if (json) {
+      nlohmann::json j{{"index", i}, {"prompt", c.prompt}, {"completion", c.completion},
+                       {"new_tokens", c.tokens.size()}, {"tokens", c.tokens}, {"finish", c.finish}};
+      std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    } else {
+      if (!streamed) std::cout << c.prompt << c.completion;
+      if (c.completion.empty() || c.completion.back() != '\n') std::cout << "\n";
+    }
+  }
+}
+
+class GenerateCommand final : public Command {
+ public:
+  explicit GenerateCommand(CLI::App& app) {
+    sub_ = app.add_subcommand("generate", "complete prompts with a trained model (byte-level tokens)");
+    sub_->add_option("source", src_, "run directory (its latest checkpoint) or checkpoint .h5 file")->required();
+    prompt_opt_ = sub_->add_option("--prompt", prompt_, "the prompt text");
+    auto* gpf = sub_->add_option("--prompts", prompts_file_, "a file of prompts, one per line, completed as one batch");
+    prompt_opt_->excludes(gpf);
+    sub_->add_option("--max-new-tokens", gen_.max_new_tokens, "tokens to generate per prompt (default 32)");
+    sub_->add_option("--temperature", gen_.sampling.temperature, "0 (default): greedy; > 0: sample");
+    sub_->add_option("--top-k", gen_.sampling.top_k, "sample among the k most likely tokens (0: all)");
+    sub_->add_option("--top-p", gen_.sampling.top_p, "sample within the smallest set of probability >= p (1: all)");
+    sub_->add_option("--seed", gen_.sampling.seed, "sampling seed (default 0)");
+    sub_->add_option("--stop", gen_.stop, "end a completion once it ends with this text, e.g. --stop $'\\n'");
+    sub_->add_option("--set", sets_, "override a field of the stored recipe, e.g. --set inference.batch=8")->take_all();
+    sub_->add_flag("--json", json_, "one JSON record per prompt instead of the text");
+    sub_->add_flag("--stats", stats_, "print one JSON line to stderr: prefill and decode tokens and seconds, KV-cache bytes, "
+                   "peak bytes per memory account beside the plan's inference figures");
+    sub_->add_flag("--no-kv-cache", no_cache_, "no KV cache: every step a full forward pass over the prefix (the reference)");
+    sub_->add_option("--logits-out", logits_path_, "write the logits each token was chosen from (fp32, the real vocabulary, "
+                     "in the order the tokens are chosen) to this file (rank 0)");
+  }
+
+  Start start() const override { return Start::ranks_if_launched; }
+
+  int run(std::optional<Launch>& launch) override {
+    read_prompts();
+    ops::Backend& be = host_backend();
+    gen_.kv_cache = !no_cache_;
+    TrainedModel m = load_trained_model(src_, be, sets_, launch ? launch->take_world() : nullptr);
+    const bool printer = !(launch && launch->rank() != 0);
+    std::ofstream logits_out;
+    if (printer && !logits_path_.empty()) {
+      logits_out.open(logits_path_, std::ios::binary);
+      if (!logits_out) throw UserError({logits_path_, 0, 0}, "cannot write the logits file", "pass a writable path");
+      gen_.on_logits = [&](size_t, const float* L, int64_t V) {
+        logits_out.write(reinterpret_cast<const char*>(L), static_cast<std::streamsize>(V * sizeof(float)));
+      };
+    }
+    const bool stream = printer && !json_ && gen_.prompts.size() == 1;
+    bool started = false;  // the prompt is echoed with the first token: an error prints nothing on stdout
+    GenerateStats gstats;
+    ops::MemoryTracker::instance().reset_peaks();
+    auto done = generate(m, gen_, [&](size_t, int32_t t) {
+      if (!stream) return;
+      if (!started) std::cout << gen_.prompts[0];
+      started = true;
+      std::cout << static_cast<char>(t) << std::flush;
+    }, &gstats);
+    if (!printer) return 0;
+    if (stats_) print_stats(m, gen_, gstats);
+    print_completions(done, json_, stream);
+    return 0;
+  }
+
+ private:
+  void read_prompts() {
+    if (!prompts_file_.empty()) {
+      std::ifstream pf(prompts_file_);
+      if (!pf) throw UserError({prompts_file_, 0, 0}, "cannot read the prompts file", "pass a text file, one prompt per line");
+      for (std::string line; std::getline(pf, line);)
+        if (!line.empty()) gen_.prompts.push_back(line);
+    } else if (!prompt_opt_->empty()) {
+      gen_.prompts.push_back(prompt_);
+    }
+  }
+
+  std::string src_, prompt_, prompts_file_, logits_path_;
+  CLI::Option* prompt_opt_ = nullptr;
+  GenerateRequest gen_;
+  std::vector<std::string> sets_;
+  bool json_ = false, stats_ = false, no_cache_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> generate_command(CLI::App& app) { return std::make_unique<GenerateCommand>(app); }
+
+}  // namespace runner::cli

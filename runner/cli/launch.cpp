@@ -1,0 +1,65 @@
+// `runner launch RECIPE --slurm`: the batch script that trains a recipe under Slurm, written,
+// printed or submitted; and `runner status RUN_DIR`: where a run stands (runner/run/slurm.h).
+#include <iostream>
+
+#include "runner/cli/command.h"
+#include "runner/run/slurm.h"
+
+namespace runner::cli {
+
+namespace {
+
+class LaunchCommand final : public Command {
+ public:
+  explicit LaunchCommand(CLI::App& app) {
+    sub_ = app.add_subcommand("launch", "write, print or submit the batch script that trains a recipe under Slurm");
+    sub_->add_option("recipe", o_.recipe_path, "recipe YAML")->required();
+    sub_->add_flag("--slurm", slurm_, "an sbatch script (Slurm is the one scheduler so far)")->required();
+    sub_->add_option("--set", o_.sets, "override a recipe field (passed on to `runner train`)")->take_all();
+    sub_->add_option("--run-dir", o_.run_dir, "run directory (default: train.run_dir or runs/<name>)");
+    sub_->add_option("--time", o_.time, "wall-clock limit (sbatch --time), e.g. 04:00:00")->capture_default_str();
+    sub_->add_option("--warn", o_.warn_seconds, "seconds before the limit at which the ranks are told to checkpoint "
+                                                "and exit (--signal=USR1@N)")->capture_default_str();
+    sub_->add_option("--cpus-per-task", o_.cpus_per_task, "cores per rank (default: train.threads, else 1)");
+    sub_->add_option("--partition", o_.partition, "Slurm partition");
+    sub_->add_option("--job-name", o_.job_name, "job name (default: the recipe's name)");
+    sub_->add_flag("--elastic", o_.elastic, "a requeued or resubmitted job may continue on another number of ranks");
+    sub_->add_option("--template", template_path_, "your own template (default: the built-in scripts/slurm.sbatch.in)");
+    sub_->add_option("-o,--output", script_out_, "where to write the script (default: RUN_DIR/slurm.sbatch)");
+    sub_->add_flag("--dry-run", dry_run_, "print the script and write nothing");
+    sub_->add_flag("--submit", submit_, "write the script and submit it with sbatch");
+  }
+
+  int run(std::optional<Launch>&) override { return launch_slurm(o_, template_path_, script_out_, dry_run_, submit_); }
+
+ private:
+  SlurmLaunchOptions o_;
+  std::string script_out_, template_path_;
+  bool slurm_ = false, dry_run_ = false, submit_ = false;
+};
+
+class StatusCommand final : public Command {
+ public:
+  explicit StatusCommand(CLI::App& app) {
+    sub_ = app.add_subcommand("status", "where a run stands: step, checkpoint, restarts, Slurm job, ETA");
+    sub_->add_option("run_dir", run_dir_, "run directory")->required();
+    sub_->add_flag("--json", json_, "print it as JSON");
+  }
+
+  int run(std::optional<Launch>&) override {
+    if (json_) std::cout << run_status_json(run_dir_).dump(2) << "\n";
+    else std::cout << run_status(run_dir_);
+    return 0;
+  }
+
+ private:
+  std::string run_dir_;
+  bool json_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> launch_command(CLI::App& app) { return std::make_unique<LaunchCommand>(app); }
+std::unique_ptr<Command> status_command(CLI::App& app) { return std::make_unique<StatusCommand>(app); }
+
+}  // namespace runner::cli
