@@ -45,12 +45,14 @@ int32_t sample_token(const float* L, int64_t V, const SamplingConfig& s, float u
   return ids[keep - 1];
 }
 
-std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
-                                 const std::function<void(size_t, int32_t)>& on_token, GenerateStats* stats) {
-  GenerateStats st;
-  using clock = std::chrono::steady_clock;
-  auto seconds = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  const ModelConfig& mc = m.model();
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// Every mistake in a request is reported before any graph is built (docs/invariants.md,
+// invariant 6).
+void check_request(const TrainedModel& m, const GenerateRequest& req) {
   const SamplingConfig& s = req.sampling;
   if (req.prompts.empty()) throw UserError({}, "no prompt", "pass --prompt TEXT or --prompts FILE");
   if (req.max_new_tokens < 1)
@@ -66,13 +68,20 @@ std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
                                 "beside {} of weights)", B, m.plan.inference->max_batch,
                                 format_bytes(m.plan.inference->kv_per_sequence), format_bytes(m.plan.inference->weights)),
                     "pass fewer prompts per call");
-  std::vector<std::vector<int32_t>> seq(static_cast<size_t>(B));
-  int64_t longest = 0;
-  for (int64_t i = 0; i < B; ++i) {
-    const std::string& p = req.prompts[static_cast<size_t>(i)];
+}
+
+// The prompts as tokens (byte-level), each checked against the vocabulary and the context;
+// `longest` gets the longest prompt plus the new tokens.
+std::vector<std::vector<int32_t>> tokenize_prompts(const TrainedModel& m, const GenerateRequest& req, int64_t& longest) {
+  const ModelConfig& mc = m.model();
+  std::vector<std::vector<int32_t>> seq(req.prompts.size());
+  longest = 0;
+  for (size_t k = 0; k < req.prompts.size(); ++k) {
+    const std::string& p = req.prompts[k];
+    const size_t i = k;
     if (p.empty()) throw UserError({}, fmt::format("prompt {} is empty", i + 1), "give every prompt at least one byte");
-    seq[static_cast<size_t>(i)] = byte_tokenize(p);
-    for (int32_t t : seq[static_cast<size_t>(i)])
+    seq[k] = byte_tokenize(p);
+    for (int32_t t : seq[k])
       if (t >= mc.vocab_size)
         throw UserError({}, fmt::format("prompt {} has byte {} outside the model's vocabulary of {}", i + 1, t, mc.vocab_size),
                         "use bytes below the vocabulary size");
@@ -83,88 +92,120 @@ std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
                       fmt::format("shorten the prompt or ask for at most {} new tokens", mc.seq_len - static_cast<int64_t>(p.size())));
     longest = std::max(longest, need);
   }
-  std::vector<Completion> out(static_cast<size_t>(B));
-  std::vector<bool> done(static_cast<size_t>(B), false);
-  for (int64_t i = 0; i < B; ++i) out[static_cast<size_t>(i)].prompt = req.prompts[static_cast<size_t>(i)];
-  // Row i's next token from its logits row `L`; false once every row is done.
-  auto choose = [&](int64_t step, const std::function<const float*(int64_t)>& row_logits) {
+  return seq;
+}
+
+// The rows being completed: each row's tokens so far, its completion, and whether it is done.
+struct Rows {
+  const GenerateRequest& req;
+  const std::function<void(size_t, int32_t)>& on_token;
+  int64_t V;
+  std::vector<std::vector<int32_t>> seq;
+  std::vector<Completion> out;
+  std::vector<bool> done;
+
+  int64_t size() const { return static_cast<int64_t>(seq.size()); }
+  // Row i's next token from its logits row; false once every row is done.
+  bool choose(int64_t step, const std::function<const float*(int64_t)>& row_logits) {
     bool any = false;
-    for (int64_t i = 0; i < B; ++i) {
+    for (int64_t i = 0; i < size(); ++i) {
       const size_t k = static_cast<size_t>(i);
       if (done[k]) continue;
-      const float u = ops::rng_uniform(ops::rng_key(s.seed, static_cast<uint64_t>(i)), static_cast<uint64_t>(step));
+      const float u = ops::rng_uniform(ops::rng_key(req.sampling.seed, static_cast<uint64_t>(i)), static_cast<uint64_t>(step));
       const float* Lrow = row_logits(i);
-      if (req.on_logits) req.on_logits(k, Lrow, mc.vocab_size);
-      const int32_t t = sample_token(Lrow, mc.vocab_size, s, u);
+      if (req.on_logits) req.on_logits(k, Lrow, V);
+      const int32_t t = sample_token(Lrow, V, req.sampling, u);
       seq[k].push_back(t);
       Completion& c = out[k];
       c.tokens.push_back(t);
       c.completion.push_back(static_cast<char>(t));
       if (on_token) on_token(k, t);
-      if (!req.stop.empty() && c.completion.size() >= req.stop.size() &&
-          c.completion.compare(c.completion.size() - req.stop.size(), req.stop.size(), req.stop) == 0) {
+      const std::string& stop = req.stop;
+      if (!stop.empty() && c.completion.size() >= stop.size() &&
+          c.completion.compare(c.completion.size() - stop.size(), stop.size(), stop) == 0) {
         done[k] = true;
         c.finish = "stop";
       }
       any = any || !done[k];
     }
     return any;
-  };
-  if (req.kv_cache) {
-    // Prefill: every prompt in one (B, longest prompt) graph, padded with '\n' (causal: padding
-    // after a row's prompt never reaches it, and decode overwrites those cache positions before
-    // any query reads them). Then one token per row per step.
-    CachedDecoder dec(m, B, longest);
-    st.kv_cache_bytes = dec.cache().bytes();
-    auto t0 = clock::now();
-    int64_t Tp = 0;
-    for (auto& q : seq) Tp = std::max<int64_t>(Tp, static_cast<int64_t>(q.size()));
-    std::vector<int32_t> tokens(static_cast<size_t>(B * Tp), '\n');
-    for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * Tp);
-    const ops::Tensor& L0 = dec.prefill(tokens, Tp);
-    const int64_t Vp0 = L0.shape().back();
-    bool any = choose(0, [&](int64_t i) {
-      return L0.data<float>() + (i * Tp + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1) * Vp0;
-    });
-    st.prefill_tokens = B * Tp;
-    st.prefill_s = seconds(t0, clock::now());
-    t0 = clock::now();
-    std::vector<int32_t> last(static_cast<size_t>(B)), pos(static_cast<size_t>(B));
-    for (int64_t step = 1; any && step < req.max_new_tokens; ++step) {
-      for (size_t k = 0; k < seq.size(); ++k) {  // a finished row repeats its last position (rewrites the same K, V)
-        last[k] = seq[k].back();
-        pos[k] = static_cast<int32_t>(seq[k].size()) - 1;
-      }
-      const ops::Tensor& L = dec.step(last, pos);
-      const int64_t Vp = L.shape().back();
-      any = choose(step, [&](int64_t i) { return L.data<float>() + i * Vp; });
-      st.decode_tokens += B;
-    }
-    st.decode_s = seconds(t0, clock::now());
-  } else {
-    // The reference path (--no-kv-cache): one graph for the whole request, rows of `longest`
-    // positions, every step a full forward pass over the prefix.
-    const int64_t T = longest;
-    FullForward full(m, B, T);
-    std::vector<int32_t> tokens(static_cast<size_t>(B * T));
-    for (int64_t step = 0; step < req.max_new_tokens; ++step) {
-      const auto t0 = clock::now();
-      std::fill(tokens.begin(), tokens.end(), '\n');
-      for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * T);
-      const ops::Tensor& L = full.logits(tokens.data());
-      const int64_t Vp = L.shape().back();
-      const bool any = choose(step, [&](int64_t i) {
-        return L.data<float>() + (i * T + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1) * Vp;
-      });
-      (step == 0 ? st.prefill_s : st.decode_s) += seconds(t0, clock::now());
-      (step == 0 ? st.prefill_tokens : st.decode_tokens) += B * T;
-      if (!any) break;
-    }
   }
+};
+
+// Prefill: every prompt in one (B, longest prompt) graph, padded with '\n' (causal: padding
+// after a row's prompt never reaches it, and decode overwrites those cache positions before
+// any query reads them). Then one token per row per step.
+void decode_cached(TrainedModel& m, Rows& rows, int64_t longest, GenerateStats& st) {
+  const int64_t B = rows.size();
+  auto& seq = rows.seq;
+  CachedDecoder dec(m, B, longest);
+  st.kv_cache_bytes = dec.cache().bytes();
+  auto t0 = Clock::now();
+  int64_t Tp = 0;
+  for (auto& q : seq) Tp = std::max<int64_t>(Tp, static_cast<int64_t>(q.size()));
+  std::vector<int32_t> tokens(static_cast<size_t>(B * Tp), '\n');
+  for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * Tp);
+  const ops::Tensor& L0 = dec.prefill(tokens, Tp);
+  const int64_t Vp0 = L0.shape().back();
+  bool any = rows.choose(0, [&](int64_t i) {
+    return L0.data<float>() + (i * Tp + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1) * Vp0;
+  });
+  st.prefill_tokens = B * Tp;
+  st.prefill_s = seconds(t0, Clock::now());
+  t0 = Clock::now();
+  std::vector<int32_t> last(static_cast<size_t>(B)), pos(static_cast<size_t>(B));
+  for (int64_t step = 1; any && step < rows.req.max_new_tokens; ++step) {
+    for (size_t k = 0; k < seq.size(); ++k) {  // a finished row repeats its last position (rewrites the same K, V)
+      last[k] = seq[k].back();
+      pos[k] = static_cast<int32_t>(seq[k].size()) - 1;
+    }
+    const ops::Tensor& L = dec.step(last, pos);
+    const int64_t Vp = L.shape().back();
+    any = rows.choose(step, [&](int64_t i) { return L.data<float>() + i * Vp; });
+    st.decode_tokens += B;
+  }
+  st.decode_s = seconds(t0, Clock::now());
+}
+
+// The reference path (--no-kv-cache): one graph for the whole request, rows of `longest`
+// positions, every step a full forward pass over the prefix.
+void decode_full(TrainedModel& m, Rows& rows, int64_t longest, GenerateStats& st) {
+  const int64_t B = rows.size(), T = longest;
+  auto& seq = rows.seq;
+  FullForward full(m, B, T);
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T));
+  for (int64_t step = 0; step < rows.req.max_new_tokens; ++step) {
+    const auto t0 = Clock::now();
+    std::fill(tokens.begin(), tokens.end(), '\n');
+    for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * T);
+    const ops::Tensor& L = full.logits(tokens.data());
+    const int64_t Vp = L.shape().back();
+    const bool any = rows.choose(step, [&](int64_t i) {
+      return L.data<float>() + (i * T + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1) * Vp;
+    });
+    (step == 0 ? st.prefill_s : st.decode_s) += seconds(t0, Clock::now());
+    (step == 0 ? st.prefill_tokens : st.decode_tokens) += B * T;
+    if (!any) break;
+  }
+}
+
+}  // namespace
+
+std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
+                                 const std::function<void(size_t, int32_t)>& on_token, GenerateStats* stats) {
+  check_request(m, req);
+  int64_t longest = 0;
+  Rows rows{req, on_token, m.model().vocab_size, tokenize_prompts(m, req, longest), {}, {}};
+  rows.out.resize(rows.seq.size());
+  rows.done.assign(rows.seq.size(), false);
+  for (size_t k = 0; k < rows.out.size(); ++k) rows.out[k].prompt = req.prompts[k];
+  GenerateStats st;
+  if (req.kv_cache) decode_cached(m, rows, longest, st);
+  else decode_full(m, rows, longest, st);
   if (stats) *stats = st;
-  for (Completion& c : out)
+  for (Completion& c : rows.out)
     if (c.finish.empty()) c.finish = "length";
-  return out;
+  return rows.out;
 }
 
 }  // namespace runner

@@ -104,34 +104,8 @@ void RunMetrics::step(int64_t step, int64_t tokens, const StepResult& s, double 
   for (int p = 0; p < Breakdown::kParts; ++p) bj[Breakdown::name(p)] = b.ms[static_cast<size_t>(p)];
   j["breakdown"] = bj;
   j["interval_ms"] = b.interval();
-  checkpoint_total_ += b.ms[Breakdown::Checkpoint];
-  if (s.skipped) skipped_++;
-  if (step > 1) {
-    for (int p = 0; p < Breakdown::kParts; ++p) {
-      window_parts_[static_cast<size_t>(p)] += b.ms[static_cast<size_t>(p)];
-      total_parts_[static_cast<size_t>(p)] += b.ms[static_cast<size_t>(p)];
-    }
-    window_steps_++;
-    total_steps_++;
-    step_times_.push_back(s.total_ms);
-    busy_times_.push_back(b.busy());
-    window_busy_.push_back(b.busy());
-  }
-  if (!s.skipped && std::isfinite(s.loss) && std::isfinite(s.norm)) {
-    if (ema_steps_ >= 20 && loss_ema_ > 0 && s.loss > 2 * loss_ema_)
-      raise({"loss_spike", step, s.loss / loss_ema_, 2.0,
-             fmt::format("loss {:.4f} is {:.1f}x its running mean {:.4f}", s.loss, s.loss / loss_ema_, loss_ema_),
-             "look at the batch of this step (a corrupt or out-of-distribution sample); a lower optimizer.lr or a longer "
-             "warm-up; checkpoint.spike_threshold rolls such steps back automatically"});
-    if (ema_steps_ >= 20 && norm_ema_ > 0 && s.norm > 5 * norm_ema_)
-      raise({"grad_norm_spike", step, s.norm / norm_ema_, 5.0,
-             fmt::format("gradient norm {:.3g} is {:.1f}x its running mean {:.3g}", s.norm, s.norm / norm_ema_, norm_ema_),
-             fmt::format("set or lower optimizer.grad_clip (now {:g}); check this step's batch; a lower optimizer.lr",
-                         plan_.recipe.optimizer.grad_clip)});
-    loss_ema_ = ema_steps_ ? 0.9 * loss_ema_ + 0.1 * s.loss : s.loss;
-    norm_ema_ = ema_steps_ ? 0.9 * norm_ema_ + 0.1 * s.norm : s.norm;
-    ema_steps_++;
-  }
+  add_breakdown(step, s, b);
+  spike_alerts(step, s);
   pipe_wait_total_ += s.pipe_wait_ms;
   step_ms_total_ += s.total_ms;
   comm_hidden_total_ += s.comm_hidden_ms;
@@ -143,31 +117,69 @@ void RunMetrics::step(int64_t step, int64_t tokens, const StepResult& s, double 
     j["overflow"] = true;
     j["overflow_tensor"] = s.overflow_tensor;
   }
-  if (s.diagnostics) {
-    const GradReport& r = *s.diagnostics;
-    nlohmann::json t = nlohmann::json::array();
-    for (const GradRange& g : r.tensors)
-      t.push_back({{"tensor", g.name},
-                   {"max_abs", g.max_abs},
-                   {"underflow_fraction", g.underflow},
-                   {"zero_fraction", g.numel ? static_cast<double>(g.zeros) / static_cast<double>(g.numel) : 0.0},
-                   {"nonfinite", g.nonfinite},
-                   {"headroom_bits", std::isfinite(g.headroom_bits) ? nlohmann::json(g.headroom_bits) : nlohmann::json(nullptr)},
-                   {"scale_range", {g.scale_lo, std::isfinite(g.scale_hi) ? nlohmann::json(g.scale_hi) : nlohmann::json(nullptr)}}});
-    j["grad_range"] = t;
-    if (r.conflict()) {
-      const GradRange &a = r.tensors[static_cast<size_t>(r.needs_large)], &b = r.tensors[static_cast<size_t>(r.needs_small)];
-      j["scale_conflict"] = {a.name, b.name};
-      if (!conflict_warned_)
-        log_->warn("step {}: no single fp16 loss scale suits every gradient: {} needs a scale of at least {:.3g} "
-                   "(else more than 1% of its norm flushes to zero), but {} overflows above {:.3g}. Consider bf16 "
-                   "(fp32's exponent range), or fp32 for the tensors at the extremes",
-                   step, describe_tensor(a), a.scale_lo, describe_tensor(b), b.scale_hi);
-      conflict_warned_ = true;
-    }
-    last_range_ = r;
-  }
+  if (s.diagnostics) grad_range(step, *s.diagnostics, j);
   write(j.dump());
+}
+
+// The step's parts into the monitor's window and the run's totals (the first step warms caches
+// and stays out).
+void RunMetrics::add_breakdown(int64_t step, const StepResult& s, const Breakdown& b) {
+  checkpoint_total_ += b.ms[Breakdown::Checkpoint];
+  if (s.skipped) skipped_++;
+  if (step <= 1) return;
+  for (int p = 0; p < Breakdown::kParts; ++p) {
+    window_parts_[static_cast<size_t>(p)] += b.ms[static_cast<size_t>(p)];
+    total_parts_[static_cast<size_t>(p)] += b.ms[static_cast<size_t>(p)];
+  }
+  window_steps_++;
+  total_steps_++;
+  step_times_.push_back(s.total_ms);
+  busy_times_.push_back(b.busy());
+  window_busy_.push_back(b.busy());
+}
+
+// A loss or gradient norm far above its running mean raises its alert (once per run).
+void RunMetrics::spike_alerts(int64_t step, const StepResult& s) {
+  if (s.skipped || !std::isfinite(s.loss) || !std::isfinite(s.norm)) return;
+  if (ema_steps_ >= 20 && loss_ema_ > 0 && s.loss > 2 * loss_ema_)
+    raise({"loss_spike", step, s.loss / loss_ema_, 2.0,
+           fmt::format("loss {:.4f} is {:.1f}x its running mean {:.4f}", s.loss, s.loss / loss_ema_, loss_ema_),
+           "look at the batch of this step (a corrupt or out-of-distribution sample); a lower optimizer.lr or a longer "
+           "warm-up; checkpoint.spike_threshold rolls such steps back automatically"});
+  if (ema_steps_ >= 20 && norm_ema_ > 0 && s.norm > 5 * norm_ema_)
+    raise({"grad_norm_spike", step, s.norm / norm_ema_, 5.0,
+           fmt::format("gradient norm {:.3g} is {:.1f}x its running mean {:.3g}", s.norm, s.norm / norm_ema_, norm_ema_),
+           fmt::format("set or lower optimizer.grad_clip (now {:g}); check this step's batch; a lower optimizer.lr",
+                       plan_.recipe.optimizer.grad_clip)});
+  loss_ema_ = ema_steps_ ? 0.9 * loss_ema_ + 0.1 * s.loss : s.loss;
+  norm_ema_ = ema_steps_ ? 0.9 * norm_ema_ + 0.1 * s.norm : s.norm;
+  ema_steps_++;
+}
+
+// precision.diagnostics: the per-tensor gradient range into the step's record `j`, and a
+// warning (once) when no single fp16 loss scale suits every tensor.
+void RunMetrics::grad_range(int64_t step, const GradReport& r, nlohmann::json& j) {
+  nlohmann::json t = nlohmann::json::array();
+  for (const GradRange& g : r.tensors)
+    t.push_back({{"tensor", g.name},
+                 {"max_abs", g.max_abs},
+                 {"underflow_fraction", g.underflow},
+                 {"zero_fraction", g.numel ? static_cast<double>(g.zeros) / static_cast<double>(g.numel) : 0.0},
+                 {"nonfinite", g.nonfinite},
+                 {"headroom_bits", std::isfinite(g.headroom_bits) ? nlohmann::json(g.headroom_bits) : nlohmann::json(nullptr)},
+                 {"scale_range", {g.scale_lo, std::isfinite(g.scale_hi) ? nlohmann::json(g.scale_hi) : nlohmann::json(nullptr)}}});
+  j["grad_range"] = t;
+  if (r.conflict()) {
+    const GradRange &a = r.tensors[static_cast<size_t>(r.needs_large)], &b = r.tensors[static_cast<size_t>(r.needs_small)];
+    j["scale_conflict"] = {a.name, b.name};
+    if (!conflict_warned_)
+      log_->warn("step {}: no single fp16 loss scale suits every gradient: {} needs a scale of at least {:.3g} "
+                 "(else more than 1% of its norm flushes to zero), but {} overflows above {:.3g}. Consider bf16 "
+                 "(fp32's exponent range), or fp32 for the tensors at the extremes",
+                 step, describe_tensor(a), a.scale_lo, describe_tensor(b), b.scale_hi);
+    conflict_warned_ = true;
+  }
+  last_range_ = r;
 }
 
 bool RunMetrics::logged(int64_t step) const {
@@ -261,7 +273,34 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
   if (scaler_active_)
     log_->info("fp16 loss scale: {:g} at the end | {} overflowed step(s) skipped", scaler_.scale, scaler_.skipped_steps);
   if (last_range_) summarize_range(*last_range_);
-  // Ledger honesty: measured peak of each account against the plan's prediction.
+  nlohmann::json ledger = ledger_json();
+  nlohmann::json ops_json = top_ops_json(std::move(prof));
+  nlohmann::json j{{"summary", true},  {"steps", steps},          {"tokens", tokens},
+                   {"tokens_per_s", tps}, {"wall_s", wall_s},       {"val_loss", e.loss},
+                   {"ledger", ledger}, {"top_ops", ops_json},       {"peak_flops", peak_flops_}};
+  if (e.accuracy >= 0) j["accuracy"] = e.accuracy;
+  if (scaler_active_) j["loss_scale"] = {{"final", scaler_.scale}, {"skipped_steps", scaler_.skipped_steps}};
+  if (last_range_) j["scale_conflict"] = last_range_->conflict();
+  j["layout"] = {{"world", grid_.world_size()}, {"dp", plan_.dp}, {"tp", plan_.tp}, {"pp", plan_.pp},
+                 {"zero", r.parallel.zero}, {"schedule", to_string(r.parallel.schedule)}};
+  j["comm_hidden_ms"] = comm_hidden_total_;
+  j["comm_exposed_ms"] = comm_exposed_total_;
+  j["comm_hidden_fraction"] = hidden_frac;
+  j["pipeline_idle_fraction"] = idle;
+  j["plan_bubble"] = plan_.bubble;
+  j["breakdown_per_rank"] = per_rank_json(ranks);
+  j["step_ms"] = step_ms_percentiles();
+  j["skipped_steps"] = skipped_;
+  j["checkpoint_ms"] = checkpoint_total_;
+  nlohmann::json al = nlohmann::json::array();
+  for (const Alert& a : alerts_) al.push_back(a.name);
+  j["alerts"] = al;
+  write(j.dump());
+}
+
+// Ledger honesty (docs/invariants.md, invariant 4): this rank's measured peak of each account
+// beside the plan's prediction, logged and returned for the summary record.
+nlohmann::json RunMetrics::ledger_json() {
   const StageLedger& L = plan_.stages[static_cast<size_t>(grid_.coords().pp)];
   std::pair<const char*, std::pair<double, ops::Account>> rows[] = {
       {"parameters", {L.parameters, ops::Account::Parameters}},
@@ -277,7 +316,11 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
     log_->info("  {:<14} {:>12} {:>12}", name, format_bytes(pa.first), format_bytes(measured));
     ledger[name] = {{"predicted", pa.first}, {"measured", measured}};
   }
-  // Top operators by time.
+  return ledger;
+}
+
+// The operators by time, largest first, logged and returned for the summary record.
+nlohmann::json RunMetrics::top_ops_json(std::vector<ops::OpProfile> prof) {
   std::sort(prof.begin(), prof.end(), [](const ops::OpProfile& a, const ops::OpProfile& b) {
     return a.forward_ms + a.backward_ms + a.recompute_ms > b.forward_ms + b.backward_ms + b.recompute_ms;
   });
@@ -292,19 +335,11 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
     ops_json.push_back({{"op", p.name}, {"forward_ms", p.forward_ms}, {"backward_ms", p.backward_ms},
                         {"recompute_ms", p.recompute_ms}, {"calls", p.calls}});
   }
-  nlohmann::json j{{"summary", true},  {"steps", steps},          {"tokens", tokens},
-                   {"tokens_per_s", tps}, {"wall_s", wall_s},       {"val_loss", e.loss},
-                   {"ledger", ledger}, {"top_ops", ops_json},       {"peak_flops", peak_flops_}};
-  if (e.accuracy >= 0) j["accuracy"] = e.accuracy;
-  if (scaler_active_) j["loss_scale"] = {{"final", scaler_.scale}, {"skipped_steps", scaler_.skipped_steps}};
-  if (last_range_) j["scale_conflict"] = last_range_->conflict();
-  j["layout"] = {{"world", grid_.world_size()}, {"dp", plan_.dp}, {"tp", plan_.tp}, {"pp", plan_.pp},
-                 {"zero", r.parallel.zero}, {"schedule", to_string(r.parallel.schedule)}};
-  j["comm_hidden_ms"] = comm_hidden_total_;
-  j["comm_exposed_ms"] = comm_exposed_total_;
-  j["comm_hidden_fraction"] = hidden_frac;
-  j["pipeline_idle_fraction"] = idle;
-  j["plan_bubble"] = plan_.bubble;
+  return ops_json;
+}
+
+// The breakdown per rank over the whole run (rows gathered on rank 0), per step.
+nlohmann::json RunMetrics::per_rank_json(const std::vector<std::array<double, kRow>>& ranks) const {
   nlohmann::json br = nlohmann::json::array();
   for (size_t k = 0; k < ranks.size(); ++k) {
     nlohmann::json rj{{"rank", k}, {"stage", ranks[k][Breakdown::kParts + 3]}, {"steps", ranks[k][Breakdown::kParts]}};
@@ -312,20 +347,18 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
     for (int p = 0; p < Breakdown::kParts; ++p) rj[Breakdown::name(p)] = ranks[k][static_cast<size_t>(p)] / n;
     br.push_back(rj);
   }
-  j["breakdown_per_rank"] = br;
+  return br;
+}
+
+// The step times' percentiles over the run (nearest rank).
+nlohmann::json RunMetrics::step_ms_percentiles() const {
   auto pct = [&](double q) {
     std::vector<double> v = step_times_;
     if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());
     return v[std::min(v.size() - 1, static_cast<size_t>(std::max(0.0, std::ceil(q * static_cast<double>(v.size())) - 1)))];
   };
-  j["step_ms"] = {{"p50", pct(0.5)}, {"p90", pct(0.9)}, {"p99", pct(0.99)}, {"max", pct(1.0)}};
-  j["skipped_steps"] = skipped_;
-  j["checkpoint_ms"] = checkpoint_total_;
-  nlohmann::json al = nlohmann::json::array();
-  for (const Alert& a : alerts_) al.push_back(a.name);
-  j["alerts"] = al;
-  write(j.dump());
+  return {{"p50", pct(0.5)}, {"p90", pct(0.9)}, {"p99", pct(0.99)}, {"max", pct(1.0)}};
 }
 
 }  // namespace runner

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "ops/executor.h"
 #include "ops/tensor.h"
 #include "parallel/grid.h"
@@ -112,6 +114,16 @@ class RunMetrics {
   };
   std::unique_ptr<PendingMonitor> pending_;
   void report_monitor(const PendingMonitor& p, const std::vector<std::array<double, kRow>>& rows);
+  void add_breakdown(int64_t step, const StepResult& s, const Breakdown& b);
+  void spike_alerts(int64_t step, const StepResult& s);
+  void grad_range(int64_t step, const GradReport& r, nlohmann::json& record);
+  nlohmann::json ledger_json();
+  nlohmann::json top_ops_json(std::vector<ops::OpProfile> prof);
+  nlohmann::json per_rank_json(const std::vector<std::array<double, kRow>>& ranks) const;
+  nlohmann::json step_ms_percentiles() const;
+  void monitor_alerts(const PendingMonitor& p, const std::vector<std::array<double, kRow>>& rows, double util,
+                      size_t slow_stage, const std::vector<double>& stage_busy, double imbalance);
+  std::string rank_name(size_t world_rank) const;  // "rank 3 (dp 1 tp 1 pp 0)"
   std::array<double, Breakdown::kParts> window_parts_{}, total_parts_{};
   double window_steps_ = 0, total_steps_ = 0;
   std::vector<double> step_times_, busy_times_;  // per step after the first

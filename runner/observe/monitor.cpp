@@ -140,70 +140,96 @@ void RunMetrics::flush_monitor() {
   report_monitor(*p, rows);
 }
 
-void RunMetrics::report_monitor(const PendingMonitor& pm, const std::vector<std::array<double, kRow>>& rows) {
-  const int64_t step = pm.step;
-  if (grid_.rank() != 0 || rows[0][kSteps] <= 0) return;
-  const Recipe& r = plan_.recipe;
+namespace {
+
+// What a monitor interval's rows say: per rank (busy time, utilization, the slowest rank) and
+// per pipeline stage (mean busy time of its ranks, the slowest stage, the imbalance).
+struct MonitorFigures {
+  size_t slow = 0;
+  double util = 0;
+  nlohmann::json per_rank = nlohmann::json::array();
+  std::vector<double> stage_busy;
+  size_t slow_stage = 0;
+  double imbalance = 0;
+};
+
+MonitorFigures monitor_figures(const std::vector<std::array<double, RunMetrics::kRow>>& rows, int64_t pp) {
+  MonitorFigures f;
   const double n = rows[0][kSteps];
   // Per rank: busy time per step; the slowest rank is the one that worked longest.
-  size_t slow = 0;
   double util_sum = 0;
-  nlohmann::json per_rank = nlohmann::json::array();
   for (size_t k = 0; k < rows.size(); ++k) {
     const auto& row = rows[k];
     const double iv = interval_of(row);
-    if (busy_of(row) > busy_of(rows[slow])) slow = k;
+    if (busy_of(row) > busy_of(rows[f.slow])) f.slow = k;
     const double compute = row[Breakdown::Forward] + row[Breakdown::Backward] + row[Breakdown::Optimizer];
     util_sum += iv > 0 ? compute / iv : 0;
     nlohmann::json j{{"rank", k}, {"stage", static_cast<int64_t>(row[kStage])}, {"busy_ms", busy_of(row) / n},
                      {"interval_ms", iv / n}};
     for (int p = 0; p < Breakdown::kParts; ++p) j[Breakdown::name(p)] = row[static_cast<size_t>(p)] / n;
-    per_rank.push_back(j);
+    f.per_rank.push_back(j);
   }
-  const double util = util_sum / static_cast<double>(rows.size());
+  f.util = util_sum / static_cast<double>(rows.size());
   // Stages: mean busy time of their ranks.
-  std::vector<double> stage_busy(static_cast<size_t>(plan_.pp), 0.0), stage_n(static_cast<size_t>(plan_.pp), 0.0);
+  f.stage_busy.assign(static_cast<size_t>(pp), 0.0);
+  std::vector<double> stage_n(static_cast<size_t>(pp), 0.0);
   for (const auto& row : rows) {
-    stage_busy[static_cast<size_t>(row[kStage])] += busy_of(row) / n;
+    f.stage_busy[static_cast<size_t>(row[kStage])] += busy_of(row) / n;
     stage_n[static_cast<size_t>(row[kStage])] += 1;
   }
-  for (size_t s = 0; s < stage_busy.size(); ++s) stage_busy[s] /= std::max(1.0, stage_n[s]);
-  const size_t slow_stage = static_cast<size_t>(std::max_element(stage_busy.begin(), stage_busy.end()) - stage_busy.begin());
-  const double stage_min = *std::min_element(stage_busy.begin(), stage_busy.end());
-  const double imbalance = stage_busy[slow_stage] > 0 ? (stage_busy[slow_stage] - stage_min) / stage_busy[slow_stage] : 0;
+  for (size_t s = 0; s < f.stage_busy.size(); ++s) f.stage_busy[s] /= std::max(1.0, stage_n[s]);
+  f.slow_stage = static_cast<size_t>(std::max_element(f.stage_busy.begin(), f.stage_busy.end()) - f.stage_busy.begin());
+  const double stage_min = *std::min_element(f.stage_busy.begin(), f.stage_busy.end());
+  const double top = f.stage_busy[f.slow_stage];
+  f.imbalance = top > 0 ? (top - stage_min) / top : 0;
+  return f;
+}
 
-  const double p50 = pm.p50, p90 = pm.p90, p99 = pm.p99, mx = pm.max;
+}  // namespace
+
+std::string RunMetrics::rank_name(size_t k) const {
+  parallel::Coords c = parallel::coords_of(grid_.shape(), static_cast<int>(k));
+  return fmt::format("rank {} (dp {} tp {} pp {})", k, c.dp, c.tp, c.pp);
+}
+
+void RunMetrics::report_monitor(const PendingMonitor& pm, const std::vector<std::array<double, kRow>>& rows) {
+  const int64_t step = pm.step;
+  if (grid_.rank() != 0 || rows[0][kSteps] <= 0) return;
+  const double n = rows[0][kSteps];
+  const MonitorFigures f = monitor_figures(rows, plan_.pp);
   const double iv0 = interval_of(rows[0]) / n;
   const double tps = iv0 > 0 ? static_cast<double>(plan_.tokens_per_step) / (iv0 / 1e3) : 0;
   const double mfu = peak_flops_ > 0 ? plan_.flops_per_token * tps / peak_flops_ : 0;
   nlohmann::json mem = nlohmann::json::object();
   for (int a = 0; a < ops::kAccounts; ++a) mem[kAccountNames[a]] = pm.memory[static_cast<size_t>(a)];
-  const double peak = pm.peak;
-  auto slow_name = [&](size_t k) {
-    parallel::Coords c = parallel::coords_of(grid_.shape(), static_cast<int>(k));
-    return fmt::format("rank {} (dp {} tp {} pp {})", k, c.dp, c.tp, c.pp);
-  };
   nlohmann::json j{{"monitor", true},
                    {"step", step},
-                   {"step_ms", {{"p50", p50}, {"p90", p90}, {"p99", p99}, {"max", mx}}},
+                   {"step_ms", {{"p50", pm.p50}, {"p90", pm.p90}, {"p99", pm.p99}, {"max", pm.max}}},
                    {"tokens_per_s", tps},
                    {"mfu", mfu},
-                   {"utilization", util},
+                   {"utilization", f.util},
                    {"peak_memory", mem},
-                   {"peak_bytes", peak},
+                   {"peak_bytes", pm.peak},
                    {"device_memory", plan_.device_memory},
                    {"skipped_steps", pm.skipped},
                    {"checkpoint_ms", pm.checkpoint_ms},
-                   {"slowest_rank", slow},
-                   {"slowest_stage", slow_stage},
-                   {"stage_imbalance", imbalance},
-                   {"per_rank", per_rank}};
+                   {"slowest_rank", f.slow},
+                   {"slowest_stage", f.slow_stage},
+                   {"stage_imbalance", f.imbalance},
+                   {"per_rank", f.per_rank}};
   write(j.dump());
   log_->info("  monitor | step ms p50 {:.0f} p90 {:.0f} p99 {:.0f} max {:.0f} | util {:.0f}% | skipped {} | checkpoints {:.0f} ms{}",
-             p50, p90, p99, mx, 100 * util, pm.skipped, pm.checkpoint_ms,
-             rows.size() > 1 ? fmt::format(" | slowest {} busy {:.0f} ms/step", slow_name(slow), busy_of(rows[slow]) / n) : "");
+             pm.p50, pm.p90, pm.p99, pm.max, 100 * f.util, pm.skipped, pm.checkpoint_ms,
+             rows.size() > 1 ? fmt::format(" | slowest {} busy {:.0f} ms/step", rank_name(f.slow), busy_of(rows[f.slow]) / n) : "");
+  monitor_alerts(pm, rows, f.util, f.slow_stage, f.stage_busy, f.imbalance);
+}
 
-  // Alerts, each once.
+// The alerts of a monitor interval, each raised once per run.
+void RunMetrics::monitor_alerts(const PendingMonitor& pm, const std::vector<std::array<double, kRow>>& rows, double util,
+                                size_t slow_stage, const std::vector<double>& stage_busy, double imbalance) {
+  const Recipe& r = plan_.recipe;
+  const int64_t step = pm.step;
+  const double p50 = pm.p50, p99 = pm.p99, peak = pm.peak;
   double comm_frac = 0, data_frac = 0;
   size_t comm_rank = 0, data_rank = 0;
   for (size_t k = 0; k < rows.size(); ++k) {
@@ -215,13 +241,13 @@ void RunMetrics::report_monitor(const PendingMonitor& pm, const std::vector<std:
   }
   if (comm_frac > 0.30)
     raise({"communication", step, comm_frac, 0.30,
-           fmt::format("exposed communication is {:.0f}% of the step on {}", 100 * comm_frac, slow_name(comm_rank)),
+           fmt::format("exposed communication is {:.0f}% of the step on {}", 100 * comm_frac, rank_name(comm_rank)),
            fmt::format("change the layout: `runner plan` lists the alternatives with their predicted communication (now dp {} tp {} "
                        "pp {}); fewer tensor-parallel ranks, a larger parallel.bucket_mb, or more micro-batches per step to hide "
                        "the data-parallel reduction", plan_.dp, plan_.tp, plan_.pp)});
   if (data_frac > 0.05)
     raise({"data_wait", step, data_frac, 0.05,
-           fmt::format("waiting for data is {:.0f}% of the step on {}", 100 * data_frac, slow_name(data_rank)),
+           fmt::format("waiting for data is {:.0f}% of the step on {}", 100 * data_frac, rank_name(data_rank)),
            fmt::format("raise data.workers (now {}) or data.prefetch (now {})", r.data.workers, r.data.prefetch)});
   size_t strag = 0;  // the rank whose own work has the longest tail this interval
   for (size_t k = 0; k < rows.size(); ++k)
@@ -232,9 +258,9 @@ void RunMetrics::report_monitor(const PendingMonitor& pm, const std::vector<std:
   if (pm.timed >= 100 && p50 > 0 && p99 > 1.5 * p50 && rows[strag][kBusyP99] > 1.5 * rows[strag][kBusyP50]) {
     raise({"straggler", step, p99 / p50, 1.5,
            fmt::format("step time P99 {:.0f} ms is {:.1f}x its P50 {:.0f} ms; the straggler is {} (its own work P99 {:.0f} ms, "
-                       "P50 {:.0f} ms)", p99, p99 / p50, p50, slow_name(strag), rows[strag][kBusyP99], rows[strag][kBusyP50]),
+                       "P50 {:.0f} ms)", p99, p99 / p50, p50, rank_name(strag), rows[strag][kBusyP99], rows[strag][kBusyP50]),
            fmt::format("look for another job or a thermal limit on the node of {}; pin its threads (train.threads, "
-                       "OMP_PROC_BIND) or move it to another node", slow_name(strag))});
+                       "OMP_PROC_BIND) or move it to another node", rank_name(strag))});
   }
   if (plan_.device_memory > 0 && peak >= 0.95 * plan_.device_memory)
     raise({"memory", step, peak / plan_.device_memory, 0.95,
