@@ -9,6 +9,16 @@
 // than fp32 and differed by 0.30 during the fall (steps 1000-1250). The test allows 0.45 nats
 // per window (1.5x the largest seen) and requires the last window's mean below 0.15 (fp32:
 // ~0.01) and >= 90% accuracy.
+//
+// Known failure (2026-12-03, a 2-core Sapphire Rapids with AMX, OMP_NUM_THREADS=2): bf16 and fp16
+// both leave the plateau ~500 steps after fp32, so the band and the 90% fail (bf16 last window
+// 0.485, fp16 0.699 at 13% accuracy; fp32 0.005). The code before and after the issue-23
+// restructuring gives the same numbers to six digits, so it predates it. What moves the fall is
+// chaotic, not a format's precision: fp16 with a static loss scale of 2 (a power of two, exact
+// but for subnormal gradients) falls ~400 steps later than with scale 1; bf16 falls with fp32
+// through the sgemm GEMM path (RUNNER_GEMM_PATH=sgemm: 0.035) and late through oneDNN's AMX
+// kernel, which the automatic choice takes on this CPU. Not loosened: the quickstart's plateau
+// needs a recipe (or a test over several seeds) whose fall does not hinge on one ulp.
 #include <doctest/doctest.h>
 
 #include <cmath>
