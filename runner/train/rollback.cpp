@@ -18,7 +18,7 @@ void Rollback::before_step(const TrainState& st) {
   ms_ += StepTimer::since(t);
 }
 
-bool Rollback::after_step(const StepResult& s, TrainState& st, double step_ms) {
+bool Rollback::after_step(const StepResult& s, TrainState& st) {
   const int64_t t = StepTimer::now();
   // An fp16 overflow is the loss scaler's to handle (skipped, scale backed off), not a rollback.
   const bool bad = !std::isfinite(s.loss) || (!std::isfinite(s.norm) && !s.overflow);
@@ -33,7 +33,7 @@ bool Rollback::after_step(const StepResult& s, TrainState& st, double step_ms) {
   loader_.restore(st.loader);
   skip_.insert(offending);
   metrics_.rollback(offending + 1, st.step, s.loss);
-  ms_ += step_ms + StepTimer::since(t);  // the attempt is lost
+  ms_ += s.total_ms + StepTimer::since(t);  // the attempt is lost
   return true;
 }
 

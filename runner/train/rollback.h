@@ -31,8 +31,8 @@ class Rollback {
   void before_step(const TrainState& st);
   // After a step (st.step already advanced): updates the loss's running mean; on a bad or
   // spiking loss with a snapshot to go back to, restores it into `st` and the loader, marks
-  // the batch to skip, records the rollback and returns true (the attempt's `step_ms` is lost).
-  bool after_step(const StepResult& s, TrainState& st, double step_ms);
+  // the batch to skip, records the rollback and returns true (the attempt's total_ms is lost).
+  bool after_step(const StepResult& s, TrainState& st);
   // Whether step `step`'s batch (0-based: the steps completed before it) is to be skipped;
   // true once per rollback, with a warning.
   bool skip_batch(int64_t step);

@@ -71,7 +71,7 @@ class Trainer {
       StepResult s = train_step();
       tracer.step_done(s.total_ms);
       faults.after_step();
-      if (rollback->after_step(s, st, s.total_ms)) {
+      if (rollback->after_step(s, st)) {
         tracer.end(st.step);
         continue;
       }
@@ -184,10 +184,9 @@ class Trainer {
   // span only when one finished). Both go with the next step's record.
   void checkpoint_after_step() {
     const int64_t c0 = StepTimer::now();
-    const int64_t t = StepTimer::now();
-    if (ckpt->after_step(st, StepTimer::ms(run_t0, t) / 1e3)) {
+    if (ckpt->after_step(st, StepTimer::ms(run_t0, c0) / 1e3)) {
       ckpt_stall_ms = ckpt->last_stall_ms();
-      timer.phase("checkpoint save", "checkpoint", t);
+      timer.phase("checkpoint save", "checkpoint", c0);
     }
     const int64_t p0 = StepTimer::now();
     ckpt->poll();
