@@ -78,17 +78,17 @@ std::vector<std::vector<int32_t>> tokenize_prompts(const TrainedModel& m, const 
   longest = 0;
   for (size_t k = 0; k < req.prompts.size(); ++k) {
     const std::string& p = req.prompts[k];
-    const size_t i = k;
-    if (p.empty()) throw UserError({}, fmt::format("prompt {} is empty", i + 1), "give every prompt at least one byte");
+    const size_t n = k + 1;  // prompts are numbered from 1 in messages
+    if (p.empty()) throw UserError({}, fmt::format("prompt {} is empty", n), "give every prompt at least one byte");
     seq[k] = byte_tokenize(p);
     for (int32_t t : seq[k])
       if (t >= mc.vocab_size)
-        throw UserError({}, fmt::format("prompt {} has byte {} outside the model's vocabulary of {}", i + 1, t, mc.vocab_size),
+        throw UserError({}, fmt::format("prompt {} has byte {} outside the model's vocabulary of {}", n, t, mc.vocab_size),
                         "use bytes below the vocabulary size");
     const int64_t need = static_cast<int64_t>(p.size()) + req.max_new_tokens;
     if (need > mc.seq_len)
       throw UserError({}, fmt::format("prompt {} ({} tokens) plus --max-new-tokens {} is {} tokens, over the model's "
-                                      "context of {}", i + 1, p.size(), req.max_new_tokens, need, mc.seq_len),
+                                      "context of {}", n, p.size(), req.max_new_tokens, need, mc.seq_len),
                       fmt::format("shorten the prompt or ask for at most {} new tokens", mc.seq_len - static_cast<int64_t>(p.size())));
     longest = std::max(longest, need);
   }
