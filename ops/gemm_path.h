@@ -35,6 +35,9 @@ struct GemmChoice {
   // Measured throughput of one Linear's three GEMMs (forward, d(input), d(weight)) at the
   // probe shape, counting the 16-bit -> fp32 conversions the sgemm path pays; 0: not measured.
   double sgemm_gflops = 0, onednn_gflops = 0;
+  // The same Linear in fp32 (no conversions), measured alongside: what 16-bit compute is
+  // compared with when the runner says whether it is slower than fp32 here; 0: not measured.
+  double fp32_gflops = 0;
   std::string why;  // "measured", "RUNNER_GEMM_PATH=sgemm", or why oneDNN is unavailable
   std::string onednn_impl;  // oneDNN's kernel (e.g. "brg:avx512_core_amx"), empty when unavailable
 
@@ -83,9 +86,9 @@ GemmPath gemm_path(DType t);
 
 // Measured GFLOP/s of one Linear's three GEMMs at (N, C) -> (N, OC) in 16-bit dtype t on each
 // path (the sgemm path includes widening its 16-bit operands), best of `reps` after a warm-up;
-// onednn is 0 when oneDNN is unavailable for t. Also used by bench/bench_kernels.
+// onednn is 0 when oneDNN is unavailable for t; fp32 the same GEMMs on fp32 operands. Also used by bench/bench_kernels.
 struct GemmMeasurement {
-  double sgemm_gflops = 0, onednn_gflops = 0;
+  double sgemm_gflops = 0, onednn_gflops = 0, fp32_gflops = 0;
 };
 GemmMeasurement measure_gemm_paths(DType t, int N, int C, int OC, int reps);
 

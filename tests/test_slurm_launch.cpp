@@ -19,6 +19,7 @@
 #include "runner/errors.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
+#include "runner/run/run_lock.h"
 #include "runner/run/slurm.h"
 #include "tests/support/process.h"
 #include "tests/support/temp_dir.h"
@@ -98,6 +99,37 @@ TEST_CASE("runner launch --slurm --dry-run: the script's resources, signal, requ
   std::ofstream(f) << s;
   CHECK(sh("bash -n " + f.string()).code == 0);
   CHECK(!fs::exists(d / "run"));
+}
+
+TEST_CASE("runner launch --slurm: --cpus-per-task from the node's CPUs and the ranks per node, OMP_NUM_THREADS to match") {
+  // No train.threads: a node of 16 CPUs shared by its 2 ranks gives 8 cores each (not Slurm's 1).
+  Result r = runner_cmd("launch " + kTiny + " --slurm --dry-run --set train.threads=0 --node-cpus 16");
+  REQUIRE(r.code == 0);
+  CHECK(sbatch_value(r.out, "ntasks-per-node") == "2");
+  CHECK(sbatch_value(r.out, "cpus-per-task") == "8");
+  CHECK(r.out.find("# Cores per rank (its OpenMP threads, OMP_NUM_THREADS below): 16 CPUs per node (--node-cpus) / 2 "
+                   "ranks per node.") != std::string::npos);
+  CHECK(r.out.find("export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}") != std::string::npos);
+  // 8 ranks at 4 per node on 64-CPU nodes: 16 each; one rank per node takes them all.
+  r = runner_cmd("launch " + kTiny + " --slurm --dry-run --set train.threads=0 --set parallel.dp=8 --set batch.global=32 "
+                 "--set hardware.devices_per_node=4 --node-cpus 64");
+  REQUIRE(r.code == 0);
+  CHECK(sbatch_value(r.out, "cpus-per-task") == "16");
+  r = runner_cmd("launch " + kTiny + " --slurm --dry-run --set train.threads=0 --set parallel.dp=1 --set "
+                 "hardware.devices_per_node=1 --node-cpus 48");
+  CHECK(sbatch_value(r.out, "cpus-per-task") == "48");
+  // Without --node-cpus: this machine's CPUs over the ranks per node, never below 1.
+  r = runner_cmd("launch " + kTiny + " --slurm --dry-run --set train.threads=0");
+  REQUIRE(r.code == 0);
+  const long here = ::sysconf(_SC_NPROCESSORS_ONLN);
+  CHECK(sbatch_value(r.out, "cpus-per-task") == std::to_string(std::max(1L, here / 2)));
+  CHECK(r.out.find("this machine's; --node-cpus N for other compute nodes") != std::string::npos);
+  // train.threads, when set, is what each rank uses: the request follows it.
+  r = runner_cmd("launch " + kTiny + " --slurm --dry-run --set train.threads=3 --node-cpus 16");
+  CHECK(sbatch_value(r.out, "cpus-per-task") == "3");
+  CHECK(r.out.find("): train.threads.") != std::string::npos);
+  r = runner_cmd("launch " + kTiny + " --slurm --dry-run --node-cpus -4");
+  CHECK(r.code == 2);
 }
 
 TEST_CASE("runner launch --slurm: nodes from hardware.devices_per_node, GPUs, elastic, a written script") {
@@ -227,7 +259,7 @@ TEST_CASE("runner train in a too small allocation exits 2 before writing anythin
   CHECK(!fs::exists(d / "run"));
 }
 
-TEST_CASE("runner status: step, checkpoint, restarts and their causes, Slurm job, ETA") {
+TEST_CASE("runner status: step, checkpoint, restarts and their causes, Slurm job, the lock's state, ETA while running") {
   fs::path d = temp_dir("status");
   const fs::path run = d / "run";
   // A real run on one rank (elastic: the recipe's layout is 2 ranks), 30 steps, a checkpoint every 10.
@@ -239,7 +271,7 @@ TEST_CASE("runner status: step, checkpoint, restarts and their causes, Slurm job
   CHECK(s["name"] == "slurm-tiny");
   CHECK(s["last_step"] == 30);
   CHECK(s["total_steps"] == 30);
-  CHECK(s["state"] == "done");
+  CHECK(s["state"] == "finished");
   CHECK(s["checkpoint"]["step"] == 30);
   CHECK(s["checkpoint"]["age_s"].get<double>() < 600);
   CHECK(s["restarts"].empty());
@@ -252,6 +284,11 @@ TEST_CASE("runner status: step, checkpoint, restarts and their causes, Slurm job
   CHECK(r.out.find("last step   30 / 30 (100%)") != std::string::npos);
   CHECK(r.out.find("checkpoint  step 30 (") != std::string::npos);
   CHECK(r.out.find("restarts    0") != std::string::npos);
+  CHECK(r.out.find("state       finished\n") != std::string::npos);
+  // One rank, its dp printed in the batch equation too.
+  CHECK(r.out.find("layout      1 rank = dp 1 x tp 1 x pp 1, global batch 16 = micro 4 x dp 1 x accum 4\n") !=
+        std::string::npos);
+  CHECK(r.out.find("eta         none (finished)") != std::string::npos);
 
   // The run's history as a preempted, killed and resumed Slurm job would leave it; more steps to go.
   {
@@ -285,13 +322,41 @@ TEST_CASE("runner status: step, checkpoint, restarts and their causes, Slurm job
   CHECK(s["slurm"]["job_id"] == "99");
   CHECK(s["slurm"]["restart_count"] == 2);
   CHECK(s["layout"]["dp"] == 2);
-  REQUIRE(s.contains("eta_s"));
-  CHECK(s["eta_s"].get<double>() == doctest::Approx(60 * s["step_s"].get<double>()));
-  CHECK(s["step_s"].get<double>() > 0);
+  // Nobody holds the lock and the last job left no end record: crashed, no ETA, how to go on.
+  CHECK(s["state"] == "crashed");
+  CHECK(!s.contains("eta_s"));
   r = runner_cmd("status " + run.string());
   CHECK(r.out.find("slurm       job 99 (slurm-tiny), restart count 2, nodes localhost, 2 task(s)") != std::string::npos);
   CHECK(r.out.find("restarts    2") != std::string::npos);
-  CHECK(r.out.find("eta         ") != std::string::npos);
+  CHECK(r.out.find("layout      2 ranks = dp 2 x tp 1 x pp 1, global batch 16 = micro 4 x dp 2 x accum 2\n") !=
+        std::string::npos);
+  CHECK(r.out.find("state       crashed: its owner is gone without a stop record") != std::string::npos);
+  CHECK(r.out.find("continue from step 30 with `runner resume " + run.string() + "`") != std::string::npos);
+  CHECK(r.out.find("eta         none (not running)") != std::string::npos);
+  CHECK(r.out.find("running or killed") == std::string::npos);
+  {
+    // A live owner holds the lock: running, named, with an ETA from the last steps.
+    RunLock owner(run.string());
+    r = runner_cmd("status " + run.string() + " --json");
+    REQUIRE(r.code == 0);
+    s = nlohmann::json::parse(r.out);
+    CHECK(s["state"] == "running");
+    CHECK(s["owner"].get<std::string>().find("pid " + std::to_string(::getpid())) != std::string::npos);
+    REQUIRE(s.contains("eta_s"));
+    CHECK(s["eta_s"].get<double>() == doctest::Approx(60 * s["step_s"].get<double>()));
+    CHECK(s["step_s"].get<double>() > 0);
+    r = runner_cmd("status " + run.string());
+    CHECK(r.out.find("state       running: host ") != std::string::npos);
+    CHECK(r.out.find("eta         ") != std::string::npos);
+    CHECK(r.out.find("steps left at") != std::string::npos);
+  }
+  // The owner stopped on Ctrl-C at a checkpoint: stopped, by which signal, and how to go on.
+  std::ofstream(run / "events.jsonl", std::ios::app)
+      << "\n" << R"({"event":"end","cause":"preempted","signal":"SIGINT","step":30,"exit_code":3})" << "\n";
+  r = runner_cmd("status " + run.string());
+  CHECK(r.out.find("state       stopped by SIGINT at step 30 (checkpoint written); continue from step 30 with "
+                   "`runner resume") != std::string::npos);
+  CHECK(r.out.find("eta         none (not running)") != std::string::npos);
   // Not a run directory: exit 2.
   r = runner_cmd("status " + (d / "nothing").string());
   CHECK(r.code == 2);

@@ -35,13 +35,14 @@ using test_support::slurp;
 
 constexpr int kFrom = 4, kTo = 6;  // the profiled steps; the layout recipe checkpoints at step 5
 
-// The layout-test model (global 8, micro 2, checkpoint every 5 steps), 6 steps, profiled 4:6.
+// The layout-test model (global 8, micro 2, checkpoint every 5 steps), 6 steps, profiled 4:6,
+// a monitor record at each step line (every 5th step and the last).
 fs::path run(const std::string& name, int np, const std::string& sets) {
   static std::map<std::string, fs::path> made;
   if (made.count(name)) return made[name];
   const fs::path recipe = test_support::write_layout_recipe(kDir), dir = kDir / name;
   const std::string cmd = test_support::launcher(np > 1 ? np : 0) + RUNNER_BINARY + " train " + recipe.string() +
-                          " --quiet --run-dir " + dir.string() + " --set train.steps=6 --profile 4:6 " + sets;
+                          " --quiet --run-dir " + dir.string() + " --set train.steps=6 --set train.monitor_every=5 --profile 4:6 " + sets;
   test_support::Result r = test_support::sh(cmd);
   INFO(cmd << "\n" << r.out);
   REQUIRE(r.code == 0);

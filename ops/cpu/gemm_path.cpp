@@ -81,6 +81,7 @@ GemmChoice choose(DType t, GemmMode mode) {
       GemmMeasurement m = measure_gemm_paths(t, kProbeN, kProbeC, kProbeOC, kProbeReps);
       c.sgemm_gflops = m.sgemm_gflops;
       c.onednn_gflops = m.onednn_gflops;
+      c.fp32_gflops = m.fp32_gflops;
       c.path = faster_path(m.sgemm_gflops, m.onednn_gflops);
       c.why = "measured";
       break;
@@ -139,7 +140,7 @@ std::string GemmPaths::summary() const { return bf16.summary() + "; " + f16.summ
 std::string GemmPaths::to_json() const {
   auto one = [](const GemmChoice& c) {
     return "{\"path\":" + json_str(c.path_name()) + ",\"sgemm_gflops\":" + json_num(c.sgemm_gflops) +
-           ",\"onednn_gflops\":" + json_num(c.onednn_gflops) + ",\"why\":" + json_str(c.why) +
+           ",\"onednn_gflops\":" + json_num(c.onednn_gflops) + ",\"fp32_gflops\":" + json_num(c.fp32_gflops) + ",\"why\":" + json_str(c.why) +
            ",\"onednn_impl\":" + json_str(c.onednn_impl) + "}";
   };
   return "{\"mode\":" + json_str(gemm_mode_name(mode)) + ",\"probe\":[" + std::to_string(probe_N) + "," +
@@ -191,6 +192,11 @@ GemmMeasurement measure_gemm_paths(DType t, int N, int C, int OC, int reps) {
     to_f32(dy32.data(), dy16.data(), t, static_cast<int64_t>(ny));
     be.matmul_backward(dx.data(), dw.data(), nullptr, dy32.data(), x32.data(), w32.data(), N, C, OC);
   };
+  // fp32 compute: the same GEMMs on operands already in fp32.
+  auto fp32_round = [&] {
+    be.matmul_forward(y.data(), x32.data(), w32.data(), nullptr, N, C, OC);
+    be.matmul_backward(dx.data(), dw.data(), nullptr, dy32.data(), x32.data(), w32.data(), N, C, OC);
+  };
   auto onednn_round = [&] {
     be.matmul16_forward(y.data(), x16.data(), w16.data(), nullptr, t, N, C, OC);
     be.matmul16_backward(dx.data(), dw.data(), nullptr, dy16.data(), x16.data(), w16.data(), t, N, C, OC);
@@ -200,17 +206,19 @@ GemmMeasurement measure_gemm_paths(DType t, int N, int C, int OC, int reps) {
     f();
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
-  double best_s = 1e30, best_d = 1e30;
+  double best_s = 1e30, best_d = 1e30, best_f = 1e30;
   sgemm_round();
   if (dnnl) onednn_round();
-  for (int r = 0; r < std::max(reps, 1); ++r) {  // alternate, so that both see the same clock
+  for (int r = 0; r < std::max(reps, 1); ++r) {  // alternate, so that all see the same clock
     best_s = std::min(best_s, seconds(sgemm_round));
     if (dnnl) best_d = std::min(best_d, seconds(onednn_round));
+    best_f = std::min(best_f, seconds(fp32_round));
   }
   const double flops = 6.0 * N * C * OC;
   GemmMeasurement m;
   m.sgemm_gflops = flops / best_s * 1e-9;
   m.onednn_gflops = dnnl ? flops / best_d * 1e-9 : 0.0;
+  m.fp32_gflops = flops / best_f * 1e-9;
   return m;
 }
 

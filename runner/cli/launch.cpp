@@ -20,7 +20,9 @@ class LaunchCommand final : public Command {
     sub_->add_option("--time", o_.time, "wall-clock limit (sbatch --time), e.g. 04:00:00")->capture_default_str();
     sub_->add_option("--warn", o_.warn_seconds, "seconds before the limit at which the ranks are told to checkpoint "
                                                 "and exit (--signal=USR1@N)")->capture_default_str();
-    sub_->add_option("--cpus-per-task", o_.cpus_per_task, "cores per rank (default: train.threads, else 1)");
+    sub_->add_option("--cpus-per-task", o_.cpus_per_task,
+                     "cores per rank (default: train.threads, else the node's CPUs / ranks per node)");
+    sub_->add_option("--node-cpus", o_.node_cpus, "CPUs of one compute node (default: this machine's)");
     sub_->add_option("--partition", o_.partition, "Slurm partition");
     sub_->add_option("--job-name", o_.job_name, "job name (default: the recipe's name)");
     sub_->add_flag("--elastic", o_.elastic, "a requeued or resubmitted job may continue on another number of ranks");
@@ -41,7 +43,7 @@ class LaunchCommand final : public Command {
 class StatusCommand final : public Command {
  public:
   explicit StatusCommand(CLI::App& app) {
-    sub_ = app.add_subcommand("status", "where a run stands: step, checkpoint, restarts, Slurm job, ETA");
+    sub_ = app.add_subcommand("status", "where a run stands: running, finished, stopped or crashed; step, checkpoint, restarts, Slurm job, ETA");
     sub_->add_option("run_dir", run_dir_, "run directory")->required();
     sub_->add_flag("--json", json_, "print it as JSON");
   }

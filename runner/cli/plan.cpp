@@ -5,6 +5,7 @@
 
 #include "ops/gemm_path.h"
 #include "runner/cli/command.h"
+#include "runner/device/gemm_report.h"
 #include "runner/errors.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
@@ -12,6 +13,16 @@
 namespace runner::cli {
 
 namespace {
+
+// Which GEMM path each format takes on this machine, and whether 16-bit compute is slower than
+// fp32 here (runner/device/gemm_report.h): before a run, not an hour into it.
+std::string gemm_text(FloatFormat compute) {
+  const GemmReport g = gemm_report(compute);
+  std::string s;
+  for (size_t i = 0; i < g.lines.size(); ++i) s += (i == 0 ? "  GEMM       " : "             ") + g.lines[i] + "\n";
+  if (!g.warning.empty()) s += "  warning: " + g.warning + "\n";
+  return s;
+}
 
 class PlanCommand final : public Command {
  public:
@@ -31,7 +42,7 @@ class PlanCommand final : public Command {
     }
     Plan p = make_plan(load_recipe(recipe_path_, sets_), world_);
     if (json_) std::cout << p.to_json().dump(2) << "\n";
-    else std::cout << p.table();
+    else std::cout << p.table() << gemm_text(p.recipe.precision.compute);
     return 0;
   }
 

@@ -186,7 +186,22 @@ bool RunMetrics::logged(int64_t step) const {
   return step % plan_.recipe.train.log_every == 0 || step == plan_.recipe.train.steps || step == 1;
 }
 
+int64_t RunMetrics::monitor_interval() const {
+  const TrainConfig& t = plan_.recipe.train;
+  if (t.monitor_every > 0) return t.monitor_every;
+  return t.log_every * ((100 + t.log_every - 1) / t.log_every);
+}
+
 void RunMetrics::step_line(int64_t step, const StepResult& s) {
+  print_step_line(step, s);
+  // The interval's gather, started a step line ago, is done: its record and line now, not an
+  // interval late.
+  if (pending_ && logged(step)) flush_monitor();
+  // At its own interval: a monitor line after every step line doubled the console at a small log_every.
+  if (step % monitor_interval() == 0 || step == plan_.recipe.train.steps) monitor(step);
+}
+
+void RunMetrics::print_step_line(int64_t step, const StepResult& s) {
   const int64_t total = plan_.recipe.train.steps;
   if (!logged(step)) return;
   const double tok_per_step = static_cast<double>(plan_.tokens_per_step);
@@ -201,7 +216,6 @@ void RunMetrics::step_line(int64_t step, const StepResult& s) {
   if (scaler_active_) log_->info("  loss scale {:g} | {} step(s) skipped on overflow so far", s.scale, overflows_);
   window_ = 0;
   window_ms_ = window_data_ = 0;
-  monitor(step);
 }
 
 void RunMetrics::eval(int64_t step, const EvalResult& e) {
@@ -267,9 +281,10 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
   breakdown_table(ranks);
   const double avg_ms = mean_step_ms();
   double tps = avg_ms > 0 ? plan_.tokens_per_step / (avg_ms / 1e3) : 0;
+  const double mfu = plan_.flops_per_token * tps / std::max(1.0, peak_flops_);
   log_->info("done: {} steps in {} | {} tok/s | MFU {:.0f}% | final val loss {:.4f}{}", steps, human_duration(wall_s),
-             human_count(tps), 100 * plan_.flops_per_token * tps / std::max(1.0, peak_flops_), e.loss,
-             e.accuracy >= 0 ? fmt::format(" | accuracy {:.1f}%", 100 * e.accuracy) : "");
+             human_count(tps), 100 * mfu, e.loss, e.accuracy >= 0 ? fmt::format(" | accuracy {:.1f}%", 100 * e.accuracy) : "");
+  mfu_line(mfu);
   if (scaler_active_)
     log_->info("fp16 loss scale: {:g} at the end | {} overflowed step(s) skipped", scaler_.scale, scaler_.skipped_steps);
   if (last_range_) summarize_range(*last_range_);
@@ -277,7 +292,8 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
   nlohmann::json ops_json = top_ops_json(std::move(prof));
   nlohmann::json j{{"summary", true},  {"steps", steps},          {"tokens", tokens},
                    {"tokens_per_s", tps}, {"wall_s", wall_s},       {"val_loss", e.loss},
-                   {"ledger", ledger}, {"top_ops", ops_json},       {"peak_flops", peak_flops_}};
+                   {"ledger", ledger}, {"top_ops", ops_json},       {"peak_flops", peak_flops_},
+                   {"mfu", mfu},       {"peak_kind", peak_kind_},   {"peak_source", peak_source_}};
   if (e.accuracy >= 0) j["accuracy"] = e.accuracy;
   if (scaler_active_) j["loss_scale"] = {{"final", scaler_.scale}, {"skipped_steps", scaler_.skipped_steps}};
   if (last_range_) j["scale_conflict"] = last_range_->conflict();
@@ -296,6 +312,22 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
   for (const Alert& a : alerts_) al.push_back(a.name);
   j["alerts"] = al;
   write(j.dump());
+}
+
+// What the run's MFU is against; above 100% the peak is plainly too low, and the user is told
+// how to get a better one.
+void RunMetrics::mfu_line(double mfu) {
+  if (peak_source_.empty()) return;
+  log_->info("MFU is against {:.1f} GFLOP/s: {}", peak_flops_ / 1e9, peak_source_);
+  if (mfu <= 1.0) return;
+  const bool host = peak_kind_ == "cached" || peak_kind_ == "measured";
+  const bool wide = plan_.recipe.precision.compute != FloatFormat::fp32;
+  log_->warn("MFU {:.0f}% is above 100%: the peak it is against is too low{}", 100 * mfu,
+             !host ? "; give the device's real figure in hardware.peak_tflops"
+             : wide ? ": it is the fp32 sgemm peak, which a 16-bit run on oneDNN's path (AMX) can pass; give hardware.peak_tflops "
+                      "the 16-bit figure of this CPU"
+                    : " (measured while the machine was busy?); re-measure it on a quiet machine with RUNNER_PEAK_CACHE=refresh, "
+                      "or give hardware.peak_tflops");
 }
 
 // Ledger honesty (docs/invariants.md, invariant 4): this rank's measured peak of each account

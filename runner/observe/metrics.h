@@ -58,27 +58,38 @@ class RunMetrics {
   // Rank 0: opens RUN_DIR/metrics.jsonl for appending; on resume (resumed_from >= 0) it first
   // keeps only what happened up to that step, so the file reads as one uninterrupted run.
   void open(const std::string& run_dir, int64_t resumed_from);
-  void set_peak_flops(double flops) { peak_flops_ = flops; }
+  // The job's peak FLOP/s for MFU, its kind ("recipe", "device table", "measured", "cached")
+  // and where it came from (runner/device/peak.h), for the start-up line and the summary.
+  void set_peak_flops(double flops, std::string kind = "", std::string source = "") {
+    peak_flops_ = flops;
+    peak_kind_ = std::move(kind);
+    peak_source_ = std::move(source);
+  }
   double peak_flops() const { return peak_flops_; }
+  const std::string& peak_source() const { return peak_source_; }
 
   // After each step's passes: the measured peak of each memory account.
   void measure_memory();
   // After each step: its record (a save's stall `checkpoint_ms` is reported with the step after
   // it, so a kill during the save never loses the history the checkpoint covers).
   void step(int64_t step, int64_t tokens, const StepResult& s, double checkpoint_ms);
-  // The step line, every train.log_every steps, at the first and at the last step.
+  // Collective, every rank, after each step: the step line (every train.log_every steps, at the
+  // first and at the last step) and, every monitor_interval() steps and at the last, monitor().
   void step_line(int64_t step, const StepResult& s);
+  // train.monitor_every; 0: the smallest multiple of log_every that is at least 100 steps.
+  int64_t monitor_interval() const;
   void eval(int64_t step, const EvalResult& e);
   void rollback(int64_t step, int64_t to_step, double loss);
   // Collective: the end-of-run tables and the summary record.
   void summary(int64_t steps, int64_t tokens, const EvalResult& e, double wall_s, std::vector<ops::OpProfile> prof);
-  // Collective, every rank, at each step line: starts gathering each rank's breakdown over the
-  // last interval (a small non-blocking all-reduce, so no rank waits for the slowest here) and
+  // Collective, every rank, at each monitor interval's end (step_line): starts gathering each
+  // rank's breakdown over the last interval (a small non-blocking all-reduce, so no rank waits
+  // for the slowest here) and
   // completes the previous interval's gather, which long finished: rank 0 writes that
   // interval's monitor record (step-time percentiles, tokens/s, MFU, utilization, memory per
   // account, skipped steps, checkpoint cost, slowest rank and stage; its own figures as they
   // were at the interval's end) and raises the alerts that first hold. So a record comes one
-  // log interval late; summary() and flush_monitor() complete the last one.
+  // step line late (step_line completes it); summary() and flush_monitor() complete the last.
   void monitor(int64_t step);
   // Collective: completes the gather in flight, if any, and writes its record now.
   void flush_monitor();
@@ -95,6 +106,7 @@ class RunMetrics {
 
  private:
   void write(const std::string& line);  // rank 0: one record, flushed
+  void print_step_line(int64_t step, const StepResult& s);
   // Rank 0: raises `a` unless an alert of its name was raised before.
   void raise(Alert a);
   // Collective: every rank's row (kRow doubles) on rank 0, in world-rank order.
@@ -133,11 +145,13 @@ class RunMetrics {
   double checkpoint_total_ = 0;
   std::vector<Alert> alerts_;
   void summarize_range(const GradReport& r);
+  void mfu_line(double mfu);
   const Plan& plan_;
   parallel::Grid& grid_;
   std::shared_ptr<spdlog::logger> log_;
   std::ofstream file_;
   double peak_flops_ = 0;
+  std::string peak_kind_, peak_source_;
   std::array<size_t, ops::kAccounts> measured_peak_{};
   double sum_ms_ = 0;
   int64_t timed_ = 0;

@@ -187,6 +187,19 @@ MonitorFigures monitor_figures(const std::vector<std::array<double, RunMetrics::
 
 }  // namespace
 
+namespace {
+
+// The median busy P99 of the ranks other than `k` (rows has at least two).
+double peers_busy_p99(const std::vector<std::array<double, RunMetrics::kRow>>& rows, size_t k) {
+  std::vector<double> v;
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (i != k) v.push_back(rows[i][kBusyP99]);
+  std::sort(v.begin(), v.end());
+  return v[(v.size() - 1) / 2];
+}
+
+}  // namespace
+
 std::string RunMetrics::rank_name(size_t k) const {
   parallel::Coords c = parallel::coords_of(grid_.shape(), static_cast<int>(k));
   return fmt::format("rank {} (dp {} tp {} pp {})", k, c.dp, c.tp, c.pp);
@@ -218,8 +231,8 @@ void RunMetrics::report_monitor(const PendingMonitor& pm, const std::vector<std:
                    {"stage_imbalance", f.imbalance},
                    {"per_rank", f.per_rank}};
   write(j.dump());
-  log_->info("  monitor | step ms p50 {:.0f} p90 {:.0f} p99 {:.0f} max {:.0f} | util {:.0f}% | skipped {} | checkpoints {:.0f} ms{}",
-             pm.p50, pm.p90, pm.p99, pm.max, 100 * f.util, pm.skipped, pm.checkpoint_ms,
+  log_->info("  monitor step {} | step ms p50 {:.0f} p90 {:.0f} p99 {:.0f} max {:.0f} | util {:.0f}% | skipped {} | checkpoints {:.0f} ms{}",
+             step, pm.p50, pm.p90, pm.p99, pm.max, 100 * f.util, pm.skipped, pm.checkpoint_ms,
              rows.size() > 1 ? fmt::format(" | slowest {} busy {:.0f} ms/step", rank_name(f.slow), busy_of(rows[f.slow]) / n) : "");
   monitor_alerts(pm, rows, f.util, f.slow_stage, f.stage_busy, f.imbalance);
 }
@@ -254,8 +267,11 @@ void RunMetrics::monitor_alerts(const PendingMonitor& pm, const std::vector<std:
     if (rows[k][kBusyP99] - rows[k][kBusyP50] > rows[strag][kBusyP99] - rows[strag][kBusyP50]) strag = k;
   // A straggler: the step's tail comes from a rank's own work (its busy time has the tail
   // too); a tail of waiting for data is the data_wait alert's.
-  // Below 100 steps the P99 is the maximum, and one preempted step is not a straggler.
-  if (pm.timed >= 100 && p50 > 0 && p99 > 1.5 * p50 && rows[strag][kBusyP99] > 1.5 * rows[strag][kBusyP50]) {
+  // Below 100 steps the P99 is the maximum, and one preempted step is not a straggler. A
+  // straggler is slower than its peers: one rank has none (its tail is the machine's noise,
+  // and no other node would help), and a tail every rank shares is no one rank's.
+  if (rows.size() > 1 && pm.timed >= 100 && p50 > 0 && p99 > 1.5 * p50 &&
+      rows[strag][kBusyP99] > 1.5 * rows[strag][kBusyP50] && rows[strag][kBusyP99] > 1.5 * peers_busy_p99(rows, strag)) {
     raise({"straggler", step, p99 / p50, 1.5,
            fmt::format("step time P99 {:.0f} ms is {:.1f}x its P50 {:.0f} ms; the straggler is {} (its own work P99 {:.0f} ms, "
                        "P50 {:.0f} ms)", p99, p99 / p50, p50, rank_name(strag), rows[strag][kBusyP99], rows[strag][kBusyP50]),

@@ -145,6 +145,7 @@ void visit(V& v, Self& t) {
   v("steps", t.steps);
   v("seed", t.seed);
   v("log_every", t.log_every);
+  v("monitor_every", t.monitor_every);
   v("eval_every", t.eval_every);
   v("eval_batches", t.eval_batches);
   v("threads", t.threads);

@@ -136,6 +136,7 @@ struct TrainConfig {
   int64_t steps = 100;
   int64_t seed = 1234;
   int64_t log_every = 10;
+  int64_t monitor_every = 0;       // monitor record and line; 0: log_every's multiple of at least 100 steps
   int64_t eval_every = 0;          // 0: only at the end
   int64_t eval_batches = 8;
   int64_t threads = 0;             // 0: OMP_NUM_THREADS or all cores

@@ -417,7 +417,7 @@ std::string head_section(const RunFiles& f, const ReportInfo& info, const std::s
                    info.skipped_lines ? fmt::format(" &middot; {} unreadable line(s) skipped", info.skipped_lines) : "");
   if (info.finished)
     h += kv_table(f.summary, {"steps", "tokens", "tokens_per_s", "wall_s", "val_loss", "accuracy", "skipped_steps", "step_ms", "peak_flops",
-                              "comm_hidden_fraction", "pipeline_idle_fraction", "plan_bubble", "layout"});
+                              "peak_source", "comm_hidden_fraction", "pipeline_idle_fraction", "plan_bubble", "layout"});
   else if (!f.monitors.empty())
     h += kv_table(f.monitors.back(), {"step", "tokens_per_s", "mfu", "utilization", "step_ms", "skipped_steps", "slowest_rank"});
   return h;

@@ -60,6 +60,19 @@ std::string now_utc() {
   return buf;
 }
 
+// --cpus-per-task and why: a rank's OpenMP threads are the cores Slurm binds its task to, so
+// the default of 1 would train on one thread per rank.
+std::pair<int64_t, std::string> cpus_per_task(const Recipe& r, const SlurmLaunchOptions& o, int64_t per_node) {
+  if (o.cpus_per_task > 0) return {o.cpus_per_task, "--cpus-per-task"};
+  if (r.train.threads > 0) return {r.train.threads, "train.threads"};
+  const int64_t here = std::max<long>(1, ::sysconf(_SC_NPROCESSORS_ONLN));
+  const int64_t node = o.node_cpus > 0 ? o.node_cpus : here;
+  return {std::max<int64_t>(1, node / per_node),
+          fmt::format("{} CPUs per node ({}) / {} rank{} per node", node,
+                      o.node_cpus > 0 ? "--node-cpus" : "this machine's; --node-cpus N for other compute nodes", per_node,
+                      per_node == 1 ? "" : "s")};
+}
+
 }  // namespace
 
 SlurmEnv slurm_env() {
@@ -131,7 +144,10 @@ std::string slurm_script(const Plan& p, const SlurmLaunchOptions& o) {
                     "give the seconds before the time limit at which the ranks checkpoint, e.g. --warn 120");
   const int64_t per_node = std::max<int64_t>(1, std::min(r.hardware.devices_per_node, p.world));
   const int64_t nodes = (p.world + per_node - 1) / per_node;
-  const int64_t cpus = o.cpus_per_task > 0 ? o.cpus_per_task : r.train.threads > 0 ? r.train.threads : 1;
+  if (o.node_cpus < 0 || o.cpus_per_task < 0)
+    throw UserError({o.node_cpus < 0 ? "--node-cpus" : "--cpus-per-task", 0, 0}, "a CPU count must be positive",
+                    "give the CPUs of one compute node to --node-cpus, or the cores per rank to --cpus-per-task");
+  const auto [cpus, cpus_why] = cpus_per_task(r, o, per_node);
   const std::string run_dir = absolute(run_paths(r, o.run_dir).run_dir);
   std::string flags;
   for (const std::string& s : o.sets) flags += " --set " + shell_quote(s);
@@ -153,6 +169,7 @@ std::string slurm_script(const Plan& p, const SlurmLaunchOptions& o) {
       {"TASKS_PER_NODE", std::to_string(per_node)},
       {"NODES", std::to_string(nodes)},
       {"CPUS_PER_TASK", std::to_string(cpus)},
+      {"CPUS_WHY", cpus_why},
       {"GPUS_LINE", device_kind(r.hardware).host ? std::string()
                                                  : fmt::format("# One {} per rank.\n#SBATCH --gpus-per-node={}\n",
                                                                r.hardware.device, per_node)},

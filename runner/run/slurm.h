@@ -43,7 +43,10 @@ struct SlurmLaunchOptions {
   std::string run_dir;              // --run-dir (default: the recipe's)
   std::string time = "01:00:00";    // --time
   int64_t warn_seconds = 120;       // --signal=USR1@N
-  int64_t cpus_per_task = 0;        // 0: train.threads, else 1
+  // --cpus-per-task: 0 derives it: train.threads when set, else the node's CPUs shared by the
+  // ranks on it (node_cpus / tasks per node, at least 1).
+  int64_t cpus_per_task = 0;
+  int64_t node_cpus = 0;            // --node-cpus: CPUs of a compute node (0: this machine's)
   bool elastic = false;             // pass --elastic to `runner train`
   std::string job_name;             // default: the recipe's name
   std::string partition;            // #SBATCH --partition when given
@@ -66,8 +69,10 @@ void append_run_event(const std::string& run_dir, nlohmann::json record);
 // step resumed from and what a layout change derived again.
 nlohmann::json start_event(const Plan& plan, int64_t world, int64_t resumed_from, const std::vector<std::string>& notes);
 
-// `runner status RUN_DIR`: last step, last checkpoint and its age, restarts and their causes,
-// the Slurm job, the ETA. Throws UserError when RUN_DIR is no run directory.
+// `runner status RUN_DIR`: whether the run is running (its lock held), finished, stopped (and
+// how) or crashed; last step, last checkpoint and its age, restarts and their causes, the
+// layout, the Slurm job, and the ETA while running. Throws UserError when RUN_DIR is no run
+// directory.
 std::string run_status(const std::string& run_dir);
 nlohmann::json run_status_json(const std::string& run_dir);  // the same, as data (`--json`)
 

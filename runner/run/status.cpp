@@ -1,8 +1,18 @@
 // `runner status RUN_DIR` (see slurm.h): read-only, from the files a run writes: recipe.yaml,
-// metrics.jsonl, events.jsonl and the checkpoint directory.
+// metrics.jsonl, events.jsonl, the checkpoint directory and the run lock (runner.lock).
+//
+// Whether the run is running is the lock's answer, not the files': its owner holds a flock on
+// runner.lock for as long as it lives, and the kernel drops it however the owner ends. So the
+// state is running (lock held), else what the last job's end record says (finished, stopped by
+// a signal at a checkpoint, stopped on an error), else crashed (no end record: SIGKILL, a
+// crash, a node loss). Only a running run gets an ETA.
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -46,10 +56,36 @@ std::string age(double seconds) {
 std::string cause_of(const nlohmann::json* end) {
   if (!end) return "killed without a stop record (SIGKILL, a crash, a node loss or a time limit without warning)";
   const std::string cause = end->value("cause", "?");
-  if (cause == "preempted")
-    return fmt::format("preempted by {} at step {} (checkpoint written)", end->value("signal", "a signal"),
+  if (cause == "preempted") {
+    // SIGUSR1 is Slurm's warning before a time limit; SIGTERM and SIGINT a user's or scancel's.
+    const std::string sig = end->value("signal", "a signal");
+    return fmt::format("{} by {} at step {} (checkpoint written)", sig == "SIGUSR1" ? "preempted" : "stopped", sig,
                        end->value("step", int64_t{-1}));
+  }
   return fmt::format("{} at step {} (exit {})", cause, end->value("step", int64_t{-1}), end->value("exit_code", 0));
+}
+
+// Whether another process holds RUN_DIR/runner.lock, and what the file says of its owner (the
+// live owner's line; a dead owner's when it ended without emptying it; empty after a clean
+// exit). A shared lock taken and dropped at once: a `runner train` starting in that instant
+// would be told the directory is in use, which a second try settles.
+struct LockProbe {
+  bool exists = false, held = false;
+  std::string owner;
+};
+
+LockProbe probe_lock(const fs::path& dir) {
+  LockProbe p;
+  const int fd = ::open((dir / "runner.lock").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return p;
+  p.exists = true;
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  if (n > 0) p.owner.assign(buf, static_cast<size_t>(n));
+  while (!p.owner.empty() && (p.owner.back() == '\n' || p.owner.back() == '\r')) p.owner.pop_back();
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) p.held = errno == EWOULDBLOCK;
+  ::close(fd);  // drops the shared lock, if taken
+  return p;
 }
 
 // The recipe as resolved: name (into s), the total steps and the checkpoint directory.
@@ -106,8 +142,9 @@ void status_checkpoint(const fs::path& ckpt_dir, nlohmann::json& s, double now) 
   s["checkpoint"] = c;
 }
 
-// Starts and stops: events.jsonl gives the restarts, the last start's layout and the state.
-std::string status_events(const fs::path& dir, nlohmann::json& s, bool summary) {
+// Starts and stops: events.jsonl gives the restarts and the last start's layout; returns the
+// last start's end record (null: none, or no start recorded; `started` says which).
+nlohmann::json status_events(const fs::path& dir, nlohmann::json& s, bool& started) {
   const std::vector<nlohmann::json> events = read_jsonl(dir / "events.jsonl");
   std::vector<size_t> starts;
   for (size_t i = 0; i < events.size(); ++i)
@@ -123,20 +160,48 @@ std::string status_events(const fs::path& dir, nlohmann::json& s, bool summary) 
     restarts.push_back(r);
   }
   s["restarts"] = restarts;
-  std::string state = summary ? "done" : "running or killed";
-  if (!starts.empty()) {
-    const nlohmann::json& last = events[starts.back()];
-    s["layout"] = {{"world", last.value("world", int64_t{0})}, {"dp", last.value("dp", int64_t{0})},
-                   {"tp", last.value("tp", int64_t{0})},       {"pp", last.value("pp", int64_t{0})},
-                   {"global", last.value("global", int64_t{0})}, {"micro", last.value("micro", int64_t{0})},
-                   {"accum", last.value("accum", int64_t{0})}};
-    if (last.contains("slurm")) s["slurm"] = last["slurm"];
-    for (size_t i = starts.back() + 1; i < events.size(); ++i)
-      if (events[i].value("event", "") == "end")
-        state = events[i].value("cause", "") == "done" ? "done" : "stopped: " + cause_of(&events[i]);
+  started = !starts.empty();
+  nlohmann::json last_end;
+  if (!started) return last_end;
+  const nlohmann::json& last = events[starts.back()];
+  s["layout"] = {{"world", last.value("world", int64_t{0})}, {"dp", last.value("dp", int64_t{0})},
+                 {"tp", last.value("tp", int64_t{0})},       {"pp", last.value("pp", int64_t{0})},
+                 {"global", last.value("global", int64_t{0})}, {"micro", last.value("micro", int64_t{0})},
+                 {"accum", last.value("accum", int64_t{0})}};
+  if (last.contains("slurm")) s["slurm"] = last["slurm"];
+  for (size_t i = starts.back() + 1; i < events.size(); ++i)
+    if (events[i].value("event", "") == "end") last_end = events[i];
+  return last_end;
+}
+
+// The state: "running" while the lock is held; else the last job's end record says
+// "finished" or "stopped" (a signal at a checkpoint, or an error); else "crashed". `detail`
+// is the sentence `runner status` prints after it.
+void status_state(const fs::path& dir, nlohmann::json& s, const LockProbe& lock, bool summary, bool started,
+                  const nlohmann::json& end) {
+  std::string state, detail;
+  const std::string resume = fmt::format("`runner resume {}`", dir.string());
+  const std::string from = s.contains("checkpoint")
+                               ? fmt::format("continue from step {} with {}", s["checkpoint"]["step"].get<int64_t>(), resume)
+                               : "no checkpoint was written: `runner train` starts it over";
+  if (lock.held) {
+    state = "running";
+    detail = lock.owner.empty() ? "its owner holds the run lock and has not recorded itself yet" : lock.owner;
+  } else if (!end.is_null() && end.value("cause", "") == "done") {
+    state = "finished";
+  } else if (!end.is_null()) {
+    state = "stopped";
+    detail = cause_of(&end) + "; " + from;
+  } else if (summary && !started) {
+    state = "finished";  // a run directory from before events.jsonl
+  } else {
+    state = "crashed";
+    detail = fmt::format("{} is gone without a stop record (SIGKILL, a crash, a node loss or a time limit without "
+                         "warning); {}", lock.owner.empty() ? "its owner" : "its owner (" + lock.owner + ")", from);
   }
   s["state"] = state;
-  return state;
+  if (!detail.empty()) s["state_detail"] = detail;
+  if (lock.held && !lock.owner.empty()) s["owner"] = lock.owner;
 }
 
 }  // namespace
@@ -153,10 +218,12 @@ nlohmann::json run_status_json(const std::string& run_dir) {
   status_recipe(dir, s, total, ckpt_dir);
   const StepRecords steps = status_steps(dir, s, now);
   status_checkpoint(ckpt_dir, s, now);
-  const std::string state = status_events(dir, s, steps.summary);
+  bool started = false;
+  const nlohmann::json end = status_events(dir, s, started);
+  status_state(dir, s, probe_lock(dir), steps.summary, started, end);
 
-  // ETA: the mean of the last (up to) 50 steps' times over the steps left.
-  if (total > 0 && steps.last_step < total && !steps.step_ms.empty() && state.rfind("done", 0) != 0) {
+  // ETA, while running: the mean of the last (up to) 50 steps' times over the steps left.
+  if (s["state"] == "running" && total > 0 && steps.last_step < total && !steps.step_ms.empty()) {
     const size_t n = std::min<size_t>(50, steps.step_ms.size());
     double ms_sum = 0;
     for (size_t i = steps.step_ms.size() - n; i < steps.step_ms.size(); ++i) ms_sum += steps.step_ms[i];
@@ -172,7 +239,9 @@ std::string run_status(const std::string& run_dir) {
   std::ostringstream o;
   o << fmt::format("run         {}{}\n", s["run_dir"].get<std::string>(),
                    s.value("name", "").empty() ? "" : " (" + s["name"].get<std::string>() + ")");
-  o << fmt::format("state       {}\n", s["state"].get<std::string>());
+  const std::string detail = s.value("state_detail", "");
+  if (detail.rfind("stopped", 0) == 0) o << "state       " << detail << "\n";  // "stopped by SIGINT at step ..."
+  else o << "state       " << s["state"].get<std::string>() << (detail.empty() ? "" : ": " + detail) << "\n";
   const int64_t total = s["total_steps"].get<int64_t>(), last = s["last_step"].get<int64_t>();
   std::string step = total > 0 ? fmt::format("{} / {} ({:.0f}%)", last, total, 100.0 * last / total) : std::to_string(last);
   if (s.contains("last_loss")) step += fmt::format(", loss {:.4f}", s["last_loss"].get<double>());
@@ -187,9 +256,10 @@ std::string run_status(const std::string& run_dir) {
   }
   if (s.contains("layout")) {
     const auto& l = s["layout"];
-    o << fmt::format("layout      {} ranks = dp {} x tp {} x pp {}, global batch {} = micro {} x dp x accum {}\n",
-                     l["world"].get<int64_t>(), l["dp"].get<int64_t>(), l["tp"].get<int64_t>(), l["pp"].get<int64_t>(),
-                     l["global"].get<int64_t>(), l["micro"].get<int64_t>(), l["accum"].get<int64_t>());
+    const int64_t world = l["world"].get<int64_t>(), dp = l["dp"].get<int64_t>();
+    o << fmt::format("layout      {} rank{} = dp {} x tp {} x pp {}, global batch {} = micro {} x dp {} x accum {}\n", world,
+                     world == 1 ? "" : "s", dp, l["tp"].get<int64_t>(), l["pp"].get<int64_t>(), l["global"].get<int64_t>(),
+                     l["micro"].get<int64_t>(), dp, l["accum"].get<int64_t>());
   }
   if (s.contains("slurm")) {
     const auto& j = s["slurm"];
@@ -210,8 +280,10 @@ std::string run_status(const std::string& run_dir) {
   if (s.contains("eta_s"))
     o << fmt::format("eta         {} ({} steps left at {:.3f} s per step, the mean of the last steps)\n",
                      age(s["eta_s"].get<double>()), total - last, s["step_s"].get<double>());
+  else if (s["state"] == "running")
+    o << "eta         unknown (no steps recorded yet)\n";
   else
-    o << "eta         " << (s["state"] == "done" ? "done" : "unknown (no steps recorded)") << "\n";
+    o << "eta         none (" << (s["state"] == "finished" ? "finished" : "not running") << ")\n";
   return o.str();
 }
 

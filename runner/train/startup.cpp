@@ -17,6 +17,7 @@
 
 #include "ops/backend.h"
 #include "ops/gemm_path.h"
+#include "runner/device/gemm_report.h"
 #include "runner/run/slurm.h"
 #include "runner/signals.h"
 #include "runner/train/optimizer.h"
@@ -42,6 +43,16 @@ void share_cores_between_local_ranks() {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int share = std::max(1, cores / local);
   if (share < ops::num_threads()) ops::set_num_threads(share);
+}
+
+// Which GEMM path each format of the run takes, and a warning when 16-bit compute is slower
+// than fp32 here (runner/device/gemm_report.h).
+void print_gemm_paths(spdlog::logger& log, FloatFormat compute) {
+  const GemmReport g = gemm_report(compute);
+  for (size_t i = 0; i < g.lines.size(); ++i)
+    log.info("  {}{}{}", i == 0 ? "GEMM       " : "             ", g.lines[i],
+             i + 1 == g.lines.size() && compute != FloatFormat::fp32 ? " (recorded in gemm_paths.json)" : "");
+  if (!g.warning.empty()) log.warn("  {}", g.warning);
 }
 
 }  // namespace
@@ -75,12 +86,11 @@ void print_startup(spdlog::logger& log, const Plan& plan, const parallel::Grid& 
   std::istringstream table(plan.table());
   for (std::string line; std::getline(table, line);) log.info("{}", line);
   log.info("  data       {}", f.data);
-  log.info("  threads    {}{} (OpenMP; OpenBLAS shares the pool) | fp32 GEMM peak {:.1f} GFLOP/s{} (measured, for MFU)",
-           ops::num_threads(), multi ? " per rank" : "", f.peak_flops / 1e9,
-           multi ? fmt::format(" over {} ranks", grid.world_size()) : std::string());
+  log.info("  threads    {}{} (OpenMP; OpenBLAS shares the pool)", ops::num_threads(), multi ? " per rank" : "");
+  log.info("  MFU        against {:.1f} GFLOP/s{}: {}", f.peak_flops / 1e9,
+           multi ? fmt::format(" over {} ranks", grid.world_size()) : std::string(), f.peak_source);
   log.info("  precision  {}", f.precision);
-  if (r.precision.compute != FloatFormat::fp32)
-    log.info("  GEMM       {} (recorded in gemm_paths.json)", ops::gemm_paths().summary());
+  print_gemm_paths(log, r.precision.compute);
   log.info("  optimizer  adamw lr {:g} betas ({:g}, {:g}) wd {:g} clip {:g} | schedule {} warmup {}", r.optimizer.lr,
            r.optimizer.beta1, r.optimizer.beta2, r.optimizer.weight_decay, r.optimizer.grad_clip,
            to_string(r.optimizer.schedule.kind), r.optimizer.schedule.warmup_steps);

@@ -32,7 +32,8 @@ struct StartupFacts {
   std::string data;          // the training source, described
   int64_t buckets = 0;       // data-parallel gradient buckets
   bool zero1 = false;
-  double peak_flops = 0;     // the job's measured (or given) peak, for MFU
+  double peak_flops = 0;     // the job's peak, for MFU (all ranks together)
+  std::string peak_source;   // where it came from (runner/device/peak.h)
   std::string precision;     // precision_line()
 };
 

@@ -18,13 +18,13 @@
 #include <spdlog/spdlog.h>
 
 #include "ops/backend.h"
-#include "ops/peak.h"
 #include "ops/rng.h"
 #include "runner/agree.h"
 #include "runner/checkpoint/resume.h"
 #include "runner/checkpoint/saver.h"
 #include "runner/run/run_dir.h"
 #include "runner/data/data.h"
+#include "runner/device/peak.h"
 #include "runner/observe/metrics.h"
 #include "runner/observe/profile.h"
 #include "runner/observe/step_timer.h"
@@ -162,21 +162,19 @@ class Trainer {
     measure_peaks();
     print_startup(*log, plan, grid,
                   {paths.run_dir, train_src->describe(), model->sync().bucket_count(), model->sync().zero1(),
-                   metrics->peak_flops(), precision_line(r.precision, scaler, st.scaler.scale, diagnose())});
+                   metrics->peak_flops(), metrics->peak_source(), precision_line(r.precision, scaler, st.scaler.scale, diagnose())});
     if (resumed_from >= 0) log->info("resumed from step {} ({})", resumed_from, ckpt->dir());
     for (const std::string& note : opts.resume_notes) log->info("{}", note);
     run_t0 = StepTimer::now();
   }
 
-  // MFU is against the peak of all ranks together; a profiled run also measures its roofline.
+  // MFU is against the peak of all ranks together (runner/device/peak.h: the recipe's, the
+  // device table's, or this CPU's, cached); a profiled run also measures its roofline.
   void measure_peaks() {
-    if (plan.peak_flops > 0) {
-      metrics->set_peak_flops(plan.peak_flops * grid.world_size());
-    } else {
-      double v = ops::measure_cpu_gemm_peak_flops();
-      grid.world().allreduce_sum(&v, 1);
-      metrics->set_peak_flops(v);
-    }
+    const MfuPeak pk = mfu_peak(r.hardware, r.precision.compute, ops::num_threads());
+    double v = pk.flops;
+    grid.world().allreduce_sum(&v, 1);
+    metrics->set_peak_flops(v, pk.kind, pk.source);
     tracer.measure_roofline(metrics->peak_flops());
   }
 
@@ -216,6 +214,7 @@ class Trainer {
                             : parse_profile(opts.profile, r.train.steps, {"--profile", 0, 0}, "--profile"));
       train_src = open_source(r.data, Split::Train, r.model.seq_len, r.model.vocab_size, seed());
       val_src = open_source(r.data, Split::Val, r.model.seq_len, r.model.vocab_size, seed());
+      check_peak_cache_env();
     });
   }
 

@@ -228,8 +228,8 @@ grep -q 'elastic: Slurm job [0-9]* has 1 task, the recipe.s layout 2: dp 2 -> 1,
 r=$("$PY" "$HERE/compare.py" close "$WORK/reference" "$WORK/elastic" 1e-5 2>&1) && log "elastic vs reference: $r" ||
   fail "elastic: $r"
 "$RUNNER" status "$WORK/preempt" | sed 's/^/  status: /'
-"$RUNNER" status "$WORK/preempt" --json | "$PY" -c "import json,sys; s=json.load(sys.stdin); assert len(s['restarts'])==$N_SIGNALS and s['state']=='done', s" ||
-  fail "runner status does not show $N_SIGNALS restarts and done"
+"$RUNNER" status "$WORK/preempt" --json | "$PY" -c "import json,sys; s=json.load(sys.stdin); assert len(s['restarts'])==$N_SIGNALS and s['state']=='finished', s" ||
+  fail "runner status does not show $N_SIGNALS restarts and finished"
 
 n=$(wc -l <"$WORK/failures" 2>/dev/null || echo 0)
 log "done: $n failure(s)"
