@@ -115,9 +115,10 @@ std::string gib(double bytes) {
 
 }  // namespace
 
-TEST_CASE("the quickstart: the breakdown adds up, monitor records every log interval, no alert") {
+TEST_CASE("the quickstart: the breakdown adds up, monitor records every monitor interval, no alert") {
   Run run = train("quickstart", 0, std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml",
-                  "--set train.steps=60 --set train.log_every=20 --set train.eval_every=0 --set train.threads=2");
+                  "--set train.steps=60 --set train.log_every=20 --set train.monitor_every=20 --set train.eval_every=0 "
+                  "--set train.threads=2");
   check_breakdown(run);
   CHECK(run.summary["breakdown_per_rank"].size() == 1);
   REQUIRE(run.monitors.size() == 3);  // steps 20, 40, 60 (step 1 has no interval yet)
@@ -141,7 +142,63 @@ TEST_CASE("the quickstart: the breakdown adds up, monitor records every log inte
     return std::string(std::istreambuf_iterator<char>(in), {});
   }();
   CHECK(log.find("step-time breakdown") != std::string::npos);
-  CHECK(log.find("monitor | step ms p50") != std::string::npos);
+  CHECK(log.find("monitor step 20 | step ms p50") != std::string::npos);
+  CHECK(log.find("monitor step 60 | step ms p50") != std::string::npos);
+}
+
+namespace {
+
+// Lines of `text` that contain `what`.
+int count_lines(const std::string& text, const std::string& what) {
+  std::istringstream in(text);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find(what) != std::string::npos;
+  return n;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_CASE("the monitor line at its own interval, not after every step line when log_every is small") {
+  // log_every 1: a step line per step, and (the default interval: log_every's multiple of at
+  // least 100 steps) the monitor only at the last step, not 30 times.
+  Run run = train("monitor_default", 0, layout_recipe(),
+                  "--set train.steps=30 --set train.log_every=1 --set train.eval_every=0");
+  const std::string log = slurp(kDir / "monitor_default" / "log.rank0.txt");
+  CHECK(count_lines(log, " | loss ") == 30);
+  CHECK(count_lines(log, "monitor step") == 1);
+  CHECK(count_lines(log, "monitor step 30 |") == 1);
+  REQUIRE(run.monitors.size() == 1);
+  CHECK(run.monitors[0]["step"] == 30);
+  // Its own interval: train.monitor_every 10 gives records and lines at 10, 20 and 30, each
+  // printed by the step line after it (its gather is complete by then), not an interval late.
+  run = train("monitor_10", 0, layout_recipe(),
+              "--set train.steps=30 --set train.log_every=1 --set train.monitor_every=10 --set train.eval_every=0");
+  REQUIRE(run.monitors.size() == 3);
+  for (int k = 0; k < 3; ++k) CHECK(run.monitors[static_cast<size_t>(k)]["step"] == 10 * (k + 1));
+  const std::string log10 = slurp(kDir / "monitor_10" / "log.rank0.txt");
+  CHECK(count_lines(log10, "monitor step") == 3);
+  const size_t m10 = log10.find("monitor step 10 |"), s11 = log10.find("step 11/30 |"), s12 = log10.find("step 12/30 |");
+  REQUIRE(m10 != std::string::npos);
+  CHECK(m10 > s11);
+  CHECK(m10 < s12);
+}
+
+TEST_CASE("no straggler alert on one rank: its own slow steps have no peer to be slower than") {
+  // The stall that makes rank 1 of two a straggler (below), on a one-rank run: P99 well over
+  // 1.5x P50, but no other rank and no other node to move to.
+  Run run = train("straggler_one", 0, layout_recipe(),
+                  "--set train.steps=110 --set train.log_every=110 --set train.eval_every=0 --set checkpoint.every_steps=1000",
+                  "RUNNER_DEBUG_STALL_RANK=0 RUNNER_DEBUG_STALL_EVERY=10 RUNNER_DEBUG_STALL_MS=300");
+  REQUIRE(!run.monitors.empty());
+  const auto& t = run.monitors.back()["step_ms"];
+  CHECK(t["p99"].get<double>() > 1.5 * t["p50"].get<double>());  // the tail a straggler alert would have seen
+  CHECK(run.count("straggler") == 0);
+  CHECK(run.r.out.find("straggler") == std::string::npos);
 }
 
 TEST_CASE("the breakdown adds up on dp2, tp2 and pp2, per rank, and names the slowest rank") {

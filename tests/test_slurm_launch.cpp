@@ -118,6 +118,7 @@ TEST_CASE("runner launch --slurm: --cpus-per-task from the node's CPUs and the r
   r = runner_cmd("launch " + kTiny + " --slurm --dry-run --set train.threads=0 --set parallel.dp=1 --set "
                  "hardware.devices_per_node=1 --node-cpus 48");
   CHECK(sbatch_value(r.out, "cpus-per-task") == "48");
+  CHECK(r.out.find("# Layout: 1 rank = dp 1 x tp 1 x pp 1,") != std::string::npos);  // not "1 ranks"
   // Without --node-cpus: this machine's CPUs over the ranks per node, never below 1.
   r = runner_cmd("launch " + kTiny + " --slurm --dry-run --set train.threads=0");
   REQUIRE(r.code == 0);

@@ -45,6 +45,9 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
+// "1 rank", "4 ranks".
+std::string ranks(int64_t n) { return fmt::format("{} rank{}", n, n == 1 ? "" : "s"); }
+
 std::string absolute(const std::string& p) { return fs::absolute(fs::path(p)).lexically_normal().string(); }
 
 std::string self_executable() {
@@ -103,9 +106,9 @@ Recipe fit_allocation(const Recipe& r, int64_t world, bool elastic, std::vector<
                                                      have == 1 ? "is" : "are");
   if (!elastic)
     throw UserError(r.loc("parallel"),
-                    fmt::format("this allocation {}: {}, but the recipe's layout needs {} ranks (dp {} x tp {} x pp {})",
+                    fmt::format("this allocation {}: {}, but the recipe's layout needs {} (dp {} x tp {} x pp {})",
                                 have < want.world ? "is too small for the recipe" : "does not match the recipe", where,
-                                want.world, want.dp, want.tp, want.pp),
+                                ranks(want.world), want.dp, want.tp, want.pp),
                     fmt::format("submit with --ntasks={} (`runner launch RECIPE --slurm` writes that), or continue at "
                                 "this size with the same global batch: `runner train --elastic` or train.elastic: true",
                                 want.world));
@@ -119,7 +122,7 @@ Recipe fit_allocation(const Recipe& r, int64_t world, bool elastic, std::vector<
   try {
     got = make_plan(e, have);
   } catch (const UserError& err) {
-    throw UserError(err.loc(), fmt::format("elastic continuation: {}, the recipe's layout {} ranks: {}", where, want.world,
+    throw UserError(err.loc(), fmt::format("elastic continuation: {}, the recipe's layout {}: {}", where, ranks(want.world),
                                            err.problem()),
                     fmt::format("run on a number of ranks for which the global batch {} divides into micro {} x dp x "
                                 "accum (and tp x pp divides the ranks); {}", want.global, want.micro, err.fix()));
@@ -127,7 +130,7 @@ Recipe fit_allocation(const Recipe& r, int64_t world, bool elastic, std::vector<
   e.parallel.dp = got.dp;  // explicit: a process started by hand (world 0) plans this layout too
   if (notes)
     notes->push_back(fmt::format("elastic: {}, the recipe's layout {}: dp {} -> {}, accum {} -> {}, global batch {} kept "
-                                 "(micro {})", where, want.world, want.dp, got.dp, want.accum, got.accum, got.global,
+                                 "(micro {})", where, ranks(want.world), want.dp, got.dp, want.accum, got.accum, got.global,
                                  got.micro));
   return e;
 }
@@ -159,6 +162,7 @@ std::string slurm_script(const Plan& p, const SlurmLaunchOptions& o) {
       {"RUN_DIR", run_dir},
       {"RUNNER", shell_quote(o.runner_binary.empty() ? self_executable() : o.runner_binary)},
       {"WORLD", std::to_string(p.world)},
+      {"RANKS", ranks(p.world)},
       {"DP", std::to_string(p.dp)},
       {"TP", std::to_string(p.tp)},
       {"PP", std::to_string(p.pp)},
@@ -229,7 +233,7 @@ int launch_slurm(SlurmLaunchOptions o, const std::string& template_path, const s
   }
   fs::permissions(path, fs::perms::owner_exec | fs::perms::group_exec | fs::perms::others_exec, fs::perm_options::add);
   if (!submit) {
-    std::cout << fmt::format("wrote {} ({} ranks on {} node(s)); submit it with `sbatch {}`\n", path.string(), p.world,
+    std::cout << fmt::format("wrote {} ({} on {} node(s)); submit it with `sbatch {}`\n", path.string(), ranks(p.world),
                              (p.world + std::max<int64_t>(1, std::min(r.hardware.devices_per_node, p.world)) - 1) /
                                  std::max<int64_t>(1, std::min(r.hardware.devices_per_node, p.world)),
                              path.string());

@@ -278,8 +278,8 @@ std::string run_status(const std::string& run_dir) {
       for (const auto& n : r["notes"]) o << "       " << n.get<std::string>() << "\n";
   }
   if (s.contains("eta_s"))
-    o << fmt::format("eta         {} ({} steps left at {:.3f} s per step, the mean of the last steps)\n",
-                     age(s["eta_s"].get<double>()), total - last, s["step_s"].get<double>());
+    o << fmt::format("eta         {} ({} step{} left at {:.3f} s per step, the mean of the last steps)\n",
+                     age(s["eta_s"].get<double>()), total - last, total - last == 1 ? "" : "s", s["step_s"].get<double>());
   else if (s["state"] == "running")
     o << "eta         unknown (no steps recorded yet)\n";
   else

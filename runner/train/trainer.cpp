@@ -50,8 +50,8 @@ void check_supported(const Plan& p, int64_t grid_world) {
   const Recipe& r = p.recipe;
   if (p.world != grid_world)
     throw UserError(r.loc("parallel"),
-                    fmt::format("this recipe's layout needs {} ranks (dp {} x tp {} x pp {}), but {} {} running", p.world,
-                                p.dp, p.tp, p.pp, grid_world, grid_world == 1 ? "process is" : "processes are"),
+                    fmt::format("this recipe's layout needs {} rank{} (dp {} x tp {} x pp {}), but {} {} running", p.world,
+                                p.world == 1 ? "" : "s", p.dp, p.tp, p.pp, grid_world, grid_world == 1 ? "process is" : "processes are"),
                     fmt::format("launch it with `mpirun -np {} runner train ...` (or `srun -n {}`), or set the parallel "
                                 "degrees for {} rank{}", p.world, p.world, grid_world, grid_world == 1 ? "" : "s"));
 }
