@@ -254,3 +254,28 @@ TEST_CASE("runner plan and the start-up banner say which GEMM path each format t
   CHECK(r.out.find("  MFU        against 100.0 GFLOP/s: hardware.peak_tflops 0.1 TFLOP/s per device, from the recipe") !=
         std::string::npos);
 }
+
+TEST_CASE("a job that resumed says which steps it trained in its wall time; status calls the killed job crashed") {
+  const fs::path dir = temp_dir("resumed"), run = dir / "run";
+  const fs::path recipe = test_support::write_layout_recipe(dir);  // 10 steps, a checkpoint every 5
+  const std::string args = "train " + recipe.string() + " --set train.eval_every=0 --set hardware.peak_tflops=0.1 --run-dir " +
+                           run.string();
+  // The first job dies in step 7 (a crashed kernel, a lost node): no stop record.
+  test_support::Result r = test_support::sh("RUNNER_FAULT_FAIL_RANK=0 RUNNER_FAULT_FAIL_STEP=7 " + test_support::binary() +
+                                            " " + args + " --quiet");
+  REQUIRE(r.code != 0);
+  r = test_support::runner_cmd("status " + run.string());
+  INFO(r.out);
+  CHECK(r.out.find("state       crashed: its owner") != std::string::npos);
+  CHECK(r.out.find("continue from step 5 with `runner resume " + run.string() + "`") != std::string::npos);
+  CHECK(r.out.find("eta         none (not running)") != std::string::npos);
+  // The second job continues from step 5 and trains 6-10: its summary says so.
+  r = test_support::runner_cmd(args);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("done: 10 steps (6-10 in this job) in ") != std::string::npos);
+  for (const auto& j : test_support::metrics_records(run))
+    if (j.contains("summary")) CHECK(j["resumed_from"] == 5);
+  r = test_support::runner_cmd("status " + run.string());
+  CHECK(r.out.find("state       finished\n") != std::string::npos);
+}

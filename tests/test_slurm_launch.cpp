@@ -336,6 +336,23 @@ TEST_CASE("runner status: step, checkpoint, restarts and their causes, Slurm job
   CHECK(r.out.find("eta         none (not running)") != std::string::npos);
   CHECK(r.out.find("running or killed") == std::string::npos);
   {
+    // A dead owner on this host left its line in the lock file: crashed, and named.
+    char host[256] = {0};
+    REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+    std::ofstream(run / "runner.lock") << "host " << host << " pid 999999 since 2026-01-01T00:00:00Z\n";
+    r = runner_cmd("status " + run.string());
+    CHECK(r.out.find(std::string("state       crashed: its owner (host ") + host + " pid 999999") != std::string::npos);
+    // An owner on another host, its lock free from here but a step recorded just now: a
+    // network file system may hide its lock, so the state is unknown, not crashed.
+    std::ofstream(run / "runner.lock") << "host node-elsewhere pid 4242 since 2026-01-01T00:00:00Z\n";
+    r = runner_cmd("status " + run.string() + " --json");
+    s = nlohmann::json::parse(r.out);
+    CHECK(s["state"] == "unknown");
+    CHECK(s["state_detail"].get<std::string>().find("Run `runner status` on node-elsewhere") != std::string::npos);
+    CHECK(!s.contains("eta_s"));
+    std::ofstream(run / "runner.lock", std::ios::trunc);
+  }
+  {
     // A live owner holds the lock: running, named, with an ETA from the last steps.
     RunLock owner(run.string());
     r = runner_cmd("status " + run.string() + " --json");

@@ -59,6 +59,7 @@ RunMetrics::RunMetrics(const Plan& plan, parallel::Grid& grid, std::shared_ptr<s
     : plan_(plan), grid_(grid), log_(std::move(log)) {}
 
 void RunMetrics::open(const std::string& run_dir, int64_t resumed_from) {
+  resumed_from_ = resumed_from;
   if (grid_.rank() != 0) return;
   const fs::path path = fs::path(run_dir) / "metrics.jsonl";
   // A resumed run keeps the records up to its checkpoint; a run that starts from step 0 (a
@@ -282,7 +283,11 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
   const double avg_ms = mean_step_ms();
   double tps = avg_ms > 0 ? plan_.tokens_per_step / (avg_ms / 1e3) : 0;
   const double mfu = plan_.flops_per_token * tps / std::max(1.0, peak_flops_);
-  log_->info("done: {} steps in {} | {} tok/s | MFU {:.0f}% | final val loss {:.4f}{}", steps, human_duration(wall_s),
+  // A resumed job trained only the steps after its checkpoint, in the wall time it reports.
+  const std::string done = resumed_from_ > 0 && resumed_from_ < steps
+                               ? fmt::format("{} steps ({}-{} in this job)", steps, resumed_from_ + 1, steps)
+                               : fmt::format("{} steps", steps);
+  log_->info("done: {} in {} | {} tok/s | MFU {:.0f}% | final val loss {:.4f}{}", done, human_duration(wall_s),
              human_count(tps), 100 * mfu, e.loss, e.accuracy >= 0 ? fmt::format(" | accuracy {:.1f}%", 100 * e.accuracy) : "");
   mfu_line(mfu);
   if (scaler_active_)
@@ -295,6 +300,7 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
                    {"ledger", ledger}, {"top_ops", ops_json},       {"peak_flops", peak_flops_},
                    {"mfu", mfu},       {"peak_kind", peak_kind_},   {"peak_source", peak_source_}};
   if (e.accuracy >= 0) j["accuracy"] = e.accuracy;
+  if (resumed_from_ > 0) j["resumed_from"] = resumed_from_;  // wall_s is this job's, from there
   if (scaler_active_) j["loss_scale"] = {{"final", scaler_.scale}, {"skipped_steps", scaler_.skipped_steps}};
   if (last_range_) j["scale_conflict"] = last_range_->conflict();
   j["layout"] = {{"world", grid_.world_size()}, {"dp", plan_.dp}, {"tp", plan_.tp}, {"pp", plan_.pp},

@@ -151,6 +151,7 @@ class RunMetrics {
   std::shared_ptr<spdlog::logger> log_;
   std::ofstream file_;
   double peak_flops_ = 0;
+  int64_t resumed_from_ = -1;  // the step this job resumed from (-1: it started the run)
   std::string peak_kind_, peak_source_;
   std::array<size_t, ops::kAccounts> measured_peak_{};
   double sum_ms_ = 0;

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -72,7 +73,20 @@ std::string cause_of(const nlohmann::json* end) {
 struct LockProbe {
   bool exists = false, held = false;
   std::string owner;
+  std::string unsure;  // why the lock could not be tested here (a file system without flock), else empty
 };
+
+// The host of an owner line "host H pid P ...", else empty.
+std::string owner_host(const std::string& owner) {
+  if (owner.rfind("host ", 0) != 0) return "";
+  const size_t end = owner.find(' ', 5);
+  return owner.substr(5, end == std::string::npos ? std::string::npos : end - 5);
+}
+
+std::string this_host() {
+  char host[256] = {0};
+  return ::gethostname(host, sizeof host - 1) == 0 ? host : "";
+}
 
 LockProbe probe_lock(const fs::path& dir) {
   LockProbe p;
@@ -83,7 +97,10 @@ LockProbe probe_lock(const fs::path& dir) {
   const ssize_t n = ::read(fd, buf, sizeof buf - 1);
   if (n > 0) p.owner.assign(buf, static_cast<size_t>(n));
   while (!p.owner.empty() && (p.owner.back() == '\n' || p.owner.back() == '\r')) p.owner.pop_back();
-  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) p.held = errno == EWOULDBLOCK;
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    p.held = errno == EWOULDBLOCK;
+    if (!p.held) p.unsure = std::strerror(errno);
+  }
   ::close(fd);  // drops the shared lock, if taken
   return p;
 }
@@ -175,7 +192,9 @@ nlohmann::json status_events(const fs::path& dir, nlohmann::json& s, bool& start
 }
 
 // The state: "running" while the lock is held; else the last job's end record says
-// "finished" or "stopped" (a signal at a checkpoint, or an error); else "crashed". `detail`
+// "finished" or "stopped" (a signal at a checkpoint, or an error); else "crashed" ("unknown"
+// when the owner ran on another host and wrote a step in the last 10 minutes, or the lock
+// cannot be tested on this file system). `detail`
 // is the sentence `runner status` prints after it.
 void status_state(const fs::path& dir, nlohmann::json& s, const LockProbe& lock, bool summary, bool started,
                   const nlohmann::json& end) {
@@ -194,6 +213,17 @@ void status_state(const fs::path& dir, nlohmann::json& s, const LockProbe& lock,
     detail = cause_of(&end) + "; " + from;
   } else if (summary && !started) {
     state = "finished";  // a run directory from before events.jsonl
+  } else if (const std::string host = owner_host(lock.owner);
+             !host.empty() && (!lock.unsure.empty() || (host != this_host() && s.value("last_step_age_s", 1e9) < 600))) {
+    // The owner ran elsewhere and its lock looks free from here, but a network file system may
+    // not show another client's lock (or none can be tested): recent records may be a live run.
+    state = "unknown";
+    detail = fmt::format("the owner ({}) left no stop record, and {}; the last step was recorded {} ago. Run `runner "
+                         "status` on {} to know, or treat it as crashed: {}",
+                         lock.owner,
+                         lock.unsure.empty() ? "its lock on this file system may not be visible from " + this_host()
+                                             : "the lock cannot be tested here (" + lock.unsure + ")",
+                         age(s.value("last_step_age_s", 0.0)), host, from);
   } else {
     state = "crashed";
     detail = fmt::format("{} is gone without a stop record (SIGKILL, a crash, a node loss or a time limit without "
