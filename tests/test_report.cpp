@@ -35,13 +35,15 @@ int count(const std::string& hay, const std::string& needle) {
   return n;
 }
 
-// The quickstart, 12 steps, operators profiled on steps 4 to 8 (made once).
+// The quickstart, 12 steps, operators profiled on steps 4 to 8, a monitor record every 4 steps
+// (made once).
 const fs::path& profiled_run() {
   static fs::path dir = [] {
     fs::path d = kDir / "profiled";
     std::string cmd = std::string("OMP_NUM_THREADS=1 timeout 300 ") + RUNNER_BINARY + " train " + RUNNER_TEST_DIR +
                       "/../recipes/quickstart.yaml --quiet --run-dir " + d.string() +
-                      " --set train.steps=12 --set train.log_every=4 --set train.eval_every=6 --profile 4:8";
+                      " --set train.steps=12 --set train.log_every=4 --set train.monitor_every=4 --set train.eval_every=6 "
+                      "--profile 4:8";
     Result r = sh(cmd);
     INFO(cmd << "\n" << r.out);
     REQUIRE(r.code == 0);

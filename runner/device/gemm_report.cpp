@@ -50,8 +50,11 @@ std::string slower_warning(const std::string& name, const ops::GemmChoice& c) {
 
 GemmReport gemm_report(FloatFormat compute) {
   GemmReport g;
-  g.lines.push_back("fp32: fp32-sgemm (OpenBLAS sgemm on fp32 operands)");
-  if (compute == FloatFormat::fp32) return g;
+  const std::string fp32 = "fp32: fp32-sgemm (OpenBLAS sgemm on fp32 operands)";
+  if (compute == FloatFormat::fp32) {
+    g.lines.push_back(fp32);
+    return g;
+  }
   const ops::GemmPaths& p = ops::gemm_paths();
   const ops::GemmChoice& c = p.of(compute == FloatFormat::bf16 ? ops::DType::BF16 : ops::DType::F16);
   const std::string name = to_string(compute);
@@ -65,6 +68,7 @@ GemmReport gemm_report(FloatFormat compute) {
     line += fmt::format(" (operands widened to fp32, then OpenBLAS sgemm{})", why);
   }
   g.lines.push_back(line + measured(c, p));
+  g.lines.push_back(fp32);  // what the run's format is compared with
   g.warning = slower_warning(name, c);
   return g;
 }

@@ -15,7 +15,8 @@
 namespace runner {
 
 struct GemmReport {
-  // "fp32: OpenBLAS sgemm", "bf16: onednn-bf16, oneDNN brg:avx512_core_amx_bf16 (AMX) ..."
+  // The run's format first, then fp32 when that is another: "bf16: onednn-bf16 (oneDNN's bf16
+  // matmul, kernel brg:avx512_core_amx_bf16: AMX) | measured ...", "fp32: fp32-sgemm (...)".
   std::vector<std::string> lines;
   std::string warning;  // empty: 16-bit compute is not known slower than fp32 here
 };

@@ -194,8 +194,7 @@ nlohmann::json status_events(const fs::path& dir, nlohmann::json& s, bool& start
 // The state: "running" while the lock is held; else the last job's end record says
 // "finished" or "stopped" (a signal at a checkpoint, or an error); else "crashed" ("unknown"
 // when the owner ran on another host and wrote a step in the last 10 minutes, or the lock
-// cannot be tested on this file system). `detail`
-// is the sentence `runner status` prints after it.
+// cannot be tested on this file system). "state_detail" is what `runner status` prints after it.
 void status_state(const fs::path& dir, nlohmann::json& s, const LockProbe& lock, bool summary, bool started,
                   const nlohmann::json& end) {
   std::string state, detail;

@@ -51,7 +51,7 @@ void print_gemm_paths(spdlog::logger& log, FloatFormat compute) {
   const GemmReport g = gemm_report(compute);
   for (size_t i = 0; i < g.lines.size(); ++i)
     log.info("  {}{}{}", i == 0 ? "GEMM       " : "             ", g.lines[i],
-             i + 1 == g.lines.size() && compute != FloatFormat::fp32 ? " (recorded in gemm_paths.json)" : "");
+             i == 0 && compute != FloatFormat::fp32 ? " (recorded in gemm_paths.json)" : "");
   if (!g.warning.empty()) log.warn("  {}", g.warning);
 }
 
