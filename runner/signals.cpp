@@ -14,6 +14,7 @@ namespace {
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
 std::atomic<int> g_count{0};
+std::atomic<bool> g_data_prepare{false};  // StopWork::data_prepare: the first message says so
 static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
               "signal handlers need lock-free atomics");
 
@@ -22,16 +23,35 @@ void write_stderr(const char* s) {
   (void)r;
 }
 
+// Fixed strings only: a handler may not format.
+const char* first_message(int sig) {
+  if (g_data_prepare.load())
+    return sig == SIGINT ? "\nrunner: Ctrl-C (SIGINT): stopping; no output file is written. Press Ctrl-C again to exit at once\n"
+                         : "runner: stop signal: stopping; no output file is written. Signal again to exit at once\n";
+  switch (sig) {
+    case SIGINT:
+      return "\nrunner: Ctrl-C (SIGINT): finishing the step, then writing a checkpoint and exiting (code 3); "
+             "`runner resume RUN_DIR` continues. Press Ctrl-C again to exit at once without one\n";
+    case SIGUSR1:
+      return "runner: SIGUSR1: finishing the step, then writing a checkpoint; signal again to exit at once\n";
+    default:
+      return "runner: SIGTERM: finishing the step, then writing a checkpoint; signal again to exit at once\n";
+  }
+}
+
 extern "C" void on_stop_signal(int sig) {
   int saved_errno = errno;
   if (g_count.fetch_add(1) > 0) {
-    write_stderr("runner: second signal: exiting now (the last published checkpoint stays valid)\n");
-    ::_exit(kExitSignalAbort);
+    // 128 + the signal, as a shell reports a process the signal ended (130 for Ctrl-C twice).
+    write_stderr(sig == SIGINT ? "\nrunner: second Ctrl-C (SIGINT): exiting now, without a checkpoint at this step "
+                                 "(the last published checkpoint stays valid)\n"
+                               : "runner: second signal: exiting now, without a checkpoint at this step (the last "
+                                 "published checkpoint stays valid)\n");
+    ::_exit(128 + sig);
   }
   g_signal.store(sig);
   g_stop.store(true);
-  write_stderr(sig == SIGUSR1 ? "runner: SIGUSR1: finishing the step, then writing a checkpoint; signal again to exit at once\n"
-                              : "runner: SIGTERM: finishing the step, then writing a checkpoint; signal again to exit at once\n");
+  write_stderr(first_message(sig));
   errno = saved_errno;
 }
 
@@ -46,18 +66,29 @@ void set_handler(int sig, void (*fn)(int)) {
 
 }  // namespace
 
-void install_signal_handlers() {
+void install_signal_handlers(StopWork work) {
+  g_data_prepare.store(work == StopWork::data_prepare);
   set_handler(SIGTERM, on_stop_signal);
   set_handler(SIGUSR1, on_stop_signal);
+  set_handler(SIGINT, on_stop_signal);
 }
 
 void uninstall_signal_handlers() {
   set_handler(SIGTERM, SIG_DFL);
   set_handler(SIGUSR1, SIG_DFL);
+  set_handler(SIGINT, SIG_DFL);
 }
 
 bool stop_requested() { return g_stop.load(std::memory_order_relaxed); }
 int stop_signal() { return g_signal.load(); }
+const char* stop_signal_name() {
+  switch (g_signal.load()) {
+    case SIGINT: return "SIGINT (Ctrl-C)";
+    case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1";
+    default: return "a stop request";
+  }
+}
 const std::atomic<bool>& stop_flag() { return g_stop; }
 
 void request_stop_for_test() {

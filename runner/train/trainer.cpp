@@ -8,13 +8,17 @@
 // (docs/invariants.md, invariant 6), and every rank agrees on such an error before any rank stops.
 #include "runner/train/train.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "ops/backend.h"
@@ -29,6 +33,7 @@
 #include "runner/observe/profile.h"
 #include "runner/observe/step_timer.h"
 #include "runner/observe/trace.h"
+#include "runner/run/recipe_history.h"
 #include "runner/run/run_lock.h"
 #include "runner/run/slurm.h"
 #include "runner/signals.h"
@@ -62,7 +67,7 @@ class Trainer {
       : plan(p), r(p.recipe), opts(std::move(o)), grid(g), be(b) {}
 
   int run() {
-    start();
+    if (!start()) return 0;  // a finished run: said so, changed nothing
     const int64_t total = r.train.steps;
     while (st.step < total) {
       if (stop_agreed()) return preempt();
@@ -132,18 +137,23 @@ class Trainer {
   // evaluations' share is kept apart and taken out.
   std::vector<ops::OpProfile> eval_ops;
   std::optional<RunLock> lock;  // rank 0: this run owns its directory until the Trainer ends
+  std::optional<ResumePoint> point;  // the checkpoint this job continues from (none: step 0)
+  std::vector<RecipeChange> changes;  // rank 0: the fields that differ from RUN_DIR/recipe.yaml
 
   bool lead() const { return grid.rank() == 0; }
   uint64_t seed() const { return static_cast<uint64_t>(r.train.seed); }
   bool diagnose() const { return r.precision.diagnostics || opts.diagnose_precision; }
 
   // Everything before the first step: inputs checked, the run directory taken, the state built
-  // or resumed, the run files written, the peaks measured, the banner printed.
-  void start() {
+  // or resumed, the run files written, the peaks measured, the banner printed. False: the run
+  // is finished and nothing was written (finished()).
+  bool start() {
     install_signal_handlers();
     open_inputs();
     paths = run_paths(r, opts.run_dir);
     take_run_lock();
+    choose_point();
+    if (finished()) return false;
     choose_threads(r);
     build();
     log = open_run_log(paths.run_dir, grid, !opts.quiet && lead());
@@ -152,10 +162,11 @@ class Trainer {
     rollback = std::make_unique<Rollback>(r.checkpoint, *loader, *metrics, log);
     if (lock && !lock->took_over().empty())
       log->warn("took over the lock of a previous owner that is gone ({}): {}", lock->took_over(), lock->path());
+    say_recipe_changes();  // before the load, which refuses the changes a checkpoint cannot take
     maybe_resume();
     ckpt->remove_stale_files();
     tracer.resumed_at(resumed_from);
-    if (lead()) write_run_files(plan, paths.run_dir);
+    if (lead()) write_run_files_keeping_history();
     metrics->open(paths.run_dir, resumed_from);
     // Each start and stop of a job on this run directory (runner status reads them).
     if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
@@ -166,6 +177,70 @@ class Trainer {
     if (resumed_from >= 0) log->info("resumed from step {} ({})", resumed_from, ckpt->dir());
     for (const std::string& note : opts.resume_notes) log->info("{}", note);
     run_t0 = StepTimer::now();
+    return true;
+  }
+
+  // The checkpoint to continue from, chosen once before anything is built: `runner resume`
+  // chose it to read its recipe; otherwise the run directory's newest one that verifies.
+  void choose_point() {
+    point = opts.resume_point;
+    if (!point) agree(grid.world(), [&] { point = choose_resume_point(paths.checkpoint_dir, opts.resume_step, opts.strict); });
+  }
+
+  // A run whose checkpoint is at (or past) train.steps has nothing to train: continuing would
+  // only evaluate again and overwrite its summary with one of no steps. Rank 0 says so and how
+  // to extend it; nothing in the run directory is written.
+  bool finished() const {
+    if (!point || point->step < r.train.steps) return false;
+    if (!lead()) return true;
+    const int64_t more = std::max<int64_t>(2 * point->step, point->step + 1);
+    fmt::print("{}: the run is finished: its last checkpoint is step {}{} ({}); nothing to do, nothing was changed.\n",
+               paths.run_dir, point->step,
+               point->step == r.train.steps ? fmt::format(" of train.steps {}", r.train.steps)
+                                            : fmt::format(", past train.steps {}", r.train.steps),
+               point->path);
+    if (!run_has_summary(paths.run_dir))
+      fmt::print("  (the job that reached it stopped before its final evaluation and summary; the step records are in "
+                 "{}/metrics.jsonl)\n", paths.run_dir);
+    fmt::print("  to train it further, raise train.steps: `runner resume {} --set train.steps={}`{}\n", paths.run_dir,
+               more, r.optimizer.schedule.kind == LrSchedule::constant
+                         ? std::string()
+                         : fmt::format(" (the {} schedule then decays over the new total)",
+                                       to_string(r.optimizer.schedule.kind)));
+    std::fflush(stdout);
+    return true;
+  }
+
+  // Rank 0: a recipe other than the one this run directory last ran with is logged field by
+  // field before the checkpoint is loaded (so a change it refuses is seen with its cause).
+  void say_recipe_changes() {
+    if (!lead()) return;
+    const std::string before = stored_recipe_text(paths.run_dir);
+    if (before.empty()) return;
+    changes = recipe_changes(before, resolved_recipe_yaml(plan));
+    if (changes.empty()) return;
+    log->warn("the recipe differs from the one this run directory last ran with ({}/recipe.yaml): {} field{} changed",
+              paths.run_dir, changes.size(), changes.size() == 1 ? "" : "s");
+    for (const RecipeChange& c : changes) log->warn("  {}", describe_change(c));
+  }
+
+  // Rank 0: the run files, after the earlier recipe is kept as recipe.N.yaml when it changed;
+  // the change goes to events.jsonl and the start record's notes (runner status shows them).
+  void write_run_files_keeping_history() {
+    if (!changes.empty()) {
+      const std::string kept = keep_earlier_recipe(paths.run_dir);
+      nlohmann::json list = nlohmann::json::array();
+      std::vector<std::string> said;
+      for (const RecipeChange& c : changes) {
+        list.push_back({{"field", c.field}, {"was", c.was}, {"now", c.now}});
+        said.push_back(describe_change(c));
+      }
+      append_run_event(paths.run_dir, {{"event", "recipe_changed"}, {"step", std::max<int64_t>(resumed_from, 0)},
+                                       {"changes", list}, {"earlier", kept}});
+      opts.resume_notes.push_back(fmt::format("continuing with a changed recipe ({}); the earlier one is kept as {}/{}",
+                                              fmt::join(said, ", "), paths.run_dir, kept));
+    }
+    write_run_files(plan, paths.run_dir);
   }
 
   // MFU is against the peak of all ranks together; a profiled run also measures its roofline.
@@ -228,11 +303,9 @@ class Trainer {
   }
 
   // Resumes from the run directory's checkpoints when there are any (a requeued job runs the
-  // same command line), from the one the resume chooser chose (`runner resume` chose it before
-  // planning). Loading writes nothing; a checkpoint that does not verify is skipped unless strict.
+  // same command line), from the one choose_point() took. Loading writes nothing; a checkpoint
+  // that does not verify was skipped unless strict.
   void maybe_resume() {
-    std::optional<ResumePoint> point = opts.resume_point;
-    if (!point) agree(grid.world(), [&] { point = choose_resume_point(ckpt->dir(), opts.resume_step, opts.strict, log); });
     if (!point) {
       if (opts.resume) ckpt->remove_stale_files();  // a run killed before its first checkpoint left its temporary file
       if (opts.resume) throw UserError({ckpt->dir(), 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
@@ -240,6 +313,9 @@ class Trainer {
     }
     for (const std::string& why : point->skipped) log->warn("{}", why);
     resumed_from = load_resume_point(*point, plan, grid, st, log);
+    // The load copied the checkpoint's recipe; this job's checkpoints carry this job's recipe,
+    // or a later `runner resume` would quietly go back to the old learning rate, steps or layout.
+    st.recipe_yaml = resolved_recipe_yaml(plan);
     ckpt->resumed_at(resumed_from);
     st.omp_threads = ops::num_threads();  // a single-rank load copies the checkpoint's scalars
     if (st.loaded_omp_threads > 0 && st.loaded_omp_threads != st.omp_threads)
@@ -418,11 +494,14 @@ class Trainer {
 
   // A signal asked us to stop: checkpoint at this step boundary and exit with kExitPreempted.
   int preempt() {
-    log->warn("signal {} received: writing a checkpoint at step {} and exiting (code {})", stop_signal(), st.step,
+    log->warn("{} received: writing a checkpoint at step {} and exiting (code {})", stop_signal_name(), st.step,
               kExitPreempted);
     ckpt->save(st, true);
     metrics->flush_monitor();
     end_event("preempted", kExitPreempted);
+    if (lead())
+      log->info("stopped at step {} of {} with a checkpoint; continue with `runner resume {}`", st.step, r.train.steps,
+                paths.run_dir);
     return kExitPreempted;
   }
 

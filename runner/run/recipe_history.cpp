@@ -1,0 +1,103 @@
+// The recipes of a run directory and whether its run is done (see recipe_history.h).
+#include "runner/run/recipe_history.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "runner/errors.h"
+
+namespace fs = std::filesystem;
+
+namespace runner {
+
+namespace {
+
+// Dotted key -> the value as YAML writes it (a list as "[a, b]"), in document order.
+void flatten(const YAML::Node& n, const std::string& prefix, std::vector<std::pair<std::string, std::string>>& out) {
+  if (n.IsMap()) {
+    for (const auto& kv : n) {
+      const std::string key = kv.first.as<std::string>();
+      flatten(kv.second, prefix.empty() ? key : prefix + "." + key, out);
+    }
+    return;
+  }
+  YAML::Emitter e;
+  e.SetSeqFormat(YAML::Flow);
+  e.SetMapFormat(YAML::Flow);
+  e << n;
+  out.emplace_back(prefix, n.IsNull() ? std::string("null") : std::string(e.c_str()));
+}
+
+std::vector<std::pair<std::string, std::string>> fields_of(const std::string& yaml) {
+  std::vector<std::pair<std::string, std::string>> out;
+  try {
+    flatten(YAML::Load(yaml), "", out);
+  } catch (const YAML::Exception&) {
+    out.clear();
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<RecipeChange> recipe_changes(const std::string& before_yaml, const std::string& after_yaml) {
+  const auto before = fields_of(before_yaml), after = fields_of(after_yaml);
+  std::map<std::string, std::string> was(before.begin(), before.end()), now(after.begin(), after.end());
+  std::vector<RecipeChange> out;
+  for (const auto& [k, v] : after) {
+    auto it = was.find(k);
+    if (it == was.end()) out.push_back({k, "(unset)", v});
+    else if (it->second != v) out.push_back({k, it->second, v});
+  }
+  for (const auto& [k, v] : before)
+    if (!now.count(k)) out.push_back({k, v, "(unset)"});
+  return out;
+}
+
+std::string describe_change(const RecipeChange& c) { return fmt::format("{} {} -> {}", c.field, c.was, c.now); }
+
+std::string stored_recipe_text(const std::string& run_dir) {
+  std::ifstream in(fs::path(run_dir) / "recipe.yaml", std::ios::binary);
+  if (!in) return "";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string keep_earlier_recipe(const std::string& run_dir) {
+  const fs::path dir(run_dir), current = dir / "recipe.yaml";
+  std::error_code ec;
+  if (!fs::exists(current, ec)) return "";
+  for (int n = 1;; ++n) {
+    const std::string name = fmt::format("recipe.{}.yaml", n);
+    if (fs::exists(dir / name, ec)) continue;
+    fs::copy_file(current, dir / name, ec);
+    if (ec)
+      throw UserError({(dir / name).string(), 0, 0}, fmt::format("cannot keep the earlier recipe: {}", ec.message()),
+                      "check the run directory's permissions and free space");
+    return name;
+  }
+}
+
+bool run_has_summary(const std::string& run_dir) {
+  // A job that continues a run drops the summary of the one before (RunMetrics::open), so a
+  // summary in the file is the last job's: it finished.
+  std::ifstream in(fs::path(run_dir) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"summary\"") == std::string::npos) continue;
+    try {
+      if (nlohmann::json::parse(line).value("summary", false)) return true;
+    } catch (const nlohmann::json::exception&) {
+      // a line torn by a kill
+    }
+  }
+  return false;
+}
+
+}  // namespace runner
