@@ -219,9 +219,15 @@ class Trainer {
     if (before.empty()) return;
     changes = recipe_changes(before, resolved_recipe_yaml(plan));
     if (changes.empty()) return;
-    log->warn("the recipe differs from the one this run directory last ran with ({}/recipe.yaml): {} field{} changed",
-              paths.run_dir, changes.size(), changes.size() == 1 ? "" : "s");
+    const std::string head = fmt::format("the recipe differs from the one this run directory last ran with "
+                                         "({}/recipe.yaml): {} field{} changed", paths.run_dir, changes.size(),
+                                         changes.size() == 1 ? "" : "s");
+    log->warn("{}", head);
     for (const RecipeChange& c : changes) log->warn("  {}", describe_change(c));
+    if (!opts.quiet) return;
+    // --quiet keeps progress off the console, not this: stderr hears it all the same.
+    fmt::print(stderr, "{}\n", head);
+    for (const RecipeChange& c : changes) fmt::print(stderr, "  {}\n", describe_change(c));
   }
 
   // Rank 0: the run files, after the earlier recipe is kept as recipe.N.yaml when it changed;
