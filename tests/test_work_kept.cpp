@@ -144,6 +144,36 @@ TEST_CASE("a finished run: resume and train say it is done and how to extend it,
   CHECK(summary["tokens_per_s"].get<double>() > 0);
 }
 
+TEST_CASE("a run stopped in its final evaluation: resume runs that evaluation, writes no summary of no steps, then is done") {
+  const fs::path run = fresh("final_eval") / "run";
+  REQUIRE(cli(tiny(run, 10, 5)).code == 0);
+  // As a signal during the final evaluation leaves it: the checkpoint of step 10, the step
+  // records, no final evaluation and no summary.
+  std::string kept;
+  for (const auto& j : test_support::metrics_records(run))
+    if (!j.contains("summary") && !j.contains("eval")) kept += j.dump() + "\n";
+  std::ofstream(run / "metrics.jsonl") << kept;
+  const auto ckpts = test_support::tree_bytes(run / "checkpoints");
+
+  const Result r = cli("resume " + run.string());
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(has(r.out, "running the final evaluation the last job did not finish"));
+  const auto records = test_support::metrics_records(run);
+  REQUIRE(!records.empty());
+  CHECK(records.back().value("eval", false));
+  CHECK(records.back()["step"] == 10);
+  for (const auto& j : records) CHECK_FALSE(j.contains("summary"));
+  CHECK(test_support::tree_bytes(run / "checkpoints") == ckpts);
+
+  const auto before = test_support::tree_bytes(run);
+  const Result again = cli("resume " + run.string());
+  INFO(again.out);
+  CHECK(again.code == 0);
+  CHECK(has(again.out, "the run is finished"));
+  CHECK(test_support::tree_bytes(run) == before);
+}
+
 TEST_CASE("relative recipe paths: inputs beside the recipe, outputs and --set in the working directory, stored absolute") {
   const fs::path dir = fresh("paths"), proj = dir / "proj", elsewhere = dir / "elsewhere", third = dir / "third";
   fs::create_directories(proj / "data");

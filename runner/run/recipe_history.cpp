@@ -85,14 +85,13 @@ std::string keep_earlier_recipe(const std::string& run_dir) {
   }
 }
 
-bool run_has_summary(const std::string& run_dir) {
-  // A job that continues a run drops the summary of the one before (RunMetrics::open), so a
-  // summary in the file is the last job's: it finished.
+bool run_has_ended(const std::string& run_dir, int64_t last) {
   std::ifstream in(fs::path(run_dir) / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
-    if (line.find("\"summary\"") == std::string::npos) continue;
+    if (line.find("\"summary\"") == std::string::npos && line.find("\"eval\"") == std::string::npos) continue;
     try {
-      if (nlohmann::json::parse(line).value("summary", false)) return true;
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("summary", false) || (j.value("eval", false) && j.value("step", int64_t{-1}) == last)) return true;
     } catch (const nlohmann::json::exception&) {
       // a line torn by a kill
     }

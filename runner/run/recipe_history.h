@@ -6,9 +6,11 @@
 // right as fields are added. A job that starts with a recipe other than the stored one keeps
 // the stored one as recipe.N.yaml (N = 1, 2, ... in order) before it writes its own, and says
 // which fields changed (the trainer logs them and records them in events.jsonl), so no recipe
-// a run trained with is lost. "Done" is read from metrics.jsonl: a finished run wrote its
-// summary there (a job that continues a run drops the summary of the one before).
+// a run trained with is lost. "Ended" is read from metrics.jsonl: a finished run wrote its
+// final evaluation and summary there (a job that continues a run drops the summary of the one
+// before, and the evaluations after its checkpoint).
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -35,7 +37,8 @@ std::string keep_earlier_recipe(const std::string& run_dir);
 // RUN_DIR/recipe.yaml's text, empty when there is none.
 std::string stored_recipe_text(const std::string& run_dir);
 
-// Whether RUN_DIR/metrics.jsonl holds an end-of-run summary record (the run finished).
-bool run_has_summary(const std::string& run_dir);
+// Whether RUN_DIR/metrics.jsonl shows the run's end at step `last`: its summary, or the final
+// evaluation at `last` (a job that only finished the evaluation writes no summary).
+bool run_has_ended(const std::string& run_dir, int64_t last);
 
 }  // namespace runner

@@ -69,6 +69,7 @@ class Trainer {
   int run() {
     if (!start()) return 0;  // a finished run: said so, changed nothing
     const int64_t total = r.train.steps;
+    if (st.step >= total) return finish_evaluation();
     while (st.step < total) {
       if (stop_agreed()) return preempt();
       rollback->before_step(st);
@@ -187,11 +188,13 @@ class Trainer {
     if (!point) agree(grid.world(), [&] { point = choose_resume_point(paths.checkpoint_dir, opts.resume_step, opts.strict); });
   }
 
-  // A run whose checkpoint is at (or past) train.steps has nothing to train: continuing would
-  // only evaluate again and overwrite its summary with one of no steps. Rank 0 says so and how
-  // to extend it; nothing in the run directory is written.
+  // A run whose checkpoint is at (or past) train.steps and whose end is recorded has nothing
+  // to do: continuing would only evaluate again and overwrite its summary with one of no steps.
+  // Rank 0 says so and how to extend it; nothing in the run directory is written. (At
+  // train.steps without its final evaluation, a signal stopped that: finish_evaluation().)
   bool finished() const {
     if (!point || point->step < r.train.steps) return false;
+    if (point->step == r.train.steps && !run_has_ended(paths.run_dir, point->step)) return false;
     if (!lead()) return true;
     const int64_t more = std::max<int64_t>(2 * point->step, point->step + 1);
     fmt::print("{}: the run is finished: its last checkpoint is step {}{} ({}); nothing to do, nothing was changed.\n",
@@ -199,9 +202,6 @@ class Trainer {
                point->step == r.train.steps ? fmt::format(" of train.steps {}", r.train.steps)
                                             : fmt::format(", past train.steps {}", r.train.steps),
                point->path);
-    if (!run_has_summary(paths.run_dir))
-      fmt::print("  (the job that reached it stopped before its final evaluation and summary; the step records are in "
-                 "{}/metrics.jsonl)\n", paths.run_dir);
     fmt::print("  to train it further, raise train.steps: `runner resume {} --set train.steps={}`{}\n", paths.run_dir,
                more, r.optimizer.schedule.kind == LrSchedule::constant
                          ? std::string()
@@ -478,6 +478,19 @@ class Trainer {
               "skipped, scale now {:g} ({} in a row)",
               st.step + 1, res.scale, res.overflow_tensor.empty() ? "?" : res.overflow_tensor, st.scaler.scale,
               st.scaler.consecutive_skips);
+  }
+
+  // The run had trained all its steps when a signal stopped its final evaluation: this job runs
+  // that evaluation and records it. No summary: this job timed no step (one would report 0
+  // tokens/s); the step records before it stand.
+  int finish_evaluation() {
+    log->info("step {} of {} was reached before; running the final evaluation the last job did not finish", st.step,
+              r.train.steps);
+    EvalResult last_eval = evaluate_untimed();
+    if (stop_agreed()) return preempt();
+    metrics->eval(st.step, last_eval);
+    end_event("done", 0);
+    return 0;
   }
 
   // More fp16 overflows in a row than the recipe allows: stop with kExitNumerics and say why.
