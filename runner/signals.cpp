@@ -1,6 +1,7 @@
 // Signal handling for preemption (see signals.h).
 #include "runner/signals.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +16,11 @@ std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
 std::atomic<int> g_count{0};
 std::atomic<bool> g_data_prepare{false};  // StopWork::data_prepare: the first message says so
+// The abort record (set_abort_record): the file's path, NUL-terminated, valid when g_abort_set.
+char g_abort_path[4096];
+std::atomic<bool> g_abort_set{false};
+std::atomic<int64_t> g_step{-1};
+static_assert(std::atomic<int64_t>::is_always_lock_free, "signal handlers need lock-free atomics");
 static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
               "signal handlers need lock-free atomics");
 
@@ -39,6 +45,39 @@ const char* first_message(int sig) {
   }
 }
 
+// The end record of a run the second signal stops, in one write(2) so that it cannot tear
+// against another appender: fixed text and the step's digits.
+void append_abort_record(int sig) {
+  if (!g_abort_set.load()) return;
+  char line[256] = "{\"event\":\"end\",\"cause\":\"exited at once on a second signal (no checkpoint at this step)\","
+                   "\"exit_code\":";
+  size_t n = std::strlen(line);
+  auto put_int = [&](int64_t v) {
+    char digits[24];
+    int k = 0;
+    if (v < 0) {
+      line[n++] = '-';
+      v = -v;
+    }
+    do digits[k++] = static_cast<char>('0' + v % 10);
+    while ((v /= 10) > 0);
+    while (k > 0) line[n++] = digits[--k];
+  };
+  auto put = [&](const char* s) {
+    for (; *s; ++s) line[n++] = *s;
+  };
+  put_int(128 + sig);
+  put(sig == SIGINT ? ",\"signal\":\"SIGINT (Ctrl-C)\"" : sig == SIGUSR1 ? ",\"signal\":\"SIGUSR1\"" : ",\"signal\":\"SIGTERM\"");
+  put(",\"step\":");
+  put_int(g_step.load());
+  put("}\n");
+  const int fd = ::open(g_abort_path, O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) return;
+  ssize_t r = ::write(fd, line, n);
+  (void)r;
+  ::close(fd);
+}
+
 extern "C" void on_stop_signal(int sig) {
   int saved_errno = errno;
   if (g_count.fetch_add(1) > 0) {
@@ -47,6 +86,7 @@ extern "C" void on_stop_signal(int sig) {
                                  "(the last published checkpoint stays valid)\n"
                                : "runner: second signal: exiting now, without a checkpoint at this step (the last "
                                  "published checkpoint stays valid)\n");
+    append_abort_record(sig);
     ::_exit(128 + sig);
   }
   g_signal.store(sig);
@@ -90,6 +130,15 @@ const char* stop_signal_name() {
   }
 }
 const std::atomic<bool>& stop_flag() { return g_stop; }
+
+void set_abort_record(const std::string& events_path) {
+  g_abort_set.store(false);
+  if (events_path.empty() || events_path.size() >= sizeof g_abort_path) return;
+  std::memcpy(g_abort_path, events_path.c_str(), events_path.size() + 1);
+  g_abort_set.store(true);
+}
+
+void note_step(int64_t step) { g_step.store(step, std::memory_order_relaxed); }
 
 void request_stop_for_test() {
   g_count.fetch_add(1);

@@ -9,6 +9,8 @@
 // a write(2) of a fixed message, _exit.
 #pragma once
 #include <atomic>
+#include <cstdint>
+#include <string>
 
 namespace runner {
 
@@ -31,6 +33,13 @@ int stop_signal();  // the signal that asked to stop (SIGTERM, SIGUSR1, SIGINT),
 const char* stop_signal_name();
 // The flag itself, for code that takes a `const std::atomic<bool>*` (prepare_text_to_hdf5).
 const std::atomic<bool>& stop_flag();
+
+// Rank 0 of a run: where a second signal, which exits at once, appends its end record (the
+// run's events.jsonl), so `runner status` says how the run ended rather than calling it a crash;
+// empty: nowhere. The record holds the last step noted (note_step), written by the handler
+// with write(2) alone.
+void set_abort_record(const std::string& events_path);
+void note_step(int64_t step);
 
 void request_stop_for_test();  // as if a first signal had arrived (stop_signal() stays 0)
 void reset_stop_for_test();    // clears the flag and the count of signals seen

@@ -110,6 +110,16 @@ TEST_CASE("a second Ctrl-C exits at once (130), saying so") {
   CHECK(code == 130);
   CHECK(has(out, "second Ctrl-C (SIGINT): exiting now, without a checkpoint"));
   CHECK_FALSE(fs::exists(run / "checkpoints" / "LATEST"));  // none was written: it exited mid-step
+  // The run's end is recorded all the same: status says how it stopped, not "killed".
+  const nlohmann::json end = events(run).back();
+  CHECK(end["event"] == "end");
+  CHECK(end["exit_code"] == 130);
+  CHECK(end["signal"] == "SIGINT (Ctrl-C)");
+  CHECK(end["step"].get<int64_t>() >= 1);
+  const Result st = cli("status " + run.string());
+  INFO(st.out);
+  CHECK(has(st.out, "exited at once on a second signal"));
+  CHECK_FALSE(has(st.out, "killed"));
 }
 
 TEST_CASE("a finished run: resume and train say it is done and how to extend it, and change nothing") {

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -46,6 +47,8 @@
 #include "runner/train/rollback.h"
 #include "runner/train/startup.h"
 
+namespace fs = std::filesystem;
+
 namespace runner {
 
 namespace {
@@ -65,6 +68,7 @@ class Trainer {
  public:
   Trainer(const Plan& p, TrainOptions o, parallel::Grid& g, ops::Backend& b)
       : plan(p), r(p.recipe), opts(std::move(o)), grid(g), be(b) {}
+  ~Trainer() { set_abort_record(""); }
 
   int run() {
     if (!start()) return 0;  // a finished run: said so, changed nothing
@@ -84,6 +88,7 @@ class Trainer {
       s.rollback_ms = rollback->take_ms();
       s.checkpoint_ms = ckpt_wall_ms;
       metrics->step(st.step, st.tokens, s, ckpt_stall_ms);
+      note_step(st.step);  // the step a second signal's end record names: the last one recorded
       ckpt_stall_ms = 0;
       if (s.overflow && scaler.exhausted(st.scaler)) return stop_on_overflows(s);
       checkpoint_after_step();
@@ -171,6 +176,8 @@ class Trainer {
     metrics->open(paths.run_dir, resumed_from);
     // Each start and stop of a job on this run directory (runner status reads them).
     if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
+    note_step(st.step);
+    if (lead()) set_abort_record((fs::path(paths.run_dir) / "events.jsonl").string());  // a second signal's end record
     measure_peaks();
     print_startup(*log, plan, grid,
                   {paths.run_dir, train_src->describe(), model->sync().bucket_count(), model->sync().zero1(),
@@ -220,8 +227,11 @@ class Trainer {
     changes = recipe_changes(before, resolved_recipe_yaml(plan));
     if (changes.empty()) return;
     const std::string head = fmt::format("the recipe differs from the one this run directory last ran with "
-                                         "({}/recipe.yaml): {} field{} changed", paths.run_dir, changes.size(),
-                                         changes.size() == 1 ? "" : "s");
+                                         "({}/recipe.yaml): {} field{} changed{}", paths.run_dir, changes.size(),
+                                         changes.size() == 1 ? "" : "s",
+                                         point ? fmt::format(" (continuing from step {}; to start over instead, give "
+                                                             "another --run-dir)", point->step)
+                                               : "");
     log->warn("{}", head);
     for (const RecipeChange& c : changes) log->warn("  {}", describe_change(c));
     if (!opts.quiet) return;
