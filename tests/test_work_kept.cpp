@@ -272,6 +272,24 @@ TEST_CASE("a changed recipe on train: every changed field printed, recorded, the
   CHECK(fs::exists(run / "recipe.2.yaml"));
 }
 
+TEST_CASE("resume --step back in history: the later records are kept in a copy, the later checkpoints named") {
+  const fs::path run = fresh("step_back") / "run";
+  REQUIRE(cli(tiny(run, 10, 5)).code == 0);
+  const std::string first_metrics = slurp(run / "metrics.jsonl");
+  const Result r = cli("resume " + run.string() + " --step 5 --quiet --set optimizer.lr=5e-4");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(has(r.out, "resuming from step 5, before this run's newest checkpoint (step 10)"));
+  CHECK(has(r.out, "the file as it was is kept as " + run.string() + "/metrics.1.jsonl"));
+  CHECK(has(r.out, "the checkpoint of step 10 is replaced when this run reaches it"));
+  CHECK(slurp(run / "metrics.1.jsonl") == first_metrics);
+  // The new path from step 5 is the file's now: steps 6..10 once each, and a summary.
+  int step10 = 0;
+  for (const auto& j : test_support::metrics_records(run)) step10 += j.contains("loss") && j.value("step", 0) == 10;
+  CHECK(step10 == 1);
+  CHECK(test_support::metrics_records(run).back().contains("summary"));
+}
+
 TEST_CASE("recipe_changes: values, lists, fields added and gone") {
   const auto c = runner::recipe_changes("a:\n  x: 1\n  l: [1, 2]\n  gone: 3\nb: s\n", "a:\n  x: 2\n  l: [1, 3]\nb: s\nc: new\n");
   REQUIRE(c.size() == 4);

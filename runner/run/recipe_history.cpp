@@ -70,16 +70,16 @@ std::string stored_recipe_text(const std::string& run_dir) {
   return ss.str();
 }
 
-std::string keep_earlier_recipe(const std::string& run_dir) {
-  const fs::path dir(run_dir), current = dir / "recipe.yaml";
+std::string keep_numbered_copy(const std::string& run_dir, const std::string& stem, const std::string& ext) {
+  const fs::path dir(run_dir), current = dir / (stem + "." + ext);
   std::error_code ec;
   if (!fs::exists(current, ec)) return "";
   for (int n = 1;; ++n) {
-    const std::string name = fmt::format("recipe.{}.yaml", n);
+    const std::string name = fmt::format("{}.{}.{}", stem, n, ext);
     if (fs::exists(dir / name, ec)) continue;
     fs::copy_file(current, dir / name, ec);
     if (ec)
-      throw UserError({(dir / name).string(), 0, 0}, fmt::format("cannot keep the earlier recipe: {}", ec.message()),
+      throw UserError({(dir / name).string(), 0, 0}, fmt::format("cannot keep a copy of {}: {}", current.string(), ec.message()),
                       "check the run directory's permissions and free space");
     return name;
   }

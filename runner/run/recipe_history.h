@@ -30,9 +30,10 @@ std::vector<RecipeChange> recipe_changes(const std::string& before_yaml, const s
 // "optimizer.lr 0.001 -> 0.002": one change, as the log and events.jsonl say it.
 std::string describe_change(const RecipeChange& c);
 
-// Copies RUN_DIR/recipe.yaml to the next free RUN_DIR/recipe.N.yaml and returns that file's
-// name ("recipe.1.yaml"); empty when there is no recipe.yaml. Throws UserError when it cannot.
-std::string keep_earlier_recipe(const std::string& run_dir);
+// Copies RUN_DIR/STEM.EXT to the next free RUN_DIR/STEM.N.EXT and returns that file's name
+// ("recipe.1.yaml"); empty when there is no STEM.EXT. Throws UserError when it cannot.
+std::string keep_numbered_copy(const std::string& run_dir, const std::string& stem, const std::string& ext);
+inline std::string keep_earlier_recipe(const std::string& run_dir) { return keep_numbered_copy(run_dir, "recipe", "yaml"); }
 
 // RUN_DIR/recipe.yaml's text, empty when there is none.
 std::string stored_recipe_text(const std::string& run_dir);

@@ -26,6 +26,7 @@
 #include "ops/peak.h"
 #include "ops/rng.h"
 #include "runner/agree.h"
+#include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/resume.h"
 #include "runner/checkpoint/saver.h"
 #include "runner/run/run_dir.h"
@@ -173,6 +174,7 @@ class Trainer {
     ckpt->remove_stale_files();
     tracer.resumed_at(resumed_from);
     if (lead()) write_run_files_keeping_history();
+    keep_later_history();
     metrics->open(paths.run_dir, resumed_from);
     // Each start and stop of a job on this run directory (runner status reads them).
     if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
@@ -186,6 +188,34 @@ class Trainer {
     for (const std::string& note : opts.resume_notes) log->info("{}", note);
     run_t0 = StepTimer::now();
     return true;
+  }
+
+  // Rank 0: a resume from before the run's newest checkpoint (`runner resume --step`, or a
+  // fallback past a corrupt one) takes a new path from there: metrics.jsonl's later records are
+  // replaced, so the whole file is kept as metrics.N.jsonl first, and the later checkpoints are
+  // named (they are replaced as this run reaches their steps).
+  void keep_later_history() {
+    if (!lead() || resumed_from < 0) return;
+    std::vector<std::string> newer;
+    for (int64_t s : list_checkpoint_steps(paths.checkpoint_dir))
+      if (s > resumed_from) newer.push_back(std::to_string(s));
+    if (newer.empty()) return;
+    const std::string kept = keep_numbered_copy(paths.run_dir, "metrics", "jsonl");
+    const bool one = newer.size() == 1;
+    warn_always(fmt::format(
+        "resuming from step {}, before this run's newest checkpoint (step {}): {}the checkpoint{} of step{} {} {} replaced "
+        "when this run reaches {} (copy {} elsewhere to keep {})", resumed_from, newer.back(),
+        kept.empty() ? "" : fmt::format("metrics.jsonl's records after step {} are replaced as the run goes on (the file "
+                                        "as it was is kept as {}/{}); ", resumed_from, paths.run_dir, kept),
+        one ? "" : "s", one ? "" : "s", fmt::join(newer, ", "), one ? "is" : "are", one ? "it" : "them",
+        one ? "it" : "them", one ? "it" : "them"));
+  }
+
+  // A warning the user must see: on the log, and on stderr when --quiet keeps the log off the
+  // console (quiet silences progress, not this).
+  void warn_always(const std::string& msg) {
+    log->warn("{}", msg);
+    if (opts.quiet) fmt::print(stderr, "{}\n", msg);
   }
 
   // The checkpoint to continue from, chosen once before anything is built: `runner resume`
@@ -232,12 +262,8 @@ class Trainer {
                                          point ? fmt::format(" (continuing from step {}; to start over instead, give "
                                                              "another --run-dir)", point->step)
                                                : "");
-    log->warn("{}", head);
-    for (const RecipeChange& c : changes) log->warn("  {}", describe_change(c));
-    if (!opts.quiet) return;
-    // --quiet keeps progress off the console, not this: stderr hears it all the same.
-    fmt::print(stderr, "{}\n", head);
-    for (const RecipeChange& c : changes) fmt::print(stderr, "  {}\n", describe_change(c));
+    warn_always(head);
+    for (const RecipeChange& c : changes) warn_always("  " + describe_change(c));
   }
 
   // Rank 0: the run files, after the earlier recipe is kept as recipe.N.yaml when it changed;
