@@ -248,7 +248,7 @@ TEST_CASE("a changed recipe on train: every changed field printed, recorded, the
   const Result changed = cli(tiny(run, 20, 5, "optimizer.lr=5e-4"));
   INFO(changed.out);
   REQUIRE(changed.code == 0);
-  CHECK(has(changed.out, "the recipe differs from the one this run directory last ran with"));
+  CHECK(has(changed.out, "the recipe differs from the one this run ran with up to step 10 (its checkpoint's)"));
   CHECK(has(changed.out, "2 fields changed"));
   CHECK(has(changed.out, "optimizer.lr 0.001 -> 0.0005"));
   CHECK(has(changed.out, "train.steps 10 -> 20"));
@@ -288,6 +288,28 @@ TEST_CASE("resume --step back in history: the later records are kept in a copy, 
   for (const auto& j : test_support::metrics_records(run)) step10 += j.contains("loss") && j.value("step", 0) == 10;
   CHECK(step10 == 1);
   CHECK(test_support::metrics_records(run).back().contains("summary"));
+}
+
+TEST_CASE("RUN_DIR/recipe.yaml edited by hand: resume says it runs the checkpoint's recipe, keeps the edit, shows the --set") {
+  const fs::path run = fresh("edited") / "run";
+  REQUIRE(cli(tiny(run, 10, 5)).code == 0);
+  const std::string original = slurp(run / "recipe.yaml");
+  std::string edited = original;
+  const size_t at = edited.find("lr: 0.001\n");
+  REQUIRE(at != std::string::npos);
+  edited.replace(at, 10, "lr: 0.0005\n");
+  std::ofstream(run / "recipe.yaml") << edited;
+
+  const Result r = cli("resume " + run.string() + " --quiet --set train.steps=12");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(has(r.out, run.string() + "/recipe.yaml differs from the recipe this job runs"));
+  CHECK(has(r.out, "optimizer.lr 0.001 <- 0.0005"));
+  CHECK(has(r.out, "runner resume " + run.string() + " --set optimizer.lr=0.0005 train.steps=10"));
+  // The edit is kept, not lost; what the checkpoint ran with before the --set is kept too.
+  CHECK(slurp(run / "recipe.1.yaml") == original);
+  CHECK(slurp(run / "recipe.2.yaml") == edited);
+  CHECK(has(slurp(run / "recipe.yaml"), "lr: 0.001\n"));
 }
 
 TEST_CASE("recipe_changes: values, lists, fields added and gone") {

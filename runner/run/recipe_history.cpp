@@ -70,19 +70,40 @@ std::string stored_recipe_text(const std::string& run_dir) {
   return ss.str();
 }
 
-std::string keep_numbered_copy(const std::string& run_dir, const std::string& stem, const std::string& ext) {
-  const fs::path dir(run_dir), current = dir / (stem + "." + ext);
+namespace {
+
+// The next free RUN_DIR/STEM.N.EXT, filled by `make` (which sets `ec` when it fails).
+template <class Make>
+std::string keep_numbered(const fs::path& dir, const std::string& stem, const std::string& ext, Make&& make) {
   std::error_code ec;
-  if (!fs::exists(current, ec)) return "";
   for (int n = 1;; ++n) {
     const std::string name = fmt::format("{}.{}.{}", stem, n, ext);
     if (fs::exists(dir / name, ec)) continue;
-    fs::copy_file(current, dir / name, ec);
+    make(dir / name, ec);
     if (ec)
-      throw UserError({(dir / name).string(), 0, 0}, fmt::format("cannot keep a copy of {}: {}", current.string(), ec.message()),
+      throw UserError({(dir / name).string(), 0, 0}, fmt::format("cannot keep {}: {}", name, ec.message()),
                       "check the run directory's permissions and free space");
     return name;
   }
+}
+
+}  // namespace
+
+std::string keep_numbered_copy(const std::string& run_dir, const std::string& stem, const std::string& ext) {
+  const fs::path current = fs::path(run_dir) / (stem + "." + ext);
+  std::error_code ec;
+  if (!fs::exists(current, ec)) return "";
+  return keep_numbered(run_dir, stem, ext, [&](const fs::path& to, std::error_code& e) { fs::copy_file(current, to, e); });
+}
+
+std::string keep_numbered_text(const std::string& run_dir, const std::string& stem, const std::string& ext,
+                               const std::string& text) {
+  return keep_numbered(run_dir, stem, ext, [&](const fs::path& to, std::error_code& e) {
+    std::ofstream out(to, std::ios::binary);
+    out << text;
+    out.close();
+    if (!out) e = std::make_error_code(std::errc::io_error);
+  });
 }
 
 bool run_has_ended(const std::string& run_dir, int64_t last) {

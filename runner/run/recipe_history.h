@@ -3,10 +3,10 @@
 // Design: RUN_DIR/recipe.yaml is the recipe of the latest job on the directory, resolved (every
 // default filled in), so two of them compare field by field as text: both are flattened to
 // dotted keys and compared value by value, which needs no knowledge of the fields and stays
-// right as fields are added. A job that starts with a recipe other than the stored one keeps
-// the stored one as recipe.N.yaml (N = 1, 2, ... in order) before it writes its own, and says
-// which fields changed (the trainer logs them and records them in events.jsonl), so no recipe
-// a run trained with is lost. "Ended" is read from metrics.jsonl: a finished run wrote its
+// right as fields are added. A job that starts with a recipe other than the one the run ran
+// with keeps that one as recipe.N.yaml (N = 1, 2, ... in order) before it writes its own, and
+// says which fields changed (the trainer logs them and records them in events.jsonl), so no
+// recipe a run trained with is lost. "Ended" is read from metrics.jsonl: a finished run wrote its
 // final evaluation and summary there (a job that continues a run drops the summary of the one
 // before, and the evaluations after its checkpoint).
 #pragma once
@@ -33,7 +33,9 @@ std::string describe_change(const RecipeChange& c);
 // Copies RUN_DIR/STEM.EXT to the next free RUN_DIR/STEM.N.EXT and returns that file's name
 // ("recipe.1.yaml"); empty when there is no STEM.EXT. Throws UserError when it cannot.
 std::string keep_numbered_copy(const std::string& run_dir, const std::string& stem, const std::string& ext);
-inline std::string keep_earlier_recipe(const std::string& run_dir) { return keep_numbered_copy(run_dir, "recipe", "yaml"); }
+// The same with `text` as the new file's content (a recipe read from a checkpoint).
+std::string keep_numbered_text(const std::string& run_dir, const std::string& stem, const std::string& ext,
+                               const std::string& text);
 
 // RUN_DIR/recipe.yaml's text, empty when there is none.
 std::string stored_recipe_text(const std::string& run_dir);

@@ -145,7 +145,8 @@ class Trainer {
   std::vector<ops::OpProfile> eval_ops;
   std::optional<RunLock> lock;  // rank 0: this run owns its directory until the Trainer ends
   std::optional<ResumePoint> point;  // the checkpoint this job continues from (none: step 0)
-  std::vector<RecipeChange> changes;  // rank 0: the fields that differ from RUN_DIR/recipe.yaml
+  std::string base_recipe;            // rank 0: the recipe the run ran with (its checkpoint's, else RUN_DIR's)
+  std::vector<RecipeChange> changes;  // rank 0: the fields this job changes from base_recipe
 
   bool lead() const { return grid.rank() == 0; }
   uint64_t seed() const { return static_cast<uint64_t>(r.train.seed); }
@@ -248,29 +249,30 @@ class Trainer {
     return true;
   }
 
-  // Rank 0: a recipe other than the one this run directory last ran with is logged field by
-  // field before the checkpoint is loaded (so a change it refuses is seen with its cause).
+  // Rank 0: a recipe other than the one the run ran with (its checkpoint's; without one, the
+  // one the directory last ran with) is logged field by field before the checkpoint is loaded,
+  // so a change the load refuses is seen with its cause.
   void say_recipe_changes() {
     if (!lead()) return;
-    const std::string before = stored_recipe_text(paths.run_dir);
-    if (before.empty()) return;
-    changes = recipe_changes(before, resolved_recipe_yaml(plan));
+    base_recipe = point ? read_recipe_text(point->path) : stored_recipe_text(paths.run_dir);
+    if (base_recipe.empty()) return;
+    changes = recipe_changes(base_recipe, resolved_recipe_yaml(plan));
     if (changes.empty()) return;
-    const std::string head = fmt::format("the recipe differs from the one this run directory last ran with "
-                                         "({}/recipe.yaml): {} field{} changed{}", paths.run_dir, changes.size(),
-                                         changes.size() == 1 ? "" : "s",
-                                         point ? fmt::format(" (continuing from step {}; to start over instead, give "
-                                                             "another --run-dir)", point->step)
-                                               : "");
-    warn_always(head);
+    warn_always(point ? fmt::format("the recipe differs from the one this run ran with up to step {} (its checkpoint's): "
+                                    "{} field{} changed (to start over instead, give another --run-dir)",
+                                    point->step, changes.size(), changes.size() == 1 ? "" : "s")
+                      : fmt::format("the recipe differs from the one this run directory last ran with ({}/recipe.yaml): "
+                                    "{} field{} changed", paths.run_dir, changes.size(), changes.size() == 1 ? "" : "s"));
     for (const RecipeChange& c : changes) warn_always("  " + describe_change(c));
   }
 
-  // Rank 0: the run files, after the earlier recipe is kept as recipe.N.yaml when it changed;
-  // the change goes to events.jsonl and the start record's notes (runner status shows them).
+  // Rank 0: the run files, after the recipe the run ran with is kept as recipe.N.yaml when this
+  // job changes it (the change goes to events.jsonl and the start record's notes, which
+  // `runner status` shows), and a RUN_DIR/recipe.yaml edited by hand is kept too.
   void write_run_files_keeping_history() {
+    const std::string now = resolved_recipe_yaml(plan), stored = stored_recipe_text(paths.run_dir);
     if (!changes.empty()) {
-      const std::string kept = keep_earlier_recipe(paths.run_dir);
+      const std::string kept = keep_numbered_text(paths.run_dir, "recipe", "yaml", base_recipe);
       nlohmann::json list = nlohmann::json::array();
       std::vector<std::string> said;
       for (const RecipeChange& c : changes) {
@@ -282,7 +284,24 @@ class Trainer {
       opts.resume_notes.push_back(fmt::format("continuing with a changed recipe ({}); the earlier one is kept as {}/{}",
                                               fmt::join(said, ", "), paths.run_dir, kept));
     }
+    if (!stored.empty() && stored != now && stored != base_recipe) keep_edited_recipe(stored, now);
     write_run_files(plan, paths.run_dir);
+  }
+
+  // RUN_DIR/recipe.yaml says what neither the checkpoint nor this job runs: an edit by hand,
+  // which `runner resume` does not read (it continues with the checkpoint's recipe and --set).
+  void keep_edited_recipe(const std::string& stored, const std::string& now) {
+    const std::string kept = keep_numbered_text(paths.run_dir, "recipe", "yaml", stored);
+    const std::vector<RecipeChange> edits = recipe_changes(now, stored);  // what the file would change
+    std::string sets;
+    for (const RecipeChange& c : edits)
+      if (c.now != "(unset)")
+        sets += fmt::format(" {}={}", c.field, c.now.find(' ') == std::string::npos ? c.now : "'" + c.now + "'");
+    warn_always(fmt::format("{}/recipe.yaml differs from the recipe this job runs (value run <- file value below); it is "
+                            "kept as {}/{} and replaced. `runner resume` continues with the recipe stored in its "
+                            "checkpoint; to apply the file's values: `runner resume {} --set{}`", paths.run_dir,
+                            paths.run_dir, kept, paths.run_dir, sets));
+    for (const RecipeChange& c : edits) warn_always(fmt::format("  {} {} <- {}", c.field, c.was, c.now));
   }
 
   // MFU is against the peak of all ranks together; a profiled run also measures its roofline.
