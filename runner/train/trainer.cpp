@@ -8,7 +8,6 @@
 // (docs/invariants.md, invariant 6), and every rank agrees on such an error before any rank stops.
 #include "runner/train/train.h"
 
-#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <cstdio>
@@ -18,8 +17,6 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "ops/backend.h"
@@ -35,13 +32,13 @@
 #include "runner/observe/profile.h"
 #include "runner/observe/step_timer.h"
 #include "runner/observe/trace.h"
-#include "runner/run/recipe_history.h"
 #include "runner/run/run_lock.h"
 #include "runner/run/slurm.h"
 #include "runner/signals.h"
 #include "runner/state.h"
 #include "runner/train/evaluate.h"
 #include "runner/train/fault_hook.h"
+#include "runner/train/history.h"
 #include "runner/train/optimizer.h"
 #include "runner/train/precision.h"
 #include "runner/train/rank_model.h"
@@ -145,8 +142,7 @@ class Trainer {
   std::vector<ops::OpProfile> eval_ops;
   std::optional<RunLock> lock;  // rank 0: this run owns its directory until the Trainer ends
   std::optional<ResumePoint> point;  // the checkpoint this job continues from (none: step 0)
-  std::string base_recipe;            // rank 0: the recipe the run ran with (its checkpoint's, else RUN_DIR's)
-  std::vector<RecipeChange> changes;  // rank 0: the fields this job changes from base_recipe
+  std::optional<RecipeHistory> history;  // rank 0: this job's recipe against the one the run ran with
 
   bool lead() const { return grid.rank() == 0; }
   uint64_t seed() const { return static_cast<uint64_t>(r.train.seed); }
@@ -174,8 +170,11 @@ class Trainer {
     maybe_resume();
     ckpt->remove_stale_files();
     tracer.resumed_at(resumed_from);
-    if (lead()) write_run_files_keeping_history();
-    keep_later_history();
+    if (lead()) {
+      warn_always(history->keep(opts.resume_notes));  // the recipe the run ran with, kept when changed
+      write_run_files(plan, paths.run_dir);
+      warn_always(keep_later_history(paths.run_dir, paths.checkpoint_dir, resumed_from));
+    }
     metrics->open(paths.run_dir, resumed_from);
     // Each start and stop of a job on this run directory (runner status reads them).
     if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
@@ -191,32 +190,13 @@ class Trainer {
     return true;
   }
 
-  // Rank 0: a resume from before the run's newest checkpoint (`runner resume --step`, or a
-  // fallback past a corrupt one) takes a new path from there: metrics.jsonl's later records are
-  // replaced, so the whole file is kept as metrics.N.jsonl first, and the later checkpoints are
-  // named (they are replaced as this run reaches their steps).
-  void keep_later_history() {
-    if (!lead() || resumed_from < 0) return;
-    std::vector<std::string> newer;
-    for (int64_t s : list_checkpoint_steps(paths.checkpoint_dir))
-      if (s > resumed_from) newer.push_back(std::to_string(s));
-    if (newer.empty()) return;
-    const std::string kept = keep_numbered_copy(paths.run_dir, "metrics", "jsonl");
-    const bool one = newer.size() == 1;
-    warn_always(fmt::format(
-        "resuming from step {}, before this run's newest checkpoint (step {}): {}the checkpoint{} of step{} {} {} replaced "
-        "when this run reaches {} (copy {} elsewhere to keep {})", resumed_from, newer.back(),
-        kept.empty() ? "" : fmt::format("metrics.jsonl's records after step {} are replaced as the run goes on (the file "
-                                        "as it was is kept as {}/{}); ", resumed_from, paths.run_dir, kept),
-        one ? "" : "s", one ? "" : "s", fmt::join(newer, ", "), one ? "is" : "are", one ? "it" : "them",
-        one ? "it" : "them", one ? "it" : "them"));
-  }
-
   // A warning the user must see: on the log, and on stderr when --quiet keeps the log off the
   // console (quiet silences progress, not this).
-  void warn_always(const std::string& msg) {
-    log->warn("{}", msg);
-    if (opts.quiet) fmt::print(stderr, "{}\n", msg);
+  void warn_always(const std::vector<std::string>& lines) {
+    for (const std::string& l : lines) {
+      log->warn("{}", l);
+      if (opts.quiet) fmt::print(stderr, "{}\n", l);
+    }
   }
 
   // The checkpoint to continue from, chosen once before anything is built: `runner resume`
@@ -233,75 +213,21 @@ class Trainer {
   bool finished() const {
     if (!point || point->step < r.train.steps) return false;
     if (point->step == r.train.steps && !run_has_ended(paths.run_dir, point->step)) return false;
-    if (!lead()) return true;
-    const int64_t more = std::max<int64_t>(2 * point->step, point->step + 1);
-    fmt::print("{}: the run is finished: its last checkpoint is step {}{} ({}); nothing to do, nothing was changed.\n",
-               paths.run_dir, point->step,
-               point->step == r.train.steps ? fmt::format(" of train.steps {}", r.train.steps)
-                                            : fmt::format(", past train.steps {}", r.train.steps),
-               point->path);
-    fmt::print("  to train it further, raise train.steps: `runner resume {} --set train.steps={}`{}\n", paths.run_dir,
-               more, r.optimizer.schedule.kind == LrSchedule::constant
-                         ? std::string()
-                         : fmt::format(" (the {} schedule then decays over the new total)",
-                                       to_string(r.optimizer.schedule.kind)));
-    std::fflush(stdout);
+    if (lead()) {
+      fmt::print("{}", finished_message(paths.run_dir, *point, r));
+      std::fflush(stdout);
+    }
     return true;
   }
 
   // Rank 0: a recipe other than the one the run ran with (its checkpoint's; without one, the
-  // one the directory last ran with) is logged field by field before the checkpoint is loaded,
-  // so a change the load refuses is seen with its cause.
+  // one the directory last ran with) is listed before the checkpoint is loaded, so a change the
+  // load refuses is seen with its cause (train/history.h).
   void say_recipe_changes() {
     if (!lead()) return;
-    base_recipe = point ? read_recipe_text(point->path) : stored_recipe_text(paths.run_dir);
-    if (base_recipe.empty()) return;
-    changes = recipe_changes(base_recipe, resolved_recipe_yaml(plan));
-    if (changes.empty()) return;
-    warn_always(point ? fmt::format("the recipe differs from the one this run ran with up to step {} (its checkpoint's): "
-                                    "{} field{} changed (to start over instead, give another --run-dir)",
-                                    point->step, changes.size(), changes.size() == 1 ? "" : "s")
-                      : fmt::format("the recipe differs from the one this run directory last ran with ({}/recipe.yaml): "
-                                    "{} field{} changed", paths.run_dir, changes.size(), changes.size() == 1 ? "" : "s"));
-    for (const RecipeChange& c : changes) warn_always("  " + describe_change(c));
-  }
-
-  // Rank 0: the run files, after the recipe the run ran with is kept as recipe.N.yaml when this
-  // job changes it (the change goes to events.jsonl and the start record's notes, which
-  // `runner status` shows), and a RUN_DIR/recipe.yaml edited by hand is kept too.
-  void write_run_files_keeping_history() {
-    const std::string now = resolved_recipe_yaml(plan), stored = stored_recipe_text(paths.run_dir);
-    if (!changes.empty()) {
-      const std::string kept = keep_numbered_text(paths.run_dir, "recipe", "yaml", base_recipe);
-      nlohmann::json list = nlohmann::json::array();
-      std::vector<std::string> said;
-      for (const RecipeChange& c : changes) {
-        list.push_back({{"field", c.field}, {"was", c.was}, {"now", c.now}});
-        said.push_back(describe_change(c));
-      }
-      append_run_event(paths.run_dir, {{"event", "recipe_changed"}, {"step", std::max<int64_t>(resumed_from, 0)},
-                                       {"changes", list}, {"earlier", kept}});
-      opts.resume_notes.push_back(fmt::format("continuing with a changed recipe ({}); the earlier one is kept as {}/{}",
-                                              fmt::join(said, ", "), paths.run_dir, kept));
-    }
-    if (!stored.empty() && stored != now && stored != base_recipe) keep_edited_recipe(stored, now);
-    write_run_files(plan, paths.run_dir);
-  }
-
-  // RUN_DIR/recipe.yaml says what neither the checkpoint nor this job runs: an edit by hand,
-  // which `runner resume` does not read (it continues with the checkpoint's recipe and --set).
-  void keep_edited_recipe(const std::string& stored, const std::string& now) {
-    const std::string kept = keep_numbered_text(paths.run_dir, "recipe", "yaml", stored);
-    const std::vector<RecipeChange> edits = recipe_changes(now, stored);  // what the file would change
-    std::string sets;
-    for (const RecipeChange& c : edits)
-      if (c.now != "(unset)")
-        sets += fmt::format(" {}={}", c.field, c.now.find(' ') == std::string::npos ? c.now : "'" + c.now + "'");
-    warn_always(fmt::format("{}/recipe.yaml differs from the recipe this job runs (value run <- file value below); it is "
-                            "kept as {}/{} and replaced. `runner resume` continues with the recipe stored in its "
-                            "checkpoint; to apply the file's values: `runner resume {} --set{}`", paths.run_dir,
-                            paths.run_dir, kept, paths.run_dir, sets));
-    for (const RecipeChange& c : edits) warn_always(fmt::format("  {} {} <- {}", c.field, c.was, c.now));
+    history.emplace(paths.run_dir, point ? read_recipe_text(point->path) : stored_recipe_text(paths.run_dir),
+                    resolved_recipe_yaml(plan), point ? point->step : -1);
+    warn_always(history->said());
   }
 
   // MFU is against the peak of all ranks together; a profiled run also measures its roofline.
