@@ -210,14 +210,16 @@ class Trainer {
   // to do: continuing would only evaluate again and overwrite its summary with one of no steps.
   // Rank 0 says so and how to extend it; nothing in the run directory is written. (At
   // train.steps without its final evaluation, a signal stopped that: finish_evaluation().)
-  bool finished() const {
-    if (!point || point->step < r.train.steps) return false;
-    if (point->step == r.train.steps && !run_has_ended(paths.run_dir, point->step)) return false;
-    if (lead()) {
+  bool finished() {
+    int64_t done = 0;  // rank 0 reads metrics.jsonl and decides for every rank
+    if (lead() && point && point->step >= r.train.steps)
+      done = point->step > r.train.steps || run_has_ended(paths.run_dir, point->step);
+    grid.world().allreduce_max(&done, 1);
+    if (done && lead()) {
       fmt::print("{}", finished_message(paths.run_dir, *point, r));
       std::fflush(stdout);
     }
-    return true;
+    return done != 0;
   }
 
   // Rank 0: a recipe other than the one the run ran with (its checkpoint's; without one, the
