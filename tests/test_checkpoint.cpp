@@ -900,32 +900,40 @@ TEST_CASE("inspect lists every dataset with its checksum status") {
   CHECK(user_error([&] { inspect_checkpoint(dir / "nope.h5"); }).find("does not exist") != std::string::npos);
 }
 
-TEST_CASE("signals: the first sets the stop flag, the second exits with 143") {
+TEST_CASE("signals: the first (SIGTERM, SIGUSR1, SIGINT) sets the stop flag, the second exits with 128 + its number") {
   reset_stop_for_test();
   CHECK_FALSE(stop_requested());
   request_stop_for_test();
   CHECK(stop_requested());
   CHECK(stop_flag().load());
+  CHECK(std::string(stop_signal_name()) == "a stop request");
   reset_stop_for_test();
   CHECK_FALSE(stop_requested());
 
-  for (int sig : {SIGTERM, SIGUSR1}) {
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      install_signal_handlers();
-      raise(sig);
-      if (!stop_requested() || stop_signal() != sig) _exit(10);
-      raise(SIGTERM);  // the second signal: never returns
-      _exit(11);
+  // Ctrl-C stops like SIGTERM (the run keeps its work); a second Ctrl-C exits 130.
+  const char* names[] = {"SIGTERM", "SIGUSR1", "SIGINT (Ctrl-C)"};
+  const int sigs[] = {SIGTERM, SIGUSR1, SIGINT};
+  for (int second : {SIGTERM, SIGINT})
+    for (int k = 0; k < 3; ++k) {
+      CAPTURE(sigs[k]);
+      CAPTURE(second);
+      pid_t pid = fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        install_signal_handlers();
+        raise(sigs[k]);
+        if (!stop_requested() || stop_signal() != sigs[k] || std::string(stop_signal_name()) != names[k]) _exit(10);
+        raise(second);  // the second signal: never returns
+        _exit(11);
+      }
+      int status = 0;
+      REQUIRE(waitpid(pid, &status, 0) == pid);
+      REQUIRE(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == (second == SIGINT ? kExitInterruptAbort : kExitSignalAbort));
     }
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
-    REQUIRE(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == kExitSignalAbort);
-  }
   CHECK(kExitPreempted == 3);
   CHECK(kExitSignalAbort == 143);
+  CHECK(kExitInterruptAbort == 130);
 }
 
 TEST_CASE("a written file holds exactly the objects of checkpoint_layout, in its order of creation") {

@@ -119,8 +119,11 @@ TEST_CASE("a second runner on a live run directory exits 2 naming the owner and 
   kill(owner, SIGKILL);
   CHECK(wait_exit(owner) == 128 + SIGKILL);
   CHECK(contains(read_file(lock), "pid " + std::to_string(owner)));  // the dead owner's line is still there
-  // (train.steps=1 is below the checkpoint's step: the run resumes and ends at once)
-  Result again = run("train " + kQuick + "--set train.steps=1 --run-dir " + dir.string());
+  // One step past the last checkpoint, so the run resumes and ends at once (a run already at
+  // its train.steps is finished: it would say so and write nothing, the log included).
+  const std::string latest_name = read_file(latest);
+  const int64_t at = std::stoll(latest_name.substr(latest_name.find("step_") + 5));
+  Result again = run("train " + kQuick + "--set train.steps=" + std::to_string(at + 1) + " --run-dir " + dir.string());
   CHECK(again.code == 0);
   const std::string log = read_file(dir / "log.rank0.txt");
   CHECK(contains(log, "took over the lock of a previous owner that is gone"));

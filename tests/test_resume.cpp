@@ -2,8 +2,8 @@
 //
 // One recipe (the quickstart, 30 steps, a checkpoint every 10) is trained three ways:
 // straight through; killed with SIGKILL mid-step after the step-20 checkpoint and resumed
-// with `runner resume`; stopped with SIGTERM and restarted with the same `runner train`
-// command line. The final checkpoints must hold byte-identical tensors and the per-step
+// with `runner resume`; stopped with SIGTERM (and with Ctrl-C, SIGINT) and restarted with the
+// same `runner train` command line. The final checkpoints must hold byte-identical tensors and the per-step
 // losses after the resume must equal the straight run's exactly.
 #include <doctest/doctest.h>
 #include <hdf5.h>
@@ -122,23 +122,26 @@ TEST_CASE("SIGKILL mid-step after the step-20 checkpoint, then `runner resume`: 
   require_same_final(ref, dir);
 }
 
-TEST_CASE("SIGTERM: checkpoint at the next step boundary, exit code 3, the same command resumes bit-exact") {
+TEST_CASE("SIGTERM and Ctrl-C (SIGINT): checkpoint at the next step boundary, exit code 3, the same command resumes bit-exact") {
   fs::path ref = straight_run();
-  fs::path dir = fresh("term");
-  pid_t pid = spawn_train(dir.string());
-  // Wait until a few steps are logged, past the step-10 checkpoint, then ask it to stop.
-  for (int i = 0; i < 600000; ++i) {
-    if (losses_count_at_least(dir, 13)) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  for (int sig : {SIGTERM, SIGINT}) {
+    CAPTURE(sig);
+    fs::path dir = fresh(sig == SIGTERM ? "term" : "int");
+    pid_t pid = spawn_train(dir.string());
+    // Wait until a few steps are logged, past the step-10 checkpoint, then ask it to stop.
+    for (int i = 0; i < 600000; ++i) {
+      if (losses_count_at_least(dir, 13)) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    kill(pid, sig);
+    int code = wait_exit(pid);
+    REQUIRE(code == 3);
+    // A checkpoint beyond step 10 was written at a step boundary.
+    std::string latest = read_file(dir / "checkpoints" / "LATEST");
+    CHECK(latest.find("step_00000010") == std::string::npos);
+    REQUIRE(train(dir.string()) == 0);
+    require_same_final(ref, dir);
   }
-  kill(pid, SIGTERM);
-  int code = wait_exit(pid);
-  REQUIRE(code == 3);
-  // A checkpoint beyond step 10 was written at a step boundary.
-  std::string latest = read_file(dir / "checkpoints" / "LATEST");
-  CHECK(latest.find("step_00000010") == std::string::npos);
-  REQUIRE(train(dir.string()) == 0);
-  require_same_final(ref, dir);
 }
 
 TEST_CASE("in-memory snapshot tier: a non-finite loss rolls back and skips the batch, without touching disk") {

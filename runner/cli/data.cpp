@@ -21,7 +21,7 @@ class DataCommand final : public Command {
   }
 
   int run(std::optional<Launch>&) override {
-    install_signal_handlers();
+    install_signal_handlers(StopWork::data_prepare);
     int64_t n = prepare_text_to_hdf5(text_path_, out_path_, &stop_flag());
     std::cout << "wrote " << n << " tokens to " << out_path_ << "\n";
     return 0;

@@ -27,6 +27,7 @@
 
 #include "runner/recipe/document.h"
 #include "runner/recipe/fields.h"
+#include "runner/recipe/paths.h"
 
 namespace runner {
 
@@ -260,6 +261,7 @@ Recipe load_recipe_text(const std::string& text, const std::string& display_name
   }
   fill(doc, r);
   validate_recipe(r);
+  resolve_recipe_paths(r, "");  // the --set paths (the text's own are resolved by load_recipe)
   return r;
 }
 
@@ -277,7 +279,9 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   std::stringstream ss;
   ss << in.rdbuf();
   if (in.bad()) throw UserError(SourceLoc{path}, "cannot read the recipe file", "check that it is a readable text file");
-  return load_recipe_text(ss.str(), path, overrides);
+  Recipe r = load_recipe_text(ss.str(), path, overrides);
+  resolve_recipe_paths(r, path);  // relative inputs are read beside the recipe (runner/recipe/paths.h)
+  return r;
 }
 
 

@@ -35,10 +35,16 @@ ResumeRequest prepare_resume(const std::string& run_dir, const std::vector<std::
   if (fs::exists(saved)) ckpt_dir = run_paths(load_recipe(saved.string()), run_dir).checkpoint_dir;
   std::optional<ResumePoint> point = choose_resume_point(ckpt_dir, step, strict);
   if (!point) {
-    // A run killed before its first checkpoint left its temporary file: remove it, unless the
-    // directory has a live owner (that one's write is in flight; the trainer says who it is).
+    // A live owner that has not written its first checkpoint yet: name it, as `runner train`
+    // does (its temporary file is a write in flight, not left over).
+    if (auto owner = RunLock::holder(run_dir)) RunLock::throw_in_use(run_dir, *owner);
+    // A run killed before its first checkpoint left its temporary file: remove it.
     if (auto lock = RunLock::try_take(run_dir)) cleanup_stale(ckpt_dir);
-    throw UserError({ckpt_dir, 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
+    throw UserError({ckpt_dir, 0, 0}, "no checkpoint to resume from (the run stopped before its first checkpoint)",
+                    fs::exists(saved) ? fmt::format("start it again: `runner train {} --run-dir {}` (its stored "
+                                                    "recipe) or `runner train RECIPE --run-dir {}`",
+                                                    saved.string(), run_dir, run_dir)
+                                      : "start the run with `runner train RECIPE`");
   }
   ResumeRequest req{load_recipe_text(read_recipe_text(point->path), saved.string(), overrides), *point, {}};
   const std::vector<std::string> again = rederive_for_new_layout(req.recipe);

@@ -88,13 +88,33 @@ RunLock::RunLock(const std::string& run_dir) {
       took_over_ = previous;
       return;
     case Outcome::Held:
-      throw UserError({path_, 0, 0},
-                      fmt::format("the run directory {} is in use by another runner ({})", run_dir,
-                                  previous.empty() ? "its owner has not recorded itself yet" : previous),
-                      "wait for that run to finish or stop it, or train in another directory (--run-dir)");
+      throw_in_use(run_dir, previous);
     case Outcome::Failed:
       throw UserError({path_, 0, 0}, previous, "check the run directory's path and permissions (--run-dir)");
   }
+}
+
+void RunLock::throw_in_use(const std::string& run_dir, const std::string& owner) {
+  throw UserError({(fs::path(run_dir) / "runner.lock").string(), 0, 0},
+                  fmt::format("the run directory {} is in use by another runner ({})", run_dir,
+                              owner.empty() ? "its owner has not recorded itself yet" : owner),
+                  "wait for that run to finish or stop it, or train in another directory (--run-dir)");
+}
+
+std::optional<std::string> RunLock::holder(const std::string& run_dir) {
+  const std::string path = (fs::path(run_dir) / "runner.lock").string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::optional<std::string> owner;
+  // A shared lock is refused while an owner holds the exclusive one; when it is granted it is
+  // dropped at once, so a runner starting now is never kept out.
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) owner = read_all(fd);
+  } else {
+    ::flock(fd, LOCK_UN);
+  }
+  ::close(fd);
+  return owner;
 }
 
 RunLock::RunLock(const std::string& run_dir, NoThrow) {

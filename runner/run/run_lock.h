@@ -27,6 +27,13 @@ class RunLock {
   static std::optional<RunLock> try_take(const std::string& run_dir);
   RunLock(RunLock&& o) noexcept;
 
+  // The owner's line ("host H pid P ... since T", or "" when it has not recorded itself yet)
+  // when another process holds the lock of `run_dir`; nullopt when nobody does (or there is no
+  // lock file). Takes nothing and writes nothing.
+  static std::optional<std::string> holder(const std::string& run_dir);
+  // Throws the UserError a second runner gets on a directory `owner` holds (holder()'s line).
+  [[noreturn]] static void throw_in_use(const std::string& run_dir, const std::string& owner);
+
   const std::string& path() const { return path_; }
   const std::string& took_over() const { return took_over_; }
   // "host H pid P[ slurm job J] since T": this process as the file records it.

@@ -132,7 +132,7 @@ void write_run_files(const Plan& plan, const std::string& run_dir) {
 void append_end_event(const std::string& run_dir, const char* cause, int64_t step, int code) {
   nlohmann::json j{{"event", "end"}, {"cause", cause}, {"step", step}, {"exit_code", code}};
   if (code == kExitPreempted)
-    j["signal"] = stop_signal() == SIGUSR1 ? "SIGUSR1" : stop_signal() == SIGTERM ? "SIGTERM" : "a stop request";
+    j["signal"] = stop_signal_name();
   append_run_event(run_dir, j);
 }
 

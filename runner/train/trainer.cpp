@@ -9,6 +9,8 @@
 #include "runner/train/train.h"
 
 #include <cmath>
+#include <filesystem>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +22,7 @@
 #include "ops/backend.h"
 #include "ops/rng.h"
 #include "runner/agree.h"
+#include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/resume.h"
 #include "runner/checkpoint/saver.h"
 #include "runner/run/run_dir.h"
@@ -35,11 +38,14 @@
 #include "runner/state.h"
 #include "runner/train/evaluate.h"
 #include "runner/train/fault_hook.h"
+#include "runner/train/history.h"
 #include "runner/train/optimizer.h"
 #include "runner/train/precision.h"
 #include "runner/train/rank_model.h"
 #include "runner/train/rollback.h"
 #include "runner/train/startup.h"
+
+namespace fs = std::filesystem;
 
 namespace runner {
 
@@ -60,10 +66,12 @@ class Trainer {
  public:
   Trainer(const Plan& p, TrainOptions o, parallel::Grid& g, ops::Backend& b)
       : plan(p), r(p.recipe), opts(std::move(o)), grid(g), be(b) {}
+  ~Trainer() { set_abort_record(""); }
 
   int run() {
-    start();
+    if (!start()) return 0;  // a finished run: said so, changed nothing
     const int64_t total = r.train.steps;
+    if (st.step >= total) return finish_evaluation();
     while (st.step < total) {
       if (stop_agreed()) return preempt();
       rollback->before_step(st);
@@ -78,6 +86,7 @@ class Trainer {
       s.rollback_ms = rollback->take_ms();
       s.checkpoint_ms = ckpt_wall_ms;
       metrics->step(st.step, st.tokens, s, ckpt_stall_ms);
+      note_step(st.step);  // the step a second signal's end record names: the last one recorded
       ckpt_stall_ms = 0;
       if (s.overflow && scaler.exhausted(st.scaler)) return stop_on_overflows(s);
       checkpoint_after_step();
@@ -132,18 +141,23 @@ class Trainer {
   // evaluations' share is kept apart and taken out.
   std::vector<ops::OpProfile> eval_ops;
   std::optional<RunLock> lock;  // rank 0: this run owns its directory until the Trainer ends
+  std::optional<ResumePoint> point;  // the checkpoint this job continues from (none: step 0)
+  std::optional<RecipeHistory> history;  // rank 0: this job's recipe against the one the run ran with
 
   bool lead() const { return grid.rank() == 0; }
   uint64_t seed() const { return static_cast<uint64_t>(r.train.seed); }
   bool diagnose() const { return r.precision.diagnostics || opts.diagnose_precision; }
 
   // Everything before the first step: inputs checked, the run directory taken, the state built
-  // or resumed, the run files written, the peaks measured, the banner printed.
-  void start() {
+  // or resumed, the run files written, the peaks measured, the banner printed. False: the run
+  // is finished and nothing was written (finished()).
+  bool start() {
     install_signal_handlers();
     open_inputs();
     paths = run_paths(r, opts.run_dir);
     take_run_lock();
+    choose_point();
+    if (finished()) return false;
     choose_threads(r);
     build();
     log = open_run_log(paths.run_dir, grid, !opts.quiet && lead());
@@ -152,13 +166,20 @@ class Trainer {
     rollback = std::make_unique<Rollback>(r.checkpoint, *loader, *metrics, log);
     if (lock && !lock->took_over().empty())
       log->warn("took over the lock of a previous owner that is gone ({}): {}", lock->took_over(), lock->path());
+    say_recipe_changes();  // before the load, which refuses the changes a checkpoint cannot take
     maybe_resume();
     ckpt->remove_stale_files();
     tracer.resumed_at(resumed_from);
-    if (lead()) write_run_files(plan, paths.run_dir);
+    if (lead()) {
+      warn_always(history->keep(opts.resume_notes));  // the recipe the run ran with, kept when changed
+      write_run_files(plan, paths.run_dir);
+      warn_always(keep_later_history(paths.run_dir, paths.checkpoint_dir, resumed_from));
+    }
     metrics->open(paths.run_dir, resumed_from);
     // Each start and stop of a job on this run directory (runner status reads them).
     if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
+    note_step(st.step);
+    if (lead()) set_abort_record((fs::path(paths.run_dir) / "events.jsonl").string());  // a second signal's end record
     measure_peaks();
     print_startup(*log, plan, grid,
                   {paths.run_dir, train_src->describe(), model->sync().bucket_count(), model->sync().zero1(),
@@ -166,6 +187,49 @@ class Trainer {
     if (resumed_from >= 0) log->info("resumed from step {} ({})", resumed_from, ckpt->dir());
     for (const std::string& note : opts.resume_notes) log->info("{}", note);
     run_t0 = StepTimer::now();
+    return true;
+  }
+
+  // A warning the user must see: on the log, and on stderr when --quiet keeps the log off the
+  // console (quiet silences progress, not this).
+  void warn_always(const std::vector<std::string>& lines) {
+    for (const std::string& l : lines) {
+      log->warn("{}", l);
+      if (opts.quiet) fmt::print(stderr, "{}\n", l);
+    }
+  }
+
+  // The checkpoint to continue from, chosen once before anything is built: `runner resume`
+  // chose it to read its recipe; otherwise the run directory's newest one that verifies.
+  void choose_point() {
+    point = opts.resume_point;
+    if (!point) agree(grid.world(), [&] { point = choose_resume_point(paths.checkpoint_dir, opts.resume_step, opts.strict); });
+  }
+
+  // A run whose checkpoint is at (or past) train.steps and whose end is recorded has nothing
+  // to do: continuing would only evaluate again and overwrite its summary with one of no steps.
+  // Rank 0 says so and how to extend it; nothing in the run directory is written. (At
+  // train.steps without its final evaluation, a signal stopped that: finish_evaluation().)
+  bool finished() {
+    int64_t done = 0;  // rank 0 reads metrics.jsonl and decides for every rank
+    if (lead() && point && point->step >= r.train.steps)
+      done = point->step > r.train.steps || run_has_ended(paths.run_dir, point->step);
+    grid.world().allreduce_max(&done, 1);
+    if (done && lead()) {
+      fmt::print("{}", finished_message(paths.run_dir, *point, r));
+      std::fflush(stdout);
+    }
+    return done != 0;
+  }
+
+  // Rank 0: a recipe other than the one the run ran with (its checkpoint's; without one, the
+  // one the directory last ran with) is listed before the checkpoint is loaded, so a change the
+  // load refuses is seen with its cause (train/history.h).
+  void say_recipe_changes() {
+    if (!lead()) return;
+    history.emplace(paths.run_dir, point ? read_recipe_text(point->path) : stored_recipe_text(paths.run_dir),
+                    resolved_recipe_yaml(plan), point ? point->step : -1);
+    warn_always(history->said());
   }
 
   // MFU is against the peak of all ranks together (runner/device/peak.h: the recipe's, the
@@ -227,11 +291,9 @@ class Trainer {
   }
 
   // Resumes from the run directory's checkpoints when there are any (a requeued job runs the
-  // same command line), from the one the resume chooser chose (`runner resume` chose it before
-  // planning). Loading writes nothing; a checkpoint that does not verify is skipped unless strict.
+  // same command line), from the one choose_point() took. Loading writes nothing; a checkpoint
+  // that does not verify was skipped unless strict.
   void maybe_resume() {
-    std::optional<ResumePoint> point = opts.resume_point;
-    if (!point) agree(grid.world(), [&] { point = choose_resume_point(ckpt->dir(), opts.resume_step, opts.strict, log); });
     if (!point) {
       if (opts.resume) ckpt->remove_stale_files();  // a run killed before its first checkpoint left its temporary file
       if (opts.resume) throw UserError({ckpt->dir(), 0, 0}, "no checkpoint to resume from", "start the run with `runner train RECIPE`");
@@ -239,6 +301,9 @@ class Trainer {
     }
     for (const std::string& why : point->skipped) log->warn("{}", why);
     resumed_from = load_resume_point(*point, plan, grid, st, log);
+    // The load copied the checkpoint's recipe; this job's checkpoints carry this job's recipe,
+    // or a later `runner resume` would quietly go back to the old learning rate, steps or layout.
+    st.recipe_yaml = resolved_recipe_yaml(plan);
     ckpt->resumed_at(resumed_from);
     st.omp_threads = ops::num_threads();  // a single-rank load copies the checkpoint's scalars
     if (st.loaded_omp_threads > 0 && st.loaded_omp_threads != st.omp_threads)
@@ -397,6 +462,19 @@ class Trainer {
               st.scaler.consecutive_skips);
   }
 
+  // The run had trained all its steps when a signal stopped its final evaluation: this job runs
+  // that evaluation and records it. No summary: this job timed no step (one would report 0
+  // tokens/s); the step records before it stand.
+  int finish_evaluation() {
+    log->info("step {} of {} was reached before; running the final evaluation the last job did not finish", st.step,
+              r.train.steps);
+    EvalResult last_eval = evaluate_untimed();
+    if (stop_agreed()) return preempt();
+    metrics->eval(st.step, last_eval);
+    end_event("done", 0);
+    return 0;
+  }
+
   // More fp16 overflows in a row than the recipe allows: stop with kExitNumerics and say why.
   // The last published checkpoint stays as it was (the skipped steps changed no weights).
   int stop_on_overflows(const StepResult& s) {
@@ -417,11 +495,14 @@ class Trainer {
 
   // A signal asked us to stop: checkpoint at this step boundary and exit with kExitPreempted.
   int preempt() {
-    log->warn("signal {} received: writing a checkpoint at step {} and exiting (code {})", stop_signal(), st.step,
+    log->warn("{} received: writing a checkpoint at step {} and exiting (code {})", stop_signal_name(), st.step,
               kExitPreempted);
     ckpt->save(st, true);
     metrics->flush_monitor();
     end_event("preempted", kExitPreempted);
+    if (lead())
+      log->info("stopped at step {} of {} with a checkpoint; continue with `runner resume {}`", st.step, r.train.steps,
+                paths.run_dir);
     return kExitPreempted;
   }
 

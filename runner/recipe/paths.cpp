@@ -1,0 +1,41 @@
+// The recipe's path fields made absolute (see paths.h).
+#include "runner/recipe/paths.h"
+
+#include <filesystem>
+#include <system_error>
+
+namespace fs = std::filesystem;
+
+namespace runner {
+
+namespace {
+
+std::string absolute_from(const fs::path& base, const std::string& p) {
+  std::error_code ec;
+  fs::path out = fs::path(p).is_absolute() ? fs::path(p) : base / p;
+  if (!out.is_absolute()) out = fs::absolute(out, ec);
+  return (ec ? fs::path(p) : out.lexically_normal()).string();
+}
+
+}  // namespace
+
+void resolve_recipe_paths(Recipe& r, const std::string& recipe_file) {
+  std::error_code ec;
+  const fs::path cwd = fs::current_path(ec);
+  if (ec) return;  // no working directory (removed under us): the paths stay as written
+  const fs::path recipe_dir = recipe_file.empty() ? fs::path() : fs::absolute(fs::path(recipe_file), ec).parent_path();
+  struct Field {
+    const char* key;
+    std::string* value;
+    bool input;
+  };
+  for (const Field& f : {Field{"data.path", &r.data.path, true}, Field{"data.val_path", &r.data.val_path, true},
+                         Field{"train.run_dir", &r.train.run_dir, false}, Field{"checkpoint.dir", &r.checkpoint.dir, false}}) {
+    if (f.value->empty() || fs::path(*f.value).is_absolute()) continue;
+    const bool from_set = r.loc(f.key).file == "--set";
+    if (!from_set && recipe_file.empty()) continue;
+    *f.value = absolute_from(f.input && !from_set ? recipe_dir : cwd, *f.value);
+  }
+}
+
+}  // namespace runner
