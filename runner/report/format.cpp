@@ -236,8 +236,12 @@ Rows summary_rows(const json& s, const json& plan) {
                                       "step_ms", "val_loss", "accuracy", "skipped_steps", "loss_scale", "scale_conflict",
                                       "comm_hidden_fraction", "comm_hidden_ms", "comm_exposed_ms", "pipeline_idle_fraction",
                                       "plan_bubble", "checkpoint_ms", "alerts", "ledger", "top_ops", "breakdown_per_rank"};
-  for (const auto& [k, v] : s.items())
-    if (std::find(std::begin(kDone), std::end(kDone), k) == std::end(kDone)) r.emplace_back(k, any_text(v));
+  for (const auto& [k, v] : s.items()) {
+    if (std::find(std::begin(kDone), std::end(kDone), k) != std::end(kDone)) continue;
+    std::string label = k;
+    std::replace(label.begin(), label.end(), '_', ' ');
+    r.emplace_back(label, any_text(v));
+  }
   return r;
 }
 
