@@ -144,3 +144,43 @@ TEST_CASE("export: bad requests exit 2 and say why") {
   CHECK(bf.out.find("fp32 only") != std::string::npos);
   fs::remove_all(dir);
 }
+
+// config.json carries what training used, not the format's defaults: the dropout (GPT-2: its
+// three places, where the runner drops out; Llama: attention only, and a note for the rest), the
+// initializer range, and no begin/end token ids outside a byte vocabulary.
+TEST_CASE("export: config.json carries the training's dropout and initializer range") {
+  fs::path dir = temp_dir("config");
+  fs::path gpt = dir / "gpt";
+  Result t = runner_cmd(test_support::tiny_quickstart_args(gpt, 2, 24) + " model.dropout=0.1 model.init_std=0.03");
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  Result e = runner_cmd("export " + gpt.string() + " --out " + (dir / "st").string());
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  CHECK(e.out.find(" KiB) to ") != std::string::npos);  // the size in units, not a byte count
+  CHECK(e.out.find("note:") == std::string::npos);
+  auto cfg = nlohmann::json::parse(test_support::slurp(dir / "st" / "config.json"));
+  for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) CHECK_MESSAGE(cfg[k] == 0.1, k);
+  CHECK(cfg["initializer_range"] == 0.03);
+  CHECK(cfg["bos_token_id"].is_null());
+  CHECK(cfg["eos_token_id"].is_null());
+  Result z = runner_cmd("export " + gpt.string() + " --format npz --out " + (dir / "npz").string());
+  REQUIRE(z.code == 0);
+  auto ncfg = nlohmann::json::parse(test_support::slurp(dir / "npz" / "config.json"));
+  CHECK(ncfg["model"]["dropout"] == 0.1);
+  CHECK(ncfg["model"]["init_std"] == 0.03);
+
+  fs::path llama = dir / "llama";
+  t = runner_cmd(test_support::tiny_quickstart_args(llama, 2, 24) + " model.dropout=0.1 " + test_support::kLlamaSets);
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  e = runner_cmd("export " + llama.string() + " --out " + (dir / "ll").string());
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  CHECK(e.out.find("note: training dropped out at 0.1 on the embeddings and residual branches too") != std::string::npos);
+  cfg = nlohmann::json::parse(test_support::slurp(dir / "ll" / "config.json"));
+  CHECK(cfg["attention_dropout"] == 0.1);
+  CHECK(cfg["initializer_range"] == 0.02);
+  CHECK(cfg["bos_token_id"].is_null());
+  fs::remove_all(dir);
+}
