@@ -184,3 +184,27 @@ TEST_CASE("export: config.json carries the training's dropout and initializer ra
   CHECK(cfg["bos_token_id"].is_null());
   fs::remove_all(dir);
 }
+
+// `runner inspect` takes a run directory as export and generate do: its latest checkpoint,
+// saying which; a directory with none exits 2 and says what to pass.
+TEST_CASE("inspect: a run directory means its latest checkpoint") {
+  fs::path dir = temp_dir("inspect");
+  fs::path run = dir / "run";
+  Result t = runner_cmd(test_support::tiny_quickstart_args(run, 4, 24) + " checkpoint.every_steps=2");
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  for (const fs::path& arg : {run, run / "checkpoints"}) {
+    Result i = runner_cmd("inspect " + arg.string());
+    INFO(i.out);
+    CHECK(i.code == 0);
+    CHECK(i.out.find("checkpoints at steps 2, 4; inspecting the latest, step_00000004.h5") != std::string::npos);
+    CHECK(i.out.find("step 4, tokens") != std::string::npos);
+    CHECK(i.out.find(" ok") != std::string::npos);
+  }
+  fs::create_directories(dir / "empty");
+  Result none = runner_cmd("inspect " + (dir / "empty").string());
+  CHECK(none.code == 2);
+  CHECK(none.out.find("no checkpoint in") != std::string::npos);
+  CHECK(none.out.find("or a checkpoint .h5 file") != std::string::npos);
+  fs::remove_all(dir);
+}
