@@ -77,12 +77,12 @@ TEST_CASE("report: a profiled run has every plot as inline SVG and nothing exter
   CHECK(r.out.find("12 steps") != std::string::npos);
   const std::string h = slurp(dir / "report.html");
   no_external_references(h);
-  for (const char* title : {"Loss", "Learning rate", "Gradient norm", "Tokens/s", "Step time", "MFU and utilization",
+  for (const char* title : {"Loss", "Held-out accuracy", "Learning rate", "Gradient norm", "Tokens/s", "Step time", "MFU and utilization",
                             "Step-time distribution", "Step-time breakdown", "Memory per account", "Roofline"})
     CHECK_MESSAGE(h.find(std::string("class=\"t\">") + title) != std::string::npos, title);
   // fp32: no loss scaling, so no loss-scale chart (the records' constant 1 says nothing).
   CHECK(h.find("class=\"t\">Loss scale") == std::string::npos);
-  CHECK(count(h, "<svg") == 10);
+  CHECK(count(h, "<svg") == 11);
   CHECK(count(h, "<svg") == count(h, "</svg>"));
   CHECK(h.find("class=\"P50\"") != std::string::npos);
   CHECK(h.find("class=\"P99\"") != std::string::npos);
@@ -116,7 +116,12 @@ TEST_CASE("report: a profiled run has every plot as inline SVG and nothing exter
   CHECK(h.find("  dataset: tokens") == std::string::npos);
   CHECK(h.find("  val_fraction:") == std::string::npos);
   CHECK(h.find("growth_interval") == std::string::npos);
-  CHECK(h.find("&quot;tokens_per_step&quot;") != std::string::npos);
+  CHECK(h.find("&quot;tokens_per_step&quot;") != std::string::npos);  // plan.json itself, folded
+  CHECK(h.find("<th>batch</th><td>global 16 = micro 16 x dp 1 x accum 1, 1,024 tokens per step</td>") != std::string::npos);
+  CHECK(h.find("<th>fits</th><td>yes: largest stage ") != std::string::npos);
+  // The addition task's accuracy is drawn on a 0-100% axis; MFU and utilization in percent.
+  CHECK(h.find("class=\"ay\">100</text>") != std::string::npos);
+  CHECK(h.find("% right") != std::string::npos);
 }
 
 TEST_CASE("report: a run in progress (no summary, a cut last line)") {
@@ -150,7 +155,7 @@ TEST_CASE("report: a run in progress (no summary, a cut last line)") {
   CHECK(h.find("in progress (no summary record yet)") != std::string::npos);
   CHECK(h.find("1 unreadable line(s) skipped") != std::string::npos);
   CHECK(count(h, "<g><title>steps ") == 9);
-  CHECK(count(h, "<svg") == 9);  // no profile.json: no roofline; fp32: no loss scale
+  CHECK(count(h, "<svg") == 10);  // no profile.json: no roofline; fp32: no loss scale
   CHECK(h.find("no operator profile") != std::string::npos);
   no_external_references(h);
 }

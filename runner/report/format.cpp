@@ -245,6 +245,37 @@ Rows summary_rows(const json& s, const json& plan) {
   return r;
 }
 
+Rows plan_rows(const json& p) {
+  Rows r;
+  if (!p.is_object()) return r;
+  if (p.contains("param_count")) r.emplace_back("parameters", count_text(num(p, "param_count")));
+  if (p.contains("grid")) {
+    json g = p["grid"];
+    if (g.is_object() && p.contains("world")) g["world"] = p["world"];
+    r.emplace_back("layout", layout_text(g));
+  }
+  if (p.contains("batch") && p["batch"].is_object()) {
+    const json& b = p["batch"];
+    const double dp = p.contains("grid") ? num(p["grid"], "dp", 1) : 1;
+    r.emplace_back("batch", fmt::format("global {} = micro {} x dp {} x accum {}, {} tokens per step", plain(num(b, "global")),
+                                        plain(num(b, "micro")), plain(dp), plain(num(b, "accum")), count_text(num(b, "tokens_per_step"))));
+  }
+  if (p.contains("flops_per_token")) r.emplace_back("FLOPs per token", si(num(p, "flops_per_token"), "FLOP"));
+  if (p.contains("fits")) {
+    double largest = 0;
+    if (p.contains("stages") && p["stages"].is_array())
+      for (const auto& st : p["stages"]) largest = std::max(largest, num(st, "total_bytes", 0));
+    const bool fits = p["fits"].is_boolean() && p["fits"].get<bool>();
+    r.emplace_back("fits", fmt::format("{}: largest stage {} of {} device memory", fits ? "yes" : "no", bytes_text(largest),
+                                       bytes_text(num(p, "device_memory_bytes"))));
+  }
+  if (p.contains("grid") && num(p["grid"], "pp", 1) > 1) r.emplace_back("pipeline bubble", percent_text(num(p, "bubble")));
+  for (auto [key, label] : {std::pair{"warnings", "warning"}, std::pair{"notes", "note"}, std::pair{"suggestions", "suggestion"}})
+    if (p.contains(key) && p[key].is_array())
+      for (const auto& v : p[key]) r.emplace_back(label, any_text(v));
+  return r;
+}
+
 Rows monitor_rows(const json& m) {
   Rows r;
   if (m.contains("step")) r.emplace_back("step", any_text(m["step"]));

@@ -48,5 +48,8 @@ std::string percentiles_text(const nlohmann::json& ms);
 using Rows = std::vector<std::pair<std::string, std::string>>;
 Rows summary_rows(const nlohmann::json& summary, const nlohmann::json& plan);
 Rows monitor_rows(const nlohmann::json& monitor);
+// The plan's figures (plan.json): parameters, layout, the batch equation, FLOPs per token,
+// whether it fits, and its warnings, notes and suggestions.
+Rows plan_rows(const nlohmann::json& plan);
 
 }  // namespace runner::report

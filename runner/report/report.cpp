@@ -100,6 +100,7 @@ struct Frame {
   // A value y axis holding [lo, hi] (and 0 when `zero`): it widens to round ticks.
   void y_axis(double lo, double hi, bool zero, bool integer = false) {
     if (zero && lo > 0) lo = 0;
+    if (zero && hi <= lo) hi = lo + 1;  // all zero: 0 to 1, not a band around 0
     yt = report::linear_ticks(lo, hi, 5, /*loose=*/true, integer);
     y0 = yt.lo, y1 = yt.hi;
   }
@@ -138,7 +139,9 @@ std::string legend(const Frame& f, const std::vector<std::string>& names) {
   return s;
 }
 
-std::string line_chart(const std::string& title, const std::string& yl, const std::vector<Series>& ss, bool zero = false) {
+// `zero`: the y axis starts at 0; `y_at_least`: and reaches at least this (100 for a percentage).
+std::string line_chart(const std::string& title, const std::string& yl, const std::vector<Series>& ss, bool zero = false,
+                       double y_at_least = -INFINITY) {
   Frame f;
   double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
   for (auto& s : ss)
@@ -146,7 +149,7 @@ std::string line_chart(const std::string& title, const std::string& yl, const st
       if (std::isfinite(x) && std::isfinite(y)) xlo = std::min(xlo, x), xhi = std::max(xhi, x), ylo = std::min(ylo, y), yhi = std::max(yhi, y);
   if (!std::isfinite(xlo)) return "<p class=\"na\">" + esc(title) + ": no data yet</p>";
   f.x_axis(xlo, xhi > xlo ? xhi : xlo + 1, 6, /*integer=*/true);
-  f.y_axis(ylo, yhi, zero);
+  f.y_axis(ylo, std::max(yhi, y_at_least), zero);
   std::string s = axes(f, title, "step", yl);
   std::vector<std::string> names;
   for (size_t i = 0; i < ss.size(); ++i) {
@@ -340,7 +343,7 @@ std::string kv_table(const report::Rows& rows) {
 
 std::string per_rank_table(const json& rows) {
   std::string s = "<table><tr><th>rank</th><th>stage</th>";
-  for (auto* p : kParts) s += std::string("<th>") + p + "</th>";
+  for (auto* p : kParts) s += "<th>" + std::string(p).substr(0, std::string(p).size() - 3) + "</th>";  // the caption says ms
   s += "</tr>";
   for (auto& r : rows) {
     s += fmt::format("<tr><td>{}</td><td>{}</td>", fmtv(num(r, "rank")), fmtv(num(r, "stage")));
@@ -411,10 +414,11 @@ RunFiles read_run_files(const fs::path& run_dir, ReportInfo& info) {
   return f;
 }
 
-Series series(const std::vector<json>& recs, const char* key, const std::string& name) {
+// `scale` 100: a fraction drawn in percent.
+Series series(const std::vector<json>& recs, const char* key, const std::string& name, double scale = 1) {
   Series s{name, {}};
   for (auto& r : recs)
-    if (r.contains(key) && r[key].is_number()) s.pts.push_back({num(r, "step"), r[key].get<double>()});
+    if (r.contains(key) && r[key].is_number()) s.pts.push_back({num(r, "step"), scale * r[key].get<double>()});
   return s;
 }
 
@@ -451,13 +455,18 @@ std::string charts_section(const RunFiles& f, const ReportInfo& info) {
   std::vector<Series> loss{series(steps, "loss", "train")};
   if (!f.evals.empty()) loss.push_back(series(f.evals, "val_loss", "eval"));
   h += line_chart("Loss", "loss", loss);
+  // The addition task's evaluations score answers: the curve a reader of its console lines expects.
+  Series acc = series(f.evals, "accuracy", "accuracy", 100);
+  if (!acc.pts.empty()) h += line_chart("Held-out accuracy (addition, exact match)", "% right", {acc}, true, 100);
   h += line_chart("Learning rate", "lr", {series(steps, "lr", "lr")}, true);
   h += line_chart("Gradient norm", "norm", {series(steps, "grad_norm", "grad norm")}, true);
   if (loss_scaled(f)) h += line_chart("Loss scale", "scale", {series(steps, "loss_scale", "loss scale")}, true);
   h += "</div>\n<h2>Throughput</h2><div class=\"grid\">\n";
   h += line_chart("Tokens/s", "tokens/s", {series(steps, "tokens_per_s", "step"), series(monitors, "tokens_per_s", "monitor (window)")}, true);
   h += line_chart("Step time", "ms", {series(steps, "step_ms", "step_ms")}, true);
-  if (!monitors.empty()) h += line_chart("MFU and utilization", "fraction", {series(monitors, "mfu", "MFU"), series(monitors, "utilization", "utilization")}, true);
+  if (!monitors.empty())
+    h += line_chart("MFU and utilization", "%", {series(monitors, "mfu", "MFU", 100), series(monitors, "utilization", "utilization", 100)},
+                    true);
   std::vector<double> ms;
   for (auto& s : steps) ms.push_back(num(s, "step_ms"));
   h += histogram(ms);
@@ -529,7 +538,9 @@ ReportInfo write_report(const fs::path& run_dir) {
       f.plan.is_object() ? f.plan.value("name", run_dir.filename().string()) : run_dir.filename().string();
   std::string h = head_section(f, info, name) + charts_section(f, info) + operators_section(f, info);
   h += recipe_section(f);
-  h += "<h2>Plan</h2><pre>" + (f.plan.is_null() ? std::string("(no plan.json)") : esc(f.plan.dump(2))) + "</pre>\n";
+  h += "<h2>Plan</h2>";
+  if (f.plan.is_null()) h += "<p class=\"na\">no plan.json</p>\n";
+  else h += kv_table(report::plan_rows(f.plan)) + "<details><summary>plan.json</summary><pre>" + esc(f.plan.dump(2)) + "</pre></details>\n";
   h += "</body></html>\n";
 
   info.path = run_dir / "report.html";
