@@ -186,3 +186,17 @@ TEST_CASE("generate CLI: text, --json records, refusals before running with the 
   Result none = runner_split("generate " + (f.dir / "missing").string() + " --prompt x", f.dir);
   CHECK(none.code == 2);
 }
+
+// The addition task writes sums least significant digit first: a model trained on it says so
+// on stderr, with its digits, so that "123+456=9750" is read as 579; stdout stays the completion.
+TEST_CASE("generate CLI: a model of the addition task says how its answers read") {
+  Fixture& f = fixture();
+  Result r = runner_split("generate " + f.run.string() + " --prompt '012+345=' --max-new-tokens 4", f.dir);
+  INFO(r.out << r.err);
+  CHECK(r.code == 0);
+  CHECK(r.err.find("note: this model learned data.kind addition (3 digits): prompts are written as \"123+456=\"") !=
+        std::string::npos);
+  CHECK(r.err.find("least significant digit first, padded to 4: \"9750\" means 579") != std::string::npos);
+  CHECK(r.out.find("note:") == std::string::npos);
+  CHECK(r.out.rfind("012+345=", 0) == 0);
+}

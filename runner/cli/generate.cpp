@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ops/tensor.h"
@@ -53,6 +54,22 @@ void print_completions(const std::vector<Completion>& done, bool json, bool stre
       if (c.completion.empty() || c.completion.back() != '\n') std::cout << "\n";
     }
   }
+}
+
+// A model trained on the built-in addition task answers as it learned: operands zero-padded to
+// data.digits, the sum written least significant digit first (runner/data/addition.cpp), so
+// "123+456=" completes as "9750". Said on stderr (stdout holds only the completions) so that a
+// right answer is not read as a wrong one.
+void note_addition_format(const TrainedModel& m) {
+  const DataConfig& d = m.plan.recipe.data;
+  if (d.kind != DataKind::addition || d.digits < 1 || d.digits > 18) return;
+  const auto D = static_cast<size_t>(d.digits);
+  const std::string a = std::string("123456789123456789").substr(0, D), b = std::string("456789123456789123").substr(0, D);
+  const std::string sum = fmt::format("{:0{}d}", std::stoull(a) + std::stoull(b), D + 1);
+  std::cerr << fmt::format("note: this model learned data.kind addition ({} digits): prompts are written as \"{}+{}=\" "
+                           "(operands zero-padded to {} digits) and the sum comes least significant digit first, "
+                           "padded to {}: \"{}\" means {}\n",
+                           D, a, b, D, D + 1, std::string(sum.rbegin(), sum.rend()), std::stoull(sum));
 }
 
 class GenerateCommand final : public Command {
@@ -107,6 +124,8 @@ class GenerateCommand final : public Command {
     if (!printer) return 0;
     if (stats_) print_stats(m, gen_, gstats);
     print_completions(done, json_, stream);
+    std::cout << std::flush;
+    note_addition_format(m);
     return 0;
   }
 
