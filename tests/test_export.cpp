@@ -199,6 +199,8 @@ TEST_CASE("inspect: a run directory means its latest checkpoint") {
     CHECK(i.code == 0);
     CHECK(i.out.find("checkpoints at steps 2, 4; inspecting the latest, step_00000004.h5") != std::string::npos);
     CHECK(i.out.find("step 4, tokens") != std::string::npos);
+    CHECK(i.out.find("no loss scaling (precision.compute fp32)") != std::string::npos);  // not "loss scale 1"
+    CHECK(i.out.find("loss scale 1") == std::string::npos);
     CHECK(i.out.find(" ok") != std::string::npos);
   }
   fs::create_directories(dir / "empty");
