@@ -487,3 +487,37 @@ TEST_CASE("report: an fp16 run on text data has the loss-scale chart and its dat
   CHECK(h.find("data.digits (data.kind is text)") != std::string::npos);
   CHECK(h.find("    growth_interval: 2000") != std::string::npos);
 }
+
+// The jobs that made a run: a killed job (a start with no end), the resume after it (also a
+// dashed line on the loss curve at the step it went on from), an end, and an event this
+// report does not know, shown by its fields.
+TEST_CASE("report: the run history from events.jsonl") {
+  const fs::path& src = profiled_run();
+  const fs::path dir = kDir / "history";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"plan.json", "recipe.yaml", "metrics.jsonl"}) fs::copy_file(src / f, dir / f);
+  {
+    std::ofstream ev(dir / "events.jsonl");
+    ev << R"({"accum":1,"dp":1,"event":"start","global":16,"host":"vm","micro":16,"notes":[],"pp":1,"resumed_from":-1,"time":"2026-12-03T12:14:12Z","tp":1,"world":1})" "\n"
+       << R"({"accum":1,"dp":1,"event":"start","global":16,"host":"vm","micro":16,"notes":[],"pp":1,"resumed_from":6,"time":"2026-12-03T12:20:00Z","tp":1,"world":1})" "\n"
+       << R"({"event":"recipe_changed","fields":["optimizer.lr"],"time":"2026-12-03T12:20:00Z"})" "\n"
+       << R"({"cause":"done","event":"end","exit_code":0,"step":12,"time":"2026-12-03T12:21:00Z"})" "\n";
+  }
+  Result r = report(dir);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const std::string h = slurp(dir / "report.html");
+  CHECK(h.find("<tr><td>2026-12-03 12:14:12 UTC</td><td>started</td><td>dp 1 x tp 1 x pp 1 (1 rank), global batch 16 = micro 16 x "
+               "dp 1 x accum 1, host vm</td></tr>") != std::string::npos);
+  CHECK(h.find("<td>no end record</td><td>the job above was killed or crashed") != std::string::npos);
+  CHECK(h.find("<td>resumed from step 6</td>") != std::string::npos);
+  CHECK(h.find("<td>recipe_changed</td><td>fields optimizer.lr</td>") != std::string::npos);
+  CHECK(h.find("<td>ended: done</td><td>step 12, exit code 0</td>") != std::string::npos);
+  CHECK(h.find("class=\"t\">Loss (dashed: resumed)") != std::string::npos);
+  CHECK(count(h, "class=\"resume\"") == 1);
+  // A run of one job has no resume line.
+  REQUIRE(report(src).code == 0);
+  CHECK(slurp(src / "report.html").find("class=\"resume\"") == std::string::npos);
+  CHECK(slurp(src / "report.html").find("<td>started</td>") != std::string::npos);
+}

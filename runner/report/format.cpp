@@ -290,4 +290,51 @@ Rows monitor_rows(const json& m) {
   return r;
 }
 
+namespace {
+
+std::string time_text(const json& e) {
+  std::string t = e.contains("time") && e["time"].is_string() ? e["time"].get<std::string>() : "";
+  if (t.size() == 20 && t[10] == 'T' && t[19] == 'Z') t = t.substr(0, 10) + " " + t.substr(11, 8) + " UTC";
+  return t;
+}
+
+EventRow start_row(const json& e) {
+  const double from = num(e, "resumed_from", -1);
+  EventRow r{time_text(e), from >= 0 ? "resumed from step " + plain(from) : "started", ""};
+  r.details = layout_text(e);
+  if (e.contains("global"))
+    r.details += fmt::format(", global batch {} = micro {} x dp {} x accum {}", plain(num(e, "global")), plain(num(e, "micro")),
+                             plain(num(e, "dp", 1)), plain(num(e, "accum")));
+  if (e.contains("host") && e["host"].is_string()) r.details += ", host " + e["host"].get<std::string>();
+  if (e.contains("notes") && e["notes"].is_array())
+    for (const auto& n : e["notes"]) r.details += "; " + any_text(n);
+  return r;
+}
+
+}  // namespace
+
+std::vector<EventRow> event_rows(const std::vector<json>& events) {
+  std::vector<EventRow> rows;
+  bool open = false;  // a start not yet ended
+  for (const json& e : events) {
+    const std::string kind = e.contains("event") && e["event"].is_string() ? e["event"].get<std::string>() : "";
+    if (kind == "start") {
+      if (open) rows.push_back({"", "no end record", "the job above was killed or crashed; the next went on from its last checkpoint"});
+      rows.push_back(start_row(e));
+      open = true;
+    } else if (kind == "end") {
+      const std::string cause = e.contains("cause") ? any_text(e["cause"]) : "?";
+      rows.push_back({time_text(e), "ended: " + cause,
+                      fmt::format("step {}, exit code {}", plain(num(e, "step")), plain(num(e, "exit_code")))});
+      open = false;
+    } else {
+      json rest = e;
+      rest.erase("time");
+      rest.erase("event");
+      rows.push_back({time_text(e), kind.empty() ? "?" : kind, any_text(rest)});
+    }
+  }
+  return rows;
+}
+
 }  // namespace runner::report

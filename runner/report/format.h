@@ -52,4 +52,12 @@ Rows monitor_rows(const nlohmann::json& monitor);
 // whether it fits, and its warnings, notes and suggestions.
 Rows plan_rows(const nlohmann::json& plan);
 
+// The run's history from events.jsonl (one record a job start or end; others by their name and
+// fields): when, what ("started", "resumed from step 100", "ended: done"), the details in words.
+// A start that follows a start with no end between says the job before it was killed.
+struct EventRow {
+  std::string time, what, details;
+};
+std::vector<EventRow> event_rows(const std::vector<nlohmann::json>& events);
+
 }  // namespace runner::report

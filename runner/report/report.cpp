@@ -140,8 +140,9 @@ std::string legend(const Frame& f, const std::vector<std::string>& names) {
 }
 
 // `zero`: the y axis starts at 0; `y_at_least`: and reaches at least this (100 for a percentage).
+// `marks`: steps drawn as dashed vertical lines (where the run was resumed).
 std::string line_chart(const std::string& title, const std::string& yl, const std::vector<Series>& ss, bool zero = false,
-                       double y_at_least = -INFINITY) {
+                       double y_at_least = -INFINITY, const std::vector<double>& marks = {}) {
   Frame f;
   double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
   for (auto& s : ss)
@@ -151,6 +152,10 @@ std::string line_chart(const std::string& title, const std::string& yl, const st
   f.x_axis(xlo, xhi > xlo ? xhi : xlo + 1, 6, /*integer=*/true);
   f.y_axis(ylo, std::max(yhi, y_at_least), zero);
   std::string s = axes(f, title, "step", yl);
+  for (double m : marks)
+    if (m >= f.x0 && m <= f.x1)
+      s += fmt::format(R"(<line class="resume" x1="{:.1f}" x2="{:.1f}" y1="{}" y2="{}" stroke="#888" stroke-dasharray="4,3"><title>resumed from step {}</title></line>)",
+                       f.tx(m), f.tx(m), f.t, f.h - f.b, fmtv(m));
   std::vector<std::string> names;
   for (size_t i = 0; i < ss.size(); ++i) {
     names.push_back(ss[i].name);
@@ -358,7 +363,7 @@ h1{font-size:22px}h2{font-size:17px;border-bottom:1px solid #ccc;margin-top:26px
 .grid{display:flex;flex-wrap:wrap;gap:12px}.plot{background:#fff;border:1px solid #ddd}
 .t{font-size:13px;font-weight:bold}.ax{font-size:10px;text-anchor:middle}.ay{font-size:10px;text-anchor:end}.lg{font-size:10px}
 table{border-collapse:collapse;font-size:12px;background:#fff}td,th{border:1px solid #ddd;padding:2px 6px;text-align:right}
-th{background:#eee}td:first-child{text-align:left}.kv th,.kv td{text-align:left}.note{font-size:12px;color:#555}
+th{background:#eee}td:first-child{text-align:left}.kv th,.kv td,.history td{text-align:left}.note{font-size:12px;color:#555}
 pre{background:#fff;border:1px solid #ddd;padding:8px;font-size:11px;max-height:480px;overflow:auto}
 .alert{color:#a00}.na{color:#888;font-style:italic}.status{padding:6px;background:#ffe;border:1px solid #cc9;display:inline-block})";
 
@@ -366,7 +371,7 @@ pre{background:#fff;border:1px solid #ddd;padding:8px;font-size:11px;max-height:
 // What a run directory holds, read once: every metrics.jsonl record by kind, the plan, the
 // profile and the recipe (a missing or unreadable optional file is left empty).
 struct RunFiles {
-  std::vector<json> steps, evals, monitors, alerts;
+  std::vector<json> steps, evals, monitors, alerts, events;
   json summary, plan, prof;
   std::string recipe_text;
   report::RecipeView recipe;  // recipe_text without what does not apply to the run
@@ -399,6 +404,11 @@ RunFiles read_run_files(const fs::path& run_dir, ReportInfo& info) {
     throw UserError({mpath.string()}, "no step record yet", "wait for the run's first step, or give a run directory that trained");
   info.steps = static_cast<int>(f.steps.size());
   info.finished = !f.summary.is_null();
+  if (std::ifstream ev(run_dir / "events.jsonl"); ev)
+    for (std::string line; std::getline(ev, line);) {
+      json j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.is_object()) f.events.push_back(std::move(j));
+    }
   f.recipe_text = fs::exists(run_dir / "recipe.yaml") ? slurp(run_dir / "recipe.yaml") : "";
   if (!f.recipe_text.empty()) f.recipe = report::recipe_view(f.recipe_text);
   if (fs::exists(run_dir / "plan.json")) f.plan = json::parse(slurp(run_dir / "plan.json"), nullptr, false);
@@ -454,7 +464,10 @@ std::string charts_section(const RunFiles& f, const ReportInfo& info) {
   std::string h = "<h2>Training</h2><div class=\"grid\">\n";
   std::vector<Series> loss{series(steps, "loss", "train")};
   if (!f.evals.empty()) loss.push_back(series(f.evals, "val_loss", "eval"));
-  h += line_chart("Loss", "loss", loss);
+  std::vector<double> resumed;
+  for (const auto& e : f.events)
+    if (e.value("event", "") == "start" && num(e, "resumed_from", -1) >= 0) resumed.push_back(num(e, "resumed_from"));
+  h += line_chart(resumed.empty() ? "Loss" : "Loss (dashed: resumed)", "loss", loss, false, -INFINITY, resumed);
   // The addition task's evaluations score answers: the curve a reader of its console lines expects.
   Series acc = series(f.evals, "accuracy", "accuracy", 100);
   if (!acc.pts.empty()) h += line_chart("Held-out accuracy (addition, exact match)", "% right", {acc}, true, 100);
@@ -484,6 +497,16 @@ std::string charts_section(const RunFiles& f, const ReportInfo& info) {
   return h;
 }
 
+// The jobs that made the run (events.jsonl): starts, resumes, ends and what else was recorded.
+std::string history_section(const RunFiles& f) {
+  std::string h = "<h2>Run history</h2>\n";
+  if (f.events.empty()) return h + "<p class=\"na\">no events.jsonl</p>\n";
+  h += "<table class=\"history\"><tr><th>time</th><th>what</th><th>details</th></tr>";
+  for (const auto& r : report::event_rows(f.events))
+    h += "<tr><td>" + esc(r.time) + "</td><td>" + esc(r.what) + "</td><td>" + esc(r.details) + "</td></tr>";
+  return h + "</table>\n";
+}
+
 // The operator profile (or the run's time per operator kind) and the alerts.
 std::string operators_section(const RunFiles& f, const ReportInfo& info) {
   const json& prof = f.prof;
@@ -504,6 +527,7 @@ std::string operators_section(const RunFiles& f, const ReportInfo& info) {
     h += "<p class=\"na\">no operator profile (train with --profile FROM:TO)</p>";
   }
 
+  h += history_section(f);
   h += "<h2>Alerts</h2>\n";
   if (f.alerts.empty()) h += "<p>No alert fired.</p>";
   else {
