@@ -122,6 +122,11 @@ TEST_CASE("report: a profiled run has every plot as inline SVG and nothing exter
   // The addition task's accuracy is drawn on a 0-100% axis; MFU and utilization in percent.
   CHECK(h.find("class=\"ay\">100</text>") != std::string::npos);
   CHECK(h.find("% right") != std::string::npos);
+  // On the same step axis as the training curves (1 to 12), though evaluated at 6 and 12 only.
+  const size_t acc = h.find("class=\"t\">Held-out accuracy");
+  REQUIRE(acc != std::string::npos);
+  const std::string acc_svg = h.substr(acc, h.find("</svg>", acc) - acc);
+  CHECK(acc_svg.find("class=\"ax\">2</text>") != std::string::npos);
 }
 
 TEST_CASE("report: a run in progress (no summary, a cut last line)") {

@@ -139,20 +139,25 @@ std::string legend(const Frame& f, const std::vector<std::string>& names) {
   return s;
 }
 
-// `zero`: the y axis starts at 0; `y_at_least`: and reaches at least this (100 for a percentage).
-// `marks`: steps drawn as dashed vertical lines (where the run was resumed).
-std::string line_chart(const std::string& title, const std::string& yl, const std::vector<Series>& ss, bool zero = false,
-                       double y_at_least = -INFINITY, const std::vector<double>& marks = {}) {
+struct ChartOpts {
+  bool zero = false;                 // the y axis starts at 0
+  double y_at_least = -INFINITY;     // and reaches at least this (100 for a percentage)
+  std::vector<double> marks;         // steps drawn as dashed vertical lines (where the run was resumed)
+  double x_from = INFINITY, x_to = -INFINITY;  // the steps the run trained: every curve on the same step axis
+};
+
+std::string line_chart(const std::string& title, const std::string& yl, const std::vector<Series>& ss, const ChartOpts& o = {}) {
   Frame f;
-  double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
+  const bool zero = o.zero;
+  double xlo = o.x_from, xhi = o.x_to, ylo = INFINITY, yhi = -INFINITY;
   for (auto& s : ss)
     for (auto [x, y] : s.pts)
       if (std::isfinite(x) && std::isfinite(y)) xlo = std::min(xlo, x), xhi = std::max(xhi, x), ylo = std::min(ylo, y), yhi = std::max(yhi, y);
-  if (!std::isfinite(xlo)) return "<p class=\"na\">" + esc(title) + ": no data yet</p>";
+  if (!std::isfinite(ylo)) return "<p class=\"na\">" + esc(title) + ": no data yet</p>";
   f.x_axis(xlo, xhi > xlo ? xhi : xlo + 1, 6, /*integer=*/true);
-  f.y_axis(ylo, std::max(yhi, y_at_least), zero);
+  f.y_axis(ylo, std::max(yhi, o.y_at_least), zero);
   std::string s = axes(f, title, "step", yl);
-  for (double m : marks)
+  for (double m : o.marks)
     if (m >= f.x0 && m <= f.x1)
       s += fmt::format(R"(<line class="resume" x1="{:.1f}" x2="{:.1f}" y1="{}" y2="{}" stroke="#888" stroke-dasharray="4,3"><title>resumed from step {}</title></line>)",
                        f.tx(m), f.tx(m), f.t, f.h - f.b, fmtv(m));
@@ -462,24 +467,31 @@ std::string charts_section(const RunFiles& f, const ReportInfo& info) {
   const auto& steps = f.steps;
   const auto& monitors = f.monitors;
   std::string h = "<h2>Training</h2><div class=\"grid\">\n";
+  ChartOpts on_steps;  // every curve over the run's steps, so that the charts line up
+  on_steps.x_from = num(steps.front(), "step", 0), on_steps.x_to = num(steps.back(), "step", 0);
+  ChartOpts from_zero = on_steps;
+  from_zero.zero = true;
   std::vector<Series> loss{series(steps, "loss", "train")};
   if (!f.evals.empty()) loss.push_back(series(f.evals, "val_loss", "eval"));
-  std::vector<double> resumed;
+  ChartOpts loss_opts = on_steps;
   for (const auto& e : f.events)
-    if (e.value("event", "") == "start" && num(e, "resumed_from", -1) >= 0) resumed.push_back(num(e, "resumed_from"));
-  h += line_chart(resumed.empty() ? "Loss" : "Loss (dashed: resumed)", "loss", loss, false, -INFINITY, resumed);
+    if (e.value("event", "") == "start" && num(e, "resumed_from", -1) >= 0) loss_opts.marks.push_back(num(e, "resumed_from"));
+  h += line_chart(loss_opts.marks.empty() ? "Loss" : "Loss (dashed: resumed)", "loss", loss, loss_opts);
   // The addition task's evaluations score answers: the curve a reader of its console lines expects.
   Series acc = series(f.evals, "accuracy", "accuracy", 100);
-  if (!acc.pts.empty()) h += line_chart("Held-out accuracy (addition, exact match)", "% right", {acc}, true, 100);
-  h += line_chart("Learning rate", "lr", {series(steps, "lr", "lr")}, true);
-  h += line_chart("Gradient norm", "norm", {series(steps, "grad_norm", "grad norm")}, true);
-  if (loss_scaled(f)) h += line_chart("Loss scale", "scale", {series(steps, "loss_scale", "loss scale")}, true);
+  ChartOpts percent = from_zero;
+  percent.y_at_least = 100;
+  if (!acc.pts.empty()) h += line_chart("Held-out accuracy (addition, exact match)", "% right", {acc}, percent);
+  h += line_chart("Learning rate", "lr", {series(steps, "lr", "lr")}, from_zero);
+  h += line_chart("Gradient norm", "norm", {series(steps, "grad_norm", "grad norm")}, from_zero);
+  if (loss_scaled(f)) h += line_chart("Loss scale", "scale", {series(steps, "loss_scale", "loss scale")}, from_zero);
   h += "</div>\n<h2>Throughput</h2><div class=\"grid\">\n";
-  h += line_chart("Tokens/s", "tokens/s", {series(steps, "tokens_per_s", "step"), series(monitors, "tokens_per_s", "monitor (window)")}, true);
-  h += line_chart("Step time", "ms", {series(steps, "step_ms", "step_ms")}, true);
+  h += line_chart("Tokens/s", "tokens/s", {series(steps, "tokens_per_s", "step"), series(monitors, "tokens_per_s", "monitor (window)")},
+                  from_zero);
+  h += line_chart("Step time", "ms", {series(steps, "step_ms", "step_ms")}, from_zero);
   if (!monitors.empty())
     h += line_chart("MFU and utilization", "%", {series(monitors, "mfu", "MFU", 100), series(monitors, "utilization", "utilization", 100)},
-                    true);
+                    percent);
   std::vector<double> ms;
   for (auto& s : steps) ms.push_back(num(s, "step_ms"));
   h += histogram(ms);
