@@ -159,6 +159,8 @@ TEST_CASE("export: config.json carries the training's dropout and initializer ra
   REQUIRE(e.code == 0);
   CHECK(e.out.find(" KiB) to ") != std::string::npos);  // the size in units, not a byte count
   CHECK(e.out.find("note:") == std::string::npos);
+  CHECK(e.out.find("load: transformers.AutoModelForCausalLM.from_pretrained(\"" + (dir / "st").string() + "\")") != std::string::npos);
+  CHECK(e.out.find("input_ids = list(text.encode(\"utf-8\"))") != std::string::npos);
   auto cfg = nlohmann::json::parse(test_support::slurp(dir / "st" / "config.json"));
   for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) CHECK_MESSAGE(cfg[k] == 0.1, k);
   CHECK(cfg["initializer_range"] == 0.03);

@@ -41,6 +41,11 @@ class ExportCommand final : public Command {
     std::cout << "exported step " << m.step << " of " << m.checkpoint << " (" << r.style << " layout, " << r.tensors
               << " tensors, " << size_text(r.bytes) << ") to " << r.weights_path << " and " << r.config_path << "\n";
     for (const std::string& n : r.notes) std::cout << "note: " << n << "\n";
+    // There is no tokenizer to ship: the runner's tokens are a text's bytes, which Hugging Face's
+    // AutoTokenizer cannot load from the directory; say how to feed the model instead.
+    if (format_ != "npz")
+      std::cout << "load: transformers.AutoModelForCausalLM.from_pretrained(\"" << out_
+                << "\"); the tokens are the text's bytes (no tokenizer files): input_ids = list(text.encode(\"utf-8\"))\n";
     return 0;
   }
 
