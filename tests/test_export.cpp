@@ -144,3 +144,71 @@ TEST_CASE("export: bad requests exit 2 and say why") {
   CHECK(bf.out.find("fp32 only") != std::string::npos);
   fs::remove_all(dir);
 }
+
+// config.json carries what training used, not the format's defaults: the dropout (GPT-2: its
+// three places, where the runner drops out; Llama: attention only, and a note for the rest), the
+// initializer range, and no begin/end token ids outside a byte vocabulary.
+TEST_CASE("export: config.json carries the training's dropout and initializer range") {
+  fs::path dir = temp_dir("config");
+  fs::path gpt = dir / "gpt";
+  Result t = runner_cmd(test_support::tiny_quickstart_args(gpt, 2, 24) + " model.dropout=0.1 model.init_std=0.03");
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  Result e = runner_cmd("export " + gpt.string() + " --out " + (dir / "st").string());
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  CHECK(e.out.find(" KiB) to ") != std::string::npos);  // the size in units, not a byte count
+  CHECK(e.out.find("note:") == std::string::npos);
+  CHECK(e.out.find("load: transformers.AutoModelForCausalLM.from_pretrained(\"" + (dir / "st").string() + "\")") != std::string::npos);
+  CHECK(e.out.find("input_ids = list(text.encode(\"utf-8\"))") != std::string::npos);
+  auto cfg = nlohmann::json::parse(test_support::slurp(dir / "st" / "config.json"));
+  for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) CHECK_MESSAGE(cfg[k] == 0.1, k);
+  CHECK(cfg["initializer_range"] == 0.03);
+  CHECK(cfg["bos_token_id"].is_null());
+  CHECK(cfg["eos_token_id"].is_null());
+  Result z = runner_cmd("export " + gpt.string() + " --format npz --out " + (dir / "npz").string());
+  REQUIRE(z.code == 0);
+  auto ncfg = nlohmann::json::parse(test_support::slurp(dir / "npz" / "config.json"));
+  CHECK(ncfg["model"]["dropout"] == 0.1);
+  CHECK(ncfg["model"]["init_std"] == 0.03);
+
+  fs::path llama = dir / "llama";
+  t = runner_cmd(test_support::tiny_quickstart_args(llama, 2, 24) + " model.dropout=0.1 " + test_support::kLlamaSets);
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  e = runner_cmd("export " + llama.string() + " --out " + (dir / "ll").string());
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  CHECK(e.out.find("note: training dropped out at 0.1 on the embeddings and residual branches too") != std::string::npos);
+  cfg = nlohmann::json::parse(test_support::slurp(dir / "ll" / "config.json"));
+  CHECK(cfg["attention_dropout"] == 0.1);
+  CHECK(cfg["initializer_range"] == 0.02);
+  CHECK(cfg["bos_token_id"].is_null());
+  fs::remove_all(dir);
+}
+
+// `runner inspect` takes a run directory as export and generate do: its latest checkpoint,
+// saying which; a directory with none exits 2 and says what to pass.
+TEST_CASE("inspect: a run directory means its latest checkpoint") {
+  fs::path dir = temp_dir("inspect");
+  fs::path run = dir / "run";
+  Result t = runner_cmd(test_support::tiny_quickstart_args(run, 4, 24) + " checkpoint.every_steps=2");
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  for (const fs::path& arg : {run, run / "checkpoints"}) {
+    Result i = runner_cmd("inspect " + arg.string());
+    INFO(i.out);
+    CHECK(i.code == 0);
+    CHECK(i.out.find("checkpoints at steps 2, 4; inspecting the latest, step_00000004.h5") != std::string::npos);
+    CHECK(i.out.find("step 4, tokens") != std::string::npos);
+    CHECK(i.out.find("no loss scaling (precision.compute fp32)") != std::string::npos);  // not "loss scale 1"
+    CHECK(i.out.find("loss scale 1") == std::string::npos);
+    CHECK(i.out.find(" ok") != std::string::npos);
+  }
+  fs::create_directories(dir / "empty");
+  Result none = runner_cmd("inspect " + (dir / "empty").string());
+  CHECK(none.code == 2);
+  CHECK(none.out.find("no checkpoint in") != std::string::npos);
+  CHECK(none.out.find("or a checkpoint .h5 file") != std::string::npos);
+  fs::remove_all(dir);
+}

@@ -186,3 +186,55 @@ TEST_CASE("generate CLI: text, --json records, refusals before running with the 
   Result none = runner_split("generate " + (f.dir / "missing").string() + " --prompt x", f.dir);
   CHECK(none.code == 2);
 }
+
+// The addition task writes sums least significant digit first: a model trained on it says so
+// on stderr, with its digits, so that "123+456=9750" is read as 579; stdout stays the completion.
+TEST_CASE("generate CLI: a model of the addition task says how its answers read") {
+  Fixture& f = fixture();
+  Result r = runner_split("generate " + f.run.string() + " --prompt '012+345=' --max-new-tokens 4", f.dir);
+  INFO(r.out << r.err);
+  CHECK(r.code == 0);
+  CHECK(r.err.find("note: this model learned data.kind addition (3 digits): prompts are written as \"123+456=\"") !=
+        std::string::npos);
+  CHECK(r.err.find("least significant digit first, padded to 4: \"9750\" means 579") != std::string::npos);
+  CHECK(r.out.find("note:") == std::string::npos);
+  CHECK(r.out.rfind("012+345=", 0) == 0);
+}
+
+// A byte-level model sampled hot emits any byte: control bytes (ESC, BEL, NUL) and bytes that are
+// no UTF-8. On a terminal they are written as \xNN, valid UTF-8 as it is; a pipe gets the bytes.
+TEST_CASE("generate CLI: on a terminal, bytes that would garble it are escaped") {
+  Fixture& f = fixture();
+  const std::string args = " generate " + f.run.string() + " --prompt 'ab' --max-new-tokens 28 --temperature 50 --seed 1";
+  Result pipe = runner_split(args, f.dir);
+  REQUIRE(pipe.code == 0);
+  Result js = runner_split(args + " --json", f.dir);
+  REQUIRE(js.code == 0);
+  std::string raw = "ab";
+  const nlohmann::json rec = nlohmann::json::parse(js.out.substr(0, js.out.find('\n')));
+  for (int t : rec["tokens"]) raw += static_cast<char>(t);
+  CHECK(pipe.out == raw + "\n");  // a pipe: the bytes as they are
+  int control = 0;
+  for (unsigned char c : raw) control += c < 0x20 && c != '\n' && c != '\t';
+  REQUIRE(control > 0);  // the seed makes some: the test has something to escape
+  test_support::Result tty = test_support::sh("/usr/bin/python3 " + std::string(RUNNER_TEST_DIR) + "/python/on_terminal.py " + RUNNER_BINARY +
+                                args + " 2>/dev/null");
+  INFO(tty.out);
+  REQUIRE(tty.code == 0);
+  const std::string shown = tty.out.substr(0, tty.out.find("note:"));  // the addition note follows on stderr
+  // Nothing a terminal would act on, and every byte back when the escapes are read.
+  std::string back;
+  for (size_t i = 0; i < shown.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(shown[i]);
+    CHECK((c >= 0x20 || c == '\n' || c == '\t'));
+    CHECK(c != 0x7f);
+    if (c == '\\' && i + 3 < shown.size() && shown[i + 1] == 'x') {
+      back += static_cast<char>(std::stoi(shown.substr(i + 2, 2), nullptr, 16));
+      i += 3;
+    } else {
+      back += static_cast<char>(c);
+    }
+  }
+  CHECK(back == raw + "\n");
+  CHECK(shown.find("\\x") != std::string::npos);
+}

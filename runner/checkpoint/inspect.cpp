@@ -36,14 +36,30 @@ std::string summarize_recipe(const std::string& yaml) {
   }
 }
 
+// The stored recipe's precision.compute when it is not fp16 ("" for fp16 or an unreadable
+// recipe): such a run has no loss scale, so the state's scale (1) says nothing.
+std::string unscaled_compute(const FileReader& rd) {
+  try {
+    YAML::Node c = YAML::Load(rd.text(kRecipePath))["precision"]["compute"];
+    const std::string compute = c && c.IsScalar() ? c.as<std::string>() : "fp32";
+    return compute == "fp16" ? "" : compute;
+  } catch (const std::exception&) {
+    return "";
+  }
+}
+
 // The header lines: /state's scalars (false when /state does not verify) and the recipe.
 bool describe_state(const FileReader& rd, std::string& out) {
   bool ok = true;
   try {
     StateScalars sc = rd.state();
     out += fmt::format("  format {}, written by runner {}\n", sc.format_version, sc.program_version);
-    out += fmt::format("  step {}, tokens {}, loss_ema {:.6g}, loss scale {:g} (good steps {}, skipped {}), world size {}\n",
-                       sc.step, sc.tokens, sc.loss_ema, sc.scale, sc.good_steps, sc.skipped_steps, sc.world_size);
+    const std::string unscaled = unscaled_compute(rd);
+    const std::string scale = unscaled.empty() ? fmt::format("loss scale {:g} (good steps {}, skipped {})", sc.scale,
+                                                             sc.good_steps, sc.skipped_steps)
+                                               : "no loss scaling (precision.compute " + unscaled + ")";
+    out += fmt::format("  step {}, tokens {}, loss_ema {:.6g}, {}, world size {}\n", sc.step, sc.tokens, sc.loss_ema, scale,
+                       sc.world_size);
     out += sc.omp_threads > 0 ? fmt::format("  written with {} OpenMP thread(s) per rank\n", sc.omp_threads)
                               : std::string("  OpenMP threads not recorded (a file from before runner recorded them)\n");
   } catch (const UserError& e) {

@@ -3,6 +3,8 @@
 // backend: export reads tensors, it runs no kernels of the recipe's device.
 #include <iostream>
 
+#include <fmt/format.h>
+
 #include "ops/tensor.h"
 #include "runner/cli/command.h"
 #include "runner/device/device.h"
@@ -12,6 +14,12 @@
 namespace runner::cli {
 
 namespace {
+
+std::string size_text(int64_t bytes) {
+  if (bytes < 1024) return fmt::format("{} bytes", bytes);
+  const bool mib = bytes >= 1024 * 1024;
+  return fmt::format("{:.1f} {}", static_cast<double>(bytes) / (mib ? 1024.0 * 1024.0 : 1024.0), mib ? "MiB" : "KiB");
+}
 
 class ExportCommand final : public Command {
  public:
@@ -31,7 +39,13 @@ class ExportCommand final : public Command {
     TrainedModel m = load_trained_model(src_, host_backend());
     ExportResult r = export_model(m, format_ == "npz" ? ExportFormat::npz : ExportFormat::safetensors, out_, dt);
     std::cout << "exported step " << m.step << " of " << m.checkpoint << " (" << r.style << " layout, " << r.tensors
-              << " tensors, " << r.bytes << " bytes) to " << r.weights_path << " and " << r.config_path << "\n";
+              << " tensors, " << size_text(r.bytes) << ") to " << r.weights_path << " and " << r.config_path << "\n";
+    for (const std::string& n : r.notes) std::cout << "note: " << n << "\n";
+    // There is no tokenizer to ship: the runner's tokens are a text's bytes, which Hugging Face's
+    // AutoTokenizer cannot load from the directory; say how to feed the model instead.
+    if (format_ != "npz")
+      std::cout << "load: transformers.AutoModelForCausalLM.from_pretrained(\"" << out_
+                << "\"); the tokens are the text's bytes (no tokenizer files): input_ids = list(text.encode(\"utf-8\"))\n";
     return 0;
   }
 

@@ -6,9 +6,12 @@
 // the recipe's tensor-parallel layout (dp = ranks / tp replicas, every rank the same tokens,
 // rank 0 prints); a pp recipe is refused there (docs/generate.md). The model runs on the
 // host's backend whatever the stored recipe's hardware.device says.
+#include <unistd.h>
+
 #include <fstream>
 #include <iostream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ops/tensor.h"
@@ -40,8 +43,51 @@ void print_stats(const TrainedModel& m, const GenerateRequest& gen, const Genera
   std::cerr << j.dump() << std::endl;
 }
 
-// The completions on stdout: JSON records, or the text (a streamed completion is already out).
-void print_completions(const std::vector<Completion>& done, bool json, bool streamed) {
+// A completion's bytes as a terminal should get them. A byte-level model can emit any byte, and
+// an undertrained or hot-sampled one does: ESC sequences that change the terminal, BEL, bytes
+// that are no UTF-8. On a terminal, control bytes other than newline and tab, and bytes that do
+// not form UTF-8, are written as \xNN; a pipe or a file gets the bytes as they are.
+class TerminalBytes {
+ public:
+  explicit TerminalBytes(bool escape) : escape_(escape) {}
+  // What to write for the next byte (a UTF-8 sequence is held until it is complete).
+  std::string put(unsigned char b) {
+    if (!escape_) return std::string(1, static_cast<char>(b));
+    std::string out;
+    if (need_ > 0) {
+      if ((b & 0xC0) == 0x80) {
+        pending_ += static_cast<char>(b);
+        if (--need_ == 0) out.swap(pending_);
+        return out;
+      }
+      out = flush();  // a broken sequence: its bytes escaped, then this one on its own
+    }
+    if (b < 0x80) return out + (b == '\n' || b == '\t' || (b >= 0x20 && b != 0x7f) ? std::string(1, static_cast<char>(b)) : hex(b));
+    const int n = (b & 0xE0) == 0xC0 ? 1 : (b & 0xF0) == 0xE0 ? 2 : (b & 0xF8) == 0xF0 ? 3 : 0;
+    if (n == 0 || b == 0xC0 || b == 0xC1 || b > 0xF4) return out + hex(b);
+    pending_ = std::string(1, static_cast<char>(b));
+    need_ = n;
+    return out;
+  }
+  // The end of the completion: an unfinished sequence escaped.
+  std::string flush() {
+    std::string out;
+    for (char c : pending_) out += hex(static_cast<unsigned char>(c));
+    pending_.clear();
+    need_ = 0;
+    return out;
+  }
+
+ private:
+  static std::string hex(unsigned char b) { return fmt::format("\\x{:02x}", b); }
+  bool escape_;
+  std::string pending_;
+  int need_ = 0;
+};
+
+// The completions on stdout: JSON records, or the text (a streamed completion is already out;
+// `terminal`: escaped as TerminalBytes says).
+void print_completions(const std::vector<Completion>& done, bool json, bool streamed, bool terminal) {
   for (size_t i = 0; i < done.size(); ++i) {
     const Completion& c = done[i];
     if (json) {
@@ -49,10 +95,31 @@ void print_completions(const std::vector<Completion>& done, bool json, bool stre
                        {"new_tokens", c.tokens.size()}, {"tokens", c.tokens}, {"finish", c.finish}};
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
-      if (!streamed) std::cout << c.prompt << c.completion;
+      if (!streamed) {
+        TerminalBytes tb(terminal);
+        std::cout << c.prompt;
+        for (char b : c.completion) std::cout << tb.put(static_cast<unsigned char>(b));
+        std::cout << tb.flush();
+      }
       if (c.completion.empty() || c.completion.back() != '\n') std::cout << "\n";
     }
   }
+}
+
+// A model trained on the built-in addition task answers as it learned: operands zero-padded to
+// data.digits, the sum written least significant digit first (runner/data/addition.cpp), so
+// "123+456=" completes as "9750". Said on stderr (stdout holds only the completions) so that a
+// right answer is not read as a wrong one.
+void note_addition_format(const TrainedModel& m) {
+  const DataConfig& d = m.plan.recipe.data;
+  if (d.kind != DataKind::addition || d.digits < 1 || d.digits > 18) return;
+  const auto D = static_cast<size_t>(d.digits);
+  const std::string a = std::string("123456789123456789").substr(0, D), b = std::string("456789123456789123").substr(0, D);
+  const std::string sum = fmt::format("{:0{}d}", std::stoull(a) + std::stoull(b), D + 1);
+  std::cerr << fmt::format("note: this model learned data.kind addition ({} digits): prompts are written as \"{}+{}=\" "
+                           "(operands zero-padded to {} digits) and the sum comes least significant digit first, "
+                           "padded to {}: \"{}\" means {}\n",
+                           D, a, b, D, D + 1, std::string(sum.rbegin(), sum.rend()), std::stoull(sum));
 }
 
 class GenerateCommand final : public Command {
@@ -95,6 +162,8 @@ class GenerateCommand final : public Command {
       };
     }
     const bool stream = printer && !json_ && gen_.prompts.size() == 1;
+    const bool terminal = ::isatty(STDOUT_FILENO) == 1;  // escape what would garble it (TerminalBytes)
+    TerminalBytes streamed_bytes(terminal);
     bool started = false;  // the prompt is echoed with the first token: an error prints nothing on stdout
     GenerateStats gstats;
     ops::MemoryTracker::instance().reset_peaks();
@@ -102,11 +171,14 @@ class GenerateCommand final : public Command {
       if (!stream) return;
       if (!started) std::cout << gen_.prompts[0];
       started = true;
-      std::cout << static_cast<char>(t) << std::flush;
+      std::cout << streamed_bytes.put(static_cast<unsigned char>(t)) << std::flush;
     }, &gstats);
     if (!printer) return 0;
     if (stats_) print_stats(m, gen_, gstats);
-    print_completions(done, json_, stream);
+    std::cout << streamed_bytes.flush();
+    print_completions(done, json_, stream, terminal);
+    std::cout << std::flush;
+    note_addition_format(m);
     return 0;
   }
 

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ops/convert.h"
@@ -193,7 +194,7 @@ std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops:
                   {"d_model", m.d_model}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads},
                   {"mlp_hidden", m.mlp_hidden()}, {"norm", to_string(m.norm)}, {"activation", to_string(m.activation)},
                   {"position", to_string(m.position)}, {"tie_embeddings", m.tie_embeddings}, {"bias", m.bias},
-                  {"norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta}};
+                  {"norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta}, {"dropout", m.dropout}, {"init_std", m.init_std}};
     j["step"] = tm.step;
     return j.dump(2) + "\n";
   }
@@ -209,10 +210,16 @@ std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops:
     j["n_inner"] = m.mlp_hidden();
     j["activation_function"] = "gelu_new";
     j["layer_norm_epsilon"] = m.norm_eps;
-    j["resid_pdrop"] = 0.0;
-    j["embd_pdrop"] = 0.0;
-    j["attn_pdrop"] = 0.0;
+    // The runner drops out where GPT-2 does, at its one rate: the embeddings, the attention
+    // probabilities and each residual branch (runner/model/gpt.cpp).
+    j["resid_pdrop"] = m.dropout;
+    j["embd_pdrop"] = m.dropout;
+    j["attn_pdrop"] = m.dropout;
+    j["initializer_range"] = m.init_std;
     j["scale_attn_weights"] = true;
+    // Byte-level: no begin/end token (the defaults, 50256, lie outside a 256-token vocabulary).
+    j["bos_token_id"] = nullptr;
+    j["eos_token_id"] = nullptr;
     j["tie_word_embeddings"] = m.tie_embeddings;
   } else {
     j["architectures"] = {"LlamaForCausalLM"};
@@ -230,7 +237,10 @@ std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops:
     j["rope_theta"] = m.rope_theta;
     j["attention_bias"] = m.bias;
     j["mlp_bias"] = m.bias;
-    j["attention_dropout"] = 0.0;
+    j["attention_dropout"] = m.dropout;  // Llama has no embedding or residual dropout (export_model notes it)
+    j["initializer_range"] = m.init_std;
+    j["bos_token_id"] = nullptr;  // byte-level: the defaults (1, 2) would end generation at bytes 0x01, 0x02
+    j["eos_token_id"] = nullptr;
     j["tie_word_embeddings"] = m.tie_embeddings;
   }
   j["torch_dtype"] = torch_dtype(dtype);
@@ -256,6 +266,10 @@ ExportResult export_model(const TrainedModel& m, ExportFormat format, const std:
     }
     r.style = to_string(style);
     ts = hf_out(m, style);
+    if (style == HfStyle::llama && m.model().dropout > 0)
+      r.notes.push_back(fmt::format("training dropped out at {:g} on the embeddings and residual branches too; Hugging Face "
+                                    "Llama has attention_dropout only (set to {:g}), so fine-tuning it there drops out less",
+                                    m.model().dropout, m.model().dropout));
   } else {
     r.style = "runner";
     ts = runner_out(m);

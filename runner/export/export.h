@@ -9,9 +9,12 @@
 // npz: DIR/model.npz (a stored zip of .npy files, numpy.load reads it) holding the logical
 // tensors under the runner's own names (as the checkpoint has them), plus DIR/config.json.
 // Tensors are fp32 unless dtype asks for bf16 or fp16 (safetensors only: npy has no bf16).
+// config.json carries the training's values (dropout, initializer range, norm epsilon), not
+// the format's defaults, so that fine-tuning elsewhere continues the same model.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ops/tensor.h"
 #include "runner/trained/trained_model.h"
@@ -24,6 +27,7 @@ struct ExportResult {
   std::string weights_path, config_path;
   std::string style;   // "gpt2", "llama", or "runner" (npz)
   int64_t tensors = 0, bytes = 0;
+  std::vector<std::string> notes;  // what of the training the format cannot carry
 };
 
 // Throws UserError when the model has no Hugging Face counterpart (safetensors), the dtype does

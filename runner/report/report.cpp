@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/errors.h"
+#include "runner/report/format.h"
+#include "runner/report/recipe_view.h"
 
 namespace runner {
 namespace {
@@ -75,11 +77,13 @@ struct Series {
   std::vector<std::pair<double, double>> pts;
 };
 
-// Plot frame: 560 x 240 with margins; maps data to pixels.
+// Plot frame: 560 x 240 with margins; maps data to pixels. The axes' ends and ticks come from
+// format.h (round values); a value axis widens to its outer ticks, a step axis keeps its ends.
 struct Frame {
   double w = 560, h = 240, l = 60, r = 12, t = 26, b = 34;
   double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
   bool logx = false, logy = false;
+  report::Ticks xt, yt;
   double tx(double x) const {
     double a = logx ? std::log10(x) : x, lo = logx ? std::log10(x0) : x0, hi = logx ? std::log10(x1) : x1;
     return l + (a - lo) / (hi - lo) * (w - l - r);
@@ -88,29 +92,36 @@ struct Frame {
     double a = logy ? std::log10(y) : y, lo = logy ? std::log10(y0) : y0, hi = logy ? std::log10(y1) : y1;
     return h - b - (a - lo) / (hi - lo) * (h - t - b);
   }
+  // A step (or other) x axis over [lo, hi]: ticks inside it.
+  void x_axis(double lo, double hi, int max_ticks, bool integer) {
+    xt = report::linear_ticks(lo, hi, max_ticks, /*loose=*/false, integer);
+    x0 = xt.lo, x1 = xt.hi;
+  }
+  // A value y axis holding [lo, hi] (and 0 when `zero`): it widens to round ticks.
+  void y_axis(double lo, double hi, bool zero, bool integer = false) {
+    if (zero && lo > 0) lo = 0;
+    if (zero && hi <= lo) hi = lo + 1;  // all zero: 0 to 1, not a band around 0
+    yt = report::linear_ticks(lo, hi, 5, /*loose=*/true, integer);
+    y0 = yt.lo, y1 = yt.hi;
+  }
+  void log_axes(double xlo, double xhi, double ylo, double yhi) {
+    logx = logy = true;
+    xt = report::log_ticks(xlo, xhi), yt = report::log_ticks(ylo, yhi);
+    x0 = xt.lo, x1 = xt.hi, y0 = yt.lo, y1 = yt.hi;
+  }
 };
-
-void fit(double* lo, double* hi, bool zero) {
-  if (!std::isfinite(*lo) || !std::isfinite(*hi)) *lo = 0, *hi = 1;
-  if (zero && *lo > 0) *lo = 0;
-  if (*hi <= *lo) *hi = *lo + (std::fabs(*lo) > 0 ? std::fabs(*lo) * 0.1 : 1);
-  else *hi += (*hi - *lo) * 0.05;
-}
 
 std::string axes(const Frame& f, const std::string& title, const std::string& xl, const std::string& yl) {
   std::string s = fmt::format(R"(<svg class="plot" width="{}" height="{}" viewBox="0 0 {} {}" role="img">)", f.w, f.h, f.w, f.h);
   s += fmt::format(R"(<text x="{}" y="16" class="t">{}</text>)", f.l, esc(title));
   s += fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="#fff" stroke="#999"/>)", f.l, f.t, f.w - f.l - f.r,
                    f.h - f.t - f.b);
-  for (int i = 0; i <= 4; ++i) {
-    double yv = f.logy ? std::pow(10, std::log10(f.y0) + (std::log10(f.y1) - std::log10(f.y0)) * i / 4)
-                       : f.y0 + (f.y1 - f.y0) * i / 4;
-    double xv = f.logx ? std::pow(10, std::log10(f.x0) + (std::log10(f.x1) - std::log10(f.x0)) * i / 4)
-                       : f.x0 + (f.x1 - f.x0) * i / 4;
+  for (double yv : f.yt.at) {
     s += fmt::format(R"(<line x1="{:.1f}" x2="{:.1f}" y1="{:.1f}" y2="{:.1f}" stroke="#eee"/>)", f.l, f.w - f.r, f.ty(yv), f.ty(yv));
-    s += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="ay">{}</text>)", f.l - 4, f.ty(yv) + 4, fmtv(yv));
-    s += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="ax">{}</text>)", f.tx(xv), f.h - f.b + 14, fmtv(xv));
+    s += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="ay">{}</text>)", f.l - 4, f.ty(yv) + 4, report::tick_label(yv, f.yt.step));
   }
+  for (double xv : f.xt.at)
+    s += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="ax">{}</text>)", f.tx(xv), f.h - f.b + 14, report::tick_label(xv, f.xt.step));
   s += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="ax">{}</text>)", (f.l + f.w - f.r) / 2, f.h - 4, esc(xl));
   s += fmt::format(R"~(<text x="12" y="{:.1f}" class="ay" transform="rotate(-90 12 {:.1f})">{}</text>)~", (f.t + f.h - f.b) / 2,
                    (f.t + f.h - f.b) / 2, esc(yl));
@@ -128,18 +139,28 @@ std::string legend(const Frame& f, const std::vector<std::string>& names) {
   return s;
 }
 
-std::string line_chart(const std::string& title, const std::string& yl, const std::vector<Series>& ss, bool zero = false) {
+struct ChartOpts {
+  bool zero = false;                 // the y axis starts at 0
+  double y_at_least = -INFINITY;     // and reaches at least this (100 for a percentage)
+  std::vector<double> marks;         // steps drawn as dashed vertical lines (where the run was resumed)
+  double x_from = INFINITY, x_to = -INFINITY;  // the steps the run trained: every curve on the same step axis
+};
+
+std::string line_chart(const std::string& title, const std::string& yl, const std::vector<Series>& ss, const ChartOpts& o = {}) {
   Frame f;
-  double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
+  const bool zero = o.zero;
+  double xlo = o.x_from, xhi = o.x_to, ylo = INFINITY, yhi = -INFINITY;
   for (auto& s : ss)
     for (auto [x, y] : s.pts)
       if (std::isfinite(x) && std::isfinite(y)) xlo = std::min(xlo, x), xhi = std::max(xhi, x), ylo = std::min(ylo, y), yhi = std::max(yhi, y);
-  if (!std::isfinite(xlo)) return "<p class=\"na\">" + esc(title) + ": no data yet</p>";
-  f.x0 = xlo, f.x1 = xhi;
-  if (f.x1 <= f.x0) f.x1 = f.x0 + 1;
-  fit(&ylo, &yhi, zero);
-  f.y0 = ylo, f.y1 = yhi;
+  if (!std::isfinite(ylo)) return "<p class=\"na\">" + esc(title) + ": no data yet</p>";
+  f.x_axis(xlo, xhi > xlo ? xhi : xlo + 1, 6, /*integer=*/true);
+  f.y_axis(ylo, std::max(yhi, o.y_at_least), zero);
   std::string s = axes(f, title, "step", yl);
+  for (double m : o.marks)
+    if (m >= f.x0 && m <= f.x1)
+      s += fmt::format(R"(<line class="resume" x1="{:.1f}" x2="{:.1f}" y1="{}" y2="{}" stroke="#888" stroke-dasharray="4,3"><title>resumed from step {}</title></line>)",
+                       f.tx(m), f.tx(m), f.t, f.h - f.b, fmtv(m));
   std::vector<std::string> names;
   for (size_t i = 0; i < ss.size(); ++i) {
     names.push_back(ss[i].name);
@@ -185,7 +206,9 @@ std::string breakdown_chart(const std::vector<json>& steps) {
   Frame f;
   f.w = 1140, f.h = 280;
   // Bars are uniform bins over the records in order: the axis reads in steps.
-  f.x0 = first[0], f.x1 = last[nb - 1] + 1, f.y0 = 0, f.y1 = ymax * 1.15 + 1e-9;
+  f.x_axis(first[0], last[nb - 1] + 1, 10, /*integer=*/true);
+  f.x0 = first[0], f.x1 = last[nb - 1] + 1;  // the bars fill the frame; the ticks lie inside it
+  f.y_axis(0, ymax * 1.15 + 1e-9, true);
   std::string s = axes(f, "Step-time breakdown (ms, mean per bar)", "step (hover a bar for its numbers)", "ms");
   double bw = (f.w - f.l - f.r) / nb;
   for (size_t k = 0; k < nb; ++k) {
@@ -222,7 +245,9 @@ std::string histogram(const std::vector<double>& ms) {
   std::vector<int> c(nb);
   for (double v : ms) c[std::min(nb - 1, static_cast<int>((v - lo) / (hi - lo) * nb))]++;
   Frame f;
-  f.x0 = lo, f.x1 = hi, f.y0 = 0, f.y1 = *std::max_element(c.begin(), c.end()) * 1.15;
+  f.x_axis(lo, hi, 6, /*integer=*/false);
+  f.x0 = lo, f.x1 = hi;  // the 40 bins fill the frame
+  f.y_axis(0, *std::max_element(c.begin(), c.end()) * 1.1, true, /*integer=*/true);
   std::string s = axes(f, "Step-time distribution", "step time (ms)", "steps");
   for (int i = 0; i < nb; ++i) {
     double x0 = f.tx(lo + (hi - lo) * i / nb), x1 = f.tx(lo + (hi - lo) * (i + 1) / nb);
@@ -281,13 +306,13 @@ std::string roofline_chart(const json& prof) {
   double peak = num(prof["roofline"], "peak_gflops_per_s"), bw = num(prof["roofline"], "bandwidth_gb_per_s");
   if (!std::isfinite(peak) || !std::isfinite(bw) || !prof.contains("ops")) return "<p class=\"na\">no roofline in profile.json</p>";
   Frame f;
-  f.logx = f.logy = true;
   double ilo = 0.05, ihi = 1000, glo = INFINITY;
   for (auto& o : prof["ops"]) {
     double ai = num(o, "intensity"), g = num(o, "gflops_per_s");
     if (ai > 0 && g > 0) ilo = std::min(ilo, ai / 2), ihi = std::max(ihi, ai * 2), glo = std::min(glo, g);
   }
-  f.x0 = ilo, f.x1 = ihi, f.y0 = std::min(std::isfinite(glo) ? glo / 3 : peak / 1000, bw * ilo), f.y1 = peak * 3;
+  f.log_axes(ilo, ihi, std::min(std::isfinite(glo) ? glo / 3 : peak / 1000, bw * ilo), peak * 3);
+  ilo = std::max(f.x0, f.y0 / bw), ihi = f.x1;  // the roof spans the widened axes
   std::string s = axes(f, "Roofline: operators (forward+backward+recompute)", "arithmetic intensity (FLOP/byte)", "GFLOP/s");
   double ridge = peak / bw;
   s += fmt::format(R"(<polyline class="roof" fill="none" stroke="#d62728" stroke-width="2" points="{:.1f},{:.1f} {:.1f},{:.1f} {:.1f},{:.1f}"/>)",
@@ -320,16 +345,15 @@ std::string ops_table(const json& prof) {
   return s + "</table>";
 }
 
-std::string kv_table(const json& j, const std::vector<std::string>& keys) {
+std::string kv_table(const report::Rows& rows) {
   std::string s = "<table class=\"kv\">";
-  for (auto& k : keys)
-    if (j.contains(k)) s += "<tr><th>" + esc(k) + "</th><td>" + esc(j[k].is_number() ? fmtv(j[k].get<double>()) : j[k].dump()) + "</td></tr>";
+  for (const auto& [k, v] : rows) s += "<tr><th>" + esc(k) + "</th><td>" + esc(v) + "</td></tr>";
   return s + "</table>";
 }
 
 std::string per_rank_table(const json& rows) {
   std::string s = "<table><tr><th>rank</th><th>stage</th>";
-  for (auto* p : kParts) s += std::string("<th>") + p + "</th>";
+  for (auto* p : kParts) s += "<th>" + std::string(p).substr(0, std::string(p).size() - 3) + "</th>";  // the caption says ms
   s += "</tr>";
   for (auto& r : rows) {
     s += fmt::format("<tr><td>{}</td><td>{}</td>", fmtv(num(r, "rank")), fmtv(num(r, "stage")));
@@ -344,7 +368,7 @@ h1{font-size:22px}h2{font-size:17px;border-bottom:1px solid #ccc;margin-top:26px
 .grid{display:flex;flex-wrap:wrap;gap:12px}.plot{background:#fff;border:1px solid #ddd}
 .t{font-size:13px;font-weight:bold}.ax{font-size:10px;text-anchor:middle}.ay{font-size:10px;text-anchor:end}.lg{font-size:10px}
 table{border-collapse:collapse;font-size:12px;background:#fff}td,th{border:1px solid #ddd;padding:2px 6px;text-align:right}
-th{background:#eee}td:first-child{text-align:left}.kv th{text-align:left}
+th{background:#eee}td:first-child{text-align:left}.kv th,.kv td,.history td{text-align:left}.note{font-size:12px;color:#555}
 pre{background:#fff;border:1px solid #ddd;padding:8px;font-size:11px;max-height:480px;overflow:auto}
 .alert{color:#a00}.na{color:#888;font-style:italic}.status{padding:6px;background:#ffe;border:1px solid #cc9;display:inline-block})";
 
@@ -352,9 +376,10 @@ pre{background:#fff;border:1px solid #ddd;padding:8px;font-size:11px;max-height:
 // What a run directory holds, read once: every metrics.jsonl record by kind, the plan, the
 // profile and the recipe (a missing or unreadable optional file is left empty).
 struct RunFiles {
-  std::vector<json> steps, evals, monitors, alerts;
+  std::vector<json> steps, evals, monitors, alerts, events;
   json summary, plan, prof;
   std::string recipe_text;
+  report::RecipeView recipe;  // recipe_text without what does not apply to the run
   std::vector<std::string> rank_profiles;
 };
 
@@ -384,7 +409,13 @@ RunFiles read_run_files(const fs::path& run_dir, ReportInfo& info) {
     throw UserError({mpath.string()}, "no step record yet", "wait for the run's first step, or give a run directory that trained");
   info.steps = static_cast<int>(f.steps.size());
   info.finished = !f.summary.is_null();
+  if (std::ifstream ev(run_dir / "events.jsonl"); ev)
+    for (std::string line; std::getline(ev, line);) {
+      json j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.is_object()) f.events.push_back(std::move(j));
+    }
   f.recipe_text = fs::exists(run_dir / "recipe.yaml") ? slurp(run_dir / "recipe.yaml") : "";
+  if (!f.recipe_text.empty()) f.recipe = report::recipe_view(f.recipe_text);
   if (fs::exists(run_dir / "plan.json")) f.plan = json::parse(slurp(run_dir / "plan.json"), nullptr, false);
   if (f.plan.is_discarded()) f.plan = json();
   if (fs::exists(run_dir / "profile.json")) f.prof = json::parse(slurp(run_dir / "profile.json"), nullptr, false);
@@ -398,10 +429,11 @@ RunFiles read_run_files(const fs::path& run_dir, ReportInfo& info) {
   return f;
 }
 
-Series series(const std::vector<json>& recs, const char* key, const std::string& name) {
+// `scale` 100: a fraction drawn in percent.
+Series series(const std::vector<json>& recs, const char* key, const std::string& name, double scale = 1) {
   Series s{name, {}};
   for (auto& r : recs)
-    if (r.contains(key) && r[key].is_number()) s.pts.push_back({num(r, "step"), r[key].get<double>()});
+    if (r.contains(key) && r[key].is_number()) s.pts.push_back({num(r, "step"), scale * r[key].get<double>()});
   return s;
 }
 
@@ -413,14 +445,21 @@ std::string head_section(const RunFiles& f, const ReportInfo& info, const std::s
   const json& last = f.steps.back();
   h += fmt::format("<p class=\"status\">{} &middot; {} step records, last step {} &middot; {}{}</p>\n",
                    info.finished ? "finished" : "in progress (no summary record yet)", f.steps.size(), fmtv(num(last, "step")),
-                   f.plan.contains("grid") ? "layout " + esc(f.plan["grid"].dump()) : std::string("layout unknown"),
+                   f.plan.contains("grid") ? "layout " + esc(report::layout_text(f.plan["grid"])) : std::string("layout unknown"),
                    info.skipped_lines ? fmt::format(" &middot; {} unreadable line(s) skipped", info.skipped_lines) : "");
-  if (info.finished)
-    h += kv_table(f.summary, {"steps", "tokens", "tokens_per_s", "wall_s", "val_loss", "accuracy", "skipped_steps", "step_ms", "peak_flops",
-                              "peak_source", "comm_hidden_fraction", "pipeline_idle_fraction", "plan_bubble", "layout"});
-  else if (!f.monitors.empty())
-    h += kv_table(f.monitors.back(), {"step", "tokens_per_s", "mfu", "utilization", "step_ms", "skipped_steps", "slowest_rank"});
+  if (info.finished) h += kv_table(report::summary_rows(f.summary, f.plan));
+  else if (!f.monitors.empty()) h += kv_table(report::monitor_rows(f.monitors.back()));
   return h;
+}
+
+// Whether the run scaled its loss (fp16 with a dynamic or static scale), so that a loss-scale
+// chart means something: the recipe says so; without a readable one, the records do.
+bool loss_scaled(const RunFiles& f) {
+  if (f.recipe.loss_scaling) return *f.recipe.loss_scaling;
+  if (f.summary.is_object() && f.summary.contains("loss_scale")) return true;
+  for (const auto& s : f.steps)
+    if (num(s, "loss_scale", 1) != 1) return true;
+  return false;
 }
 
 // Training curves, throughput, the step-time breakdown and memory.
@@ -428,16 +467,31 @@ std::string charts_section(const RunFiles& f, const ReportInfo& info) {
   const auto& steps = f.steps;
   const auto& monitors = f.monitors;
   std::string h = "<h2>Training</h2><div class=\"grid\">\n";
+  ChartOpts on_steps;  // every curve over the run's steps, so that the charts line up
+  on_steps.x_from = num(steps.front(), "step", 0), on_steps.x_to = num(steps.back(), "step", 0);
+  ChartOpts from_zero = on_steps;
+  from_zero.zero = true;
   std::vector<Series> loss{series(steps, "loss", "train")};
   if (!f.evals.empty()) loss.push_back(series(f.evals, "val_loss", "eval"));
-  h += line_chart("Loss", "loss", loss);
-  h += line_chart("Learning rate", "lr", {series(steps, "lr", "lr")}, true);
-  h += line_chart("Gradient norm", "norm", {series(steps, "grad_norm", "grad norm")}, true);
-  h += line_chart("Loss scale", "scale", {series(steps, "loss_scale", "loss scale")}, true);
+  ChartOpts loss_opts = on_steps;
+  for (const auto& e : f.events)
+    if (e.value("event", "") == "start" && num(e, "resumed_from", -1) >= 0) loss_opts.marks.push_back(num(e, "resumed_from"));
+  h += line_chart(loss_opts.marks.empty() ? "Loss" : "Loss (dashed: resumed)", "loss", loss, loss_opts);
+  // The addition task's evaluations score answers: the curve a reader of its console lines expects.
+  Series acc = series(f.evals, "accuracy", "accuracy", 100);
+  ChartOpts percent = from_zero;
+  percent.y_at_least = 100;
+  if (!acc.pts.empty()) h += line_chart("Held-out accuracy (addition, exact match)", "% right", {acc}, percent);
+  h += line_chart("Learning rate", "lr", {series(steps, "lr", "lr")}, from_zero);
+  h += line_chart("Gradient norm", "norm", {series(steps, "grad_norm", "grad norm")}, from_zero);
+  if (loss_scaled(f)) h += line_chart("Loss scale", "scale", {series(steps, "loss_scale", "loss scale")}, from_zero);
   h += "</div>\n<h2>Throughput</h2><div class=\"grid\">\n";
-  h += line_chart("Tokens/s", "tokens/s", {series(steps, "tokens_per_s", "step"), series(monitors, "tokens_per_s", "monitor (window)")}, true);
-  h += line_chart("Step time", "ms", {series(steps, "step_ms", "step_ms")}, true);
-  if (!monitors.empty()) h += line_chart("MFU and utilization", "fraction", {series(monitors, "mfu", "MFU"), series(monitors, "utilization", "utilization")}, true);
+  h += line_chart("Tokens/s", "tokens/s", {series(steps, "tokens_per_s", "step"), series(monitors, "tokens_per_s", "monitor (window)")},
+                  from_zero);
+  h += line_chart("Step time", "ms", {series(steps, "step_ms", "step_ms")}, from_zero);
+  if (!monitors.empty())
+    h += line_chart("MFU and utilization", "%", {series(monitors, "mfu", "MFU", 100), series(monitors, "utilization", "utilization", 100)},
+                    percent);
   std::vector<double> ms;
   for (auto& s : steps) ms.push_back(num(s, "step_ms"));
   h += histogram(ms);
@@ -453,6 +507,16 @@ std::string charts_section(const RunFiles& f, const ReportInfo& info) {
   else if (!monitors.empty() && monitors.back().contains("peak_memory")) measured = monitors.back()["peak_memory"];
   h += memory_chart(f.plan, measured);
   return h;
+}
+
+// The jobs that made the run (events.jsonl): starts, resumes, ends and what else was recorded.
+std::string history_section(const RunFiles& f) {
+  std::string h = "<h2>Run history</h2>\n";
+  if (f.events.empty()) return h + "<p class=\"na\">no events.jsonl</p>\n";
+  h += "<table class=\"history\"><tr><th>time</th><th>what</th><th>details</th></tr>";
+  for (const auto& r : report::event_rows(f.events))
+    h += "<tr><td>" + esc(r.time) + "</td><td>" + esc(r.what) + "</td><td>" + esc(r.details) + "</td></tr>";
+  return h + "</table>\n";
 }
 
 // The operator profile (or the run's time per operator kind) and the alerts.
@@ -475,6 +539,7 @@ std::string operators_section(const RunFiles& f, const ReportInfo& info) {
     h += "<p class=\"na\">no operator profile (train with --profile FROM:TO)</p>";
   }
 
+  h += history_section(f);
   h += "<h2>Alerts</h2>\n";
   if (f.alerts.empty()) h += "<p>No alert fired.</p>";
   else {
@@ -488,6 +553,18 @@ std::string operators_section(const RunFiles& f, const ReportInfo& info) {
   return h;
 }
 
+// The resolved recipe, less the fields the run does not read (named above it).
+std::string recipe_section(const RunFiles& f) {
+  std::string h = "<h2>Recipe (resolved)</h2>";
+  if (f.recipe_text.empty()) return h + "<pre>(no recipe.yaml)</pre>\n";
+  if (!f.recipe.left_out.empty()) {
+    h += "<p class=\"note\">Left out here as they do not apply to this run (recipe.yaml in the run directory has every field): ";
+    for (size_t i = 0; i < f.recipe.left_out.size(); ++i) h += (i ? "; " : "") + esc(f.recipe.left_out[i]);
+    h += ".</p>";
+  }
+  return h + "<pre>" + esc(f.recipe.text) + "</pre>\n";
+}
+
 }  // namespace
 
 ReportInfo write_report(const fs::path& run_dir) {
@@ -496,8 +573,10 @@ ReportInfo write_report(const fs::path& run_dir) {
   const std::string name =
       f.plan.is_object() ? f.plan.value("name", run_dir.filename().string()) : run_dir.filename().string();
   std::string h = head_section(f, info, name) + charts_section(f, info) + operators_section(f, info);
-  h += "<h2>Recipe (resolved)</h2><pre>" + (f.recipe_text.empty() ? std::string("(no recipe.yaml)") : esc(f.recipe_text)) + "</pre>\n";
-  h += "<h2>Plan</h2><pre>" + (f.plan.is_null() ? std::string("(no plan.json)") : esc(f.plan.dump(2))) + "</pre>\n";
+  h += recipe_section(f);
+  h += "<h2>Plan</h2>";
+  if (f.plan.is_null()) h += "<p class=\"na\">no plan.json</p>\n";
+  else h += kv_table(report::plan_rows(f.plan)) + "<details><summary>plan.json</summary><pre>" + esc(f.plan.dump(2)) + "</pre></details>\n";
   h += "</body></html>\n";
 
   info.path = run_dir / "report.html";
