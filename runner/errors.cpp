@@ -23,6 +23,20 @@ std::string UserError::format(const SourceLoc& loc, const std::string& what, con
   return s;
 }
 
+UserError::UserError(std::vector<Entry> all)
+    : std::runtime_error(format_all(all)),
+      loc_(all.empty() ? SourceLoc{} : all.front().loc),
+      what_(all.empty() ? std::string() : all.front().what),
+      fix_(all.empty() ? std::string() : all.front().fix),
+      more_(all.size() > 1 ? std::move(all) : std::vector<Entry>{}) {}
+
+std::string UserError::format_all(const std::vector<Entry>& all) {
+  std::string s;
+  for (const Entry& e : all) s += (s.empty() ? "" : "\n") + format(e.loc, e.what, e.fix);
+  if (all.size() > 1) s += "\n" + std::to_string(all.size()) + " problems: fix them all, then check again";
+  return s;
+}
+
 void check_failed(const char* cond, const char* file, int line, const std::string& msg) {
   std::fprintf(stderr, "internal error at %s:%d: check `%s` failed: %s\n", file, line, cond, msg.c_str());
   std::fflush(stderr);

@@ -151,6 +151,20 @@ class Reader {
   std::string path_;
 };
 
+// Removes the value at `path` ("batch.micro"; a list item's whole list) from the tree.
+void drop_value(json& root, const std::string& path) {
+  const std::string p = path.substr(0, path.find('['));
+  if (p.empty()) return;  // the recipe itself: parse_document already made it a mapping
+  json* parent = &root;
+  size_t start = 0;
+  for (size_t dot = p.find('.'); dot != std::string::npos; start = dot + 1, dot = p.find('.', start)) {
+    const std::string seg = p.substr(start, dot - start);
+    if (!parent->is_object() || !parent->contains(seg)) return;
+    parent = &(*parent)[seg];
+  }
+  if (parent->is_object()) parent->erase(p.substr(start));
+}
+
 void fill(const Doc& doc, Recipe& r) {
   const Reader top(doc, doc.root, "");
   visit(top, r);
@@ -250,7 +264,16 @@ Recipe load_recipe_text(const std::string& text, const std::string& display_name
                         const std::vector<std::string>& overrides) {
   Doc doc = parse_document(text, display_name);
   for (const std::string& o : overrides) apply_override(doc, o);
-  validate_against_schema(doc);
+  std::vector<Problem> problems = doc.problems;
+  for (Problem& p : schema_problems(doc)) problems.push_back(std::move(p));
+  // Every independent problem in one pass (issue 24): the values with a problem are dropped
+  // so that the structs can still be filled (with defaults there), and the cross-field rules
+  // that read them stay quiet.
+  std::set<std::string> tainted;
+  for (const Problem& p : problems) {
+    tainted.insert(p.path);
+    drop_value(doc.root, p.path);
+  }
   Recipe r;
   r.source_file = display_name;
   r.source_text = text;
@@ -259,7 +282,8 @@ Recipe load_recipe_text(const std::string& text, const std::string& display_name
     for (const std::string& o : overrides) r.source_text += "# --set " + o + "\n";
   }
   fill(doc, r);
-  validate_recipe(r);
+  for (Problem& p : cross_field_problems(r, tainted)) problems.push_back(std::move(p));
+  if (!problems.empty()) throw_problems(std::move(problems));
   return r;
 }
 
