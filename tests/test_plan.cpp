@@ -1,6 +1,8 @@
 // The plan: batch-equation derivation and every error path, layout rules, world size.
 #include <doctest/doctest.h>
 
+#include <regex>
+
 #include <string>
 
 #include "runner/plan/plan.h"
@@ -162,6 +164,16 @@ TEST_CASE("a plan that does not fit suggests changes that were verified to fit")
   CHECK_FALSE(p.fits);
   REQUIRE(!p.suggestions.empty());
   CHECK(p.suggestions[0].find(" -> ") != std::string::npos);
+  // Each states the batch equation it implies, with the global batch kept (issue 24).
+  const std::regex eq(R"(-> global (\d+) = micro (\d+) x dp (\d+) x accum (\d+), )");
+  for (const std::string& s : p.suggestions) {
+    if (s.rfind("more devices", 0) == 0) continue;
+    INFO(s);
+    std::smatch m;
+    REQUIRE(std::regex_search(s, m, eq));
+    CHECK(std::stoll(m[1]) == p.global);
+    CHECK(std::stoll(m[1]) == std::stoll(m[2]) * std::stoll(m[3]) * std::stoll(m[4]));
+  }
   CHECK(p.table().find("DOES NOT FIT") != std::string::npos);
   CHECK(p.table().find("what would fit") != std::string::npos);
 }
