@@ -354,7 +354,7 @@ std::string foreign_key_fix(const ForeignKey& f, const std::string& path) {
   const std::string parent = dot == std::string::npos ? "" : ours.substr(0, dot), leaf = ours.substr(dot + 1);
   std::string fix = "that is " + std::string(f.tools) + "'s name; here it is " + ours + ": ";
   if (parent == path) fix += "write " + leaf + " instead";
-  else fix += "write " + leaf + " under " + parent + ": (e.g. --set " + ours + "=...)";
+  else fix += "write " + leaf + " under " + parent + ":";
   if (!f.note.empty()) fix += " (" + std::string(f.note) + ")";
   return fix;
 }
