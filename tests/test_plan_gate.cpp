@@ -147,9 +147,9 @@ TEST_CASE("plan reports every recipe mistake at once, each on its own located li
   CHECK(r.out.find("\n" + f + ":8:9: unknown key 'micro_batch_size' in batch; that is Megatron-LM's name; here it is batch.micro: write micro instead") != std::string::npos);
   CHECK(r.out.find("\n" + f + ":9:20: hardware.device must be one of") != std::string::npos);
   CHECK(r.out.find("did you mean 'h100-80gb'?") != std::string::npos);
-  CHECK(r.out.find("\n" + f + ":2:1: model is missing required key 'seq_len'") != std::string::npos);
-  CHECK(r.out.find("\n" + f + ":2:1: model is missing required key 'd_model'") != std::string::npos);
-  CHECK(r.out.find("\n6 problems") != std::string::npos);
+  // The keys the misnamed ones stand for are not reported missing as well.
+  CHECK(r.out.find("missing required key") == std::string::npos);
+  CHECK(r.out.find("\n4 problems") != std::string::npos);
   fs::remove_all(dir);
 }
 

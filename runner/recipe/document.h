@@ -51,6 +51,7 @@ struct Problem {
   bool from_set = false;
   std::string what, fix;
   std::string path;  // the field it is about ("model.n_heads"); checks that read it stay quiet
+  std::string means; // an unknown key: the key path its fix points to (a missing key there follows from it)
 };
 // Sorted in file order (missing keys last, --set after the file), repeats dropped, thrown as
 // one UserError. `ps` must not be empty.

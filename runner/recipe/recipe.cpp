@@ -14,6 +14,7 @@
 
 #include "runner/recipe/recipe.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -265,11 +266,19 @@ Recipe load_recipe_text(const std::string& text, const std::string& display_name
   Doc doc = parse_document(text, display_name);
   for (const std::string& o : overrides) apply_override(doc, o);
   std::vector<Problem> problems = doc.problems;
-  for (Problem& p : schema_problems(doc)) problems.push_back(std::move(p));
   // Every independent problem in one pass (issue 24): the values with a problem are dropped
   // so that the structs can still be filled (with defaults there), and the cross-field rules
   // that read them stay quiet.
   std::set<std::string> tainted;
+  for (Problem& p : schema_problems(doc)) {
+    // A required key missing where an unknown key's fix points (n_embd -> model.d_model) is
+    // that same mistake: its line already says what to write.
+    const bool follows = p.rank == 1 && std::any_of(problems.begin(), problems.end(), [&](const Problem& u) {
+      return !u.means.empty() && u.means == p.path;
+    });
+    if (follows) tainted.insert(p.path);
+    else problems.push_back(std::move(p));
+  }
   for (const Problem& p : problems) {
     tainted.insert(p.path);
     drop_value(doc.root, p.path);

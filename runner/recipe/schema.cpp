@@ -370,10 +370,18 @@ Problem unknown_key_problem(const std::string& key, const std::string& path, con
   find_key_owners(recipe_schema().doc, "", key, owners);
   // Another tool's name first: it knows the exact key, where a typo match would only guess
   // (nanoGPT's n_layer is model.n_layers even when written at the top level).
-  if (const ForeignKey* f = foreign_key(key)) p.fix = foreign_key_fix(*f, path);
-  else if (auto best = closest(key, names)) p.fix = "did you mean '" + *best + "'?";
-  else if (!owners.empty()) p.fix = "'" + key + "' belongs under " + owners[0] + ": move it there";
-  else p.fix = "allowed keys " + (path.empty() ? std::string("at the top level") : "in " + path) + ": " + join(names, ", ");
+  if (const ForeignKey* f = foreign_key(key)) {
+    p.fix = foreign_key_fix(*f, path);
+    p.means = std::string(f->ours);
+  } else if (auto best = closest(key, names)) {
+    p.fix = "did you mean '" + *best + "'?";
+    p.means = child_path(path, *best);
+  } else if (!owners.empty()) {
+    p.fix = "'" + key + "' belongs under " + owners[0] + ": move it there";
+    p.means = child_path(owners[0], key);
+  } else {
+    p.fix = "allowed keys " + (path.empty() ? std::string("at the top level") : "in " + path) + ": " + join(names, ", ");
+  }
   return p;
 }
 
