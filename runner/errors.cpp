@@ -31,8 +31,11 @@ UserError::UserError(std::vector<Entry> all)
       more_(all.size() > 1 ? std::move(all) : std::vector<Entry>{}) {}
 
 std::string UserError::format_all(const std::vector<Entry>& all) {
+  // A screenful at most: garbage (a binary file read as a recipe) can hold thousands.
+  constexpr size_t kShown = 40;
   std::string s;
-  for (const Entry& e : all) s += (s.empty() ? "" : "\n") + format(e.loc, e.what, e.fix);
+  for (size_t i = 0; i < all.size() && i < kShown; ++i) s += (s.empty() ? "" : "\n") + format(all[i].loc, all[i].what, all[i].fix);
+  if (all.size() > kShown) s += "\n... and " + std::to_string(all.size() - kShown) + " more";
   if (all.size() > 1) s += "\n" + std::to_string(all.size()) + " problems: fix them all, then check again";
   return s;
 }

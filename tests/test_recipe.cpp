@@ -789,3 +789,14 @@ TEST_CASE("device names: a suggestion by what the name says, not by spelling alo
   CHECK(fix_for("l40").find("did you mean 'l40s'?") != std::string::npos);
   CHECK(fix_for("tpu-v5").find("pick one of those") != std::string::npos);
 }
+
+TEST_CASE("a recipe with very many problems prints a screenful, then how many more") {
+  std::string text = kMinimal;
+  for (int i = 0; i < 50; ++i) text += "junk_key_" + std::to_string(i) + ": 1\n";
+  const UserError e = expect_error([&] { load_recipe_text(text, "r.yaml"); });
+  CHECK(e.all().size() == 50);
+  const std::string msg = e.what();
+  CHECK(msg.find("unknown key 'junk_key_39'") != std::string::npos);
+  CHECK(msg.find("unknown key 'junk_key_40'") == std::string::npos);
+  CHECK(msg.find("\n... and 10 more\n50 problems") != std::string::npos);
+}
