@@ -7,6 +7,7 @@
 #pragma once
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace runner {
 
@@ -19,16 +20,29 @@ struct SourceLoc {
 
 class UserError : public std::runtime_error {
  public:
+  // One problem: where, what is wrong, how to fix it.
+  struct Entry {
+    SourceLoc loc;
+    std::string what, fix;
+  };
   UserError(SourceLoc loc, std::string what, std::string fix = "")
       : std::runtime_error(format(loc, what, fix)), loc_(std::move(loc)), what_(std::move(what)), fix_(std::move(fix)) {}
+  // Several independent problems found in one pass (a recipe's, issue 24): loc(), problem()
+  // and fix() are the first one's; what() is one `file:line:col: what; fix` line per problem,
+  // in the given order, then a count. `all` must not be empty.
+  explicit UserError(std::vector<Entry> all);
   const SourceLoc& loc() const { return loc_; }
   const std::string& problem() const { return what_; }
   const std::string& fix() const { return fix_; }
+  // Every problem this error carries (one entry for a single problem).
+  std::vector<Entry> all() const { return more_.empty() ? std::vector<Entry>{{loc_, what_, fix_}} : more_; }
   static std::string format(const SourceLoc& loc, const std::string& what, const std::string& fix);
 
  private:
+  static std::string format_all(const std::vector<Entry>& all);
   SourceLoc loc_;
   std::string what_, fix_;
+  std::vector<Entry> more_;  // every problem when there are several; empty for one
 };
 
 constexpr int kExitUserError = 2;

@@ -1,6 +1,9 @@
 // The plan: batch-equation derivation and every error path, layout rules, world size.
 #include <doctest/doctest.h>
 
+#include <regex>
+#include <sstream>
+
 #include <string>
 
 #include "runner/plan/plan.h"
@@ -162,6 +165,16 @@ TEST_CASE("a plan that does not fit suggests changes that were verified to fit")
   CHECK_FALSE(p.fits);
   REQUIRE(!p.suggestions.empty());
   CHECK(p.suggestions[0].find(" -> ") != std::string::npos);
+  // Each states the batch equation it implies, with the global batch kept (issue 24).
+  const std::regex eq(R"(-> global (\d+) = micro (\d+) x dp (\d+) x accum (\d+), )");
+  for (const std::string& s : p.suggestions) {
+    if (s.rfind("more devices", 0) == 0) continue;
+    INFO(s);
+    std::smatch m;
+    REQUIRE(std::regex_search(s, m, eq));
+    CHECK(std::stoll(m[1]) == p.global);
+    CHECK(std::stoll(m[1]) == std::stoll(m[2]) * std::stoll(m[3]) * std::stoll(m[4]));
+  }
   CHECK(p.table().find("DOES NOT FIT") != std::string::npos);
   CHECK(p.table().find("what would fit") != std::string::npos);
 }
@@ -195,4 +208,21 @@ TEST_CASE("16-bit gradient accumulation is allowed, and the plan warns why it dr
   CHECK(has(noop.notes, "has no effect with compute fp32"));
   // The gradients account shrinks with 16-bit accumulation (2 bytes per parameter, not 4).
   CHECK(bf.stages[0].gradients == doctest::Approx(ok.stages[0].gradients / 2));
+}
+
+TEST_CASE("independent layout problems are reported together; the schedule only when batch and split resolved") {
+  // A batch equation that does not hold, n_heads not divisible by tp, n_layers not split by pp.
+  std::string e = error_of({"batch.accum=3", "parallel.tp=3", "parallel.pp=3", "parallel.dp=1"});
+  INFO(e);
+  CHECK(e.find("batch equation does not hold") != std::string::npos);
+  CHECK(e.find("model.n_heads 8 is not divisible by parallel.tp 3") != std::string::npos);
+  CHECK(e.find("model.n_layers 4 does not split evenly over parallel.pp 3") != std::string::npos);
+  CHECK(e.find("\n3 problems") != std::string::npos);
+  CHECK(e.find("micro-batches per step") == std::string::npos);  // the schedule rule follows from both
+  // Each problem on its own located line.
+  std::istringstream in(e);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  REQUIRE(lines.size() == 4);
+  for (size_t i = 0; i < 3; ++i) CHECK((lines[i].rfind("t.yaml:", 0) == 0 || lines[i].rfind("--set: ", 0) == 0));
 }

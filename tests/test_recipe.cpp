@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -573,4 +574,229 @@ TEST_CASE("RUNNER_SCHEMA names the schema; a missing one is a clear error") {
   ::unsetenv("RUNNER_SCHEMA");
   CHECK(std::string(e.what()).find("RUNNER_SCHEMA") != std::string::npos);
   CHECK_NOTHROW(load_recipe_text(kMinimal, "min.yaml"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 24: every independent mistake in one pass, hints for other tools' key names, no
+// default on a required key, no empty example, device suggestions by what the name says.
+
+namespace {
+
+// The problems a recipe text has, each as "line:col: what; fix" (every one in one pass).
+std::vector<std::string> problems_of(const std::string& text, const std::vector<std::string>& sets = {}) {
+  std::vector<std::string> out;
+  try {
+    load_recipe_text(text, "r.yaml", sets);
+  } catch (const UserError& e) {
+    for (const UserError::Entry& p : e.all())
+      out.push_back((p.loc.file == "--set" ? std::string("--set") : std::to_string(p.loc.line) + ":" + std::to_string(p.loc.col)) +
+                    ": " + p.what + "; " + p.fix);
+  }
+  return out;
+}
+
+bool any_has(const std::vector<std::string>& v, const std::string& what) {
+  return std::any_of(v.begin(), v.end(), [&](const std::string& s) { return s.find(what) != std::string::npos; });
+}
+
+}  // namespace
+
+TEST_CASE("every independent mistake is reported in one pass, in file order, each located with its fix") {
+  const std::string text =
+      "name: draft\n"                        // 1
+      "model:\n"                             // 2
+      "  vocab_size: 256\n"                  // 3
+      "  d_model: 100\n"                     // 4
+      "  n_layer: 4\n"                       // 5  nanoGPT's name
+      "  dropout: 1.5\n"                     // 6  out of range
+      "batch:\n"                             // 7
+      "  micro: eight\n"                     // 8  wrong type
+      "optimizer:\n"                         // 9
+      "  lr: 3.0e-4\n"                       // 10
+      "  schedule: {kind: cosin}\n"          // 11 enum typo
+      "recompute: {mode: selective}\n"       // 12 cross-field: selective without modules
+      "hardware: {device: h100}\n";          // 13 enum: h100-80gb
+  const std::vector<std::string> ps = problems_of(text);
+  for (const std::string& p : ps) INFO(p);
+  REQUIRE(ps.size() == 8);
+  CHECK(ps[0].rfind("5:3: unknown key 'n_layer' in model; that is nanoGPT and Hugging Face's name; here it is model.n_layers: write n_layers instead", 0) == 0);
+  CHECK(ps[1].rfind("6:12: model.dropout must be in [0, 1), got 1.5", 0) == 0);
+  CHECK(ps[2].rfind("8:10: batch.micro must be an integer, got 'eight'", 0) == 0);
+  CHECK(ps[3].rfind("11:20: optimizer.schedule.kind must be one of", 0) == 0);
+  CHECK(ps[3].find("did you mean 'cosine'?") != std::string::npos);
+  CHECK(ps[4].rfind("12:13: recompute mode selective needs recompute.modules", 0) == 0);
+  CHECK(ps[5].rfind("13:20: hardware.device must be one of", 0) == 0);
+  CHECK(ps[5].find("did you mean 'h100-80gb'?") != std::string::npos);
+  // The missing required keys, all of them, after the rest; n_layers is not repeated as
+  // missing: the n_layer line already says to write it.
+  CHECK(ps[6].rfind("2:1: model is missing required key 'seq_len'; add seq_len: <int>", 0) == 0);
+  CHECK(ps[7].rfind("2:1: model is missing required key 'n_heads'", 0) == 0);
+  CHECK_FALSE(any_has(ps, "missing required key 'n_layers'"));
+  // Dependent: n_heads is missing, so "d_model 100 not divisible by the default 6" is not said.
+  CHECK_FALSE(any_has(ps, "not divisible"));
+
+  // The message: one located line per problem, then the count.
+  const UserError e = expect_error([&] { load_recipe_text(text, "r.yaml"); });
+  const std::string msg = e.what();
+  CHECK(msg.rfind("r.yaml:5:3: unknown key 'n_layer'", 0) == 0);
+  CHECK(msg.find("\nr.yaml:13:20: hardware.device") != std::string::npos);
+  CHECK(msg.find("\n8 problems") != std::string::npos);
+  CHECK(e.loc().line == 5);  // loc() is the first problem's
+  check_clean(msg);
+
+  // One problem still reads as before: one line, no count.
+  const UserError one = expect_error([] { load_recipe_text(kMinimal + "batch: {micro: -1}\n", "r.yaml"); });
+  CHECK(std::string(one.what()).find('\n') == std::string::npos);
+  CHECK(one.all().size() == 1);
+}
+
+TEST_CASE("a problem keeps the rules that read its field quiet: no cascade") {
+  // d_model has the wrong type: no divisibility or rope complaint built on the default.
+  auto ps = problems_of("name: x\nmodel: {vocab_size: 256, seq_len: 64, d_model: wide, n_layers: 2, n_heads: 3, position: rope}\n");
+  CHECK(ps.size() == 1);
+  CHECK(any_has(ps, "model.d_model must be an integer"));
+  // Not divisible: the rope rule (head size) follows from it and is not repeated.
+  ps = problems_of("name: x\nmodel: {vocab_size: 256, seq_len: 64, d_model: 100, n_layers: 2, n_heads: 3, position: rope}\n");
+  CHECK(ps.size() == 1);
+  CHECK(any_has(ps, "not divisible"));
+  // auto with modules: one problem at modules, not also "modules only applies to selective".
+  ps = problems_of(kMinimal + "recompute: {mode: auto, modules: [mlp], layers: [9]}\n");
+  CHECK(ps.size() == 2);
+  CHECK(any_has(ps, "auto chooses the modules itself"));
+  CHECK(any_has(ps, "auto chooses the layers itself"));
+  CHECK_FALSE(any_has(ps, "lists layer 9"));
+  // stage_layers: a wrong count is one problem (its sum is not judged against it).
+  ps = problems_of(kMinimal + "parallel: {pp: 2, stage_layers: [5]}\n");
+  CHECK(ps.size() == 1);
+  // A wrong cadence interval and a mistyped section name elsewhere: both, independent.
+  ps = problems_of(kMinimal + "checkpoint: {cadence: minutes, every_steps: 5}\ntrian: {steps: 3}\n");
+  CHECK(ps.size() == 2);
+  CHECK(any_has(ps, "cadence minutes needs checkpoint.every_minutes"));
+  CHECK_FALSE(any_has(ps, "every_steps has no effect"));
+  CHECK(any_has(ps, "did you mean 'train'?"));
+  // A misnamed key stands for the missing one: neither "missing n_heads" nor a divisibility
+  // complaint built on n_heads' default (128 is not divisible by 6).
+  ps = problems_of("name: x\nmodel: {vocab_size: 256, seq_len: 64, d_model: 128, n_layers: 2, n_head: 4}\n");
+  REQUIRE(ps.size() == 1);
+  CHECK(any_has(ps, "unknown key 'n_head'"));
+  ps = problems_of("name: x\nmodel: {vocab_size: 256, seq_len: 64, d_model: 128, n_layers: 2, n_haeds: 4}\n");
+  REQUIRE(ps.size() == 1);
+  CHECK(any_has(ps, "did you mean 'n_heads'?"));
+  // --set problems come with the file's, after them.
+  ps = problems_of(kMinimal + "batch: {micro: x}\n", {"optimizer.lr=-1", "model.n_heads=3"});
+  REQUIRE(ps.size() == 3);
+  CHECK(ps[0].rfind("8:16: batch.micro", 0) == 0);
+  CHECK(any_has(ps, "--set: optimizer.lr must be > 0"));
+  CHECK(any_has(ps, "--set: model.d_model 128 is not divisible by model.n_heads 3"));
+  // An unknown key beside a structural problem (a duplicate key): both.
+  ps = problems_of(kMinimal + "batch: {micro: 2, micro: 4}\nfoo: 1\n");
+  CHECK(ps.size() == 2);
+  CHECK(any_has(ps, "duplicate key 'micro'"));
+  CHECK(any_has(ps, "unknown key 'foo'"));
+}
+
+TEST_CASE("other tools' key names point at ours (nanoGPT, Megatron-LM, torchtitan, Hugging Face)") {
+  struct Case { const char* where; const char* key; const char* ours; };
+  const Case cases[] = {
+      {"model", "block_size", "model.seq_len"},       {"model", "n_embd", "model.d_model"},
+      {"model", "n_layer", "model.n_layers"},         {"model", "n_head", "model.n_heads"},
+      {"", "learning_rate", "optimizer.lr"},          {"", "batch_size", "batch.micro"},
+      {"", "max_iters", "train.steps"},               {"", "warmup_iters", "optimizer.schedule.warmup_steps"},
+      {"optimizer", "warmup", "optimizer.schedule.warmup_steps"},
+      {"model", "num_layers", "model.n_layers"},      {"model", "hidden_size", "model.d_model"},
+      {"model", "num_attention_heads", "model.n_heads"}, {"model", "seq_length", "model.seq_len"},
+      {"batch", "micro_batch_size", "batch.micro"},   {"batch", "global_batch_size", "batch.global"},
+      {"parallel", "tensor_model_parallel_size", "parallel.tp"},
+      {"parallel", "pipeline_model_parallel_size", "parallel.pp"},
+      {"train", "train_iters", "train.steps"},        {"model", "dim", "model.d_model"},
+      {"model", "max_position_embeddings", "model.seq_len"}, {"model", "num_hidden_layers", "model.n_layers"},
+      {"model", "intermediate_size", "model.mlp_ratio"}, {"model", "rms_norm_eps", "model.norm_eps"},
+      {"", "gradient_accumulation_steps", "batch.accum"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.where << "." << c.key);
+    const std::string text = std::string(c.where).empty() ? kMinimal + c.key + ": 8\n"
+                             : std::string(c.where) == "model" ? kMinimal + "  " + c.key + ": 8\n"
+                                                               : kMinimal + c.where + ":\n  " + c.key + ": 8\n";
+    const auto ps = problems_of(text);
+    REQUIRE(ps.size() == 1);
+    CHECK(ps[0].find("unknown key '" + std::string(c.key) + "'") != std::string::npos);
+    CHECK(ps[0].find("here it is " + std::string(c.ours)) != std::string::npos);
+    // Written in the section it belongs to: "write LEAF instead"; elsewhere: under its section.
+    const std::string ours = c.ours, parent = ours.substr(0, ours.rfind('.')), leaf = ours.substr(ours.rfind('.') + 1);
+    CHECK(ps[0].find(parent == c.where ? "write " + leaf + " instead" : "write " + leaf + " under " + parent + ":") !=
+          std::string::npos);
+  }
+  // --set gets the same hint.
+  const auto ps = problems_of(kMinimal, {"model.block_size=64"});
+  REQUIRE(ps.size() == 1);
+  CHECK(ps[0].find("--set: unknown key 'block_size' in model; that is nanoGPT's name; here it is model.seq_len") == 0);
+}
+
+TEST_CASE("the schema gives no default for a required key (an editor would suggest a refused value)") {
+  int required = 0;
+  std::function<void(const nlohmann::json&, const std::string&)> walk = [&](const nlohmann::json& sub, const std::string& path) {
+    if (!sub.is_object() || !sub.contains("properties")) return;
+    for (const auto& k : sub.value("required", nlohmann::json::array())) {
+      const std::string key = k.get<std::string>();
+      INFO("required key " << path << key);
+      REQUIRE(sub["properties"].contains(key));
+      CHECK_FALSE(sub["properties"][key].contains("default"));
+      if (sub["properties"][key].value("type", "") != "object")
+        CHECK(sub["properties"][key].contains("examples"));  // what an editor offers instead
+      ++required;
+    }
+    for (auto it = sub["properties"].begin(); it != sub["properties"].end(); ++it) walk(it.value(), path + it.key() + ".");
+  };
+  walk(schema(), "");
+  CHECK(required >= 7);  // name, model, and model's five shape keys
+  // And a missing one says so, with an example instead of a default.
+  const auto ps = problems_of("name: x\nmodel:\n  seq_len: 64\n  d_model: 128\n  n_layers: 2\n  n_heads: 4\n  vocab_size:\n");
+  REQUIRE(ps.size() == 1);
+  CHECK(ps[0].find("like 256); it is required and has no default") != std::string::npos);
+}
+
+TEST_CASE("no message shows an empty example, whatever key is left empty or given the wrong shape") {
+  std::map<std::string, nlohmann::json> leaves;
+  schema_leaves(schema(), "", leaves);
+  const std::regex empty_example(R"(like\s*[),;]|like\s*$|e\.g\. [a-z_]+:\s*($|[;),])|like ''|like ""|\(like \))");
+  int checked = 0;
+  for (const auto& [path, sub] : leaves) {
+    for (const char* value : {"null", "{a: 1}", "[1, 2]", "0.5", "text"}) {
+      const std::vector<std::string> ps = problems_of(kMinimal + "inference: {}\n", {path + "=" + value});
+      for (const std::string& p : ps) {
+        INFO(path << "=" << value << ": " << p);
+        CHECK_FALSE(std::regex_search(p, empty_example));
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked > 200);
+}
+
+TEST_CASE("device names: a suggestion by what the name says, not by spelling alone") {
+  const auto fix_for = [](const std::string& device) {
+    const auto ps = problems_of(kMinimal, {"hardware.device=" + device});
+    REQUIRE(ps.size() == 1);
+    return ps[0];
+  };
+  CHECK(fix_for("h100").find("did you mean 'h100-80gb'?") != std::string::npos);  // not h200, one letter away
+  CHECK(fix_for("H100-SXM").find("did you mean 'h100-80gb'?") != std::string::npos);
+  CHECK(fix_for("a100").find("did you mean 'a100-40gb' or 'a100-80gb'?") != std::string::npos);
+  CHECK(fix_for("nvidia-v100").find("did you mean 'v100-32gb'?") != std::string::npos);
+  CHECK(fix_for("H200").find("did you mean 'h200'?") != std::string::npos);
+  CHECK(fix_for("gpu").find("did you mean 'cuda'?") != std::string::npos);   // not cpu
+  CHECK(fix_for("l40").find("did you mean 'l40s'?") != std::string::npos);
+  CHECK(fix_for("tpu-v5").find("pick one of those") != std::string::npos);
+}
+
+TEST_CASE("a recipe with very many problems prints a screenful, then how many more") {
+  std::string text = kMinimal;
+  for (int i = 0; i < 50; ++i) text += "junk_key_" + std::to_string(i) + ": 1\n";
+  const UserError e = expect_error([&] { load_recipe_text(text, "r.yaml"); });
+  CHECK(e.all().size() == 50);
+  const std::string msg = e.what();
+  CHECK(msg.find("unknown key 'junk_key_39'") != std::string::npos);
+  CHECK(msg.find("unknown key 'junk_key_40'") == std::string::npos);
+  CHECK(msg.find("\n... and 10 more\n50 problems") != std::string::npos);
 }

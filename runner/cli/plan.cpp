@@ -1,11 +1,24 @@
 // `runner plan RECIPE`: the recipe checked and its plan printed, as the table or as JSON (the
 // run directory's plan.json). Nothing runs and nothing is written.
+//
+// A gate for a job script (`runner plan r.yaml && sbatch ...`, issue 24): plan refuses what
+// train would refuse. After printing the plan it opens the data train will read, through the
+// same open_source as the trainer (a missing file, text data pointed at an HDF5 or token file,
+// a token beyond the vocabulary: the same messages), and refuses a plan that does not fit the
+// device; either exits 2. The plan is printed first so that a recipe planned where its data is
+// not (a laptop planning a cluster job) still shows its memory; --no-data-check skips the data.
+#include <fmt/format.h>
+
+#include <cstdio>
 #include <iostream>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "ops/gemm_path.h"
 #include "runner/cli/command.h"
 #include "runner/device/gemm_report.h"
+#include "runner/data/data.h"
 #include "runner/errors.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
@@ -32,6 +45,7 @@ class PlanCommand final : public Command {
     sub_->add_option("--set", sets_, "override a recipe field, e.g. --set batch.micro=8")->take_all();
     sub_->add_flag("--json", json_, "print the plan as JSON (the same as the run directory's plan.json)");
     sub_->add_option("--world", world_, "plan for this many ranks (default: from the recipe)");
+    sub_->add_flag("!--no-data-check", check_data_, "plan without opening the data files (train still checks them)");
   }
 
   int run(std::optional<Launch>&) override {
@@ -40,10 +54,30 @@ class PlanCommand final : public Command {
     } catch (const std::invalid_argument& e) {
       throw UserError({}, e.what(), "set RUNNER_GEMM_PATH to auto, onednn or sgemm, or unset it");
     }
-    Plan p = make_plan(load_recipe(recipe_path_, sets_), world_);
+    const Recipe r = load_recipe(recipe_path_, sets_);
+    Plan p = make_plan(r, world_);
     if (json_) std::cout << p.to_json().dump(2) << "\n";
     else std::cout << p.table() << gemm_text(p.recipe.precision.compute);
-    return 0;
+    // After the plan, so that a recipe planned on a machine without its data still shows
+    // its memory; the exit code still refuses it.
+    std::vector<std::string> refusals;
+    if (check_data_) {
+      try {
+        // Both splits, as the trainer opens them (the seed only orders samples).
+        for (Split split : {Split::Train, Split::Val})
+          open_source(r.data, split, r.model.seq_len, r.model.vocab_size, static_cast<uint64_t>(r.train.seed));
+      } catch (const UserError& e) {
+        refusals.push_back(e.what());
+      }
+    }
+    if (!p.fits) refusals.push_back(not_fit(r, p));
+    if (refusals.empty()) return 0;
+    std::cout.flush();
+    for (const std::string& m : refusals) std::fprintf(stderr, "%s\n", m.c_str());
+    if (check_data_ && refusals.size() > (p.fits ? 0u : 1u))
+      std::fprintf(stderr, "(plan reads the data train will read; --no-data-check plans without it, e.g. on a "
+                           "machine that does not hold the data)\n");
+    return kExitUserError;
   }
 
  private:
@@ -51,6 +85,18 @@ class PlanCommand final : public Command {
   std::vector<std::string> sets_;
   bool json_ = false;
   int64_t world_ = 0;
+  bool check_data_ = true;
+
+  // The refusal of a plan that does not fit: the worst rank against the device, and where to look.
+  std::string not_fit(const Recipe& r, const Plan& p) const {
+    const StageLedger& w = p.worst_stage();
+    return UserError::format(
+        r.loc("hardware"),
+        fmt::format("the plan does not fit: {} per rank{} against {} of device memory ({})", format_bytes(w.total()),
+                    p.pp > 1 ? fmt::format(" on stage {}", w.stage) : "", format_bytes(p.device_memory), r.hardware.device),
+        json_ ? "take one of the \"suggestions\" above, or plan for more devices"
+              : "take one of the changes under 'what would fit' above, or plan for more devices");
+  }
 };
 
 }  // namespace

@@ -105,8 +105,10 @@ std::vector<int32_t> byte_tokenize(const std::string& text);
 std::string byte_detokenize(const std::vector<int32_t>& tokens);
 
 // `runner data prepare`: text file -> HDF5 token dataset (uint16 if vocab fits, else int32).
-// Returns the number of tokens written. Checks a stop flag periodically (may be null).
+// Returns the number of tokens written. Checks a stop flag periodically (may be null). A file
+// that is not text (an HDF5 or token file, NUL bytes, mostly invalid UTF-8) is refused
+// unless `binary_ok` (--binary-ok).
 int64_t prepare_text_to_hdf5(const std::string& text_path, const std::string& out_path,
-                             const std::atomic<bool>* stop = nullptr);
+                             const std::atomic<bool>* stop = nullptr, bool binary_ok = false);
 
 }  // namespace runner

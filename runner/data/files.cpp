@@ -132,10 +132,43 @@ class BinSource final : public WindowSource {
 
 }  // namespace
 
+std::optional<NotText> not_text(const unsigned char* bytes, int64_t n) {
+  static const unsigned char kHdf5[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  if (n >= 8 && std::memcmp(bytes, kHdf5, 8) == 0) return NotText{"is an HDF5 file (its signature opens it), not text", "hdf5"};
+  if (n >= 4 && load_i32le(bytes) == kLlmcMagic) return NotText{"is an llm.c token file (its magic opens it), not text", "bin"};
+  const int64_t m = std::min(n, kNotTextSample);
+  if (const void* nul = m > 0 ? std::memchr(bytes, 0, static_cast<size_t>(m)) : nullptr) {
+    const int64_t at = static_cast<const unsigned char*>(nul) - bytes;
+    return NotText{"holds a NUL byte at offset " + std::to_string(at) + ": binary, not text (a uint16 token file?)",
+                   n % 2 == 0 ? "bin" : ""};
+  }
+  // Invalid UTF-8: a few bytes of another encoding (Latin-1 accents) are still text; random or
+  // compressed bytes start an invalid sequence about every other byte.
+  int64_t bad = 0, first_bad = -1;
+  for (int64_t i = 0; i + 4 < m;) {
+    const unsigned char c = bytes[i];
+    const int64_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len > 0;
+    for (int64_t k = 1; ok && k < len; ++k) ok = (bytes[i + k] & 0xC0) == 0x80;
+    if (!ok && first_bad < 0) first_bad = i;
+    bad += ok ? 0 : 1;
+    i += ok ? len : 1;
+  }
+  if (bad * 10 > m)
+    return NotText{"is not UTF-8 text: " + std::to_string(bad) + " of its first " + std::to_string(m) +
+                       " bytes start no valid character (the first at offset " + std::to_string(first_bad) + ")",
+                   ""};
+  return std::nullopt;
+}
+
 std::unique_ptr<DataSource> open_text(const std::string& path, const DataConfig& cfg, Split split, bool whole,
                                       int64_t T, int64_t vocab_size) {
   auto file = std::make_unique<MappedFile>(path);
   const int64_t n = file->size();
+  if (const auto bin = not_text(file->data(), n))
+    throw UserError(SourceLoc{path}, bin->what + " (data.kind text reads a UTF-8 text file byte by byte)",
+                    bin->kind.empty() ? std::string("point data.path at the text to train on")
+                                      : "set data.kind: " + bin->kind + " to read it as tokens, or point data.path at the text itself");
   const SplitRange r = split_range(n, cfg, split, whole);
   check_split_length(path, n, r, split, whole, T);
   unsigned char mx = 0;

@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <vector>
 
 #include "runner/data/data.h"
 #include "runner/data/internal.h"
@@ -309,6 +310,21 @@ std::ifstream open_prepare_paths(const std::string& text_path, const std::string
   return in;
 }
 
+// A binary file (an HDF5 or token file, a tarball) tokenized byte by byte trains on noise:
+// refused unless asked for (issue 24). Reads the first kNotTextSample bytes, then rewinds.
+void refuse_binary(std::ifstream& in, const std::string& text_path) {
+  std::vector<unsigned char> head(static_cast<size_t>(kNotTextSample));
+  in.read(reinterpret_cast<char*>(head.data()), static_cast<std::streamsize>(head.size()));
+  const int64_t got = in.gcount();
+  in.clear();
+  in.seekg(0);
+  if (const auto bin = not_text(head.data(), got))
+    throw UserError(SourceLoc{text_path}, bin->what + "; prepare tokenizes UTF-8 text byte by byte",
+                    (bin->kind.empty() ? std::string("give the text file itself")
+                                       : "train on it directly with data.kind: " + bin->kind + " (no preparing needed)") +
+                        ", or pass --binary-ok to tokenize its bytes anyway");
+}
+
 // The prepared file being written: an extendible, chunked, compressed uint16 'tokens' dataset.
 struct TokenFile {
   Id file, dset;
@@ -369,10 +385,11 @@ int64_t stream_byte_tokens(std::ifstream& in, hid_t dset, const std::string& tex
 
 // `runner data prepare`: stream a text file through the byte tokenizer into HDF5.
 int64_t prepare_text_to_hdf5(const std::string& text_path, const std::string& out_path,
-                             const std::atomic<bool>* stop) {
+                             const std::atomic<bool>* stop, bool binary_ok) {
   using namespace data_detail;
   namespace fs = std::filesystem;
   std::ifstream in = open_prepare_paths(text_path, out_path);
+  if (!binary_ok) refuse_binary(in, text_path);
   std::error_code ec;
   const std::string tmp = out_path + ".tmp." + std::to_string(::getpid());
   std::string abs_source = fs::absolute(text_path, ec).string();

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -91,6 +92,17 @@ std::unique_ptr<DataSource> open_bin(const std::string& path, const DataConfig& 
                                      int64_t T, int64_t vocab_size);
 std::unique_ptr<DataSource> open_hdf5(const std::string& path, const DataConfig& cfg, Split split, bool whole,
                                       int64_t T, int64_t vocab_size);
+
+// Whether bytes meant as text are something else (issue 24: text data pointed at an HDF5 or
+// token file, `runner data prepare` given a binary file). Looks at the first kNotTextSample
+// bytes: the HDF5 signature, the llm.c token-file magic, a NUL byte (no UTF-8 text holds one;
+// uint16 token files are full of them), or mostly invalid UTF-8. `what` says which, with the
+// offset; `kind` is the data.kind the file most likely is ("hdf5", "bin", or "" when unknown).
+struct NotText {
+  std::string what, kind;
+};
+constexpr int64_t kNotTextSample = 1 << 20;
+std::optional<NotText> not_text(const unsigned char* bytes, int64_t n);
 
 // The llm.c token file header: 256 int32, [0] magic, [1] version, [2] token count.
 constexpr int32_t kLlmcMagic = 20240520;

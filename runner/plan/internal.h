@@ -19,10 +19,11 @@ std::string or_list(const std::vector<int64_t>& v);  // "1, 2 or 3"
 std::vector<int64_t> nearest_divisors(int64_t n, int64_t x, int count = 2);
 
 // Resolution (resolve.cpp), in this order: the grid (dp from the world size or the
-// hardware), the batch equation, the layout rules (divisibility, stage split, schedule).
+// hardware), then the batch equation and the layout rules (divisibility, stage split,
+// schedule), whose independent problems are thrown together as one UserError.
 void resolve_grid(const Recipe& r, int64_t world_size, Plan& p);
 void resolve_batch(const Recipe& r, Plan& p);
-void check_layout(const Recipe& r, Plan& p);
+void resolve_and_check(const Recipe& r, Plan& p);
 
 // The per-rank memory ledger from the layout's graphs (ledger.cpp), and inference sizing.
 void compute_ledger(const Recipe& r, Plan& p);

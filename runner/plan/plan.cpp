@@ -48,8 +48,7 @@ Plan plan_detail::make_plan(const Recipe& r, int64_t world_size, bool with_sugge
   Plan p;
   p.recipe = r;
   resolve_grid(r, world_size, p);
-  resolve_batch(r, p);
-  check_layout(r, p);
+  resolve_and_check(r, p);
   p.tokens_per_step = p.global * r.model.seq_len;
   p.device_memory = device_memory_bytes(r.hardware);
   p.peak_flops = device_peak_flops(r.hardware, r.precision.compute);

@@ -1,9 +1,11 @@
 // Plan resolution: the grid, the batch equation (global = micro x dp x accum) and the layout
 // rules (divisibility by tp, the stage split over pp, the pipeline schedule). Every problem a
-// user can fix is a UserError at the recipe field's file:line:col, with the numbers and a fix.
+// user can fix is a UserError at the recipe field's file:line:col, with the numbers and a fix;
+// the independent ones are reported together.
 #include <cmath>
 #include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -277,10 +279,25 @@ void layout_notes(const Recipe& r, Plan& p) {
 
 }  // namespace
 
-void check_layout(const Recipe& r, Plan& p) {
-  check_tensor_parallel(r, p);
-  check_stage_split(r, p);
-  check_schedule(r, p);
+void resolve_and_check(const Recipe& r, Plan& p) {
+  // Every independent problem in one pass (issue 24): the batch equation, tensor parallelism
+  // and the stage split do not depend on each other; the schedule needs the batch's accum and
+  // the split, so it is judged only when both resolved.
+  std::vector<UserError::Entry> problems;
+  const auto collect = [&](auto&& check) {
+    try {
+      check();
+      return true;
+    } catch (const UserError& e) {
+      for (UserError::Entry& x : e.all()) problems.push_back(std::move(x));
+      return false;
+    }
+  };
+  const bool batch = collect([&] { resolve_batch(r, p); });
+  collect([&] { check_tensor_parallel(r, p); });
+  const bool split = collect([&] { check_stage_split(r, p); });
+  if (batch && split) collect([&] { check_schedule(r, p); });
+  if (!problems.empty()) throw UserError(std::move(problems));
   layout_notes(r, p);
 }
 

@@ -1,6 +1,8 @@
 // What would fit: a small search over the knobs a user can turn (ZeRO-1, recompute,
 // micro-batch, tp, pp), each candidate verified by planning it. Candidates that change fewer
-// knobs come first, then the smaller footprint.
+// knobs come first, then the smaller footprint. Each states the batch equation it implies
+// (the global batch is kept, so a smaller micro-batch or another dp moves accum: "batch.micro:
+// 2 -> global 64 = micro 2 x dp 1 x accum 32, ..."), so that the user sees what the step becomes.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -54,6 +56,7 @@ void suggest(const Recipe& r, Plan& p) {
               std::string w;
               for (size_t i = 0; i < what.size(); ++i) w += (i ? ", " : "") + what[i];
               if (dp != p.dp) w += fmt::format(" (dp becomes {})", dp);
+              w += fmt::format(" -> global {} = micro {} x dp {} x accum {}", q.global, q.micro, q.dp, q.accum);
               found.push_back({static_cast<int>(what.size()), q.worst_stage().total(), w});
               break;  // the largest micro-batch that fits for this combination
             } catch (const UserError&) {
@@ -67,7 +70,7 @@ void suggest(const Recipe& r, Plan& p) {
     return a.changes != b.changes ? a.changes < b.changes : a.total < b.total;
   });
   for (size_t i = 0; i < found.size() && i < 4; ++i)
-    p.suggestions.push_back(fmt::format("{} -> {} per rank", found[i].what, format_bytes(found[i].total)));
+    p.suggestions.push_back(fmt::format("{}, {} per rank", found[i].what, format_bytes(found[i].total)));
   if (p.suggestions.empty())
     p.suggestions.push_back(
         fmt::format("more devices: nothing on {} devices fits (tried tp, pp, ZeRO-1, recompute, micro)", world));

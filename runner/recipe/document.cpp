@@ -4,7 +4,9 @@
 // typed by the YAML 1.2 core schema (`8` is an integer, `'8'` a string, `yes` a string)
 // while a side table remembers where every node was written. --set overrides edit that
 // tree. schema.cpp then checks it against schemas/recipe.schema.json and walks its errors
-// back to the side table, so the FIRST problem is reported as file:line:col with a fix.
+// back to the side table, so every problem is reported as file:line:col with a fix. A
+// syntax error stops the reading (what follows it cannot be trusted); everything after it
+// is collected and reported in one pass.
 // (valijson's own yaml-cpp adapter is not used: it sees every scalar as a string and
 // throws YAML::BadConversion while checking `micro: eight`, so types cannot be checked.)
 
@@ -19,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace runner::recipe_detail {
@@ -85,6 +88,30 @@ std::string describe_path(const std::string& path) { return path.empty() ? "the 
 
 bool is_index(const std::string& s) {
   return !s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+bool path_related(const std::string& a, const std::string& b) {
+  const auto under = [](const std::string& x, const std::string& y) {  // x is y or lies under it
+    return x == y || y.empty() || (x.size() > y.size() && x.compare(0, y.size(), y) == 0 && (x[y.size()] == '.' || x[y.size()] == '['));
+  };
+  return under(a, b) || under(b, a);
+}
+
+// ---------------------------------------------------------------------------------------
+// Problems
+
+void throw_problems(std::vector<Problem> ps) {
+  std::stable_sort(ps.begin(), ps.end(), [](const Problem& a, const Problem& b) {
+    return std::tie(a.rank, a.from_set, a.loc.line, a.loc.col) < std::tie(b.rank, b.from_set, b.loc.line, b.loc.col);
+  });
+  std::vector<UserError::Entry> all;
+  for (const Problem& p : ps) {
+    const bool repeated = std::any_of(all.begin(), all.end(), [&](const UserError::Entry& e) {
+      return e.what == p.what && e.loc.str() == p.loc.str();
+    });
+    if (!repeated) all.push_back({p.loc, p.what, p.fix});
+  }
+  throw UserError(std::move(all));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -254,6 +281,7 @@ json convert(const YAML::Node& n, const std::string& path, NodeInfo info, int de
                             : "keys are plain names like micro or stage_layers");
       }
       const std::string cpath = child_path(path, key);
+      if (doc.skipped.count(cpath)) continue;  // an unknown key: reported, its value never expanded
       if (out.contains(key)) {
         const NodeInfo& first = doc.info(cpath);
         throw UserError(kloc, "duplicate key '" + printable(key) + "' in " + describe_path(path) +
@@ -456,13 +484,20 @@ Doc parse_document(const std::string& text, const std::string& file) {
   NodeInfo ri;
   ri.key_line = ri.val_line = top_loc.line;
   ri.key_col = ri.val_col = top_loc.col;
-  check_unknown_keys(top, file);  // before any alias is expanded (issue 13)
+  doc.problems = unknown_key_problems(top, file);  // before any alias is expanded (issue 13)
+  for (const Problem& p : doc.problems) doc.skipped.insert(p.path);
   try {
     g_values = 0;
     doc.root = convert(top, "", ri, 0, doc);
   } catch (const YAML::Exception& e) {  // not expected after a successful parse; never let it escape raw
     throw UserError(SourceLoc{file, line_of(e.mark), col_of(e.mark)}, "could not read this YAML node",
                     syntax_hint(e.msg));
+  } catch (const UserError& e) {
+    // A structural problem (a duplicate or dotted key, nesting) stops the reading; the unknown
+    // keys found before it are independent of it and reported with it.
+    if (doc.problems.empty()) throw;
+    doc.problems.push_back(Problem{0, e.loc(), false, e.problem(), e.fix(), ""});
+    throw_problems(doc.problems);
   }
   return doc;
 }

@@ -14,6 +14,7 @@
 
 #include "runner/recipe/recipe.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -152,6 +153,20 @@ class Reader {
   std::string path_;
 };
 
+// Removes the value at `path` ("batch.micro"; a list item's whole list) from the tree.
+void drop_value(json& root, const std::string& path) {
+  const std::string p = path.substr(0, path.find('['));
+  if (p.empty()) return;  // the recipe itself: parse_document already made it a mapping
+  json* parent = &root;
+  size_t start = 0;
+  for (size_t dot = p.find('.'); dot != std::string::npos; start = dot + 1, dot = p.find('.', start)) {
+    const std::string seg = p.substr(start, dot - start);
+    if (!parent->is_object() || !parent->contains(seg)) return;
+    parent = &(*parent)[seg];
+  }
+  if (parent->is_object()) parent->erase(p.substr(start));
+}
+
 void fill(const Doc& doc, Recipe& r) {
   const Reader top(doc, doc.root, "");
   visit(top, r);
@@ -251,7 +266,24 @@ Recipe load_recipe_text(const std::string& text, const std::string& display_name
                         const std::vector<std::string>& overrides) {
   Doc doc = parse_document(text, display_name);
   for (const std::string& o : overrides) apply_override(doc, o);
-  validate_against_schema(doc);
+  std::vector<Problem> problems = doc.problems;
+  // Every independent problem in one pass (issue 24): the values with a problem are dropped
+  // so that the structs can still be filled (with defaults there), and the cross-field rules
+  // that read them stay quiet.
+  std::set<std::string> tainted;
+  for (Problem& p : schema_problems(doc)) {
+    // A required key missing where an unknown key's fix points (n_embd -> model.d_model) is
+    // that same mistake: its line already says what to write.
+    const bool follows = p.rank == 1 && std::any_of(problems.begin(), problems.end(), [&](const Problem& u) {
+      return !u.means.empty() && u.means == p.path;
+    });
+    if (follows) tainted.insert(p.path);
+    else problems.push_back(std::move(p));
+  }
+  for (const Problem& p : problems) {
+    tainted.insert(p.path);
+    drop_value(doc.root, p.path);
+  }
   Recipe r;
   r.source_file = display_name;
   r.source_text = text;
@@ -260,7 +292,8 @@ Recipe load_recipe_text(const std::string& text, const std::string& display_name
     for (const std::string& o : overrides) r.source_text += "# --set " + o + "\n";
   }
   fill(doc, r);
-  validate_recipe(r);
+  for (Problem& p : cross_field_problems(r, tainted)) problems.push_back(std::move(p));
+  if (!problems.empty()) throw_problems(std::move(problems));
   resolve_recipe_paths(r, "");  // the --set paths (the text's own are resolved by load_recipe)
   return r;
 }

@@ -1,10 +1,12 @@
 // The recipe schema: located at run time, parsed once, checked with valijson; its errors
-// are turned into one message at the place the user wrote the problem.
+// are turned into messages at the places the user wrote the problems.
 //
 // valijson reports every failing node with its context ("<root>", "[batch]", "[micro]");
-// each is walked back down the document and the schema, re-checked against its own
-// subschema to say what is wrong and how to fix it, and the first in file order wins
-// (missing keys after everything else, --set after the file).
+// each is walked back down the document and the schema and re-checked against its own
+// subschema to say what is wrong and how to fix it. Every node with a problem gets one
+// message (its first problem: a wrong type hides the range check that would follow from
+// it); the caller reports them all together in file order (missing keys after everything
+// else, --set after the file).
 
 // GCC 12 reports a false -Wrestrict inside std::string when inlining valijson's string
 // handling (GCC bug 105329); the pragma must precede <string> to cover it.
@@ -88,6 +90,49 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
   return best;
 }
 
+// "'a'", "'a' or 'b'", "'a', 'b' or 'c'"
+std::string quoted_or(const std::vector<std::string>& words) {
+  std::string s;
+  for (size_t i = 0; i < words.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == words.size() ? " or " : ", ") + ("'" + words[i] + "'");
+  return s;
+}
+
+// The words of an enum a mistyped value most likely meant. A word the value names as one of
+// its parts wins over spelling: h100 is the h100-80gb, not the h200 one letter away, and a100
+// is either a100 (issue 24). The schema's "x-aliases" maps other names (gpu) to a word.
+std::vector<std::string> suggest_words(const std::string& value, const json& sub) {
+  std::vector<std::string> options;
+  for (const json& e : sub["enum"]) options.push_back(format_json_scalar(e));
+  const std::string v = lower(value);
+  if (sub.contains("x-aliases") && sub["x-aliases"].is_object() && sub["x-aliases"].contains(v))
+    return {sub["x-aliases"][v].get<std::string>()};
+  const auto parts = [](const std::string& s) {
+    std::vector<std::string> out;
+    std::string cur;
+    for (char c : s + "-") {
+      if (c == '-' || c == '_' || c == ' ' || c == '.') {
+        if (!cur.empty()) out.push_back(cur);
+        cur.clear();
+      } else {
+        cur += c;
+      }
+    }
+    return out;
+  };
+  for (const std::string& o : options)
+    if (lower(o) == v) return {o};  // only the case differs
+  std::vector<std::string> named;
+  const std::vector<std::string> vparts = parts(v);
+  for (const std::string& o : options) {
+    const std::vector<std::string> oparts = parts(lower(o));
+    if (oparts.size() > 1 && std::find(vparts.begin(), vparts.end(), oparts.front()) != vparts.end()) named.push_back(o);
+  }
+  if (!named.empty()) return named;
+  if (auto best = closest(value, options)) return {*best};
+  return {};
+}
+
 // ---------------------------------------------------------------------------------------
 // The schema: located at run time, parsed once per path
 
@@ -150,13 +195,6 @@ const SchemaStore& recipe_schema() {
 // ---------------------------------------------------------------------------------------
 // Turning valijson's errors into one message
 
-struct Problem {
-  int rank = 0;  // 0: a problem with a value or key; 1: a missing key (reported after the others)
-  SourceLoc loc;
-  bool from_set = false;
-  std::string what, fix;
-};
-
 bool type_matches(const json& v, const std::string& t) {
   if (t == "integer") return v.is_number_integer();
   if (t == "number") return v.is_number();
@@ -177,10 +215,18 @@ std::string example_of(const json& sub, const json& value) {
       return format_number(std::max(lo, static_cast<double>(std::llround(d))));
     }
   }
-  if (sub.contains("examples") && sub["examples"].is_array() && !sub["examples"].empty())
+  // An empty string is no example ("like ", issue 24): the next source is tried instead.
+  const auto usable = [](const json& v) { return !v.is_string() || !v.get<std::string>().empty(); };
+  if (sub.contains("examples") && sub["examples"].is_array() && !sub["examples"].empty() && usable(sub["examples"][0]))
     return format_json_scalar(sub["examples"][0]);
-  if (sub.contains("default")) return format_json_scalar(sub["default"]);
+  if (sub.contains("default") && usable(sub["default"]) && !sub["default"].is_array())
+    return format_json_scalar(sub["default"]);
+  if (sub.contains("enum") && sub["enum"].is_array() && !sub["enum"].empty()) return format_json_scalar(sub["enum"][0]);
   if (sub.contains("minimum")) return format_json_scalar(sub["minimum"]);
+  const std::string t = sub.value("type", "");
+  if (t == "string") return "some-text";
+  if (t == "boolean") return "true";
+  if (t == "array") return "[1, 2]";
   return "1";
 }
 
@@ -220,6 +266,7 @@ void type_problem(const json& v, const json& sub, const std::string& path, const
   Problem p;
   p.loc = doc.value_loc(path);
   p.from_set = info.from_set;
+  p.path = path;
   if (v.is_null()) {
     if (t == "object") {
       p.what = path + " is empty";
@@ -228,8 +275,8 @@ void type_problem(const json& v, const json& sub, const std::string& path, const
                   : "write " + last_key(path) + ": {} for all defaults, or indent its keys under it, or remove it";
     } else {
       p.what = path + " has no value";
-      p.fix = "write a value after '" + last_key(path) + ": ' (like " + example_of(sub, v) +
-              "), or remove the line to use the default";
+      p.fix = "write a value after '" + last_key(path) + ": ' (like " + example_of(sub, v) + ")" +
+              (sub.contains("default") ? ", or remove the line to use the default" : "; it is required and has no default");
     }
     out.push_back(p);
     return;
@@ -277,6 +324,7 @@ void range_problem(const json& v, const json& sub, const std::string& path, cons
   Problem p;
   p.loc = doc.value_loc(path);
   p.from_set = info.from_set;
+  p.path = path;
   const std::string got = shown(v, info), ex = example_of(sub, v);
   const bool integer = sub.value("type", "") == "integer";
   if (has_lo && has_hi) {
@@ -299,17 +347,41 @@ void range_problem(const json& v, const json& sub, const std::string& path, cons
 
 // Re-checks one node against its own subschema (not its children) and says what is wrong.
 // Key `key` in the mapping at `path`, whose schema allows only `names`.
+// The hint for another tool's name of one of our keys: where to write it, here.
+std::string foreign_key_fix(const ForeignKey& f, const std::string& path) {
+  const std::string ours(f.ours);
+  const size_t dot = ours.rfind('.');
+  const std::string parent = dot == std::string::npos ? "" : ours.substr(0, dot), leaf = ours.substr(dot + 1);
+  std::string fix = "that is " + std::string(f.tools) + "'s name; here it is " + ours + ": ";
+  if (parent == path) fix += "write " + leaf + " instead";
+  else fix += "write " + leaf + " under " + parent + ":";
+  if (!f.note.empty()) fix += " (" + std::string(f.note) + ")";
+  return fix;
+}
+
 Problem unknown_key_problem(const std::string& key, const std::string& path, const std::vector<std::string>& names,
                             const SourceLoc& loc, bool from_set) {
   Problem p;
   p.loc = loc;
   p.from_set = from_set;
+  p.path = child_path(path, key);
   p.what = "unknown key '" + printable(key) + "' " + (path.empty() ? "at the top level" : "in " + path);
   std::vector<std::string> owners;
   find_key_owners(recipe_schema().doc, "", key, owners);
-  if (auto best = closest(key, names)) p.fix = "did you mean '" + *best + "'?";
-  else if (!owners.empty()) p.fix = "'" + key + "' belongs under " + owners[0] + ": move it there";
-  else p.fix = "allowed keys " + (path.empty() ? std::string("at the top level") : "in " + path) + ": " + join(names, ", ");
+  // Another tool's name first: it knows the exact key, where a typo match would only guess
+  // (nanoGPT's n_layer is model.n_layers even when written at the top level).
+  if (const ForeignKey* f = foreign_key(key)) {
+    p.fix = foreign_key_fix(*f, path);
+    p.means = std::string(f->ours);
+  } else if (auto best = closest(key, names)) {
+    p.fix = "did you mean '" + *best + "'?";
+    p.means = child_path(path, *best);
+  } else if (!owners.empty()) {
+    p.fix = "'" + key + "' belongs under " + owners[0] + ": move it there";
+    p.means = child_path(owners[0], key);
+  } else {
+    p.fix = "allowed keys " + (path.empty() ? std::string("at the top level") : "in " + path) + ": " + join(names, ", ");
+  }
   return p;
 }
 
@@ -351,9 +423,10 @@ bool enum_problem(const json& v, const json& sub, const std::string& path, const
   Problem p;
   p.loc = doc.value_loc(path);
   p.from_set = info.from_set;
+  p.path = path;
   p.what = path + " must be one of " + join(options, ", ") + ", got " + shown(v, info);
-  const auto best = v.is_string() ? closest(v.get<std::string>(), options) : std::nullopt;
-  p.fix = best ? "did you mean '" + *best + "'?" : "pick one of those";
+  const std::vector<std::string> best = v.is_string() ? suggest_words(v.get<std::string>(), sub) : std::vector<std::string>{};
+  p.fix = best.empty() ? "pick one of those" : "did you mean " + quoted_or(best) + "?";
   out.push_back(p);
   return true;
 }
@@ -364,7 +437,7 @@ bool string_problem(const json& v, const json& sub, const std::string& path, con
   const std::string s = v.get<std::string>();
   const std::string hint = sub.value("x-hint", "");
   if (sub.contains("minLength") && s.size() < sub["minLength"].get<size_t>()) {
-    out.push_back({0, doc.value_loc(path), info.from_set, path + " is empty", hint.empty() ? "write at least one character" : hint});
+    out.push_back({0, doc.value_loc(path), info.from_set, path + " is empty", hint.empty() ? "write at least one character" : hint, path});
     return true;
   }
   if (!sub.contains("pattern")) return false;
@@ -375,7 +448,7 @@ bool string_problem(const json& v, const json& sub, const std::string& path, con
   }
   if (ok) return false;
   out.push_back({0, doc.value_loc(path), info.from_set, path + " '" + printable(s) + "' is not allowed",
-                 hint.empty() ? "it must match " + sub["pattern"].get<std::string>() : hint});
+                 hint.empty() ? "it must match " + sub["pattern"].get<std::string>() : hint, path});
   return true;
 }
 
@@ -386,7 +459,7 @@ bool repeated_item_problem(const json& v, const json& sub, const std::string& pa
       if (v[i] == v[j]) {
         const std::string ip = item_path(path, j);
         out.push_back({0, doc.value_loc(ip), doc.info(ip).from_set,
-                       path + " lists " + shown(v[j], doc.info(ip)) + " twice", "remove the repeated entry"});
+                       path + " lists " + shown(v[j], doc.info(ip)) + " twice", "remove the repeated entry", path});
         return true;
       }
   return false;
@@ -411,12 +484,13 @@ void object_problems(const json& v, const json& sub, const std::string& path, co
     p.rank = 1;
     p.loc = doc.key_loc(path);
     p.from_set = doc.info(path).from_set;
+    p.path = child_path(path, k);
     p.what = describe_path(path) + " is missing required key '" + k + "'";
     if (ks.value("type", "") == "object") {
       const auto req = ks.contains("required") ? ks["required"].get<std::vector<std::string>>() : std::vector<std::string>{};
       p.fix = "add a " + k + ": section" + (req.empty() ? std::string() : " with " + join(req, ", ") + " indented under it");
     } else {
-      p.fix = "add " + k + ": " + placeholder(ks);
+      p.fix = "add " + k + ": " + placeholder(ks) + " (e.g. " + k + ": " + example_of(ks, json()) + ")";
     }
     out.push_back(p);
   }
@@ -440,18 +514,14 @@ void diagnose_node(const json& v, const json& sub, const std::string& path, cons
 
 }  // namespace
 
-void check_unknown_keys(const YAML::Node& top, const std::string& file) {
+std::vector<Problem> unknown_key_problems(const YAML::Node& top, const std::string& file) {
   std::vector<Problem> found;
   unknown_keys_in(top, recipe_schema().doc, "", file, found);
-  if (found.empty()) return;
-  const Problem& first = *std::min_element(found.begin(), found.end(), [](const Problem& a, const Problem& b) {
-    return std::tie(a.loc.line, a.loc.col) < std::tie(b.loc.line, b.loc.col);
-  });
-  throw UserError(first.loc, first.what, first.fix);
+  return found;
 }
 
-// Validates the document; throws the first problem (in file order; missing keys last).
-void validate_against_schema(const Doc& doc) {
+// Every problem of the document, one per node with a problem.
+std::vector<Problem> schema_problems(const Doc& doc) {
   const SchemaStore& store = recipe_schema();
   valijson::ValidationResults results;
   bool ok = false;
@@ -463,7 +533,7 @@ void validate_against_schema(const Doc& doc) {
     throw UserError(SourceLoc{doc.file}, "the recipe could not be checked against the schema " + store.path,
                     "check that the schema file is intact (RUNNER_SCHEMA overrides its location)");
   }
-  if (ok) return;
+  if (ok) return {};
 
   std::vector<Problem> problems;
   std::set<std::vector<std::string>> seen;
@@ -499,17 +569,14 @@ void validate_against_schema(const Doc& doc) {
     if (problems.size() == before && !fallback && err.description.rfind("Failed to validate", 0) != 0)
       fallback = Problem{0, doc.value_loc(path), doc.info(path).from_set,
                          describe_path(path) + " is not valid: " + err.description,
-                         "see its description in " + store.path};
+                         "see its description in " + store.path, path};
   }
   if (problems.empty()) {
-    if (fallback) throw UserError(fallback->loc, fallback->what, fallback->fix);
-    throw UserError(SourceLoc{doc.file}, "the recipe does not match the schema",
-                    "compare it with recipes/quickstart.yaml and " + store.path);
+    if (fallback) return {*fallback};
+    return {Problem{0, SourceLoc{doc.file}, false, "the recipe does not match the schema",
+                    "compare it with recipes/quickstart.yaml and " + store.path, ""}};
   }
-  const Problem& first = *std::min_element(problems.begin(), problems.end(), [](const Problem& a, const Problem& b) {
-    return std::tie(a.rank, a.from_set, a.loc.line, a.loc.col) < std::tie(b.rank, b.from_set, b.loc.line, b.loc.col);
-  });
-  throw UserError(first.loc, first.what, first.fix);
+  return problems;
 }
 
 }  // namespace runner::recipe_detail
