@@ -173,7 +173,7 @@ TEST_CASE("export: config.json carries the training's dropout and initializer ra
   CHECK(ncfg["model"]["init_std"] == 0.03);
 
   fs::path llama = dir / "llama";
-  t = runner_cmd(test_support::tiny_quickstart_args(llama, 2, 24) + " model.dropout=0.1 " + test_support::kLlamaSets);
+  t = runner_cmd(test_support::tiny_quickstart_args(llama, 2, 24) + " model.dropout=0.1 model.init_std=0.04 " + test_support::kLlamaSets);
   INFO(t.out);
   REQUIRE(t.code == 0);
   e = runner_cmd("export " + llama.string() + " --out " + (dir / "ll").string());
@@ -182,7 +182,7 @@ TEST_CASE("export: config.json carries the training's dropout and initializer ra
   CHECK(e.out.find("note: training dropped out at 0.1 on the embeddings and residual branches too") != std::string::npos);
   cfg = nlohmann::json::parse(test_support::slurp(dir / "ll" / "config.json"));
   CHECK(cfg["attention_dropout"] == 0.1);
-  CHECK(cfg["initializer_range"] == 0.02);
+  CHECK(cfg["initializer_range"] == 0.04);
   CHECK(cfg["bos_token_id"].is_null());
   fs::remove_all(dir);
 }

@@ -307,9 +307,10 @@ TEST_CASE("smaller refusals: an under-determined batch, a huge accum, seq_len 1 
 
   fs::path dir = temp_dir("small");
   std::string y = read_file(q);
-  const size_t at = y.find("  micro: 16");
+  const size_t at = y.find("\n  micro: ");  // whatever micro-batch the quickstart has
   REQUIRE(at != std::string::npos);
-  y.replace(at, std::string("  micro: 16").size(), "  micro: 0");
+  const size_t value = at + std::string("\n  micro: ").size();
+  y.replace(value, y.find_first_not_of("0123456789", value) - value, "0");
   std::ofstream(dir / "micro0.yaml") << y;
   Result bf = run("plan " + (dir / "micro0.yaml").string());
   CHECK(bf.code == 2);

@@ -119,7 +119,7 @@ TEST_CASE("report: a profiled run has every plot as inline SVG and nothing exter
   CHECK(h.find("  val_fraction:") == std::string::npos);
   CHECK(h.find("growth_interval") == std::string::npos);
   CHECK(h.find("&quot;tokens_per_step&quot;") != std::string::npos);  // plan.json itself, folded
-  CHECK(h.find("<th>batch</th><td>global 16 = micro 16 x dp 1 x accum 1, 1,024 tokens per step</td>") != std::string::npos);
+  CHECK(h.find("<th>batch</th><td>global 32 = micro 32 x dp 1 x accum 1, 2,048 tokens per step</td>") != std::string::npos);
   CHECK(h.find("<th>fits</th><td>yes: largest stage ") != std::string::npos);
   // The addition task's accuracy is drawn on a 0-100% axis; MFU and utilization in percent.
   CHECK(h.find("class=\"ay\">100</text>") != std::string::npos);
@@ -440,7 +440,7 @@ TEST_CASE("report recipe view: the fields of the run's data kind and precision o
   for (const char* gone : {"  path:", "  val_path:", "  val_fraction:", "  dataset:", "  loss_scale:", "    growth_interval:",
                            "  virtual_stages:", "  stage_layers:"})
     CHECK_MESSAGE(v.text.find(gone) == std::string::npos, gone);
-  for (const char* kept : {"  compute: fp32\n", "  workers: 1\n", "  keep_last: 2\n", "  d_model: 128\n", "  micro: 16\n"})
+  for (const char* kept : {"  compute: fp32\n", "  workers: 1\n", "  keep_last: 2\n", "  d_model: 128\n", "  micro: 32\n"})
     CHECK_MESSAGE(v.text.find(kept) != std::string::npos, kept);
   const std::string said = fmt::format("{}", fmt::join(v.left_out, "; "));
   CHECK(said.find("data.dataset (data.kind is addition, not hdf5)") != std::string::npos);

@@ -62,9 +62,7 @@ std::string mfu_text(const json& s, const json& plan) {
   // As the run's last line computes it (runner/observe/metrics.cpp) when the record has none.
   if (!std::isfinite(mfu) && std::isfinite(peak) && std::isfinite(fpt) && std::isfinite(tps)) mfu = fpt * tps / std::max(1.0, peak);
   if (!std::isfinite(mfu)) return "";
-  std::string source;  // where the peak came from (runner/device/peak.h): the recipe, the device table, a measurement
-  if (s.contains("peak_source") && s["peak_source"].is_string()) source = ", " + s["peak_source"].get<std::string>();
-  return percent_text(mfu) + (std::isfinite(peak) ? " of " + flops_text(peak) + " peak" + source : "");
+  return percent_text(mfu) + (std::isfinite(peak) ? " of " + flops_text(peak) + " peak" : "");
 }
 
 std::string comm_text(const json& s) {
@@ -234,7 +232,7 @@ Rows summary_rows(const json& s, const json& plan) {
   add("checkpoint_ms", "checkpoint time", [](const json& v) { return v.is_number() ? ms_text(v.get<double>()) : any_text(v); });
   add("alerts", "alerts", [](const json& v) { return any_text(v); });
   // Fields shown above, folded into another row, or drawn in their own section.
-  static const char* const kDone[] = {"summary", "layout", "steps", "tokens", "wall_s", "tokens_per_s", "mfu", "peak_flops", "peak_source", "peak_kind",
+  static const char* const kDone[] = {"summary", "layout", "steps", "tokens", "wall_s", "tokens_per_s", "mfu", "peak_flops",
                                       "step_ms", "val_loss", "accuracy", "skipped_steps", "loss_scale", "scale_conflict",
                                       "comm_hidden_fraction", "comm_hidden_ms", "comm_exposed_ms", "pipeline_idle_fraction",
                                       "plan_bubble", "checkpoint_ms", "alerts", "ledger", "top_ops", "breakdown_per_rank"};
