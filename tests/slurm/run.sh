@@ -223,7 +223,7 @@ r=$("$PY" "$HERE/compare.py" exact "$WORK/reference" "$WORK/hardkill" 2>&1) && l
 # Elastic: the layouts of its three starts, the change recorded, losses close to the reference.
 layouts=$(grep '"event":"start"' "$WORK/elastic/events.jsonl" | while read -r l; do echo "$(field "$l" dp)x$(field "$l" accum)"; done | tr '\n' ' ')
 [ "$layouts" = "2x2 1x4 2x2 " ] || fail "elastic: starts at dp x accum '$layouts', expected '2x2 1x4 2x2 '"
-grep -q 'elastic: Slurm job [0-9]* has 1 task, the recipe.s layout 2: dp 2 -> 1, accum 2 -> 4, global batch 16 kept' \
+grep -q 'elastic: Slurm job [0-9]* has 1 task, the recipe.s layout 2 ranks: dp 2 -> 1, accum 2 -> 4, global batch 16 kept' \
   "$WORK/elastic/events.jsonl" || fail "elastic: the change to 1 rank is not recorded in events.jsonl"
 r=$("$PY" "$HERE/compare.py" close "$WORK/reference" "$WORK/elastic" 1e-5 2>&1) && log "elastic vs reference: $r" ||
   fail "elastic: $r"
