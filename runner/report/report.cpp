@@ -62,13 +62,6 @@ std::string fmtv(double v) {
   return fmt::format("{:.3f}", v);
 }
 
-std::string bytes(double b) {
-  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (std::fabs(b) >= 1024 && i < 4) b /= 1024, ++i;
-  return fmt::format("{:.1f} {}", b, u[i]);
-}
-
 const char* const kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
@@ -296,8 +289,8 @@ std::string memory_chart(const json& plan, const json& measured) {
     double wp = pv / mx * (W - L - 120), wm = std::isfinite(mv) ? mv / mx * (W - L - 120) : 0;
     s += fmt::format(R"(<rect x="{}" y="{:.1f}" width="{:.1f}" height="11" fill="#aec7e8"/>)", L, y + 2, wp);
     s += fmt::format(R"(<rect x="{}" y="{:.1f}" width="{:.1f}" height="11" fill="#1f77b4"/>)", L, y + 14, wm);
-    s += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="lg">{} / {}</text>)", L + std::max(wp, wm) + 4, y + 16, bytes(pv),
-                     std::isfinite(mv) ? bytes(mv) : std::string("-"));
+    s += fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="lg">{} / {}</text>)", L + std::max(wp, wm) + 4, y + 16, report::bytes_text(pv),
+                     report::bytes_text(mv));
   }
   return s + "</svg>";
 }
