@@ -56,8 +56,8 @@ bool has(const std::string& text, const std::string& needle) { return text.find(
 // A long tiny run started in the background, its output in RUN/../out.txt, once it has
 // recorded `steps` steps; `env`: NAME=value pairs for it.
 pid_t started_long_run(const fs::path& run, size_t steps, const std::vector<std::string>& env = {}) {
-  const pid_t pid = test_support::spawn_runner_logged(test_support::split(tiny(run, 100000, 100000)),
-                                                      run.parent_path() / "out.txt", env);
+  const pid_t pid = test_support::spawn_runner(test_support::split(tiny(run, 100000, 100000)), env,
+                                               run.parent_path() / "out.txt");
   REQUIRE(pid > 0);
   REQUIRE(test_support::wait_until([&] { return test_support::step_records(run) >= steps; }, 120s));
   return pid;

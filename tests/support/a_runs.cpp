@@ -14,25 +14,6 @@
 
 namespace test_support {
 
-pid_t spawn_runner_logged(const std::vector<std::string>& args, const std::filesystem::path& out_file,
-                          const std::vector<std::string>& env) {
-  const std::string bin = binary(), out = out_file.string();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    for (const std::string& e : env) ::putenv(::strdup(e.c_str()));
-    std::vector<std::string> copy = args;
-    std::vector<char*> argv{const_cast<char*>(bin.c_str())};
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execv(bin.c_str(), argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
 bool wait_until(const std::function<bool()>& ready, std::chrono::milliseconds limit) {
   const auto end = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < end) {

@@ -1,8 +1,7 @@
-// Engineer A's helpers for the tests of work kept (tests/test_work_kept.cpp, test_resume.cpp):
-// a runner started with its output in a file (to signal it and read what it said), a whole
-// directory's bytes (to show a command changed nothing), and a run-directory lock held by the
-// test as another runner would hold it. Design: each helper does one thing the existing
-// process.h does not (spawn_runner sends the output to /dev/null), so those stay untouched.
+// Helpers for the tests of work kept (tests/test_work_kept.cpp, test_resume.cpp): waiting for
+// a condition, a whole directory's bytes (to show a command changed nothing), and a
+// run-directory lock held by the test as another runner would hold it. (A runner started with its output in a file is
+// process.h's spawn_runner with an out_file.)
 #pragma once
 #include <sys/types.h>
 
@@ -14,11 +13,6 @@
 #include <vector>
 
 namespace test_support {
-
-// Starts the runner binary with `args` (no shell), NAME=value `env` added, stdout and stderr
-// both into `out_file`.
-pid_t spawn_runner_logged(const std::vector<std::string>& args, const std::filesystem::path& out_file,
-                          const std::vector<std::string>& env = {});
 
 // Polls `ready` every millisecond until it holds (true) or `limit` has passed (false).
 bool wait_until(const std::function<bool()>& ready, std::chrono::milliseconds limit);

@@ -62,7 +62,9 @@ std::vector<std::string> split(const std::string& s) {
   return v;
 }
 
-pid_t spawn_runner(const std::vector<std::string>& args, const std::vector<std::string>& env) {
+pid_t spawn_runner(const std::vector<std::string>& args, const std::vector<std::string>& env,
+                   const std::filesystem::path& out_file) {
+  const std::string out = out_file.empty() ? std::string("/dev/null") : out_file.string();
   const pid_t pid = ::fork();
   if (pid == 0) {
     for (const std::string& e : env) ::putenv(::strdup(e.c_str()));
@@ -71,9 +73,9 @@ pid_t spawn_runner(const std::vector<std::string>& args, const std::vector<std::
     std::vector<char*> argv{bin.data()};
     for (auto& a : copy) argv.push_back(a.data());
     argv.push_back(nullptr);
-    const int devnull = ::open("/dev/null", O_WRONLY);
-    ::dup2(devnull, 1);
-    ::dup2(devnull, 2);
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
     ::execv(bin.c_str(), argv.data());
     ::_exit(127);
   }

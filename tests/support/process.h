@@ -50,8 +50,10 @@ std::string launcher(int np);
 std::vector<std::string> split(const std::string& s);
 
 // Starts the runner binary with `args` (each one argument, no shell), NAME=value `env` added,
-// stdout and stderr to /dev/null; returns its pid. For tests that signal the process.
-pid_t spawn_runner(const std::vector<std::string>& args, const std::vector<std::string>& env = {});
+// stdout and stderr both into `out_file` (empty: /dev/null); returns its pid. For tests that
+// signal the process (and read what it said).
+pid_t spawn_runner(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+                   const std::filesystem::path& out_file = {});
 
 // Waits for `pid`; its exit status, or 128 + signal.
 int wait_exit(pid_t pid);
