@@ -27,6 +27,7 @@ void visit(V& v, Self& m) {
   v("d_model", m.d_model);
   v("n_layers", m.n_layers);
   v("n_heads", m.n_heads);
+  v("n_kv_heads", m.n_kv_heads);
   v("mlp_ratio", m.mlp_ratio);
   v("norm", m.norm);
   v("activation", m.activation);
@@ -37,6 +38,7 @@ void visit(V& v, Self& m) {
   v("norm_eps", m.norm_eps);
   v("rope_theta", m.rope_theta);
   v("init_std", m.init_std);
+  v("init_from", m.init_from);
 }
 
 template <class V, Section<DataConfig> Self>
@@ -46,6 +48,7 @@ void visit(V& v, Self& d) {
   v("val_path", d.val_path);
   v("val_fraction", d.val_fraction);
   v("dataset", d.dataset);
+  v("tokenizer", d.tokenizer);
   v("digits", d.digits);
   v("workers", d.workers);
   v("prefetch", d.prefetch);

@@ -28,6 +28,7 @@ struct ModelConfig {
   int64_t d_model = 384;
   int64_t n_layers = 6;
   int64_t n_heads = 6;
+  int64_t n_kv_heads = 0;          // key-value heads (grouped-query attention); 0: n_heads
   double mlp_ratio = 4.0;          // hidden width = round(mlp_ratio * d_model)
   Norm norm = Norm::layernorm;
   Activation activation = Activation::gelu;
@@ -38,7 +39,9 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
   double init_std = 0.02;
+  std::string init_from;           // a checkpoint (runner import's output) the run starts from; empty: random init
   int64_t mlp_hidden() const;      // the MLP width H
+  int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
 };
 
 struct DataConfig {
@@ -47,6 +50,7 @@ struct DataConfig {
   std::string val_path;            // optional held-out file (else the last val_fraction of path)
   double val_fraction = 0.05;
   std::string dataset = "tokens";  // dataset name inside an HDF5 token file
+  std::string tokenizer;           // optional: the tokenizer the data must have been prepared with
   int64_t digits = 3;              // addition: operand digits
   int64_t workers = 1;             // background loader threads
   int64_t prefetch = 4;            // batches prepared ahead
