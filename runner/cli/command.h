@@ -47,6 +47,7 @@ std::unique_ptr<Command> verify_checkpoint_command(CLI::App& app);  // inspect.c
 std::unique_ptr<Command> data_command(CLI::App& app);               // data.cpp
 std::unique_ptr<Command> report_command(CLI::App& app);             // report.cpp
 std::unique_ptr<Command> export_command(CLI::App& app);             // export.cpp
+std::unique_ptr<Command> import_command(CLI::App& app);             // import.cpp
 std::unique_ptr<Command> generate_command(CLI::App& app);           // generate.cpp
 std::unique_ptr<Command> launch_command(CLI::App& app);             // launch.cpp
 std::unique_ptr<Command> status_command(CLI::App& app);             // launch.cpp

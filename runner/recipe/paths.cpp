@@ -30,6 +30,7 @@ void resolve_recipe_paths(Recipe& r, const std::string& recipe_file) {
     bool input;
   };
   for (const Field& f : {Field{"data.path", &r.data.path, true}, Field{"data.val_path", &r.data.val_path, true},
+                         Field{"model.init_from", &r.model.init_from, true},
                          Field{"train.run_dir", &r.train.run_dir, false}, Field{"checkpoint.dir", &r.checkpoint.dir, false}}) {
     if (f.value->empty() || fs::path(*f.value).is_absolute()) continue;
     const bool from_set = r.loc(f.key).file == "--set";

@@ -1,6 +1,6 @@
 // The recipe's path fields and what a relative one is relative to.
 //
-// Design: a recipe names its inputs (data.path, data.val_path) beside itself, so a relative
+// Design: a recipe names its inputs (data.path, data.val_path, model.init_from) beside itself, so a relative
 // input is read from the recipe file's directory, whatever directory the command runs in; a
 // path given with --set was typed in a shell, so it is relative to the working directory. The
 // outputs (train.run_dir, checkpoint.dir) are relative to the working directory, like the

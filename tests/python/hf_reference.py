@@ -1,6 +1,9 @@
 """The Hugging Face conventions, written out in PyTorch, against `runner export`'s files.
 
 usage: hf_reference.py EXPORT_DIR NPZ_DIR TOKENS_FILE LOGITS_FILE B T
+       hf_reference.py make MODEL_DIR gpt2|llama [key=value ...]   (runner import's input, random weights)
+       hf_reference.py logits MODEL_DIR TOKENS_FILE LOGITS_FILE B T  (an imported model's logits)
+       hf_reference.py loss MODEL_DIR TOKEN T                        (mean loss of T copies of TOKEN)
 
 Reads EXPORT_DIR/model.safetensors with the reader below (an 8-byte little-endian header
 length, the JSON header, raw little-endian tensors; no safetensors package), builds
@@ -11,6 +14,13 @@ fp32 on the B x T int32 tokens and compares with the runner's fp32 logits (B*T x
 It also reads NPZ_DIR/model.npz with numpy and checks that every Hugging Face tensor is the
 runner's logical tensor it came from (fused q|k|v and gate|up rows, transposed Conv1D).
 Prints the largest difference and exits 1 when it is over 1e-5.
+
+`make` writes a Hugging Face model directory for `runner import` with random weights: config.json
+and the safetensors file(s) written by hand (python3-safetensors is not installed), in F32, BF16
+or F16, one file or shards with model.safetensors.index.json; the tensor names and shapes are
+the Hugging Face conventions (GPT-2's Conv1D (in, out); Llama's q/k/v with num_key_value_heads).
+`logits` runs those files through the same forward passes and compares with the runner's logits
+of the imported model.
 """
 import json
 import math
@@ -47,15 +57,137 @@ def read_safetensors(path):
     (n,) = struct.unpack("<Q", blob[:8])
     header = json.loads(blob[8:8 + n].decode("utf-8"))
     data = blob[8 + n:]
-    dtypes = {"F32": np.float32}
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
         b, e = info["data_offsets"]
-        arr = np.frombuffer(data[b:e], dtype=np.dtype(dtypes[info["dtype"]]).newbyteorder("<"))
+        if info["dtype"] == "BF16":  # numpy has no bfloat16: the upper half of an fp32
+            h = np.frombuffer(data[b:e], dtype="<u2").astype(np.uint32) << 16
+            arr = h.view(np.float32)
+        else:
+            arr = np.frombuffer(data[b:e], dtype={"F32": "<f4", "F16": "<f2"}[info["dtype"]]).astype(np.float32)
         out[name] = torch.from_numpy(arr.reshape(info["shape"]).copy())
     return out
+
+
+def read_model(model_dir):
+    """Every tensor of a model directory: model.safetensors, or the shards its index names."""
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    with open(index) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    w = {}
+    for fn in files:
+        w.update(read_safetensors(os.path.join(model_dir, fn)))
+    return w
+
+
+def st_bytes(arr, dtype):
+    """A tensor's raw little-endian bytes in the safetensors dtype."""
+    a = np.ascontiguousarray(arr, dtype=np.float32)
+    if dtype == "F32":
+        return a.astype("<f4").tobytes()
+    if dtype == "F16":
+        return a.astype("<f2").tobytes()
+    u = a.view(np.uint32).astype(np.uint64)  # bf16: round to nearest even
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+    return u.tobytes()
+
+
+def write_safetensors(path, tensors, dtype, metadata=None):
+    """The format by hand: 8-byte little-endian header length, the JSON header, the raw data."""
+    header, blobs, off = {}, [], 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, arr in tensors:
+        b = st_bytes(arr, dtype)
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def hf_tensors_of(cfg):
+    """(name, shape) of every tensor of a GPT2LMHeadModel / LlamaForCausalLM, Hugging Face order."""
+    out = []
+    if cfg["model_type"] == "gpt2":
+        C, V, L, I = cfg["n_embd"], cfg["vocab_size"], cfg["n_layer"], cfg.get("n_inner") or 4 * cfg["n_embd"]
+        out += [("transformer.wte.weight", (V, C)), ("transformer.wpe.weight", (cfg["n_positions"], C))]
+        for l in range(L):
+            p = f"transformer.h.{l}"
+            out += [(p + ".ln_1.weight", (C,)), (p + ".ln_1.bias", (C,)), (p + ".attn.c_attn.weight", (C, 3 * C)),
+                    (p + ".attn.c_attn.bias", (3 * C,)), (p + ".attn.c_proj.weight", (C, C)), (p + ".attn.c_proj.bias", (C,)),
+                    (p + ".ln_2.weight", (C,)), (p + ".ln_2.bias", (C,)), (p + ".mlp.c_fc.weight", (C, I)),
+                    (p + ".mlp.c_fc.bias", (I,)), (p + ".mlp.c_proj.weight", (I, C)), (p + ".mlp.c_proj.bias", (C,))]
+        out += [("transformer.ln_f.weight", (C,)), ("transformer.ln_f.bias", (C,))]
+    else:
+        C, V, L, I = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+        NH, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        KVC, bias = KV * (C // NH), cfg["attention_bias"]
+        out.append(("model.embed_tokens.weight", (V, C)))
+        for l in range(L):
+            p = f"model.layers.{l}"
+            out.append((p + ".input_layernorm.weight", (C,)))
+            for n, rows in (("q", C), ("k", KVC), ("v", KVC), ("o", C)):
+                out.append((f"{p}.self_attn.{n}_proj.weight", (rows, C)))
+                if bias:
+                    out.append((f"{p}.self_attn.{n}_proj.bias", (rows,)))
+            out.append((p + ".post_attention_layernorm.weight", (C,)))
+            for n, shape in (("gate", (I, C)), ("up", (I, C)), ("down", (C, I))):
+                out.append((f"{p}.mlp.{n}_proj.weight", shape))
+                if bias:
+                    out.append((f"{p}.mlp.{n}_proj.bias", (shape[0],)))
+        out.append(("model.norm.weight", (C,)))
+    if not cfg["tie_word_embeddings"]:
+        out.append(("lm_head.weight", (V, C)))
+    return out
+
+
+def make_model(model_dir, arch, opts):
+    """A small random model in the Hugging Face layout. opts: dtype (F32|BF16|F16), shards, kv_heads, tie,
+    bias, seed, vocab, layers, d_model, heads, inner, seq_len."""
+    o = dict(dtype="F32", shards="1", kv_heads="0", tie="1" if arch == "gpt2" else "0", bias="0", seed="1",
+             vocab="96", layers="2", d_model="32", heads="4", inner="0", seq_len="16")
+    o.update(opts)
+    C, NH = int(o["d_model"]), int(o["heads"])
+    I = int(o["inner"]) or (4 * C if arch == "gpt2" else 3 * C)
+    if arch == "gpt2":
+        cfg = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": int(o["vocab"]),
+               "n_positions": int(o["seq_len"]), "n_ctx": int(o["seq_len"]), "n_embd": C, "n_layer": int(o["layers"]),
+               "n_head": NH, "n_inner": I, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+               "tie_word_embeddings": o["tie"] == "1"}
+    else:
+        cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": int(o["vocab"]),
+               "hidden_size": C, "intermediate_size": I, "num_hidden_layers": int(o["layers"]),
+               "num_attention_heads": NH, "num_key_value_heads": int(o["kv_heads"]) or NH, "hidden_act": "silu",
+               "max_position_embeddings": int(o["seq_len"]), "rms_norm_eps": 1e-6, "rope_theta": 500000.0,
+               "attention_bias": o["bias"] == "1", "mlp_bias": o["bias"] == "1", "tie_word_embeddings": o["tie"] == "1"}
+    rng = np.random.default_rng(int(o["seed"]))
+    tensors = []
+    for name, shape in hf_tensors_of(cfg):
+        norm = name.endswith("norm.weight") or ".ln_" in name or "ln_f" in name
+        a = (1.0 + 0.1 * rng.standard_normal(shape)) if norm and name.endswith("weight") else 0.2 * rng.standard_normal(shape)
+        tensors.append((name, a.astype(np.float32)))
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    shards = int(o["shards"])
+    if shards == 1:
+        write_safetensors(os.path.join(model_dir, "model.safetensors"), tensors, o["dtype"], {"format": "pt"})
+        return
+    weight_map = {}
+    for k in range(shards):
+        fn = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        part = tensors[k::shards]
+        write_safetensors(os.path.join(model_dir, fn), part, o["dtype"])
+        weight_map.update({n: fn for n, _ in part})
+    with open(os.path.join(model_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
 
 
 def gpt2_forward(cfg, w, tokens):
@@ -94,7 +226,8 @@ def llama_forward(cfg, w, tokens):
     B, T = tokens.shape
     C, NH = cfg["hidden_size"], cfg["num_attention_heads"]
     HS = C // NH
-    assert cfg["num_key_value_heads"] == NH and cfg["hidden_act"] == "silu"
+    KV = cfg.get("num_key_value_heads", NH)
+    assert NH % KV == 0 and cfg["hidden_act"] == "silu"
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     x = w["model.embed_tokens.weight"][tokens]
     mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
@@ -117,7 +250,10 @@ def llama_forward(cfg, w, tokens):
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}"
         a = rms(x, p + ".input_layernorm")
-        q, k, v = (lin(a, f"{p}.self_attn.{n}_proj").view(B, T, NH, HS).transpose(1, 2) for n in "qkv")
+        q, k, v = (lin(a, f"{p}.self_attn.{n}_proj").view(B, T, -1, HS).transpose(1, 2) for n in "qkv")
+        # grouped-query attention (transformers' repeat_kv): key-value head j serves query heads
+        # j * NH/KV ... (j + 1) * NH/KV - 1
+        k, v = (t.repeat_interleave(NH // KV, dim=1) for t in (k, v))
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         s = (q @ k.transpose(-1, -2)) / math.sqrt(HS)
@@ -168,7 +304,46 @@ def check_npz(cfg, w, npz_path):
     return len(pairs)
 
 
+def forward(cfg, w, tokens):
+    with torch.no_grad():
+        return gpt2_forward(cfg, w, tokens) if cfg["model_type"] == "gpt2" else llama_forward(cfg, w, tokens)
+
+
+def imported_logits(model_dir, tokens_file, logits_file, B, T):
+    """The Hugging Face files' logits against the runner's logits of the imported model."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    w = read_model(model_dir)
+    tokens = torch.from_numpy(np.fromfile(tokens_file, dtype="<i4").astype(np.int64).reshape(B, T))
+    ours = torch.from_numpy(np.fromfile(logits_file, dtype="<f4").reshape(B, T, -1))
+    ref = forward(cfg, w, tokens)
+    diff = (ref - ours).abs().max().item()
+    print(f"{cfg['model_type']} (key-value heads {cfg.get('num_key_value_heads', '-')}): max |logit diff| {diff:.3g} "
+          f"(logits up to {ref.abs().max().item():.3g})")
+    return 0 if diff <= 1e-5 else 1
+
+
+def constant_loss(model_dir, token, T):
+    """Mean next-token cross-entropy of a sequence of T + 1 copies of `token` (every window of a
+    constant token file), printed with full precision."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    w = read_model(model_dir)
+    x = torch.full((1, T), token, dtype=torch.int64)
+    logits = forward(cfg, w, x)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(T, -1).double(), x.reshape(T))
+    print(f"{loss.item():.10g}")
+    return 0
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "make":
+        make_model(sys.argv[2], sys.argv[3], dict(kv.split("=", 1) for kv in sys.argv[4:]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "logits":
+        sys.exit(imported_logits(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])))
+    if len(sys.argv) > 1 and sys.argv[1] == "loss":
+        sys.exit(constant_loss(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
     export_dir, npz_dir, tokens_file, logits_file, B, T = sys.argv[1:7]
     B, T = int(B), int(T)
     with open(os.path.join(export_dir, "config.json")) as f:
