@@ -375,6 +375,8 @@ std::string finetune_recipe(const ModelConfig& m, const std::string& name, const
   r.model.init_from = ec || rel.empty() ? fs::absolute(out).string() : rel.string();
   r.data.path = "train.txt";
   r.optimizer.lr = 3e-5;  // fine-tuning: well below pre-training rates
+  r.batch.global = 8;
+  r.batch.micro = 1;
   // Validated as `runner train` will read it: an error here is ours, not the user's.
   validate_recipe(r);
   return fmt::format("# Fine-tuning {} (imported by `runner import {}`).\n"

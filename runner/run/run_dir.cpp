@@ -25,6 +25,15 @@ RunPaths run_paths(const Recipe& r, const std::string& cli_run_dir) {
   return p;
 }
 
+std::string source_run_dir(const std::string& src) {
+  const fs::path p = fs::absolute(fs::path(src)).lexically_normal();
+  if (fs::is_directory(p)) return p.string();
+  const fs::path dir = p.parent_path();
+  return (dir.filename() == "checkpoints" ? dir.parent_path() : dir).string();
+}
+
+std::string run_tokenizer_dir(const std::string& run_dir) { return (fs::path(run_dir) / "tokenizer").string(); }
+
 ResumeRequest prepare_resume(const std::string& run_dir, const std::vector<std::string>& overrides, int64_t step,
                              bool strict) {
   if (!fs::is_directory(run_dir))

@@ -22,6 +22,14 @@ struct RunPaths {
 };
 RunPaths run_paths(const Recipe& r, const std::string& cli_run_dir = "");
 
+// The run directory a checkpoint source belongs to: SOURCE itself when it is a directory (a run
+// directory, or `runner import`'s output); for a checkpoint file, the directory above its
+// checkpoints/ folder (its own folder when that is not called checkpoints).
+std::string source_run_dir(const std::string& run_dir_or_checkpoint);
+// RUN_DIR/tokenizer: the files of the tokenizer a run's ids belong to (Tokenizer::save's layout).
+// No such directory: the run's ids are bytes (the byte tokenizer).
+std::string run_tokenizer_dir(const std::string& run_dir);
+
 // `runner resume RUN_DIR [--set ...]`: the recipe stored in the checkpoint chosen to continue
 // from, with the user's overrides. The stored recipe holds the dp and accum its layout derived;
 // when the overrides change the layout (any parallel.* field), both are derived again unless

@@ -39,6 +39,7 @@
 #include "runner/train/evaluate.h"
 #include "runner/train/fault_hook.h"
 #include "runner/train/history.h"
+#include "runner/train/init_from.h"
 #include "runner/train/optimizer.h"
 #include "runner/train/precision.h"
 #include "runner/train/rank_model.h"
@@ -142,6 +143,8 @@ class Trainer {
   std::vector<ops::OpProfile> eval_ops;
   std::optional<RunLock> lock;  // rank 0: this run owns its directory until the Trainer ends
   std::optional<ResumePoint> point;  // the checkpoint this job continues from (none: step 0)
+  std::optional<InitFrom> init;      // model.init_from: the weights step 0 starts from (none: random)
+  std::string run_tokenizer;         // the directory RUN_DIR/tokenizer/ is copied from ("" none)
   std::optional<RecipeHistory> history;  // rank 0: this job's recipe against the one the run ran with
 
   bool lead() const { return grid.rank() == 0; }
@@ -155,6 +158,10 @@ class Trainer {
     install_signal_handlers();
     open_inputs();
     paths = run_paths(r, opts.run_dir);
+    agree(grid.world(), [&] {
+      init = check_init_from(r, paths.checkpoint_dir);
+      run_tokenizer = choose_run_tokenizer(r, "", init ? init->tokenizer_dir : "");  // "": the data's tokenizer
+    });
     take_run_lock();
     choose_point();
     if (finished()) return false;
@@ -173,6 +180,7 @@ class Trainer {
     if (lead()) {
       warn_always(history->keep(opts.resume_notes));  // the recipe the run ran with, kept when changed
       write_run_files(plan, paths.run_dir);
+      if (init) place_run_tokenizer(run_tokenizer, paths.run_dir);
       warn_always(keep_later_history(paths.run_dir, paths.checkpoint_dir, resumed_from));
     }
     metrics->open(paths.run_dir, resumed_from);
@@ -185,6 +193,7 @@ class Trainer {
                   {paths.run_dir, train_src->describe(), model->sync().bucket_count(), model->sync().zero1(),
                    metrics->peak_flops(), metrics->peak_source(), precision_line(r.precision, scaler, st.scaler.scale, diagnose())});
     if (resumed_from >= 0) log->info("resumed from step {} ({})", resumed_from, ckpt->dir());
+    if (init) log->info("started from the weights of {} (its step {}): optimizer, loss scaler and step fresh", init->checkpoint, init->step);
     for (const std::string& note : opts.resume_notes) log->info("{}", note);
     run_t0 = StepTimer::now();
     return true;
@@ -328,6 +337,7 @@ class Trainer {
     st.params = init_params(descs, r.model, st.rng.init_seed);  // grads: each desc's grad_dtype
     model = std::make_unique<RankModel>(plan, grid, be, st.params);
     if (keeps_masters(r.precision)) init_masters(st, descs, r.model, st.rng.init_seed);
+    if (init) load_init_weights(*init, plan, grid, st);
     st.scaler.scale = scaler.initial();
     // Adam moments exist from the start (the ledger counts them), on this rank's ZeRO piece only.
     for (size_t i = 0; i < st.params.values.size(); ++i) {
