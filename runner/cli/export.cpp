@@ -1,9 +1,11 @@
-// `runner export SOURCE --out DIR`: a trained model written as safetensors + config.json
-// (Hugging Face GPT-2 / Llama layouts) or npz (runner/export/). The model loads on the host's
+// `runner export SOURCE --out DIR`: a trained model written as safetensors + config.json +
+// generation_config.json + the run's tokenizer files (Hugging Face GPT-2 / Llama layouts), or npz
+// (runner/export/). The model loads on the host's
 // backend: export reads tensors, it runs no kernels of the recipe's device.
 #include <iostream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ops/tensor.h"
 #include "runner/cli/command.h"
@@ -41,11 +43,18 @@ class ExportCommand final : public Command {
     std::cout << "exported step " << m.step << " of " << m.checkpoint << " (" << r.style << " layout, " << r.tensors
               << " tensors, " << size_text(r.bytes) << ") to " << r.weights_path << " and " << r.config_path << "\n";
     for (const std::string& n : r.notes) std::cout << "note: " << n << "\n";
-    // There is no tokenizer to ship: the runner's tokens are a text's bytes, which Hugging Face's
-    // AutoTokenizer cannot load from the directory; say how to feed the model instead.
-    if (format_ != "npz")
-      std::cout << "load: transformers.AutoModelForCausalLM.from_pretrained(\"" << out_
+    if (format_ == "npz") return 0;
+    std::cout << "generation config: " << r.generation_config_path << "\n";
+    if (!r.tokenizer_files.empty()) {
+      std::cout << "tokenizer (" << r.tokenizer_kind << "): " << fmt::format("{}", fmt::join(r.tokenizer_files, ", "))
+                << "\nload: transformers.AutoModelForCausalLM.from_pretrained(\"" << out_
+                << "\") and transformers.AutoTokenizer.from_pretrained(\"" << out_ << "\")\n";
+    } else {
+      // The byte tokenizer has no files Hugging Face's AutoTokenizer loads: say how to feed the model.
+      std::cout << "tokenizer: none, the model reads raw bytes (the byte tokenizer has no files to ship)\n"
+                << "load: transformers.AutoModelForCausalLM.from_pretrained(\"" << out_
                 << "\"); the tokens are the text's bytes (no tokenizer files): input_ids = list(text.encode(\"utf-8\"))\n";
+    }
     return 0;
   }
 

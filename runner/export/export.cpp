@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 
 #include "ops/convert.h"
 #include "runner/errors.h"
+#include "runner/tokenize/tokenizer.h"
 
 namespace fs = std::filesystem;
 
@@ -59,6 +61,14 @@ std::vector<OutTensor> runner_out(const TrainedModel& m) {
     const ops::Tensor& v = ps.values[i];
     out.push_back({ps.names[i], v.shape(), std::vector<float>(v.data<float>(), v.data<float>() + v.numel())});
   }
+  return out;
+}
+
+std::set<std::string> files_in(const std::string& dir) {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file()) out.insert(e.path().filename().string());
   return out;
 }
 
@@ -170,13 +180,51 @@ std::string npz_bytes(const std::vector<OutTensor>& ts, const std::string& path)
   return out;
 }
 
+nlohmann::ordered_json id_json(std::optional<int32_t> id) { return id ? nlohmann::ordered_json(*id) : nlohmann::ordered_json(nullptr); }
+
+// The run's tokenizer (read before anything is written); null when the run read bytes without
+// one (RUN_DIR/tokenizer/ absent: the addition task, raw text), which has no special ids at all.
+std::unique_ptr<tok::Tokenizer> run_tokenizer(const TrainedModel& m, ExportResult& r) {
+  r.tokenizer_kind = "byte";
+  if (m.tokenizer_dir.empty()) return nullptr;
+  std::unique_ptr<tok::Tokenizer> tk = tok::load_tokenizer(m.tokenizer_dir);
+  const tok::TokenizerInfo info = tk->info();
+  r.tokenizer_kind = info.kind;
+  if (info.vocab_size > m.model().vocab_size)
+    r.notes.push_back(fmt::format("the tokenizer has {} tokens, more than the model's vocabulary of {}: ids past {} "
+                                  "have no embedding", info.vocab_size, m.model().vocab_size, m.model().vocab_size - 1));
+  return tk;
+}
+
+// Its files beside the weights (none for bytes): saved into a scratch folder, then moved up, so
+// the result names exactly the tokenizer's files.
+void save_tokenizer(const tok::Tokenizer& tk, const std::string& out_dir, ExportResult& r) {
+  if (tk.info().kind == "byte") return;
+  const fs::path tmp = fs::path(out_dir) / ".tokenizer.tmp";
+  fs::remove_all(tmp);
+  tk.save(tmp.string());
+  for (const std::string& f : files_in(tmp.string())) {
+    fs::rename(tmp / f, fs::path(out_dir) / f);
+    r.tokenizer_files.push_back(f);
+  }
+  fs::remove_all(tmp);
+}
+
+std::string generation_config_json(const TrainedModel& m, const SpecialTokens& ids) {
+  nlohmann::ordered_json j;
+  j["bos_token_id"] = id_json(ids.bos);
+  j["eos_token_id"] = id_json(ids.eos);
+  j["max_length"] = m.model().seq_len;
+  return j.dump(2) + "\n";
+}
+
 const char* torch_dtype(ops::DType d) {
   return d == ops::DType::BF16 ? "bfloat16" : d == ops::DType::F16 ? "float16" : "float32";
 }
 
 }  // namespace
 
-std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops::DType dtype) {
+std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops::DType dtype, const SpecialTokens& ids) {
   const ModelConfig& m = tm.model();
   nlohmann::ordered_json j;
   HfStyle style{};
@@ -217,9 +265,10 @@ std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops:
     j["attn_pdrop"] = m.dropout;
     j["initializer_range"] = m.init_std;
     j["scale_attn_weights"] = true;
-    // Byte-level: no begin/end token (the defaults, 50256, lie outside a 256-token vocabulary).
-    j["bos_token_id"] = nullptr;
-    j["eos_token_id"] = nullptr;
+    // The run's tokenizer's; bytes without a tokenizer have none (GPT-2's defaults, 50256, lie
+    // outside a 256-token vocabulary).
+    j["bos_token_id"] = id_json(ids.bos);
+    j["eos_token_id"] = id_json(ids.eos);
     j["tie_word_embeddings"] = m.tie_embeddings;
   } else {
     j["architectures"] = {"LlamaForCausalLM"};
@@ -239,8 +288,8 @@ std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops:
     j["mlp_bias"] = m.bias;
     j["attention_dropout"] = m.dropout;  // Llama has no embedding or residual dropout (export_model notes it)
     j["initializer_range"] = m.init_std;
-    j["bos_token_id"] = nullptr;  // byte-level: the defaults (1, 2) would end generation at bytes 0x01, 0x02
-    j["eos_token_id"] = nullptr;
+    j["bos_token_id"] = id_json(ids.bos);  // bytes: none (the defaults, 1 and 2, would end generation at 0x01, 0x02)
+    j["eos_token_id"] = id_json(ids.eos);
     j["tie_word_embeddings"] = m.tie_embeddings;
   }
   j["torch_dtype"] = torch_dtype(dtype);
@@ -274,14 +323,22 @@ ExportResult export_model(const TrainedModel& m, ExportFormat format, const std:
     r.style = "runner";
     ts = runner_out(m);
   }
+  const std::unique_ptr<tok::Tokenizer> tk = format == ExportFormat::safetensors ? run_tokenizer(m, r) : nullptr;
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw UserError({out_dir, 0, 0}, "cannot create the output directory: " + ec.message(), "pass another --out");
   r.weights_path = (fs::path(out_dir) / (format == ExportFormat::safetensors ? "model.safetensors" : "model.npz")).string();
   r.config_path = (fs::path(out_dir) / "config.json").string();
   const std::string bytes = format == ExportFormat::safetensors ? safetensors_bytes(ts, dtype) : npz_bytes(ts, r.weights_path);
+  SpecialTokens ids;
+  if (format == ExportFormat::safetensors) {
+    if (tk) save_tokenizer(*tk, out_dir, r);
+    if (tk) ids = {tk->bos_id(), tk->eos_id()};
+    r.generation_config_path = (fs::path(out_dir) / "generation_config.json").string();
+    write_file(r.generation_config_path, generation_config_json(m, ids));
+  }
   write_file(r.weights_path, bytes);
-  write_file(r.config_path, export_config_json(m, format, dtype));
+  write_file(r.config_path, export_config_json(m, format, dtype, ids));
   r.tensors = static_cast<int64_t>(ts.size());
   r.bytes = static_cast<int64_t>(bytes.size());
   return r;

@@ -38,6 +38,7 @@ TrainedModel load_trained_model(const std::string& src, ops::Backend& be, const 
     throw UserError({src, 0, 0}, "no such run directory or checkpoint file",
                     "pass the directory `runner train` wrote (runs/NAME) or one of its checkpoints/step_N.h5");
   }
+  if (const std::string tok = run_tokenizer_dir(source_run_dir(src)); fs::is_directory(tok)) tm.tokenizer_dir = tok;
   // fp32, nothing recomputed; the batch is one sequence (generation builds its own graphs). One
   // process: one rank. Several: the recipe's tensor-parallel layout, each dp replica the same.
   const int64_t ranks = world ? world->size() : 1;

@@ -24,6 +24,9 @@ namespace runner {
 
 struct TrainedModel {
   std::string checkpoint;  // the file loaded
+  // The run's tokenizer files (RUN_DIR/tokenizer/ of the run directory the checkpoint belongs
+  // to; tok::load_tokenizer reads them); "" when there are none: the ids are bytes.
+  std::string tokenizer_dir;
   // The backend its graphs run on, chosen by the command that loaded it (runner/device/).
   ops::Backend* backend = nullptr;
   int64_t step = 0;
