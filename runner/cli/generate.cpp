@@ -1,6 +1,8 @@
-// `runner generate SOURCE --prompt TEXT`: completions of byte-level prompts by a trained model
+// `runner generate SOURCE --prompt TEXT`: completions of prompts by a trained model
 // (runner/generate/), streamed for one prompt, else printed at the end, or as JSON records;
-// --stats and --logits-out report beside them.
+// --stats and --logits-out report beside them. The text is encoded and decoded with the run's
+// tokenizer (RUN_DIR/tokenizer/, tok::load_tokenizer; none: the bytes); --tokens takes and
+// prints raw ids instead.
 //
 // One process: any layout's checkpoint (tp, pp included) loads into one rank. Under mpirun:
 // the recipe's tensor-parallel layout (dp = ranks / tp replicas, every rank the same tokens,
@@ -12,6 +14,7 @@
 #include <iostream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "ops/tensor.h"
@@ -19,6 +22,7 @@
 #include "runner/device/device.h"
 #include "runner/errors.h"
 #include "runner/generate/generate.h"
+#include "runner/tokenize/tokenizer.h"
 #include "runner/trained/trained_model.h"
 
 namespace runner::cli {
@@ -87,11 +91,16 @@ class TerminalBytes {
 
 // The completions on stdout: JSON records, or the text (a streamed completion is already out;
 // `terminal`: escaped as TerminalBytes says).
-void print_completions(const std::vector<Completion>& done, bool json, bool streamed, bool terminal) {
+std::string ids_text(const std::vector<int32_t>& ids) { return fmt::format("{}", fmt::join(ids, " ")); }
+
+void print_completions(const std::vector<Completion>& done, bool json, bool streamed, bool terminal, bool ids) {
   for (size_t i = 0; i < done.size(); ++i) {
     const Completion& c = done[i];
-    if (json) {
-      nlohmann::json j{{"index", i}, {"prompt", c.prompt}, {"completion", c.completion},
+    if (ids && !json) {  // --tokens: the new ids, one line per prompt
+      if (!streamed) std::cout << ids_text(c.tokens);
+      std::cout << "\n";
+    } else if (json) {
+      nlohmann::json j{{"index", i}, {"prompt", c.prompt}, {"completion", ids ? ids_text(c.tokens) : c.completion},
                        {"new_tokens", c.tokens.size()}, {"tokens", c.tokens}, {"finish", c.finish}};
       std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     } else {
@@ -125,7 +134,7 @@ void note_addition_format(const TrainedModel& m) {
 class GenerateCommand final : public Command {
  public:
   explicit GenerateCommand(CLI::App& app) {
-    sub_ = app.add_subcommand("generate", "complete prompts with a trained model (byte-level tokens)");
+    sub_ = app.add_subcommand("generate", "complete prompts with a trained model (the run's tokenizer, or bytes)");
     sub_->add_option("source", src_, "run directory (its latest checkpoint) or checkpoint .h5 file")->required();
     prompt_opt_ = sub_->add_option("--prompt", prompt_, "the prompt text");
     auto* gpf = sub_->add_option("--prompts", prompts_file_, "a file of prompts, one per line, completed as one batch");
@@ -137,6 +146,8 @@ class GenerateCommand final : public Command {
     sub_->add_option("--seed", gen_.sampling.seed, "sampling seed (default 0)");
     sub_->add_option("--stop", gen_.stop, "end a completion once it ends with this text, e.g. --stop $'\\n'");
     sub_->add_option("--set", sets_, "override a field of the stored recipe, e.g. --set inference.batch=8")->take_all();
+    sub_->add_flag("--tokens", tokens_, "prompts are token ids separated by spaces, and the new tokens are printed as "
+                   "ids (no tokenizer either way)");
     sub_->add_flag("--json", json_, "one JSON record per prompt instead of the text");
     sub_->add_flag("--stats", stats_, "print one JSON line to stderr: prefill and decode tokens and seconds, KV-cache bytes, "
                    "peak bytes per memory account beside the plan's inference figures");
@@ -152,6 +163,13 @@ class GenerateCommand final : public Command {
     ops::Backend& be = host_backend();
     gen_.kv_cache = !no_cache_;
     TrainedModel m = load_trained_model(src_, be, sets_, launch ? launch->take_world() : nullptr);
+    std::unique_ptr<tok::Tokenizer> tk;  // the run's; none: bytes
+    if (tokens_) {
+      for (size_t k = 0; k < gen_.prompts.size(); ++k) gen_.prompt_ids.push_back(parse_token_ids(gen_.prompts[k], k + 1));
+    } else if (!m.tokenizer_dir.empty()) {
+      tk = tok::load_tokenizer(m.tokenizer_dir);
+      gen_.tokenizer = tk.get();
+    }
     const bool printer = !(launch && launch->rank() != 0);
     std::ofstream logits_out;
     if (printer && !logits_path_.empty()) {
@@ -164,19 +182,27 @@ class GenerateCommand final : public Command {
     const bool stream = printer && !json_ && gen_.prompts.size() == 1;
     const bool terminal = ::isatty(STDOUT_FILENO) == 1;  // escape what would garble it (TerminalBytes)
     TerminalBytes streamed_bytes(terminal);
+    TextStream streamed_text(gen_.tokenizer);  // whole characters only, as they become final
     bool started = false;  // the prompt is echoed with the first token: an error prints nothing on stdout
     GenerateStats gstats;
     ops::MemoryTracker::instance().reset_peaks();
     auto done = generate(m, gen_, [&](size_t, int32_t t) {
       if (!stream) return;
+      if (tokens_) {
+        std::cout << (started ? " " : "") << t << std::flush;
+        started = true;
+        return;
+      }
       if (!started) std::cout << gen_.prompts[0];
       started = true;
-      std::cout << streamed_bytes.put(static_cast<unsigned char>(t)) << std::flush;
+      for (char b : streamed_text.push(t)) std::cout << streamed_bytes.put(static_cast<unsigned char>(b));
+      std::cout << std::flush;
     }, &gstats);
     if (!printer) return 0;
     if (stats_) print_stats(m, gen_, gstats);
+    for (char b : streamed_text.finish()) std::cout << streamed_bytes.put(static_cast<unsigned char>(b));
     std::cout << streamed_bytes.flush();
-    print_completions(done, json_, stream, terminal);
+    print_completions(done, json_, stream, terminal, tokens_);
     std::cout << std::flush;
     note_addition_format(m);
     return 0;
@@ -198,7 +224,7 @@ class GenerateCommand final : public Command {
   CLI::Option* prompt_opt_ = nullptr;
   GenerateRequest gen_;
   std::vector<std::string> sets_;
-  bool json_ = false, stats_ = false, no_cache_ = false;
+  bool json_ = false, stats_ = false, no_cache_ = false, tokens_ = false;
 };
 
 }  // namespace

@@ -1,7 +1,9 @@
 #include "runner/generate/generate.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <numeric>
 
@@ -47,6 +49,61 @@ int32_t sample_token(const float* L, int64_t V, const SamplingConfig& s, float u
 
 namespace {
 
+// Bytes of `s` up to its last complete UTF-8 character (a trailing lead byte without all its
+// continuation bytes is cut) and before a trailing U+FFFD (EF BF BD).
+size_t final_end(const std::string& s) {
+  size_t n = s.size();
+  if (n >= 3 && s.compare(n - 3, 3, "\xEF\xBF\xBD") == 0) return n - 3;
+  for (size_t back = 1; back <= 4 && back <= n; ++back) {
+    const auto b = static_cast<unsigned char>(s[n - back]);
+    if ((b & 0xC0) == 0x80) continue;  // a continuation byte: look further back for its lead
+    const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+    return back < need && b >= 0xC0 && b <= 0xF4 ? n - back : n;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string TextStream::push(int32_t id) {
+  ids_.push_back(id);
+  if (tk_) text_ = tk_->decode(ids_);
+  else text_.push_back(static_cast<char>(id));
+  const size_t end = final_end(text_);
+  if (end <= out_) return {};
+  std::string out = text_.substr(out_, end - out_);
+  out_ = end;
+  return out;
+}
+
+std::string TextStream::finish() {
+  std::string out = out_ < text_.size() ? text_.substr(out_) : std::string();
+  out_ = text_.size();
+  return out;
+}
+
+std::vector<int32_t> parse_token_ids(const std::string& text, size_t prompt) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+    size_t j = i;
+    while (j < text.size() && !std::isspace(static_cast<unsigned char>(text[j]))) ++j;
+    if (j == i) break;
+    const std::string w = text.substr(i, j - i);
+    int64_t v = -1;
+    if (w.size() <= 10 && w.find_first_not_of("0123456789") == std::string::npos) v = std::stoll(w);
+    if (v < 0 || v > INT32_MAX)
+      throw UserError({}, fmt::format("prompt {}: \"{}\" is not a token id", prompt, w),
+                      "with --tokens a prompt is token ids separated by spaces, e.g. \"15496 11 995\"");
+    ids.push_back(static_cast<int32_t>(v));
+    i = j;
+  }
+  return ids;
+}
+
+namespace {
+
 using Clock = std::chrono::steady_clock;
 double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
@@ -54,14 +111,14 @@ double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 // invariant 6).
 void check_request(const TrainedModel& m, const GenerateRequest& req) {
   const SamplingConfig& s = req.sampling;
-  if (req.prompts.empty()) throw UserError({}, "no prompt", "pass --prompt TEXT or --prompts FILE");
+  if (req.prompts.empty() && req.prompt_ids.empty()) throw UserError({}, "no prompt", "pass --prompt TEXT or --prompts FILE");
   if (req.max_new_tokens < 1)
     throw UserError({}, fmt::format("--max-new-tokens {} is not positive", req.max_new_tokens), "ask for at least 1");
   if (s.temperature < 0 || !std::isfinite(s.temperature))
     throw UserError({}, fmt::format("--temperature {} is negative", s.temperature), "use 0 (greedy) or more");
   if (s.top_k < 0) throw UserError({}, fmt::format("--top-k {} is negative", s.top_k), "use 0 (no cut) or more");
   if (!(s.top_p > 0 && s.top_p <= 1)) throw UserError({}, fmt::format("--top-p {} is outside (0, 1]", s.top_p), "use a value in (0, 1]");
-  const int64_t B = static_cast<int64_t>(req.prompts.size());
+  const int64_t B = static_cast<int64_t>(std::max(req.prompts.size(), req.prompt_ids.size()));
   if (m.plan.inference && B > m.plan.inference->max_batch)
     throw UserError({m.checkpoint, 0, 0},
                     fmt::format("{} prompts are more than the plan's largest inference batch, {} (KV cache {} per sequence "
@@ -70,26 +127,28 @@ void check_request(const TrainedModel& m, const GenerateRequest& req) {
                     "pass fewer prompts per call");
 }
 
-// The prompts as tokens (byte-level), each checked against the vocabulary and the context;
-// `longest` gets the longest prompt plus the new tokens.
+// The prompts as tokens (the tokenizer's, the bytes without one, or the raw ids), each checked
+// against the vocabulary and the context; `longest` gets the longest prompt plus the new tokens.
 std::vector<std::vector<int32_t>> tokenize_prompts(const TrainedModel& m, const GenerateRequest& req, int64_t& longest) {
   const ModelConfig& mc = m.model();
-  std::vector<std::vector<int32_t>> seq(req.prompts.size());
+  const bool raw = !req.prompt_ids.empty();
+  const size_t B = raw ? req.prompt_ids.size() : req.prompts.size();
+  std::vector<std::vector<int32_t>> seq(B);
   longest = 0;
-  for (size_t k = 0; k < req.prompts.size(); ++k) {
-    const std::string& p = req.prompts[k];
+  for (size_t k = 0; k < B; ++k) {
     const size_t n = k + 1;  // prompts are numbered from 1 in messages
-    if (p.empty()) throw UserError({}, fmt::format("prompt {} is empty", n), "give every prompt at least one byte");
-    seq[k] = byte_tokenize(p);
+    seq[k] = raw ? req.prompt_ids[k] : req.tokenizer ? req.tokenizer->encode(req.prompts[k]) : byte_tokenize(req.prompts[k]);
+    if (seq[k].empty()) throw UserError({}, fmt::format("prompt {} is empty", n), "give every prompt at least one token");
+    const char* unit = raw || req.tokenizer ? "token" : "byte";
     for (int32_t t : seq[k])
-      if (t >= mc.vocab_size)
-        throw UserError({}, fmt::format("prompt {} has byte {} outside the model's vocabulary of {}", n, t, mc.vocab_size),
-                        "use bytes below the vocabulary size");
-    const int64_t need = static_cast<int64_t>(p.size()) + req.max_new_tokens;
+      if (t < 0 || t >= mc.vocab_size)
+        throw UserError({}, fmt::format("prompt {} has {} {} outside the model's vocabulary of {}", n, unit, t, mc.vocab_size),
+                        fmt::format("use {}s below the vocabulary size", unit));
+    const int64_t len = static_cast<int64_t>(seq[k].size()), need = len + req.max_new_tokens;
     if (need > mc.seq_len)
       throw UserError({}, fmt::format("prompt {} ({} tokens) plus --max-new-tokens {} is {} tokens, over the model's "
-                                      "context of {}", n, p.size(), req.max_new_tokens, need, mc.seq_len),
-                      fmt::format("shorten the prompt or ask for at most {} new tokens", mc.seq_len - static_cast<int64_t>(p.size())));
+                                      "context of {}", n, len, req.max_new_tokens, need, mc.seq_len),
+                      fmt::format("shorten the prompt or ask for at most {} new tokens", mc.seq_len - len));
     longest = std::max(longest, need);
   }
   return seq;
@@ -103,6 +162,7 @@ struct Rows {
   std::vector<std::vector<int32_t>> seq;
   std::vector<Completion> out;
   std::vector<bool> done;
+  std::vector<TextStream> text;  // each row's completion decoded
 
   int64_t size() const { return static_cast<int64_t>(seq.size()); }
   // Row i's next token from its logits row; false once every row is done.
@@ -118,7 +178,8 @@ struct Rows {
       seq[k].push_back(t);
       Completion& c = out[k];
       c.tokens.push_back(t);
-      c.completion.push_back(static_cast<char>(t));
+      text[k].push(t);
+      c.completion = text[k].text();
       if (on_token) on_token(k, t);
       const std::string& stop = req.stop;
       if (!stop.empty() && c.completion.size() >= stop.size() &&
@@ -198,7 +259,8 @@ std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
   Rows rows{req, on_token, m.model().vocab_size, tokenize_prompts(m, req, longest), {}, {}};
   rows.out.resize(rows.seq.size());
   rows.done.assign(rows.seq.size(), false);
-  for (size_t k = 0; k < rows.out.size(); ++k) rows.out[k].prompt = req.prompts[k];
+  rows.text.assign(rows.seq.size(), TextStream(req.prompt_ids.empty() ? req.tokenizer : nullptr));
+  for (size_t k = 0; k < rows.out.size(); ++k) rows.out[k].prompt = k < req.prompts.size() ? req.prompts[k] : "";
   GenerateStats st;
   if (req.kv_cache) decode_cached(m, rows, longest, st);
   else decode_full(m, rows, longest, st);

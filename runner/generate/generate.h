@@ -1,4 +1,9 @@
-// `runner generate`: completions of byte-level prompts by a trained model.
+// `runner generate`: completions of prompts by a trained model.
+//
+// Text: prompts are encoded and completions decoded with the run's tokenizer (a
+// tok::Tokenizer; none: the ids are bytes, the addition task and byte-level text). Decoding is
+// incremental (TextStream): a streamed completion never splits a multi-byte character over two
+// writes. Raw ids (--tokens) bypass the tokenizer both ways.
 //
 // With the KV cache (the default; runner/generate/decoder.h): the prompts run as one batch
 // through the model builder's graph (every prompt one row, padded to the longest; the
@@ -19,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "runner/tokenize/tokenizer.h"
 #include "runner/trained/trained_model.h"
 
 namespace runner {
@@ -32,6 +38,10 @@ struct SamplingConfig {
 
 struct GenerateRequest {
   std::vector<std::string> prompts;
+  // Raw token ids per prompt (--tokens): used instead of encoding `prompts` when not empty.
+  std::vector<std::vector<int32_t>> prompt_ids;
+  // Encodes the prompts and decodes the completions; null: the ids are the text's bytes.
+  const tok::Tokenizer* tokenizer = nullptr;
   int64_t max_new_tokens = 32;
   std::string stop;          // a completion ends once it ends with this (kept); empty: never
   SamplingConfig sampling;
@@ -42,7 +52,7 @@ struct GenerateRequest {
 };
 
 struct Completion {
-  std::string prompt, completion;
+  std::string prompt, completion;  // completion: the new tokens decoded
   std::vector<int32_t> tokens;  // the new tokens
   std::string finish;           // "stop" or "length"
 };
@@ -65,6 +75,29 @@ struct GenerateStats {
 std::vector<Completion> generate(TrainedModel& m, const GenerateRequest& req,
                                  const std::function<void(size_t, int32_t)>& on_token = {},
                                  GenerateStats* stats = nullptr);
+
+// The text of a growing token sequence, handed out as it becomes final (as Hugging Face's
+// TextStreamer): the whole sequence decoded, the new text past what was handed out, held back
+// while it ends in an unfinished UTF-8 sequence or the replacement character a byte-level
+// decoder gives a partial one. A tokenizer whose decode is not prefix-stable (a SentencePiece
+// leading space) hands out only text past what it already did.
+class TextStream {
+ public:
+  explicit TextStream(const tok::Tokenizer* tk) : tk_(tk) {}  // null: the ids are bytes
+  std::string push(int32_t id);        // the text that became final with `id`
+  std::string finish();                // the rest (an unfinished character included)
+  const std::string& text() const { return text_; }  // everything decoded so far
+  const std::vector<int32_t>& ids() const { return ids_; }
+
+ private:
+  const tok::Tokenizer* tk_;
+  std::vector<int32_t> ids_;
+  std::string text_;
+  size_t out_ = 0;  // bytes of text_ handed out
+};
+
+// Space-separated token ids ("15496 11 995"); throws UserError naming the prompt and the word.
+std::vector<int32_t> parse_token_ids(const std::string& text, size_t prompt);
 
 // The next token from one row of logits (vocab entries) under `s`; `u` is the uniform draw in
 // [0, 1) for this choice (unused when greedy).
