@@ -87,6 +87,8 @@ def read_model(model_dir):
 def st_bytes(arr, dtype):
     """A tensor's raw little-endian bytes in the safetensors dtype."""
     a = np.ascontiguousarray(arr, dtype=np.float32)
+    if dtype == "F64":
+        return a.astype("<f8").tobytes()
     if dtype == "F32":
         return a.astype("<f4").tobytes()
     if dtype == "F16":
@@ -148,11 +150,40 @@ def hf_tensors_of(cfg):
     return out
 
 
+def bytes_to_unicode():
+    """GPT-2's byte -> printable character table (the byte-level BPE's alphabet)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + \
+        list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def write_gpt2_tokenizer(model_dir):
+    """A tiny GPT-2 style tokenizer: the 256 byte tokens, two merges, <|endoftext|> (259 ids)."""
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
+    merges = [("\u0120", "t"), ("h", "e")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    with open(os.path.join(model_dir, "vocab.json"), "w") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    with open(os.path.join(model_dir, "merges.txt"), "w") as f:
+        f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    with open(os.path.join(model_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}, f)
+
+
 def make_model(model_dir, arch, opts):
-    """A small random model in the Hugging Face layout. opts: dtype (F32|BF16|F16), shards, kv_heads, tie,
-    bias, seed, vocab, layers, d_model, heads, inner, seq_len."""
+    """A small random model in the Hugging Face layout. opts: dtype (F32|BF16|F16|F64), shards, kv_heads,
+    tie, bias, seed, vocab, layers, d_model, heads, inner, seq_len; drop (a tensor left out), tok=1 (a tiny
+    GPT-2 tokenizer beside the weights)."""
     o = dict(dtype="F32", shards="1", kv_heads="0", tie="1" if arch == "gpt2" else "0", bias="0", seed="1",
-             vocab="96", layers="2", d_model="32", heads="4", inner="0", seq_len="16")
+             vocab="96", layers="2", d_model="32", heads="4", inner="0", seq_len="16", drop="", tok="0")
     o.update(opts)
     C, NH = int(o["d_model"]), int(o["heads"])
     I = int(o["inner"]) or (4 * C if arch == "gpt2" else 3 * C)
@@ -172,8 +203,11 @@ def make_model(model_dir, arch, opts):
     for name, shape in hf_tensors_of(cfg):
         norm = name.endswith("norm.weight") or ".ln_" in name or "ln_f" in name
         a = (1.0 + 0.1 * rng.standard_normal(shape)) if norm and name.endswith("weight") else 0.2 * rng.standard_normal(shape)
-        tensors.append((name, a.astype(np.float32)))
+        if name != o["drop"]:
+            tensors.append((name, a.astype(np.float32)))
     os.makedirs(model_dir, exist_ok=True)
+    if o["tok"] == "1":
+        write_gpt2_tokenizer(model_dir)
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     shards = int(o["shards"])
