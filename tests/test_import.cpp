@@ -126,6 +126,13 @@ TEST_CASE("import gpt2: PyTorch's logits, export bit-exact (fp32 and fp16)") {
   import_check_export(dir, make_hf(dir / "hf", "gpt2"), "fp32", "gpt2");
   fs::path d16 = dir / "f16";
   import_check_export(d16, make_hf(d16 / "hf", "gpt2", "dtype=F16 tie=0 seed=3"), "fp16", "gpt2");
+  // One .safetensors file named on the command line, with GPT2Model's names (no "transformer.",
+  // as the hub's gpt2 has them).
+  fs::path bare = make_hf(dir / "bare", "gpt2", "bare=1 seed=4");
+  Result im = import_cmd(bare / "model.safetensors", dir / "bare_imp");
+  INFO(im.out);
+  REQUIRE(im.code == 0);
+  CHECK(logits_vs_torch(bare, dir / "bare_imp", dir).code == 0);
   fs::remove_all(dir);
 }
 

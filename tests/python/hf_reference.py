@@ -72,7 +72,13 @@ def read_safetensors(path):
 
 
 def read_model(model_dir):
-    """Every tensor of a model directory: model.safetensors, or the shards its index names."""
+    """Every tensor of a model directory: model.safetensors, or the shards its index names (GPT2Model's
+    bare names read as GPT2LMHeadModel's)."""
+    w = read_files(model_dir)
+    return {("transformer." + k if k.split(".")[0] in ("wte", "wpe", "h", "ln_f") else k): v for k, v in w.items()}
+
+
+def read_files(model_dir):
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if not os.path.exists(index):
         return read_safetensors(os.path.join(model_dir, "model.safetensors"))
@@ -181,9 +187,9 @@ def write_gpt2_tokenizer(model_dir):
 def make_model(model_dir, arch, opts):
     """A small random model in the Hugging Face layout. opts: dtype (F32|BF16|F16|F64), shards, kv_heads,
     tie, bias, seed, vocab, layers, d_model, heads, inner, seq_len; drop (a tensor left out), tok=1 (a tiny
-    GPT-2 tokenizer beside the weights)."""
+    GPT-2 tokenizer beside the weights), bare=1 (GPT2Model's names, without "transformer.", as the hub's gpt2)."""
     o = dict(dtype="F32", shards="1", kv_heads="0", tie="1" if arch == "gpt2" else "0", bias="0", seed="1",
-             vocab="96", layers="2", d_model="32", heads="4", inner="0", seq_len="16", drop="", tok="0")
+             vocab="96", layers="2", d_model="32", heads="4", inner="0", seq_len="16", drop="", tok="0", bare="0")
     o.update(opts)
     C, NH = int(o["d_model"]), int(o["heads"])
     I = int(o["inner"]) or (4 * C if arch == "gpt2" else 3 * C)
@@ -204,7 +210,8 @@ def make_model(model_dir, arch, opts):
         norm = name.endswith("norm.weight") or ".ln_" in name or "ln_f" in name
         a = (1.0 + 0.1 * rng.standard_normal(shape)) if norm and name.endswith("weight") else 0.2 * rng.standard_normal(shape)
         if name != o["drop"]:
-            tensors.append((name, a.astype(np.float32)))
+            tensors.append((name[len("transformer."):] if o["bare"] == "1" and name.startswith("transformer.") else name,
+                            a.astype(np.float32)))
     os.makedirs(model_dir, exist_ok=True)
     if o["tok"] == "1":
         write_gpt2_tokenizer(model_dir)
