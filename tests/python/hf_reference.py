@@ -46,9 +46,11 @@ if "OPENBLAS_CORETYPE" not in os.environ and openblas_coretype():
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-torch.set_num_threads(1)
+if sys.argv[1:2] == ["make"]:  # writing files needs no torch (whose import takes seconds)
+    torch = None
+else:
+    import torch  # noqa: E402
+    torch.set_num_threads(1)
 
 
 def read_safetensors(path):
