@@ -227,8 +227,8 @@ TEST_CASE("import: errors exit 2 naming the file and the tensor, and write nothi
 // PyTorch model's on the same batch: the data is one token repeated, so every window is the
 // same sequence), at step 1 from a fresh start; the tokenizer files beside the weights reach
 // RUN_DIR/tokenizer/; a relative init_from is read beside the recipe (finetune.yaml's ".").
-void init_from_loss(const std::string& arch, const std::string& opts, const std::string& layout) {
-  fs::path dir = temp_dir("init_" + arch + (layout.empty() ? "" : "_tp"));
+void init_from_loss(const std::string& arch, const std::string& opts, const std::string& layout, const std::string& tag) {
+  fs::path dir = temp_dir("init_" + tag);
   fs::path hf = make_hf(dir / "hf", arch, opts + " tok=1 vocab=260");
   Result im = import_cmd(hf, dir / "imp");
   INFO(im.out);
@@ -258,10 +258,15 @@ void init_from_loss(const std::string& arch, const std::string& opts, const std:
   fs::remove_all(dir);
 }
 
-TEST_CASE("init_from: a run starts from the imported GPT-2 at step 1 with PyTorch's loss") { init_from_loss("gpt2", "", ""); }
+TEST_CASE("init_from: a run starts from the imported GPT-2 at step 1 with PyTorch's loss") { init_from_loss("gpt2", "", "", "gpt2"); }
 
 TEST_CASE("init_from: the imported Llama under tp 2 (each rank its shard) with PyTorch's loss") {
-  init_from_loss("llama", "bias=1", " parallel.tp=2");
+  init_from_loss("llama", "bias=1", " parallel.tp=2", "llama_tp");
+}
+
+// Two pipeline stages: the tied embedding is held by the first and the last stage.
+TEST_CASE("init_from: the imported GPT-2 under pp 2 (the tied embedding on both stages) with PyTorch's loss") {
+  init_from_loss("gpt2", "seed=9", " parallel.pp=2", "gpt2_pp");
 }
 
 TEST_CASE("init_from: a model section that differs from the checkpoint's exits 2 listing each difference") {
