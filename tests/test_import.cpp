@@ -293,7 +293,10 @@ TEST_CASE("init_from: a model section that differs from the checkpoint's exits 2
 
 TEST_CASE("export: generation_config.json beside the weights; a byte-level run ships no tokenizer and says so") {
   fs::path dir = temp_dir("genconfig");
-  REQUIRE(import_cmd(make_hf(dir / "hf", "gpt2"), dir / "imp").code == 0);
+  REQUIRE(import_cmd(make_hf(dir / "hf", "gpt2"), dir / "imp", "--recipe-out " + (dir / "recipes" / "ft.yaml").string()).code == 0);
+  // The recipe elsewhere names the import relative to itself (model.init_from is read beside it).
+  CHECK(!fs::exists(dir / "imp" / "finetune.yaml"));
+  CHECK(test_support::slurp(dir / "recipes" / "ft.yaml").find("init_from: \"../imp\"") != std::string::npos);
   Result e = runner_cmd("export " + (dir / "imp").string() + " --out " + (dir / "exp").string());
   INFO(e.out);
   REQUIRE(e.code == 0);

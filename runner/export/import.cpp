@@ -305,9 +305,16 @@ void place(const HfTensor& h, const StTensor& t, const std::string& name, ops::T
 
 // Every tensor of the table read into the logical state; the file's other tensors are refused
 // unless they are known buffers (or a tied head's copy).
-void read_weights(const ModelConfig& m, HfStyle style, const StIndex& idx, TrainState& st, ImportResult& res) {
+void read_weights(const ModelConfig& m, HfStyle style, const StIndex& idx, TrainState& st, ImportResult& res,
+                  const std::function<void(const std::string&)>& say) {
   std::set<std::string> used;
-  for (const HfTensor& h : hf_tensors(m, style)) {
+  const std::vector<HfTensor> table = hf_tensors(m, style);
+  size_t done = 0, said = 0;
+  for (const HfTensor& h : table) {
+    if (++done * 10 / table.size() > said && table.size() >= 50) {  // a large model: every tenth of it
+      said = done * 10 / table.size();
+      say(fmt::format("  {}/{} tensors", done, table.size()));
+    }
     std::string name;
     const StTensor* t = find_tensor(idx, h.name, &name);
     if (!t)
@@ -422,7 +429,7 @@ ImportResult import_model(const std::string& source, const std::string& out_dir,
   const ModelLayout layout(whole, {res.model.n_layers}, 1);
   TrainState st = logical_template(layout, 0, 0, 1);
   say(fmt::format("reading {} file(s) of {} ({} tensors)", files.size(), res.architecture, idx.size()));
-  read_weights(res.model, style, idx, st, res);
+  read_weights(res.model, style, idx, st, res, say);
   for (const ops::Tensor& t : st.params.values) res.parameters += t.numel();
   const fs::path tok_src = fs::is_directory(source) ? fs::path(source) : fs::path(source).parent_path();
   res.tokenizer_files = tokenizer_files(tok_src);
