@@ -278,7 +278,7 @@ std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops:
     j["intermediate_size"] = m.mlp_hidden();
     j["num_hidden_layers"] = m.n_layers;
     j["num_attention_heads"] = m.n_heads;
-    j["num_key_value_heads"] = m.n_heads;
+    j["num_key_value_heads"] = m.kv_heads();
     j["head_dim"] = m.d_model / m.n_heads;
     j["hidden_act"] = "silu";
     j["max_position_embeddings"] = m.seq_len;

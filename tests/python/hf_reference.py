@@ -327,14 +327,15 @@ def check_npz(cfg, w, npz_path):
                 pairs.append((f"{q}.{hf}.bias", r[f"{p}.{ours}.bias"]))
     else:
         C, H = cfg["hidden_size"], cfg["intermediate_size"]
+        KVC = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * (C // cfg["num_attention_heads"])
         pairs += [("model.embed_tokens.weight", r["wte"]), ("model.norm.weight", r["ln_f.weight"])]
         for l in range(cfg["num_hidden_layers"]):
             p, q = f"h.{l}", f"model.layers.{l}"
             qkv, fc = r[f"{p}.attn.qkv.weight"], r[f"{p}.mlp.fc.weight"]
             pairs += [(f"{q}.input_layernorm.weight", r[f"{p}.ln1.weight"]),
                       (f"{q}.post_attention_layernorm.weight", r[f"{p}.ln2.weight"]),
-                      (f"{q}.self_attn.q_proj.weight", qkv[:C]), (f"{q}.self_attn.k_proj.weight", qkv[C:2 * C]),
-                      (f"{q}.self_attn.v_proj.weight", qkv[2 * C:]),
+                      (f"{q}.self_attn.q_proj.weight", qkv[:C]), (f"{q}.self_attn.k_proj.weight", qkv[C:C + KVC]),
+                      (f"{q}.self_attn.v_proj.weight", qkv[C + KVC:]),
                       (f"{q}.self_attn.o_proj.weight", r[f"{p}.attn.proj.weight"]),
                       (f"{q}.mlp.gate_proj.weight", fc[:H]), (f"{q}.mlp.up_proj.weight", fc[H:]),
                       (f"{q}.mlp.down_proj.weight", r[f"{p}.mlp.proj.weight"])]
