@@ -412,6 +412,9 @@ TEST_CASE("import: the tokenizer beside the weights serves generate and export" 
   auto j = nlohmann::json::parse(g.out.substr(0, g.out.find('\n')));
   std::vector<int32_t> toks = j["tokens"];
   CHECK(j["completion"] == tk->decode(toks));
+  Result st = runner_cmd("generate " + (dir / "imp").string() + " --prompt 'the tea' --max-new-tokens 4");
+  CHECK(st.code == 0);  // streamed (one prompt): the prompt, then the decoded completion
+  CHECK(st.out.rfind("the tea" + j["completion"].get<std::string>(), 0) == 0);
   Result e = runner_cmd("export " + (dir / "imp").string() + " --out " + (dir / "exp").string());
   INFO(e.out);
   REQUIRE(e.code == 0);

@@ -393,6 +393,17 @@ std::string finetune_recipe(const ModelConfig& m, const std::string& name, const
                      name, source) + recipe_to_yaml(r);
 }
 
+// The model's name for its recipes: its directory's, as a recipe name ([A-Za-z0-9._-]+).
+std::string model_name(const std::string& source) {
+  fs::path p = fs::absolute(fs::path(source)).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "dir/"
+  if (!fs::is_directory(p)) p = p.parent_path();  // a file: its directory
+  std::string name = p.filename().string();
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '-';
+  return name.empty() ? "imported" : name;
+}
+
 void write_text(const fs::path& p, const std::string& text) {
   std::ofstream f(p, std::ios::trunc);
   f << text;
@@ -419,10 +430,7 @@ ImportResult import_model(const std::string& source, const std::string& out_dir,
   res.architecture = style == HfStyle::gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
   StIndex idx;
   for (const std::string& f : files) read_header(f, idx);
-  std::string name = fs::absolute(fs::path(source)).lexically_normal().filename().string();
-  for (char& c : name)  // a recipe name is [A-Za-z0-9._-]+
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '-';
-  if (name.empty()) name = "imported";
+  const std::string name = model_name(source);
   GptSpec whole;
   whole.model = res.model;
   whole.T = std::min<int64_t>(res.model.seq_len, 8);  // the graph only names the parameters: a short one will do
@@ -434,6 +442,7 @@ ImportResult import_model(const std::string& source, const std::string& out_dir,
   const fs::path tok_src = fs::is_directory(source) ? fs::path(source) : fs::path(source).parent_path();
   res.tokenizer_files = tokenizer_files(tok_src);
   const fs::path recipe = recipe_out.empty() ? out / "finetune.yaml" : fs::path(recipe_out);
+  const std::string recipe_text = finetune_recipe(res.model, name, recipe, out, source);
   // Everything checked: now the files.
   st.recipe_yaml = recipe_to_yaml(stored_recipe(res.model, name));
   res.checkpoint = write_checkpoint_atomic(ckpt_dir.string(), st, WriteOptions{}).path;
@@ -445,7 +454,7 @@ ImportResult import_model(const std::string& source, const std::string& out_dir,
                                     "tokenizer.model): generate will read prompts as bytes; copy the model's tokenizer "
                                     "into {}", (out / "tokenizer").string()));
   if (!recipe.parent_path().empty()) fs::create_directories(recipe.parent_path());
-  write_text(recipe, finetune_recipe(res.model, name, recipe, out, source));
+  write_text(recipe, recipe_text);
   res.recipe_path = recipe.string();
   return res;
 }
