@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <set>
 #include <string>
@@ -250,7 +251,7 @@ void init_from_loss(const std::string& arch, const std::string& opts, const std:
   INFO(py.out);
   REQUIRE(py.code == 0);
   const double ref = std::stod(py.out);
-  MESSAGE(arch << layout << ": step 1 loss " << losses.at(1) << ", PyTorch " << ref);
+  MESSAGE(arch << layout << ": step 1 loss " << std::setprecision(10) << losses.at(1) << ", PyTorch " << ref);
   CHECK(std::abs(losses.at(1) - ref) <= 1e-5 * std::abs(ref));
   CHECK(losses.at(2) < losses.at(1));  // it trains from there
   for (const char* f : {"vocab.json", "merges.txt", "tokenizer_config.json"})
