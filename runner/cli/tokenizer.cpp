@@ -58,6 +58,9 @@ class TokenizerCommand final : public Command {
     train_->add_option("--out", train_opt_.out_dir, "directory for tokenizer.model and tokenizer_config.json")->required();
     train_->add_option("--model", train_opt_.model_type, "bpe or unigram")->default_val("bpe");
     train_->add_option("--threads", train_opt_.threads, "trainer threads (0: every core)")->default_val(0);
+    train_->add_option("--character-coverage", train_opt_.character_coverage,
+                       "share of the corpus's characters that get their own piece (the rarest are spelt in bytes)")
+        ->default_val(0.9995);
     encode_ = tok->add_subcommand("encode", "encode a text file: ids on stdout, speed on stderr");
     encode_->add_option("file", file_, "text file")->required();
     encode_->add_option("--tokenizer", tokenizer_, "tokenizer directory or file, or byte")->required();
@@ -95,7 +98,8 @@ class TokenizerCommand final : public Command {
     auto special = [&](std::optional<int32_t> id) {
       if (!id) return std::string("none");
       const int32_t one[1] = {*id};
-      return std::to_string(*id) + " (" + t.decode(one) + ")";
+      const std::string text = t.decode(one);  // SentencePiece decodes its control tokens to nothing
+      return std::to_string(*id) + (text.empty() ? "" : " (" + text + ")");
     };
     std::cout << "kind " << i.kind << "\nname " << i.name << "\nvocab_size " << i.vocab_size << "\nhash " << i.hash
               << "\neos " << special(t.eos_id()) << "\nbos " << special(t.bos_id()) << "\n";

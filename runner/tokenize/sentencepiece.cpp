@@ -82,6 +82,8 @@ uintmax_t check_inputs(const TrainOptions& opt) {
   }
   if (opt.model_type != "bpe" && opt.model_type != "unigram")
     throw UserError({}, "--model " + opt.model_type + " is not a SentencePiece model type", "use --model bpe or --model unigram");
+  if (!(opt.character_coverage >= 0.98 && opt.character_coverage <= 1))  // SentencePiece's own bounds
+    throw UserError({}, "--character-coverage " + std::to_string(opt.character_coverage) + " is not in [0.98, 1]", "use e.g. 0.9995 (the default) or 1");
   if (opt.vocab_size < 300) throw UserError({}, "--vocab " + std::to_string(opt.vocab_size) + " is too small", "use at least 300 (256 byte tokens + 3 specials + some pieces)");
   return bytes;
 }
@@ -100,16 +102,21 @@ void train_sentencepiece(const TrainOptions& opt) {
       {"byte_fallback", "true"}, {"split_digits", "true"}, {"allow_whitespace_only_pieces", "true"},
       {"normalization_rule_name", "identity"}, {"remove_extra_whitespaces", "false"}, {"add_dummy_prefix", "true"},
       {"max_sentence_length", "16384"}, {"input_sentence_size", "5000000"}, {"shuffle_input_sentence", "true"},
-      {"num_threads", std::to_string(threads)}, {"minloglevel", "1"}, {"hard_vocab_limit", "false"},
+      {"num_threads", std::to_string(threads)}, {"character_coverage", std::to_string(opt.character_coverage)}, {"minloglevel", "1"}, {"hard_vocab_limit", "false"},
   };
   std::printf("training a SentencePiece %s tokenizer, vocabulary %d, on %zu file(s), %.1f MB, %d threads\n",
               opt.model_type.c_str(), opt.vocab_size, opt.inputs.size(), static_cast<double>(bytes) / 1e6, threads);
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
   const auto st = sentencepiece::SentencePieceTrainer::Train(args);
-  if (!st.ok())
-    throw UserError({opt.inputs[0], 0, 0}, "SentencePiece could not train: " + st.ToString(),
-                    "a smaller --vocab usually helps (the corpus must hold enough distinct pieces)");
+  if (!st.ok()) {
+    const std::string msg = st.ToString();
+    const bool chars = msg.find("required_chars") != std::string::npos;
+    throw UserError({opt.inputs[0], 0, 0}, "SentencePiece could not train: " + msg,
+                    chars ? "the corpus has more distinct characters than --vocab leaves room for: raise --vocab or lower "
+                            "--character-coverage (down to 0.98; rarer characters are then spelt in bytes)"
+                          : "a smaller --vocab usually helps (the corpus must hold enough distinct pieces)");
+  }
   std::error_code ec;
   fs::remove(fs::path(opt.out_dir) / "tokenizer.vocab", ec);  // the .model holds the vocabulary
   const std::string model_path = (fs::path(opt.out_dir) / "tokenizer.model").string();

@@ -12,6 +12,7 @@ struct TrainOptions {
   int vocab_size = 8000;
   std::string model_type = "bpe";   // "bpe" or "unigram"
   int threads = 0;                  // 0: every core
+  double character_coverage = 0.9995;  // in [0.98, 1]: share of the corpus's characters that get a piece (the rest: bytes)
 };
 
 // Llama-style settings: no Unicode normalization, whitespace kept as it is, digits split,

@@ -1,6 +1,8 @@
 // Unigram Viterbi: a forward pass over character boundaries keeps the best score ending at
-// each; pieces starting at a boundary come from walking the byte trie. Ties keep the first
-// path found (starts left to right, shorter pieces first), as Hugging Face's Unigram does.
+// each; pieces starting at a boundary come from walking the byte trie. Scores add in double
+// and ties keep the first path found (starts left to right, shorter pieces first), as
+// Hugging Face's Unigram does. (SentencePiece adds in float32, so between segmentations of
+// exactly equal score, e.g. of a run of spaces, the two may choose differently.)
 #include "runner/tokenize/unigram.h"
 
 #include <algorithm>
