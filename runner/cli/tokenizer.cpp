@@ -8,6 +8,8 @@
 #include <iostream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "runner/cli/command.h"
 #include "runner/errors.h"
 #include "runner/tokenize/tokenizer.h"
@@ -65,6 +67,7 @@ class TokenizerCommand final : public Command {
     encode_->add_option("file", file_, "text file")->required();
     encode_->add_option("--tokenizer", tokenizer_, "tokenizer directory or file, or byte")->required();
     encode_->add_flag("--quiet", quiet_, "print only the speed (for benchmarks)");
+    encode_->add_flag("--documents", documents_, "the file is a JSON array of strings: encode each (one line of ids each)");
     info_ = tok->add_subcommand("info", "describe a tokenizer: kind, vocabulary, hash, special ids");
     info_->add_option("tokenizer", tokenizer_, "tokenizer directory or file, or byte")->required();
     sub_ = tok;
@@ -78,17 +81,29 @@ class TokenizerCommand final : public Command {
     }
     const auto tok = tok::load_tokenizer(tokenizer_);
     if (info_->parsed()) return print_info(*tok);
-    const std::string text = read_text(file_);
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<int32_t> ids = tok->encode(text);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!quiet_) {
-      std::string line;
-      for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
-      std::cout << line << "\n";
+    std::vector<std::string> docs;
+    if (documents_) {
+      const auto j = nlohmann::json::parse(read_text(file_), nullptr, false);
+      if (!j.is_array()) throw UserError({file_, 0, 0}, "not a JSON array of strings", "drop --documents to encode the file as one text");
+      for (const auto& d : j) docs.push_back(d.is_string() ? d.get<std::string>() : std::string());
+    } else {
+      docs.push_back(read_text(file_));
     }
-    std::fprintf(stderr, "encoded %.2f MB into %zu tokens in %.3f s: %.2f MB/s on one thread\n", text.size() / 1e6, ids.size(), s,
-                 text.size() / 1e6 / std::max(s, 1e-9));
+    size_t bytes = 0, tokens = 0;
+    std::string out;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const std::string& d : docs) {
+      const std::vector<int32_t> ids = tok->encode(d);
+      bytes += d.size();
+      tokens += ids.size();
+      if (quiet_) continue;
+      for (size_t i = 0; i < ids.size(); ++i) out += (i ? " " : "") + std::to_string(ids[i]);
+      out += "\n";
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cout << out;
+    std::fprintf(stderr, "encoded %.2f MB into %zu tokens in %.3f s: %.2f MB/s on one thread\n", bytes / 1e6, tokens, s,
+                 bytes / 1e6 / std::max(s, 1e-9));
     return 0;
   }
 
@@ -109,7 +124,7 @@ class TokenizerCommand final : public Command {
   CLI::App *train_ = nullptr, *encode_ = nullptr, *info_ = nullptr;
   tok::TrainOptions train_opt_;
   std::string file_, tokenizer_;
-  bool quiet_ = false;
+  bool quiet_ = false, documents_ = false;
 };
 
 }  // namespace

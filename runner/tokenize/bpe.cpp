@@ -74,12 +74,17 @@ BpeModel::BpeModel(std::vector<std::string> tokens, const std::vector<std::pair<
                    BpeOptions opt)
     : tokens_(std::move(tokens)), opt_(opt), serial_(g_serial.fetch_add(1)) {
   vocab_.reserve(tokens_.size());
-  split_at_metaspace_ = !opt_.byte_level;
+  bool inner = false, after_other = false;  // some token holds ▁ past its start; after another character
   for (size_t id = 0; id < tokens_.size(); ++id) {
-    if (tokens_[id].empty()) continue;
-    vocab_.emplace(tokens_[id], static_cast<int32_t>(id));
-    if (tokens_[id].find(kMetaspace, 1) != std::string::npos) split_at_metaspace_ = false;
+    const std::string& t = tokens_[id];
+    if (t.empty()) continue;
+    vocab_.emplace(t, static_cast<int32_t>(id));
+    for (size_t k = t.find(kMetaspace, 1); k != std::string::npos; k = t.find(kMetaspace, k + 1)) {
+      inner = true;
+      after_other = after_other || k < kMetaspace.size() || t.compare(k - kMetaspace.size(), kMetaspace.size(), kMetaspace) != 0;
+    }
   }
+  if (!opt_.byte_level) cut_ = !inner ? Cut::every_metaspace : !after_other ? Cut::metaspace_after_other : Cut::none;
   for (int b = 0; b < 256; ++b) {
     byte_ids_[b] = find(std::string(1, static_cast<char>(b)));
     char name[8];
@@ -200,30 +205,26 @@ void BpeModel::encode_uncached(std::string_view word, std::vector<int32_t>& out)
 }
 
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
-  if (split_at_metaspace_ && word.size() > kMetaspace.size()) {
-    // No token spans a ▁ that is not its first character, so merges never cross one: the
-    // word's parts before each ▁ merge alone (and are cached), with the same result.
+  if (cut_ != Cut::none && word.size() > kMetaspace.size()) {
+    // The word's parts between cuts merge alone (and are cached), with the same result.
     size_t start = 0;
     while (start < word.size()) {
-      size_t end = word.find(kMetaspace, start + 1);
+      size_t end = start;
+      do {
+        end = word.find(kMetaspace, end + 1);
+      } while (end != std::string_view::npos && cut_ == Cut::metaspace_after_other &&
+               word.compare(end - kMetaspace.size(), kMetaspace.size(), kMetaspace) == 0);
       if (end == std::string_view::npos) end = word.size();
-      const std::string_view part = word.substr(start, end - start);
-      if (part.size() > kCacheMaxWord) encode_uncached(part, out);
-      else {
-        WordCache& cache = thread_cache(serial_);
-        auto it = cache.map.find(part);
-        if (it == cache.map.end()) {
-          std::vector<int32_t> ids;
-          encode_uncached(part, ids);
-          it = cache.map.emplace(std::string(part), std::move(ids)).first;
-        }
-        out.insert(out.end(), it->second.begin(), it->second.end());
-      }
+      encode_cached(word.substr(start, end - start), out);
       start = end;
     }
     return;
   }
   if (opt_.byte_level && word.size() == 1) return out.push_back(byte_ids_[static_cast<unsigned char>(word[0])]);
+  encode_cached(word, out);
+}
+
+void BpeModel::encode_cached(std::string_view word, std::vector<int32_t>& out) const {
   if (word.size() > kCacheMaxWord) return encode_uncached(word, out);
   WordCache& cache = thread_cache(serial_);
   auto it = cache.map.find(word);

@@ -68,6 +68,7 @@ class BpeModel {
   void merge_small(std::vector<int32_t>& syms) const;
   void merge_heap(std::vector<int32_t>& syms) const;
   void encode_uncached(std::string_view word, std::vector<int32_t>& out) const;
+  void encode_cached(std::string_view word, std::vector<int32_t>& out) const;
 
   std::vector<std::string> tokens_;
   StringMap<int32_t> vocab_;
@@ -75,7 +76,11 @@ class BpeModel {
   std::vector<std::pair<int32_t, int32_t>> merge_list_;
   std::array<int32_t, 256> byte_ids_{};      // byte-level: the token of each byte
   std::array<int32_t, 256> fallback_ids_{};  // byte_fallback: <0xXX>
-  bool split_at_metaspace_ = false;          // no token holds ▁ but at its start: words split there
+  // Where a long word may be cut before merging (no token spans the cut, so merges never
+  // cross it): before every ▁ when no token holds ▁ but at its start; else before every ▁
+  // that follows another character when no token holds one followed by ▁ (SentencePiece
+  // with whitespace-only pieces, as Llama 2); else nowhere.
+  enum class Cut { every_metaspace, metaspace_after_other, none } cut_ = Cut::none;
   BpeOptions opt_;
   uint64_t serial_;  // names this model in the per-thread caches
 };
