@@ -255,3 +255,53 @@ TEST_CASE("a missing or broken tokenizer file is a UserError naming the file") {
   write(dir / "broken.model", "not a protobuf at all");
   check_error(dir.file("broken.model"), dir.file("broken.model"), "not a SentencePiece model");
 }
+
+namespace {
+
+// A tiny SentencePiece-style BPE tokenizer.json with the given model options and stages.
+std::unique_ptr<tok::Tokenizer> tiny(const fs::path& dir, const nlohmann::json& model_opts, const nlohmann::json& normalizer,
+                                     const nlohmann::json& pre, const nlohmann::json& decoder) {
+  nlohmann::json model = {{"type", "BPE"},
+                          {"vocab", {{"<unk>", 0}, {"\u2581", 1}, {"a", 2}, {"b", 3}, {"c", 4}, {"ab", 5}, {"abc", 6},
+                                     {"\u2581a", 7}, {"<0xC3>", 8}, {"<0xA9>", 9}}},
+                          {"merges", {"a b", "\u2581 a"}}};
+  if (model_opts.is_object()) model.update(model_opts);
+  const nlohmann::json j = {{"model", model}, {"normalizer", normalizer}, {"pre_tokenizer", pre}, {"decoder", decoder}, {"added_tokens", nlohmann::json::array()}};
+  write(dir / "tiny.json", j.dump());
+  return tok::load_tokenizer((dir / "tiny.json").string());
+}
+
+}  // namespace
+
+TEST_CASE("the SentencePiece-style stages: ignore_merges, byte fallback, fused unknowns, Metaspace, Strip, decoders") {
+  test_support::TempDir dir("test_tokenizer");
+  using V = std::vector<int32_t>;
+  const nlohmann::json none;
+  const nlohmann::json sp_decoder = {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}},
+                                     {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "always"}}}}};
+  // Merges make "abc" ab + c; ignore_merges takes the word itself when it is in the vocabulary.
+  CHECK(tiny(dir, {}, none, none, none)->encode("abc") == V{5, 4});
+  CHECK(tiny(dir, {{"ignore_merges", true}}, none, none, none)->encode("abc") == V{6});
+  // An unknown character: its UTF-8 bytes (byte_fallback), else one <unk> per run (fuse_unk) or per character.
+  const auto bytes = tiny(dir, {{"byte_fallback", true}, {"unk_token", "<unk>"}}, none, none, sp_decoder);
+  CHECK(bytes->encode("\u00e9") == V{8, 9});
+  CHECK(bytes->decode(V{8, 9}) == "\u00e9");
+  CHECK(bytes->decode(V{8}) == "\ufffd");  // half a character decodes to U+FFFD
+  CHECK(tiny(dir, {{"unk_token", "<unk>"}, {"fuse_unk", true}}, none, none, none)->encode("xyzab") == V{0, 5});
+  CHECK(tiny(dir, {{"unk_token", "<unk>"}}, none, none, none)->encode("xyzab") == V{0, 0, 0, 5});
+  // Metaspace: spaces become ▁, each ▁ starts a word; the prefix per prepend_scheme.
+  auto meta = [&](const char* scheme) {
+    return tiny(dir, {}, none, {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme}, {"split", true}}, sp_decoder);
+  };
+  CHECK(meta("first")->encode("a b") == V{7, 1, 3});
+  CHECK(meta("never")->encode("a b") == V{2, 1, 3});
+  CHECK(meta("first")->decode(V{7, 1, 3}) == "a b");
+  // Strip (both sides) then Prepend and Replace, as Llama 2's normalizer.
+  const nlohmann::json norm = {{"type", "Sequence"}, {"normalizers", {{{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}},
+                               {{"type", "Prepend"}, {"prepend", "\u2581"}}, {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}};
+  CHECK(tiny(dir, {}, norm, none, none)->encode("\t a b \n") == V{7, 1, 3});
+  // Qwen2's split: digits one by one.
+  std::vector<std::string_view> p;
+  tok::split_pieces(tok::SplitPattern::qwen2, "x 123", p);
+  CHECK(p == std::vector<std::string_view>{"x", " ", "1", "2", "3"});
+}
