@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -206,6 +207,27 @@ TEST_CASE("a .model saves and loads back with the same hash; encode and info on 
   CHECK(info.code == 0);
   CHECK(info.out.find("hash " + t->info().hash) != std::string::npos);
   CHECK(info.out.find("eos 2\n") != std::string::npos);
+}
+
+TEST_CASE("encode is thread-safe for .model and tokenizer.json SentencePiece tokenizers") {
+  const Fixture& f = fixture();
+  const fs::path hf = f.dir / "unigram_thread_hf";
+  fs::create_directories(hf);
+  REQUIRE(reference::run(kScript + " hf-json " + f.dir.file("unigram/tokenizer.model") + " unigram " + (hf / "tokenizer.json").string()) == 0);
+  for (const std::string path : {f.dir.file("bpe"), hf.string()}) {
+    CAPTURE(path);
+    const auto t = tok::load_tokenizer(path);
+    const size_t n = 48;
+    std::vector<std::vector<int32_t>> want(n), got(n);
+    for (size_t d = 0; d < n; ++d) want[d] = t->encode(f.docs[d]);
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < 4; ++k)
+      threads.emplace_back([&, k] {
+        for (size_t d = k; d < n; d += 4) got[d] = t->encode(f.docs[d]);
+      });
+    for (auto& th : threads) th.join();
+    CHECK(got == want);
+  }
 }
 
 TEST_CASE("the trainer's user errors exit 2 naming what is wrong, before writing anything") {

@@ -102,7 +102,7 @@ void train_sentencepiece(const TrainOptions& opt) {
       {"byte_fallback", "true"}, {"split_digits", "true"}, {"allow_whitespace_only_pieces", "true"},
       {"normalization_rule_name", "identity"}, {"remove_extra_whitespaces", "false"}, {"add_dummy_prefix", "true"},
       {"max_sentence_length", "16384"}, {"input_sentence_size", "5000000"}, {"shuffle_input_sentence", "true"},
-      {"num_threads", std::to_string(threads)}, {"character_coverage", std::to_string(opt.character_coverage)}, {"minloglevel", "1"}, {"hard_vocab_limit", "false"},
+      {"num_threads", std::to_string(threads)}, {"character_coverage", std::to_string(opt.character_coverage)}, {"minloglevel", "0"}, {"hard_vocab_limit", "false"},
   };
   std::printf("training a SentencePiece %s tokenizer, vocabulary %d, on %zu file(s), %.1f MB, %d threads\n",
               opt.model_type.c_str(), opt.vocab_size, opt.inputs.size(), static_cast<double>(bytes) / 1e6, threads);
