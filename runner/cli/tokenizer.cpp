@@ -1,6 +1,7 @@
 // `runner data tokenizer train|encode|info`: train a SentencePiece tokenizer on a corpus,
 // encode a file with any tokenizer (ids on stdout, speed on stderr), describe a tokenizer.
 // It hangs below the `data` command (data.cpp), which main builds first.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -101,7 +102,7 @@ class TokenizerCommand final : public Command {
       out += "\n";
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::cout << out;
+    std::cout << out << std::flush;
     std::fprintf(stderr, "encoded %.2f MB into %zu tokens in %.3f s: %.2f MB/s on one thread\n", bytes / 1e6, tokens, s,
                  bytes / 1e6 / std::max(s, 1e-9));
     return 0;
