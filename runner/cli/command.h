@@ -45,6 +45,7 @@ std::unique_ptr<Command> resume_command(CLI::App& app);             // train.cpp
 std::unique_ptr<Command> inspect_command(CLI::App& app);            // inspect.cpp
 std::unique_ptr<Command> verify_checkpoint_command(CLI::App& app);  // inspect.cpp (hidden)
 std::unique_ptr<Command> data_command(CLI::App& app);               // data.cpp
+std::unique_ptr<Command> tokenizer_command(CLI::App& app);          // tokenizer.cpp (under data)
 std::unique_ptr<Command> report_command(CLI::App& app);             // report.cpp
 std::unique_ptr<Command> export_command(CLI::App& app);             // export.cpp
 std::unique_ptr<Command> import_command(CLI::App& app);             // import.cpp

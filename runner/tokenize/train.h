@@ -1,0 +1,23 @@
+// Training a SentencePiece tokenizer on the user's corpus (libsentencepiece's trainer), for
+// `runner data tokenizer train`.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace runner::tok {
+
+struct TrainOptions {
+  std::vector<std::string> inputs;  // text files (one sentence or paragraph per line)
+  std::string out_dir;              // receives tokenizer.model and tokenizer_config.json
+  int vocab_size = 8000;
+  std::string model_type = "bpe";   // "bpe" or "unigram"
+  int threads = 0;                  // 0: every core
+  double character_coverage = 0.9995;  // in [0.98, 1]: share of the corpus's characters that get a piece (the rest: bytes)
+};
+
+// Llama-style settings: no Unicode normalization, whitespace kept as it is, digits split,
+// byte fallback (so decoding gives back any text exactly). Throws UserError for a missing
+// input or a vocabulary the corpus cannot fill; prints progress and timing.
+void train_sentencepiece(const TrainOptions& opt);
+
+}  // namespace runner::tok

@@ -1,0 +1,247 @@
+// Tests for runner/tokenize's SentencePiece side: `runner data tokenizer train` (BPE and
+// Unigram, small vocabularies, on part of the sample), the trained .model's ids against
+// Debian's python3-sentencepiece on the whole multi-megabyte sample
+// (tests/tokenizer/corpus.h), the same model written as a Hugging Face tokenizer.json the way
+// transformers' converter does (tests/tokenizer/sp_reference.py) giving SentencePiece's ids
+// through our own BPE/Unigram pipeline, decoding, save/load and the trainer's errors.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "runner/errors.h"
+#include "runner/tokenize/tokenizer.h"
+#include "tests/support/process.h"
+#include "tests/support/temp_dir.h"
+#include "tests/tokenizer/corpus.h"
+#include "tests/tokenizer/reference.h"
+
+using namespace runner;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kScript = std::string("/usr/bin/python3 ") + RUNNER_TEST_DIR + "/tokenizer/sp_reference.py";
+
+// The sample (~2.2 MB files, ~0.8 MB generated) and a directory holding it as JSON and the
+// two trained models; built once per test binary.
+struct Fixture {
+  test_support::TempDir dir{"test_tokenizer_sp"};
+  std::vector<std::string> docs = corpus::documents(2200000, 800000);
+  std::string train_log[2];
+  Fixture() {
+    reference::write_docs(dir / "docs.json", docs);
+    // Training text: every fourth document (~0.75 MB).
+    std::ofstream train(dir / "train.txt", std::ios::binary);
+    for (size_t d = 0; d < docs.size(); d += 4) train << docs[d] << "\n";
+    train.close();
+    const char* kinds[2] = {"bpe", "unigram"};
+    for (int k = 0; k < 2; ++k) {
+      const auto r = test_support::runner_cmd("data tokenizer train " + dir.file("train.txt") + " --vocab 2000 --threads 2 --character-coverage 0.98 --model " +
+                                              kinds[k] + " --out " + dir.file(kinds[k]));
+      REQUIRE_MESSAGE(r.code == 0, r.out);
+      train_log[k] = r.out;
+    }
+  }
+};
+
+const Fixture& fixture() {
+  static Fixture f;
+  return f;
+}
+
+std::vector<std::vector<int32_t>> reference_ids(const fs::path& model, const std::string& out_name) {
+  const Fixture& f = fixture();
+  REQUIRE(reference::run(kScript + " encode " + model.string() + " " + f.dir.file("docs.json") + " " + f.dir.file(out_name)) == 0);
+  return reference::read_ids(f.dir / out_name);
+}
+
+std::vector<std::vector<int32_t>> encode_all(const tok::Tokenizer& t, double* mb_s) {
+  const Fixture& f = fixture();
+  std::vector<std::vector<int32_t>> out;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& d : f.docs) out.push_back(t.encode(d));
+  *mb_s = corpus::total_bytes(f.docs) / 1e6 / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+// The Unigram pieces' scores (and which are <0xXX> byte pieces) of a tokenizer.json.
+struct Scores {
+  std::vector<double> score;
+  std::vector<bool> byte;
+};
+Scores unigram_scores(const fs::path& tokenizer_json) {
+  Scores s;
+  const nlohmann::json j = nlohmann::json::parse(corpus::read(tokenizer_json));
+  for (const auto& e : j["model"]["vocab"]) {
+    s.score.push_back(e[1].get<double>());
+    const std::string p = e[0].get<std::string>();
+    s.byte.push_back(p.size() == 6 && p.rfind("<0x", 0) == 0);
+  }
+  return s;
+}
+
+// The total score of a segmentation's pieces (byte pieces stand for characters no piece
+// covers, the same ones in every segmentation, and are left out).
+double total_score(const std::vector<int32_t>& ids, const Scores& s) {
+  double t = 0;
+  for (int32_t id : ids)
+    if (!s.byte.at(static_cast<size_t>(id))) t += s.score.at(static_cast<size_t>(id));
+  return t;
+}
+
+// Our ids against SentencePiece's on every document, and decoding back to the text (exact:
+// the trainer's settings normalize nothing and fall back to bytes). With `ties`, a document
+// may differ only by a segmentation of SentencePiece's score (Unigram: our Viterbi, like
+// Hugging Face's, adds in double, SentencePiece in float32, so between paths of equal score,
+// e.g. a run of spaces as 1 + 12 + 12 + 1 or 1 + 1 + 12 + 12 spaces, they choose differently).
+void check_against_sentencepiece(const tok::Tokenizer& t, const std::vector<std::vector<int32_t>>& ref, const std::string& what,
+                                 const Scores* ties = nullptr) {
+  const Fixture& f = fixture();
+  double mb_s = 0;
+  const auto ours = encode_all(t, &mb_s);
+  std::string first;
+  const size_t same = reference::compare(f.docs, ours, ref, t, first);
+  size_t round_trips = 0, tokens = 0, equal_score = 0;
+  for (size_t d = 0; d < f.docs.size(); ++d) {
+    round_trips += t.decode(ours[d]) == f.docs[d];
+    tokens += ours[d].size();
+    if (ties && ours[d] != ref[d]) {
+      const double a = total_score(ours[d], *ties), b = total_score(ref[d], *ties);
+      CAPTURE(d);
+      CAPTURE(a);
+      CAPTURE(b);
+      // SentencePiece sums a whole document's path in float32 (its resolution at a total of
+      // -5e5 is 0.03), so it cannot tell apart paths closer than a few float32 ulps of the
+      // total: equal within 1e-6 relative (~16 ulps) is a tie to it.
+      const bool tie = std::abs(a - b) <= 1e-6 * std::abs(b);
+      CHECK(tie);
+      equal_score += tie;
+    }
+  }
+  MESSAGE(what << ": " << f.docs.size() << " documents, " << corpus::total_bytes(f.docs) / 1e6 << " MB, " << tokens << " tokens: "
+          << same << " identical to python3-sentencepiece" << (ties ? ", the others " + std::to_string(equal_score) + " an equal-score segmentation" : "")
+          << ", " << round_trips << " decode to their text; ours " << mb_s << " MB/s");
+  if (!ties) CHECK_MESSAGE(same == f.docs.size(), first);
+  else CHECK(same + equal_score == f.docs.size());
+  CHECK(round_trips == f.docs.size());
+}
+
+}  // namespace
+
+TEST_CASE("runner data tokenizer train writes a tokenizer.model and config that load_tokenizer reads") {
+  const Fixture& f = fixture();
+  for (const char* kind : {"bpe", "unigram"}) {
+    CAPTURE(kind);
+    const int k = std::string(kind) == "bpe" ? 0 : 1;
+    CHECK(f.train_log[k].find("training a SentencePiece " + std::string(kind) + " tokenizer, vocabulary 2000") != std::string::npos);
+    CHECK(f.train_log[k].find("trained in ") != std::string::npos);
+    const auto t = tok::load_tokenizer(f.dir.file(kind));
+    CHECK(t->info().kind == "sentencepiece");
+    CHECK(t->info().vocab_size == 2000);
+    CHECK(t->eos_id() == 2);
+    CHECK(t->bos_id() == 1);
+    const auto cfg = nlohmann::json::parse(corpus::read(f.dir / kind / "tokenizer_config.json"));
+    CHECK(cfg["eos_token"] == "</s>");
+    CHECK(f.train_log[k].find(t->info().hash) != std::string::npos);
+  }
+}
+
+TEST_CASE("a SentencePiece BPE .model gives python3-sentencepiece's ids on the sample, and decodes back") {
+  const Fixture& f = fixture();
+  const auto t = tok::load_tokenizer(f.dir.file("bpe/tokenizer.model"));
+  check_against_sentencepiece(*t, reference_ids(f.dir / "bpe" / "tokenizer.model", "bpe_ref.txt"), "SentencePiece BPE .model");
+}
+
+TEST_CASE("a SentencePiece Unigram .model gives python3-sentencepiece's ids on the sample, and decodes back") {
+  const Fixture& f = fixture();
+  const auto t = tok::load_tokenizer(f.dir.file("unigram"));
+  check_against_sentencepiece(*t, reference_ids(f.dir / "unigram" / "tokenizer.model", "unigram_ref.txt"), "SentencePiece Unigram .model");
+}
+
+TEST_CASE("the models as Hugging Face tokenizer.json (BPE with byte fallback, Unigram) give SentencePiece's ids") {
+  const Fixture& f = fixture();
+  for (const char* kind : {"bpe", "unigram"}) {
+    CAPTURE(kind);
+    const fs::path model = f.dir / kind / "tokenizer.model", hf = f.dir / (std::string(kind) + "_hf");
+    fs::create_directories(hf);
+    REQUIRE(reference::run(kScript + " hf-json " + model.string() + " " + kind + " " + (hf / "tokenizer.json").string()) == 0);
+    const auto t = tok::load_tokenizer(hf.string());
+    CHECK(t->info().kind == (std::string(kind) == "bpe" ? "bpe" : "unigram"));
+    CHECK(t->info().vocab_size == 2000);
+    CHECK(t->eos_id() == 2);
+    CHECK(t->bos_id() == 1);
+    const Scores scores = std::string(kind) == "unigram" ? unigram_scores(hf / "tokenizer.json") : Scores{};
+    check_against_sentencepiece(*t, reference_ids(model, std::string(kind) + "_ref.txt"), std::string("tokenizer.json ") + kind,
+                                std::string(kind) == "unigram" ? &scores : nullptr);
+    // Saved and loaded back elsewhere: the same file, hash and ids.
+    t->save((f.dir / (std::string(kind) + "_saved")).string());
+    const auto back = tok::load_tokenizer((f.dir / (std::string(kind) + "_saved")).string());
+    CHECK(back->info().hash == t->info().hash);
+    CHECK(back->encode(f.docs[5]) == t->encode(f.docs[5]));
+    // The special-token strings are the special tokens, as in Hugging Face.
+    const auto ids = t->encode("</s>");
+    CHECK(ids == std::vector<int32_t>{2});
+  }
+}
+
+TEST_CASE("a .model saves and loads back with the same hash; encode and info on the command line") {
+  const Fixture& f = fixture();
+  const auto t = tok::load_tokenizer(f.dir.file("bpe"));
+  t->save(f.dir.file("bpe_copy"));
+  const auto back = tok::load_tokenizer(f.dir.file("bpe_copy"));
+  CHECK(back->info().hash == t->info().hash);
+  std::ofstream(f.dir / "small.txt", std::ios::binary) << f.docs[1];
+  const auto r = test_support::runner_split("data tokenizer encode " + f.dir.file("small.txt") + " --tokenizer " + f.dir.file("bpe"), f.dir.path);
+  REQUIRE(r.code == 0);
+  std::string want;
+  for (int32_t id : t->encode(f.docs[1])) want += (want.empty() ? "" : " ") + std::to_string(id);
+  CHECK(r.out == want + "\n");
+  CHECK(r.err.find("MB/s") != std::string::npos);
+  const auto info = test_support::runner_cmd("data tokenizer info " + f.dir.file("bpe"));
+  CHECK(info.code == 0);
+  CHECK(info.out.find("hash " + t->info().hash) != std::string::npos);
+  CHECK(info.out.find("eos 2\n") != std::string::npos);
+}
+
+TEST_CASE("encode is thread-safe for .model and tokenizer.json SentencePiece tokenizers") {
+  const Fixture& f = fixture();
+  const fs::path hf = f.dir / "unigram_thread_hf";
+  fs::create_directories(hf);
+  REQUIRE(reference::run(kScript + " hf-json " + f.dir.file("unigram/tokenizer.model") + " unigram " + (hf / "tokenizer.json").string()) == 0);
+  for (const std::string path : {f.dir.file("bpe"), hf.string()}) {
+    CAPTURE(path);
+    const auto t = tok::load_tokenizer(path);
+    const size_t n = 48;
+    std::vector<std::vector<int32_t>> want(n), got(n);
+    for (size_t d = 0; d < n; ++d) want[d] = t->encode(f.docs[d]);
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < 4; ++k)
+      threads.emplace_back([&, k] {
+        for (size_t d = k; d < n; d += 4) got[d] = t->encode(f.docs[d]);
+      });
+    for (auto& th : threads) th.join();
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("the trainer's user errors exit 2 naming what is wrong, before writing anything") {
+  test_support::TempDir dir("test_tokenizer_sp");
+  auto r = test_support::runner_cmd("data tokenizer train " + dir.file("missing.txt") + " --vocab 500 --out " + dir.file("out"));
+  CHECK(r.code == 2);
+  CHECK(r.out.find(dir.file("missing.txt")) != std::string::npos);
+  CHECK(!fs::exists(dir / "out"));
+  std::ofstream(dir / "tiny.txt") << "a b c\n";
+  r = test_support::runner_cmd("data tokenizer train " + dir.file("tiny.txt") + " --vocab 100 --out " + dir.file("out"));
+  CHECK(r.code == 2);
+  CHECK(r.out.find("--vocab 100 is too small") != std::string::npos);
+  r = test_support::runner_cmd("data tokenizer train " + dir.file("tiny.txt") + " --vocab 500 --model wordpiece --out " + dir.file("out"));
+  CHECK(r.code == 2);
+  CHECK(r.out.find("use --model bpe or --model unigram") != std::string::npos);
+  CHECK(!fs::exists(dir / "out"));
+}
