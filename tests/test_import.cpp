@@ -398,10 +398,10 @@ TEST_CASE("generate: prompts encoded and completions decoded with the tokenizer;
   fs::remove_all(dir);
 }
 
-// Needs the tokenizer loader (engineer T): a GPT-2 style vocab.json/merges.txt beside the weights
+// A GPT-2 style vocab.json/merges.txt beside the weights
 // travels import -> generate (prompt encoded, output decoded) -> export (tokenizer files,
-// special ids in generation_config.json). Enabled by the lead after that merge.
-TEST_CASE("import: the tokenizer beside the weights serves generate and export" * doctest::skip(true)) {
+// special ids in generation_config.json).
+TEST_CASE("import: the tokenizer beside the weights serves generate and export") {
   fs::path dir = temp_dir("tok");
   fs::path hf = make_hf(dir / "hf", "gpt2", "tok=1 vocab=260");
   REQUIRE(import_cmd(hf, dir / "imp").code == 0);
