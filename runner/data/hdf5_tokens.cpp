@@ -272,8 +272,8 @@ std::atomic<int64_t>& hdf5_in_memory_limit() {
   return bytes;
 }
 
-std::unique_ptr<DataSource> open_hdf5(const std::string& path, const DataConfig& cfg, Split split, bool whole,
-                                      int64_t T, int64_t vocab_size) {
+std::unique_ptr<WindowSource> open_hdf5(const std::string& path, const DataConfig& cfg, Split split, bool whole,
+                                        int64_t T, int64_t vocab_size) {
   auto src = std::make_unique<Hdf5Source>(path, cfg.dataset, SplitRange{}, T);
   {
     h5::Lock lock;
@@ -331,7 +331,7 @@ struct TokenFile {
 };
 
 template <class Fail>
-TokenFile create_token_file(const std::string& tmp, Fail&& fail) {
+TokenFile create_token_file(const std::string& tmp, Fail&& fail, hid_t file_type = H5T_STD_U16LE) {
   TokenFile t;
   t.file = Id(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!t.file.ok()) fail("cannot create " + tmp);
@@ -341,7 +341,7 @@ TokenFile create_token_file(const std::string& tmp, Fail&& fail) {
   if (!space.ok() || !dcpl.ok() || H5Pset_chunk(dcpl.get(), 1, &chunk) < 0 || H5Pset_shuffle(dcpl.get()) < 0 ||
       H5Pset_deflate(dcpl.get(), kDeflateLevel) < 0)
     fail("cannot set up the dataset layout (is deflate available in this HDF5?)");
-  t.dset = Id(H5Dcreate2(t.file.get(), "tokens", H5T_STD_U16LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+  t.dset = Id(H5Dcreate2(t.file.get(), "tokens", file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
               H5Dclose);
   if (!t.dset.ok()) fail("cannot create dataset 'tokens'");
   return t;
@@ -380,7 +380,73 @@ int64_t stream_byte_tokens(std::ifstream& in, hid_t dset, const std::string& tex
   return n;
 }
 
+// Appends one block of tokens at the end of the extendible dataset.
+template <class Fail>
+void append_tokens(hid_t dset, int64_t at, const int32_t* tokens, int64_t n, Fail&& fail) {
+  const hsize_t start = static_cast<hsize_t>(at), got = static_cast<hsize_t>(n), new_size = start + got;
+  if (H5Dset_extent(dset, &new_size) < 0) fail("cannot extend dataset 'tokens'");
+  Id fspace(H5Dget_space(dset), H5Sclose);
+  Id mspace(H5Screate_simple(1, &got, nullptr), H5Sclose);
+  if (!fspace.ok() || !mspace.ok() ||
+      H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &got, nullptr) < 0 ||
+      H5Dwrite(dset, H5T_NATIVE_INT32, mspace.get(), fspace.get(), H5P_DEFAULT, tokens) < 0)
+    fail("cannot write tokens (disk full?)");
+}
+
+// A shard of a prepared dataset (see ShardWriter). HDF5 calls hold h5::Lock per call: the
+// writer runs on prepare's one writing thread, but the lock is the process's rule.
+class H5ShardWriter final : public ShardWriter {
+  struct Fail {
+    std::string path;
+    [[noreturn]] void operator()(const std::string& what) const {
+      throw UserError(SourceLoc{path}, what, "check free disk space and permissions; nothing was written");
+    }
+  };
+
+ public:
+  H5ShardWriter(std::string path, bool wide, int64_t vocab, std::string tokenizer)
+      : path_(std::move(path)), vocab_(vocab), tokenizer_(std::move(tokenizer)) {
+    h5::Lock lock;
+    t_ = create_token_file(path_, fail_fn(), wide ? H5T_STD_I32LE : H5T_STD_U16LE);
+  }
+  ~H5ShardWriter() override {
+    h5::Lock lock;
+    t_.dset.reset();
+    t_.file.reset();
+  }
+  void append(const int32_t* tokens, int64_t n) override {
+    if (n == 0) return;
+    h5::Lock lock;
+    append_tokens(t_.dset.get(), n_, tokens, n, fail_fn());
+    n_ += n;
+  }
+  void finish(int64_t max_token) override {
+    h5::Lock lock;
+    try {
+      write_attr(t_.dset.get(), "vocab_size", vocab_);
+      write_attr(t_.dset.get(), "tokenizer", tokenizer_);
+      write_attr(t_.dset.get(), "max_token", max_token);
+    } catch (const std::runtime_error& e) {
+      fail_fn()(e.what());
+    }
+    if (!t_.dset.close() || !t_.file.close()) fail_fn()("cannot finish writing (disk full?)");
+  }
+
+ private:
+  Fail fail_fn() const { return Fail{path_}; }
+  std::string path_;
+  int64_t vocab_, n_ = 0;
+  std::string tokenizer_;
+  TokenFile t_;
+};
+
 }  // namespace
+
+std::unique_ptr<ShardWriter> h5_shard_writer(const std::string& path, bool wide, int64_t vocab_size,
+                                             const std::string& tokenizer) {
+  return std::make_unique<H5ShardWriter>(path, wide, vocab_size, tokenizer);
+}
+
 }  // namespace data_detail
 
 // `runner data prepare`: stream a text file through the byte tokenizer into HDF5.
