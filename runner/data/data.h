@@ -150,6 +150,8 @@ struct PrepareResult {
 // is a UserError before anything is written; OUT appears only complete (a temporary directory
 // renamed into place).
 PrepareResult prepare_dataset(const PrepareOptions& opt);
+// The same with a tokenizer already loaded (opt.tokenizer is then only the name in messages).
+PrepareResult prepare_dataset(const PrepareOptions& opt, const tok::Tokenizer& tokenizer);
 
 // What OUT/dataset.json records.
 struct DatasetShard {

@@ -338,8 +338,9 @@ TokenFile create_token_file(const std::string& tmp, Fail&& fail, hid_t file_type
   const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = kChunkTokens;
   Id space(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
   Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  // No object timestamps: the same tokens give the same bytes (prepare's output is reproducible).
   if (!space.ok() || !dcpl.ok() || H5Pset_chunk(dcpl.get(), 1, &chunk) < 0 || H5Pset_shuffle(dcpl.get()) < 0 ||
-      H5Pset_deflate(dcpl.get(), kDeflateLevel) < 0)
+      H5Pset_deflate(dcpl.get(), kDeflateLevel) < 0 || H5Pset_obj_track_times(dcpl.get(), false) < 0)
     fail("cannot set up the dataset layout (is deflate available in this HDF5?)");
   t.dset = Id(H5Dcreate2(t.file.get(), "tokens", file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
               H5Dclose);

@@ -342,8 +342,8 @@ class Progress {
     const double el = std::max(t - t0_, 1e-9), mbs = static_cast<double>(bytes) / 1e6 / el;
     const double left = mbs > 0 ? static_cast<double>(total_ - bytes) / 1e6 / mbs : 0;
     char line[256];
-    std::snprintf(line, sizeof line, "prepare: %.1f/%.1f MB (%.0f%%) | %.1f MB/s | %s tokens | %s %.0f s",
-                  static_cast<double>(bytes) / 1e6, static_cast<double>(total_) / 1e6,
+    std::snprintf(line, sizeof line, "prepare: %sB/%sB (%.0f%%) | %.1f MB/s | %s tokens | %s %.1f s",
+                  count_text(static_cast<double>(bytes)).c_str(), count_text(static_cast<double>(total_)).c_str(),
                   total_ ? 100.0 * static_cast<double>(bytes) / static_cast<double>(total_) : 100.0, mbs,
                   count_text(static_cast<double>(tokens)).c_str(), final ? "took" : "ETA", final ? el : left);
     std::fprintf(f_, tty_ ? "\r%s\033[K%s" : "%s%s\n", line, tty_ && final ? "\n" : "");
@@ -590,6 +590,11 @@ int32_t end_of_document(const tok::Tokenizer& t, const PrepareOptions& opt) {
 }  // namespace
 
 PrepareResult prepare_dataset(const PrepareOptions& opt) {
+  check_out(opt);  // before loading a tokenizer: the cheap mistakes first
+  return prepare_dataset(opt, *tok::load_tokenizer(opt.tokenizer));
+}
+
+PrepareResult prepare_dataset(const PrepareOptions& opt, const tok::Tokenizer& tok) {
   check_out(opt);
   std::vector<InputArg> args;
   const std::vector<InputFile> files = expand_inputs(opt, args);
@@ -597,7 +602,7 @@ PrepareResult prepare_dataset(const PrepareOptions& opt) {
   for (const InputFile& f : files) total += f.bytes, ++args[f.arg].files, args[f.arg].bytes += f.bytes;
   if (files.empty()) throw UserError(SourceLoc{opt.inputs.empty() ? "" : opt.inputs[0]}, "no text or JSONL files to prepare",
                                      "give text files, directories holding them, or .jsonl files");
-  const std::unique_ptr<tok::Tokenizer> tokenizer = tok::load_tokenizer(opt.tokenizer);
+  const tok::Tokenizer* tokenizer = &tok;
   const int32_t eos = end_of_document(*tokenizer, opt);
   const tok::TokenizerInfo ti = tokenizer->info();
   if (opt.format == "bin" && ti.vocab_size > 65536)
