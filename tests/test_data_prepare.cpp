@@ -491,3 +491,32 @@ TEST_CASE("data.mix: errors name the entry at file:line:col; the recipe round-tr
   CHECK(std::string(e.what()).find("different tokenizers") != std::string::npos);
   CHECK(std::string(e.what()).find("pairs") != std::string::npos);
 }
+
+TEST_CASE("install_run_tokenizer: the run records its tokenizer, copies non-byte files, and refuses other data on resume") {
+  TempDir d;
+  text_corpus(d / "corpus", 6);
+  PrepareOptions o = options({d / "corpus"}, d / "pairs");
+  const PairTokenizer pairs;
+  prepare_dataset(o, pairs);
+  o.out = (d / "bytes").string();
+  prepare_dataset(o);
+  const fs::path run = d / "run";
+  fs::create_directories(run);
+  install_run_tokenizer(prepared_cfg(d / "pairs"), run.string());
+  CHECK(fs::is_regular_file(run / "tokenizer" / "pairs.txt"));
+  CHECK(json::parse(slurp(run / "data.json"))["tokenizer"]["name"] == "pairs");
+  install_run_tokenizer(prepared_cfg(d / "pairs"), run.string());  // a resume on the same data
+  const UserError e = expect_user_error([&] { install_run_tokenizer(prepared_cfg(d / "bytes"), run.string()); });
+  CHECK(std::string(e.what()).find("pairs") != std::string::npos);
+  CHECK(fs::is_regular_file(run / "tokenizer" / "pairs.txt"));  // refused before anything changed
+  // The byte tokenizer: no directory (generate and export read that as byte-level).
+  const fs::path run2 = d / "run2";
+  fs::create_directories(run2);
+  install_run_tokenizer(prepared_cfg(d / "bytes"), run2.string());
+  CHECK(!fs::exists(run2 / "tokenizer"));
+  CHECK(data_tokenizer(prepared_cfg(d / "bytes"))->info.kind == "byte");
+  DataConfig plain;
+  plain.kind = DataKind::bin;
+  plain.path = (d / "tokens.bin").string();
+  CHECK(!data_tokenizer(plain));  // a plain token file: its tokenizer is unknown
+}

@@ -148,7 +148,8 @@ class SchemaCheck {
     if (!v.empty()) problem(key, "a list of sections defaults to empty");
     if (!s->contains("items") || (*s)["items"].value("type", "") != "object") return problem(key, "the schema's items must be objects");
     SchemaCheck sub((*s)["items"], at(key) + "[]", declared_, problems_);
-    visit(sub, Config{});
+    const Config item;
+    visit(sub, item);
   }
 
  private:
