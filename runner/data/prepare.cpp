@@ -652,6 +652,10 @@ PrepareResult prepare_dataset(const PrepareOptions& opt, const tok::Tokenizer& t
   int64_t bad = 0;
   for (const InputArg& a : args) bad += a.bad_lines;
   if (opt.progress && bad > 0) std::fprintf(opt.progress, "%lld JSONL line(s) skipped in all (see above)\n", static_cast<long long>(bad));
+  if (opt.progress && opt.val_fraction > 0 && r.val_documents == 0)  // training on it would stop at its first check
+    std::fprintf(opt.progress, "note: no document was held out for validation (%lld documents x --val-fraction %g < 1); "
+                 "a run evaluates on the val split: prepare again with a larger --val-fraction, or split the corpus "
+                 "into more documents (files or JSONL records)\n", static_cast<long long>(r.documents), opt.val_fraction);
   return r;
 }
 
