@@ -341,6 +341,12 @@ TEST_CASE("train and plan on a prepared dataset: vocabulary and tokenizer mismat
     evals += rec.contains("eval");
   }
   CHECK(evals == 2);
+  // The report draws the validation perplexity and states its final value.
+  auto rep = test_support::runner_cmd("report " + (d / "run").string());
+  REQUIRE(rep.code == 0);
+  const std::string html = slurp(d / "run" / "report.html");
+  CHECK(html.find("Validation perplexity") != std::string::npos);
+  CHECK(html.find("final val perplexity") != std::string::npos);
   const json dj = json::parse(slurp(d / "run" / "data.json"));
   CHECK(dj["tokenizer"]["kind"] == "byte");
   CHECK(!fs::exists(d / "run" / "tokenizer"));  // byte-level: no directory
