@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -184,6 +185,14 @@ TEST_CASE("prepare: the validation split holds evenly spaced whole documents; sh
   CHECK(r.val_documents == 5);
   CHECK(stream(d / "out", Split::Train) == bytes_eod(train));
   CHECK(stream(d / "out", Split::Val) == bytes_eod(val));
+  CHECK(open_source(prepared_cfg(d / "out"), Split::Train, 1, 256, 0)->describe().find("held in memory") != std::string::npos);
+  {  // the same when the split is over the in-memory limit: every shard streamed
+    std::atomic<int64_t>& limit = data_detail::hdf5_in_memory_limit();
+    const int64_t saved = limit.exchange(1000);
+    CHECK(open_source(prepared_cfg(d / "out"), Split::Train, 1, 256, 0)->describe().find("streamed") != std::string::npos);
+    CHECK(stream(d / "out", Split::Train) == bytes_eod(train));
+    limit = saved;
+  }
   const json m = manifest(d / "out");
   CHECK(m["train"]["shards"].size() > 3);
   int64_t sum = 0;
@@ -261,6 +270,29 @@ TEST_CASE("prepare: a non-empty OUT is refused and left as it was; --force repla
   bad_format.format = "parquet";
   CHECK_THROWS_AS(prepare_dataset(bad_format), UserError);
   CHECK(!fs::exists(d / "out3"));
+}
+
+TEST_CASE("prepare: progress off a terminal is a line every progress_every_s with MB/s, tokens and ETA") {
+  TempDir d;
+  for (int i = 0; i < 6; ++i) write(d / "in" / ("f" + std::to_string(i) + ".txt"), std::string(700000, 'q'));
+  PrepareOptions o = options({d / "in"}, d / "out");
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f);
+  o.progress = f;
+  o.progress_every_s = 0;  // every chunk
+  prepare_dataset(o);
+  std::rewind(f);
+  std::string text;
+  for (int c; (c = std::fgetc(f)) != EOF;) text += static_cast<char>(c);
+  std::fclose(f);
+  INFO(text);
+  int lines = 0;
+  for (size_t at = 0; (at = text.find("prepare: ", at)) != std::string::npos; ++at) ++lines;
+  CHECK(lines >= 4);  // 4.2 MB in chunks of 1 MiB, then the final line
+  CHECK(text.find("MB/s") != std::string::npos);
+  CHECK(text.find("ETA") != std::string::npos);
+  CHECK(text.find("4.20M tokens | took") != std::string::npos);
+  CHECK(text.find('\r') == std::string::npos);  // not a terminal: whole lines
 }
 
 TEST_CASE("data prepare (command line): progress on stderr, the dataset form and the single-file form") {

@@ -97,7 +97,7 @@ class Hdf5Source final : public WindowSource {
   int64_t max_token() const override { return max_token_; }
 
   // Everything open_hdf5 checks, in order; the caller holds the HDF5 lock.
-  void open(const DataConfig& cfg, Split split, bool whole, int64_t vocab_size) {
+  void open(const DataConfig& cfg, Split split, bool whole, int64_t vocab_size, bool may_hold) {
     const SourceLoc loc{path_};
     const std::string what_kind = "kind hdf5 expects an HDF5 file with a 1-D uint16 or int32 dataset '" + dataset_ + "'";
     if (H5Fis_hdf5(path_.c_str()) <= 0)
@@ -144,7 +144,7 @@ class Hdf5Source final : public WindowSource {
     attr_max_ = read_i64_attr(dset_.get(), "max_token", attr);
     const std::string attr_bound = "its max_token attribute " + std::to_string(attr);
     const int64_t region = range_.end - range_.begin;
-    in_memory_ = region * (wide_ ? 4 : 2) <= hdf5_in_memory_limit().load();
+    in_memory_ = may_hold && region * (wide_ ? 4 : 2) <= hdf5_in_memory_limit().load();
     if (in_memory_) {
       // Small enough: read the split once, verify every token, serve windows from memory.
       max_token_ = attr_max_ ? attr : std::numeric_limits<int32_t>::max();
@@ -273,11 +273,11 @@ std::atomic<int64_t>& hdf5_in_memory_limit() {
 }
 
 std::unique_ptr<WindowSource> open_hdf5(const std::string& path, const DataConfig& cfg, Split split, bool whole,
-                                        int64_t T, int64_t vocab_size) {
+                                        int64_t T, int64_t vocab_size, bool may_hold) {
   auto src = std::make_unique<Hdf5Source>(path, cfg.dataset, SplitRange{}, T);
   {
     h5::Lock lock;
-    src->open(cfg, split, whole, vocab_size);
+    src->open(cfg, split, whole, vocab_size, may_hold);
   }
   return src;
 }

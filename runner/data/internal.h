@@ -93,8 +93,10 @@ std::unique_ptr<DataSource> open_text(const std::string& path, const DataConfig&
                                       int64_t T, int64_t vocab_size);
 std::unique_ptr<WindowSource> open_bin(const std::string& path, const DataConfig& cfg, Split split, bool whole,
                                        int64_t T, int64_t vocab_size);
+// `may_hold` false: stream even a split under hdf5_in_memory_limit() (a shard of a prepared
+// dataset whose split as a whole is over it).
 std::unique_ptr<WindowSource> open_hdf5(const std::string& path, const DataConfig& cfg, Split split, bool whole,
-                                        int64_t T, int64_t vocab_size);
+                                        int64_t T, int64_t vocab_size, bool may_hold = true);
 // A prepared dataset directory (data.path) or a weighted mix of them (data.mix), runner/data/prepared.cpp.
 std::unique_ptr<DataSource> open_prepared(const DataConfig& cfg, Split split, int64_t T, int64_t vocab_size);
 // data.tokenizer, when given, must be the tokenizer the data was prepared with (`what` names the data).

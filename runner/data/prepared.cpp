@@ -90,8 +90,8 @@ namespace {
 // The shards of one split, read as one stream of tokens.
 class ShardedSource final : public WindowSource {
  public:
-  ShardedSource(const DatasetManifest& m, Split split, int64_t total, int64_t T)
-      : WindowSource(m.dir, SplitRange{0, total}, T), split_(split), m_(m) {}
+  ShardedSource(const DatasetManifest& m, Split split, int64_t total, int64_t T, std::string mode)
+      : WindowSource(m.dir, SplitRange{0, total}, T), split_(split), m_(m), mode_(std::move(mode)) {}
 
   void add(std::unique_ptr<WindowSource> shard, int64_t tokens) {
     shards_.push_back(std::move(shard));
@@ -101,7 +101,7 @@ class ShardedSource final : public WindowSource {
   }
   std::string describe() const override {
     return "prepared " + m_.format + " " + path_ + " (" + m_.tokenizer.name + ", " + (split_ == Split::Train ? "train" : "val") +
-           " split, " + std::to_string(shards_.size()) + " shard(s)): " + describe_windows(range_.end);
+           " split, " + std::to_string(shards_.size()) + " shard(s), " + mode_ + "): " + describe_windows(range_.end);
   }
   int64_t max_token() const override { return max_token_; }
 
@@ -119,6 +119,7 @@ class ShardedSource final : public WindowSource {
  private:
   Split split_;
   DatasetManifest m_;
+  std::string mode_;
   std::vector<std::unique_ptr<WindowSource>> shards_;
   std::vector<int64_t> starts_, sizes_;
   int64_t max_token_ = 0;
@@ -150,13 +151,17 @@ std::unique_ptr<ShardedSource> open_split(const DatasetManifest& m, const DataCo
     throw UserError(at, "the dataset " + m.dir + " has no validation documents (prepared with --val-fraction 0, or too few documents)",
                     "prepare it again with --val-fraction > 0 (and several documents)");
   check_split_length(m.dir, total, SplitRange{0, total}, split, true, T);
-  auto src = std::make_unique<ShardedSource>(m, split, total, T);
+  // The in-memory limit is the split's, not each shard's: many small shards held in memory
+  // would hold the whole corpus.
+  const bool may_hold = total * (m.dtype == "int32" ? 4 : 2) <= hdf5_in_memory_limit().load();
+  auto src = std::make_unique<ShardedSource>(m, split, total, T,
+                                             m.format == "bin" ? "memory-mapped" : may_hold ? "held in memory" : "streamed");
   DataConfig one = cfg;
   one.dataset = "tokens";
   for (const DatasetShard& s : shards) {
     const std::string path = (fs::path(m.dir) / s.file).string();
     // T = 0: a shard is only read as tokens, never cut into windows (a last shard may hold one token).
-    std::unique_ptr<WindowSource> shard = m.format == "h5" ? open_hdf5(path, one, Split::Train, true, 0, vocab_size)
+    std::unique_ptr<WindowSource> shard = m.format == "h5" ? open_hdf5(path, one, Split::Train, true, 0, vocab_size, may_hold)
                                                            : open_bin(path, one, Split::Train, true, 0, vocab_size);
     src->add(std::move(shard), s.tokens);
   }
