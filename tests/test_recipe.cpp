@@ -140,6 +140,17 @@ class SchemaCheck {
   void section(const char* key, const std::optional<Config>&) {
     section(key, Config{});
   }
+  // A list of sections (data.mix): an array whose items are objects with the section's keys.
+  template <class Config>
+  void list(const char* key, const std::vector<Config>& v) {
+    const json* s = leaf(key, "array", json::array());
+    if (!s) return;
+    if (!v.empty()) problem(key, "a list of sections defaults to empty");
+    if (!s->contains("items") || (*s)["items"].value("type", "") != "object") return problem(key, "the schema's items must be objects");
+    SchemaCheck sub((*s)["items"], at(key) + "[]", declared_, problems_);
+    const Config item;
+    visit(sub, item);
+  }
 
  private:
   SchemaCheck(const json& object, std::string path, std::shared_ptr<std::set<std::string>> declared = nullptr,
@@ -149,6 +160,7 @@ class SchemaCheck {
         problems_(problems ? problems : std::make_shared<std::vector<std::string>>()) {}
 
   static void all_paths(const json& object, const std::string& prefix, std::set<std::string>& out) {
+    if (object.contains("items")) all_paths(object["items"], prefix + "[]", out);
     if (!object.contains("properties")) return;
     for (auto it = object["properties"].begin(); it != object["properties"].end(); ++it) {
       const std::string p = prefix.empty() ? it.key() : prefix + "." + it.key();

@@ -108,6 +108,17 @@ using namespace data_detail;
 // ---------------------------------------------------------------------------------------
 // open_source: the checks every kind shares, then the kind's own opener.
 
+namespace {
+void check_model_shape(int64_t seq_len, int64_t vocab_size) {
+  if (seq_len < 1)
+    throw UserError(SourceLoc{}, "model.seq_len = " + std::to_string(seq_len) + " is not positive",
+                    "set model.seq_len >= 1");
+  if (vocab_size < 1)
+    throw UserError(SourceLoc{}, "model.vocab_size = " + std::to_string(vocab_size) + " is not positive",
+                    "set model.vocab_size (256 for the byte tokenizer)");
+}
+}  // namespace
+
 std::unique_ptr<DataSource> open_source(const DataConfig& cfg, Split split, int64_t seq_len, int64_t vocab_size,
                                         uint64_t seed) {
   namespace fs = std::filesystem;
@@ -115,6 +126,11 @@ std::unique_ptr<DataSource> open_source(const DataConfig& cfg, Split split, int6
   if (cfg.kind != DataKind::addition && !is_file_kind)  // only a DataKind cast from garbage
     throw UserError(SourceLoc{}, "unknown data.kind " + std::to_string(static_cast<int>(cfg.kind)),
                     "use one of addition | text | hdf5 | bin");
+
+  // A directory `runner data prepare` wrote (or several, mixed): its own split, its own checks.
+  const bool prepared = is_file_kind && (!cfg.mix.empty() || is_prepared_dataset(cfg.path));
+  if (prepared) check_model_shape(seq_len, vocab_size);
+  if (prepared) return open_prepared(cfg, split, seq_len, vocab_size);
 
   // Missing files first, both of them whichever split is asked for: a run that would only
   // discover at its first evaluation that val_path is wrong has already cost work.
@@ -139,12 +155,7 @@ std::unique_ptr<DataSource> open_source(const DataConfig& cfg, Split split, int6
     }
   }
 
-  if (seq_len < 1)
-    throw UserError(SourceLoc{}, "model.seq_len = " + std::to_string(seq_len) + " is not positive",
-                    "set model.seq_len >= 1");
-  if (vocab_size < 1)
-    throw UserError(SourceLoc{}, "model.vocab_size = " + std::to_string(vocab_size) + " is not positive",
-                    "set model.vocab_size (256 for the byte tokenizer)");
+  check_model_shape(seq_len, vocab_size);
   if (is_file_kind && !(cfg.val_fraction >= 0.0 && cfg.val_fraction < 1.0))
     throw UserError(SourceLoc{cfg.path}, "data.val_fraction = " + std::to_string(cfg.val_fraction) +
                                              " is outside [0, 1)",
@@ -155,7 +166,10 @@ std::unique_ptr<DataSource> open_source(const DataConfig& cfg, Split split, int6
   // With a val_path, each split is a whole file: path trains, val_path validates.
   const bool whole = !cfg.val_path.empty();
   const std::string& path = split == Split::Val && whole ? cfg.val_path : cfg.path;
-  if (cfg.kind == DataKind::text) return open_text(path, cfg, split, whole, seq_len, vocab_size);
+  if (cfg.kind == DataKind::text) {
+    check_recipe_tokenizer(cfg, tok::byte_tokenizer()->info(), "text data (read as bytes)");
+    return open_text(path, cfg, split, whole, seq_len, vocab_size);
+  }
   if (cfg.kind == DataKind::bin) return open_bin(path, cfg, split, whole, seq_len, vocab_size);
   return open_hdf5(path, cfg, split, whole, seq_len, vocab_size);
 }
@@ -235,6 +249,10 @@ struct DataLoader::Impl {
     int64_t cached_epoch = -1;
     std::unique_ptr<IndexPermutation> perm;
     for (int64_t i = 0; i < b.B; ++i) {
+      if (src->orders_itself()) {  // a mix: its own schedule over global positions
+        src->sample_at(p0 + i, seed, b.tokens.data() + i * T, b.targets.data() + i * T);
+        continue;
+      }
       const int64_t p = p0 + i, epoch = p / N, pos = p % N;
       int64_t index = pos;
       if (cfg.shuffle) {

@@ -8,11 +8,14 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "runner/recipe/recipe.h"
+#include "runner/tokenize/tokenizer.h"
 
 namespace runner {
 
@@ -36,6 +39,15 @@ class DataSource {
   virtual int64_t seq_len() const = 0;         // T: tokens per sample (the loader sizes batches by it)
   // Writes sample `index` (0 <= index < num_samples) as T tokens and T targets.
   virtual void sample(int64_t index, int32_t* tokens, int32_t* targets) const = 0;
+  // A source that orders itself (a weighted mix: its schedule is a pure function of the seed
+  // and the global position) is asked for global position p with the loader's seed instead
+  // of the loader's shuffled p % num_samples: the loader's per-epoch permutation would turn
+  // exact per-block shares into random ones.
+  virtual bool orders_itself() const { return false; }
+  virtual void sample_at(int64_t position, uint64_t seed, int32_t* tokens, int32_t* targets) const {
+    (void)seed;
+    sample(position % num_samples(), tokens, targets);
+  }
 };
 
 // Opens and checks the configured source (file exists, format, token range against
@@ -103,6 +115,82 @@ std::vector<AdditionProblem> addition_eval_problems(int64_t digits, int64_t coun
 // Byte-level tokenizer (vocab 256).
 std::vector<int32_t> byte_tokenize(const std::string& text);
 std::string byte_detokenize(const std::vector<int32_t>& tokens);
+
+// ---------------------------------------------------------------------------------------
+// Prepared datasets (`runner data prepare INPUT... OUT --tokenizer T`, runner/data/prepare.cpp):
+// a directory of token shards with a train/validation split by documents, the tokenizer's
+// files in OUT/tokenizer/ and a manifest, OUT/dataset.json (see read_dataset_manifest).
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // text files, directories (walked), JSONL files (.jsonl, .ndjson)
+  std::string out;                  // the dataset directory to write
+  std::string tokenizer = "byte";   // what tok::load_tokenizer accepts
+  double val_fraction = 0.05;       // share of the documents held out for validation
+  std::string format = "h5";        // h5 | bin
+  std::string field = "text";       // the JSONL field holding a document's text
+  int64_t shard_tokens = int64_t{1} << 27;  // tokens per shard file (128 Mi: 256 MiB of uint16)
+  int threads = 0;                  // tokenizing threads; 0: every core
+  bool force = false;               // replace a non-empty OUT
+  bool binary_ok = false;           // tokenize the bytes of a named input that is not text
+  const std::atomic<bool>* stop = nullptr;  // checked between chunks: stops with nothing written
+  std::FILE* progress = stderr;     // progress bar and notes (null: silent)
+  double progress_every_s = 5.0;    // a line this often when `progress` is not a terminal
+};
+
+struct PrepareResult {
+  int64_t documents = 0, val_documents = 0;  // documents in each split
+  int64_t tokens = 0, val_tokens = 0;        // tokens in each split, end-of-document ids included
+  int64_t bytes = 0;                         // input bytes read
+  double seconds = 0;
+};
+
+// Tokenizes every document (a text file, or a JSONL record) on `threads` threads and writes the
+// dataset; the output is byte-identical whatever the thread count. Every user mistake (missing
+// input, OUT not empty without force, a tokenizer without an end-of-document id, no documents)
+// is a UserError before anything is written; OUT appears only complete (a temporary directory
+// renamed into place).
+PrepareResult prepare_dataset(const PrepareOptions& opt);
+// The same with a tokenizer already loaded (opt.tokenizer is then only the name in messages).
+PrepareResult prepare_dataset(const PrepareOptions& opt, const tok::Tokenizer& tokenizer);
+
+// What OUT/dataset.json records.
+struct DatasetShard {
+  std::string file;  // relative to the dataset directory
+  int64_t tokens = 0;
+};
+struct DatasetManifest {
+  std::string dir;                         // the dataset directory (as given)
+  std::string format;                      // h5 | bin
+  std::string dtype;                       // uint16 | int32
+  std::vector<DatasetShard> train, val;
+  int64_t train_documents = 0, val_documents = 0;
+  int64_t train_tokens = 0, val_tokens = 0;
+  int64_t max_token = 0;
+  int64_t eos_id = 0;
+  tok::TokenizerInfo tokenizer;
+};
+constexpr const char* kDatasetManifest = "dataset.json";
+// Whether `path` is a directory holding a dataset manifest.
+bool is_prepared_dataset(const std::string& path);
+// Reads and checks OUT/dataset.json (UserError at `where`, or at the manifest, naming what is wrong).
+DatasetManifest read_dataset_manifest(const std::string& dir, const SourceLoc& where = {});
+
+// The tokenizer the configured data was tokenized with: a prepared dataset's (data.path or
+// data.mix), the byte tokenizer for text and the addition task, nullopt for a plain token
+// file (its tokenizer is unknown). `files` is the directory holding its files (empty: byte).
+struct DataTokenizer {
+  tok::TokenizerInfo info;
+  std::string files;
+  int64_t eos_id = -1;
+};
+std::optional<DataTokenizer> data_tokenizer(const DataConfig& cfg);
+
+// At `runner train` start (rank 0, after the checks): copies the data's tokenizer files to
+// RUN_DIR/tokenizer/ (not for the byte tokenizer: no such directory means byte) and records
+// it in RUN_DIR/data.json ({"tokenizer": {kind, name, vocab_size, hash}, "eos_id", "datasets"}).
+// A run resumed on data with another tokenizer than the one it recorded is a UserError, raised
+// before anything is written.
+void install_run_tokenizer(const DataConfig& cfg, const std::string& run_dir);
 
 // `runner data prepare`: text file -> HDF5 token dataset (uint16 if vocab fits, else int32).
 // Returns the number of tokens written. Checks a stop flag periodically (may be null). A file

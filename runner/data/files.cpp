@@ -18,7 +18,9 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "runner/data/data.h"
 #include "runner/data/internal.h"
@@ -130,7 +132,57 @@ class BinSource final : public WindowSource {
   int64_t max_token_;
 };
 
+// A shard in the llm.c layout: the 1 KiB header (its count written at finish), then uint16
+// little-endian tokens. The caller keeps ids below 65536 and shards below 2^31 tokens.
+class BinShardWriter final : public ShardWriter {
+ public:
+  explicit BinShardWriter(std::string path) : path_(std::move(path)) {
+    f_ = std::fopen(path_.c_str(), "wb");
+    if (!f_) fail(std::string("cannot create: ") + std::strerror(errno));
+    const std::string zeros(static_cast<size_t>(kLlmcHeaderBytes), '\0');
+    put(zeros.data(), zeros.size());
+  }
+  ~BinShardWriter() override {
+    if (f_) std::fclose(f_);
+  }
+  void append(const int32_t* tokens, int64_t n) override {
+    buf_.resize(static_cast<size_t>(2 * n));
+    for (int64_t i = 0; i < n; ++i) {
+      buf_[static_cast<size_t>(2 * i)] = static_cast<unsigned char>(tokens[i] & 0xff);
+      buf_[static_cast<size_t>(2 * i + 1)] = static_cast<unsigned char>((tokens[i] >> 8) & 0xff);
+    }
+    put(buf_.data(), buf_.size());
+    n_ += n;
+  }
+  void finish(int64_t) override {
+    unsigned char header[12];
+    const int32_t h[3] = {kLlmcMagic, kLlmcVersion, static_cast<int32_t>(n_)};
+    for (int k = 0; k < 3; ++k)
+      for (int b = 0; b < 4; ++b) header[4 * k + b] = static_cast<unsigned char>((static_cast<uint32_t>(h[k]) >> (8 * b)) & 0xff);
+    if (std::fseek(f_, 0, SEEK_SET) != 0) fail("cannot seek");
+    put(header, sizeof header);
+    if (std::fflush(f_) != 0 || ::fsync(::fileno(f_)) != 0) fail(std::string("cannot sync: ") + std::strerror(errno));
+    const int rc = std::fclose(f_);
+    f_ = nullptr;
+    if (rc != 0) fail(std::string("cannot close: ") + std::strerror(errno));
+  }
+
+ private:
+  void put(const void* p, size_t n) {
+    if (std::fwrite(p, 1, n, f_) != n) fail(std::string("cannot write (disk full?): ") + std::strerror(errno));
+  }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw UserError(SourceLoc{path_}, what, "check free disk space and permissions; nothing was written");
+  }
+  std::string path_;
+  std::FILE* f_ = nullptr;
+  std::vector<unsigned char> buf_;
+  int64_t n_ = 0;
+};
+
 }  // namespace
+
+std::unique_ptr<ShardWriter> bin_shard_writer(const std::string& path) { return std::make_unique<BinShardWriter>(path); }
 
 std::optional<NotText> not_text(const unsigned char* bytes, int64_t n) {
   static const unsigned char kHdf5[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
@@ -183,8 +235,8 @@ std::unique_ptr<DataSource> open_text(const std::string& path, const DataConfig&
   return std::make_unique<TextSource>(path, r, T, std::move(file), mx);
 }
 
-std::unique_ptr<DataSource> open_bin(const std::string& path, const DataConfig& cfg, Split split, bool whole,
-                                     int64_t T, int64_t vocab_size) {
+std::unique_ptr<WindowSource> open_bin(const std::string& path, const DataConfig& cfg, Split split, bool whole,
+                                       int64_t T, int64_t vocab_size) {
   auto file = std::make_unique<MappedFile>(path);
   const int64_t size = file->size();
   const unsigned char* base = file->data();

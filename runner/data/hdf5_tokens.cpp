@@ -97,7 +97,7 @@ class Hdf5Source final : public WindowSource {
   int64_t max_token() const override { return max_token_; }
 
   // Everything open_hdf5 checks, in order; the caller holds the HDF5 lock.
-  void open(const DataConfig& cfg, Split split, bool whole, int64_t vocab_size) {
+  void open(const DataConfig& cfg, Split split, bool whole, int64_t vocab_size, bool may_hold) {
     const SourceLoc loc{path_};
     const std::string what_kind = "kind hdf5 expects an HDF5 file with a 1-D uint16 or int32 dataset '" + dataset_ + "'";
     if (H5Fis_hdf5(path_.c_str()) <= 0)
@@ -144,7 +144,7 @@ class Hdf5Source final : public WindowSource {
     attr_max_ = read_i64_attr(dset_.get(), "max_token", attr);
     const std::string attr_bound = "its max_token attribute " + std::to_string(attr);
     const int64_t region = range_.end - range_.begin;
-    in_memory_ = region * (wide_ ? 4 : 2) <= hdf5_in_memory_limit().load();
+    in_memory_ = may_hold && region * (wide_ ? 4 : 2) <= hdf5_in_memory_limit().load();
     if (in_memory_) {
       // Small enough: read the split once, verify every token, serve windows from memory.
       max_token_ = attr_max_ ? attr : std::numeric_limits<int32_t>::max();
@@ -272,12 +272,12 @@ std::atomic<int64_t>& hdf5_in_memory_limit() {
   return bytes;
 }
 
-std::unique_ptr<DataSource> open_hdf5(const std::string& path, const DataConfig& cfg, Split split, bool whole,
-                                      int64_t T, int64_t vocab_size) {
+std::unique_ptr<WindowSource> open_hdf5(const std::string& path, const DataConfig& cfg, Split split, bool whole,
+                                        int64_t T, int64_t vocab_size, bool may_hold) {
   auto src = std::make_unique<Hdf5Source>(path, cfg.dataset, SplitRange{}, T);
   {
     h5::Lock lock;
-    src->open(cfg, split, whole, vocab_size);
+    src->open(cfg, split, whole, vocab_size, may_hold);
   }
   return src;
 }
@@ -331,17 +331,18 @@ struct TokenFile {
 };
 
 template <class Fail>
-TokenFile create_token_file(const std::string& tmp, Fail&& fail) {
+TokenFile create_token_file(const std::string& tmp, Fail&& fail, hid_t file_type = H5T_STD_U16LE) {
   TokenFile t;
   t.file = Id(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!t.file.ok()) fail("cannot create " + tmp);
   const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = kChunkTokens;
   Id space(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
   Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  // No object timestamps: the same tokens give the same bytes (prepare's output is reproducible).
   if (!space.ok() || !dcpl.ok() || H5Pset_chunk(dcpl.get(), 1, &chunk) < 0 || H5Pset_shuffle(dcpl.get()) < 0 ||
-      H5Pset_deflate(dcpl.get(), kDeflateLevel) < 0)
+      H5Pset_deflate(dcpl.get(), kDeflateLevel) < 0 || H5Pset_obj_track_times(dcpl.get(), false) < 0)
     fail("cannot set up the dataset layout (is deflate available in this HDF5?)");
-  t.dset = Id(H5Dcreate2(t.file.get(), "tokens", H5T_STD_U16LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+  t.dset = Id(H5Dcreate2(t.file.get(), "tokens", file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
               H5Dclose);
   if (!t.dset.ok()) fail("cannot create dataset 'tokens'");
   return t;
@@ -380,7 +381,73 @@ int64_t stream_byte_tokens(std::ifstream& in, hid_t dset, const std::string& tex
   return n;
 }
 
+// Appends one block of tokens at the end of the extendible dataset.
+template <class Fail>
+void append_tokens(hid_t dset, int64_t at, const int32_t* tokens, int64_t n, Fail&& fail) {
+  const hsize_t start = static_cast<hsize_t>(at), got = static_cast<hsize_t>(n), new_size = start + got;
+  if (H5Dset_extent(dset, &new_size) < 0) fail("cannot extend dataset 'tokens'");
+  Id fspace(H5Dget_space(dset), H5Sclose);
+  Id mspace(H5Screate_simple(1, &got, nullptr), H5Sclose);
+  if (!fspace.ok() || !mspace.ok() ||
+      H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &got, nullptr) < 0 ||
+      H5Dwrite(dset, H5T_NATIVE_INT32, mspace.get(), fspace.get(), H5P_DEFAULT, tokens) < 0)
+    fail("cannot write tokens (disk full?)");
+}
+
+// A shard of a prepared dataset (see ShardWriter). HDF5 calls hold h5::Lock per call: the
+// writer runs on prepare's one writing thread, but the lock is the process's rule.
+class H5ShardWriter final : public ShardWriter {
+  struct Fail {
+    std::string path;
+    [[noreturn]] void operator()(const std::string& what) const {
+      throw UserError(SourceLoc{path}, what, "check free disk space and permissions; nothing was written");
+    }
+  };
+
+ public:
+  H5ShardWriter(std::string path, bool wide, int64_t vocab, std::string tokenizer)
+      : path_(std::move(path)), vocab_(vocab), tokenizer_(std::move(tokenizer)) {
+    h5::Lock lock;
+    t_ = create_token_file(path_, fail_fn(), wide ? H5T_STD_I32LE : H5T_STD_U16LE);
+  }
+  ~H5ShardWriter() override {
+    h5::Lock lock;
+    t_.dset.reset();
+    t_.file.reset();
+  }
+  void append(const int32_t* tokens, int64_t n) override {
+    if (n == 0) return;
+    h5::Lock lock;
+    append_tokens(t_.dset.get(), n_, tokens, n, fail_fn());
+    n_ += n;
+  }
+  void finish(int64_t max_token) override {
+    h5::Lock lock;
+    try {
+      write_attr(t_.dset.get(), "vocab_size", vocab_);
+      write_attr(t_.dset.get(), "tokenizer", tokenizer_);
+      write_attr(t_.dset.get(), "max_token", max_token);
+    } catch (const std::runtime_error& e) {
+      fail_fn()(e.what());
+    }
+    if (!t_.dset.close() || !t_.file.close()) fail_fn()("cannot finish writing (disk full?)");
+  }
+
+ private:
+  Fail fail_fn() const { return Fail{path_}; }
+  std::string path_;
+  int64_t vocab_, n_ = 0;
+  std::string tokenizer_;
+  TokenFile t_;
+};
+
 }  // namespace
+
+std::unique_ptr<ShardWriter> h5_shard_writer(const std::string& path, bool wide, int64_t vocab_size,
+                                             const std::string& tokenizer) {
+  return std::make_unique<H5ShardWriter>(path, wide, vocab_size, tokenizer);
+}
+
 }  // namespace data_detail
 
 // `runner data prepare`: stream a text file through the byte tokenizer into HDF5.

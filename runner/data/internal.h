@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "runner/data/data.h"
 
@@ -67,6 +68,8 @@ class WindowSource : public DataSource {
   int64_t num_samples() const override { return (range_.end - range_.begin - 1) / T_; }
   int64_t seq_len() const override { return T_; }
   void sample(int64_t index, int32_t* tokens, int32_t* targets) const override;
+  // Tokens [start, start+count) of the whole file, for a source made of several files.
+  void read_tokens(int64_t start, int64_t count, int32_t* out) const { read(start, count, out); }
 
  protected:
   // Tokens [start, start+count) of the whole file (not of the split).
@@ -88,10 +91,48 @@ std::unique_ptr<DataSource> open_addition(const DataConfig& cfg, Split split, in
                                           uint64_t seed);
 std::unique_ptr<DataSource> open_text(const std::string& path, const DataConfig& cfg, Split split, bool whole,
                                       int64_t T, int64_t vocab_size);
-std::unique_ptr<DataSource> open_bin(const std::string& path, const DataConfig& cfg, Split split, bool whole,
-                                     int64_t T, int64_t vocab_size);
-std::unique_ptr<DataSource> open_hdf5(const std::string& path, const DataConfig& cfg, Split split, bool whole,
-                                      int64_t T, int64_t vocab_size);
+std::unique_ptr<WindowSource> open_bin(const std::string& path, const DataConfig& cfg, Split split, bool whole,
+                                       int64_t T, int64_t vocab_size);
+// `may_hold` false: stream even a split under hdf5_in_memory_limit() (a shard of a prepared
+// dataset whose split as a whole is over it).
+std::unique_ptr<WindowSource> open_hdf5(const std::string& path, const DataConfig& cfg, Split split, bool whole,
+                                        int64_t T, int64_t vocab_size, bool may_hold = true);
+// A prepared dataset directory (data.path) or a weighted mix of them (data.mix), runner/data/prepared.cpp.
+std::unique_ptr<DataSource> open_prepared(const DataConfig& cfg, Split split, int64_t T, int64_t vocab_size);
+// data.tokenizer, when given, must be the tokenizer the data was prepared with (`what` names the data).
+void check_recipe_tokenizer(const DataConfig& cfg, const tok::TokenizerInfo& data, const std::string& what);
+
+// One token shard being written by `runner data prepare`: append() in order, then finish()
+// (which closes and syncs the file); destroying an unfinished writer leaves a partial file
+// the caller removes with its temporary directory.
+class ShardWriter {
+ public:
+  virtual ~ShardWriter() = default;
+  virtual void append(const int32_t* tokens, int64_t n) = 0;
+  virtual void finish(int64_t max_token) = 0;
+};
+// HDF5: a chunked, deflated 1-D 'tokens' dataset, uint16 (or int32 when `wide`), with the
+// attributes vocab_size, tokenizer and max_token. bin: the llm.c layout (uint16 only).
+std::unique_ptr<ShardWriter> h5_shard_writer(const std::string& path, bool wide, int64_t vocab_size,
+                                             const std::string& tokenizer);
+std::unique_ptr<ShardWriter> bin_shard_writer(const std::string& path);
+
+// The weighted mix's schedule, a pure function of (weights, seed, global position): positions
+// are cut in blocks of kMixBlock; each dataset's count in block b is the rounded cumulative
+// target round((b+1)*B*w_k) - round(b*B*w_k) (the largest-weight dataset takes the rest), so
+// its share after any whole number of blocks is exact to a sample; the block's slots are
+// dealt by a seeded permutation. Returns (dataset k, how many samples of k come before).
+constexpr int64_t kMixBlock = 4096;
+class MixSchedule {
+ public:
+  explicit MixSchedule(std::vector<double> weights);
+  std::pair<size_t, int64_t> at(int64_t position, uint64_t seed) const;
+
+ private:
+  int64_t before(size_t k, int64_t block) const;  // samples of dataset k in blocks [0, block)
+  std::vector<double> w_;                         // normalised
+  size_t rest_ = 0;                               // the dataset that takes each block's remainder
+};
 
 // Whether bytes meant as text are something else (issue 24: text data pointed at an HDF5 or
 // token file, `runner data prepare` given a binary file). Looks at the first kNotTextSample

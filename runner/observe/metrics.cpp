@@ -227,7 +227,9 @@ void RunMetrics::eval(int64_t step, const EvalResult& e) {
     log_->info("eval step {} | val loss {:.4f} | addition exact-match {:.1f}% of {} held-out problems", step, e.loss,
                100 * e.accuracy, e.problems);
   } else {
-    log_->info("eval step {} | val loss {:.4f}", step, e.loss);
+    // Text and token data: perplexity, exp of the mean held-out loss per token (nats).
+    j["val_ppl"] = std::exp(e.loss);
+    log_->info("eval step {} | val loss {:.4f} | val ppl {:.2f}", step, e.loss, std::exp(e.loss));
   }
   write(j.dump());
 }
@@ -288,7 +290,9 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
                                ? fmt::format("{} steps ({}-{} in this job)", steps, resumed_from_ + 1, steps)
                                : fmt::format("{} steps", steps);
   log_->info("done: {} in {} | {} tok/s | MFU {:.0f}% | final val loss {:.4f}{}", done, human_duration(wall_s),
-             human_count(tps), 100 * mfu, e.loss, e.accuracy >= 0 ? fmt::format(" | accuracy {:.1f}%", 100 * e.accuracy) : "");
+             human_count(tps), 100 * mfu, e.loss,
+             e.accuracy >= 0 ? fmt::format(" | accuracy {:.1f}%", 100 * e.accuracy)
+                             : fmt::format(" | val ppl {:.2f}", std::exp(e.loss)));
   mfu_line(mfu);
   if (scaler_active_)
     log_->info("fp16 loss scale: {:g} at the end | {} overflowed step(s) skipped", scaler_.scale, scaler_.skipped_steps);
@@ -300,6 +304,7 @@ void RunMetrics::summary(int64_t steps, int64_t tokens, const EvalResult& e, dou
                    {"ledger", ledger}, {"top_ops", ops_json},       {"peak_flops", peak_flops_},
                    {"mfu", mfu},       {"peak_kind", peak_kind_},   {"peak_source", peak_source_}};
   if (e.accuracy >= 0) j["accuracy"] = e.accuracy;
+  else j["val_ppl"] = std::exp(e.loss);
   if (resumed_from_ > 0) j["resumed_from"] = resumed_from_;  // wall_s is this job's, from there
   if (scaler_active_) j["loss_scale"] = {{"final", scaler_.scale}, {"skipped_steps", scaler_.skipped_steps}};
   if (last_range_) j["scale_conflict"] = last_range_->conflict();

@@ -2,7 +2,7 @@
 //
 // visit(v, section) calls v(key, field) for each field of one recipe section and
 // v.section(key, sub) for each nested section (a std::optional<Config> section exists only
-// when written), in the order recipe_to_yaml writes them. Reading a validated recipe
+// when written) and v.list(key, items) for a list of sections (data.mix), in the order recipe_to_yaml writes them. Reading a validated recipe
 // (fill), writing it back (recipe_to_yaml) and the schema consistency test
 // (tests/test_recipe.cpp) are visitors over this one list; the defaults are the struct
 // initialisers in recipe.h. Adding a field: the struct member with its default, one line
@@ -52,6 +52,13 @@ void visit(V& v, Self& d) {
   v("digits", d.digits);
   v("workers", d.workers);
   v("prefetch", d.prefetch);
+  v.list("mix", d.mix);
+}
+
+template <class V, Section<DataMixEntry> Self>
+void visit(V& v, Self& e) {
+  v("path", e.path);
+  v("weight", e.weight);
 }
 
 template <class V, Section<ParallelConfig> Self>

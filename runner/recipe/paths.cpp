@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <system_error>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -29,9 +30,16 @@ void resolve_recipe_paths(Recipe& r, const std::string& recipe_file) {
     std::string* value;
     bool input;
   };
-  for (const Field& f : {Field{"data.path", &r.data.path, true}, Field{"data.val_path", &r.data.val_path, true},
-                         Field{"model.init_from", &r.model.init_from, true},
-                         Field{"train.run_dir", &r.train.run_dir, false}, Field{"checkpoint.dir", &r.checkpoint.dir, false}}) {
+  std::vector<Field> fields = {Field{"data.path", &r.data.path, true}, Field{"data.val_path", &r.data.val_path, true},
+                               Field{"model.init_from", &r.model.init_from, true},
+                               Field{"train.run_dir", &r.train.run_dir, false},
+                               Field{"checkpoint.dir", &r.checkpoint.dir, false}};
+  std::vector<std::string> mix_keys;  // kept alive: Field holds a pointer to the key
+  for (size_t i = 0; i < r.data.mix.size(); ++i) mix_keys.push_back("data.mix[" + std::to_string(i) + "].path");
+  for (size_t i = 0; i < r.data.mix.size(); ++i) fields.push_back(Field{mix_keys[i].c_str(), &r.data.mix[i].path, true});
+  // A tokenizer is a directory or file too, except the built-in name "byte".
+  if (r.data.tokenizer != "byte") fields.push_back(Field{"data.tokenizer", &r.data.tokenizer, true});
+  for (const Field& f : fields) {
     if (f.value->empty() || fs::path(*f.value).is_absolute()) continue;
     const bool from_set = r.loc(f.key).file == "--set";
     if (!from_set && recipe_file.empty()) continue;

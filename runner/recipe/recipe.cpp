@@ -111,6 +111,21 @@ class Reader {
       visit(sub, out);
     }
   }
+  // A list of sections (data.mix): each item read like a section, at path key[i].
+  template <class Config>
+  void list(const char* key, std::vector<Config>& out) const {
+    if (const json* v = list(key)) {
+      out.clear();
+      for (size_t i = 0; i < v->size(); ++i) {
+        const std::string ip = item_path(child_path(path_, key), i);
+        if (!(*v)[i].is_object()) wrong(ip, "object", (*v)[i]);
+        Config c;
+        const Reader sub(doc_, (*v)[i], ip);
+        visit(sub, c);
+        out.push_back(std::move(c));
+      }
+    }
+  }
   // An optional section exists when written (even as `inference: {}`).
   template <class Config>
   void section(const char* key, std::optional<Config>& out) const {
@@ -184,6 +199,8 @@ void fill(const Doc& doc, Recipe& r) {
     if (path.empty()) continue;
     r.locs[path] = info.from_set ? kSetLoc : SourceLoc{doc.file, info.key_line, info.key_col};
   }
+  // The data room reports a mix entry's missing or mismatched dataset there (it sees no locs).
+  for (size_t i = 0; i < r.data.mix.size(); ++i) r.data.mix[i].loc = r.loc(item_path("data.mix", i) + ".path");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -247,6 +264,23 @@ class Writer {
   template <class Config>
   void section(const char* key, const std::optional<Config>& c) {
     if (c) section(key, *c);
+  }
+  // A list of sections: "- " before each item's first key, its other keys under it.
+  template <class Config>
+  void list(const char* key, const std::vector<Config>& items) {
+    if (items.empty()) return kv(key, "[]");
+    line(std::string(key) + ":");
+    for (const Config& c : items) {
+      std::string item;
+      Writer sub(item, 0);
+      visit(sub, c);
+      const std::string pad(static_cast<size_t>(indent_ + 1) * 2, ' ');
+      for (size_t at = 0, first = 1; at < item.size(); first = 0) {
+        const size_t nl = item.find('\n', at);
+        out_ += pad + (first ? "- " : "  ") + item.substr(at, nl - at) + "\n";
+        at = nl + 1;
+      }
+    }
   }
 
  private:

@@ -44,6 +44,14 @@ struct ModelConfig {
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
 };
 
+// One dataset of a weighted mix (data.mix): a directory `runner data prepare` wrote, drawn
+// from in proportion to `weight` (weights need not sum to 1).
+struct DataMixEntry {
+  std::string path;
+  double weight = 1.0;
+  SourceLoc loc;                   // where the entry's path was written (not a recipe key)
+};
+
 struct DataConfig {
   DataKind kind = DataKind::addition;
   std::string path;                // text file, HDF5 token file, or .bin token file
@@ -54,6 +62,7 @@ struct DataConfig {
   int64_t digits = 3;              // addition: operand digits
   int64_t workers = 1;             // background loader threads
   int64_t prefetch = 4;            // batches prepared ahead
+  std::vector<DataMixEntry> mix;   // several prepared datasets with weights (instead of path)
 };
 
 struct ParallelConfig {

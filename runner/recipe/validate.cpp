@@ -225,12 +225,34 @@ void check_checkpoint(Checks& c) {
            "set cadence: minutes, or remove every_minutes");
 }
 
+// data.mix: prepared token datasets (kind hdf5 or bin) instead of data.path. The weights'
+// sign is the schema's; that the directories exist and share one tokenizer, the data room's
+// (open_source), which reports them at each entry's loc.
+void check_data_mix(Checks& c) {
+  const DataConfig& d = c.recipe().data;
+  if (d.mix.empty() || !c.clean({"data.mix", "data.kind", "data.path", "data.val_path"})) return;
+  if (!d.path.empty())
+    c.fail("data.path", "data.path and data.mix are both given",
+           "give one dataset in data.path, or several in data.mix (move data.path into it as '- path: ...')");
+  if (!d.val_path.empty())
+    c.fail("data.val_path", "data.val_path does not apply to data.mix (each prepared dataset has its own val shards)",
+           "remove data.val_path");
+  if (d.kind != DataKind::hdf5 && d.kind != DataKind::bin)
+    c.fail("data.kind", "data.mix mixes prepared token datasets, but data.kind is " + to_string(d.kind),
+           "set data.kind: hdf5 (or bin, for datasets prepared with --format bin)");
+  for (size_t i = 0; i < d.mix.size(); ++i)
+    if (d.mix[i].path.empty())
+      c.fail("data.mix[" + S(i) + "].path", "data.mix entry " + S(i) + " has an empty path",
+             "name a directory written by runner data prepare");
+}
+
 // Data and hardware.
 void check_data_and_hardware(Checks& c) {
   const Recipe& r = c.recipe();
   const ModelConfig& m = r.model;
   const DataConfig& d = r.data;
-  if (c.clean({"data.kind", "data.path"})) {
+  check_data_mix(c);
+  if (c.clean({"data.kind", "data.path", "data.mix"}) && d.mix.empty()) {
     if (d.kind != DataKind::addition && d.path.empty())
       c.fail("data.kind", "data kind " + to_string(d.kind) + " needs data.path",
              "add path: <file> under data, e.g. path: data/tinyshakespeare.txt");

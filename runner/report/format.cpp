@@ -222,6 +222,7 @@ Rows summary_rows(const json& s, const json& plan) {
   if (const std::string m = mfu_text(s, plan); !m.empty()) r.emplace_back("MFU", m);
   add("step_ms", "step time", [](const json& v) { return percentiles_text(v); });
   add("val_loss", "final val loss", [](const json& v) { return v.is_number() ? fmt::format("{:.4f}", v.get<double>()) : any_text(v); });
+  add("val_ppl", "final val perplexity", [](const json& v) { return v.is_number() ? fmt::format("{:.2f}", v.get<double>()) : any_text(v); });
   add("accuracy", "accuracy", [](const json& v) { return v.is_number() ? percent_text(v.get<double>()) : any_text(v); });
   add("skipped_steps", "skipped steps", [](const json& v) { return any_text(v); });
   add("loss_scale", "fp16 loss scale", [](const json& v) { return loss_scale_text(v); });
@@ -233,7 +234,7 @@ Rows summary_rows(const json& s, const json& plan) {
   add("alerts", "alerts", [](const json& v) { return any_text(v); });
   // Fields shown above, folded into another row, or drawn in their own section.
   static const char* const kDone[] = {"summary", "layout", "steps", "tokens", "wall_s", "tokens_per_s", "mfu", "peak_flops",
-                                      "step_ms", "val_loss", "accuracy", "skipped_steps", "loss_scale", "scale_conflict",
+                                      "step_ms", "val_loss", "val_ppl", "accuracy", "skipped_steps", "loss_scale", "scale_conflict",
                                       "comm_hidden_fraction", "comm_hidden_ms", "comm_exposed_ms", "pipeline_idle_fraction",
                                       "plan_bubble", "checkpoint_ms", "alerts", "ledger", "top_ops", "breakdown_per_rank"};
   for (const auto& [k, v] : s.items()) {

@@ -475,6 +475,9 @@ std::string charts_section(const RunFiles& f, const ReportInfo& info) {
   ChartOpts percent = from_zero;
   percent.y_at_least = 100;
   if (!acc.pts.empty()) h += line_chart("Held-out accuracy (addition, exact match)", "% right", {acc}, percent);
+  // Text and token data: validation perplexity (exp of the held-out loss), beside the loss chart.
+  Series ppl = series(f.evals, "val_ppl", "val perplexity");
+  if (!ppl.pts.empty()) h += line_chart("Validation perplexity", "perplexity", {ppl}, on_steps);
   h += line_chart("Learning rate", "lr", {series(steps, "lr", "lr")}, from_zero);
   h += line_chart("Gradient norm", "norm", {series(steps, "grad_norm", "grad norm")}, from_zero);
   if (loss_scaled(f)) h += line_chart("Loss scale", "scale", {series(steps, "loss_scale", "loss scale")}, from_zero);

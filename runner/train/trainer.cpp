@@ -177,6 +177,9 @@ class Trainer {
     maybe_resume();
     ckpt->remove_stale_files();
     tracer.resumed_at(resumed_from);
+    // The data's tokenizer goes with the run (RUN_DIR/tokenizer/, RUN_DIR/data.json): generate
+    // and export read it there.
+    if (lead()) install_run_tokenizer(r.data, paths.run_dir);
     if (lead()) {
       warn_always(history->keep(opts.resume_notes));  // the recipe the run ran with, kept when changed
       write_run_files(plan, paths.run_dir);
