@@ -191,7 +191,7 @@ std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops:
     if (has_style) j["hf_style"] = to_string(style);
     else j["hf_style"] = nullptr;
     j["model"] = {{"family", to_string(m.family)}, {"vocab_size", m.vocab_size}, {"seq_len", m.seq_len},
-                  {"d_model", m.d_model}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads},
+                  {"d_model", m.d_model}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads}, {"n_kv_heads", m.kv_heads()},
                   {"mlp_hidden", m.mlp_hidden()}, {"norm", to_string(m.norm)}, {"activation", to_string(m.activation)},
                   {"position", to_string(m.position)}, {"tie_embeddings", m.tie_embeddings}, {"bias", m.bias},
                   {"norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta}, {"dropout", m.dropout}, {"init_std", m.init_std}};
@@ -229,7 +229,7 @@ std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops:
     j["intermediate_size"] = m.mlp_hidden();
     j["num_hidden_layers"] = m.n_layers;
     j["num_attention_heads"] = m.n_heads;
-    j["num_key_value_heads"] = m.n_heads;
+    j["num_key_value_heads"] = m.kv_heads();
     j["head_dim"] = m.d_model / m.n_heads;
     j["hidden_act"] = "silu";
     j["max_position_embeddings"] = m.seq_len;

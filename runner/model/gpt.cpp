@@ -470,10 +470,13 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& m, HfStyle style) {
   for (int64_t l = 0; l < m.n_layers; ++l) {
     const std::string p = "h." + std::to_string(l), q = "model.layers." + std::to_string(l);
     add(q + ".input_layernorm.weight", p + ".ln1.weight");
+    // [q: n_heads*HS | k: kv*HS | v: kv*HS] (grouped-query attention: fewer k and v rows).
+    const int64_t Ckv = m.kv_heads() * (C / m.n_heads);
     const char* qkv[3] = {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj"};
+    const int64_t begin[3] = {0, C, C + Ckv}, rows[3] = {C, Ckv, Ckv};
     for (int k = 0; k < 3; ++k) {
-      add(q + qkv[k] + ".weight", p + ".attn.qkv.weight", k * C, C);
-      if (m.bias) add(q + qkv[k] + ".bias", p + ".attn.qkv.bias", k * C, C);
+      add(q + qkv[k] + ".weight", p + ".attn.qkv.weight", begin[k], rows[k]);
+      if (m.bias) add(q + qkv[k] + ".bias", p + ".attn.qkv.bias", begin[k], rows[k]);
     }
     add(q + ".self_attn.o_proj.weight", p + ".attn.proj.weight");
     if (m.bias) add(q + ".self_attn.o_proj.bias", p + ".attn.proj.bias");

@@ -92,9 +92,9 @@ def gpt2_forward(cfg, w, tokens):
 
 def llama_forward(cfg, w, tokens):
     B, T = tokens.shape
-    C, NH = cfg["hidden_size"], cfg["num_attention_heads"]
+    C, NH, NKV = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     HS = C // NH
-    assert cfg["num_key_value_heads"] == NH and cfg["hidden_act"] == "silu"
+    assert NH % NKV == 0 and cfg["hidden_act"] == "silu"
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     x = w["model.embed_tokens.weight"][tokens]
     mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
@@ -117,7 +117,10 @@ def llama_forward(cfg, w, tokens):
     for l in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{l}"
         a = rms(x, p + ".input_layernorm")
-        q, k, v = (lin(a, f"{p}.self_attn.{n}_proj").view(B, T, NH, HS).transpose(1, 2) for n in "qkv")
+        q = lin(a, f"{p}.self_attn.q_proj").view(B, T, NH, HS).transpose(1, 2)
+        # grouped-query attention: each key-value head serves NH / NKV query heads (repeat_kv)
+        k, v = (lin(a, f"{p}.self_attn.{n}_proj").view(B, T, NKV, HS).transpose(1, 2).repeat_interleave(NH // NKV, dim=1)
+                for n in "kv")
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         s = (q @ k.transpose(-1, -2)) / math.sqrt(HS)
@@ -148,14 +151,15 @@ def check_npz(cfg, w, npz_path):
                 pairs.append((f"{q}.{hf}.bias", r[f"{p}.{ours}.bias"]))
     else:
         C, H = cfg["hidden_size"], cfg["intermediate_size"]
+        Ckv = cfg["num_key_value_heads"] * (C // cfg["num_attention_heads"])  # k and v rows (grouped-query attention)
         pairs += [("model.embed_tokens.weight", r["wte"]), ("model.norm.weight", r["ln_f.weight"])]
         for l in range(cfg["num_hidden_layers"]):
             p, q = f"h.{l}", f"model.layers.{l}"
             qkv, fc = r[f"{p}.attn.qkv.weight"], r[f"{p}.mlp.fc.weight"]
             pairs += [(f"{q}.input_layernorm.weight", r[f"{p}.ln1.weight"]),
                       (f"{q}.post_attention_layernorm.weight", r[f"{p}.ln2.weight"]),
-                      (f"{q}.self_attn.q_proj.weight", qkv[:C]), (f"{q}.self_attn.k_proj.weight", qkv[C:2 * C]),
-                      (f"{q}.self_attn.v_proj.weight", qkv[2 * C:]),
+                      (f"{q}.self_attn.q_proj.weight", qkv[:C]), (f"{q}.self_attn.k_proj.weight", qkv[C:C + Ckv]),
+                      (f"{q}.self_attn.v_proj.weight", qkv[C + Ckv:]),
                       (f"{q}.self_attn.o_proj.weight", r[f"{p}.attn.proj.weight"]),
                       (f"{q}.mlp.gate_proj.weight", fc[:H]), (f"{q}.mlp.up_proj.weight", fc[H:]),
                       (f"{q}.mlp.down_proj.weight", r[f"{p}.mlp.proj.weight"])]
