@@ -191,7 +191,7 @@ TEST_CASE("KV cache: the tracker's kv_cache bytes are the plan's KV-cache figure
 // forward pass, and greedy output is the same with and without it.
 TEST_CASE("KV cache with grouped-query attention: cached logits equal a full forward; the cache holds the key-value heads only") {
   TrainedModel m = load_trained_model(gqa_fixture().run.string(), ops::cpu_backend(),
-                                      {"inference.kv_dtype=fp32", "inference.batch=3", "inference.context=20"});
+                                      {"inference.kv_dtype=fp32", "inference.batch=3"});
   REQUIRE(m.model().kv_heads() == 2);
   const Diff d = cached_vs_full(m);
   MESSAGE("gqa fp32 cache: max abs logit difference " << d.abs << ", relative " << d.rel << " (largest |logit| "
@@ -203,13 +203,13 @@ TEST_CASE("KV cache with grouped-query attention: cached logits equal a full for
   {
     CachedDecoder dec(m, 2, 20);
     const size_t measured = mt.current(ops::Account::KvCache) - before;
-    // 2 (K, V) x 2 layers x 3 sequences x 20 positions x 2 key-value heads x head size 8 x 4 bytes.
-    CHECK(measured == 2 * 2 * 3 * 20 * (2 * 8 * 4));
+    // 2 (K, V) x 2 layers x 3 sequences x 32 positions x 2 key-value heads x head size 8 x 4 bytes.
+    CHECK(measured == 2 * 2 * 3 * 32 * (2 * 8 * 4));
     CHECK(static_cast<double>(measured) == m.plan.inference->kv_cache);
     CHECK(measured == dec.cache().bytes());
   }
   TrainedModel mha = load_trained_model(llama_fixture().run.string(), ops::cpu_backend(),
-                                        {"inference.kv_dtype=fp32", "inference.batch=3", "inference.context=20"});
+                                        {"inference.kv_dtype=fp32", "inference.batch=3"});
   CHECK(m.plan.inference->kv_per_sequence * 2 == mha.plan.inference->kv_per_sequence);  // 2 of 4 heads vs 2 of 2 (d_model 32)
   TrainedModel g = load_trained_model(gqa_fixture().run.string(), ops::cpu_backend());  // no inference sizing
   GenerateRequest req;

@@ -223,6 +223,7 @@ TEST_CASE("the Llama 2 recipes plan their models' exact parameter counts (70B wi
   Plan p70 = make_plan(load_recipe(dir + "llama-70b-64gpu.yaml"));
   CHECK(p70.recipe.model.kv_heads() == 8);
   CHECK(p70.param_count == 68976648192);
+  CHECK(p70.table().find("64 heads (8 key-value)") != std::string::npos);
   CHECK(p70.fits);
   CHECK(p70.worst_stage().total() < 0.6 * p70.device_memory);  // "about half of each GPU's memory"
   CHECK(make_plan(load_recipe(dir + "llama-70b-64gpu.yaml", {"model.n_kv_heads=64"})).param_count == 78371889152);
