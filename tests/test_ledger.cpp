@@ -17,6 +17,8 @@
 // See docs/ledger.md.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "ops/executor.h"
 #include "runner/model/model.h"
 #include "runner/plan/plan.h"
@@ -227,6 +229,12 @@ TEST_CASE("the Llama 2 recipes plan their models' exact parameter counts (70B wi
   CHECK(p70.fits);
   CHECK(p70.worst_stage().total() < 0.6 * p70.device_memory);  // "about half of each GPU's memory"
   CHECK(make_plan(load_recipe(dir + "llama-70b-64gpu.yaml", {"model.n_kv_heads=64"})).param_count == 78371889152);
+  // tp 8 does not divide 4 key-value heads: every rank holds all of them, and the plan says so.
+  const Plan rep = make_plan(load_recipe(dir + "llama-70b-64gpu.yaml", {"model.n_kv_heads=4"}));
+  CHECK(std::any_of(rep.notes.begin(), rep.notes.end(), [](const std::string& n) {
+    return n.find("4 key-value heads do not split over tp 8") != std::string::npos;
+  }));
+  CHECK(rep.stages[0].params > p70.stages[0].params);
   Plan p7 = make_plan(load_recipe(dir + "llama-7b-8xh100.yaml"));
   CHECK(p7.param_count == 6738415616);
   CHECK(p7.fits);
