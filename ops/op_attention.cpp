@@ -18,13 +18,14 @@
 namespace ops {
 namespace {
 
-namespace rope {
-
-// C: the query channels of the packed row (W = C + 2 NKV HS).
-int query_channels(const OpContext& c) {
-  const Heads h = heads_of(c.n);
-  return static_cast<int>(c.in_desc(0).shape.back() * h.q / (h.q + 2 * h.kv));
+// C: the query channels of a packed qkv row of W = C + 2 NKV HS (both operators' input).
+int query_channels(const Graph& g, const Node& n) {
+  const Heads h = heads_of(n);
+  return static_cast<int>(g.tensors[static_cast<size_t>(n.in[0])].shape.back() * h.q / (h.q + 2 * h.kv));
 }
+int query_channels(const OpContext& c) { return query_channels(c.g, c.n); }
+
+namespace rope {
 
 void forward(OpContext& c) {
   c.be.rope_forward(c.out(0), c.in(0), c.B(), c.T(), query_channels(c), heads_of(c.n), c.n.theta);
@@ -58,7 +59,7 @@ DropoutSpec drop(const OpContext& c) {
 // layer's K and V; a decode graph attends one position per row over the cache (rope, when the
 // model has it, applied there at each row's position: the decode graph has no Rope node).
 void forward(OpContext& c) {
-  const int C = rope::query_channels(c);
+  const int C = query_channels(c);
   const Heads heads = heads_of(c.n);
   if (c.g.decode) {
     if (!c.kv || !c.kv->has_layer(c.n.layer))
@@ -73,10 +74,7 @@ void forward(OpContext& c) {
 }
 
 int64_t work_floats(const Graph& g, const Node& n) {
-  const Heads heads = heads_of(n);
-  const int64_t W = g.tensors[static_cast<size_t>(n.in[0])].shape.back();
-  const int C = static_cast<int>(W * heads.q / (heads.q + 2 * heads.kv));
-  return Backend::attention_backward_work(static_cast<int>(g.B), static_cast<int>(g.T), C, heads);
+  return Backend::attention_backward_work(static_cast<int>(g.B), static_cast<int>(g.T), query_channels(g, n), heads_of(n));
 }
 
 // The grouped backward's workspace (forward: none).
@@ -86,7 +84,7 @@ size_t scratch(const Graph& g, const Node& n, bool backward) {
 }
 
 void backward(OpContext& c) {
-  const int C = rope::query_channels(c);
+  const int C = query_channels(c);
   if (c.g.decode) throw std::logic_error("node " + c.n.name + ": a decode graph has no backward");
   const int64_t nwork = work_floats(c.g, c.n);
   Tensor work;
