@@ -93,8 +93,9 @@ void check_kv_heads(Checks& c) {
   std::vector<std::string> near;  // the divisors of n_heads closest to n_kv_heads, below and above
   for (int64_t k = std::min(m.n_kv_heads - 1, m.n_heads); k >= 1 && k > m.n_kv_heads - kWindow; --k)
     if (m.n_heads % k == 0) { near.push_back(S(k)); break; }
-  for (int64_t k = m.n_kv_heads + 1; k <= m.n_heads && k < m.n_kv_heads + kWindow; ++k)
-    if (m.n_heads % k == 0) { near.push_back(S(k)); break; }
+  if (m.n_kv_heads < m.n_heads)  // (and no overflow for an absurd n_kv_heads)
+    for (int64_t k = m.n_kv_heads + 1; k <= m.n_heads && k < m.n_kv_heads + kWindow; ++k)
+      if (m.n_heads % k == 0) { near.push_back(S(k)); break; }
   const std::string what = m.n_kv_heads > m.n_heads
                                ? "model.n_kv_heads " + S(m.n_kv_heads) + " is more than model.n_heads " + S(m.n_heads) +
                                      " (each key-value head serves a group of query heads)"
