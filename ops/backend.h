@@ -39,14 +39,41 @@ struct DropoutSpec {
   int head_start = 0;
 };
 
+// The heads of one attention call. Grouped-query attention (Ainslie et al. 2023, "GQA"):
+// `q` query heads share `kv` key-value heads, and a packed qkv row is
+// [q: q*HS | k: kv*HS | v: kv*HS] (kv == q: multi-head attention; kv == 1: multi-query).
+// Query head h reads key-value head (first + h) / group. group is the model's query heads per
+// key-value head; first is 0 except under tensor parallelism with replicated key-value heads
+// (tp does not divide them: every rank holds all of them, and its query heads start at model
+// head `first`). An int converts to full multi-head attention over that many heads.
+struct Heads {
+  int q = 0;
+  int kv = 0;
+  int group = 1;
+  int first = 0;
+  constexpr Heads() = default;
+  constexpr Heads(int NH) : q(NH), kv(NH) {}  // NOLINT: implicit on purpose (an int is NH full heads)
+  constexpr Heads(int NH, int NKV, int group_, int first_ = 0) : q(NH), kv(NKV), group(group_), first(first_) {}
+  // NH query heads over NKV key-value heads, the whole model's (no tensor-parallel shard).
+  static constexpr Heads grouped(int NH, int NKV) { return Heads(NH, NKV, NKV > 0 ? NH / NKV : 1, 0); }
+  constexpr int kv_of(int h) const { return (first + h) / group; }
+  // Query heads [h0, h1) of this call read key-value head j.
+  constexpr int q_begin(int j) const { return j * group - first < 0 ? 0 : j * group - first; }
+  constexpr int q_end(int j) const { return (j + 1) * group - first > q ? q : (j + 1) * group - first; }
+  // Whether every query head maps into [0, kv) (the shapes a kernel checks first).
+  constexpr bool valid() const {
+    return q > 0 && kv > 0 && group > 0 && first >= 0 && kv_of(0) >= 0 && kv_of(q - 1) < kv;
+  }
+};
+
 // One layer's KV cache as the kernels see it (ops/kv_cache.h owns the storage): K and V of
-// `rows` sequences x `context` positions x C channels (the heads of this rank, head h owning
-// channels [h*HS, (h+1)*HS)), row-major (row, position, channel), stored in `dtype`:
+// `rows` sequences x `context` positions x NKV*HS channels (this rank's key-value heads, head
+// j owning channels [j*HS, (j+1)*HS)), row-major (row, position, channel), stored in `dtype`:
 //   F32, BF16, F16  the values (16-bit ones rounded to nearest even);
 //   I8              codes q = round(x / scale) in [-127, 127] with one fp32 scale per (row,
 //                   position, head), scale = max|x| / 127 over that head's HS channels (0 for
 //                   an all-zero head); x is read back as q * scale. k_scale, v_scale: (rows,
-//                   context, NH).
+//                   context, NKV).
 struct KvView {
   void* k = nullptr;
   void* v = nullptr;
@@ -111,36 +138,46 @@ class Backend {
     throw std::logic_error(std::string(name()) + " backend: no 16-bit matmul");
   }
 
-  // Rotary position embedding on the q and k thirds of a packed qkv (B,T,3C) tensor; v is copied.
+  // Rotary position embedding on the q and k heads of a packed qkv tensor (B,T,W), W =
+  // (NH + 2 NKV) HS, C = NH*HS (the query channels; Heads above); v is copied.
   // "rotate half" convention (GPT-NeoX / LLaMA): for head channel i < HS/2, with
   // f_i = theta^(-2i/HS) and angle a = t*f_i: out[i] = x[i]cos a - x[i+HS/2]sin a,
   // out[i+HS/2] = x[i+HS/2]cos a + x[i]sin a.
-  virtual void rope_forward(float* out, const float* inp, int B, int T, int C, int NH, float theta) = 0;
-  virtual void rope_backward(float* dinp, const float* dout, int B, int T, int C, int NH, float theta) = 0;
+  virtual void rope_forward(float* out, const float* inp, int B, int T, int C, Heads heads, float theta) = 0;
+  virtual void rope_backward(float* dinp, const float* dout, int B, int T, int C, Heads heads, float theta) = 0;
 
-  // Causal multi-head self-attention over packed qkv (B,T,3C) = [q | k | v] per token, head h
-  // owning channels [h*HS, (h+1)*HS) of each third. Scores scaled by 1/sqrt(HS).
+  // Causal self-attention over packed qkv (B,T,W) = [q | k | v] per token, W = (NH + 2 NKV) HS,
+  // C = NH*HS; query head h owns channels [h*HS, (h+1)*HS) of q and reads key-value head
+  // j = heads.kv_of(h), channels [j*HS, (j+1)*HS) of k and of v. Scores scaled by 1/sqrt(HS).
   // out: (B,T,C) overwritten. probs: (B,NH,T,T) softmax output (before dropout), saved for
   // backward; entries above the diagonal are written as 0. Dropout on probs uses drop.key with
   // counter = offset + ((b*NH + h)*T + t)*T + s, and is regenerated in backward, never stored.
-  virtual void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int NH,
+  virtual void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, Heads heads,
                                  DropoutSpec drop) = 0;
-  // dqkv: (B,T,3C) +=. dout: (B,T,C).
+  // dqkv: (B,T,W) +=. dout: (B,T,C). The gradient of a key-value head sums over the query
+  // heads that read it. `work`: (B,NH,T,2HS) floats when heads.group > 1 (a backend that sums
+  // the group otherwise, e.g. with atomics, may ignore it; attention_backward_work says how
+  // much); null otherwise.
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B,
-                                  int T, int C, int NH, DropoutSpec drop) = 0;
+                                  int T, int C, Heads heads, DropoutSpec drop, float* work = nullptr) = 0;
+  // Floats of attention_backward's `work` (the same on every backend, so that the plan's
+  // dry run and every device count the same workspace).
+  static int64_t attention_backward_work(int B, int T, int C, Heads heads) {
+    return heads.group > 1 ? static_cast<int64_t>(B) * T * C * 2 : 0;
+  }
 
   // The KV cache (generation; forward only, nothing to differentiate).
-  // Prefill: K and V of qkv (B,T,3C) (after rope, as the attention reads them) into positions
+  // Prefill: K and V of qkv (B,T,W) (after rope, as the attention reads them) into positions
   // [0, T) of rows [0, B) of the cache.
-  virtual void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, int NH) {
+  virtual void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, Heads heads) {
     throw std::logic_error(std::string(name()) + " backend: no KV cache");
   }
-  // Decode, one new token per row: qkv (B,3C) holds row b's token at position pos[b]. With
+  // Decode, one new token per row: qkv (B,W) holds row b's token at position pos[b]. With
   // theta > 0 its q and k are first rotated at pos[b] (rope_forward's convention and angles);
   // k and v are stored at pos[b], then out (B,C) = attention of q over the cache's positions
   // [0, pos[b]] of row b (scale 1/sqrt(HS), causal by construction, no dropout).
-  virtual void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, int NH,
-                                float theta) {
+  virtual void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C,
+                                Heads heads, float theta) {
     throw std::logic_error(std::string(name()) + " backend: no KV cache");
   }
 

@@ -14,6 +14,48 @@ const char* op_name(OpKind k) {
   return i >= 0 && i < kOpKinds ? op_def(k).name : "?";
 }
 
+std::vector<ShardSpec::Run> ShardSpec::runs(int64_t full_len) const {
+  if (!split()) return {Run{0, 0, full_len, false}};
+  std::vector<Run> out;
+  const int nb = sizes.empty() ? blocks : static_cast<int>(sizes.size());
+  int64_t at_shard = 0, at_full = 0;
+  for (int b = 0; b < nb; ++b) {
+    const int64_t fb = sizes.empty() ? full_len / blocks : sizes[static_cast<size_t>(b)];
+    if ((replicated >> b) & 1u) {
+      out.push_back(Run{at_shard, at_full, fb, true});
+      at_shard += fb;
+    } else {
+      const int64_t sb = fb / parts;
+      out.push_back(Run{at_shard, at_full + index * sb, sb, false});
+      at_shard += sb;
+    }
+    at_full += fb;
+  }
+  return out;
+}
+
+int64_t ShardSpec::shard_len(int64_t full_len) const {
+  int64_t n = 0;
+  for (const Run& r : runs(full_len)) n += r.len;
+  return n;
+}
+
+// Called per element (initialisation, checkpoint maps): no allocation.
+int64_t ShardSpec::full_at(int64_t i, int64_t full_len) const {
+  if (!split()) return i;
+  const int nb = sizes.empty() ? blocks : static_cast<int>(sizes.size());
+  int64_t at_shard = 0, at_full = 0;
+  for (int b = 0; b < nb; ++b) {
+    const int64_t fb = sizes.empty() ? full_len / blocks : sizes[static_cast<size_t>(b)];
+    const bool rep = (replicated >> b) & 1u;
+    const int64_t len = rep ? fb : fb / parts;
+    if (i < at_shard + len) return at_full + (rep ? 0 : index * len) + (i - at_shard);
+    at_shard += len;
+    at_full += fb;
+  }
+  throw std::logic_error("shard index " + std::to_string(i) + " past the shard's " + std::to_string(at_shard));
+}
+
 int Graph::add_tensor(TensorDesc d) {
   tensors.push_back(std::move(d));
   return static_cast<int>(tensors.size()) - 1;

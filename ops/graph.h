@@ -47,6 +47,24 @@ struct ShardSpec {
   int parts = 1;         // number of shards (tp size)
   int index = 0;         // this rank's shard
   int blocks = 1;        // the dim is `blocks` equal blocks each split separately (qkv: 3, swiglu fc: 2)
+  // Unequal blocks: each block's full length along `dim` (grouped-query attention's qkv:
+  // [q: NH*HS | k: NKV*HS | v: NKV*HS]); empty: `blocks` equal blocks.
+  std::vector<int64_t> sizes;
+  // Bit b set: block b is not split, every rank holds all of it (qkv's key-value blocks when
+  // tp does not divide the key-value heads, as Megatron-LM replicates them). Such rows get a
+  // partial gradient on each rank (only its query heads' share), summed over tp by the caller.
+  uint32_t replicated = 0;
+
+  bool split() const { return dim >= 0 && parts > 1; }
+  // [shard, shard + len) of this shard's `dim` holds [full, full + len) of the full tensor's.
+  struct Run {
+    int64_t shard = 0, full = 0, len = 0;
+    bool replicated = false;
+  };
+  // The runs along `dim` of a full length `full_len` (one identity run when not split).
+  std::vector<Run> runs(int64_t full_len) const;
+  int64_t shard_len(int64_t full_len) const;             // this shard's length along `dim`
+  int64_t full_at(int64_t i, int64_t full_len) const;    // full index along `dim` of shard index i
 };
 
 struct TensorDesc {
@@ -91,6 +109,12 @@ struct Node {
   int64_t vocab_start = 0;      // VocabEmbed / VocabXent: first vocabulary id of this shard
   int heads_total = 0;          // Attention: heads of the whole model (0: heads); this shard computes
   int head_start = 0;           //   [head_start, head_start + heads) -- dropout counters use the logical head
+  // Rope, Attention: grouped-query attention (ops/backend.h, Heads). qkv holds `heads` query
+  // heads and kv_heads key-value heads (0: heads, multi-head attention); query head h reads
+  // key-value head (kv_first + h) / kv_group.
+  int kv_heads = 0;
+  int kv_group = 1;
+  int kv_first = 0;
   bool rope = false;            // Attention in a decode graph: rotate q and k at each row's position (theta)
   bool inplace = false;         // SoftmaxXent: probs overwrite logits (in[0])
   // Sequence parallelism (Korthikanti et al. 2022): a column-parallel Linear all-gathers its

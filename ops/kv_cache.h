@@ -7,7 +7,8 @@
 // same model's graph built for one position per row (Graph::decode): its Attention nodes call
 // Backend::attention_decode, which stores the new position's K and V and attends over the
 // cache. Formats: fp32, bf16, fp16, int8 with an fp32 scale per (row, position, head)
-// (ops/backend.h, KvView). bytes() is what the tracker counts; the plan's KV-cache figure
+// (ops/backend.h, KvView). Only the key-value heads are stored (grouped-query attention:
+// n_kv_heads of them, shared by the query heads). bytes() is what the tracker counts; the plan's KV-cache figure
 // (runner/plan/ledger.cpp) is the same sum and a test holds them equal.
 #pragma once
 #include <cstdint>
@@ -20,13 +21,14 @@ namespace ops {
 
 class KvCache {
  public:
-  // Layers [first_layer, first_layer + layers) of rows x context positions x C channels over
-  // NH heads (this rank's), in dtype F32, BF16, F16 or I8.
-  KvCache(int first_layer, int layers, int64_t rows, int64_t context, int64_t C, int64_t NH, DType dtype);
+  // Layers [first_layer, first_layer + layers) of rows x context positions x Ckv channels over
+  // NKV key-value heads (this rank's: with grouped-query attention fewer than the query heads,
+  // which is what makes its cache smaller), in dtype F32, BF16, F16 or I8.
+  KvCache(int first_layer, int layers, int64_t rows, int64_t context, int64_t Ckv, int64_t NKV, DType dtype);
 
-  // Bytes this configuration allocates: 2 * layers * rows * context * (C * size(dtype)
-  // + (I8 ? NH * 4 : 0)).
-  static size_t bytes_for(int layers, int64_t rows, int64_t context, int64_t C, int64_t NH, DType dtype);
+  // Bytes this configuration allocates: 2 * layers * rows * context * (Ckv * size(dtype)
+  // + (I8 ? NKV * 4 : 0)).
+  static size_t bytes_for(int layers, int64_t rows, int64_t context, int64_t Ckv, int64_t NKV, DType dtype);
   size_t bytes() const;
 
   bool has_layer(int layer) const { return layer >= first_ && layer < first_ + static_cast<int>(k_.size()); }

@@ -1,11 +1,15 @@
 // Attention's operators: rotary position embedding and causal self-attention (ops/ops.h).
 //
-// Rope       in: qkv (B*T, 3C').  out: (B*T, 3C'), q and k rotated, v copied.
-// Attention  in: qkv (B*T, 3C').  out: y (B*T, C'), probs (B, NH', T, T) saved for backward.
-// C' = C/tp and NH' = NH/tp under tensor parallelism: a rank holds whole heads
-// [head_start, head_start + NH'), so neither needs a collective; the attention's dropout
-// counters are those of the logical head in the whole model, so a head shard draws the masks
-// the unsharded model draws (DropoutSpec::heads_total).
+// Rope       in: qkv (B*T, W).  out: (B*T, W), q and k rotated, v copied.
+// Attention  in: qkv (B*T, W).  out: y (B*T, C'), probs (B, NH', T, T) saved for backward.
+// W = C' + 2 NKV' HS: the query heads, then the key-value heads (grouped-query attention,
+// ops/backend.h, Heads). C' = C/tp and NH' = NH/tp under tensor parallelism: a rank holds
+// whole query heads [head_start, head_start + NH'), and either its share of the key-value
+// heads (NKV/tp, when tp divides them) or all of them (replicated), so neither needs a
+// collective; the attention's dropout counters are those of the logical head in the whole
+// model, so a head shard draws the masks the unsharded model draws (DropoutSpec::heads_total).
+// A grouped backward takes a workspace (Backend::attention_backward_work), counted by the
+// dry run like every op's scratch.
 #include "ops/ops.h"
 
 #include <stdexcept>
@@ -14,16 +18,21 @@
 namespace ops {
 namespace {
 
+// C: the query channels of a packed qkv row of W = C + 2 NKV HS (both operators' input).
+int query_channels(const Graph& g, const Node& n) {
+  const Heads h = heads_of(n);
+  return static_cast<int>(g.tensors[static_cast<size_t>(n.in[0])].shape.back() * h.q / (h.q + 2 * h.kv));
+}
+int query_channels(const OpContext& c) { return query_channels(c.g, c.n); }
+
 namespace rope {
 
 void forward(OpContext& c) {
-  const TensorDesc& x = c.in_desc(0);
-  c.be.rope_forward(c.out(0), c.in(0), c.B(), c.T(), static_cast<int>(x.shape.back() / 3), c.n.heads, c.n.theta);
+  c.be.rope_forward(c.out(0), c.in(0), c.B(), c.T(), query_channels(c), heads_of(c.n), c.n.theta);
 }
 
 void backward(OpContext& c) {
-  const TensorDesc& x = c.in_desc(0);
-  c.be.rope_backward(c.din(0), c.dout, c.B(), c.T(), static_cast<int>(x.shape.back() / 3), c.n.heads, c.n.theta);
+  c.be.rope_backward(c.din(0), c.dout, c.B(), c.T(), query_channels(c), heads_of(c.n), c.n.theta);
 }
 
 }  // namespace rope
@@ -50,23 +59,38 @@ DropoutSpec drop(const OpContext& c) {
 // layer's K and V; a decode graph attends one position per row over the cache (rope, when the
 // model has it, applied there at each row's position: the decode graph has no Rope node).
 void forward(OpContext& c) {
-  const int C = static_cast<int>(c.in_desc(0).shape.back() / 3);
+  const int C = query_channels(c);
+  const Heads heads = heads_of(c.n);
   if (c.g.decode) {
     if (!c.kv || !c.kv->has_layer(c.n.layer))
       throw std::logic_error("node " + c.n.name + ": a decode graph needs the executor's KV cache (set_kv_cache)");
     if (static_cast<int64_t>(c.kv->pos.size()) < c.B()) throw std::logic_error("KV cache: fewer positions than rows");
-    c.be.attention_decode(c.out(0), c.in(0), c.kv->layer(c.n.layer), c.kv->pos.data(), c.B(), C, c.n.heads,
+    c.be.attention_decode(c.out(0), c.in(0), c.kv->layer(c.n.layer), c.kv->pos.data(), c.B(), C, heads,
                           c.n.rope ? c.n.theta : 0.0f);
     return;
   }
-  c.be.attention_forward(c.out(0), c.out(1), c.in(0), c.B(), c.T(), C, c.n.heads, drop(c));
-  if (c.kv) c.be.kv_cache_write(c.kv->layer(c.n.layer), c.in(0), c.B(), c.T(), C, c.n.heads);
+  c.be.attention_forward(c.out(0), c.out(1), c.in(0), c.B(), c.T(), C, heads, drop(c));
+  if (c.kv) c.be.kv_cache_write(c.kv->layer(c.n.layer), c.in(0), c.B(), c.T(), C, heads);
+}
+
+int64_t work_floats(const Graph& g, const Node& n) {
+  return Backend::attention_backward_work(static_cast<int>(g.B), static_cast<int>(g.T), query_channels(g, n), heads_of(n));
+}
+
+// The grouped backward's workspace (forward: none).
+size_t scratch(const Graph& g, const Node& n, bool backward) {
+  if (!backward || g.decode) return 0;
+  return static_cast<size_t>(work_floats(g, n)) * sizeof(float);
 }
 
 void backward(OpContext& c) {
-  const int C = static_cast<int>(c.in_desc(0).shape.back() / 3);
+  const int C = query_channels(c);
   if (c.g.decode) throw std::logic_error("node " + c.n.name + ": a decode graph has no backward");
-  c.be.attention_backward(c.din(0), c.dout, c.in(0), c.out(1), c.B(), c.T(), C, c.n.heads, drop(c));
+  const int64_t nwork = work_floats(c.g, c.n);
+  Tensor work;
+  if (nwork > 0) work = scratch_tensor({nwork}, false);
+  c.be.attention_backward(c.din(0), c.dout, c.in(0), c.out(1), c.B(), c.T(), C, heads_of(c.n), drop(c),
+                          nwork > 0 ? work.data<float>() : nullptr);
 }
 
 }  // namespace attention
@@ -76,7 +100,7 @@ void backward(OpContext& c) {
 constinit const OpDef kRopeOp{.kind = OpKind::Rope, .name = "rope", .saves = saves_nothing, .scratch = nullptr,
                               .forward = rope::forward, .backward = rope::backward};
 constinit const OpDef kAttentionOp{.kind = OpKind::Attention, .name = "attention", .saves = attention::saves,
-                                   .scratch = nullptr, .forward = attention::forward,
+                                   .scratch = attention::scratch, .forward = attention::forward,
                                    .backward = attention::backward};
 
 }  // namespace ops

@@ -88,6 +88,11 @@ struct OpContext {
   }
 };
 
+// The heads of a Rope or Attention node, as its kernels take them.
+inline Heads heads_of(const Node& n) {
+  return Heads(n.heads, n.kv_heads > 0 ? n.kv_heads : n.heads, n.kv_group, n.kv_first);
+}
+
 // Rows of a tensor seen as (rows, last dimension).
 inline int64_t rows_of(const TensorDesc& d) { return numel_of(d.shape) / d.shape.back(); }
 

@@ -15,10 +15,14 @@ using namespace runner;
 
 namespace {
 
+// gpt, llama; and grouped-query attention: "gqa" (llama, 4 query heads over 2 key-value
+// heads) and "mqa" (gpt with biases, one key-value head).
 ModelConfig small_model(const std::string& family) {
   ModelConfig m = test_support::small_model(97, 32, 64, 4, 3);
   m.dropout = 0.1;
-  if (family == "llama") test_support::make_llama(m);
+  if (family == "llama" || family == "gqa") test_support::make_llama(m);
+  if (family == "gqa") m.n_kv_heads = 2;
+  if (family == "mqa") m.n_kv_heads = 1;
   return m;
 }
 
@@ -50,7 +54,7 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t seed) {
 }  // namespace
 
 TEST_CASE("recompute (selective and full) gives bit-identical losses and gradients") {
-  for (const char* family : {"gpt", "llama"}) {
+  for (const char* family : {"gpt", "llama", "gqa", "mqa"}) {
     ModelConfig m = small_model(family);
     int64_t B = 2, N = B * m.seq_len;
     auto tokens = random_tokens(N, m.vocab_size, 1), targets = random_tokens(N, m.vocab_size, 2);
@@ -104,7 +108,7 @@ TEST_CASE("dropout masks depend on the key and the global sample position, not o
 }
 
 TEST_CASE("ledger honesty: the dry run predicts each account's measured peak") {
-  for (const char* family : {"gpt", "llama"}) {
+  for (const char* family : {"gpt", "llama", "gqa", "mqa"}) {  // grouped-query: the backward's workspace
     for (const char* rc : {"", "attention_core", "full"}) {
       CAPTURE(family);
       CAPTURE(rc);
@@ -131,25 +135,33 @@ TEST_CASE("ledger honesty: the dry run predicts each account's measured peak") {
 }
 
 TEST_CASE("parameter initialisation is a function of (seed, name, logical element): tp shards agree") {
-  ModelConfig m = small_model("gpt");
-  GptSpec full;
-  full.model = m;
-  ops::Graph g1 = build_gpt_graph(full);
-  ParamSet p1 = init_params(g1, m, 11);
-  for (int64_t rank = 0; rank < 2; ++rank) {
-    GptSpec sh = full;
-    sh.tp = 2;
-    sh.tp_rank = rank;
-    sh.vocab_padded = 98;
-    ops::Graph g2 = build_gpt_graph(sh);
-    ParamSet p2 = init_params(g2, m, 11);
-    int qi = p2.index("h.1.attn.qkv.weight");
-    int fi = p1.index("h.1.attn.qkv.weight");
-    REQUIRE(qi >= 0);
-    const ops::TensorDesc& d = g2.tensors[static_cast<size_t>(g2.find("h.1.attn.qkv.weight"))];
-    const float* shard = p2.values[static_cast<size_t>(qi)].data<float>();
-    const float* whole = p1.values[static_cast<size_t>(fi)].data<float>();
-    for (int64_t i = 0; i < p2.values[static_cast<size_t>(qi)].numel(); ++i)
-      REQUIRE(shard[i] == whole[shard_to_full_index(d, i)]);
+  // gqa: 2 key-value heads split over tp 2; mqa: 1 replicated on both ranks.
+  for (const char* family : {"gpt", "gqa", "mqa"}) {
+    CAPTURE(family);
+    ModelConfig m = small_model(family);
+    GptSpec full;
+    full.model = m;
+    ops::Graph g1 = build_gpt_graph(full);
+    ParamSet p1 = init_params(g1, m, 11);
+    for (int64_t rank = 0; rank < 2; ++rank) {
+      GptSpec sh = full;
+      sh.tp = 2;
+      sh.tp_rank = rank;
+      sh.vocab_padded = 98;
+      ops::Graph g2 = build_gpt_graph(sh);
+      ParamSet p2 = init_params(g2, m, 11);
+      int qi = p2.index("h.1.attn.qkv.weight");
+      int fi = p1.index("h.1.attn.qkv.weight");
+      REQUIRE(qi >= 0);
+      const ops::TensorDesc& d = g2.tensors[static_cast<size_t>(g2.find("h.1.attn.qkv.weight"))];
+      const float* shard = p2.values[static_cast<size_t>(qi)].data<float>();
+      const float* whole = p1.values[static_cast<size_t>(fi)].data<float>();
+      for (int64_t i = 0; i < p2.values[static_cast<size_t>(qi)].numel(); ++i)
+        REQUIRE(shard[i] == whole[shard_to_full_index(d, i)]);
+      // Rows: this rank's 2 of 4 query heads (head size 16), then its key-value heads' k and v.
+      const int64_t kv_rows = m.kv_heads() == 1 ? 16 : 16 * m.kv_heads() / 2;
+      CHECK(d.shape[0] == 2 * 16 + 2 * kv_rows);
+      CHECK(d.full_shape[0] == 4 * 16 + 2 * 16 * m.kv_heads());
+    }
   }
 }

@@ -90,6 +90,11 @@ TEST_CASE("export: Llama safetensors (split q/k/v, gate/up, rotate-half rope, un
   check_against_torch("llama", std::string(test_support::kLlamaSets) + " model.tie_embeddings=false", "llama");
 }
 
+TEST_CASE("export: Llama with grouped-query attention (2 key-value heads for 4 query heads) gives the runner's logits") {
+  check_against_torch("llama_gqa", std::string(test_support::kLlamaSets) + " model.tie_embeddings=false model.n_heads=4 model.n_kv_heads=2",
+                      "llama");
+}
+
 TEST_CASE("export: the safetensors header and a bf16 export") {
   fs::path dir = temp_dir("header");
   fs::path run = train_tiny(dir, "");

@@ -35,6 +35,11 @@ namespace {
 using Fixture = const test_support::TinyQuickstartRun;
 Fixture& gpt_fixture() { return test_support::tiny_quickstart("generate_kv_gpt", 150, "1e-2"); }
 Fixture& llama_fixture() { return test_support::tiny_quickstart("generate_kv_llama", 150, "1e-2", test_support::kLlamaSets); }
+// Grouped-query attention: 4 query heads (head size 8) sharing 2 key-value heads.
+Fixture& gqa_fixture() {
+  return test_support::tiny_quickstart("generate_kv_gqa", 150, "1e-2",
+                                       std::string(test_support::kLlamaSets) + " model.n_heads=4 model.n_kv_heads=2");
+}
 
 const std::vector<std::string> kTexts = {"12+34=46\n7+8=15\n100+9", "345+678=1023\n1+1=2\n55+", "9+9=18\n"};
 const std::vector<int64_t> kPrompt = {5, 11, 1};  // prefill lengths: three different, one of a single token
@@ -179,6 +184,43 @@ TEST_CASE("KV cache: the tracker's kv_cache bytes are the plan's KV-cache figure
     }
     CHECK(mt.current(ops::Account::KvCache) == before);  // released with the decoder
   }
+}
+
+// The cache holds the key-value heads only: half the channels of the multi-head model of the
+// same width, measured, planned and allocated alike; decoding over it still equals the full
+// forward pass, and greedy output is the same with and without it.
+TEST_CASE("KV cache with grouped-query attention: cached logits equal a full forward; the cache holds the key-value heads only") {
+  TrainedModel m = load_trained_model(gqa_fixture().run.string(), ops::cpu_backend(),
+                                      {"inference.kv_dtype=fp32", "inference.batch=3"});
+  REQUIRE(m.model().kv_heads() == 2);
+  const Diff d = cached_vs_full(m);
+  MESSAGE("gqa fp32 cache: max abs logit difference " << d.abs << ", relative " << d.rel << " (largest |logit| "
+                                                      << d.max_logit << ")");
+  CHECK(d.max_logit > 4.0);
+  CHECK(d.rel <= 1e-5);
+  auto& mt = ops::MemoryTracker::instance();
+  const size_t before = mt.current(ops::Account::KvCache);
+  {
+    CachedDecoder dec(m, 2, 20);
+    const size_t measured = mt.current(ops::Account::KvCache) - before;
+    // 2 (K, V) x 2 layers x 3 sequences x 32 positions x 2 key-value heads x head size 8 x 4 bytes.
+    CHECK(measured == 2 * 2 * 3 * 32 * (2 * 8 * 4));
+    CHECK(static_cast<double>(measured) == m.plan.inference->kv_cache);
+    CHECK(measured == dec.cache().bytes());
+  }
+  TrainedModel mha = load_trained_model(llama_fixture().run.string(), ops::cpu_backend(),
+                                        {"inference.kv_dtype=fp32", "inference.batch=3"});
+  CHECK(m.plan.inference->kv_per_sequence * 2 == mha.plan.inference->kv_per_sequence);  // 2 of 4 heads vs 2 of 2 (d_model 32)
+  TrainedModel g = load_trained_model(gqa_fixture().run.string(), ops::cpu_backend());  // no inference sizing
+  GenerateRequest req;
+  req.prompts = {"12+34=", "7+8=", "100+900=", "5"};
+  req.max_new_tokens = 12;
+  req.kv_cache = false;
+  auto ref = generate(g, req);
+  req.kv_cache = true;
+  auto got = generate(g, req);
+  REQUIRE(got.size() == ref.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].tokens == ref[i].tokens);
 }
 
 TEST_CASE("KV cache: a request over the plan's batch or context is refused before allocating, with the numbers") {

@@ -108,6 +108,42 @@ TEST_CASE("generate on tp2 under mpirun: the one-rank tokens, logits within 1e-5
   }
 }
 
+// Grouped-query attention: with 2 key-value heads each tp2 rank caches one (half the one-rank
+// cache); with one (multi-query) both ranks hold and cache it (replicated: the one-rank cache).
+TEST_CASE("generate with grouped-query attention on tp2: key-value heads split or replicated, the one-rank tokens and logits") {
+  tp2_run();  // writes the recipe and the prompts
+  for (int kv : {2, 1}) {
+    CAPTURE(kv);
+    const fs::path rd = kDir / ("tp2_kv" + std::to_string(kv));
+    test_support::Result r = test_support::sh(test_support::mpirun(2) + RUNNER_BINARY + " train " + (kDir / "layout.yaml").string() +
+                                            " --quiet --run-dir " + rd.string() + " --set parallel.tp=2 model.n_kv_heads=" +
+                                            std::to_string(kv));
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() +
+                             " --max-new-tokens 8 --json --stats --logits-out ";
+    Out one = run(kOneRank, args + (kDir / "one.bin").string());
+    Out tp = run(test_support::mpirun(2), args + (kDir / "tp.bin").string());
+    INFO(one.err << tp.err);
+    REQUIRE(one.code == 0);
+    REQUIRE(tp.code == 0);
+    CHECK(tp.out == one.out);
+    const std::vector<float> a = read_floats(kDir / "one.bin"), b = read_floats(kDir / "tp.bin");
+    REQUIRE(a.size() == b.size());
+    const double rel = worst_relative(a, b, 63);
+    MESSAGE("gqa kv " << kv << ", tp2 vs one rank: worst relative logit difference " << rel);
+    CHECK(rel <= 1e-5);
+    auto bytes = [](const std::string& err) {
+      const size_t k = err.find("\"kv_cache_bytes\":");
+      REQUIRE(k != std::string::npos);
+      return std::stoll(err.substr(k + 17));
+    };
+    const long long b1 = bytes(one.err), b2 = bytes(tp.err);
+    CHECK(b1 > 0);
+    CHECK(b2 * (kv == 2 ? 2 : 1) == b1);
+  }
+}
+
 TEST_CASE("generate on tp2 x dp2: the replicas generate the same, rank 0 prints") {
   const fs::path& rd = tp2_run();
   const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() + " --max-new-tokens 6 --json";

@@ -37,7 +37,8 @@ Plan plan_of(const std::vector<std::string>& sets, int64_t world) {
 bool same_desc(const ops::TensorDesc& a, const ops::TensorDesc& b) {
   return a.name == b.name && a.shape == b.shape && a.full_shape == b.full_shape && a.dtype == b.dtype &&
          a.shard.dim == b.shard.dim && a.shard.parts == b.shard.parts && a.shard.index == b.shard.index &&
-         a.shard.blocks == b.shard.blocks && a.decay == b.decay && a.seq_partial == b.seq_partial && a.layer == b.layer;
+         a.shard.blocks == b.shard.blocks && a.shard.sizes == b.shard.sizes && a.shard.replicated == b.shard.replicated &&
+         a.decay == b.decay && a.seq_partial == b.seq_partial && a.layer == b.layer;
 }
 
 struct Layout {
@@ -55,6 +56,9 @@ TEST_CASE("the layout's parameter table is what every rank's graphs hold") {
       {{"parallel.pp=2"}, 2},
       {{"parallel.tp=2", "parallel.pp=2", "model.tie_embeddings=false"}, 4},
       {{"model.n_layers=4", "parallel.pp=2", "parallel.schedule=interleaved", "parallel.virtual_stages=2", "batch.micro=1"}, 2},
+      // Grouped-query attention: key-value heads split over tp, and replicated (multi-query).
+      {{"model.n_kv_heads=2", "parallel.tp=2", "parallel.pp=2"}, 4},
+      {{"model.n_kv_heads=1", "parallel.tp=2"}, 2},
   };
   for (const auto& c : cases) {
     std::string name;

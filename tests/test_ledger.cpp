@@ -17,6 +17,8 @@
 // See docs/ledger.md.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "ops/executor.h"
 #include "runner/model/model.h"
 #include "runner/plan/plan.h"
@@ -212,4 +214,47 @@ TEST_CASE("inference sizing: KV cache per rank and the largest batch that fits")
   CHECK(make_plan(r).inference->kv_per_sequence == 2.0 * 32 * 4096 * (4096 * 1 + 32 * 4));
   r.inference->kv_dtype = KvFormat::fp32;
   CHECK(make_plan(r).inference->kv_per_sequence == per_seq * 2);
+}
+
+// Grouped-query attention (docs/ledger.md): the qkv projection has n_kv_heads key-value rows,
+// not n_heads. Llama 2 70B (8 key-value heads) has 68,976,648,192 parameters; with 64 it
+// would be 78,371,889,152, what this recipe planned before n_kv_heads existed. Llama 2 7B is
+// full multi-head. Both recipes still fit as their comments say.
+TEST_CASE("the Llama 2 recipes plan their models' exact parameter counts (70B with 8 key-value heads) and fit") {
+  const std::string dir = std::string(RUNNER_SOURCE_DIR) + "/recipes/";
+  Plan p70 = make_plan(load_recipe(dir + "llama-70b-64gpu.yaml"));
+  CHECK(p70.recipe.model.kv_heads() == 8);
+  CHECK(p70.param_count == 68976648192);
+  CHECK(p70.table().find("64 heads (8 key-value)") != std::string::npos);
+  CHECK(p70.fits);
+  CHECK(p70.worst_stage().total() < 0.6 * p70.device_memory);  // "about half of each GPU's memory"
+  CHECK(make_plan(load_recipe(dir + "llama-70b-64gpu.yaml", {"model.n_kv_heads=64"})).param_count == 78371889152);
+  // tp 8 does not divide 4 key-value heads: every rank holds all of them, and the plan says so.
+  const Plan rep = make_plan(load_recipe(dir + "llama-70b-64gpu.yaml", {"model.n_kv_heads=4"}));
+  CHECK(std::any_of(rep.notes.begin(), rep.notes.end(), [](const std::string& n) {
+    return n.find("4 key-value heads do not split over tp 8") != std::string::npos;
+  }));
+  CHECK(rep.stages[0].params > p70.stages[0].params);
+  Plan p7 = make_plan(load_recipe(dir + "llama-7b-8xh100.yaml"));
+  CHECK(p7.param_count == 6738415616);
+  CHECK(p7.fits);
+}
+
+// The KV cache holds the key-value heads only: per token and rank it scales with the heads a
+// rank holds, n_kv_heads / tp (or all of them when tp does not divide them: replicated).
+TEST_CASE("KV-cache bytes per token scale with n_kv_heads (Llama 2 70B: 8 of 64 heads, tp 8, 20 layers per stage)") {
+  const std::string path = std::string(RUNNER_SOURCE_DIR) + "/recipes/llama-70b-64gpu.yaml";
+  auto per_token = [&](int64_t kv, const char* format) {
+    Recipe r = load_recipe(path, {"model.n_kv_heads=" + std::to_string(kv)});
+    r.inference = InferenceConfig{1, 4096, parse_enum<KvFormat>(format).value()};
+    Plan p = make_plan(r);
+    REQUIRE(p.inference);
+    return p.inference->kv_per_sequence / 4096.0;
+  };
+  // 2 (K, V) x 20 layers x (key-value heads on this rank) x head size 128 x 2 bytes.
+  CHECK(per_token(64, "bf16") == 2.0 * 20 * 8 * 128 * 2);  // 81,920 bytes: 8 heads per rank
+  CHECK(per_token(8, "bf16") == 2.0 * 20 * 1 * 128 * 2);   // 10,240 bytes: one per rank, 8x less
+  CHECK(per_token(16, "bf16") == 2.0 * 20 * 2 * 128 * 2);
+  CHECK(per_token(4, "bf16") == 2.0 * 20 * 4 * 128 * 2);   // tp 8 does not divide 4: all 4 on every rank
+  CHECK(per_token(8, "int8") == 2.0 * 20 * 1 * (128 + 4));  // int8: one fp32 scale per key-value head
 }

@@ -140,6 +140,19 @@ std::vector<Case> cases() {
                      .x({kN, 3 * C}).out("y", {kN, C}).out("probs", {kB, NH, kT, kT})
                      .with([p](ops::Node& n) { n.heads = NH; n.dropout = p; n.site = 3; })
                      .done());
+  // Grouped-query attention: 4 query heads of size 2 over 2 key-value heads (group 2) and
+  // multi-query (1); its backward takes a workspace the dry run must count.
+  for (int kv : {2, 1}) {
+    const int64_t NQ = 4, HS = C / NQ, W = (NQ + 2 * kv) * HS;
+    cs.push_back(Case("rope (grouped-query, " + std::to_string(kv) + " kv)", OpKind::Rope)
+                     .x({kN, W}).out("y", {kN, W})
+                     .with([kv](ops::Node& n) { n.heads = 4; n.kv_heads = kv; n.kv_group = 4 / kv; n.theta = 10000.0f; })
+                     .done());
+    cs.push_back(Case("attention (grouped-query, " + std::to_string(kv) + " kv, dropout)", OpKind::Attention)
+                     .x({kN, W}).out("y", {kN, C}).out("probs", {kB, NQ, kT, kT})
+                     .with([kv](ops::Node& n) { n.heads = 4; n.kv_heads = kv; n.kv_group = 4 / kv; n.dropout = 0.25f; n.site = 3; })
+                     .done());
+  }
   cs.push_back(Case("gelu", OpKind::Gelu).x({kN, H}).out("y", {kN, H}).done());
   cs.push_back(Case("swiglu", OpKind::SwiGLU).x({kN, 2 * H}).out("y", {kN, H}).done());
   cs.push_back(Case("add", OpKind::Add).x({kN, C}).param("b", {kN, C}).out("y", {kN, C}).done());

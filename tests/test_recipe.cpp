@@ -712,6 +712,7 @@ TEST_CASE("other tools' key names point at ours (nanoGPT, Megatron-LM, torchtita
   const Case cases[] = {
       {"model", "block_size", "model.seq_len"},       {"model", "n_embd", "model.d_model"},
       {"model", "n_layer", "model.n_layers"},         {"model", "n_head", "model.n_heads"},
+      {"model", "num_key_value_heads", "model.n_kv_heads"}, {"model", "num_query_groups", "model.n_kv_heads"},
       {"", "learning_rate", "optimizer.lr"},          {"", "batch_size", "batch.micro"},
       {"", "max_iters", "train.steps"},               {"", "warmup_iters", "optimizer.schedule.warmup_steps"},
       {"optimizer", "warmup", "optimizer.schedule.warmup_steps"},

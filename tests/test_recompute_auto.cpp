@@ -327,12 +327,13 @@ using test_support::Result;
 
 Result run(const std::string& args, const std::string& cwd) { return test_support::runner_cmd(args, cwd); }
 
-}  // namespace
-
-TEST_CASE("runner train with auto recomputes what the plan chose: activation peak within 5% of the ledger") {
+// A quickstart run under recompute auto (16 heads; and grouped-query attention, 4 key-value
+// heads): it recomputes what the plan chose, and the activation peak is the ledger's.
+void train_with_auto(const std::vector<std::string>& model_sets) {
   const std::string recipe = std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml";
-  const std::vector<std::string> base{"train.steps=3",        "train.log_every=1",        "train.eval_every=0",
-                                      "checkpoint.cadence=never", "checkpoint.every_steps=0", "hardware.memory_gb=1000"};
+  std::vector<std::string> base{"train.steps=3",        "train.log_every=1",        "train.eval_every=0",
+                                "checkpoint.cadence=never", "checkpoint.every_steps=0", "hardware.memory_gb=1000"};
+  base.insert(base.end(), model_sets.begin(), model_sets.end());
   Plan none = make_plan(load_recipe(recipe, base));
   std::vector<std::string> full_sets = base;
   full_sets.push_back("recompute.mode=full");
@@ -367,4 +368,14 @@ TEST_CASE("runner train with auto recomputes what the plan chose: activation pea
   // And it did recompute: the measured peak is well below what nothing recomputed holds.
   CHECK(meas < none.stages[0].activations - 0.5 * (none.stages[0].activations - planned.stages[0].activations));
   fs::remove_all(cwd);
+}
+
+}  // namespace
+
+TEST_CASE("runner train with auto recomputes what the plan chose: activation peak within 5% of the ledger") {
+  train_with_auto({});
+}
+
+TEST_CASE("runner train with auto and grouped-query attention: the same, the key-value heads' workspace included") {
+  train_with_auto({"model.n_kv_heads=4"});
 }

@@ -1,4 +1,6 @@
-// Causal multi-head self-attention on the CPU: forward and backward side by side.
+// Causal multi-head self-attention on the CPU: forward and backward side by side, with
+// grouped-query attention (ops/backend.h, Heads): query head h reads key-value head
+// heads.kv_of(h); qkv rows are [q: NH*HS | k: NKV*HS | v: NKV*HS].
 //
 // Forward (per head, scale = 1/sqrt(HS), Vaswani et al. 2017 eq. 1):
 //   S = scale Q K^T;  P = softmax_rows(S) (causal);  Pd = P * M / (1-p);  O = Pd V
@@ -22,6 +24,10 @@
 //   lanes selected away, so every loop is whole vectors without scalar tails.
 // - One (b, h) is one unit of work (its operands are packed once); the OpenMP team takes
 //   units dynamically. Per-thread scratch is grown once and reused.
+// - Grouped-query backward: the query heads of a group add into the same dK and dV. To stay
+//   deterministic whatever the thread count (bitwise resume), each (b, h) unit writes its dK,
+//   dV panel to the caller's workspace, and a second pass sums a group's panels in head order.
+//   Full multi-head attention (group 1) adds straight into dqkv, as before.
 #include "ops/cpu/attention.h"
 
 #include <omp.h>
@@ -128,12 +134,12 @@ OPS_INLINE void softmax_row_backward(float* ds, const float* p, int n, int nv) {
   for (int s = s0; s < nv; s++) ds[s] = s < n ? p[s] * (ds[s] - dot) : 0.0f;
 }
 
-// Forward of one (b, h). q, k, v: (T, HS) views with row stride 3C; o: (T, HS) view with row
-// stride C; P: (T, T) contiguous. ctr0 = head_counter0(...) is the dropout counter of
-// (t=0, s=0).
-void forward_head(float* o, float* P, const float* q, const float* k, const float* v, int T, int C, int HS,
+// Forward of one (b, h). q, k, v: (T, HS) views with row stride W (the qkv row); o: (T, HS)
+// view with row stride C; P: (T, T) contiguous. ctr0 = head_counter0(...) is the dropout
+// counter of (t=0, s=0).
+void forward_head(float* o, float* P, const float* q, const float* k, const float* v, int T, int C, int W, int HS,
                   DropoutSpec drop, uint64_t ctr0) {
-  const int C3 = 3 * C, HSp = round16(HS), Tp = round16(T), BQ = g_block_rows, MB = std::min(BQ, T);
+  const int C3 = W, HSp = round16(HS), Tp = round16(T), BQ = g_block_rows, MB = std::min(BQ, T);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const bool dropout = drop.p > 0.0f;
   const float kscale = dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
@@ -182,11 +188,13 @@ void forward_head(float* o, float* P, const float* q, const float* k, const floa
   }
 }
 
-// Backward of one (b, h). dq, dk, dv: views into dqkv (row stride 3C), dO: view into dout
-// (row stride C), q, k, v: views into qkv, P: (T, T) saved probabilities.
-void backward_head(float* dq, float* dk, float* dv, const float* dO, const float* q, const float* k, const float* v,
-                   const float* P, int T, int C, int HS, DropoutSpec drop, uint64_t ctr0) {
-  const int C3 = 3 * C, HSp = round16(HS), Tp = round16(T), BQ = g_block_rows;
+// Backward of one (b, h). dq, dk, dv: views into dqkv (row stride W = ldkv), or dk, dv into
+// a group's workspace (row stride ldkv = 2HS, written, not added); dO: view into dout (row
+// stride C), q, k, v: views into qkv (row stride W), P: (T, T) saved probabilities.
+void backward_head(float* dq, float* dk, float* dv, int ldkv, bool add_kv, const float* dO, const float* q,
+                   const float* k, const float* v, const float* P, int T, int C, int W, int HS, DropoutSpec drop,
+                   uint64_t ctr0) {
+  const int C3 = W, HSp = round16(HS), Tp = round16(T), BQ = g_block_rows;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const bool dropout = drop.p > 0.0f;
   const float kscale = dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
@@ -251,20 +259,29 @@ void backward_head(float* dq, float* dk, float* dv, const float* dO, const float
   }
   for (int t = 0; t < T; t++) {
     const size_t src = static_cast<size_t>(t) * HSp;
-    const int64_t dst = static_cast<int64_t>(t) * C3;
+    const int64_t dst = static_cast<int64_t>(t) * C3, kdst = static_cast<int64_t>(t) * ldkv;
 #pragma omp simd
-    for (int i = 0; i < HS; i++) {
-      dq[dst + i] += dQp[src + i];
-      dk[dst + i] += dKp[src + i];
-      dv[dst + i] += dVp[src + i];
+    for (int i = 0; i < HS; i++) dq[dst + i] += dQp[src + i];
+    if (add_kv) {
+#pragma omp simd
+      for (int i = 0; i < HS; i++) {
+        dk[kdst + i] += dKp[src + i];
+        dv[kdst + i] += dVp[src + i];
+      }
+    } else {
+      std::memcpy(dk + kdst, dKp + src, sizeof(float) * HS);
+      std::memcpy(dv + kdst, dVp + src, sizeof(float) * HS);
     }
   }
 }
 
-void check_shapes(int B, int T, int C, int NH, DropoutSpec drop) {
-  OPS_CHECK(B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0,
+void check_shapes(int B, int T, int C, Heads hd, DropoutSpec drop) {
+  const int NH = hd.q;
+  OPS_CHECK(B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0 && hd.valid(),
                "attention: bad shape B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" +
-                   std::to_string(C) + " NH=" + std::to_string(NH) + " (C must be a multiple of NH)");
+                   std::to_string(C) + " NH=" + std::to_string(NH) + " NKV=" + std::to_string(hd.kv) + " group=" +
+                   std::to_string(hd.group) + " first=" + std::to_string(hd.first) +
+                   " (C must be a multiple of NH, every query head's key-value head in [0, NKV))");
   OPS_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "attention: dropout p must be in [0, 1), got " + std::to_string(drop.p));
   OPS_CHECK(drop.heads_total > 0 ? drop.head_start >= 0 && drop.head_start + NH <= drop.heads_total
                                     : drop.heads_total == 0 && drop.head_start == 0,
@@ -285,39 +302,73 @@ uint64_t head_counter0(const DropoutSpec& drop, int b, int h, int T, int NH) {
 int attention_block_rows() { return g_block_rows; }
 void set_attention_block_rows(int rows) { g_block_rows = rows > 0 ? rows : 64; }
 
-// out: (B,T,C), probs: (B,NH,T,T), qkv: (B,T,3C)
-void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int NH, DropoutSpec drop) {
-  check_shapes(B, T, C, NH, drop);
-  const int HS = C / NH, BH = B * NH;
+// out: (B,T,C), probs: (B,NH,T,T), qkv: (B,T,W), W = C + 2 NKV HS
+void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, Heads hd, DropoutSpec drop) {
+  check_shapes(B, T, C, hd, drop);
+  const int NH = hd.q, HS = C / NH, W = C + 2 * hd.kv * HS, BH = B * NH;
   const bool par = BH > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
 #pragma omp parallel for schedule(dynamic, 1) if (par)
   for (int bh = 0; bh < BH; bh++) {
     const int b = bh / NH, h = bh % NH;
-    const float* q = qkv + static_cast<size_t>(b) * T * 3 * C + static_cast<size_t>(h) * HS;
+    const float* row = qkv + static_cast<size_t>(b) * T * W;
+    const float* k = row + C + static_cast<size_t>(hd.kv_of(h)) * HS;
     float* o = out + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
     float* P = probs + static_cast<size_t>(bh) * T * T;
-    forward_head(o, P, q, q + C, q + 2 * C, T, C, HS, drop, head_counter0(drop, b, h, T, NH));
+    forward_head(o, P, row + static_cast<size_t>(h) * HS, k, k + hd.kv * HS, T, C, W, HS, drop,
+                 head_counter0(drop, b, h, T, NH));
   }
 }
 
-// dqkv: (B,T,3C) +=, dout: (B,T,C), qkv: (B,T,3C), probs: (B,NH,T,T)
+namespace {
+// dK and dV of key-value head j of row b: += the group's panels in the workspace, in query
+// head order (a fixed order: the sum does not depend on the thread count). work: (B,NH,T,2HS).
+void sum_group(float* dqkv, const float* work, int b, int j, int T, int C, int W, int HS, Heads hd) {
+  float* dk = dqkv + static_cast<size_t>(b) * T * W + C + static_cast<size_t>(j) * HS;
+  float* dv = dk + hd.kv * HS;
+  for (int h = hd.q_begin(j); h < hd.q_end(j); h++) {
+    const float* w = work + (static_cast<size_t>(b) * hd.q + h) * T * 2 * HS;
+    for (int t = 0; t < T; t++) {
+      const float* wk = w + static_cast<size_t>(t) * 2 * HS;
+      float* k = dk + static_cast<size_t>(t) * W;
+      float* v = dv + static_cast<size_t>(t) * W;
+#pragma omp simd
+      for (int i = 0; i < HS; i++) {
+        k[i] += wk[i];
+        v[i] += wk[HS + i];
+      }
+    }
+  }
+}
+}  // namespace
+
+// dqkv: (B,T,W) +=, dout: (B,T,C), qkv: (B,T,W), probs: (B,NH,T,T); work (B,NH,T,2HS) when
+// hd.group > 1
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C,
-                        int NH, DropoutSpec drop) {
+                        Heads hd, DropoutSpec drop, float* work) {
   if (!dqkv) return;
-  check_shapes(B, T, C, NH, drop);
-  const int HS = C / NH, BH = B * NH;
+  check_shapes(B, T, C, hd, drop);
+  const int NH = hd.q, HS = C / NH, W = C + 2 * hd.kv * HS, BH = B * NH;
+  const bool grouped = hd.group > 1;
+  OPS_CHECK(!grouped || work, "attention_backward: grouped-query attention needs its workspace");
   const bool par = BH > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
 #pragma omp parallel for schedule(dynamic, 1) if (par)
   for (int bh = 0; bh < BH; bh++) {
     const int b = bh / NH, h = bh % NH;
-    const size_t qoff = static_cast<size_t>(b) * T * 3 * C + static_cast<size_t>(h) * HS;
-    const float* q = qkv + qoff;
-    float* dq = dqkv + qoff;
+    const size_t qoff = static_cast<size_t>(b) * T * W + static_cast<size_t>(h) * HS;
+    const size_t koff = static_cast<size_t>(b) * T * W + C + static_cast<size_t>(hd.kv_of(h)) * HS;
     const float* dO = dout + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
     const float* P = probs + static_cast<size_t>(bh) * T * T;
     const uint64_t ctr0 = head_counter0(drop, b, h, T, NH);
-    backward_head(dq, dq + C, dq + 2 * C, dO, q, q + C, q + 2 * C, P, T, C, HS, drop, ctr0);
+    float* dk = grouped ? work + static_cast<size_t>(bh) * T * 2 * HS : dqkv + koff;
+    float* dv = grouped ? dk + HS : dk + hd.kv * HS;
+    backward_head(dqkv + qoff, dk, dv, grouped ? 2 * HS : W, !grouped, dO, qkv + qoff, qkv + koff,
+                  qkv + koff + static_cast<size_t>(hd.kv) * HS, P, T, C, W, HS, drop, ctr0);
   }
+  if (!grouped) return;
+  const int BK = B * hd.kv;
+  const bool par2 = BK > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (par2)
+  for (int bj = 0; bj < BK; bj++) sum_group(dqkv, work, bj / hd.kv, bj % hd.kv, T, C, W, HS, hd);
 }
 
 // ============================================================================ the KV cache
@@ -355,14 +406,14 @@ inline void kv_store_head(const KvView& kv, void* buf, float* scales, size_t at,
   }
 }
 
-// Reads n positions [0, n) of one head (row b, head h) into dst (n, HS) fp32.
-inline void kv_load_head(float* dst, const KvView& kv, const void* buf, const float* scales, int b, int h, int n,
-                         int C, int NH) {
-  const int HS = C / NH;
-  const size_t row0 = static_cast<size_t>(b) * kv.context;
-  for (int j = 0; j < n; j++) {
-    const size_t at = (row0 + j) * C + static_cast<size_t>(h) * HS;
-    float* d = dst + static_cast<size_t>(j) * HS;
+// Reads n positions [0, n) of key-value head j of row b into dst (n, HS) fp32. The cache
+// holds NKV heads of HS channels per position.
+inline void kv_load_head(float* dst, const KvView& kv, const void* buf, const float* scales, int b, int j, int n,
+                         int HS, int NKV) {
+  const size_t row0 = static_cast<size_t>(b) * kv.context, Ckv = static_cast<size_t>(NKV) * HS;
+  for (int p = 0; p < n; p++) {
+    const size_t at = (row0 + p) * Ckv + static_cast<size_t>(j) * HS;
+    float* d = dst + static_cast<size_t>(p) * HS;
     switch (kv.dtype) {
       case DType::F32: std::memcpy(d, static_cast<const float*>(buf) + at, sizeof(float) * HS); break;
       case DType::BF16: {
@@ -377,7 +428,7 @@ inline void kv_load_head(float* dst, const KvView& kv, const void* buf, const fl
       }
       case DType::I8: {
         const int8_t* s = static_cast<const int8_t*>(buf) + at;
-        const float sc = scales[(row0 + j) * NH + h];
+        const float sc = scales[(row0 + p) * NKV + j];
         for (int i = 0; i < HS; i++) d[i] = static_cast<float>(s[i]) * sc;
         break;
       }
@@ -386,65 +437,72 @@ inline void kv_load_head(float* dst, const KvView& kv, const void* buf, const fl
   }
 }
 
-// K and V of row b's token at position p (its qkv row: [q | k | v]) into the cache.
-inline void kv_store_position(const KvView& kv, const float* qkv_row, int b, int64_t p, int C, int NH) {
-  const int HS = C / NH;
+// K and V of row b's token at position p (its qkv row: [q: C | k: NKV*HS | v: NKV*HS]) into
+// the cache.
+inline void kv_store_position(const KvView& kv, const float* qkv_row, int b, int64_t p, int C, int HS, int NKV) {
   const size_t rowpos = static_cast<size_t>(b) * kv.context + static_cast<size_t>(p);
-  for (int h = 0; h < NH; h++) {
-    const size_t at = rowpos * C + static_cast<size_t>(h) * HS, sat = rowpos * NH + h;
-    kv_store_head(kv, kv.k, kv.k_scale, at, sat, qkv_row + C + h * HS, HS);
-    kv_store_head(kv, kv.v, kv.v_scale, at, sat, qkv_row + 2 * C + h * HS, HS);
+  const int Ckv = NKV * HS;
+  for (int j = 0; j < NKV; j++) {
+    const size_t at = rowpos * Ckv + static_cast<size_t>(j) * HS, sat = rowpos * NKV + j;
+    kv_store_head(kv, kv.k, kv.k_scale, at, sat, qkv_row + C + j * HS, HS);
+    kv_store_head(kv, kv.v, kv.v_scale, at, sat, qkv_row + C + Ckv + j * HS, HS);
   }
 }
 
 }  // namespace
 
-// qkv: (B,T,3C); positions [0, T) of rows [0, B)
-void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, int NH) {
+// qkv: (B,T,W); positions [0, T) of rows [0, B)
+void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, Heads hd) {
   OPS_CHECK(T <= kv.context, "KV cache: " + std::to_string(T) + " positions over its context of " + std::to_string(kv.context));
+  OPS_CHECK(hd.q > 0 && C % hd.q == 0 && hd.valid(), "kv_cache_write: bad heads");
+  const int HS = C / hd.q, W = C + 2 * hd.kv * HS;
   const int64_t N = static_cast<int64_t>(B) * T;
   const bool par = N > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t r = 0; r < N; r++)
-    kv_store_position(kv, qkv + r * 3 * C, static_cast<int>(r / T), r % T, C, NH);
+    kv_store_position(kv, qkv + r * W, static_cast<int>(r / T), r % T, C, HS, hd.kv);
 }
 
-// out: (B,C), qkv: (B,3C) roped, pos: (B)
-void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, int NH) {
-  OPS_CHECK(NH > 0 && C % NH == 0, "attention_decode: C % NH != 0");
-  const int HS = C / NH;
+// out: (B,C), qkv: (B,W) roped, pos: (B). One unit per (row, key-value head): its cached K and
+// V are decoded once and serve every query head of its group.
+void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, Heads hd) {
+  OPS_CHECK(hd.q > 0 && C % hd.q == 0 && hd.valid(), "attention_decode: C % NH != 0 or bad key-value heads");
+  const int HS = C / hd.q, W = C + 2 * hd.kv * HS;
   for (int b = 0; b < B; b++) {
     OPS_CHECK(pos[b] >= 0 && pos[b] < kv.context, "attention_decode: position " + std::to_string(pos[b]) +
                                                       " outside the KV cache's context of " + std::to_string(kv.context));
-    kv_store_position(kv, qkv + static_cast<size_t>(b) * 3 * C, b, pos[b], C, NH);
+    kv_store_position(kv, qkv + static_cast<size_t>(b) * W, b, pos[b], C, HS, hd.kv);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const int BH = B * NH;
-  const bool par = BH > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
+  const int BK = B * hd.kv;
+  const bool par = BK > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
 #pragma omp parallel for schedule(dynamic, 1) if (par)
-  for (int bh = 0; bh < BH; bh++) {
-    const int b = bh / NH, h = bh % NH, n = pos[b] + 1, n16 = round16(n);
+  for (int bj = 0; bj < BK; bj++) {
+    const int b = bj / hd.kv, j = bj % hd.kv, n = pos[b] + 1, n16 = round16(n);
+    if (hd.q_begin(j) >= hd.q_end(j)) continue;  // replicated key-value heads: none of this rank's queries read it
     float* K = grow(0, static_cast<size_t>(n) * HS);
     float* V = grow(1, static_cast<size_t>(n) * HS);
     float* s = grow(2, static_cast<size_t>(n16));
-    kv_load_head(K, kv, kv.k, kv.k_scale, b, h, n, C, NH);
-    kv_load_head(V, kv, kv.v, kv.v_scale, b, h, n, C, NH);
-    const float* q = qkv + static_cast<size_t>(b) * 3 * C + static_cast<size_t>(h) * HS;
-    for (int j = 0; j < n; j++) {
-      const float* k = K + static_cast<size_t>(j) * HS;
-      float d = 0.0f;
+    kv_load_head(K, kv, kv.k, kv.k_scale, b, j, n, HS, hd.kv);
+    kv_load_head(V, kv, kv.v, kv.v_scale, b, j, n, HS, hd.kv);
+    for (int h = hd.q_begin(j); h < hd.q_end(j); h++) {
+      const float* q = qkv + static_cast<size_t>(b) * W + static_cast<size_t>(h) * HS;
+      for (int p = 0; p < n; p++) {
+        const float* k = K + static_cast<size_t>(p) * HS;
+        float d = 0.0f;
 #pragma omp simd reduction(+ : d)
-      for (int i = 0; i < HS; i++) d += q[i] * k[i];
-      s[j] = d * scale;
-    }
-    const float inv = softmax_row_exp(s, n, n16);
-    float* o = out + static_cast<size_t>(b) * C + static_cast<size_t>(h) * HS;
-    std::fill(o, o + HS, 0.0f);
-    for (int j = 0; j < n; j++) {
-      const float w = s[j] * inv;
-      const float* v = V + static_cast<size_t>(j) * HS;
+        for (int i = 0; i < HS; i++) d += q[i] * k[i];
+        s[p] = d * scale;
+      }
+      const float inv = softmax_row_exp(s, n, n16);
+      float* o = out + static_cast<size_t>(b) * C + static_cast<size_t>(h) * HS;
+      std::fill(o, o + HS, 0.0f);
+      for (int p = 0; p < n; p++) {
+        const float w = s[p] * inv;
+        const float* v = V + static_cast<size_t>(p) * HS;
 #pragma omp simd
-      for (int i = 0; i < HS; i++) o[i] += w * v[i];
+        for (int i = 0; i < HS; i++) o[i] += w * v[i];
+      }
     }
   }
 }

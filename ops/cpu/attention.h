@@ -1,17 +1,17 @@
-// Causal multi-head self-attention on the CPU (see ops/backend.h for the contract).
+// Causal self-attention on the CPU, multi-head and grouped-query (see ops/backend.h for the contract).
 #pragma once
 #include "ops/backend.h"
 
 namespace ops::cpu {
 
-void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int NH, DropoutSpec drop);
+void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, Heads heads, DropoutSpec drop);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C,
-                        int NH, DropoutSpec drop);
+                        Heads heads, DropoutSpec drop, float* work);
 
 // The KV cache (ops/backend.h, KvView): prefill's store of K and V, and one decode step's
 // attention of each row's new query over its cached positions (q, k already roped).
-void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, int NH);
-void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, int NH);
+void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, Heads heads);
+void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, Heads heads);
 
 // Rows per block of the blocked causal product (tuned with bench/bench_kernels).
 int attention_block_rows();

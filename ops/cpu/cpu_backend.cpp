@@ -255,20 +255,20 @@ void bias_backward_cols16(float* __restrict dbias, const uint16_t* dout, DType t
 
 // =============================================================================== rope
 // Su et al. 2021 (RoFormer), "rotate half" pairing (i, i + HS/2), angle t * theta^(-2i/HS).
-// Rows [r0, r1) of (B*T, 3C): q and k heads rotated by +a (forward, overwrite) or by -a
-// (backward: a rotation's adjoint is its inverse, accumulate); v copied or accumulated.
-// cos_tab, sin_tab: (T, HS/2). dst may alias src in the forward.
+// Rows [r0, r1) of (B*T, W), W = (NH + 2 NKV) HS: the NH q heads and NKV k heads rotated by +a
+// (forward, overwrite) or by -a (backward: a rotation's adjoint is its inverse, accumulate); v
+// copied or accumulated. cos_tab, sin_tab: (T, HS/2). dst may alias src in the forward.
 void rope_rows(float* dst, const float* src, const float* cos_tab, const float* sin_tab, int64_t r0, int64_t r1,
-               int T, int C, int NH, bool inverse) {
-  const int HS = C / NH, half = HS / 2;
+               int T, int HS, int NH, int NKV, bool inverse) {
+  const int half = HS / 2, W = (NH + 2 * NKV) * HS, Cv = NKV * HS;
   const float sgn = inverse ? -1.0f : 1.0f;
   for (int64_t r = r0; r < r1; r++) {
     const int t = static_cast<int>(r % T);
     const float* cs = cos_tab + static_cast<size_t>(t) * half;
     const float* sn = sin_tab + static_cast<size_t>(t) * half;
-    const float* x = src + r * 3 * C;
-    float* y = dst + r * 3 * C;
-    for (int hh = 0; hh < 2 * NH; hh++) {  // q heads, then k heads
+    const float* x = src + r * W;
+    float* y = dst + r * W;
+    for (int hh = 0; hh < NH + NKV; hh++) {  // q heads, then k heads
       const float* x1 = x + hh * HS;
       const float* x2 = x1 + half;
       float* y1 = y + hh * HS;
@@ -289,13 +289,13 @@ void rope_rows(float* dst, const float* src, const float* cos_tab, const float* 
         }
       }
     }
-    const float* xv = x + 2 * C;
-    float* yv = y + 2 * C;
+    const float* xv = x + W - Cv;
+    float* yv = y + W - Cv;
     if (inverse) {
 #pragma omp simd
-      for (int i = 0; i < C; i++) yv[i] += xv[i];
+      for (int i = 0; i < Cv; i++) yv[i] += xv[i];
     } else if (yv != xv) {
-      std::memcpy(yv, xv, sizeof(float) * C);
+      std::memcpy(yv, xv, sizeof(float) * Cv);
     }
   }
 }
@@ -659,43 +659,44 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void rope_forward(float* out, const float* inp, int B, int T, int C, int NH, float theta) override {
-    rope_dispatch(out, inp, B, T, C, NH, theta, /*inverse=*/false);
+  void rope_forward(float* out, const float* inp, int B, int T, int C, Heads heads, float theta) override {
+    rope_dispatch(out, inp, B, T, C, heads, theta, /*inverse=*/false);
   }
-  void rope_backward(float* dinp, const float* dout, int B, int T, int C, int NH, float theta) override {
+  void rope_backward(float* dinp, const float* dout, int B, int T, int C, Heads heads, float theta) override {
     if (!dinp) return;
-    rope_dispatch(dinp, dout, B, T, C, NH, theta, /*inverse=*/true);
+    rope_dispatch(dinp, dout, B, T, C, heads, theta, /*inverse=*/true);
   }
 
-  void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int NH,
+  void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, Heads heads,
                          DropoutSpec drop) override {
-    cpu::attention_forward(out, probs, qkv, B, T, C, NH, drop);
+    cpu::attention_forward(out, probs, qkv, B, T, C, heads, drop);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C,
-                          int NH, DropoutSpec drop) override {
-    cpu::attention_backward(dqkv, dout, qkv, probs, B, T, C, NH, drop);
+                          Heads heads, DropoutSpec drop, float* work) override {
+    cpu::attention_backward(dqkv, dout, qkv, probs, B, T, C, heads, drop, work);
   }
 
-  void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, int NH) override {
-    cpu::kv_cache_write(kv, qkv, B, T, C, NH);
+  void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, Heads heads) override {
+    cpu::kv_cache_write(kv, qkv, B, T, C, heads);
   }
   // Rope at each row's own position, from the table rope_forward uses (same angles, same
   // products), on a copy of q and k; then the cached attention.
-  void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, int NH,
+  void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, Heads heads,
                         float theta) override {
-    if (theta <= 0.0f) return cpu::attention_decode(out, qkv, kv, pos, B, C, NH);
+    if (theta <= 0.0f) return cpu::attention_decode(out, qkv, kv, pos, B, C, heads);
+    const int NH = heads.q;
     OPS_CHECK(NH > 0 && C % NH == 0 && (C / NH) % 2 == 0, "attention_decode: rope needs an even head size");
     int maxp = 0;
     for (int b = 0; b < B; b++) maxp = std::max(maxp, pos[b]);
-    const int HS = C / NH, half = HS / 2;
+    const int HS = C / NH, half = HS / 2, W = C + 2 * heads.kv * HS;
     const std::shared_ptr<const RopeTable> tab = rope_table(maxp + 1, HS, theta);
     std::vector<float>& r = decode_roped_;
-    r.assign(qkv, qkv + static_cast<size_t>(B) * 3 * C);
+    r.assign(qkv, qkv + static_cast<size_t>(B) * W);
     for (int b = 0; b < B; b++) {
       const float* cs = tab->cos.data() + static_cast<size_t>(pos[b]) * half;
       const float* sn = tab->sin.data() + static_cast<size_t>(pos[b]) * half;
-      float* y = r.data() + static_cast<size_t>(b) * 3 * C;
-      for (int hh = 0; hh < 2 * NH; hh++) {  // q heads, then k heads
+      float* y = r.data() + static_cast<size_t>(b) * W;
+      for (int hh = 0; hh < NH + heads.kv; hh++) {  // q heads, then k heads
         float* y1 = y + hh * HS;
         float* y2 = y1 + half;
         for (int i = 0; i < half; i++) {
@@ -705,7 +706,7 @@ class CpuBackend final : public Backend {
         }
       }
     }
-    cpu::attention_decode(out, r.data(), kv, pos, B, C, NH);
+    cpu::attention_decode(out, r.data(), kv, pos, B, C, heads);
   }
 
   void gelu_forward(float* out, const float* inp, int64_t n) override {
@@ -881,14 +882,16 @@ class CpuBackend final : public Backend {
     return tab;
   }
 
-  void rope_dispatch(float* dst, const float* src, int B, int T, int C, int NH, float theta, bool inverse) {
-    OPS_CHECK(NH > 0 && C % NH == 0 && (C / NH) % 2 == 0,
+  void rope_dispatch(float* dst, const float* src, int B, int T, int C, Heads heads, float theta, bool inverse) {
+    const int NH = heads.q;
+    OPS_CHECK(NH > 0 && heads.kv > 0 && C % NH == 0 && (C / NH) % 2 == 0,
                  "rope: head size C/NH must be even, got C=" + std::to_string(C) + " NH=" + std::to_string(NH));
-    const std::shared_ptr<const RopeTable> tab = rope_table(T, C / NH, theta);
+    const int HS = C / NH, NKV = heads.kv;
+    const std::shared_ptr<const RopeTable> tab = rope_table(T, HS, theta);
     const float* cos_tab = tab->cos.data();
     const float* sin_tab = tab->sin.data();
-    parallel_chunks(static_cast<int64_t>(B) * T, row_grain(3 * C, kGrainStream), [=](int64_t r0, int64_t r1) {
-      rope_rows(dst, src, cos_tab, sin_tab, r0, r1, T, C, NH, inverse);
+    parallel_chunks(static_cast<int64_t>(B) * T, row_grain(C + 2 * NKV * HS, kGrainStream), [=](int64_t r0, int64_t r1) {
+      rope_rows(dst, src, cos_tab, sin_tab, r0, r1, T, HS, NH, NKV, inverse);
     }, 1);
   }
 };

@@ -251,10 +251,12 @@ __global__ void widen_k(float* dst, const T* src, int64_t n) {
 
 // ------------------------------------------------------------------ rope
 // One thread per (row, q-or-k head, i < HS/2) pair; v copied (forward) or accumulated (backward).
+// Rows are (NH + 2 NKV) HS wide (grouped-query attention: NH q heads, NKV k heads, NKV v heads).
 // Angles as the CPU's table: f = theta^(-2i/HS) and cos(t f), sin(t f) in double, rounded to float.
-__global__ void rope_k(float* dst, const float* src, int64_t N, int T, int C, int NH, float theta, bool inverse) {
-  const int HS = C / NH, half = HS / 2;
-  const int64_t pairs = static_cast<int64_t>(2 * NH) * half;
+__global__ void rope_k(float* dst, const float* src, int64_t N, int T, int C, int NH, int NKV, float theta,
+                       bool inverse) {
+  const int HS = C / NH, half = HS / 2, W = C + 2 * NKV * HS, Cv = NKV * HS;
+  const int64_t pairs = static_cast<int64_t>(NH + NKV) * half;
   const int64_t total = N * pairs;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -263,7 +265,7 @@ __global__ void rope_k(float* dst, const float* src, int64_t N, int T, int C, in
     const int t = static_cast<int>(r % T);
     const double f = pow(static_cast<double>(theta), -2.0 * i / HS);
     const float cs = static_cast<float>(cos(t * f)), sn = static_cast<float>(sin(t * f));
-    const int64_t o1 = r * 3 * C + static_cast<int64_t>(hh) * HS + i, o2 = o1 + half;
+    const int64_t o1 = r * W + static_cast<int64_t>(hh) * HS + i, o2 = o1 + half;
     const float a = src[o1], b = src[o2];
     if (inverse) {
       dst[o1] += a * cs + b * sn;
@@ -273,10 +275,10 @@ __global__ void rope_k(float* dst, const float* src, int64_t N, int T, int C, in
       dst[o2] = b * cs + a * sn;
     }
   }
-  const int64_t nv = N * C;
+  const int64_t nv = N * Cv;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < nv;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / C, i = idx % C, o = r * 3 * C + 2 * C + i;
+    const int64_t r = idx / Cv, i = idx % Cv, o = r * W + C + Cv + i;
     if (inverse) dst[o] += src[o];
     else dst[o] = src[o];
   }
@@ -286,6 +288,8 @@ __global__ void rope_k(float* dst, const float* src, int64_t N, int T, int C, in
 // One block per (query row t, b*NH + h). Scores go straight into probs' row (fp32, the
 // interface's saved tensor), softmax in place, then out = sum_s Pd[s] v[s] with threads over
 // (channel, key slice) and a shared-memory reduction. Dropout counter: ctr0(b,h) + t*T + s.
+// Grouped-query attention: qkv rows are W = C + 2 NKV HS wide and query head h reads key-value
+// head hd.kv_of(h) (ops/backend.h, Heads); the backward's atomics sum a group's dK and dV.
 struct HeadCtr {
   uint64_t offset;
   int heads_total, head_start;
@@ -297,13 +301,14 @@ struct HeadCtr {
 };
 constexpr int kAttnThreads = 256;
 constexpr int kMaxHS = 256;
-__global__ void attention_fwd_k(float* out, float* probs, const float* qkv, int T, int C, int NH, float p,
+__global__ void attention_fwd_k(float* out, float* probs, const float* qkv, int T, int C, Heads hd, float p,
                                 uint64_t key, HeadCtr hc) {
-  const int t = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH, C3 = 3 * C;
+  const int NH = hd.q, t = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
+  const int C3 = C + 2 * hd.kv * HS;  // the qkv row
   const float scale = rsqrtf(static_cast<float>(HS));
   const float* q = qkv + (static_cast<int64_t>(b) * T + t) * C3 + h * HS;
-  const float* kbase = qkv + static_cast<int64_t>(b) * T * C3 + C + h * HS;
-  const float* vbase = kbase + C;
+  const float* kbase = qkv + static_cast<int64_t>(b) * T * C3 + C + hd.kv_of(h) * HS;
+  const float* vbase = kbase + hd.kv * HS;
   float* P = probs + (static_cast<int64_t>(bh) * T + t) * T;
   __shared__ float qs[kMaxHS];
   for (int i = threadIdx.x; i < HS; i += blockDim.x) qs[i] = q[i];
@@ -355,14 +360,15 @@ __global__ void attention_fwd_k(float* out, float* probs, const float* qkv, int 
 // dS is kept in shared memory (T <= kMaxAttnT) .
 constexpr int kMaxAttnT = 8192;
 __global__ void attention_bwd_k(float* dqkv, const float* dout, const float* qkv, const float* probs, int T, int C,
-                                int NH, float p, uint64_t key, HeadCtr hc) {
+                                Heads hd, float p, uint64_t key, HeadCtr hc) {
   extern __shared__ float dS[];  // T floats
-  const int t = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH, C3 = 3 * C;
+  const int NH = hd.q, t = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
+  const int C3 = C + 2 * hd.kv * HS, koff = C + hd.kv_of(h) * HS, voff = koff + hd.kv * HS;
   const float scale = rsqrtf(static_cast<float>(HS));
   const int64_t rowq = (static_cast<int64_t>(b) * T + t) * C3 + h * HS;
   const float* q = qkv + rowq;
-  const float* kbase = qkv + static_cast<int64_t>(b) * T * C3 + C + h * HS;
-  const float* vbase = kbase + C;
+  const float* kbase = qkv + static_cast<int64_t>(b) * T * C3 + koff;
+  const float* vbase = qkv + static_cast<int64_t>(b) * T * C3 + voff;
   const float* dO = dout + (static_cast<int64_t>(b) * T + t) * C + h * HS;
   const float* P = probs + (static_cast<int64_t>(bh) * T + t) * T;
   const bool dropout = p > 0.0f;
@@ -385,7 +391,7 @@ __global__ void attention_bwd_k(float* dqkv, const float* dout, const float* qkv
     dot += d * P[s];
     // dv[s] += Pd[s] dO[t]
     const float pd = P[s] * mk;
-    float* dv = dqkv + (static_cast<int64_t>(b) * T + s) * C3 + 2 * C + h * HS;
+    float* dv = dqkv + (static_cast<int64_t>(b) * T + s) * C3 + voff;
     if (pd != 0.0f)
       for (int i = 0; i < HS; i++) atomicAdd(dv + i, pd * dos[i]);
   }
@@ -393,7 +399,7 @@ __global__ void attention_bwd_k(float* dqkv, const float* dout, const float* qkv
   for (int s = threadIdx.x; s <= t; s += blockDim.x) {
     const float ds = P[s] * (dS[s] - dot);
     dS[s] = ds;
-    float* dk = dqkv + (static_cast<int64_t>(b) * T + s) * C3 + C + h * HS;
+    float* dk = dqkv + (static_cast<int64_t>(b) * T + s) * C3 + koff;
     if (ds != 0.0f)
       for (int i = 0; i < HS; i++) atomicAdd(dk + i, scale * ds * qs[i]);
   }
@@ -683,30 +689,31 @@ class CudaBackend final : public Backend {
          pre);
   }
 
-  void rope_forward(float* out, const float* inp, int B, int T, int C, int NH, float theta) override {
-    rope(out, inp, B, T, C, NH, theta, false);
+  void rope_forward(float* out, const float* inp, int B, int T, int C, Heads heads, float theta) override {
+    rope(out, inp, B, T, C, heads, theta, false);
   }
-  void rope_backward(float* dinp, const float* dout, int B, int T, int C, int NH, float theta) override {
-    if (dinp) rope(dinp, dout, B, T, C, NH, theta, true);
+  void rope_backward(float* dinp, const float* dout, int B, int T, int C, Heads heads, float theta) override {
+    if (dinp) rope(dinp, dout, B, T, C, heads, theta, true);
   }
 
-  void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, int NH,
+  void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, Heads heads,
                          DropoutSpec drop) override {
-    check_attention(B, T, C, NH, drop);
-    dim3 grid(T, B * NH);
-    attention_fwd_k<<<grid, kAttnThreads, 0, stream_>>>(out, probs, qkv, T, C, NH, drop.p, drop.key,
+    check_attention(B, T, C, heads, drop);
+    dim3 grid(T, B * heads.q);
+    attention_fwd_k<<<grid, kAttnThreads, 0, stream_>>>(out, probs, qkv, T, C, heads, drop.p, drop.key,
                                                          HeadCtr{drop.offset, drop.heads_total, drop.head_start});
     LAUNCH_CHECK();
   }
+  // Grouped-query attention: the atomics already sum a group's dK and dV, so `work` is unused.
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C,
-                          int NH, DropoutSpec drop) override {
+                          Heads heads, DropoutSpec drop, float* /*work*/) override {
     if (!dqkv) return;
-    check_attention(B, T, C, NH, drop);
-    dim3 grid(T, B * NH);
+    check_attention(B, T, C, heads, drop);
+    dim3 grid(T, B * heads.q);
     const size_t shm = sizeof(float) * static_cast<size_t>(T);
     if (shm > 48 * 1024)
       CU_CHECK(cudaFuncSetAttribute(attention_bwd_k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)));
-    attention_bwd_k<<<grid, kAttnThreads, shm, stream_>>>(dqkv, dout, qkv, probs, T, C, NH, drop.p, drop.key,
+    attention_bwd_k<<<grid, kAttnThreads, shm, stream_>>>(dqkv, dout, qkv, probs, T, C, heads, drop.p, drop.key,
                                                           HeadCtr{drop.offset, drop.heads_total, drop.head_start});
     LAUNCH_CHECK();
   }
@@ -858,8 +865,9 @@ class CudaBackend final : public Backend {
     REQUIRE_ARG(V > 0 && Vreal >= 0 && Vreal <= V, "xent_shard: need 0 <= Vreal <= V, got Vreal=" +
                                                        std::to_string(Vreal) + " V=" + std::to_string(V));
   }
-  static void check_attention(int B, int T, int C, int NH, const DropoutSpec& drop) {
-    REQUIRE_ARG(B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0, "attention: bad shape");
+  static void check_attention(int B, int T, int C, Heads heads, const DropoutSpec& drop) {
+    const int NH = heads.q;
+    REQUIRE_ARG(B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0 && heads.valid(), "attention: bad shape");
     REQUIRE_ARG(C / NH <= kMaxHS && C / NH <= kAttnThreads, "attention: head size above " + std::to_string(kMaxHS));
     REQUIRE_ARG(T <= kMaxAttnT, "attention: sequence above " + std::to_string(kMaxAttnT));
     check_p(drop.p);
@@ -974,12 +982,13 @@ class CudaBackend final : public Backend {
                                std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
     LT_CHECK(st);
   }
-  void rope(float* dst, const float* src, int B, int T, int C, int NH, float theta, bool inverse) {
-    REQUIRE_ARG(NH > 0 && C % NH == 0 && (C / NH) % 2 == 0,
+  void rope(float* dst, const float* src, int B, int T, int C, Heads heads, float theta, bool inverse) {
+    const int NH = heads.q;
+    REQUIRE_ARG(NH > 0 && heads.kv > 0 && C % NH == 0 && (C / NH) % 2 == 0,
                 "rope: head size C/NH must be even, got C=" + std::to_string(C) + " NH=" + std::to_string(NH));
     const int64_t N = static_cast<int64_t>(B) * T;
     if (N == 0) return;
-    rope_k<<<blocks_for(N * C), kThreads, 0, stream_>>>(dst, src, N, T, C, NH, theta, inverse);
+    rope_k<<<blocks_for(N * C), kThreads, 0, stream_>>>(dst, src, N, T, C, NH, heads.kv, theta, inverse);
     LAUNCH_CHECK();
   }
 };

@@ -182,17 +182,19 @@ TensorSlice shard_slice(const LogicalParam& p, int tp_rank, const float* src) {
     return sl;
   }
   const int dd = d.shard.dim, b = d.shard.blocks;
-  RUNNER_CHECK(dd < static_cast<int>(S.size()) && b >= 1 && S[static_cast<size_t>(dd)] % b == 0 && F[static_cast<size_t>(dd)] % b == 0,
+  RUNNER_CHECK(dd < static_cast<int>(S.size()) && d.shard.shard_len(F[static_cast<size_t>(dd)]) == S[static_cast<size_t>(dd)],
                "parameter " + d.name + " has an inconsistent shard spec");
-  const int64_t sb = S[static_cast<size_t>(dd)] / b, fb = F[static_cast<size_t>(dd)] / b;
   if (dd == 0) {  // one run of rows per block; rows past the logical (vocabulary) end are padding
-    for (int k = 0; k < b; ++k) {
-      const int64_t dst = k * fb + d.shard.index * sb;
-      const int64_t rows = std::clamp<int64_t>(L[0] - dst, 0, sb);
-      if (rows > 0) sl.runs.push_back({k * sb, dst, rows});
+    for (const ops::ShardSpec::Run& r : d.shard.runs(F[0])) {
+      if (r.replicated && tp_rank != 0) continue;  // a block every rank holds: written once
+      const int64_t rows = std::clamp<int64_t>(L[0] - r.full, 0, r.len);
+      if (rows > 0) sl.runs.push_back({r.shard, r.full, rows});
     }
     return sl;
   }
+  RUNNER_CHECK(d.shard.sizes.empty() && d.shard.replicated == 0 && b >= 1 && S[static_cast<size_t>(dd)] % b == 0,
+               "parameter " + d.name + ": unequal or replicated blocks are only supported along dimension 0");
+  const int64_t sb = S[static_cast<size_t>(dd)] / b, fb = F[static_cast<size_t>(dd)] / b;
   // A split inside the row: every row of the shard, and in it `b` blocks of `sb` along dim dd.
   const int64_t rows = std::min(S[0], L[0]);
   if (rows > 0) sl.runs.push_back({0, 0, rows});

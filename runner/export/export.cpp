@@ -239,7 +239,7 @@ std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops:
     if (has_style) j["hf_style"] = to_string(style);
     else j["hf_style"] = nullptr;
     j["model"] = {{"family", to_string(m.family)}, {"vocab_size", m.vocab_size}, {"seq_len", m.seq_len},
-                  {"d_model", m.d_model}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads},
+                  {"d_model", m.d_model}, {"n_layers", m.n_layers}, {"n_heads", m.n_heads}, {"n_kv_heads", m.kv_heads()},
                   {"mlp_hidden", m.mlp_hidden()}, {"norm", to_string(m.norm)}, {"activation", to_string(m.activation)},
                   {"position", to_string(m.position)}, {"tie_embeddings", m.tie_embeddings}, {"bias", m.bias},
                   {"norm_eps", m.norm_eps}, {"rope_theta", m.rope_theta}, {"dropout", m.dropout}, {"init_std", m.init_std}};

@@ -8,25 +8,13 @@
 
 namespace runner {
 
-namespace {
-ops::DType kv_dtype(KvFormat f) {
-  switch (f) {
-    case KvFormat::fp32: return ops::DType::F32;
-    case KvFormat::bf16: return ops::DType::BF16;
-    case KvFormat::fp16: return ops::DType::F16;
-    case KvFormat::int8: return ops::DType::I8;
-  }
-  return ops::DType::F32;
-}
-}  // namespace
-
 KvCacheShape kv_cache_shape(const TrainedModel& m, int64_t batch) {
   KvCacheShape s;
   const Recipe& r = m.plan.recipe;
   if (r.inference && m.plan.inference) {
     s.rows = m.plan.inference->batch;
     s.context = m.plan.inference->context;
-    s.dtype = kv_dtype(r.inference->kv_dtype);
+    s.dtype = kv_cache_dtype(r.inference->kv_dtype);
     s.from_plan = true;
   } else {
     s.rows = batch;
@@ -63,13 +51,14 @@ CachedDecoder::CachedDecoder(TrainedModel& m, int64_t batch, int64_t longest) : 
     throw UserError({m.checkpoint, 0, 0},
                     fmt::format("inference.context {} is over seq_len {}: learned positions stop there", s.context, mc.seq_len),
                     fmt::format("--set inference.context={} or less", mc.seq_len));
-  // Under tp this rank's heads only: C / tp channels, n_heads / tp heads (the plan's figure is per rank).
-  const int64_t tp = m.plan.tp;
+  // The key-value heads only (grouped-query attention: n_kv_heads of them), and under tp this
+  // rank's: n_kv_heads / tp, or all of them when replicated (the plan's figure is per rank).
+  const int64_t nkv = rank_kv_heads(mc, m.plan.tp);
   // Under pp this stage's layers only.
   GptSpec spec = m.spec();
   const int64_t last = spec.last_layer < 0 ? mc.n_layers : spec.last_layer;
   cache_ = std::make_unique<ops::KvCache>(static_cast<int>(spec.first_layer), static_cast<int>(last - spec.first_layer), s.rows,
-                                          s.context, mc.d_model / tp, mc.n_heads / tp, s.dtype);
+                                          s.context, nkv * (mc.d_model / mc.n_heads), nkv, s.dtype);
   spec.B = B_;
   spec.decode = true;
   decode_g_ = std::make_unique<ops::Graph>(build_gpt_graph(spec));

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "ops/kv_cache.h"
 #include "ops/rng.h"
 
 namespace runner {
@@ -23,6 +24,27 @@ using ops::ShardSpec;
 int64_t padded_vocab(int64_t vocab, int64_t multiple) {
   if (multiple <= 1) return vocab;
   return (vocab + multiple - 1) / multiple * multiple;
+}
+
+bool kv_replicated(const ModelConfig& m, int64_t tp) { return tp > 1 && m.kv_heads() % tp != 0; }
+
+int64_t rank_kv_heads(const ModelConfig& m, int64_t tp) {
+  return kv_replicated(m, tp) ? m.kv_heads() : m.kv_heads() / std::max<int64_t>(1, tp);
+}
+
+ops::DType kv_cache_dtype(KvFormat f) {
+  switch (f) {
+    case KvFormat::fp32: return ops::DType::F32;
+    case KvFormat::bf16: return ops::DType::BF16;
+    case KvFormat::fp16: return ops::DType::F16;
+    case KvFormat::int8: return ops::DType::I8;
+  }
+  return ops::DType::F32;
+}
+
+int64_t kv_cache_position_bytes(const ModelConfig& m, int64_t tp, KvFormat f) {
+  const int64_t nkv = rank_kv_heads(m, tp);
+  return static_cast<int64_t>(ops::KvCache::bytes_for(1, 1, 1, nkv * (m.d_model / m.n_heads), nkv, kv_cache_dtype(f)));
 }
 
 std::vector<ops::ModuleSet> recompute_sets(const RecomputeConfig& rc, int64_t n_layers) {
@@ -51,6 +73,7 @@ struct Builder {
   const GptSpec& s;
   Graph g;
   int64_t C, H, V, NH, t, N;
+  int64_t NKV, HS;  // key-value heads (grouped-query attention) and head size
   int64_t Ns;  // rows of the sequence-sharded regions (N, or N/t under sequence parallelism)
   bool sp;
   DType act;
@@ -62,6 +85,8 @@ struct Builder {
     H = m.mlp_hidden();
     V = s.vocab_padded ? s.vocab_padded : padded_vocab(m.vocab_size, t);
     NH = m.n_heads;
+    NKV = m.kv_heads();
+    HS = C / NH;
     g.B = s.B;
     g.T = s.decode ? 1 : (s.T ? s.T : m.seq_len);
     g.decode = s.decode;
@@ -93,7 +118,22 @@ struct Builder {
     n.eps = static_cast<float>(s.model.norm_eps);
     n.heads = static_cast<int>(NH / t);
     n.theta = static_cast<float>(s.model.rope_theta);
+    n.kv_heads = static_cast<int>(rank_kv_heads(s.model, t));
+    n.kv_group = static_cast<int>(NH / NKV);
+    n.kv_first = kv_replicated(s.model, t) ? static_cast<int>(s.tp_rank * (NH / t)) : 0;
     return g.add_node(std::move(n));
+  }
+
+  // The fused attention input projection's weight ((NH + 2 NKV) HS, C) or bias: rows
+  // [q | k | v], each block split over tp, except k and v when tp does not divide NKV
+  // (replicated on every rank; ShardSpec::replicated).
+  int qkv_param(const std::string& name, bool bias, int layer) {
+    ShardSpec sh{t > 1 ? 0 : -1, static_cast<int>(t), static_cast<int>(s.tp_rank), 3};
+    sh.sizes = {NH * HS, NKV * HS, NKV * HS};
+    if (kv_replicated(s.model, t)) sh.replicated = 0b110;
+    const int64_t full = (NH + 2 * NKV) * HS, rows = sh.shard_len(full);
+    if (bias) return g.add_param(name, {rows}, layer, false, sh, {full});
+    return g.add_param(name, {rows, C}, layer, true, sh, {full, C});
   }
 
   // A column-parallel weight (OC, IC): output rows split across tp ranks.
@@ -173,11 +213,12 @@ struct Builder {
     uint32_t site = static_cast<uint32_t>(l + 1) * 8;
     // Attention.
     int a = norm(p + ".ln1", x, l, Module::norm);
-    int wqkv = col_weight(p + ".attn.qkv.weight", 3 * C, C, l, 3);
-    int bqkv = m.bias ? col_bias(p + ".attn.qkv.bias", 3 * C, l, 3) : -1;
-    int qkv = linear(p + ".attn.qkv", a, wqkv, bqkv, 3 * C / t, l, Module::attention, 'c');
+    int wqkv = qkv_param(p + ".attn.qkv.weight", false, l);
+    int bqkv = m.bias ? qkv_param(p + ".attn.qkv.bias", true, l) : -1;
+    const int64_t W = g.tensors[static_cast<size_t>(wqkv)].shape[0];  // this rank's [q | k | v] rows
+    int qkv = linear(p + ".attn.qkv", a, wqkv, bqkv, W, l, Module::attention, 'c');
     if (m.position == Position::rope && !s.decode) {  // decode: the cached attention rotates at each row's position
-      int r = g.add_activation(p + ".attn.rope.out", {N, 3 * C / t}, l, act);
+      int r = g.add_activation(p + ".attn.rope.out", {N, W}, l, act);
       node(OpKind::Rope, p + ".attn.rope", {qkv}, {r}, l, Module::attention);
       qkv = r;
     }
@@ -305,11 +346,19 @@ int64_t shard_to_full_index(const ops::TensorDesc& d, int64_t i) {
   std::vector<int64_t> idx(nd);
   for (int k = nd - 1; k >= 0; --k) { idx[k] = rem % S[k]; rem /= S[k]; }
   int dd = d.shard.dim;
-  int64_t sb = S[dd] / d.shard.blocks, fb = F[dd] / d.shard.blocks;
-  int64_t block = idx[dd] / sb, within = idx[dd] % sb;
-  idx[dd] = block * fb + d.shard.index * sb + within;
+  idx[dd] = d.shard.full_at(idx[dd], F[dd]);
   for (int k = 0; k < nd; ++k) full = full * F[k] + idx[k];
   return full;
+}
+
+std::vector<std::pair<int64_t, int64_t>> replicated_ranges(const ops::TensorDesc& d) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  if (!d.shard.split() || d.shard.replicated == 0) return out;
+  RUNNER_CHECK(d.shard.dim == 0, "parameter " + d.name + ": replicated blocks are only supported along dimension 0");
+  const int64_t row = d.shape.empty() || d.shape[0] == 0 ? 0 : ops::numel_of(d.shape) / d.shape[0];
+  for (const ops::ShardSpec::Run& r : d.shard.runs(d.full_shape[0]))
+    if (r.replicated) out.emplace_back(r.shard * row, (r.shard + r.len) * row);
+  return out;
 }
 
 ParamSet init_params(const Graph& g, const ModelConfig& m, uint64_t seed) {
@@ -421,10 +470,13 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& m, HfStyle style) {
   for (int64_t l = 0; l < m.n_layers; ++l) {
     const std::string p = "h." + std::to_string(l), q = "model.layers." + std::to_string(l);
     add(q + ".input_layernorm.weight", p + ".ln1.weight");
+    // [q: n_heads*HS | k: kv*HS | v: kv*HS] (grouped-query attention: fewer k and v rows).
+    const int64_t Ckv = m.kv_heads() * (C / m.n_heads);
     const char* qkv[3] = {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj"};
+    const int64_t begin[3] = {0, C, C + Ckv}, rows[3] = {C, Ckv, Ckv};
     for (int k = 0; k < 3; ++k) {
-      add(q + qkv[k] + ".weight", p + ".attn.qkv.weight", k * C, C);
-      if (m.bias) add(q + qkv[k] + ".bias", p + ".attn.qkv.bias", k * C, C);
+      add(q + qkv[k] + ".weight", p + ".attn.qkv.weight", begin[k], rows[k]);
+      if (m.bias) add(q + qkv[k] + ".bias", p + ".attn.qkv.bias", begin[k], rows[k]);
     }
     add(q + ".self_attn.o_proj.weight", p + ".attn.proj.weight");
     if (m.bias) add(q + ".self_attn.o_proj.bias", p + ".attn.proj.bias");

@@ -39,6 +39,18 @@ struct GptSpec {
   bool decode = false;
 };
 
+// Grouped-query attention under tensor parallelism (as Megatron-LM): a rank holds
+// n_kv_heads / tp key-value heads when tp divides them, and all of them otherwise
+// (replicated: each rank's query heads read their groups' heads, and the gradients of the
+// replicated rows are summed over tp). n_heads always divides by tp.
+bool kv_replicated(const ModelConfig& m, int64_t tp);
+int64_t rank_kv_heads(const ModelConfig& m, int64_t tp);
+// The KV cache's element format for the recipe's inference.kv_dtype.
+ops::DType kv_cache_dtype(KvFormat f);
+// Bytes of one layer's K and V for one position on one tensor-parallel rank (the KV cache's
+// unit, ops::KvCache::bytes_for): only the key-value heads are cached.
+int64_t kv_cache_position_bytes(const ModelConfig& m, int64_t tp, KvFormat f);
+
 // Vocabulary padded to a multiple of `multiple` (tp): returns the padded size.
 int64_t padded_vocab(int64_t vocab, int64_t multiple);
 
@@ -85,6 +97,11 @@ void init_param_values(const ops::TensorDesc& d, const ModelConfig& m, uint64_t 
 
 // Index of element `i` of a shard in its full logical tensor.
 int64_t shard_to_full_index(const ops::TensorDesc& d, int64_t i);
+// Element ranges [begin, end) of a split shard that every tensor-parallel rank holds whole
+// (ops::ShardSpec::replicated: grouped-query attention's key-value rows when tp does not
+// divide the key-value heads). Their gradients are partial per rank and summed over tp; a
+// global norm counts them once. Empty for every other tensor.
+std::vector<std::pair<int64_t, int64_t>> replicated_ranges(const ops::TensorDesc& d);
 
 }  // namespace runner
 

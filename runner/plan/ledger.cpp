@@ -123,11 +123,11 @@ void plan_inference(const Recipe& r, Plan& p) {
   ip.kv_dtype = to_string(ic.kv_dtype);
   for (auto& st : p.stages) {
     double layers = static_cast<double>(st.last_layer - st.first_layer);
-    // K and V per layer and position: this rank's channels in the cache format, and for int8
-    // one fp32 scale per head (ops/kv_cache.h; tests/test_generate_kv.cpp measures it).
-    const double per_position = static_cast<double>(r.model.d_model / p.tp) * dtype_bytes(to_string(ic.kv_dtype)) +
-                                (ic.kv_dtype == KvFormat::int8 ? 4.0 * static_cast<double>(r.model.n_heads / p.tp) : 0.0);
-    double per_seq = 2.0 * layers * static_cast<double>(ip.context) * per_position;
+    // K and V per layer and position: this rank's key-value heads (grouped-query attention:
+    // n_kv_heads, split over tp or replicated) in the cache format, and for int8 one fp32
+    // scale per head (ops/kv_cache.h; tests/test_generate_kv.cpp measures it).
+    const double per_position = static_cast<double>(kv_cache_position_bytes(r.model, p.tp, ic.kv_dtype));
+    double per_seq = layers * static_cast<double>(ip.context) * per_position;
     double weights = static_cast<double>(st.params) * dtype_bytes(r.precision.compute == FloatFormat::fp32 ? "fp32" : "bf16");
     if (weights + per_seq * ip.batch > ip.weights + ip.kv_cache) {
       ip.weights = weights;

@@ -148,8 +148,11 @@ std::string Plan::table() const {
   std::ostringstream o;
   const Recipe& r = recipe;
   o << fmt::format("plan for '{}' ({})\n", r.name, r.source_file);
-  o << fmt::format("  model      gpt {:.1f}M params: {} layers, d_model {}, {} heads, mlp {}, vocab {}{}, seq {}\n",
-                   param_count / 1e6, r.model.n_layers, r.model.d_model, r.model.n_heads, r.model.mlp_hidden(),
+  const std::string heads = r.model.kv_heads() == r.model.n_heads
+                                ? fmt::format("{} heads", r.model.n_heads)
+                                : fmt::format("{} heads ({} key-value)", r.model.n_heads, r.model.kv_heads());
+  o << fmt::format("  model      gpt {:.1f}M params: {} layers, d_model {}, {}, mlp {}, vocab {}{}, seq {}\n",
+                   param_count / 1e6, r.model.n_layers, r.model.d_model, heads, r.model.mlp_hidden(),
                    r.model.vocab_size, vocab_padded != r.model.vocab_size ? fmt::format(" (padded {})", vocab_padded) : "",
                    r.model.seq_len);
   o << fmt::format("  grid       world {} = dp {} x tp {} x pp {}", world, dp, tp, pp);

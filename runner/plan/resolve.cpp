@@ -168,13 +168,18 @@ void resolve_batch(const Recipe& r, Plan& p) {
 namespace {
 
 // Tensor parallelism: heads, the MLP width and (with sequence parallelism) seq_len divide by
-// tp; the vocabulary is padded to a multiple of it.
+// tp; the vocabulary is padded to a multiple of it. Key-value heads split over tp when it
+// divides them and are replicated otherwise (runner/model/model.h, kv_replicated).
 void check_tensor_parallel(const Recipe& r, Plan& p) {
   const ModelConfig& m = r.model;
   const int64_t tp = p.tp;
   if (m.n_heads % tp != 0)
     throw UserError(r.loc("parallel.tp"), fmt::format("model.n_heads {} is not divisible by parallel.tp {}", m.n_heads, tp),
                     "choose tp among " + or_list(nearest_divisors(m.n_heads, tp, 3)));
+  if (kv_replicated(m, tp))
+    p.notes.push_back(fmt::format("{} key-value heads do not split over tp {}: every tensor-parallel rank holds all of them "
+                                  "(replicated, as Megatron-LM does; their gradients are summed over tp)",
+                                  m.kv_heads(), tp));
   if (m.mlp_hidden() % tp != 0)
     throw UserError(r.loc("parallel.tp"),
                     fmt::format("MLP width {} (mlp_ratio {} x d_model {}) is not divisible by parallel.tp {}",

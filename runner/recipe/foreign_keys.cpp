@@ -37,6 +37,8 @@ constexpr std::array kTable = {
     ForeignKey{"hidden_size", "Megatron-LM and Hugging Face", "model.d_model", ""},
     ForeignKey{"dim", kTitan, "model.d_model", ""},
     ForeignKey{"num_attention_heads", "Megatron-LM and Hugging Face", "model.n_heads", ""},
+    ForeignKey{"num_key_value_heads", kHf, "model.n_kv_heads", ""},
+    ForeignKey{"num_query_groups", kMeg, "model.n_kv_heads", "with group_query_attention; 0 or n_heads here is no grouping"},
     ForeignKey{"seq_length", kMeg, "model.seq_len", ""},
     ForeignKey{"max_seq_len", kTitan, "model.seq_len", ""},
     ForeignKey{"max_position_embeddings", "Megatron-LM and Hugging Face", "model.seq_len", ""},

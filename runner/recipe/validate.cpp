@@ -1,5 +1,5 @@
 // validate_recipe: the cross-field rules the schema cannot express (d_model divisible by
-// n_heads, rope head size, stage_layers against pp and n_layers, the interleaved schedule,
+// n_heads, n_kv_heads dividing n_heads, rope head size, stage_layers against pp and n_layers, the interleaved schedule,
 // recompute layers and modules, checkpoint cadence, data path, custom hardware memory,
 // inference context). Each failure names the field's Recipe::loc and says how to fix it,
 // with numbers.
@@ -84,9 +84,32 @@ void check_heads_divide(Checks& c) {
              "set d_model to a multiple of " + S(m.n_heads) + (widths.empty() ? std::string() : ", like " + join(widths, " or ")));
 }
 
+// Grouped-query attention: n_kv_heads key-value heads, each shared by n_heads / n_kv_heads
+// query heads, so it must divide n_heads (0 means n_heads).
+void check_kv_heads(Checks& c) {
+  const ModelConfig& m = c.recipe().model;
+  if (!c.clean({"model.n_kv_heads", "model.n_heads"}) || m.n_kv_heads <= 0 || m.n_heads <= 0) return;
+  if (m.n_kv_heads <= m.n_heads && m.n_heads % m.n_kv_heads == 0) return;
+  std::vector<std::string> near;  // the divisors of n_heads closest to n_kv_heads, below and above
+  for (int64_t k = std::min(m.n_kv_heads - 1, m.n_heads); k >= 1 && k > m.n_kv_heads - kWindow; --k)
+    if (m.n_heads % k == 0) { near.push_back(S(k)); break; }
+  if (m.n_kv_heads < m.n_heads)  // (and no overflow for an absurd n_kv_heads)
+    for (int64_t k = m.n_kv_heads + 1; k <= m.n_heads && k < m.n_kv_heads + kWindow; ++k)
+      if (m.n_heads % k == 0) { near.push_back(S(k)); break; }
+  const std::string what = m.n_kv_heads > m.n_heads
+                               ? "model.n_kv_heads " + S(m.n_kv_heads) + " is more than model.n_heads " + S(m.n_heads) +
+                                     " (each key-value head serves a group of query heads)"
+                               : "model.n_kv_heads " + S(m.n_kv_heads) + " does not divide model.n_heads " + S(m.n_heads) +
+                                     " (each key-value head serves an equal group of query heads)";
+  c.fail("model.n_kv_heads", what,
+         "use a divisor of " + S(m.n_heads) + (near.empty() ? std::string() : ", like " + join(near, " or ")) +
+             " (1: multi-query; 0 or " + S(m.n_heads) + ": full multi-head attention)");
+}
+
 void check_model(Checks& c) {
   const Recipe& r = c.recipe();
   const ModelConfig& m = r.model;
+  check_kv_heads(c);
   if (c.clean({"model.d_model", "model.n_heads"}) && m.n_heads > 0) {
     if (m.d_model % m.n_heads != 0) {
       check_heads_divide(c);

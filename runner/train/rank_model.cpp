@@ -23,6 +23,7 @@ RankModel::RankModel(const Plan& plan, parallel::Grid& grid, ops::Backend& be, P
     if (p.tied()) tied_ = static_cast<int>(i);
     seq_partial_.push_back(p.desc.seq_partial ? 1 : 0);
     tp_replicated_.push_back(p.desc.shard.dim < 0 ? 1 : 0);
+    tp_partial_rows_.push_back(plan.tp > 1 ? replicated_ranges(p.shard(c.tp)) : std::vector<std::pair<int64_t, int64_t>>{});
     gts.push_back({&ps.values[i], &ps.grads[i], static_cast<int>(i) == tied_});
   }
   sync_ = std::make_unique<parallel::GradSync>(grid.dp(), std::move(gts), plan.recipe.parallel.bucket_mb * 1024.0 * 1024.0,
@@ -79,10 +80,18 @@ parallel::PipelineStats RankModel::train(const std::vector<parallel::MicroBatch>
   sync_->start_step();
   return pipe_->train(sched_, micro, dloss, key, [this](int chunk, int node) {
     for (int p : ready_at_[static_cast<size_t>(chunk)][static_cast<size_t>(node)]) {
+      ops::Tensor& gr = ps_.grads[static_cast<size_t>(p)];
       if (seq_partial_[static_cast<size_t>(p)]) {  // each tp rank saw only its rows of the sequence
-        ops::Tensor& gr = ps_.grads[static_cast<size_t>(p)];
         auto t = std::chrono::steady_clock::now();
         grid_.tp().iallreduce_sum(gr.raw(), gr.dtype(), gr.numel())->wait();
+        tp_timed_->add(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
+      }
+      // Replicated key-value rows (grouped-query attention): each tp rank's gradient holds
+      // only its query heads' share.
+      for (auto [a, e] : tp_partial_rows_[static_cast<size_t>(p)]) {
+        auto t = std::chrono::steady_clock::now();
+        char* base = static_cast<char*>(gr.raw()) + static_cast<size_t>(a) * ops::dtype_size(gr.dtype());
+        grid_.tp().iallreduce_sum(base, gr.dtype(), e - a)->wait();
         tp_timed_->add(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
       }
       sync_->grad_ready(p);
@@ -110,10 +119,16 @@ bool RankModel::counts(size_t i) const {
 
 double RankModel::global_sum_squares(double& extra) {
   double ss = 0;
+  const bool tp0 = grid_.coords().tp == 0;
   for (size_t i = 0; i < ps_.grads.size(); ++i) {
     if (!counts(i)) continue;
     auto [a, e] = ps_.owned_range(i);
-    ss += sum_squares(be_, ps_.grads[i], a, e);
+    // Replicated key-value rows count on tensor-parallel rank 0 only: the rest of [a, e).
+    for (auto [ra, re] : tp0 ? std::vector<std::pair<int64_t, int64_t>>{} : tp_partial_rows_[i]) {
+      if (std::min(e, ra) > a) ss += sum_squares(be_, ps_.grads[i], a, std::min(e, ra));
+      a = std::max(a, re);
+    }
+    if (e > a) ss += sum_squares(be_, ps_.grads[i], a, e);
   }
   double v[2] = {ss, extra};
   auto t = std::chrono::steady_clock::now();

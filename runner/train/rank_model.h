@@ -73,6 +73,9 @@ class RankModel : public TracedModel {
   std::vector<std::vector<std::vector<int>>> ready_at_;  // [chunk][node] -> parameters final after its backward
   std::vector<char> seq_partial_;    // per parameter: summed over tp first (sequence parallelism)
   std::vector<char> tp_replicated_;  // per parameter: every tp rank holds all of it
+  // per parameter: element ranges every tp rank holds whole inside a split shard (replicated
+  // key-value rows; runner::replicated_ranges), summed over tp and counted once in the norm
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> tp_partial_rows_;
   std::vector<parallel::PipeAction> sched_;
   std::unique_ptr<parallel::PipelineRunner> pipe_;
   std::unique_ptr<parallel::TimedGroup> tp_timed_;  // grid.tp(), timed

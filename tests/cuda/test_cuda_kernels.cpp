@@ -290,6 +290,34 @@ TEST_CASE("causal attention forward and backward, with and without dropout, whol
   }
 }
 
+// Grouped-query attention (ops/backend.h, Heads): the GPU sums a group's dK and dV with its
+// atomics, the CPU through its workspace; rope rotates NH + NKV heads.
+TEST_CASE("grouped-query attention and rope: 8 query heads over 2 key-value heads, and a replicated tp mapping") {
+  const int B = 2, T = 37, HS = 32, NH = 8, C = NH * HS;
+  for (ops::Heads hd : {ops::Heads::grouped(NH, 2), ops::Heads::grouped(NH, 1), ops::Heads(NH, 3, 4, 4)}) {
+    CAPTURE(hd.kv);
+    CAPTURE(hd.first);
+    const int W = C + 2 * hd.kv * HS;
+    auto qkv = randn(B * T * W, 63), dy = randn(B * T * C, 64), dqkv0 = randn(B * T * W, 65);
+    ops::DropoutSpec drop;
+    drop.p = 0.1f;
+    drop.key = 0x2345ull;
+    DevF gq(qkv), gdy(dy), gout(filled(B * T * C)), gP(std::vector<float>(size_t(B) * NH * T * T, 5.0f)), gdq(dqkv0),
+        groped(std::vector<float>(qkv.size()));
+    std::vector<float> out(B * T * C), P(size_t(B) * NH * T * T), dq = dqkv0, roped(qkv.size());
+    cpu().rope_forward(roped.data(), qkv.data(), B, T, C, hd, 10000.0f);
+    gpu().rope_forward(groped.p(), gq.p(), B, T, C, hd, 10000.0f);
+    check_close(groped.host(), roped, 1e-5f, 1e-5f, "rope out (grouped)");
+    cpu().attention_forward(out.data(), P.data(), qkv.data(), B, T, C, hd, drop);
+    gpu().attention_forward(gout.p(), gP.p(), gq.p(), B, T, C, hd, drop);
+    check_close(gout.host(), out, 1e-4f, 1e-5f, "attention out (grouped)");
+    std::vector<float> work(static_cast<size_t>(ops::Backend::attention_backward_work(B, T, C, hd)));
+    cpu().attention_backward(dq.data(), dy.data(), qkv.data(), P.data(), B, T, C, hd, drop, work.data());
+    gpu().attention_backward(gdq.p(), gdy.p(), gq.p(), gP.p(), B, T, C, hd, drop);
+    check_close(gdq.host(), dq, 1e-4f, 1e-4f, "dqkv (grouped)");
+  }
+}
+
 TEST_CASE("gelu, swiglu, add, scale") {
   const int N = 50, H = 77;
   const int64_t n = int64_t(N) * H;

@@ -205,7 +205,7 @@ int64_t out_width(const LayerCase& c) {
 
 // A column-split activation (N, cols/t) of the full (N, cols).
 TensorDesc col_desc(int64_t N, int64_t cols, int t, int r, int blocks = 1) {
-  return desc({N, cols / t}, {N, cols}, ShardSpec{t > 1 ? 1 : -1, t, r, blocks});
+  return desc({N, cols / t}, {N, cols}, ShardSpec{t > 1 ? 1 : -1, t, r, blocks, {}, 0});
 }
 
 // The layer of case `c` as tp rank r of t (t == 1: the unsharded reference).
@@ -215,13 +215,13 @@ ops::Graph build_layer(const LayerCase& c, int t, int r) {
   g.T = c.T;
   const int64_t N = c.B * c.T;
   auto col_w = [&](const std::string& name, int64_t OC, int64_t IC, int blocks) {
-    return g.add_param(name, {OC / t, IC}, 0, true, ShardSpec{t > 1 ? 0 : -1, t, r, blocks}, {OC, IC});
+    return g.add_param(name, {OC / t, IC}, 0, true, ShardSpec{t > 1 ? 0 : -1, t, r, blocks, {}, 0}, {OC, IC});
   };
   auto col_b = [&](const std::string& name, int64_t OC, int blocks) {
-    return g.add_param(name, {OC / t}, 0, false, ShardSpec{t > 1 ? 0 : -1, t, r, blocks}, {OC});
+    return g.add_param(name, {OC / t}, 0, false, ShardSpec{t > 1 ? 0 : -1, t, r, blocks, {}, 0}, {OC});
   };
   auto row_w = [&](const std::string& name, int64_t OC, int64_t IC) {
-    return g.add_param(name, {OC, IC / t}, 0, true, ShardSpec{t > 1 ? 1 : -1, t, r, 1}, {OC, IC});
+    return g.add_param(name, {OC, IC / t}, 0, true, ShardSpec{t > 1 ? 1 : -1, t, r, 1, {}, 0}, {OC, IC});
   };
   auto linear = [&](const std::string& name, int x, int w, int b, int64_t out_cols, TpMode mode) {
     int y = g.add_activation(name + ".out", {N, out_cols}, 0);
