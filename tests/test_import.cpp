@@ -152,9 +152,8 @@ TEST_CASE("import llama: sharded bf16 with biases and an untied head; PyTorch's 
 }
 
 // Grouped-query attention (num_key_value_heads < num_attention_heads): the fused qkv rows are
-// q | k | v with k and v of kv_heads * head_size rows (hf_tensors). Needs the model's GQA
-// (engineer G's branch): enabled by the lead after that merge.
-TEST_CASE("import llama gqa" * doctest::skip(true)) {
+// q | k | v with k and v of kv_heads * head_size rows (hf_tensors).
+TEST_CASE("import llama gqa") {
   fs::path dir = temp_dir("gqa");
   fs::path hf = make_hf(dir / "hf", "llama", "kv_heads=2 heads=4 seed=7");
   import_check_export(dir, hf, "fp32", "llama");
@@ -288,6 +287,23 @@ TEST_CASE("init_from: a model section that differs from the checkpoint's exits 2
                            (dir / "run").string());
   CHECK(none.code == 2);
   CHECK(none.out.find("model.init_from: no checkpoint or directory at") != std::string::npos);
+  CHECK(!fs::exists(dir / "run"));
+  fs::remove_all(dir);
+}
+
+// The data's tokenizer and the weights' are both known and differ (byte-level text against the
+// import's GPT-2 style vocabulary): the ids would mean other text than the weights learned.
+TEST_CASE("init_from: data tokenized otherwise than the imported weights exits 2 naming both tokenizers") {
+  fs::path dir = temp_dir("tokmismatch");
+  REQUIRE(import_cmd(make_hf(dir / "hf", "gpt2", "tok=1 vocab=260"), dir / "imp").code == 0);
+  std::ofstream(dir / "text.txt") << std::string(4000, 'a');
+  Result r = runner_cmd("train " + (dir / "imp" / "finetune.yaml").string() + " --set data.kind=text data.path=" +
+                        (dir / "text.txt").string() + " --run-dir " + (dir / "run").string());
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("the data's tokenizer (byte, 256 tokens") != std::string::npos);
+  CHECK(r.out.find("is not the one the weights of model.init_from came with") != std::string::npos);
+  CHECK(r.out.find("runner data prepare ... --tokenizer") != std::string::npos);
   CHECK(!fs::exists(dir / "run"));
   fs::remove_all(dir);
 }

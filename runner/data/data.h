@@ -190,7 +190,10 @@ std::optional<DataTokenizer> data_tokenizer(const DataConfig& cfg);
 // it in RUN_DIR/data.json ({"tokenizer": {kind, name, vocab_size, hash}, "eos_id", "datasets"}).
 // A run resumed on data with another tokenizer than the one it recorded is a UserError, raised
 // before anything is written.
-void install_run_tokenizer(const DataConfig& cfg, const std::string& run_dir);
+// `source` overrides where the files come from (the run's choice between the data's tokenizer
+// and model.init_from's: runner/train/init_from.h choose_run_tokenizer; "" = none, bytes).
+void install_run_tokenizer(const DataConfig& cfg, const std::string& run_dir,
+                           const std::optional<std::string>& source = std::nullopt);
 
 // `runner data prepare`: text file -> HDF5 token dataset (uint16 if vocab fits, else int32).
 // Returns the number of tokens written. Checks a stop flag periodically (may be null). A file

@@ -319,8 +319,12 @@ void copy_files(const fs::path& from, const fs::path& to) {
 
 }  // namespace
 
-void install_run_tokenizer(const DataConfig& cfg, const std::string& run_dir) {
-  const std::optional<DataTokenizer> dt = data_tokenizer(cfg);
+void install_run_tokenizer(const DataConfig& cfg, const std::string& run_dir, const std::optional<std::string>& source) {
+  std::optional<DataTokenizer> dt = data_tokenizer(cfg);
+  if (source && !dt && !source->empty()) {  // token files of unknown origin: the weights' tokenizer names them
+    const auto t = tok::load_tokenizer(*source);
+    dt = DataTokenizer{t->info(), *source, t->eos_id().value_or(-1)};
+  }
   const fs::path record = fs::path(run_dir) / "data.json";
   std::error_code ec;
   if (fs::is_regular_file(record, ec)) {  // a resumed run: the same tokenizer, or the ids mean other text

@@ -8,6 +8,7 @@
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/state_shards.h"
 #include "runner/errors.h"
+#include "runner/data/data.h"
 #include "runner/run/run_dir.h"
 #include "runner/tokenize/tokenizer.h"
 
@@ -86,9 +87,13 @@ void load_init_weights(const InitFrom& init, const Plan& plan, parallel::Grid& g
   st.recipe_yaml = recipe;
 }
 
-std::string choose_run_tokenizer(const Recipe& r, const std::string& data_dir, const std::string& init_dir) {
-  if (data_dir.empty() || init_dir.empty()) return data_dir.empty() ? init_dir : data_dir;
-  const tok::TokenizerInfo d = tok::load_tokenizer(data_dir)->info(), i = tok::load_tokenizer(init_dir)->info();
+std::string choose_run_tokenizer(const Recipe& r, const std::string& init_dir) {
+  const std::optional<DataTokenizer> dt = data_tokenizer(r.data);
+  if (!dt) return init_dir;
+  const std::string data_dir = dt->info.kind == "byte" ? "" : dt->files;
+  if (init_dir.empty()) return data_dir;
+  const tok::TokenizerInfo& d = dt->info;
+  const tok::TokenizerInfo i = tok::load_tokenizer(init_dir)->info();
   if (d.hash != i.hash)
     throw UserError(r.loc("model.init_from"),
                     fmt::format("the data's tokenizer ({}, {} tokens, hash {}) is not the one the weights of "
@@ -96,14 +101,6 @@ std::string choose_run_tokenizer(const Recipe& r, const std::string& data_dir, c
                                 d.name, d.vocab_size, d.hash, i.name, i.vocab_size, i.hash),
                     fmt::format("prepare the data with the model's tokenizer: runner data prepare ... --tokenizer {}", init_dir));
   return data_dir;
-}
-
-void place_run_tokenizer(const std::string& src, const std::string& run_dir) {
-  if (src.empty()) return;
-  const fs::path dst = run_tokenizer_dir(run_dir);
-  fs::create_directories(dst);
-  for (const fs::directory_entry& e : fs::directory_iterator(src))
-    if (e.is_regular_file()) fs::copy_file(e.path(), dst / e.path().filename(), fs::copy_options::overwrite_existing);
 }
 
 }  // namespace runner

@@ -40,12 +40,11 @@ std::vector<UserError::Entry> model_mismatches(const Recipe& want, const ModelCo
 // tensors; the rest of `st` (step, optimizer, scaler, RNG, data cursor, recipe) stays as built.
 void load_init_weights(const InitFrom& init, const Plan& plan, parallel::Grid& grid, TrainState& st);
 
-// Where RUN_DIR/tokenizer/ comes from at the start of a run: the data's tokenizer directory
-// (`data_dir`, "" when the data has none) or else init_from's (`init_dir`). Both present and
-// different (by Tokenizer::info().hash): UserError at model.init_from (exit 2). "": none (bytes).
-std::string choose_run_tokenizer(const Recipe& r, const std::string& data_dir, const std::string& init_dir);
-
-// Copies the tokenizer files of `src` into RUN_DIR/tokenizer/ (nothing when `src` is empty).
-void place_run_tokenizer(const std::string& src, const std::string& run_dir);
+// Where RUN_DIR/tokenizer/ comes from at the start of a run: the data's tokenizer (a prepared
+// dataset's files; none for byte-level data) or, for token files of unknown origin, the one
+// model.init_from's weights came with (`init_dir`, "" when the import had none). Both known and
+// different (by Tokenizer::info().hash, bytes included): UserError at model.init_from (exit 2),
+// since the ids would mean other text than the weights learned. "": none (bytes).
+std::string choose_run_tokenizer(const Recipe& r, const std::string& init_dir);
 
 }  // namespace runner

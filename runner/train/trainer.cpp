@@ -160,7 +160,7 @@ class Trainer {
     paths = run_paths(r, opts.run_dir);
     agree(grid.world(), [&] {
       init = check_init_from(r, paths.checkpoint_dir);
-      run_tokenizer = choose_run_tokenizer(r, "", init ? init->tokenizer_dir : "");  // "": the data's tokenizer
+      run_tokenizer = choose_run_tokenizer(r, init ? init->tokenizer_dir : "");
     });
     take_run_lock();
     choose_point();
@@ -179,11 +179,10 @@ class Trainer {
     tracer.resumed_at(resumed_from);
     // The data's tokenizer goes with the run (RUN_DIR/tokenizer/, RUN_DIR/data.json): generate
     // and export read it there.
-    if (lead()) install_run_tokenizer(r.data, paths.run_dir);
+    if (lead()) install_run_tokenizer(r.data, paths.run_dir, run_tokenizer);
     if (lead()) {
       warn_always(history->keep(opts.resume_notes));  // the recipe the run ran with, kept when changed
       write_run_files(plan, paths.run_dir);
-      if (init) place_run_tokenizer(run_tokenizer, paths.run_dir);
       warn_always(keep_later_history(paths.run_dir, paths.checkpoint_dir, resumed_from));
     }
     metrics->open(paths.run_dir, resumed_from);
