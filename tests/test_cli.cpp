@@ -37,7 +37,7 @@ const std::string kRecipes = std::string(RUNNER_SOURCE_DIR) + "/recipes/";
 }  // namespace
 
 TEST_CASE("runner plan prints the table for every shipped recipe, quickly") {
-  for (const char* name : {"quickstart", "gpt2-124m", "llama-7b-8xh100", "llama-70b-64gpu", "does-not-fit"}) {
+  for (const char* name : {"quickstart", "quickstart-llama", "gpt2-124m", "llama-7b-8xh100", "llama-70b-64gpu", "does-not-fit"}) {
     CAPTURE(name);
     auto t0 = std::chrono::steady_clock::now();
     // Their data files are placeholders: planned without reading them (test_plan_gate checks that part).

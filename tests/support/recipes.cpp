@@ -21,6 +21,7 @@ fs::path write_layout_recipe(const fs::path& dir, const std::string& file) {
 }
 
 std::string quickstart_recipe() { return std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml"; }
+std::string quickstart_llama_recipe() { return std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart-llama.yaml"; }
 
 std::vector<nlohmann::json> metrics_records(const fs::path& run_dir) {
   std::vector<nlohmann::json> out;
@@ -97,10 +98,10 @@ std::vector<double> window_means(std::map<int64_t, double>& loss) {
 
 }  // namespace
 
-Run train(const std::string& precision) {
+Run train(const std::string& precision, const std::string& recipe) {
   const TempDir dir("quickstart_" + precision);
   const fs::path run = dir / "run";
-  const Result res = sh(binary() + " train " + quickstart_recipe() + " --quiet --run-dir " + run.string() +
+  const Result res = sh(binary() + " train " + recipe + " --quiet --run-dir " + run.string() +
                         " --set precision.compute=" + precision);
   INFO(res.out);
   REQUIRE(res.code == 0);

@@ -64,6 +64,8 @@ fs::path write_layout_recipe(const fs::path& dir, const std::string& file = "lay
 
 // recipes/quickstart.yaml in the source tree.
 std::string quickstart_recipe();
+// recipes/quickstart-llama.yaml in the source tree: the Llama-style quickstart.
+std::string quickstart_llama_recipe();
 
 // The records of a run's metrics.jsonl, one JSON object a line.
 std::vector<nlohmann::json> metrics_records(const fs::path& run_dir);
@@ -97,9 +99,9 @@ struct TinyQuickstartRun {
 const TinyQuickstartRun& tiny_quickstart(const std::string& name, int steps, const std::string& lr,
                                          const std::string& extra = "");
 
-// The full quickstart recipe trained through the binary, and what its metrics say: the
-// held-out loss and accuracy, and the mean training loss per 250-step window
-// (test_quickstart.cpp and the 16-bit soak, test_quickstart16.cpp).
+// The full quickstart recipe (or another one, `recipe`) trained through the binary, and what
+// its metrics say: the held-out loss and accuracy, and the mean training loss per 250-step
+// window (test_quickstart.cpp, the 16-bit soak test_quickstart16.cpp, test_quickstart_llama.cpp).
 namespace quickstart {
 
 struct Run {
@@ -107,7 +109,7 @@ struct Run {
   std::vector<double> window_means;  // mean training loss per 250 steps
 };
 
-Run train(const std::string& precision);
+Run train(const std::string& precision, const std::string& recipe = quickstart_recipe());
 const Run& fp32();  // trained once per test binary
 void check_learns(const Run& r);
 
