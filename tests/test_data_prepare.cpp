@@ -22,6 +22,7 @@
 #include "runner/data/internal.h"
 #include "runner/errors.h"
 #include "runner/recipe/recipe.h"
+#include "tests/support/a_runs.h"
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"
@@ -104,13 +105,6 @@ std::vector<int32_t> bytes_eod(const std::vector<std::string>& docs) {
     for (unsigned char c : d) out.push_back(c);
     out.push_back(0);
   }
-  return out;
-}
-
-std::map<std::string, std::string> files_of(const fs::path& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = slurp(e.path());
   return out;
 }
 
@@ -224,7 +218,7 @@ TEST_CASE("prepare: the output is byte-identical on 1, 2 and 3 threads (h5 and b
       o.shard_tokens = 1 << 18;
       if (format == "h5") prepare_dataset(o, pairs);
       else prepare_dataset(o);  // bin holds uint16: the byte tokenizer
-      const auto files = files_of(out);
+      const auto files = test_support::tree_bytes(out);
       CHECK(files.size() >= 4);
       if (threads == 1) first = files;
       else CHECK_MESSAGE(files == first, format << " on " << threads << " threads differs from 1 thread");
@@ -247,11 +241,11 @@ TEST_CASE("prepare: a non-empty OUT is refused and left as it was; --force repla
   write(d / "b.txt", "second corpus, longer");
   PrepareOptions o = options({d / "a.txt"}, d / "out");
   prepare_dataset(o);
-  const auto before = files_of(d / "out");
+  const auto before = test_support::tree_bytes(d / "out");
   PrepareOptions again = options({d / "b.txt"}, d / "out");
   const UserError e = expect_user_error([&] { prepare_dataset(again); });
   CHECK(std::string(e.what()).find("--force") != std::string::npos);
-  CHECK(files_of(d / "out") == before);
+  CHECK(test_support::tree_bytes(d / "out") == before);
   for (const auto& f : fs::directory_iterator(d.path)) CHECK(f.path().filename().string().find(".tmp") == std::string::npos);
   again.force = true;
   prepare_dataset(again);
@@ -389,7 +383,7 @@ TEST_CASE("train and plan on a prepared dataset: vocabulary and tokenizer mismat
                                     " --set train.steps=2");
   INFO(p.out);
   REQUIRE(p.code == 0);
-  CHECK(files_of(d / "runp" / "tokenizer") == files_of(d / "pairs" / "tokenizer"));
+  CHECK(test_support::tree_bytes(d / "runp" / "tokenizer") == test_support::tree_bytes(d / "pairs" / "tokenizer"));
   CHECK(json::parse(slurp(d / "runp" / "data.json"))["tokenizer"]["hash"] == "pairs-hash-0123456789");
 }
 
