@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -90,15 +91,57 @@ TEST_CASE("runner launch --slurm --dry-run: the script's resources, signal, requ
   CHECK(train.find("--elastic") == std::string::npos);
   CHECK(s.find("RECIPE=" + fs::absolute(kTiny).lexically_normal().string()) != std::string::npos);
   CHECK(s.find("RUNNER=" + fs::canonical(RUNNER_BINARY).string()) != std::string::npos);
-  // The script requeues on exit 3 (the runner does not).
-  CHECK(std::regex_search(s, std::regex("if \\[ \"\\$rc\" -eq 3 \\] && \\[ -z \"\\$stopped\" \\]; then\n[^\n]*\n  scontrol requeue \"\\$SLURM_JOB_ID\"")));
-  // ... but not after SIGTERM (scancel, the time limit): the trap marks it.
-  CHECK(s.find("trap 'stopped=1;") != std::string::npos);
   // Valid bash, and nothing written by a dry run.
   fs::path f = d / "dry.sbatch";
   std::ofstream(f) << s;
   CHECK(sh("bash -n " + f.string()).code == 0);
   CHECK(!fs::exists(d / "run"));
+}
+
+// The generated script run for real, with srun and scontrol replaced by fakes on PATH: it
+// requeues on exit 3 only while Slurm still has the job RUNNING, never after a SIGTERM
+// (scancel, the time limit) and never a job cancelled between srun's return and the requeue
+// (Slurm requeues finished jobs too: that race once brought a cancelled job back in CI).
+TEST_CASE("the sbatch script requeues a preempted job, but not a cancelled or timed-out one") {
+  fs::path d = temp_dir("requeue");
+  Result r = runner_cmd("launch " + kTiny + " --slurm --dry-run --run-dir " + (d / "run").string());
+  REQUIRE(r.code == 0);
+  fs::path script = d / "job.sbatch";
+  std::ofstream(script) << r.out;
+  fs::path bin = d / "bin";
+  fs::create_directories(bin);
+  // srun: exits FAKE_RC; with FAKE_TERM=1 it first sends SIGTERM to the batch shell (as scancel does).
+  std::ofstream(bin / "srun") << "#!/bin/bash\n[ \"$FAKE_TERM\" = 1 ] && kill -TERM $PPID\nexit \"$FAKE_RC\"\n";
+  // scontrol: logs its arguments; `show job` reports FAKE_STATE.
+  std::ofstream(bin / "scontrol") << "#!/bin/bash\necho \"$*\" >>\"$FAKE_LOG\"\n"
+                                     "[ \"$1\" = show ] && printf 'JobId=41 JobName=slurm-tiny\\n   JobState=%s Reason=None\\n' \"$FAKE_STATE\"\n"
+                                     "exit 0\n";
+  fs::permissions(bin / "srun", fs::perms::owner_all);
+  fs::permissions(bin / "scontrol", fs::perms::owner_all);
+  struct Case {
+    const char* rc;
+    const char* state;
+    const char* term;
+    bool requeued;
+  };
+  for (const Case& c : {Case{"3", "RUNNING", "0", true}, Case{"3", "CANCELLED", "0", false}, Case{"3", "TIMEOUT", "0", false},
+                        Case{"3", "RUNNING", "1", false}, Case{"0", "RUNNING", "0", false}, Case{"1", "RUNNING", "0", false}}) {
+    const std::string rc = c.rc, state = c.state, term = c.term;
+    CAPTURE(rc);
+    CAPTURE(state);
+    CAPTURE(term);
+    fs::path log = d / "scontrol.log";
+    fs::remove(log);
+    Result run = sh(std::string("PATH=") + bin.string() + ":$PATH SLURM_JOB_ID=41 SLURM_NTASKS=2 FAKE_RC=" + c.rc +
+                    " FAKE_STATE=" + c.state + " FAKE_TERM=" + c.term + " FAKE_LOG=" + log.string() + " bash " + script.string());
+    CAPTURE(run.out);
+    CHECK(run.code == std::atoi(c.rc));  // the runner's exit code is the job's
+    std::ifstream in(log);
+    std::string calls((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK((calls.find("requeue 41") != std::string::npos) == c.requeued);
+    if (!c.requeued && std::string(c.rc) == "3" && std::string(c.term) == "0")
+      CHECK(run.out.find(std::string("the job is ") + c.state + " (cancelled?): no requeue") != std::string::npos);
+  }
 }
 
 TEST_CASE("runner launch --slurm: --cpus-per-task from the node's CPUs and the ranks per node, OMP_NUM_THREADS to match") {

@@ -83,6 +83,7 @@ starts_at_least() { [ "$(count "$1" start)" -ge "$2" ]; }
 ends_at_least() { [ "$(count "$1" end)" -ge "$2" ]; }
 step_at_least() { local s; s=$(last_step "$1"); [ -n "$s" ] && [ "$s" -ge "$2" ]; }
 job_gone() { [ -z "$(job_state "$1")" ]; }
+requeued() { grep -q "requeueing job $1" "$WORK"/*/slurm-"$1".out 2>/dev/null && [ "$(job_state "$1")" = PENDING ]; }
 stop_job_gone() { scancel "$1" 2>/dev/null; wait_until 30 job_gone "$1"; }
 
 # ---- the scenarios (they run side by side: the node has more CPUs than cores) ----
@@ -145,6 +146,9 @@ scenario_elastic() {
     scancel --signal=USR1 "$1"
     wait_until 60 ends_at_least elastic "$3" || { fail "elastic: no stop record after the signal at step $2"; return 1; }
     [ "$(field "$(nth_event elastic end "$3")" cause)" = preempted ] || { fail "elastic: stop $3 is no preemption"; return 1; }
+    # Cancel the job once its script has requeued it (pending for cred_expire, 5 s): a cancel
+    # before that would race the script's requeue (which then leaves a cancelled job alone).
+    wait_until 60 requeued "$1" || { fail "elastic: job $1 was not requeued after its preemption"; return 1; }
     stop_job_gone "$1"
   }
   local j1 j2 j3 s1
