@@ -88,6 +88,49 @@ class Backend {
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
 
+  // ---- The backend's memory and its queue (issue 26: tensors owned by the backend) ----
+  // Tensor storage (ops/tensor.h) comes from here. On the CPU it is host memory and every call
+  // runs at once; on a GPU (and on the strict CPU device, ops/strict/) it is device memory that
+  // host code must never dereference, and the calls below are queued in order with the kernels.
+  // These defaults are the host's: the CPU backend uses them as they are.
+  //
+  // Whether host code may read and write this backend's memory directly.
+  virtual bool host_memory() const { return true; }
+  // `bytes` of memory (64-byte aligned, uninitialised; cached by size and reused); mem_free
+  // returns it after every queued use (stream order), so the block may be handed out again.
+  virtual void* mem_alloc(size_t bytes);
+  virtual void mem_free(void* p, size_t bytes);
+  // Queued: p[0, bytes) := 0.
+  virtual void mem_zero(void* p, size_t bytes);
+  // Queued device-to-device copy (the ranges do not overlap).
+  virtual void copy(void* dst, const void* src, size_t bytes);
+  // The crossings (host <-> device), each queued after the kernels before it. copy_in reads
+  // `src` before it returns (the host buffer may be reused at once). copy_out's `dst` holds the
+  // bytes only after synchronize(): before that it holds anything (the strict device fills it
+  // with a poison pattern, so a read that forgot to wait gives wrong numbers, not lucky ones).
+  virtual void copy_in(void* dst, const void* src, size_t bytes);
+  virtual void copy_out(void* dst, const void* src, size_t bytes);
+  // Waits for every queued call; rethrows the first error a queued kernel raised.
+  virtual void synchronize() {}
+
+  // ---- Generic kernels over any storage dtype (issue 26: no host loop over tensor memory) ----
+  // dst[i] = src[i] converted (fp32 <-> bf16/fp16 round to nearest even; same dtype: a copy).
+  // Only F32, BF16 and F16.
+  virtual void convert(void* dst, DType dt, const void* src, DType st, int64_t n);
+  // dst[i] = round_dt(dst[i] + src[i]): fp32 src accumulated into a dst of dtype dt.
+  virtual void accumulate(void* dst, DType dt, const float* src, int64_t n);
+  // Sum of squares in double of x (dtype t: F32, BF16, F16); NaN or inf when x holds one.
+  virtual double sum_squares_typed(const void* x, DType t, int64_t n);
+  // x[i] = v (fp32), for a tensor of dtype t.
+  virtual void fill(void* x, DType t, float v, int64_t n);
+  // Issue 26, room by room: new kernels go under the marker of their room, here and in every
+  // backend (ops/cpu/cpu_backend.cpp, ops/strict/strict_backend.cpp, ops/cuda/cuda_backend.cu).
+  // [i26: ops step path]
+  // [i26: parallel]
+  // [i26: train and checkpoint]
+  // [i26: generate and export]
+  // [i26: attention]
+
   // Token (+ optional learned position) embedding.
   // out: (B,T,C) = wte[tokens[b,t]] + (wpe ? wpe[t] : 0)   (overwritten)
   // tokens: (B,T) int32, wte: (V,C), wpe: (maxT,C) or null

@@ -1,6 +1,8 @@
 // Tensor storage and the per-account memory tracker (see tensor.h).
 #include "ops/tensor.h"
 
+#include "ops/backend.h"
+
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -124,32 +126,56 @@ size_t cached_memory() {
   return c.cached;
 }
 
-Storage::Storage(size_t n, Account a, bool zero) : bytes(n), account(a) {
-  size_t rounded = rounded_size(n);
-  if (rounded) {
-    auto& c = block_cache();
-    {
-      std::lock_guard<std::mutex> lock(c.mu);
-      auto it = c.free_blocks.find(rounded);
-      if (it != c.free_blocks.end()) {
-        ptr = it->second;
-        c.free_blocks.erase(it);
-        c.cached -= rounded;
-      }
+void* host_block_alloc(size_t n) {
+  const size_t rounded = rounded_size(n);
+  if (!rounded) return nullptr;
+  void* p = nullptr;
+  auto& c = block_cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.free_blocks.find(rounded);
+    if (it != c.free_blocks.end()) {
+      p = it->second;
+      c.free_blocks.erase(it);
+      c.cached -= rounded;
     }
-    if (!ptr) ptr = std::aligned_alloc(64, rounded);
-    if (!ptr) throw std::bad_alloc();
-    if (zero) std::memset(ptr, 0, rounded);
+  }
+  if (!p) p = std::aligned_alloc(64, rounded);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+void host_block_free(void* p, size_t n) {
+  if (!p) return;
+  auto& c = block_cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.free_blocks.emplace(rounded_size(n), p);
+  c.cached += rounded_size(n);
+}
+
+namespace {
+Backend* g_tensor_device = nullptr;
+}
+Backend* tensor_device() { return g_tensor_device; }
+void set_tensor_device(Backend* device) { g_tensor_device = device; }
+
+Storage::Storage(size_t n, Account a, bool zero, Backend* dev) : bytes(n), account(a), device(dev) {
+  if (rounded_size(n)) {
+    if (device) {
+      ptr = device->mem_alloc(rounded_size(n));
+      if (zero) device->mem_zero(ptr, rounded_size(n));
+    } else {
+      ptr = host_block_alloc(n);
+      if (zero) std::memset(ptr, 0, rounded_size(n));
+    }
   }
   MemoryTracker::instance().on_alloc(account, bytes);
 }
 
 Storage::~Storage() {
   if (ptr) {
-    auto& c = block_cache();
-    std::lock_guard<std::mutex> lock(c.mu);
-    c.free_blocks.emplace(rounded_size(bytes), ptr);
-    c.cached += rounded_size(bytes);
+    if (device) device->mem_free(ptr, rounded_size(bytes));
+    else host_block_free(ptr, bytes);
   }
   MemoryTracker::instance().on_free(account, bytes);
 }
@@ -167,13 +193,45 @@ std::string shape_to_string(const std::vector<int64_t>& shape) {
 }
 
 Tensor::Tensor(std::vector<int64_t> shape, DType dtype, Account account, bool zero)
+    : Tensor(std::move(shape), dtype, account, zero, tensor_device()) {}
+
+Tensor::Tensor(std::vector<int64_t> shape, DType dtype, Account account, bool zero, Backend* device)
     : shape_(std::move(shape)), dtype_(dtype),
-      storage_(std::make_shared<Storage>(static_cast<size_t>(numel_of(shape_)) * dtype_size(dtype), account, zero)) {}
+      storage_(std::make_shared<Storage>(static_cast<size_t>(numel_of(shape_)) * dtype_size(dtype), account, zero,
+                                         device)) {}
 
 int64_t Tensor::numel() const { return numel_of(shape_); }
 
+bool Tensor::on_host() const { return !storage_ || !storage_->device || storage_->device->host_memory(); }
+
+void* Tensor::host_raw() {
+  if (!on_host())
+    throw std::logic_error("host access to a " + std::string(account_name(account())) + " tensor " + shape_str() +
+                           " in " + storage_->device->name() + " memory");
+  return raw();
+}
+const void* Tensor::host_raw() const { return const_cast<Tensor*>(this)->host_raw(); }
+
+void Tensor::read_to_host(void* dst) const {
+  if (!nbytes()) return;
+  if (Backend* d = device()) {
+    d->copy_out(dst, raw(), nbytes());
+    d->synchronize();
+  } else {
+    std::memcpy(dst, raw(), nbytes());
+  }
+}
+
+void Tensor::write_from_host(const void* src) {
+  if (!nbytes()) return;
+  if (Backend* d = device()) d->copy_in(raw(), src, nbytes());
+  else std::memcpy(raw(), src, nbytes());
+}
+
 void Tensor::zero() {
-  if (raw()) std::memset(raw(), 0, nbytes());
+  if (!raw()) return;
+  if (Backend* d = device()) d->mem_zero(raw(), nbytes());
+  else std::memset(raw(), 0, nbytes());
 }
 
 Tensor Tensor::reshape(std::vector<int64_t> shape) const {
@@ -196,15 +254,23 @@ Tensor Tensor::view(int64_t elem_offset, std::vector<int64_t> shape) const {
 }
 
 Tensor Tensor::clone(Account account) const {
-  Tensor t(shape_, dtype_, account);
-  if (nbytes()) std::memcpy(t.raw(), raw(), nbytes());
+  Tensor t(shape_, dtype_, account, false, device());
+  t.copy_from(*this);
   return t;
 }
 
 void Tensor::copy_from(const Tensor& other) {
   if (other.numel() != numel() || other.dtype() != dtype())
     throw std::logic_error("copy_from " + other.shape_str() + " -> " + shape_str());
-  if (nbytes()) std::memcpy(raw(), other.raw(), nbytes());
+  if (!nbytes()) return;
+  Backend* to = device();
+  Backend* from = other.device();
+  if (to && from && to != from)
+    throw std::logic_error(std::string("copy_from between two devices (") + from->name() + " -> " + to->name() + ")");
+  if (to && from) to->copy(raw(), other.raw(), nbytes());
+  else if (to) to->copy_in(raw(), other.raw(), nbytes());
+  else if (from) other.read_to_host(raw());
+  else std::memcpy(raw(), other.raw(), nbytes());
 }
 
 std::string Tensor::shape_str() const { return shape_to_string(shape_); }

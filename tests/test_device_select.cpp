@@ -57,7 +57,7 @@ TEST_CASE("the device table and the schema's hardware.device enum name the same 
   CHECK(device["default"] == "cpu");
 }
 
-TEST_CASE("the device table: one host kind; every named GPU has its memory and a peak for each format") {
+TEST_CASE("the device table: the host kinds are cpu and its strict twin; every named GPU has its memory and a peak for each format") {
   int hosts = 0;
   for (const runner::DeviceKind& d : runner::device_kinds()) {
     CAPTURE(d.name);
@@ -70,9 +70,11 @@ TEST_CASE("the device table: one host kind; every named GPU has its memory and a
       CHECK(d.peak_tflops_fp16 >= d.peak_tflops_fp32);
     }
   }
-  CHECK(hosts == 1);
+  CHECK(hosts == 2);
   REQUIRE(runner::find_device_kind("cpu"));
   CHECK(runner::find_device_kind("cpu")->host);
+  REQUIRE(runner::find_device_kind("cpu-strict"));  // the checking device: the host's memory and peak
+  CHECK(runner::find_device_kind("cpu-strict")->host);
   CHECK_FALSE(runner::find_device_kind("tpu"));
 }
 

@@ -3,6 +3,7 @@
 
 #include "runner/device/devices.h"
 #include "runner/errors.h"
+#include "ops/strict/strict_backend.h"
 #if defined(RUNNER_HAVE_CUDA)
 #include "ops/cuda/cuda_backend.h"
 #endif
@@ -15,6 +16,11 @@ bool wants_gpu(const std::string& device) {
 }
 
 ops::Backend& select_backend(const Recipe& r) {
+  if (r.hardware.device == "cpu-strict") {
+    ops::Backend& be = ops::strict::strict_backend();
+    ops::set_tensor_device(&be);  // every tensor the run makes from here on is device memory
+    return be;
+  }
   if (!device_kind(r.hardware).gpu) return ops::cpu_backend();
   const std::string what = "hardware.device " + r.hardware.device + " selects the CUDA backend, but ";
   const std::string fix = "train on the CPU with --set hardware.device=cpu (or hardware: device: cpu in the recipe)";

@@ -12,9 +12,11 @@ namespace {
 
 // name, host, gpu, memory GB, peak TFLOP/s fp32 / bf16 / fp16. The V100 has no bf16 tensor
 // cores: bf16 runs at its fp32 rate. `cuda` is whichever GPU is found and `custom` a device
-// described by hardware.memory_gb and hardware.peak_tflops (planned, run on the CPU backend).
+// described by hardware.memory_gb; `cpu-strict` is the CPU as a checking device: the CPU
+// kernels behind a GPU's rules (ops/strict/strict_backend.h), and hardware.peak_tflops (planned, run on the CPU backend).
 constexpr DeviceKind kDevices[] = {
     {"cpu", true, false, 0, 0, 0, 0},
+    {"cpu-strict", true, false, 0, 0, 0, 0},
     {"cuda", false, true, 0, 0, 0, 0},
     {"a100-40gb", false, true, 40, 19.5, 312, 312},
     {"a100-80gb", false, true, 80, 19.5, 312, 312},

@@ -1,0 +1,16 @@
+# The strict device (issue 26, ops/strict/strict_backend.h): these tests run a second time as
+# NAME_strict with RUNNER_STRICT=1, so every recipe on the CPU runs on `cpu-strict` (tensor
+# memory host code cannot touch, kernels queued asynchronously). Label `strict`.
+set(RUNNER_STRICT_TESTS
+  # [i26: ops step path]
+  # [i26: parallel]
+  # [i26: train and checkpoint]
+  # [i26: generate and export]
+  # [i26: attention]
+)
+foreach(name ${RUNNER_STRICT_TESTS})
+  add_test(NAME ${name}_strict COMMAND ${name})
+  set_tests_properties(${name}_strict PROPERTIES
+    ENVIRONMENT "RUNNER_STRICT=1;OMP_NUM_THREADS=2;OMP_WAIT_POLICY=PASSIVE;${RUNNER_MPI_TEST_ENV}"
+    LABELS strict TIMEOUT 900)
+endforeach()

@@ -1,0 +1,100 @@
+// The host defaults of the Backend's memory and generic kernels (backend.h): what the CPU
+// backend uses as they are. A device backend (ops/cuda/, ops/strict/) overrides every one.
+#include "ops/backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "ops/convert.h"
+
+namespace ops {
+
+namespace {
+bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+// 16-bit tensors are widened in pieces of this many elements (fixed scratch on the stack).
+constexpr int64_t kPiece = 1 << 14;
+}  // namespace
+
+void* Backend::mem_alloc(size_t bytes) { return host_block_alloc(bytes); }
+void Backend::mem_free(void* p, size_t bytes) { host_block_free(p, bytes); }
+void Backend::mem_zero(void* p, size_t bytes) {
+  if (bytes) std::memset(p, 0, bytes);
+}
+void Backend::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+void Backend::copy_in(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+void Backend::copy_out(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+void Backend::convert(void* dst, DType dt, const void* src, DType st, int64_t n) {
+  if (!is_float(dt) || !is_float(st))
+    throw std::logic_error(std::string("convert ") + dtype_name(st) + " -> " + dtype_name(dt) + ": not a float format");
+  if (n <= 0) return;
+  if (dt == st) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * dtype_size(dt));
+  } else if (st == DType::F32) {
+    from_f32(dst, dt, static_cast<const float*>(src), n);
+  } else if (dt == DType::F32) {
+    to_f32(static_cast<float*>(dst), src, st, n);
+  } else {  // bf16 <-> fp16 through fp32 pieces
+    float buf[kPiece];
+    for (int64_t a = 0; a < n; a += kPiece) {
+      const int64_t m = std::min(kPiece, n - a);
+      to_f32(buf, static_cast<const char*>(src) + a * 2, st, m);
+      from_f32(static_cast<char*>(dst) + a * 2, dt, buf, m);
+    }
+  }
+}
+
+void Backend::accumulate(void* dst, DType dt, const float* src, int64_t n) {
+  if (n <= 0) return;
+  if (dt == DType::F32) {
+    float* d = static_cast<float*>(dst);
+#pragma omp parallel for simd if (n > 65536)
+    for (int64_t k = 0; k < n; ++k) d[k] += src[k];
+    return;
+  }
+  if (!is_float(dt)) throw std::logic_error(std::string("accumulate into ") + dtype_name(dt));
+  constexpr int64_t kChunk = 2048;  // dst (16-bit) = round(dst + src), through an fp32 buffer
+  float tmp[kChunk];
+  auto* d = static_cast<uint16_t*>(dst);
+  for (int64_t a = 0; a < n; a += kChunk) {
+    const int64_t m = std::min(kChunk, n - a);
+    to_f32(tmp, d + a, dt, m);
+    for (int64_t k = 0; k < m; ++k) tmp[k] += src[a + k];
+    from_f32(d + a, dt, tmp, m);
+  }
+}
+
+double Backend::sum_squares_typed(const void* x, DType t, int64_t n) {
+  if (n <= 0) return 0;
+  if (t == DType::F32) return sum_squares(static_cast<const float*>(x), n);
+  if (!is_float(t)) throw std::logic_error(std::string("sum_squares of ") + dtype_name(t));
+  float buf[kPiece];
+  double ss = 0;
+  for (int64_t i = 0; i < n; i += kPiece) {
+    const int64_t m = std::min(kPiece, n - i);
+    to_f32(buf, static_cast<const char*>(x) + i * 2, t, m);
+    ss += sum_squares(buf, m);
+  }
+  return ss;
+}
+
+void Backend::fill(void* x, DType t, float v, int64_t n) {
+  if (n <= 0) return;
+  if (t == DType::F32) {
+    std::fill_n(static_cast<float*>(x), n, v);
+    return;
+  }
+  if (!is_float(t)) throw std::logic_error(std::string("fill of ") + dtype_name(t));
+  uint16_t h;
+  from_f32(&h, t, &v, 1);
+  std::fill_n(static_cast<uint16_t*>(x), n, h);
+}
+
+}  // namespace ops

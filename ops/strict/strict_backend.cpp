@@ -1,0 +1,414 @@
+// The strict CPU device (strict_backend.h): an arena mapped twice (PROT_NONE for host code,
+// read-write for the kernels) and a queue thread that runs the CPU backend's kernels in order.
+#include "ops/strict/strict_backend.h"
+
+#include <execinfo.h>
+#include <omp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ops::strict {
+
+namespace {
+
+std::atomic<int64_t> g_copies_in{0}, g_copies_out{0}, g_queued{0};
+
+size_t host_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kb = 0;
+  while (f >> key >> kb) {
+    if (key == "MemTotal:") return kb * 1024;
+    f.ignore(256, '\n');
+  }
+  return size_t{16} << 30;
+}
+
+size_t rounded(size_t n) { return (n + 63) / 64 * 64; }
+
+// The device memory: one memfd mapped twice. Blocks are cached by size and reused (like the
+// host's block cache and CUDA's caching allocators); a freed block's pages stay committed.
+class Arena {
+ public:
+  Arena() {
+    size_t cap = host_memory_bytes();
+    if (const char* e = std::getenv("RUNNER_STRICT_ARENA_GIB")) cap = static_cast<size_t>(std::atof(e) * (1ull << 30));
+    cap = rounded(cap);
+    fd_ = memfd_create("runner-strict-device", 0);
+    if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(cap)) != 0)
+      throw std::runtime_error(std::string("strict device: cannot create its memory (memfd): ") + std::strerror(errno));
+    void* h = mmap(nullptr, cap, PROT_NONE, MAP_SHARED | MAP_NORESERVE, fd_, 0);
+    void* k = mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_, 0);
+    if (h == MAP_FAILED || k == MAP_FAILED)
+      throw std::runtime_error(std::string("strict device: cannot map its memory: ") + std::strerror(errno));
+    host_view_ = static_cast<char*>(h);
+    kernel_view_ = static_cast<char*>(k);
+    cap_ = cap;
+  }
+  void* alloc(size_t bytes) {
+    const size_t n = rounded(bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(n);
+    size_t off;
+    if (it != free_.end()) {
+      off = it->second;
+      free_.erase(it);
+    } else {
+      if (top_ + n > cap_) throw std::bad_alloc();
+      off = top_;
+      top_ += n;
+    }
+    in_use_ += n;
+    return host_view_ + off;
+  }
+  void free(void* p, size_t bytes) {
+    const size_t n = rounded(bytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace(n, static_cast<size_t>(static_cast<char*>(p) - host_view_));
+    in_use_ -= n;
+  }
+  bool contains(const void* p) const {
+    auto* c = static_cast<const char*>(p);
+    return c >= host_view_ && c < host_view_ + cap_;
+  }
+  // The kernels' address of device pointer p.
+  template <class T> T* kernel(T* p) const {
+    if (!p) return nullptr;
+    if (!contains(p))
+      throw std::logic_error("strict device: a kernel was given a host pointer (every buffer a kernel reads or writes must "
+                             "be device memory: a tensor of the run's device; copy_in a host buffer first)");
+    using C = std::conditional_t<std::is_const_v<T>, const char, char>;
+    return reinterpret_cast<T*>(kernel_view_ + (reinterpret_cast<C*>(p) - host_view_));
+  }
+  size_t in_use() const { return in_use_; }
+  size_t top() const { return top_; }
+
+ private:
+  int fd_ = -1;
+  char* host_view_ = nullptr;
+  char* kernel_view_ = nullptr;
+  size_t cap_ = 0, top_ = 0, in_use_ = 0;
+  std::mutex mu_;
+  std::multimap<size_t, size_t> free_;
+};
+
+// The device's queue: one thread runs the submitted calls in order.
+class Queue {
+ public:
+  Queue() : worker_([this] { run(); }) {}
+  ~Queue() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  void submit(std::function<void()> f) {
+    const int threads = omp_get_max_threads();  // the caller's thread count, for the kernels
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      q_.push_back([f = std::move(f), threads] {
+        if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+        f();
+      });
+      ++queued_;
+      ++g_queued;
+    }
+    cv_.notify_all();
+  }
+  void synchronize() {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_cv_.wait(lock, [this] { return q_.empty() && !busy_; });
+    if (error_) {
+      std::exception_ptr e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+  int64_t queued() const { return queued_; }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || !q_.empty(); });
+      if (q_.empty()) return;  // stop_ and nothing left
+      std::function<void()> f = std::move(q_.front());
+      q_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      try {
+        if (!error_) f();  // after an error, the rest of the queue is dropped until synchronize()
+      } catch (...) {
+        std::lock_guard<std::mutex> g(mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+      lock.lock();
+      busy_ = false;
+      if (q_.empty()) idle_cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, idle_cv_;
+  std::deque<std::function<void()>> q_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::atomic<int64_t> queued_{0};
+  std::thread worker_;
+};
+
+std::atomic<Arena*> g_arena{nullptr};
+
+
+class StrictBackend final : public Backend {
+ public:
+  StrictBackend() : cpu_(cpu_backend()) { g_arena.store(&arena_); }
+  const char* name() const override { return "cpu-strict"; }
+
+  // ---- memory and queue ----
+  bool host_memory() const override { return false; }
+  void* mem_alloc(size_t bytes) override { return arena_.alloc(bytes); }
+  void mem_free(void* p, size_t bytes) override {
+    // Stream order: the block returns to the cache after every call queued before the free.
+    submit([this, p, bytes] { arena_.free(p, bytes); });
+  }
+  void mem_zero(void* p, size_t bytes) override {
+    submit([p = dev(p), bytes] { std::memset(p, 0, bytes); });
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    submit([dst = dev(dst), src = dev(src), bytes] { std::memcpy(dst, src, bytes); });
+  }
+  void copy_in(void* dst, const void* src, size_t bytes) override {
+    if (arena_.contains(src)) throw std::logic_error("strict device: copy_in from device memory (use copy)");
+    ++g_copies_in;
+    std::shared_ptr<char[]> staged(new char[bytes]);  // the host buffer is free again on return
+    std::memcpy(staged.get(), src, bytes);
+    submit([dst = dev(dst), staged, bytes] { std::memcpy(dst, staged.get(), bytes); });
+  }
+  void copy_out(void* dst, const void* src, size_t bytes) override {
+    if (arena_.contains(dst)) throw std::logic_error("strict device: copy_out into device memory (use copy)");
+    ++g_copies_out;
+    std::memset(dst, 0xFF, bytes);  // poison until synchronize(): NaN as floats, -1 as integers
+    submit([dst, src = dev(src), bytes] { std::memcpy(dst, src, bytes); });
+  }
+  void synchronize() override { queue_.synchronize(); }
+
+  // ---- results the host waits for ----
+  bool matmul16_available(DType t) override { return cpu_.matmul16_available(t); }
+  double sum_squares(const float* x, int64_t n) override {
+    double r = 0;
+    submit([this, &r, x = dev(x), n] { r = cpu_.sum_squares(x, n); });
+    synchronize();
+    return r;
+  }
+  double sum_squares_typed(const void* x, DType t, int64_t n) override {
+    double r = 0;
+    submit([this, &r, x = dev(x), t, n] { r = cpu_.sum_squares_typed(x, t, n); });
+    synchronize();
+    return r;
+  }
+
+  // ---- kernels: the CPU backend's, queued, on translated pointers ----
+  void convert(void* dst, DType dt, const void* src, DType st, int64_t n) override {
+    submit([this, dst = dev(dst), dt, src = dev(src), st, n] { cpu_.convert(dst, dt, src, st, n); });
+  }
+  void accumulate(void* dst, DType dt, const float* src, int64_t n) override {
+    submit([this, dst = dev(dst), dt, src = dev(src), n] { cpu_.accumulate(dst, dt, src, n); });
+  }
+  void fill(void* x, DType t, float v, int64_t n) override {
+    submit([this, x = dev(x), t, v, n] { cpu_.fill(x, t, v, n); });
+  }
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) override {
+    submit([this, out = dev(out), tokens = dev(tokens), wte = dev(wte), wpe = dev(wpe), B, T, C] { cpu_.embedding_forward(out, tokens, wte, wpe, B, T, C); });
+  }
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) override {
+    submit([this, dwte = dev(dwte), dwpe = dev(dwpe), dout = dev(dout), tokens = dev(tokens), B, T, C] { cpu_.embedding_backward(dwte, dwpe, dout, tokens, B, T, C); });
+  }
+  void embedding_shard_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int vstart, int Vlocal) override {
+    submit([this, out = dev(out), tokens = dev(tokens), wte = dev(wte), wpe = dev(wpe), B, T, C, vstart, Vlocal] { cpu_.embedding_shard_forward(out, tokens, wte, wpe, B, T, C, vstart, Vlocal); });
+  }
+  void embedding_shard_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C, int vstart, int Vlocal) override {
+    submit([this, dwte = dev(dwte), dwpe = dev(dwpe), dout = dev(dout), tokens = dev(tokens), B, T, C, vstart, Vlocal] { cpu_.embedding_shard_backward(dwte, dwpe, dout, tokens, B, T, C, vstart, Vlocal); });
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C, float eps) override {
+    submit([this, out = dev(out), mean = dev(mean), rstd = dev(rstd), inp = dev(inp), weight = dev(weight), bias = dev(bias), N, C, eps] { cpu_.layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps); });
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C) override {
+    submit([this, dinp = dev(dinp), dweight = dev(dweight), dbias = dev(dbias), dout = dev(dout), inp = dev(inp), weight = dev(weight), mean = dev(mean), rstd = dev(rstd), N, C] { cpu_.layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C); });
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps) override {
+    submit([this, out = dev(out), rstd = dev(rstd), inp = dev(inp), weight = dev(weight), N, C, eps] { cpu_.rmsnorm_forward(out, rstd, inp, weight, N, C, eps); });
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd, int N, int C) override {
+    submit([this, dinp = dev(dinp), dweight = dev(dweight), dout = dev(dout), inp = dev(inp), weight = dev(weight), rstd = dev(rstd), N, C] { cpu_.rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C); });
+  }
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) override {
+    submit([this, out = dev(out), inp = dev(inp), weight = dev(weight), bias = dev(bias), N, C, OC] { cpu_.matmul_forward(out, inp, weight, bias, N, C, OC); });
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int N, int C, int OC) override {
+    submit([this, dinp = dev(dinp), dweight = dev(dweight), dbias = dev(dbias), dout = dev(dout), inp = dev(inp), weight = dev(weight), N, C, OC] { cpu_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC); });
+  }
+  void matmul16_forward(float* out, const void* inp, const void* weight, const void* bias, DType t, int N, int C, int OC) override {
+    submit([this, out = dev(out), inp = dev(inp), weight = dev(weight), bias = dev(bias), t, N, C, OC] { cpu_.matmul16_forward(out, inp, weight, bias, t, N, C, OC); });
+  }
+  void matmul16_backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight, DType t, int N, int C, int OC) override {
+    submit([this, dinp = dev(dinp), dweight = dev(dweight), dbias = dev(dbias), dout = dev(dout), inp = dev(inp), weight = dev(weight), t, N, C, OC] { cpu_.matmul16_backward(dinp, dweight, dbias, dout, inp, weight, t, N, C, OC); });
+  }
+  void rope_forward(float* out, const float* inp, int B, int T, int C, Heads heads, float theta) override {
+    submit([this, out = dev(out), inp = dev(inp), B, T, C, heads, theta] { cpu_.rope_forward(out, inp, B, T, C, heads, theta); });
+  }
+  void rope_backward(float* dinp, const float* dout, int B, int T, int C, Heads heads, float theta) override {
+    submit([this, dinp = dev(dinp), dout = dev(dout), B, T, C, heads, theta] { cpu_.rope_backward(dinp, dout, B, T, C, heads, theta); });
+  }
+  void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, Heads heads, DropoutSpec drop) override {
+    submit([this, out = dev(out), probs = dev(probs), qkv = dev(qkv), B, T, C, heads, drop] { cpu_.attention_forward(out, probs, qkv, B, T, C, heads, drop); });
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C, Heads heads, DropoutSpec drop, float* work) override {
+    submit([this, dqkv = dev(dqkv), dout = dev(dout), qkv = dev(qkv), probs = dev(probs), B, T, C, heads, drop, work = dev(work)] { cpu_.attention_backward(dqkv, dout, qkv, probs, B, T, C, heads, drop, work); });
+  }
+  void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, Heads heads) override {
+    submit([this, kv = dev_kv(kv), qkv = dev(qkv), B, T, C, heads] { cpu_.kv_cache_write(kv, qkv, B, T, C, heads); });
+  }
+  void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, Heads heads, float theta) override {
+    submit([this, out = dev(out), qkv = dev(qkv), kv = dev_kv(kv), pos = dev(pos), B, C, heads, theta] { cpu_.attention_decode(out, qkv, kv, pos, B, C, heads, theta); });
+  }
+  void gelu_forward(float* out, const float* inp, int64_t n) override {
+    submit([this, out = dev(out), inp = dev(inp), n] { cpu_.gelu_forward(out, inp, n); });
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    submit([this, dinp = dev(dinp), inp = dev(inp), dout = dev(dout), n] { cpu_.gelu_backward(dinp, inp, dout, n); });
+  }
+  void swiglu_forward(float* out, const float* inp, int N, int H) override {
+    submit([this, out = dev(out), inp = dev(inp), N, H] { cpu_.swiglu_forward(out, inp, N, H); });
+  }
+  void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int H) override {
+    submit([this, dinp = dev(dinp), dout = dev(dout), inp = dev(inp), N, H] { cpu_.swiglu_backward(dinp, dout, inp, N, H); });
+  }
+  void add_forward(float* out, const float* a, const float* b, int64_t n) override {
+    submit([this, out = dev(out), a = dev(a), b = dev(b), n] { cpu_.add_forward(out, a, b, n); });
+  }
+  void add_inplace(float* dst, const float* src, int64_t n) override {
+    submit([this, dst = dev(dst), src = dev(src), n] { cpu_.add_inplace(dst, src, n); });
+  }
+  void dropout_forward(float* out, const float* inp, int64_t n, DropoutSpec drop) override {
+    submit([this, out = dev(out), inp = dev(inp), n, drop] { cpu_.dropout_forward(out, inp, n, drop); });
+  }
+  void dropout_backward(float* dinp, const float* dout, int64_t n, DropoutSpec drop) override {
+    submit([this, dinp = dev(dinp), dout = dev(dout), n, drop] { cpu_.dropout_backward(dinp, dout, n, drop); });
+  }
+  void softmax_xent_forward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V, int Vreal) override {
+    submit([this, losses = dev(losses), probs = dev(probs), logits = dev(logits), targets = dev(targets), N, V, Vreal] { cpu_.softmax_xent_forward(losses, probs, logits, targets, N, V, Vreal); });
+  }
+  void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V, int Vreal) override {
+    submit([this, dlogits = dev(dlogits), probs = dev(probs), targets = dev(targets), dloss, N, V, Vreal] { cpu_.softmax_xent_backward(dlogits, probs, targets, dloss, N, V, Vreal); });
+  }
+  void xent_shard_max(float* rowmax, const float* logits, int N, int V, int Vreal) override {
+    submit([this, rowmax = dev(rowmax), logits = dev(logits), N, V, Vreal] { cpu_.xent_shard_max(rowmax, logits, N, V, Vreal); });
+  }
+  void xent_shard_sumexp(float* sumexp, float* tlogit, const float* logits, const float* rowmax, const int32_t* targets, int N, int V, int Vreal, int vstart) override {
+    submit([this, sumexp = dev(sumexp), tlogit = dev(tlogit), logits = dev(logits), rowmax = dev(rowmax), targets = dev(targets), N, V, Vreal, vstart] { cpu_.xent_shard_sumexp(sumexp, tlogit, logits, rowmax, targets, N, V, Vreal, vstart); });
+  }
+  void xent_shard_finish(float* losses, float* probs, const float* logits, const float* rowmax, const float* sumexp, const float* tlogit, const int32_t* targets, int N, int V, int Vreal) override {
+    submit([this, losses = dev(losses), probs = dev(probs), logits = dev(logits), rowmax = dev(rowmax), sumexp = dev(sumexp), tlogit = dev(tlogit), targets = dev(targets), N, V, Vreal] { cpu_.xent_shard_finish(losses, probs, logits, rowmax, sumexp, tlogit, targets, N, V, Vreal); });
+  }
+  void xent_shard_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V, int Vreal, int vstart) override {
+    submit([this, dlogits = dev(dlogits), probs = dev(probs), targets = dev(targets), dloss, N, V, Vreal, vstart] { cpu_.xent_shard_backward(dlogits, probs, targets, dloss, N, V, Vreal, vstart); });
+  }
+  void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t, float grad_scale) override {
+    submit([this, param = dev(param), grad = dev(grad), m = dev(m), v = dev(v), n, lr, beta1, beta2, eps, weight_decay, t, grad_scale] { cpu_.adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale); });
+  }
+  void scale(float* x, int64_t n, float s) override {
+    submit([this, x = dev(x), n, s] { cpu_.scale(x, n, s); });
+  }
+  // [i26: ops step path]
+  // [i26: parallel]
+  // [i26: train and checkpoint]
+  // [i26: generate and export]
+  // [i26: attention]
+
+ private:
+  template <class T> T* dev(T* p) const { return arena_.kernel(p); }
+  KvView dev_kv(KvView kv) const {
+    kv.k = dev(kv.k);
+    kv.v = dev(kv.v);
+    kv.k_scale = dev(kv.k_scale);
+    kv.v_scale = dev(kv.v_scale);
+    return kv;
+  }
+  void submit(std::function<void()> f) { queue_.submit(std::move(f)); }
+
+  Backend& cpu_;
+  Arena arena_;
+  Queue queue_;  // last: its thread stops (running what is queued) before the arena goes
+};
+
+StrictBackend* g_backend = nullptr;
+
+// A host access to device memory is a SIGSEGV at an address in the PROT_NONE view: say so and
+// where (a backtrace), then die of the signal as before (the debugger and the core see the line).
+struct sigaction g_previous_segv;
+void on_segv(int sig, siginfo_t* info, void* ctx) {
+  Arena* a = g_arena.load();
+  if (a && a->contains(info->si_addr)) {
+    static const char msg[] =
+        "\nstrict device: host code touched device memory (a tensor's storage read or written outside a backend "
+        "call: use a kernel, or a named crossing such as Tensor::read_to_host). Backtrace:\n";
+    (void)!write(2, msg, sizeof(msg) - 1);
+    void* frames[48];
+    const int n = backtrace(frames, 48);
+    backtrace_symbols_fd(frames, n, 2);
+  }
+  sigaction(SIGSEGV, &g_previous_segv, nullptr);  // the previous handler (or the default) takes it from here
+  raise(sig);
+}
+
+}  // namespace
+
+Backend& strict_backend() {
+  static StrictBackend* b = [] {
+    g_backend = new StrictBackend();  // never destroyed: tensors may outlive static destructors
+    struct sigaction sa {};
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &g_previous_segv);
+    return g_backend;
+  }();
+  return *b;
+}
+
+bool is_device_pointer(const void* p) {
+  Arena* a = g_arena.load();
+  return a && a->contains(p);
+}
+
+StrictStats strict_stats() {
+  StrictStats s;
+  Arena* a = g_arena.load();
+  if (!a) return s;
+  s.queued = g_queued.load();
+  s.copies_in = g_copies_in.load();
+  s.copies_out = g_copies_out.load();
+  s.bytes_in_use = a->in_use();
+  s.arena_top = a->top();
+  return s;
+}
+
+}  // namespace ops::strict
