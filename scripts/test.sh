@@ -10,4 +10,6 @@ export OMP_WAIT_POLICY=PASSIVE
 # and fp16; the quickstart completing additions through `runner generate`; a real Slurm cluster;
 # soak_hardening: kills, corrupt checkpoints, fuzzed recipes).
 SOAKS='^(test_quickstart16|test_generate_quickstart|test_slurm|soak_hardening)$'
-ctest --test-dir build --output-on-failure --timeout 900 -j1 -E "$SOAKS"
+# The strict-device variants (label strict, cmake/strict_tests.cmake: the device tests again on
+# hardware.device cpu-strict) are .ci/run's own step too: `ctest --test-dir build -L strict`.
+ctest --test-dir build --output-on-failure --timeout 900 -j1 -E "$SOAKS" -LE strict
