@@ -3,6 +3,7 @@
 # memory host code cannot touch, kernels queued asynchronously). Label `strict`.
 set(RUNNER_STRICT_TESTS
   # [i26: ops step path]
+  test_executor test_precision16 test_model_golden test_step_observers
   # [i26: parallel]
   # [i26: train and checkpoint]
   # [i26: generate and export]
