@@ -4,6 +4,7 @@
 set(RUNNER_STRICT_TESTS
   # [i26: ops step path]
   # [i26: parallel]
+  test_parallel test_parallel_grid test_layout test_pipeline test_parallel_precision test_ops_tp
   # [i26: train and checkpoint]
   # [i26: generate and export]
   # [i26: attention]
