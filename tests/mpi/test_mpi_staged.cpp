@@ -20,6 +20,7 @@
 #include "ops/strict/strict_backend.h"
 #include "ops/tensor.h"
 #include "parallel/comm.h"
+#include "parallel/grad_sync.h"
 #include "parallel/grid.h"
 
 using namespace parallel;
@@ -98,7 +99,7 @@ TEST_CASE("blocking float collectives on device memory equal the host calls") {
     tp.allgather(in.data(), out.data(), n);
     CHECK(same(to_host(dout), out.data()));
     auto full = awkward(g_rank, n * R, 5);
-    std::vector<float> part(size_t(n));
+    std::vector<float> part(static_cast<size_t>(n));
     ops::Tensor dfull = on_device(full.data(), full.size() * 4);
     ops::Tensor dpart = on_device(part.data(), part.size() * 4);
     tp.tensors().reduce_scatter_sum(dfull.data<float>(), dpart.data<float>(), n);
@@ -129,7 +130,7 @@ TEST_CASE("non-blocking typed collectives on device memory: buckets in flight at
     CHECK(same(to_host(d[size_t(b)]), h[size_t(b)].data()));
   }
   // bf16: summed in fp32, rounded, as the host call does.
-  std::vector<uint16_t> b16(size_t(n));
+  std::vector<uint16_t> b16(static_cast<size_t>(n));
   auto f32 = awkward(g_rank, n, 7);
   ops::from_f32(b16.data(), ops::DType::BF16, f32.data(), n);
   ops::Tensor db = on_device(b16.data(), b16.size() * 2);
@@ -140,7 +141,7 @@ TEST_CASE("non-blocking typed collectives on device memory: buckets in flight at
   CHECK(same(to_host(db), b16.data()));
   // ZeRO-1: reduce-scatter of a bucket, all-gather of the parameters in place.
   auto in = awkward(g_rank, n * R, 11);
-  std::vector<float> out(size_t(n));
+  std::vector<float> out(static_cast<size_t>(n));
   ops::Tensor din = on_device(in.data(), in.size() * 4), dout = on_device(out.data(), out.size() * 4);
   dp.tensors().ireduce_scatter_sum(din.raw(), dout.raw(), ops::DType::F32, n)->wait();
   dp.ireduce_scatter_sum(in.data(), out.data(), ops::DType::F32, n)->wait();
@@ -181,6 +182,68 @@ TEST_CASE("point-to-point on device memory: pipeline activations between neighbo
   // The calls were counted on the communicator, as host calls are.
   CHECK(w.counts()[size_t(CommOp::Isend)] == 1);
   CHECK(w.counts()[size_t(CommOp::Recv)] == 1);
+}
+
+// The gradient synchronisation of a dp group with its parameters on the device: the flat
+// buffers are packed with device copies, the buckets (small: several in flight) reduced
+// through the staged path, ZeRO-1's pieces copied into place and the parameters gathered.
+// Everything must equal the same GradSync over host tensors, byte for byte.
+TEST_CASE("GradSync over device tensors equals GradSync over host tensors, with and without ZeRO-1") {
+  RANK_INFO();
+  Fixture f;
+  Grid host_grid(mpi_world(), {2, 2, 1});
+  const std::vector<int64_t> sizes = {37, 100, 5, 64};
+  for (bool zero1 : {false, true}) {
+    CAPTURE(zero1);
+    std::vector<ops::Tensor> hv, hg, dv, dg;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      auto v = awkward(f.grid.tp().rank(), sizes[k], int(k));  // the same on both dp ranks
+      hv.push_back(ops::Tensor::host({sizes[k]}, ops::DType::F32, ops::Account::Parameters));
+      hg.push_back(ops::Tensor::host({sizes[k]}, ops::DType::F32, ops::Account::Gradients));
+      std::memcpy(hv.back().host_data<float>(), v.data(), v.size() * 4);
+      dv.push_back(ops::Tensor({sizes[k]}, ops::DType::F32, ops::Account::Parameters, false, &dev()));
+      dg.push_back(ops::Tensor({sizes[k]}, ops::DType::F32, ops::Account::Gradients, true, &dev()));
+      dv.back().write_from_host(v.data());
+    }
+    std::vector<GradTensor> hp, dp;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      hp.push_back({&hv[k], &hg[k]});
+      dp.push_back({&dv[k], &dg[k]});
+    }
+    GradSync hs(host_grid.dp(), hp, 120.0, zero1), ds(f.grid.dp(), dp, 120.0, zero1);
+    CHECK(ds.bucket_count() > 1);
+    hs.start_step();
+    ds.start_step();
+    for (size_t k = sizes.size(); k-- > 0;) {
+      auto g = awkward(g_rank, sizes[k], 10 + int(k));
+      std::memcpy(hg[k].host_data<float>(), g.data(), g.size() * 4);
+      dg[k].write_from_host(g.data());
+      hs.grad_ready(int(k));
+      ds.grad_ready(int(k));
+    }
+    hs.finish_grads();
+    ds.finish_grads();
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      CAPTURE(k);
+      auto [a, e] = ds.owned(int(k));
+      CHECK(hs.owned(int(k)) == std::make_pair(a, e));
+      auto got = to_host(dg[k]);
+      CHECK(std::memcmp(got.data() + a * 4, hg[k].host_data<float>() + a, size_t(e - a) * 4) == 0);
+      CHECK(same(to_host(dv[k]), hv[k].host_data<float>()));  // packed into the flat buffer unchanged
+    }
+    // An "update" of the owned pieces, then ZeRO-1's gather of the parameters.
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      auto [a, e] = ds.owned(int(k));
+      std::vector<float> v(size_t(sizes[k]));
+      dv[k].read_to_host(v.data());
+      for (int64_t i = a; i < e; ++i) v[size_t(i)] += float(g_rank + 1);
+      dv[k].write_from_host(v.data());
+      for (int64_t i = a; i < e; ++i) hv[k].host_data<float>()[i] += float(g_rank + 1);
+    }
+    hs.gather_params();
+    ds.gather_params();
+    for (size_t k = 0; k < sizes.size(); ++k) CHECK(same(to_host(dv[k]), hv[k].host_data<float>()));
+  }
 }
 
 int main(int argc, char** argv) {
