@@ -3,6 +3,7 @@
 # memory host code cannot touch, kernels queued asynchronously). Label `strict`.
 set(RUNNER_STRICT_TESTS
   # [i26: ops step path]
+  test_executor test_precision16 test_model_golden test_step_observers
   # [i26: parallel]
   test_parallel test_parallel_grid test_layout test_pipeline test_parallel_precision test_ops_tp
   # [i26: train and checkpoint]
