@@ -8,6 +8,7 @@ set(RUNNER_STRICT_TESTS
   # checkpoint's staging crossings ([i26: train and checkpoint]) as well as the step path.
   test_train_precision test_recompute_auto test_quickstart
   # [i26: parallel]
+  test_parallel test_parallel_grid test_layout test_pipeline test_parallel_precision test_ops_tp
   # [i26: train and checkpoint]
   # [i26: generate and export]
   # [i26: attention]

@@ -94,7 +94,11 @@ class SelfComm final : public Communicator {
     std::fflush(nullptr);
     std::_Exit(code);
   }
-  std::unique_ptr<Communicator> split(int, int) override { return self_comm(); }
+  std::unique_ptr<Communicator> split(int, int) override {
+    auto c = self_comm();
+    c->set_device(device_);
+    return c;
+  }
 
  private:
   [[noreturn]] static void no_p2p(const char* what) {
@@ -413,7 +417,9 @@ class MpiComm final : public Communicator {
     if (color < 0) throw std::invalid_argument("MpiComm::split: negative color " + std::to_string(color));
     MPI_Comm sub = MPI_COMM_NULL;
     check(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split");
-    return std::make_unique<MpiComm>(sub);
+    auto c = std::make_unique<MpiComm>(sub);
+    c->set_device(device_);
+    return c;
   }
 
  private:

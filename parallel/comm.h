@@ -9,6 +9,17 @@
 // members of the communicator must make the same collective calls in the same order (MPI's
 // rule). Results of reductions are bit-identical on every member. Counts above INT_MAX are
 // split internally.
+//
+// Host memory and tensor memory (issue 26). A Communicator's own calls take HOST memory:
+// scalars, metrics, counters, checkpoint staging buffers. Tensor memory (gradient buckets,
+// the tensor-parallel collectives of the executor, pipeline activations) goes through its
+// tensors() face, which takes pointers into the run's device memory: the device is set once
+// for the whole grid from the run's backend (Grid, set_device), never guessed per pointer. On
+// a host-memory device (the CPU) tensors() calls the host calls directly; on a device whose
+// memory the host cannot touch (cpu-strict, a GPU without NCCL or with ranks sharing one GPU)
+// it stages: the device's queue is drained, the bytes are copied out to a reused host
+// staging buffer, the host call runs on it, and the result is copied back in; the NCCL
+// communicator (parallel/cuda/gpu_comm.h) runs them on the GPU.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -17,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/backend.h"
 #include "ops/group.h"
 #include "ops/tensor.h"
 #include "ops/trace.h"
@@ -40,8 +52,29 @@ class Request {
   virtual void wait() = 0;
 };
 
+// Collectives and messages over tensor memory: pointers into tensors of the communicator's
+// device (Communicator::tensors()). The same contracts as the Communicator's host calls of the
+// same names. As an ops::ReduceGroup it is the group a tensor-parallel executor is given.
+class TensorComm : public ops::ReduceGroup {
+ public:
+  // ops::ReduceGroup: rank(), size(), allreduce_sum/max(float*), allgather, reduce_scatter_sum.
+  virtual std::unique_ptr<Request> iallreduce_sum(void* x, ops::DType t, int64_t n) = 0;
+  virtual std::unique_ptr<Request> ireduce_scatter_sum(const void* in, void* out, ops::DType t, int64_t n) = 0;
+  virtual std::unique_ptr<Request> iallgather_inplace(void* buf, ops::DType t, int64_t n) = 0;
+  virtual void send(const void* buf, size_t bytes, int dst, int tag) = 0;
+  virtual void recv(void* buf, size_t bytes, int src, int tag) = 0;
+  virtual std::unique_ptr<Request> isend(const void* buf, size_t bytes, int dst, int tag) = 0;
+  virtual std::unique_ptr<Request> irecv(void* buf, size_t bytes, int src, int tag) = 0;
+  // Whether the calls go through host staging buffers, and the most bytes those buffers held
+  // at once (host memory, not the device's: outside the ledger's accounts, like MPI's own buffers).
+  virtual bool staged() const { return false; }
+  virtual size_t staging_peak_bytes() const { return 0; }
+};
+
 class Communicator : public ops::ReduceGroup {
  public:
+  Communicator();
+  ~Communicator() override;
   // ops::ReduceGroup: rank(), size(), allreduce_sum(float*), allreduce_max(float*).
   virtual void allreduce_sum(double* x, int64_t n) = 0;
   virtual void allreduce_sum(int64_t* x, int64_t n) = 0;
@@ -82,6 +115,14 @@ class Communicator : public ops::ReduceGroup {
   // Splits into sub-communicators: members with the same color form one, ordered by key.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
+  // The device whose memory tensors() takes: the run's backend, set once before the first
+  // tensor call (the Grid does it for all its communicators); split() passes it on. Null (the
+  // default) or a host-memory backend: tensors() is the host calls themselves.
+  void set_device(ops::Backend* device);
+  ops::Backend* device() const { return device_; }
+  // The tensor-memory face of this communicator (see the top of this file).
+  virtual TensorComm& tensors();
+
   // What this communicator is called in traces and counts ("dp", "tp", "world", ...).
   void set_name(const char* name) { name_ = name; }
   const char* name() const { return name_; }
@@ -93,6 +134,8 @@ class Communicator : public ops::ReduceGroup {
   const CommCounts& counts() const { return counts_; }
 
  protected:
+  ops::Backend* device_ = nullptr;
+  std::unique_ptr<TensorComm> tensors_;  // made on first use for device_
   ops::TraceSink* trace_ = nullptr;
   const char* name_ = "";
   CommCounts counts_{};

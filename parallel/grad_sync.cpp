@@ -2,7 +2,6 @@
 #include "parallel/grad_sync.h"
 
 #include <algorithm>
-#include <cstring>
 #include <stdexcept>
 
 namespace parallel {
@@ -52,16 +51,18 @@ GradSync::GradSync(Communicator& dp, std::vector<GradTensor> params, double buck
   }
   close();
   flat_ = offset;
-  values_ = ops::Tensor::empty({static_cast<int64_t>(std::max<size_t>(flat_, 1))}, vtype_, ops::Account::Parameters);
-  grads_ = ops::Tensor::zeros({static_cast<int64_t>(std::max<size_t>(flat_, 1))}, gtype_, ops::Account::Gradients);
-  values_.zero();  // padding stays zero (through the device: issue 26)
+  // On the parameters' device (the flat buffers replace them); zeroed there: padding stays zero.
+  ops::Backend* dev = P > 0 ? params_[0].value->device() : ops::tensor_device();
+  const std::vector<int64_t> flat_shape{static_cast<int64_t>(std::max<size_t>(flat_, 1))};
+  values_ = ops::Tensor(flat_shape, vtype_, ops::Account::Parameters, true, dev);
+  grads_ = ops::Tensor(flat_shape, gtype_, ops::Account::Gradients, true, dev);
   for (size_t k = 0; k < P; ++k) {
     GradTensor& p = params_[k];
     const int64_t n = p.value->numel();
     owned_[k] = {0, n};
     if (p.excluded) continue;
     ops::Tensor v = values_.view(static_cast<int64_t>(param_offset[k]), p.value->shape());
-    v.copy_from(*p.value);
+    v.copy_from(*p.value);  // queued on the device
     *p.value = v;
     *p.grad = grads_.view(static_cast<int64_t>(param_offset[k]), p.grad->shape());
   }
@@ -81,7 +82,7 @@ GradSync::GradSync(Communicator& dp, std::vector<GradTensor> params, double buck
                                                 : std::make_pair<int64_t, int64_t>(0, 0);
       }
     }
-    recv_ = ops::Tensor::empty({static_cast<int64_t>(std::max<size_t>(recv, 1))}, gtype_, ops::Account::Communication);
+    recv_ = ops::Tensor({static_cast<int64_t>(std::max<size_t>(recv, 1))}, gtype_, ops::Account::Communication, false, dev);
   }
   stats_.buckets = static_cast<int>(buckets_.size());
 }
@@ -113,10 +114,11 @@ void GradSync::launch(Bucket& b) {
     return;
   }
   const int64_t piece = static_cast<int64_t>(b.len) / dp_.size();
+  TensorComm& t = dp_.tensors();  // device memory: staged, or NCCL on a GPU
   if (zero1_)
-    b.req = dp_.ireduce_scatter_sum(g, static_cast<char*>(recv_.raw()) + recv_offset_[static_cast<size_t>(&b - buckets_.data())] * gs,
-                                    gtype_, piece);
-  else b.req = dp_.iallreduce_sum(g, gtype_, static_cast<int64_t>(b.len));
+    b.req = t.ireduce_scatter_sum(g, static_cast<char*>(recv_.raw()) + recv_offset_[static_cast<size_t>(&b - buckets_.data())] * gs,
+                                  gtype_, piece);
+  else b.req = t.iallreduce_sum(g, gtype_, static_cast<int64_t>(b.len));
 }
 
 void GradSync::grad_ready(int i) {
@@ -164,10 +166,10 @@ void GradSync::finish_grads() {
   if (zero1_) {
     const size_t D = static_cast<size_t>(dp_.size()), r = static_cast<size_t>(dp_.rank());
     for (size_t k = 0; k < buckets_.size(); ++k) {
-      size_t piece = buckets_[k].len / D;
-      const size_t gs = ops::dtype_size(gtype_);
-      std::memcpy(static_cast<char*>(grads_.raw()) + (buckets_[k].begin + r * piece) * gs,
-                  static_cast<const char*>(recv_.raw()) + recv_offset_[k] * gs, piece * gs);
+      const int64_t piece = static_cast<int64_t>(buckets_[k].len / D);
+      if (piece == 0) continue;
+      grads_.view(static_cast<int64_t>(buckets_[k].begin + r * static_cast<size_t>(piece)), {piece})
+          .copy_from(recv_.view(static_cast<int64_t>(recv_offset_[k]), {piece}));  // a device copy
     }
   }
   for (auto& b : buckets_) b.req.reset();
@@ -181,7 +183,7 @@ void GradSync::gather_params() {
   std::vector<std::unique_ptr<Request>> reqs;
   const size_t vs = ops::dtype_size(vtype_);
   for (auto& b : buckets_)
-    reqs.push_back(dp_.iallgather_inplace(static_cast<char*>(values_.raw()) + b.begin * vs, vtype_, static_cast<int64_t>(b.len) / D));
+    reqs.push_back(dp_.tensors().iallgather_inplace(static_cast<char*>(values_.raw()) + b.begin * vs, vtype_, static_cast<int64_t>(b.len) / D));
   for (auto& r : reqs) r->wait();
   stats_.exposed_ms += ms(Clock::now() - t0);
 }

@@ -36,8 +36,10 @@ int world_rank_of(const GridShape& g, const Coords& c) {
   return (c.pp * g.dp + c.dp) * g.tp + c.tp;
 }
 
-Grid::Grid(std::unique_ptr<Communicator> world, GridShape shape) : shape_(shape), world_(std::move(world)) {
+Grid::Grid(std::unique_ptr<Communicator> world, GridShape shape, ops::Backend* device)
+    : shape_(shape), world_(std::move(world)) {
   if (!world_) throw std::invalid_argument("Grid: null world communicator");
+  world_->set_device(device);  // before the splits, which pass it on
   check_shape(shape_);
   if (world_->size() != shape_.world())
     throw std::invalid_argument("Grid: dp" + std::to_string(shape_.dp) + " x tp" + std::to_string(shape_.tp) +
@@ -60,6 +62,7 @@ Grid::Grid(std::unique_ptr<Communicator> world, GridShape shape) : shape_(shape)
     auto e = world_->split(member ? pair : dp * tp + pair, c_.pp);
     if (member) embed_ = std::move(e);
   }
+  for (Communicator* c : comms()) c->set_device(device);
   world_->set_name("world");
   tp_->set_name("tp");
   dp_->set_name("dp");

@@ -34,8 +34,9 @@ class Grid {
  public:
   // Collective over `world` (all ranks call it). world->size() must equal shape.world();
   // throws std::invalid_argument otherwise (the plan refuses such recipes earlier, with a
-  // user-facing message).
-  Grid(std::unique_ptr<Communicator> world, GridShape shape);
+  // user-facing message). `device`: the run's backend (select_backend), whose memory the
+  // communicators' tensors() calls take (Communicator::set_device); null: host memory.
+  Grid(std::unique_ptr<Communicator> world, GridShape shape, ops::Backend* device = nullptr);
 
   const GridShape& shape() const { return shape_; }
   const Coords& coords() const { return c_; }

@@ -84,6 +84,8 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 }  // namespace
 
+// The activation and gradient buffers are tensors of the run's device; they travel through
+// the world communicator's tensors() face (staged through host memory, or NCCL on a GPU).
 PipelineRunner::PipelineRunner(std::vector<PipelineChunk> chunks, Communicator& world) : world_(world) {
   for (auto& pc : chunks) {
     Chunk ch;
@@ -169,7 +171,7 @@ PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, con
       if (prev >= 0) {
         auto t = Clock::now();
         const int64_t w0 = trace_ ? ops::trace_now_ns() : 0;
-        world_.recv(ch.act_in[slot].raw(), ch.act_in[slot].nbytes(), prev, tag(vs, kAct));
+        world_.tensors().recv(ch.act_in[slot].raw(), ch.act_in[slot].nbytes(), prev, tag(vs, kAct));
         st.wait_ms += ms_since(t);
         if (trace_) idle("idle: waiting for activation", prev, a.micro, w0);
         in = ch.act_in[slot].raw();
@@ -188,14 +190,14 @@ PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, con
       st.loss_sum += ls.sum;
       if (trace_) pass("forward", a, p0);
       if (next >= 0)
-        ch.act_sends[slot] = world_.isend(ch.act_out[slot].raw(), ch.act_out[slot].nbytes(), next, tag(vs + 1, kAct));
+        ch.act_sends[slot] = world_.tensors().isend(ch.act_out[slot].raw(), ch.act_out[slot].nbytes(), next, tag(vs + 1, kAct));
     } else {
       const void* dout = nullptr;
       void* din = nullptr;
       if (next >= 0) {
         auto t = Clock::now();
         const int64_t w0 = trace_ ? ops::trace_now_ns() : 0;
-        world_.recv(ch.grad_out.raw(), ch.grad_out.nbytes(), next, tag(vs, kGrad));
+        world_.tensors().recv(ch.grad_out.raw(), ch.grad_out.nbytes(), next, tag(vs, kGrad));
         st.wait_ms += ms_since(t);
         if (trace_) idle("idle: waiting for gradient", next, a.micro, w0);
         dout = ch.grad_out.raw();
@@ -217,7 +219,7 @@ PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, con
       if (final_pass) ex.set_grad_hook(nullptr);
       if (trace_) pass("backward", a, p0);
       if (prev >= 0)
-        ch.grad_sends[slot] = world_.isend(ch.grad_in[slot].raw(), ch.grad_in[slot].nbytes(), prev, tag(vs - 1, kGrad));
+        ch.grad_sends[slot] = world_.tensors().isend(ch.grad_in[slot].raw(), ch.grad_in[slot].nbytes(), prev, tag(vs - 1, kGrad));
     }
   }
   for (auto& ch : chunks_) {
@@ -234,11 +236,11 @@ const ops::Tensor* PipelineRunner::eval_pass(const MicroBatch& mb, bool logits, 
   for (Chunk& ch : chunks_) {
     ops::Executor& ex = *ch.c.slots[0];
     const int prev = ch.c.prev_rank, next = ch.c.next_rank, vs = ch.c.vstage;
-    if (prev >= 0) world_.recv(ch.act_in[0].raw(), ch.act_in[0].nbytes(), prev, tag(vs, kEval));
+    if (prev >= 0) world_.tensors().recv(ch.act_in[0].raw(), ch.act_in[0].nbytes(), prev, tag(vs, kEval));
     const void* in = prev >= 0 ? ch.act_in[0].raw() : nullptr;
     if (next >= 0) {
       ex.forward(mb.tokens, mb.targets, false, 0, mb.sample_offset, in, ch.act_out[0].raw());
-      world_.send(ch.act_out[0].raw(), ch.act_out[0].nbytes(), next, tag(vs + 1, kEval));
+      world_.tensors().send(ch.act_out[0].raw(), ch.act_out[0].nbytes(), next, tag(vs + 1, kEval));
     } else if (logits) {
       out = &ex.forward_logits(mb.tokens, in);
     } else {

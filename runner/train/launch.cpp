@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <array>
 #include <optional>
+#include <string>
 
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,9 @@
 
 #include "ops/gemm_path.h"
 #include "parallel/grid.h"
+#if defined(RUNNER_HAVE_NCCL)
+#include "parallel/cuda/gpu_comm.h"
+#endif
 #include "runner/agree.h"
 #include "runner/errors.h"
 
@@ -26,6 +30,20 @@ namespace {
   std::fflush(stderr);
   grid.world().abort(code);
   std::_Exit(code);  // not reached (abort() is [[noreturn]], which GCC does not see through a virtual call)
+}
+
+// The world communicator for the run's device (parallel/comm.h: tensors go through
+// Communicator::tensors()). The CUDA backend: NCCL, or MPI staging through host memory when
+// RUNNER_HOST_STAGED_COMM=1, when two ranks share a GPU, or in a build without NCCL. Any other
+// device: MPI, whose tensors() the Grid sets up for the device (direct on the CPU, staged on
+// cpu-strict).
+std::unique_ptr<parallel::Communicator> device_world(std::unique_ptr<parallel::Communicator> world, ops::Backend& be) {
+  if (std::string(be.name()) != "cuda") return world;
+#if defined(RUNNER_HAVE_NCCL)
+  return parallel::gpu_world(std::move(world));
+#else
+  return world;
+#endif
 }
 
 }  // namespace
@@ -102,7 +120,8 @@ void Launch::agree_gemm_paths(const std::string& run_dir) {
 
 int Launch::train(const Plan& p, const TrainOptions& opts, ops::Backend& be) {
   if (!world_) return run_training(p, opts, be);
-  parallel::Grid grid(std::move(world_), {static_cast<int>(p.dp), static_cast<int>(p.tp), static_cast<int>(p.pp)});
+  parallel::Grid grid(device_world(std::move(world_), be),
+                      {static_cast<int>(p.dp), static_cast<int>(p.tp), static_cast<int>(p.pp)}, &be);
   try {
     return run_training(p, opts, grid, be);
   } catch (const SilentExit& e) {

@@ -49,7 +49,7 @@ RankModel::RankModel(const Plan& plan, parallel::Grid& grid, ops::Backend& be, P
       }
     }
   }
-  tp_timed_ = std::make_unique<parallel::TimedGroup>(grid.tp());
+  tp_timed_ = std::make_unique<parallel::TimedGroup>(grid.tp().tensors());
   sched_ = plan.schedule(c.pp);
   // Chunk k of this stage is virtual stage k*P + stage; its neighbours are the chunks before
   // and after it, on the previous and next stage (wrapping around between chunks).
@@ -83,7 +83,7 @@ parallel::PipelineStats RankModel::train(const std::vector<parallel::MicroBatch>
       ops::Tensor& gr = ps_.grads[static_cast<size_t>(p)];
       if (seq_partial_[static_cast<size_t>(p)]) {  // each tp rank saw only its rows of the sequence
         auto t = std::chrono::steady_clock::now();
-        grid_.tp().iallreduce_sum(gr.raw(), gr.dtype(), gr.numel())->wait();
+        grid_.tp().tensors().iallreduce_sum(gr.raw(), gr.dtype(), gr.numel())->wait();
         tp_timed_->add(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
       }
       // Replicated key-value rows (grouped-query attention): each tp rank's gradient holds
@@ -91,7 +91,7 @@ parallel::PipelineStats RankModel::train(const std::vector<parallel::MicroBatch>
       for (auto [a, e] : tp_partial_rows_[static_cast<size_t>(p)]) {
         auto t = std::chrono::steady_clock::now();
         char* base = static_cast<char*>(gr.raw()) + static_cast<size_t>(a) * ops::dtype_size(gr.dtype());
-        grid_.tp().iallreduce_sum(base, gr.dtype(), e - a)->wait();
+        grid_.tp().tensors().iallreduce_sum(base, gr.dtype(), e - a)->wait();
         tp_timed_->add(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
       }
       sync_->grad_ready(p);
@@ -104,8 +104,8 @@ void RankModel::finish_grads() {
   sync_->finish_grads();
   if (tied_ >= 0) {  // the two copies of the tied embedding: sum over stages, then over dp
     ops::Tensor& g = ps_.grads[static_cast<size_t>(tied_)];
-    if (grid_.embed()) grid_.embed()->iallreduce_sum(g.raw(), g.dtype(), g.numel())->wait();
-    grid_.dp().iallreduce_sum(g.raw(), g.dtype(), g.numel())->wait();
+    if (grid_.embed()) grid_.embed()->tensors().iallreduce_sum(g.raw(), g.dtype(), g.numel())->wait();
+    grid_.dp().tensors().iallreduce_sum(g.raw(), g.dtype(), g.numel())->wait();
   }
 }
 

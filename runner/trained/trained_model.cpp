@@ -82,7 +82,7 @@ TrainedModel load_trained_model(const std::string& src, ops::Backend& be, const 
 
 void TrainedModel::bind(ops::Executor& ex, const ops::Graph& g) {
   bind_params(ex, g, params);
-  if (grid && plan.tp > 1) ex.set_group(&grid->tp());
+  if (grid && plan.tp > 1) ex.set_group(&grid->tp().tensors());
 }
 
 const ops::Tensor& TrainedModel::full_vocab(const ops::Tensor& L) {
