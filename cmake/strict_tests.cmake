@@ -5,6 +5,7 @@ set(RUNNER_STRICT_TESTS
   # [i26: ops step path]
   # [i26: parallel]
   # [i26: train and checkpoint]
+  test_checkpoint test_resume test_parallel_ckpt test_hardening test_work_kept
   # [i26: generate and export]
   # [i26: attention]
 )
