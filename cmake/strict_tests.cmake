@@ -10,6 +10,7 @@ set(RUNNER_STRICT_TESTS
   # [i26: parallel]
   test_parallel test_parallel_grid test_layout test_pipeline test_parallel_precision test_ops_tp
   # [i26: train and checkpoint]
+  test_checkpoint test_resume test_parallel_ckpt test_hardening test_work_kept
   # [i26: generate and export]
   # [i26: attention]
 )

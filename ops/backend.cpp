@@ -31,6 +31,13 @@ void Backend::copy_out(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
 
+// [i26: train and checkpoint] host staging: the block cache, and copies that are done on return.
+void* Backend::alloc_pinned(size_t bytes) { return host_block_alloc(bytes); }
+void Backend::free_pinned(void* p, size_t bytes) { host_block_free(p, bytes); }
+void Backend::stage_out(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
 void Backend::convert(void* dst, DType dt, const void* src, DType st, int64_t n) {
   if (!is_float(dt) || !is_float(st))
     throw std::logic_error(std::string("convert ") + dtype_name(st) + " -> " + dtype_name(dt) + ": not a float format");

@@ -143,6 +143,22 @@ class Backend {
                                   float* v, int64_t n, const AdamwArgs& a);
   // [i26: parallel]
   // [i26: train and checkpoint]
+  // Staging for checkpoints and the rollback snapshot (runner/checkpoint/staging.h): the host
+  // buffers parameters and optimizer state are copied out into. alloc_pinned gives host memory
+  // the device copies to at full speed without holding up its queue (page-locked on CUDA; the
+  // host's block cache by default); host code may read it, once the copy has been waited for.
+  virtual void* alloc_pinned(size_t bytes);
+  virtual void free_pinned(void* p, size_t bytes);
+  // copy_out on the device's side queue (a copy stream on CUDA), for an asynchronous save: it
+  // sees every call queued before it; later calls that write `src` wait for it on the device,
+  // not on the host. `dst` holds the bytes only after stage_wait() of a fence taken after it
+  // (before that, anything: the strict device fills it with poison). Host default: a memcpy.
+  virtual void stage_out(void* dst, const void* src, size_t bytes);
+  // A point on the side queue after every stage_out so far, and the wait for it: any thread
+  // (the checkpoint writer's) may wait, and waits only for the staged copies, not for the
+  // kernels queued since; a fence is waited for once. Throws when the copies did not run.
+  virtual uint64_t stage_fence() { return 0; }
+  virtual void stage_wait(uint64_t fence) {}
   // [i26: generate and export]
   // [i26: attention]
 

@@ -21,7 +21,9 @@
 #include <limits>
 #include <thread>
 
+#include "ops/backend.h"
 #include "ops/rng.h"
+#include "ops/strict/strict_backend.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/resume.h"
 #include "runner/checkpoint/saver.h"
@@ -47,9 +49,30 @@ Shapes default_shapes() {
           {"h.0.ln_1.weight", {32}},       {"h.0.mlp.fc.weight", {128, 32}},  {"lnf.weight", {32}}};
 }
 
+// Where the test states live: the strict device under RUNNER_STRICT=1 (test_checkpoint_strict:
+// every save, load and snapshot below then crosses to and from device memory that host code
+// cannot touch), host memory otherwise.
+ops::Backend* test_device() {
+  const char* e = std::getenv("RUNNER_STRICT");
+  return e && std::string(e) == "1" ? &ops::strict::strict_backend() : nullptr;
+}
+
+// A tensor's bytes in host memory (a crossing for a device tensor).
+std::vector<char> host_bytes_of(const ops::Tensor& t) {
+  std::vector<char> out(t.nbytes());
+  t.read_to_host(out.data());
+  return out;
+}
+
 // Random bits, including the values a careless format would mangle (NaN payloads, -0, inf, denormals).
 void fill_random(ops::Tensor& t, uint64_t key) {
-  float* p = t.data<float>();
+  std::vector<float> host(static_cast<size_t>(t.numel()));
+  float* p = host.data();
+  struct Put {  // written through the crossing in, whatever the tensor's device
+    ops::Tensor& t;
+    const float* p;
+    ~Put() { t.write_from_host(p); }
+  } put{t, p};
   for (int64_t i = 0; i < t.numel(); ++i) {
     uint32_t bits = ops::rng_u32(key, static_cast<uint64_t>(i));
     if (i % 17 == 5) bits = 0x7fc01234u;       // NaN with a payload
@@ -60,16 +83,18 @@ void fill_random(ops::Tensor& t, uint64_t key) {
   }
 }
 
-TrainState make_state(uint64_t seed, int64_t step, const Shapes& shapes = default_shapes()) {
+TrainState make_state(uint64_t seed, int64_t step, const Shapes& shapes = default_shapes(),
+                      ops::Backend* device = test_device()) {
   TrainState s;
+  using ops::Account, ops::DType;
   for (size_t i = 0; i < shapes.size(); ++i) {
     const auto& [name, shape] = shapes[i];
     s.params.names.push_back(name);
-    s.params.values.push_back(ops::Tensor::empty(shape, ops::DType::F32, ops::Account::Parameters));
-    s.params.grads.push_back(ops::Tensor::zeros(shape, ops::DType::F32, ops::Account::Gradients));
+    s.params.values.emplace_back(shape, DType::F32, Account::Parameters, false, device);
+    s.params.grads.emplace_back(shape, DType::F32, Account::Gradients, true, device);
     s.params.decay.push_back(shape.size() > 1);
-    s.adam_m.push_back(ops::Tensor::empty(shape, ops::DType::F32, ops::Account::Optimizer));
-    s.adam_v.push_back(ops::Tensor::empty(shape, ops::DType::F32, ops::Account::Optimizer));
+    s.adam_m.emplace_back(shape, DType::F32, Account::Optimizer, false, device);
+    s.adam_v.emplace_back(shape, DType::F32, Account::Optimizer, false, device);
     fill_random(s.params.values.back(), ops::rng_key(seed, 1, i));
     fill_random(s.adam_m.back(), ops::rng_key(seed, 2, i));
     fill_random(s.adam_v.back(), ops::rng_key(seed, 3, i));
@@ -86,8 +111,12 @@ TrainState make_state(uint64_t seed, int64_t step, const Shapes& shapes = defaul
 }
 
 bool same_bits(const ops::Tensor& a, const ops::Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && host_bytes_of(a) == host_bytes_of(b);
 }
+
+// Host states for the tests whose writes happen in a forked child: the strict device's queue
+// thread does not survive fork().
+TrainState make_host_state(uint64_t seed, int64_t step) { return make_state(seed, step, default_shapes(), nullptr); }
 
 void check_equal(const TrainState& a, const TrainState& b) {
   REQUIRE(a.params.values.size() == b.params.values.size());
@@ -328,8 +357,9 @@ TEST_CASE("bf16 moments: half the bytes, rounded to nearest even, parameters sti
   load_checkpoint_file(r.path, b);
   for (size_t i = 0; i < a.params.values.size(); ++i) {
     CHECK(same_bits(a.params.values[i], b.params.values[i]));
-    const float* m = a.adam_m[i].data<float>();
-    const float* mb = b.adam_m[i].data<float>();
+    const std::vector<char> ha = host_bytes_of(a.adam_m[i]), hb = host_bytes_of(b.adam_m[i]);
+    const float* m = reinterpret_cast<const float*>(ha.data());
+    const float* mb = reinterpret_cast<const float*>(hb.data());
     for (int64_t k = 0; k < a.adam_m[i].numel(); ++k) {
       if (std::isnan(m[k]) || std::isinf(m[k])) {
         CHECK((std::isnan(m[k]) ? std::isnan(mb[k]) : mb[k] == m[k]));
@@ -426,7 +456,7 @@ TEST_CASE("a crash at any point of a save leaves the previous checkpoint and LAT
   SaveResult first = write_checkpoint_atomic(dir.path, s10, {});
   const std::string latest_before = file_bytes(dir / "LATEST");
   const std::string file_before = file_bytes(first.path);
-  TrainState s20 = make_state(22, 20);
+  TrainState s20 = make_host_state(22, 20);  // written in forked children
   const int64_t total = first.tensor_bytes;
 
   // Runs a save of s20 in a child that dies (_exit(137)) at the injected point.
@@ -993,4 +1023,77 @@ TEST_CASE("the HDF5 lock: one process-wide lock (the data loader's), re-entrant 
   CHECK_FALSE(space.ok());
   CHECK(h5::mutex().try_lock());  // nothing left held
   h5::mutex().unlock();
+}
+
+// Issue 26: the crossing between device tensors and checkpoints, on the strict device whatever
+// RUNNER_STRICT says (its memory faults on any host access, so reaching the end proves that no
+// save, load or snapshot path dereferenced a device tensor).
+TEST_CASE("a state on the strict device: saves write the host state's bytes, async saves stage out, loads copy in") {
+  ops::Backend& dev = ops::strict::strict_backend();
+  TempDir d_host, d_sync, d_async;
+  TrainState h = make_state(11, 10, default_shapes(), nullptr);
+  write_checkpoint_atomic(d_host.path, h, {});
+  const std::string name = "step_00000010.h5";
+  {
+    TrainState d = make_state(11, 10, default_shapes(), &dev);
+    write_checkpoint_atomic(d_sync.path, d, {});
+    const int64_t out_before = ops::strict::strict_stats().copies_out;
+    CheckpointSaver async(d_async.path, config("steps", true));
+    async.save(d);
+    // Staged: one copy out per tensor (params, m, v), queued on the device's queue.
+    CHECK(ops::strict::strict_stats().copies_out - out_before == 3 * static_cast<int64_t>(d.params.values.size()));
+    fill_random(d.params.values[0], 12345);  // training goes on (queued after the staged copies)
+    d.step = 11;
+    async.wait();
+  }
+  CHECK(file_bytes(d_host / name) == file_bytes(d_sync / name));
+  CHECK(file_bytes(d_host / name) == file_bytes(d_async / name));
+  TrainState back = make_state(0, 0, default_shapes(), &dev);
+  back.adam_m.clear();  // allocated on load, beside the values (on the device)
+  back.adam_v.clear();
+  load_checkpoint_file(d_async / name, back);
+  REQUIRE(back.adam_m.size() == h.adam_m.size());
+  CHECK(back.adam_m[0].device() == &dev);
+  check_equal(back, h);
+}
+
+TEST_CASE("a memory snapshot of strict-device tensors is staged out to host memory and copied back in bit for bit") {
+  ops::Backend& dev = ops::strict::strict_backend();
+  TrainState s = make_state(71, 30, default_shapes(), &dev);
+  TrainState expect = make_state(71, 30, default_shapes(), nullptr);
+  MemorySnapshot snap;
+  snap.take(s);
+  CHECK(snap.bytes() == 3 * 9376 * 4);
+  for (size_t i = 0; i < s.params.values.size(); ++i) {  // train on: everything moves
+    fill_random(s.params.values[i], 900 + i);
+    fill_random(s.adam_v[i], 950 + i);
+  }
+  s.step = 31;
+  snap.restore(s);
+  check_equal(s, expect);
+  CHECK(s.params.values[0].device() == &dev);
+  // Moments allocated on restore go beside the values.
+  s.adam_m.clear();
+  s.adam_v.clear();
+  snap.restore(s);
+  REQUIRE(s.adam_m.size() == expect.adam_m.size());
+  CHECK(s.adam_m[0].device() == &dev);
+  check_equal(s, expect);
+}
+
+TEST_CASE("16-bit strict-device values without masters are widened on the device for a checkpoint") {
+  ops::Backend& dev = ops::strict::strict_backend();
+  TrainState h = make_state(5, 3, default_shapes(), nullptr), d = make_state(5, 3, default_shapes(), &dev);
+  for (TrainState* s : {&h, &d})
+    for (auto& v : s->params.values) {
+      ops::Tensor b(v.shape(), ops::DType::BF16, ops::Account::Parameters, false, v.device());
+      if (v.on_host()) ops::cpu_backend().convert(b.raw(), ops::DType::BF16, v.raw(), ops::DType::F32, v.numel());
+      else dev.convert(b.raw(), ops::DType::BF16, v.raw(), ops::DType::F32, v.numel());
+      v = b;
+    }
+  TempDir a, b;
+  CheckpointConfig cfg = config("steps", false);
+  CheckpointSaver(a.path, cfg).save(h, true);
+  CheckpointSaver(b.path, cfg).save(d, true);
+  CHECK(file_bytes(a / "step_00000003.h5") == file_bytes(b / "step_00000003.h5"));
 }

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -902,7 +903,59 @@ class CudaBackend final : public Backend {
     LAUNCH_CHECK();
   }
 
+  // [i26: train and checkpoint] Staging for checkpoints: page-locked host buffers, copied into
+  // on a copy stream of its own so the training stream keeps running while a save drains.
+  void* alloc_pinned(size_t bytes) override {
+    void* p = nullptr;
+    CU_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault));
+    return p;
+  }
+  void free_pinned(void* p, size_t) override { CU_CHECK(cudaFreeHost(p)); }
+  // The copy stream waits for what the training stream queued so far; the training stream's
+  // later kernels (the optimizer writing `src`) wait for the copy on the device, never the host.
+  void stage_out(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    std::lock_guard<std::mutex> lock(stage_mutex_);
+    if (!copy_stream_) CU_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    cudaEvent_t before = nullptr, after = nullptr;
+    CU_CHECK(cudaEventCreateWithFlags(&before, cudaEventDisableTiming));
+    CU_CHECK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+    CU_CHECK(cudaEventRecord(before, stream_));
+    CU_CHECK(cudaStreamWaitEvent(copy_stream_, before, 0));
+    CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, copy_stream_));
+    CU_CHECK(cudaEventRecord(after, copy_stream_));
+    CU_CHECK(cudaStreamWaitEvent(stream_, after, 0));
+    cudaEventDestroy(before);  // released once recorded work completes
+    cudaEventDestroy(after);
+  }
+  uint64_t stage_fence() override {
+    std::lock_guard<std::mutex> lock(stage_mutex_);
+    if (!copy_stream_) CU_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    cudaEvent_t e = nullptr;
+    CU_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CU_CHECK(cudaEventRecord(e, copy_stream_));
+    fences_[++fence_next_] = e;
+    return fence_next_;
+  }
+  void stage_wait(uint64_t fence) override {
+    cudaEvent_t e = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(stage_mutex_);
+      auto it = fences_.find(fence);
+      if (it == fences_.end()) throw std::logic_error("cuda backend: stage_wait of an unknown fence");
+      e = it->second;
+      fences_.erase(it);
+    }
+    const cudaError_t rc = cudaEventSynchronize(e);
+    cudaEventDestroy(e);
+    CU_CHECK(rc);
+  }
+
  private:
+  std::mutex stage_mutex_;
+  cudaStream_t copy_stream_ = nullptr;
+  std::map<uint64_t, cudaEvent_t> fences_;
+  uint64_t fence_next_ = 0;
   static constexpr size_t kWorkspace = 32u << 20;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;

@@ -346,6 +346,44 @@ class StrictBackend final : public Backend {
   }
   // [i26: parallel]
   // [i26: train and checkpoint]
+  // The strict device has one queue, so the "side queue" is that queue: a staged copy is
+  // ordered after the kernels before it and before the ones after it, as on CUDA. Its
+  // destination is poisoned until stage_wait, and a fence is a marker on the queue whose
+  // waiter is released when the marker runs or is dropped (a failed kernel drops the rest of
+  // the queue until synchronize(): the wait then throws instead of hanging).
+  void stage_out(void* dst, const void* src, size_t bytes) override {
+    if (arena_.contains(dst)) throw std::logic_error("strict device: stage_out into device memory (use copy)");
+    ++g_copies_out;
+    std::memset(dst, 0xFF, bytes);  // poison until stage_wait
+    submit([dst, src = dev(src), bytes] { std::memcpy(dst, src, bytes); });
+  }
+  uint64_t stage_fence() override {
+    auto f = std::make_shared<Fence>();
+    uint64_t id;
+    {
+      std::lock_guard<std::mutex> lock(fence_mu_);
+      id = ++fence_next_;
+      fences_[id] = f;
+    }
+    auto token = std::make_shared<FenceToken>(f);
+    submit([token] { token->ran = true; });
+    return id;
+  }
+  void stage_wait(uint64_t fence) override {
+    std::shared_ptr<Fence> f;
+    {
+      std::lock_guard<std::mutex> lock(fence_mu_);
+      auto it = fences_.find(fence);
+      if (it == fences_.end()) throw std::logic_error("strict device: stage_wait of an unknown fence (each is waited for once)");
+      f = it->second;
+      fences_.erase(it);
+    }
+    std::unique_lock<std::mutex> lock(f->mu);
+    f->cv.wait(lock, [&] { return f->done; });
+    if (!f->ran)
+      throw std::runtime_error("strict device: the staged copies did not run (a queued call failed before them; "
+                               "synchronize() reports it)");
+  }
   // [i26: generate and export]
   // [i26: attention]
 
@@ -359,6 +397,26 @@ class StrictBackend final : public Backend {
     return kv;
   }
   void submit(std::function<void()> f) { queue_.submit(std::move(f)); }
+  // [i26: train and checkpoint] a stage fence: released when its marker runs, or is dropped.
+  struct Fence {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false, ran = false;
+  };
+  struct FenceToken {
+    explicit FenceToken(std::shared_ptr<Fence> f) : fence(std::move(f)) {}
+    ~FenceToken() {
+      std::lock_guard<std::mutex> lock(fence->mu);
+      fence->done = true;
+      fence->ran = ran;
+      fence->cv.notify_all();
+    }
+    std::shared_ptr<Fence> fence;
+    bool ran = false;
+  };
+  std::mutex fence_mu_;
+  std::map<uint64_t, std::shared_ptr<Fence>> fences_;
+  uint64_t fence_next_ = 0;
 
   Backend& cpu_;
   Arena arena_;

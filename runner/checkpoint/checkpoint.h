@@ -39,6 +39,8 @@ class Communicator;
 
 namespace runner {
 
+class StagedState;  // staging.h
+
 constexpr int kCheckpointFormatVersion = 2;  // bumped on any incompatible change of the layout (2: /names)
 inline constexpr int kOldestCheckpointFormat = 1;  // still read: format 1 has no /names (its groups are iterated)
 
@@ -88,6 +90,10 @@ int64_t write_checkpoint_file(const std::string& path, const TrainState& state, 
 // The whole atomic protocol: temporary, verify, fsync, rename, fsync dir, LATEST (rank 0).
 // Creates `dir` if needed. Leaves no temporary behind when it throws (a crash may, see cleanup_stale).
 SaveResult write_checkpoint_atomic(const std::string& dir, const TrainState& state, const WriteOptions& opt);
+// The same from a staged state (staging.h: copies out of the device, waited for here first):
+// what the saver writes, on the training thread or on its writer thread.
+int64_t write_checkpoint_file(const std::string& path, const StagedState& state, const WriteOptions& opt);
+SaveResult write_checkpoint_atomic(const std::string& dir, StagedState& state, const WriteOptions& opt);
 
 // ---- collective writing (parallel HDF5): multi-rank checkpoints ----
 // The same file, written by every rank of a job at once: each rank writes the part of each
@@ -183,14 +189,17 @@ struct CheckpointFault : std::runtime_error {
 };
 
 // ---- in-memory copies ----
-// A deep copy of everything a checkpoint holds (params and moments cloned into `account`;
-// gradients are not copied). What the async writer snapshots.
+// A deep copy of everything a checkpoint holds (params and moments cloned into `account`, on
+// their own device; gradients are not copied).
 TrainState clone_state(const TrainState& s, ops::Account account);
 
 // The cheap tier: a copy of the state in host memory every K steps, so a non-finite loss or a
-// spike rolls back without touching disk. Buffers are reused when shapes do not change.
+// spike rolls back without touching disk. Buffers are reused when shapes do not change. Device
+// tensors are staged out (queued on the device's side queue, waited for when the snapshot is
+// next taken, restored or cleared: training does not wait for the copy) and copied back in.
 class MemorySnapshot {
  public:
+  ~MemorySnapshot() { settle(); }
   void take(const TrainState& s);
   // Copies params, moments, loader, rng, scaler, step, tokens, loss_ema back into `s` (whose
   // tensors must have the snapshot's shapes). Gradients and recipe_yaml are left alone.
@@ -201,8 +210,13 @@ class MemorySnapshot {
   void clear();
 
  private:
+  void stage(ops::Tensor& dst, const ops::Tensor& src);
+  void settle() const;  // waits for the copies of the last take, if any are in flight
+
   TrainState state_;
   bool valid_ = false;
+  mutable ops::Backend* pending_device_ = nullptr;  // a device whose copies may be in flight
+  mutable uint64_t pending_fence_ = 0;
 };
 
 }  // namespace runner

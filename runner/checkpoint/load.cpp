@@ -10,6 +10,7 @@
 #include "runner/checkpoint/file_layout.h"
 #include "runner/checkpoint/file_reader.h"
 #include "runner/checkpoint/internal.h"
+#include "runner/checkpoint/staging.h"
 #include "runner/errors.h"
 #include "runner/hdf5/hdf5.h"
 
@@ -56,22 +57,31 @@ std::vector<Planned> plan_tensors(const FileReader& rd, const TrainState& s, boo
   return plan;
 }
 
-// Reads one planned dataset into `dst`, converting bf16 moments to fp32.
-void read_tensor(const FileReader& rd, const Planned& pl, ops::Tensor& dst) {
+// Reads one planned dataset into `dst`, converting bf16 moments to fp32. A host tensor is read
+// into in place; a device tensor through a host staging buffer, then copy_in (the crossing in).
+void read_tensor(const FileReader& rd, const Planned& pl, ops::Tensor& dst, std::vector<char>& staging) {
   RUNNER_CHECK(dst.shape() == pl.d.shape, "state tensor for " + pl.d.path + " has shape " + dst.shape_str());
   if (pl.which != kParam) RUNNER_CHECK(dst.dtype() == ops::DType::F32, "Adam moments must be fp32");
-  if (pl.stored == dst.dtype()) {
-    rd.read(pl.d, dst.raw(), [](const char*, uint64_t, size_t) {});
-    return;
+  char* host = nullptr;
+  if (dst.on_host()) {
+    host = static_cast<char*>(dst.host_raw());
+  } else {
+    staging.resize(dst.nbytes());
+    host = staging.data();
   }
-  float* out = dst.data<float>();  // bf16 on disk -> fp32 in memory
-  rd.read(pl.d, nullptr, [out](const char* p, uint64_t off, size_t n) {
-    for (size_t i = 0; i < n / 2; ++i) {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * i, 2);
-      out[off / 2 + i] = bf16_to_f32(h);
-    }
-  });
+  if (pl.stored == dst.dtype()) {
+    rd.read(pl.d, host, [](const char*, uint64_t, size_t) {});
+  } else {
+    float* out = reinterpret_cast<float*>(host);  // bf16 on disk -> fp32 in memory
+    rd.read(pl.d, nullptr, [out](const char* p, uint64_t off, size_t n) {
+      for (size_t i = 0; i < n / 2; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        out[off / 2 + i] = bf16_to_f32(h);
+      }
+    });
+  }
+  if (!dst.on_host()) copy_in_range(dst, 0, host, dst.nbytes());
 }
 
 }  // namespace
@@ -102,13 +112,14 @@ void load_checkpoint_file(const std::string& path, TrainState& s, bool subset) {
   if (s.adam_m.empty()) {
     s.adam_v.clear();
     for (auto& p : ps.values) {
-      s.adam_m.push_back(ops::Tensor::zeros(p.shape(), ops::DType::F32, ops::Account::Optimizer));
-      s.adam_v.push_back(ops::Tensor::zeros(p.shape(), ops::DType::F32, ops::Account::Optimizer));
+      s.adam_m.emplace_back(p.shape(), ops::DType::F32, ops::Account::Optimizer, true, p.device());  // beside the values
+      s.adam_v.emplace_back(p.shape(), ops::DType::F32, ops::Account::Optimizer, true, p.device());
     }
   }
+  std::vector<char> staging;  // one tensor at a time (copy_in is done with it on return)
   for (auto& pl : plan) {
     ops::Tensor& dst = pl.which == kParam ? s.params.values[pl.index] : (pl.which == kAdamM ? s.adam_m : s.adam_v)[pl.index];
-    read_tensor(rd, pl, dst);
+    read_tensor(rd, pl, dst, staging);
   }
 
   // 4. Scalars last.

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "parallel/comm.h"
+#include "runner/checkpoint/staging.h"
 #include "runner/checkpoint/state_shards.h"
 #include "runner/errors.h"
 
@@ -180,18 +181,21 @@ void CheckpointSaver::save_local(const TrainState& s, bool final) {
   auto t0 = std::chrono::steady_clock::now();
   double stall;
   if (cfg_.async && !final) {
-    auto snap = std::make_shared<TrainState>(clone_state(s, ops::Account::Workspace));
+    // The stall: queueing the copies out of the device (a host copy for host tensors); the
+    // writer thread waits for them to land before it reads a byte.
+    auto staged = std::make_shared<StagedState>(s, /*copy=*/true);
     stall = seconds_since(t0);
-    worker_ = std::thread([this, snap] {
+    worker_ = std::thread([this, staged] {
       try {
-        write_now(*snap);
+        write_now(*staged);
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu_);
         error_ = std::current_exception();
       }
     });
   } else {
-    write_now(s);
+    StagedState staged(s, /*copy=*/false);
+    write_now(staged);
     stall = seconds_since(t0);
   }
   std::lock_guard<std::mutex> lk(mu_);
@@ -237,7 +241,7 @@ void CheckpointSaver::save_collective(const TrainState& local) {
 
 // ---- writing and what follows it ----
 
-void CheckpointSaver::write_now(const TrainState& s) { record_write(write_checkpoint_atomic(dir_, s, wopt_), true); }
+void CheckpointSaver::write_now(StagedState& s) { record_write(write_checkpoint_atomic(dir_, s, wopt_), true); }
 
 void CheckpointSaver::record_write(const SaveResult& r, bool publisher) {
   if (publisher) apply_retention(dir_, cfg_, r.step, log());

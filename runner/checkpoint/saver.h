@@ -37,6 +37,8 @@ class logger;
 
 namespace runner {
 
+class StagedState;  // staging.h
+
 class CheckpointSaver {
  public:
   // A run's saver on every rank of `grid` (calls marked collective are made by all ranks), with
@@ -85,7 +87,7 @@ class CheckpointSaver {
   void save_unchecked(const TrainState& st, bool final);
   void save_local(const TrainState& s, bool final);  // this process writes `s` (async: in the background)
   void save_collective(const TrainState& local);     // every rank writes its slices (write_sharded)
-  void write_now(const TrainState& s);                // write + retention + measurements (either thread)
+  void write_now(StagedState& s);                     // waits for its copies, writes, retention, measurements (either thread)
   void record_write(const SaveResult& r, bool publisher);
   void join_and_rethrow();
   spdlog::logger& log() const;

@@ -1,52 +1,34 @@
-// In-memory copies of the training state: clone_state (what an asynchronous save copies at the
-// step boundary, the only time it blocks training) and the memory snapshot tier (rollback
-// without touching disk). Both are a memory-bandwidth-bound copy, spread over the idle OpenMP
-// pool at a step boundary.
-#include <omp.h>
-
+// In-memory copies of the training state: clone_state (a deep copy on the state's own device)
+// and the memory snapshot tier (rollback without touching disk). The snapshot lives in host
+// memory whatever the device: taking it stages the tensors out (Backend::stage_out on the
+// device's side queue, waited for only when the snapshot is next used, so training does not
+// wait for the copy), restoring it copies them back in (copy_in). Host tensors (the plain CPU
+// device) are copied in host memory, spread over the idle OpenMP pool, as before.
 #include <algorithm>
 #include <cstring>
 
+#include "ops/backend.h"
 #include "runner/checkpoint/checkpoint.h"
+#include "runner/checkpoint/staging.h"
 #include "runner/errors.h"
 
 namespace runner {
 
 namespace {
 
-// memcpy in 4 MiB pieces over the OpenMP pool: a snapshot is memory-bandwidth bound and one
-// core cannot saturate it; the pool is idle at a step boundary. Up to 8 threads (bandwidth
-// saturates there), and none on small machines, where measured on 2 shared cores the fork-join
-// made the copy 3x slower than one memcpy.
-void parallel_copy(void* dst, const void* src, size_t n) {
-  constexpr size_t kPiece = 4u << 20;
-  const int threads = std::min(8, omp_get_max_threads());
-  if (n < 2 * kPiece || threads < 4) {
-    std::memcpy(dst, src, n);
-    return;
-  }
-  const int64_t pieces = static_cast<int64_t>((n + kPiece - 1) / kPiece);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t i = 0; i < pieces; ++i) {
-    size_t off = static_cast<size_t>(i) * kPiece;
-    std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off, std::min(kPiece, n - off));
-  }
-}
-
+// A deep copy on `t`'s own device (host: the pool copy; a device: a queued device copy).
 ops::Tensor deep_copy(const ops::Tensor& t, ops::Account a) {
   if (!t.defined()) return {};
-  ops::Tensor c = ops::Tensor::empty(t.shape(), t.dtype(), a);
-  parallel_copy(c.raw(), t.raw(), t.nbytes());
+  if (!t.on_host()) return t.clone(a);
+  ops::Tensor c(t.shape(), t.dtype(), a, /*zero=*/false, t.device());
+  host_copy(c.host_raw(), t.host_raw(), t.nbytes());
   return c;
 }
 
-void copy_into(ops::Tensor& dst, const ops::Tensor& src, const std::string& what) {
+void check_same(const ops::Tensor& dst, const ops::Tensor& src, const std::string& what) {
   RUNNER_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype(),
                what + ": shape " + src.shape_str() + " does not match " + dst.shape_str());
-  parallel_copy(dst.raw(), src.raw(), src.nbytes());
 }
-
-void copy_scalars(TrainState& dst, const TrainState& src) { dst.copy_scalars_from(src); }
 
 bool same_layout(const std::vector<ops::Tensor>& a, const std::vector<ops::Tensor>& b) {
   if (a.size() != b.size()) return false;
@@ -55,11 +37,17 @@ bool same_layout(const std::vector<ops::Tensor>& a, const std::vector<ops::Tenso
   return true;
 }
 
+std::vector<ops::Tensor> host_like(const std::vector<ops::Tensor>& ts) {
+  std::vector<ops::Tensor> out;
+  for (auto& t : ts) out.push_back(ops::Tensor::host(t.shape(), t.dtype(), ops::Account::Workspace, /*zero=*/false));
+  return out;
+}
+
 }  // namespace
 
 TrainState clone_state(const TrainState& s, ops::Account account) {
   TrainState c;
-  copy_scalars(c, s);
+  c.copy_scalars_from(s);
   c.recipe_yaml = s.recipe_yaml;
   c.world_rank = s.world_rank;
   c.world_size = s.world_size;
@@ -75,38 +63,79 @@ TrainState clone_state(const TrainState& s, ops::Account account) {
 // ---------------------------------------------------------------------------------------
 // MemorySnapshot
 
+// src -> the snapshot's host copy: a host copy, or a copy out of the device left in flight.
+void MemorySnapshot::stage(ops::Tensor& dst, const ops::Tensor& src) {
+  check_same(dst, src, "snapshot");
+  if (!src.nbytes()) return;
+  if (src.on_host()) {
+    host_copy(dst.host_raw(), src.host_raw(), src.nbytes());
+    return;
+  }
+  src.device()->stage_out(dst.host_raw(), src.raw(), src.nbytes());
+  pending_device_ = src.device();
+}
+
+void MemorySnapshot::settle() const {
+  if (!pending_device_) return;
+  ops::Backend* d = pending_device_;
+  pending_device_ = nullptr;
+  d->stage_wait(pending_fence_);
+}
+
 void MemorySnapshot::take(const TrainState& s) {
+  settle();  // an earlier snapshot's copies land before its buffers are written again
   bool reuse = valid_ && same_layout(state_.params.values, s.params.values) && same_layout(state_.adam_m, s.adam_m) &&
                same_layout(state_.adam_v, s.adam_v) && same_layout(state_.masters, s.masters);
   if (!reuse) {
-    state_ = clone_state(s, ops::Account::Workspace);
-  } else {
-    for (size_t i = 0; i < s.params.values.size(); ++i) copy_into(state_.params.values[i], s.params.values[i], "snapshot");
-    for (size_t i = 0; i < s.adam_m.size(); ++i) copy_into(state_.adam_m[i], s.adam_m[i], "snapshot");
-    for (size_t i = 0; i < s.adam_v.size(); ++i) copy_into(state_.adam_v[i], s.adam_v[i], "snapshot");
-    for (size_t i = 0; i < s.masters.size(); ++i) copy_into(state_.masters[i], s.masters[i], "snapshot");
-    copy_scalars(state_, s);
+    state_ = TrainState{};
+    state_.recipe_yaml = s.recipe_yaml;
+    state_.world_rank = s.world_rank;
+    state_.world_size = s.world_size;
+    state_.params.names = s.params.names;
+    state_.params.decay = s.params.decay;
+    state_.params.values = host_like(s.params.values);
+    state_.adam_m = host_like(s.adam_m);
+    state_.adam_v = host_like(s.adam_v);
+    state_.masters = host_like(s.masters);
   }
+  for (size_t i = 0; i < s.params.values.size(); ++i) stage(state_.params.values[i], s.params.values[i]);
+  for (size_t i = 0; i < s.adam_m.size(); ++i) stage(state_.adam_m[i], s.adam_m[i]);
+  for (size_t i = 0; i < s.adam_v.size(); ++i) stage(state_.adam_v[i], s.adam_v[i]);
+  for (size_t i = 0; i < s.masters.size(); ++i) stage(state_.masters[i], s.masters[i]);
+  if (pending_device_) pending_fence_ = pending_device_->stage_fence();
+  state_.copy_scalars_from(s);
   valid_ = true;
 }
 
 void MemorySnapshot::restore(TrainState& s) const {
   RUNNER_CHECK(valid_, "restore from an empty memory snapshot");
   RUNNER_CHECK(s.params.values.size() == state_.params.values.size(), "snapshot and state hold different parameter sets");
+  settle();
+  auto put = [](ops::Tensor& dst, const ops::Tensor& src, const std::string& what) {
+    check_same(dst, src, what);
+    if (dst.on_host()) host_copy(dst.host_raw(), src.host_raw(), src.nbytes());
+    else copy_in_range(dst, 0, src.host_raw(), src.nbytes());  // the crossing back in
+  };
   for (size_t i = 0; i < state_.params.values.size(); ++i)
-    copy_into(s.params.values[i], state_.params.values[i], "restore " + state_.params.names[i]);
+    put(s.params.values[i], state_.params.values[i], "restore " + state_.params.names[i]);
   if (s.adam_m.empty() && !state_.adam_m.empty()) {
-    for (auto& t : state_.adam_m) s.adam_m.push_back(deep_copy(t, ops::Account::Optimizer));
-    for (auto& t : state_.adam_v) s.adam_v.push_back(deep_copy(t, ops::Account::Optimizer));
+    ops::Backend* dev = s.params.values.empty() ? nullptr : s.params.values[0].device();  // beside the values
+    for (int which = 0; which < 2; ++which) {
+      for (auto& t : which == 0 ? state_.adam_m : state_.adam_v) {
+        ops::Tensor c(t.shape(), t.dtype(), ops::Account::Optimizer, /*zero=*/false, dev);
+        put(c, t, "restore moments");
+        (which == 0 ? s.adam_m : s.adam_v).push_back(std::move(c));
+      }
+    }
   } else {
     RUNNER_CHECK(s.adam_m.size() == state_.adam_m.size() && s.adam_v.size() == state_.adam_v.size(),
                  "snapshot and state hold different optimizer moments");
-    for (size_t i = 0; i < state_.adam_m.size(); ++i) copy_into(s.adam_m[i], state_.adam_m[i], "restore adam_m");
-    for (size_t i = 0; i < state_.adam_v.size(); ++i) copy_into(s.adam_v[i], state_.adam_v[i], "restore adam_v");
+    for (size_t i = 0; i < state_.adam_m.size(); ++i) put(s.adam_m[i], state_.adam_m[i], "restore adam_m");
+    for (size_t i = 0; i < state_.adam_v.size(); ++i) put(s.adam_v[i], state_.adam_v[i], "restore adam_v");
   }
   RUNNER_CHECK(s.masters.size() == state_.masters.size(), "snapshot and state hold different master weights");
-  for (size_t i = 0; i < state_.masters.size(); ++i) copy_into(s.masters[i], state_.masters[i], "restore masters");
-  copy_scalars(s, state_);
+  for (size_t i = 0; i < state_.masters.size(); ++i) put(s.masters[i], state_.masters[i], "restore masters");
+  s.copy_scalars_from(state_);
 }
 
 size_t MemorySnapshot::bytes() const {
@@ -119,6 +148,7 @@ size_t MemorySnapshot::bytes() const {
 }
 
 void MemorySnapshot::clear() {
+  settle();
   state_ = TrainState{};
   valid_ = false;
 }

@@ -7,7 +7,9 @@
 #include <stdexcept>
 
 #include "ops/convert.h"
+#include "ops/backend.h"
 #include "runner/checkpoint/checkpoint.h"
+#include "runner/checkpoint/staging.h"
 #include "runner/errors.h"
 
 namespace runner {
@@ -25,6 +27,19 @@ int64_t numel(const std::vector<int64_t>& s) { return ops::numel_of(s); }
 
 constexpr int kTagState = 70;
 
+// The crossings out of a tensor's memory (staging.h): t's fp32 values in host memory, read in
+// place for a host tensor, else copied out (and waited for) into `buf`; and t's bytes into `dst`.
+const float* host_f32(const ops::Tensor& t, std::vector<float>& buf) {
+  if (t.on_host()) return t.host_data<float>();
+  buf.resize(static_cast<size_t>(t.numel()));
+  t.read_to_host(buf.data());
+  return buf.data();
+}
+void read_host(const ops::Tensor& t, void* dst) {
+  if (t.on_host()) std::memcpy(dst, t.host_raw(), t.nbytes());
+  else t.read_to_host(dst);
+}
+
 // Adam moment `which` (1: m, 2: v) of parameter i as a full local tensor in `full` (numel of
 // the parameter, zeroed): this rank's ZeRO-1 piece placed in it and, when ZeRO shards the
 // parameter, summed over the data-parallel group (a collective on it), so every dp rank ends
@@ -34,7 +49,7 @@ void full_moment(const TrainState& local, size_t i, int which, parallel::Communi
   if (!local.adam_m.empty()) {
     const ops::Tensor& m = (which == 1 ? local.adam_m : local.adam_v)[i];
     auto [a, e] = ps.owned_range(i);
-    if (e > a) std::memcpy(full + a, m.raw(), static_cast<size_t>(e - a) * sizeof(float));
+    if (e > a) read_host(m, full + a);
   }
   if (ps.zero_sharded(i)) dp.allreduce_sum(full, ps.values[i].numel());
 }
@@ -49,16 +64,18 @@ const float* param_fp32(const TrainState& local, size_t i, parallel::Communicato
   const int64_t n = v.numel();
   if (!local.masters.empty()) {
     const ops::Tensor& m = local.masters[i];
-    if (!ps.zero_sharded(i) && m.numel() == n) return m.data<float>();
+    if (!ps.zero_sharded(i) && m.numel() == n) return host_f32(m, buf);
     buf.assign(static_cast<size_t>(n), 0.0f);
     auto [a, e] = ps.owned_range(i);
-    if (e > a) std::memcpy(buf.data() + a, m.raw(), static_cast<size_t>(e - a) * sizeof(float));
+    if (e > a) read_host(m, buf.data() + a);
     if (ps.zero_sharded(i)) dp.allreduce_sum(buf.data(), n);
     return buf.data();
   }
-  if (v.dtype() == ops::DType::F32) return v.data<float>();
+  if (v.dtype() == ops::DType::F32) return host_f32(v, buf);
+  std::vector<char> raw;  // the 16-bit values, widened exactly on the host
+  const void* p = host_bytes(v, raw);
   buf.resize(static_cast<size_t>(n));
-  ops::to_f32(buf.data(), v.raw(), v.dtype(), n);
+  ops::to_f32(buf.data(), p, v.dtype(), n);
   return buf.data();
 }
 
@@ -104,10 +121,10 @@ TrainState gather_logical_state(const ModelLayout& layout, parallel::Grid& grid,
   for (size_t i = 0; i < ps.values.size(); ++i) {
     if (!ps.zero_sharded(i) && me.dp != 0) continue;  // only the sending replica needs them
     w[i] = param_fp32(local, i, grid.dp(), wbuf[i]);
-    m[i] = ops::Tensor::zeros(ps.values[i].shape(), ops::DType::F32, ops::Account::Workspace);
-    v[i] = ops::Tensor::zeros(ps.values[i].shape(), ops::DType::F32, ops::Account::Workspace);
-    full_moment(local, i, 1, grid.dp(), m[i].data<float>());
-    full_moment(local, i, 2, grid.dp(), v[i].data<float>());
+    m[i] = ops::Tensor::host(ps.values[i].shape(), ops::DType::F32, ops::Account::Workspace);
+    v[i] = ops::Tensor::host(ps.values[i].shape(), ops::DType::F32, ops::Account::Workspace);
+    full_moment(local, i, 1, grid.dp(), m[i].host_data<float>());
+    full_moment(local, i, 2, grid.dp(), v[i].host_data<float>());
   }
   // 2. Scalars are rank 0's (identical everywhere).
   TrainState out;
@@ -121,8 +138,8 @@ TrainState gather_logical_state(const ModelLayout& layout, parallel::Grid& grid,
     for (auto [i, p] : held(layout, me.pp, ps)) {
       if (p->writer_stage() != me.pp) continue;
       grid.world().send(w[i], static_cast<size_t>(ps.values[i].numel()) * sizeof(float), 0, kTagState);
-      grid.world().send(m[i].raw(), m[i].nbytes(), 0, kTagState);
-      grid.world().send(v[i].raw(), v[i].nbytes(), 0, kTagState);
+      grid.world().send(m[i].host_raw(), m[i].nbytes(), 0, kTagState);
+      grid.world().send(v[i].host_raw(), v[i].nbytes(), 0, kTagState);
     }
   }
   if (grid.rank() != 0) return out;
@@ -130,9 +147,10 @@ TrainState gather_logical_state(const ModelLayout& layout, parallel::Grid& grid,
   const auto& table = layout.params();
   for (const LogicalParam& p : table) {
     out.params.names.push_back(p.name);
-    out.params.values.push_back(ops::Tensor::zeros(p.logical_shape, ops::DType::F32, ops::Account::Workspace));
-    out.adam_m.push_back(ops::Tensor::zeros(p.logical_shape, ops::DType::F32, ops::Account::Workspace));
-    out.adam_v.push_back(ops::Tensor::zeros(p.logical_shape, ops::DType::F32, ops::Account::Workspace));
+    // The logical state is assembled in host memory (what the writer thread reads).
+    out.params.values.push_back(ops::Tensor::host(p.logical_shape, ops::DType::F32, ops::Account::Workspace));
+    out.adam_m.push_back(ops::Tensor::host(p.logical_shape, ops::DType::F32, ops::Account::Workspace));
+    out.adam_v.push_back(ops::Tensor::host(p.logical_shape, ops::DType::F32, ops::Account::Workspace));
     out.params.decay.push_back(p.desc.decay);
   }
   std::vector<float> tmp[3];
@@ -148,8 +166,8 @@ TrainState gather_logical_state(const ModelLayout& layout, parallel::Grid& grid,
         if (src == 0) {
           const size_t i = static_cast<size_t>(ps.index(p.name));
           parts[0] = w[i];
-          parts[1] = m[i].data<float>();
-          parts[2] = v[i].data<float>();
+          parts[1] = m[i].host_data<float>();
+          parts[2] = v[i].host_data<float>();
         } else {
           for (int c = 0; c < 3; ++c) {
             tmp[c].resize(n);
@@ -158,9 +176,9 @@ TrainState gather_logical_state(const ModelLayout& layout, parallel::Grid& grid,
           }
         }
         const size_t j = static_cast<size_t>(k);
-        shard_to_logical(p, d, parts[0], out.params.values[j].data<float>());
-        shard_to_logical(p, d, parts[1], out.adam_m[j].data<float>());
-        shard_to_logical(p, d, parts[2], out.adam_v[j].data<float>());
+        shard_to_logical(p, d, parts[0], out.params.values[j].host_data<float>());
+        shard_to_logical(p, d, parts[1], out.adam_m[j].host_data<float>());
+        shard_to_logical(p, d, parts[2], out.adam_v[j].host_data<float>());
       }
     }
   }
@@ -237,7 +255,7 @@ SaveResult write_sharded(const ModelLayout& layout, parallel::Grid& grid, const 
       } else if (have_moments) {
         const ops::Tensor& m = (which == 1 ? local.adam_m : local.adam_v)[i];
         RUNNER_CHECK(m.numel() == n && m.dtype() == ops::DType::F32, "moment of " + p.name + " must be fp32 " + ps.values[i].shape_str());
-        src = m.data<float>();
+        src = host_f32(m, full);
       }  // else: zeros (no update yet)
     }
     if (me.dp != 0) return {};
@@ -264,8 +282,11 @@ TrainState fp32_weights_view(const TrainState& s) {
     } else if (x.dtype() == ops::DType::F32) {
       v.params.values.push_back(x);
     } else {
-      ops::Tensor w(x.shape(), ops::DType::F32, ops::Account::Workspace);
-      ops::to_f32(w.data<float>(), x.raw(), x.dtype(), x.numel());
+      // Widened where the values live: on a device, by its convert kernel (queued; the save
+      // stages the result out); on the host, as before.
+      ops::Tensor w(x.shape(), ops::DType::F32, ops::Account::Workspace, /*zero=*/false, x.device());
+      if (x.on_host()) ops::to_f32(w.host_data<float>(), x.host_raw(), x.dtype(), x.numel());
+      else x.device()->convert(w.raw(), ops::DType::F32, x.raw(), x.dtype(), x.numel());
       v.params.values.push_back(std::move(w));
     }
   }
@@ -277,7 +298,8 @@ TrainState logical_template(const ModelLayout& layout, int stage, int world_rank
   for (int k : layout.stage_params(stage)) {
     const LogicalParam& p = layout.params()[static_cast<size_t>(k)];
     t.params.names.push_back(p.name);
-    t.params.values.push_back(ops::Tensor::zeros(p.logical_shape, ops::DType::F32, ops::Account::Workspace));
+    // Host memory: the file is read into it, then each rank copies its slice in (to its device).
+    t.params.values.push_back(ops::Tensor::host(p.logical_shape, ops::DType::F32, ops::Account::Workspace));
     t.params.decay.push_back(p.desc.decay);
   }
   t.world_rank = world_rank;
@@ -293,10 +315,12 @@ void load_local_from_logical(const ModelLayout& layout, int stage, int64_t tp_ra
     local.adam_m.clear();
     local.adam_v.clear();
     for (size_t i = 0; i < ps.values.size(); ++i) {
-      local.adam_m.emplace_back(moment_shape(ps, i), ops::DType::F32, ops::Account::Optimizer);
-      local.adam_v.emplace_back(moment_shape(ps, i), ops::DType::F32, ops::Account::Optimizer);
+      ops::Backend* dev = ps.values[i].device();  // beside the values
+      local.adam_m.emplace_back(moment_shape(ps, i), ops::DType::F32, ops::Account::Optimizer, true, dev);
+      local.adam_v.emplace_back(moment_shape(ps, i), ops::DType::F32, ops::Account::Optimizer, true, dev);
     }
   }
+  std::vector<float> tmp_src;  // a logical tensor copied out, when it is not host memory
   for (auto [i, p] : held(layout, stage, ps)) {
     const ops::TensorDesc d = p->shard(tp_rank);
     const int j = logical.params.index(p->name);
@@ -306,22 +330,26 @@ void load_local_from_logical(const ModelLayout& layout, int stage, int64_t tp_ra
     auto [a, e] = ps.owned_range(i);
     std::vector<float> tmp(static_cast<size_t>(numel(d.shape)));
     ops::Tensor& val = ps.values[i];
+    logical_to_shard(*p, d, host_f32(logical.params.values[static_cast<size_t>(j)], tmp_src), tmp.data());
     if (val.dtype() == ops::DType::F32) {
-      logical_to_shard(*p, d, logical.params.values[static_cast<size_t>(j)].data<float>(), val.data<float>());
+      copy_in_range(val, 0, tmp.data(), val.nbytes());  // the crossing in: a copy_in on a device
     } else {
-      logical_to_shard(*p, d, logical.params.values[static_cast<size_t>(j)].data<float>(), tmp.data());
-      ops::from_f32(val.raw(), val.dtype(), tmp.data(), val.numel());
+      std::vector<uint16_t> v16(static_cast<size_t>(val.numel()));
+      ops::from_f32(v16.data(), val.dtype(), tmp.data(), val.numel());
+      copy_in_range(val, 0, v16.data(), val.nbytes());
       if (!local.masters.empty() && e > a)
-        std::memcpy(local.masters[i].raw(), tmp.data() + a, static_cast<size_t>(e - a) * sizeof(float));
+        copy_in_range(local.masters[i], 0, tmp.data() + a, static_cast<size_t>(e - a) * sizeof(float));
     }
     if (!moments) continue;
     for (int which = 0; which < 2; ++which) {
       const ops::Tensor& src = (which == 0 ? logical.adam_m : logical.adam_v)[static_cast<size_t>(j)];
       ops::Tensor& dst = (which == 0 ? local.adam_m : local.adam_v)[i];
-      logical_to_shard(*p, d, src.data<float>(), tmp.data());
-      if (e > a) std::memcpy(dst.raw(), tmp.data() + a, static_cast<size_t>(e - a) * sizeof(float));
+      logical_to_shard(*p, d, host_f32(src, tmp_src), tmp.data());
+      if (e > a) copy_in_range(dst, 0, tmp.data() + a, static_cast<size_t>(e - a) * sizeof(float));
     }
   }
+  // copy_in reads its host buffer before it returns, so `tmp` may go; the device copies are
+  // queued ahead of the first step's kernels.
   local.copy_scalars_from(logical);
   local.recipe_yaml = logical.recipe_yaml;
 }

@@ -13,6 +13,7 @@
 #include "runner/checkpoint/file_layout.h"
 #include "runner/checkpoint/file_writer.h"
 #include "runner/checkpoint/internal.h"
+#include "runner/checkpoint/staging.h"
 #include "runner/errors.h"
 
 namespace runner {
@@ -132,26 +133,31 @@ FileHeader header_of(const TrainState& s) {
 }  // namespace
 
 int64_t write_checkpoint_file(const std::string& path, const TrainState& s, const WriteOptions& opt) {
-  const ParamSet& ps = s.params;
-  RUNNER_CHECK(ps.names.size() == ps.values.size(), "ParamSet names and values differ in length");
-  const bool have_moments = !s.adam_m.empty();
-  RUNNER_CHECK(!have_moments || (s.adam_m.size() == ps.values.size() && s.adam_v.size() == ps.values.size()),
-               "adam moments must mirror the parameters");
-  const FileHeader header = header_of(s);
+  RUNNER_CHECK(s.params.names.size() == s.params.values.size(), "ParamSet names and values differ in length");
+  StagedState staged(s, /*copy=*/false);  // host tensors in place; device tensors copied out
+  staged.wait();
+  return write_checkpoint_file(path, staged, opt);
+}
+
+int64_t write_checkpoint_file(const std::string& path, const StagedState& s, const WriteOptions& opt) {
+  const std::vector<std::string>& names = s.meta().params.names;
+  RUNNER_CHECK(names.size() == s.size(), "ParamSet names and values differ in length");
+  const bool have_moments = s.has_moments();
+  const FileHeader header = header_of(s.meta());
   const ops::DType mdt = opt.optimizer_bf16 ? ops::DType::BF16 : ops::DType::F32;
   FileWriter w(path);
   SerialTensorWriter tw(w);
-  write_layout(w, header, ps.names, [&](const LayoutEntry& e) {
-    const ops::Tensor& p = ps.values[e.index];
+  write_layout(w, header, names, [&](const LayoutEntry& e) {
+    const StagedTensor& p = s.tensor(0, e.index);
     if (e.which == kParam) {
-      tw.write(e.path, p.shape(), p.dtype(), p.raw(), p.dtype());
+      tw.write(e.path, p.shape, p.dtype, p.data, p.dtype);
     } else if (have_moments) {
-      const ops::Tensor& m = (e.which == kAdamM ? s.adam_m : s.adam_v)[e.index];
-      RUNNER_CHECK(m.shape() == p.shape() && m.dtype() == ops::DType::F32,
-                   "moment of " + ps.names[e.index] + " must be fp32 " + p.shape_str());
-      tw.write(e.path, m.shape(), ops::DType::F32, m.raw(), mdt);
+      const StagedTensor& m = s.tensor(e.which == kAdamM ? 1 : 2, e.index);
+      RUNNER_CHECK(m.shape == p.shape && m.dtype == ops::DType::F32,
+                   "moment of " + names[e.index] + " must be fp32 " + ops::shape_to_string(p.shape));
+      tw.write(e.path, m.shape, ops::DType::F32, m.data, mdt);
     } else {
-      tw.write(e.path, p.shape(), ops::DType::F32, nullptr, mdt);  // zeros
+      tw.write(e.path, p.shape, ops::DType::F32, nullptr, mdt);  // zeros
     }
   });
   w.close();
@@ -159,17 +165,23 @@ int64_t write_checkpoint_file(const std::string& path, const TrainState& s, cons
 }
 
 SaveResult write_checkpoint_atomic(const std::string& dir, const TrainState& s, const WriteOptions& opt) {
+  StagedState staged(s, /*copy=*/false);
+  return write_checkpoint_atomic(dir, staged, opt);
+}
+
+SaveResult write_checkpoint_atomic(const std::string& dir, StagedState& s, const WriteOptions& opt) {
+  s.wait();  // the copies out of the device have landed
   auto t0 = std::chrono::steady_clock::now();
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error("checkpoint: cannot create directory " + dir + ": " + ec.message());
-  const std::string name = checkpoint_file_name(s.step);
+  const std::string name = checkpoint_file_name(s.meta().step);
   const std::string final_path = (fs::path(dir) / name).string();
   const std::string tmp = temp_path(dir, name, ::getpid());
   ::unlink(tmp.c_str());  // a leftover of an earlier failed attempt by this process
   SaveResult r;
   r.path = final_path;
-  r.step = s.step;
+  r.step = s.meta().step;
   bool renamed = false;
   try {
     // (Multi-rank runs write one file from every rank: write_checkpoint_collective.)
