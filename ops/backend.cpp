@@ -97,4 +97,29 @@ void Backend::fill(void* x, DType t, float v, int64_t n) {
   std::fill_n(static_cast<uint16_t*>(x), n, h);
 }
 
+// [i26: ops step path]
+void Backend::adamw_update_typed(void* param, DType pt, const void* grad, DType gt, float* master, float* m, float* v,
+                                 int64_t n, const AdamwArgs& a) {
+  if (!is_float(pt) || !is_float(gt))
+    throw std::logic_error(std::string("adamw_update_typed: ") + dtype_name(pt) + " parameter, " + dtype_name(gt) + " gradient");
+  if (n <= 0) return;
+  if (pt == DType::F32 && gt == DType::F32 && !master) {  // the whole range at once
+    adamw_update(static_cast<float*>(param), static_cast<const float*>(grad), m, v, n, a.lr, a.beta1, a.beta2, a.eps,
+                 a.weight_decay, a.t, a.grad_scale);
+    return;
+  }
+  float wbuf[kPiece], gbuf[kPiece];
+  auto* w16 = static_cast<char*>(param);
+  auto* g16 = static_cast<const char*>(grad);
+  for (int64_t p = 0; p < n; p += kPiece) {
+    const int64_t k = std::min(kPiece, n - p);
+    float* wp = master ? master + p : (pt == DType::F32 ? static_cast<float*>(param) + p : wbuf);
+    if (!master && pt != DType::F32) to_f32(wbuf, w16 + p * 2, pt, k);
+    const float* gp = gt == DType::F32 ? static_cast<const float*>(grad) + p : gbuf;
+    if (gt != DType::F32) to_f32(gbuf, g16 + p * 2, gt, k);
+    adamw_update(wp, gp, m + p, v + p, k, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.t, a.grad_scale);
+    if (pt != DType::F32) from_f32(w16 + p * 2, pt, wp, k);  // the compute copy
+  }
+}
+
 }  // namespace ops

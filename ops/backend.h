@@ -126,6 +126,21 @@ class Backend {
   // Issue 26, room by room: new kernels go under the marker of their room, here and in every
   // backend (ops/cpu/cpu_backend.cpp, ops/strict/strict_backend.cpp, ops/cuda/cuda_backend.cu).
   // [i26: ops step path]
+  // AdamW's hyperparameters for one call of adamw_update_typed (adamw_update's, gathered).
+  struct AdamwArgs {
+    float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+    int64_t t = 1;          // bias-correction step, >= 1
+    float grad_scale = 1;   // the gradient is multiplied by it first (clipping, 1 / loss scale)
+  };
+  // AdamW over one parameter range as the run stores it, so that the optimizer never widens
+  // on the host: `param` holds n values of dtype pt and `grad` n of dtype gt (F32, BF16, F16;
+  // a 16-bit gradient is widened to fp32). With `master` (n fp32 master weights) the update is
+  // applied to the master and param := round_pt(master); without, to param itself (a 16-bit one
+  // widened, updated in fp32 and rounded back). m, v: the fp32 moments (n each). The host
+  // default updates fp32-only ranges in one adamw_update call and the others in pieces of 2^14
+  // through fp32 buffers, the arithmetic runner's optimizer always had (bit for bit).
+  virtual void adamw_update_typed(void* param, DType pt, const void* grad, DType gt, float* master, float* m,
+                                  float* v, int64_t n, const AdamwArgs& a);
   // [i26: parallel]
   // [i26: train and checkpoint]
   // [i26: generate and export]

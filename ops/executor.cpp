@@ -26,31 +26,6 @@ double ms_since(Clock::time_point t0) {
 using Operands = std::array<float*, kMaxOperands>;
 
 bool is16(DType t) { return t == DType::BF16 || t == DType::F16; }
-
-// dst (16-bit) = round(dst + src), in chunks through an fp32 buffer on the stack.
-void add_rounded(void* dst, DType t, const float* src, int64_t n) {
-  constexpr int64_t kChunk = 2048;
-  float tmp[kChunk];
-  auto* d = static_cast<uint16_t*>(dst);
-  for (int64_t a = 0; a < n; a += kChunk) {
-    const int64_t m = std::min(kChunk, n - a);
-    to_f32(tmp, d + a, t, m);
-    for (int64_t k = 0; k < m; ++k) tmp[k] += src[a + k];
-    from_f32(d + a, t, tmp, m);
-  }
-}
-
-// dst += src where dst is fp32 or 16-bit (rounded after the fp32 add).
-void accumulate(Tensor& dst, const float* src) {
-  const int64_t n = dst.numel();
-  if (dst.dtype() == DType::F32) {
-    float* d = dst.data<float>();
-#pragma omp parallel for simd if (n > 65536)
-    for (int64_t k = 0; k < n; ++k) d[k] += src[k];
-  } else {
-    add_rounded(dst.raw(), dst.dtype(), src, n);
-  }
-}
 }  // namespace
 
 struct Executor::Impl {
@@ -71,6 +46,7 @@ struct Executor::Impl {
   void* stage_out = nullptr;
   KvCache* kv = nullptr;            // OpContext::kv (generation)
   std::vector<float> host_scratch;  // OpContext::host (vocabulary-parallel cross-entropy's row statistics)
+  std::vector<float> host_losses;   // the per-position losses crossed out to the host (forward's LossSum)
 
   // The dry run counts the scratch an OpDef allocates and frees within one call (sequence
   // parallelism's full-sequence temporaries) at the moment the real run holds it.
@@ -102,7 +78,7 @@ struct Executor::Impl {
   void* readable(const TensorDesc& d, void* raw, bool present) {
     if (!present || !is16(d.dtype)) return raw;
     float* w = wide(d, false);
-    if (!dry()) to_f32(w, raw, d.dtype, numel_of(d.shape));
+    if (!dry()) be->convert(w, DType::F32, raw, d.dtype, numel_of(d.shape));
     return w;
   }
   void release_wide() {
@@ -244,7 +220,7 @@ struct Executor::Impl {
     if (dry()) return;
     for (size_t j = 0; j < n.out.size(); ++j) {
       const TensorDesc& d = g.tensors[n.out[j]];
-      if (is16(d.dtype) && storage[j]) from_f32(storage[j], d.dtype, outs[j], numel_of(d.shape));
+      if (is16(d.dtype) && storage[j]) be->convert(storage[j], d.dtype, outs[j], DType::F32, numel_of(d.shape));
     }
   }
 
@@ -322,11 +298,9 @@ struct Executor::Impl {
         const int x = fold[j];
         if (x < 0) continue;
         const TensorDesc& d = g.tensors[x];
-        if (d.kind == TensorKind::Param) {  // a 16-bit buffer: the sum rounded once
-          accumulate(*pgrad[x], din[j]);
-        } else {
-          add_rounded(grads[x].raw(), d.dtype, din[j], numel_of(d.shape));
-        }
+        // A parameter's 16-bit buffer gets the sum rounded once; an activation's its dtype's rounding.
+        Tensor& dst = d.kind == TensorKind::Param ? *pgrad[x] : grads[x];
+        be->accumulate(dst.raw(), dst.dtype(), din[j], dst.numel());
       }
     }
     release_wide();
@@ -348,7 +322,7 @@ struct Executor::Impl {
     finish_outputs(n, outs, storage);
     release_wide();
     if (!dry() && stage_out && g.stage_output >= 0 && n.out[0] == g.stage_output)
-      std::memcpy(stage_out, vals[n.out[0]].raw(), g.tensors[g.stage_output].nbytes());
+      be->copy(stage_out, vals[n.out[0]].raw(), g.tensors[g.stage_output].nbytes());
     auto& p = prof[static_cast<int>(n.kind)];
     p.forward_ms += ms_since(t0);
     traced(i, 'f', t0);
@@ -423,14 +397,13 @@ struct Executor::Impl {
       alloc(g.stage_input, out_account(g.stage_input));
       if (!dry()) {
         if (!stage_in) throw std::logic_error("forward of a pipeline stage needs its input activation");
-        std::memcpy(vals[g.stage_input].raw(), stage_in, g.tensors[g.stage_input].nbytes());
+        be->copy(vals[g.stage_input].raw(), stage_in, g.tensors[g.stage_input].nbytes());
       }
     }
-    for (int id : {g.tokens, g.targets}) {
+    for (int id : {g.tokens, g.targets}) {  // the batch crossing in (host memory, the data loader's)
       if (id < 0) continue;
-      const TensorDesc& d = g.tensors[id];
       alloc(id, Account::Workspace);
-      if (!dry()) std::memcpy(vals[id].raw(), id == g.tokens ? static_cast<const void*>(tokens) : targets, d.nbytes());
+      if (!dry()) vals[id].write_from_host(id == g.tokens ? static_cast<const void*>(tokens) : targets);
     }
   }
 
@@ -455,15 +428,21 @@ struct Executor::Impl {
       }
     }
     LossSum ls;
-    if (!dry() && g.losses >= 0) {
-      const float* l = vals[g.losses].data<float>();
-      const int32_t* t = vals[g.targets].data<int32_t>();
-      int64_t n = numel_of(g.tensors[g.losses].shape);
-      for (int64_t k = 0; k < n; ++k)
-        if (t[k] >= 0) { ls.sum += l[k]; ls.count++; }
-    }
+    if (!dry() && g.losses >= 0) ls = loss_sum(targets);
     if (g.losses >= 0) release(g.losses);
     if (!train) release_all();
+    return ls;
+  }
+
+  // The loss crossing out: the per-position losses are copied to the host (waiting for the
+  // forward) and summed there in position order, over the targets the host handed in.
+  LossSum loss_sum(const int32_t* targets) {
+    const int64_t n = numel_of(g.tensors[g.losses].shape);
+    host_losses.resize(static_cast<size_t>(n));
+    vals[g.losses].read_to_host(host_losses.data());
+    LossSum ls;
+    for (int64_t k = 0; k < n; ++k)
+      if (targets[k] >= 0) { ls.sum += host_losses[static_cast<size_t>(k)]; ls.count++; }
     return ls;
   }
 
@@ -473,7 +452,7 @@ struct Executor::Impl {
       void* d = grad(g.stage_output);
       if (!dry()) {
         if (!dstage_out) throw std::logic_error("backward of a pipeline stage needs its output's gradient");
-        std::memcpy(d, dstage_out, g.tensors[g.stage_output].nbytes());
+        be->copy(d, dstage_out, g.tensors[g.stage_output].nbytes());
       }
     }
     auto segs = g.recompute_segments();
@@ -489,8 +468,8 @@ struct Executor::Impl {
       if (grad_hook && !dry()) grad_hook(i);
     }
     if (g.stage_input >= 0 && dstage_in && !dry()) {  // the gradient sent to the previous stage
-      if (glive[g.stage_input]) std::memcpy(dstage_in, grads[g.stage_input].raw(), g.tensors[g.stage_input].nbytes());
-      else std::memset(dstage_in, 0, g.tensors[g.stage_input].nbytes());
+      if (glive[g.stage_input]) be->copy(dstage_in, grads[g.stage_input].raw(), g.tensors[g.stage_input].nbytes());
+      else be->mem_zero(dstage_in, g.tensors[g.stage_input].nbytes());
     }
     release_all();
     train = false;
@@ -541,12 +520,12 @@ const Tensor& Executor::forward_logits(const int32_t* tokens, const void* stage_
   m.train = false;
   if (g.tokens >= 0) {
     m.alloc(g.tokens, Account::Workspace);
-    std::memcpy(m.vals[g.tokens].raw(), tokens, g.tensors[g.tokens].nbytes());
+    m.vals[g.tokens].write_from_host(tokens);  // the batch crossing in
   }
   if (g.stage_input >= 0) {
     if (!stage_in) throw std::logic_error("forward_logits of a pipeline stage needs its input activation");
     m.alloc(g.stage_input, Account::Workspace);
-    std::memcpy(m.vals[g.stage_input].raw(), stage_in, g.tensors[g.stage_input].nbytes());
+    m.be->copy(m.vals[g.stage_input].raw(), stage_in, g.tensors[g.stage_input].nbytes());
   }
   // The logits' only reader is the loss node, which is not run: they stay alive.
   for (int i = 0; i <= g.tensors[g.logits].producer; ++i) m.forward_node(i);

@@ -25,6 +25,12 @@
 // when ops/gemm_path.h chose oneDNN's 16-bit matmul for the dtype); then no copies of its
 // inputs, outputs or output gradient are made or counted. Its fp32 outputs and input gradients
 // are handled as above.
+//
+// Host and device (issue 26, docs/invariants.md invariant 7): the widening, rounding and
+// accumulation above are backend kernels (Backend::convert, Backend::accumulate), queued with the
+// operators, so the executor never touches tensor memory itself. It crosses to the host at two
+// named points: the batch in (tokens, targets: Tensor::write_from_host) and the per-position
+// losses out (read_to_host, which waits for the forward), summed on the host in position order.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -79,6 +85,9 @@ class Executor {
   // Pipeline stages: `stage_in` is the activation received from the previous stage (graphs with
   // a stage_input), copied in; `stage_out` receives this stage's output (graphs with a
   // stage_output) for sending on.
+  // Where the memory is (issue 26): tokens and targets are HOST memory (the data loader's batch:
+  // the executor copies them in, and sums the losses it copies out against `targets`); the
+  // stage buffers are the backend's memory (device-to-device copies), like every tensor.
   LossSum forward(const int32_t* tokens, const int32_t* targets, bool train, uint64_t key = 0,
                   int64_t sample_offset = 0, const void* stage_in = nullptr, void* stage_out = nullptr);
   // Backward of the last training forward; dloss is d(total loss)/d(each position's loss).
@@ -96,7 +105,8 @@ class Executor {
   // has run for the first node (in forward order) that reads it. Data parallelism launches
   // gradient all-reduces from here. Empty: no hook.
   void set_grad_hook(std::function<void(int)> hook);
-  // Forward up to the logits only (inference); returns (B*T, V) logits valid until the next call.
+  // Forward up to the logits only (inference); returns (B*T, V) logits valid until the next call,
+  // in the backend's memory (read them with Tensor::read_to_host). tokens: host memory.
   // A pipeline's last stage passes its received activation as stage_in (tokens may be null).
   const Tensor& forward_logits(const int32_t* tokens, const void* stage_in = nullptr);
 

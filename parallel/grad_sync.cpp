@@ -54,14 +54,14 @@ GradSync::GradSync(Communicator& dp, std::vector<GradTensor> params, double buck
   flat_ = offset;
   values_ = ops::Tensor::empty({static_cast<int64_t>(std::max<size_t>(flat_, 1))}, vtype_, ops::Account::Parameters);
   grads_ = ops::Tensor::zeros({static_cast<int64_t>(std::max<size_t>(flat_, 1))}, gtype_, ops::Account::Gradients);
-  std::memset(values_.raw(), 0, values_.nbytes());  // padding stays zero
+  values_.zero();  // padding stays zero (through the device: issue 26)
   for (size_t k = 0; k < P; ++k) {
     GradTensor& p = params_[k];
     const int64_t n = p.value->numel();
     owned_[k] = {0, n};
     if (p.excluded) continue;
     ops::Tensor v = values_.view(static_cast<int64_t>(param_offset[k]), p.value->shape());
-    std::memcpy(v.raw(), p.value->raw(), p.value->nbytes());
+    v.copy_from(*p.value);
     *p.value = v;
     *p.grad = grads_.view(static_cast<int64_t>(param_offset[k]), p.grad->shape());
   }

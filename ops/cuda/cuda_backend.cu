@@ -546,6 +546,32 @@ __global__ void adamw_k(float* param, const float* grad, float* m, float* v, int
     param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * param[i]);
   }
 }
+// [i26: ops step path] AdamW over a parameter as stored (backend.h adamw_update_typed): the
+// gradient widened from TG, the update applied to the fp32 master when there is one (param :=
+// its rounding) or to the TP parameter widened; adamw_k's arithmetic per element.
+template <class T> __device__ inline T from_float(float v);
+template <> __device__ inline float from_float<float>(float v) { return v; }
+template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ inline __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <class TP, class TG>
+__global__ void adamw_typed_k(TP* param, const TG* grad, float* master, float* m, float* v, int64_t n, float lr,
+                              float beta1, float beta2, float eps, float wd, float inv_bc1, float inv_bc2, float gs) {
+  const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = to_float<TG>(grad[i]) * gs;
+    const float mi = beta1 * m[i] + a1 * g;
+    const float vi = beta2 * v[i] + a2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = mi * inv_bc1, vhat = vi * inv_bc2;
+    float w = master ? master[i] : to_float<TP>(param[i]);
+    w -= lr * (mhat / (sqrtf(vhat) + eps) + wd * w);
+    if (master) master[i] = w;
+    param[i] = from_float<TP>(w);
+  }
+}
+
 __global__ void sum_squares_k(double* out, const float* x, int64_t n) {
   double s = 0.0;
   GRID_STRIDE(i, n) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
@@ -828,6 +854,34 @@ class CudaBackend final : public Backend {
     const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t))));
     adamw_k<<<blocks_for(n), kThreads, 0, stream_>>>(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, inv_bc1,
                                                       inv_bc2, grad_scale);
+    LAUNCH_CHECK();
+  }
+  // [i26: ops step path]
+  void adamw_update_typed(void* param, DType pt, const void* grad, DType gt, float* master, float* m, float* v,
+                          int64_t n, const AdamwArgs& a) override {
+    REQUIRE_ARG(a.t >= 1, "adamw_update_typed: step t must be >= 1, got " + std::to_string(a.t));
+    if (n == 0) return;
+    if (pt == DType::F32 && gt == DType::F32 && !master) {
+      adamw_update(static_cast<float*>(param), static_cast<const float*>(grad), m, v, n, a.lr, a.beta1, a.beta2, a.eps,
+                   a.weight_decay, a.t, a.grad_scale);
+      return;
+    }
+    const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.t))));
+    const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.t))));
+    auto launch = [&](auto* p, auto* g) {
+      adamw_typed_k<<<blocks_for(n), kThreads, 0, stream_>>>(p, g, master, m, v, n, a.lr, a.beta1, a.beta2, a.eps,
+                                                             a.weight_decay, inv_bc1, inv_bc2, a.grad_scale);
+    };
+    auto with_grad = [&](auto* p) {
+      if (gt == DType::F32) launch(p, static_cast<const float*>(grad));
+      else if (gt == DType::BF16) launch(p, static_cast<const __nv_bfloat16*>(grad));
+      else if (gt == DType::F16) launch(p, static_cast<const __half*>(grad));
+      else REQUIRE_ARG(false, "adamw_update_typed: a gradient of a float dtype");
+    };
+    if (pt == DType::F32) with_grad(static_cast<float*>(param));
+    else if (pt == DType::BF16) with_grad(static_cast<__nv_bfloat16*>(param));
+    else if (pt == DType::F16) with_grad(static_cast<__half*>(param));
+    else REQUIRE_ARG(false, "adamw_update_typed: a parameter of a float dtype");
     LAUNCH_CHECK();
   }
   double sum_squares(const float* x, int64_t n) override {

@@ -344,6 +344,12 @@ class StrictBackend final : public Backend {
     submit([this, x = dev(x), n, s] { cpu_.scale(x, n, s); });
   }
   // [i26: ops step path]
+  void adamw_update_typed(void* param, DType pt, const void* grad, DType gt, float* master, float* m, float* v,
+                          int64_t n, const AdamwArgs& a) override {
+    submit([this, param = dev(param), pt, grad = dev(grad), gt, master = dev(master), m = dev(m), v = dev(v), n, a] {
+      cpu_.adamw_update_typed(param, pt, grad, gt, master, m, v, n, a);
+    });
+  }
   // [i26: parallel]
   // [i26: train and checkpoint]
   // [i26: generate and export]

@@ -386,19 +386,24 @@ void init_param_values(const ops::TensorDesc& d, const ModelConfig& m, uint64_t 
   }
 }
 
+// The values are computed on the host and cross into the parameter's memory once (issue 26:
+// on a device, host code never writes a tensor's storage itself).
 ParamSet init_params(const std::vector<ops::TensorDesc>& params, const ModelConfig& m, uint64_t seed) {
   ParamSet ps;
   std::vector<float> tmp;
+  std::vector<uint16_t> tmp16;
   for (const ops::TensorDesc& d : params) {
     if (ps.index(d.name) >= 0) continue;  // tied weights appear once
-    ops::Tensor v(d.shape, d.dtype, ops::Account::Parameters);
+    ops::Tensor v(d.shape, d.dtype, ops::Account::Parameters, false);  // every byte written below
     ops::Tensor gr(d.shape, d.grad_dtype, ops::Account::Gradients);
+    tmp.resize(static_cast<size_t>(v.numel()));
+    init_param_values(d, m, seed, tmp.data());
     if (d.dtype == ops::DType::F32) {
-      init_param_values(d, m, seed, v.data<float>());
+      v.write_from_host(tmp.data());
     } else {  // the compute copy: the fp32 initial values rounded to nearest even
-      tmp.resize(static_cast<size_t>(v.numel()));
-      init_param_values(d, m, seed, tmp.data());
-      ops::from_f32(v.raw(), d.dtype, tmp.data(), v.numel());
+      tmp16.resize(tmp.size());
+      ops::from_f32(tmp16.data(), d.dtype, tmp.data(), v.numel());
+      v.write_from_host(tmp16.data());
     }
     ps.names.push_back(d.name);
     ps.values.push_back(std::move(v));

@@ -22,6 +22,7 @@ void addition_accuracy(const Plan& plan, parallel::Grid& grid, RankModel& model,
   int64_t correct = 0;
   int64_t B = plan.micro, T = r.model.seq_len;
   const int tp_rank = grid.coords().tp;
+  std::vector<float> logits_host;  // host memory, outside the ledger's accounts
   for (size_t start = 0; start < problems.size() && (multi || !stop_requested()); start += static_cast<size_t>(B)) {
     size_t n = std::min(problems.size() - start, static_cast<size_t>(B));
     std::vector<int32_t> tokens(static_cast<size_t>(B * T), '\n');
@@ -37,7 +38,9 @@ void addition_accuracy(const Plan& plan, parallel::Grid& grid, RankModel& model,
       std::vector<int64_t> best_id(n, std::numeric_limits<int64_t>::max());
       if (const ops::Tensor* lt = model.pipe().forward_logits(tokens.data())) {  // the last stage
         const ops::Tensor& logits = *lt;
-        const float* L = logits.data<float>();
+        logits_host.resize(static_cast<size_t>(logits.numel()));
+        logits.read_to_host(logits_host.data());  // the logits crossing out
+        const float* L = logits_host.data();
         const int64_t V = logits.shape().back(), vstart = tp_rank * V;
         const int64_t real = std::clamp<int64_t>(r.model.vocab_size - vstart, 0, V);
         for (size_t i = 0; i < n; ++i) {

@@ -18,9 +18,11 @@ namespace {
 
 int64_t env(const char* name) { return std::getenv(name) ? std::atoll(std::getenv(name)) : -1; }
 
+// Element i := v in t's dtype, written through the crossing in (t may be device memory).
 void set_element(ops::Tensor& t, int64_t i, float v) {
-  if (t.dtype() == ops::DType::F32) t.data<float>()[i] = v;
-  else ops::from_f32(static_cast<char*>(t.raw()) + i * static_cast<int64_t>(ops::dtype_size(t.dtype())), t.dtype(), &v, 1);
+  uint16_t h = 0;
+  if (t.dtype() != ops::DType::F32) ops::from_f32(&h, t.dtype(), &v, 1);
+  t.view(i, {1}).write_from_host(t.dtype() == ops::DType::F32 ? static_cast<const void*>(&v) : &h);
 }
 
 }  // namespace

@@ -3,9 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
-#include "ops/convert.h"
 #include "runner/errors.h"
 
 namespace runner {
@@ -23,27 +21,18 @@ double lr_at(const OptimizerConfig& o, int64_t step, int64_t total_steps) {
 }
 
 namespace {
-// 16-bit tensors are widened in pieces of this many elements (fixed scratch, not a copy of the
-// tensor).
-constexpr int64_t kPiece = 1 << 14;
-
+// Element i of t: a pointer into its memory (the device's on a device: for backend calls only).
 const char* at(const ops::Tensor& t, int64_t i) {
   return static_cast<const char*>(t.raw()) + static_cast<size_t>(i) * ops::dtype_size(t.dtype());
 }
 char* at(ops::Tensor& t, int64_t i) { return static_cast<char*>(t.raw()) + static_cast<size_t>(i) * ops::dtype_size(t.dtype()); }
 }  // namespace
 
+// A kernel that returns the number (a 16-bit tensor is widened on the device, in the pieces the
+// host always used: Backend::sum_squares_typed).
 double sum_squares(ops::Backend& be, const ops::Tensor& t, int64_t a, int64_t e) {
   if (e <= a) return 0;
-  if (t.dtype() == ops::DType::F32) return be.sum_squares(t.data<float>() + a, e - a);
-  float buf[kPiece];
-  double ss = 0;
-  for (int64_t i = a; i < e; i += kPiece) {
-    const int64_t n = std::min(kPiece, e - i);
-    ops::to_f32(buf, at(t, i), t.dtype(), n);
-    ss += be.sum_squares(buf, n);
-  }
-  return ss;
+  return be.sum_squares_typed(at(t, a), t.dtype(), e - a);
 }
 
 double grad_norm(ops::Backend& be, const ParamSet& ps) {
@@ -67,7 +56,8 @@ void init_masters(TrainState& st, const std::vector<ops::TensorDesc>& descs, con
     init_param_values(*d, m, seed, full.data());
     auto [a, e] = ps.owned_range(i);
     st.masters.emplace_back(moment_shape(ps, i), ops::DType::F32, ops::Account::Optimizer);
-    if (e > a) std::memcpy(st.masters.back().raw(), full.data() + a, static_cast<size_t>(e - a) * sizeof(float));
+    RUNNER_CHECK(st.masters.back().numel() == std::max<int64_t>(0, e - a), "master of " + ps.names[i] + ": shape vs owned range");
+    if (e > a) st.masters.back().write_from_host(full.data() + a);  // computed on the host, one crossing in
   }
 }
 
@@ -88,27 +78,22 @@ void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, doub
     }
   }
   const bool masters = !st.masters.empty();
-  float wbuf[kPiece], gbuf[kPiece];
+  ops::Backend::AdamwArgs args;
+  args.lr = static_cast<float>(lr);
+  args.beta1 = static_cast<float>(o.beta1);
+  args.beta2 = static_cast<float>(o.beta2);
+  args.eps = static_cast<float>(o.eps);
+  args.t = st.step + 1;
+  args.grad_scale = static_cast<float>(grad_scale);
   for (size_t i = 0; i < ps.values.size(); ++i) {
     auto [a, e] = ps.owned_range(i);
+    if (e <= a) continue;
     ops::Tensor& w = ps.values[i];
     const ops::Tensor& g = ps.grads[i];
-    const float decay = ps.decay[i] ? static_cast<float>(o.weight_decay) : 0.0f;
-    // The update is elementwise: in pieces of the owned range [a, e), moment offset from a.
-    const bool whole = w.dtype() == ops::DType::F32 && g.dtype() == ops::DType::F32 && !masters;
-    const int64_t piece = whole ? std::max<int64_t>(1, e - a) : kPiece;
-    for (int64_t p = a; p < e; p += piece) {
-      const int64_t n = std::min(piece, e - p);
-      float* wp = masters ? st.masters[i].data<float>() + (p - a)
-                          : (w.dtype() == ops::DType::F32 ? w.data<float>() + p : wbuf);
-      if (!masters && w.dtype() != ops::DType::F32) ops::to_f32(wbuf, at(w, p), w.dtype(), n);
-      const float* gp = g.dtype() == ops::DType::F32 ? g.data<float>() + p : gbuf;
-      if (g.dtype() != ops::DType::F32) ops::to_f32(gbuf, at(g, p), g.dtype(), n);
-      be.adamw_update(wp, gp, st.adam_m[i].data<float>() + (p - a), st.adam_v[i].data<float>() + (p - a), n,
-                      static_cast<float>(lr), static_cast<float>(o.beta1), static_cast<float>(o.beta2),
-                      static_cast<float>(o.eps), decay, st.step + 1, static_cast<float>(grad_scale));
-      if (w.dtype() != ops::DType::F32) ops::from_f32(at(w, p), w.dtype(), wp, n);  // the compute copy
-    }
+    args.weight_decay = ps.decay[i] ? static_cast<float>(o.weight_decay) : 0.0f;
+    // The owned range [a, e) of the parameter, its moments (and master) from their start.
+    be.adamw_update_typed(at(w, a), w.dtype(), at(g, a), g.dtype(), masters ? st.masters[i].data<float>() : nullptr,
+                          st.adam_m[i].data<float>(), st.adam_v[i].data<float>(), e - a, args);
   }
 }
 

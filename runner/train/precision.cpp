@@ -50,9 +50,14 @@ constexpr double kFlushNormShare = 0.01;
 
 // This rank's share of every logical tensor's histogram (acc, kStride per table entry) and
 // largest scaled |gradient| (mx): the elements it owns, each counted once over the grid.
+//
+// The report is a diagnosis (the logged steps of precision.diagnostics, and an fp16 overflow), not
+// every step's work: each owned gradient range crosses out to the host whole (the named crossing;
+// a plain host buffer, outside the ledger's accounts) and is binned there.
 void local_histograms(const RankModel& model, const ParamSet& ps, const ModelLayout& layout, double scale,
                       std::vector<double>& acc, std::vector<float>& mx) {
   float buf[kPiece];
+  std::vector<float> host;  // floats: aligned for an fp32 gradient, twice the room for a 16-bit one
   for (size_t i = 0; i < ps.grads.size(); ++i) {
     if (!model.counts(i)) continue;
     const int k = layout.find(ps.names[i]);
@@ -61,11 +66,14 @@ void local_histograms(const RankModel& model, const ParamSet& ps, const ModelLay
     const ops::Tensor& g = ps.grads[i];
     auto [a, e] = ps.owned_range(i);
     float m = 0;
+    const size_t es = ops::dtype_size(g.dtype());
+    host.resize(static_cast<size_t>(std::max<int64_t>(0, e - a)));
+    if (e > a) g.view(a, {e - a}).read_to_host(host.data());
     for (int64_t p = a; p < e; p += kPiece) {
       const int64_t n = std::min(kPiece, e - p);
-      const float* x = g.data<float>() + (g.dtype() == ops::DType::F32 ? p : 0);
+      const float* x = host.data() + (p - a);
       if (g.dtype() != ops::DType::F32) {
-        ops::to_f32(buf, static_cast<const char*>(g.raw()) + static_cast<size_t>(p) * ops::dtype_size(g.dtype()), g.dtype(), n);
+        ops::to_f32(buf, reinterpret_cast<const char*>(host.data()) + static_cast<size_t>(p - a) * es, g.dtype(), n);
         x = buf;
       }
       for (int64_t j = 0; j < n; ++j) {
