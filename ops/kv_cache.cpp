@@ -1,6 +1,7 @@
 // The inference KV cache's storage (see kv_cache.h).
 #include "ops/kv_cache.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -21,7 +22,15 @@ KvCache::KvCache(int first_layer, int layers, int64_t rows, int64_t context, int
       vs_.push_back(Tensor::empty({rows, context, NH}, DType::F32, Account::KvCache));
     }
   }
+  pos_dev_ = Tensor::zeros({rows}, DType::I32, Account::Workspace);
   pos.assign(static_cast<size_t>(rows), 0);
+}
+
+void KvCache::set_positions(const std::vector<int32_t>& positions) {
+  if (static_cast<int64_t>(positions.size()) > rows_)
+    throw std::logic_error("KV cache: " + std::to_string(positions.size()) + " positions for " + std::to_string(rows_) + " rows");
+  std::copy(positions.begin(), positions.end(), pos.begin());  // rows past them keep theirs
+  pos_dev_.write_from_host(pos.data());
 }
 
 size_t KvCache::bytes_for(int layers, int64_t rows, int64_t context, int64_t C, int64_t NH, DType dtype) {

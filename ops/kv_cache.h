@@ -10,6 +10,11 @@
 // (ops/backend.h, KvView). Only the key-value heads are stored (grouped-query attention:
 // n_kv_heads of them, shared by the query heads). bytes() is what the tracker counts; the plan's KV-cache figure
 // (runner/plan/ledger.cpp) is the same sum and a test holds them equal.
+//
+// The cache lives on the run's device (ops::tensor_device(): the strict device, a GPU), as
+// every tensor does; the decode positions are kept twice: on the host, where the embedding
+// picks its position rows, and in device memory, where attention_decode reads them
+// (set_positions writes both: one crossing in per step).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -37,15 +42,21 @@ class KvCache {
   int64_t context() const { return context_; }
   DType dtype() const { return dtype_; }
 
-  // Decode: the position each row's new token takes (rows of the decode graph; set before
-  // every step).
-  std::vector<int32_t> pos;
+  // Decode: the position each row's new token takes (rows of the decode graph), set before
+  // every step: `pos` on the host and its copy in device memory (queued after the kernels
+  // before it, so a step's positions never change under the previous step's attention). The
+  // first positions.size() rows take them (a request may use fewer rows than the cache has).
+  void set_positions(const std::vector<int32_t>& positions);
+  std::vector<int32_t> pos;  // read-only outside set_positions (the device copy follows it)
+  // The positions in device memory: attention_decode's `pos` argument.
+  const int32_t* device_positions() const { return pos_dev_.data<int32_t>(); }
 
  private:
   int first_;
   int64_t rows_, context_, C_, NH_;
   DType dtype_;
   std::vector<Tensor> k_, v_, ks_, vs_;
+  Tensor pos_dev_;  // (rows,) int32, account workspace: not part of the plan's KV-cache figure
 };
 
 }  // namespace ops

@@ -65,7 +65,7 @@ void forward(OpContext& c) {
     if (!c.kv || !c.kv->has_layer(c.n.layer))
       throw std::logic_error("node " + c.n.name + ": a decode graph needs the executor's KV cache (set_kv_cache)");
     if (static_cast<int64_t>(c.kv->pos.size()) < c.B()) throw std::logic_error("KV cache: fewer positions than rows");
-    c.be.attention_decode(c.out(0), c.in(0), c.kv->layer(c.n.layer), c.kv->pos.data(), c.B(), C, heads,
+    c.be.attention_decode(c.out(0), c.in(0), c.kv->layer(c.n.layer), c.kv->device_positions(), c.B(), C, heads,
                           c.n.rope ? c.n.theta : 0.0f);
     return;
   }

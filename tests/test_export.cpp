@@ -49,7 +49,7 @@ void write_raw(const fs::path& p, const std::vector<T>& v) {
 void check_against_torch(const std::string& name, const std::string& extra, const std::string& style) {
   fs::path dir = temp_dir(name);
   fs::path run = train_tiny(dir, extra);
-  TrainedModel m = load_trained_model(run.string(), ops::cpu_backend());
+  TrainedModel m = load_trained_model(run.string());
   CHECK(m.step == 20);
   // Two sequences over the whole context (every learned position, every rope angle).
   const int64_t B = 2, T = m.model().seq_len;
@@ -107,7 +107,7 @@ TEST_CASE("export: the safetensors header and a bf16 export") {
   std::memcpy(&n, blob.data(), 8);
   CHECK(n % 8 == 0);
   nlohmann::json h = nlohmann::json::parse(blob.substr(8, n));
-  TrainedModel m = load_trained_model(run.string(), ops::cpu_backend());
+  TrainedModel m = load_trained_model(run.string());
   const auto& c = h["transformer.h.1.attn.c_attn.weight"];
   CHECK(c["dtype"] == "BF16");
   CHECK(c["shape"] == nlohmann::json({32, 96}));  // Conv1D: (in, out) = the transpose of our (3C, C)
@@ -121,7 +121,7 @@ TEST_CASE("export: the safetensors header and a bf16 export") {
   const auto off = c["data_offsets"][0].get<uint64_t>();
   uint16_t hf01 = 0;
   std::memcpy(&hf01, blob.data() + 8 + n + off + 2, 2);
-  const float ours10 = m.logical_tensor("h.1.attn.qkv.weight").data<float>()[32];
+  const float ours10 = m.logical_tensor("h.1.attn.qkv.weight").host_data<float>()[32];
   uint32_t bits = static_cast<uint32_t>(hf01) << 16;
   float back;
   std::memcpy(&back, &bits, 4);

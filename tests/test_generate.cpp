@@ -42,7 +42,7 @@ Fixture& llama_fixture() { return test_support::tiny_quickstart("generate_llama"
 TEST_CASE("generate: greedy tokens are the argmax of a full forward pass over exactly the prefix") {
   for (const bool llama : {false, true}) {  // learned positions, and rope
   CAPTURE(llama);
-  TrainedModel m = load_trained_model((llama ? llama_fixture() : fixture()).run.string(), ops::cpu_backend());
+  TrainedModel m = load_trained_model((llama ? llama_fixture() : fixture()).run.string());
   GenerateRequest req;
   req.prompts = {"12+34=", "7+8=", "100+900="};  // three lengths in one batch
   req.max_new_tokens = 6;
@@ -67,7 +67,7 @@ TEST_CASE("generate: greedy tokens are the argmax of a full forward pass over ex
 }
 
 TEST_CASE("generate: a batch of prompts of different lengths completes each as it would alone; the seed decides") {
-  TrainedModel m = load_trained_model(fixture().run.string(), ops::cpu_backend());
+  TrainedModel m = load_trained_model(fixture().run.string());
   GenerateRequest req;
   req.prompts = {"1+2=", "345+678=", "9="};
   req.max_new_tokens = 8;
@@ -138,7 +138,7 @@ TEST_CASE("generate CLI: text, --json records, refusals before running with the 
   Result one = runner_split("generate " + run + " --prompt '12+3' --max-new-tokens 5", f.dir);
   INFO(one.err);
   CHECK(one.code == 0);
-  TrainedModel m = load_trained_model(run, ops::cpu_backend());
+  TrainedModel m = load_trained_model(run);
   GenerateRequest req;
   req.prompts = {"12+3"};
   req.max_new_tokens = 5;
@@ -170,7 +170,7 @@ TEST_CASE("generate CLI: text, --json records, refusals before running with the 
   for (int i = 0; i < 40; ++i) pf << i << "+1=\n";
   pf.close();
   const std::string sets = " --set hardware.device=custom hardware.memory_gb=0.0002 inference.batch=1";
-  m = load_trained_model(run, ops::cpu_backend(),
+  m = load_trained_model(run,
                          {"hardware.device=custom", "hardware.memory_gb=0.0002", "inference.batch=1"});
   REQUIRE(m.plan.inference);
   const int64_t maxb = m.plan.inference->max_batch;

@@ -78,10 +78,12 @@ Diff cached_vs_full(TrainedModel& m) {
   };
   std::vector<int32_t> tokens(static_cast<size_t>(B * Tp), '\n');
   for (size_t i = 0; i < seq.size(); ++i) std::copy_n(seq[i].begin(), kPrompt[i], tokens.begin() + static_cast<int64_t>(i) * Tp);
-  const ops::Tensor& L0 = dec.prefill(tokens, Tp);
-  const int64_t Vp = L0.shape().back();
+  // The logits cross out of the run's device (the strict device under RUNNER_STRICT=1) row by row.
+  std::vector<int64_t> all(static_cast<size_t>(B * Tp));
+  for (int64_t r = 0; r < B * Tp; ++r) all[static_cast<size_t>(r)] = r;
+  const std::vector<float> L0 = logits_rows_to_host(dec.prefill(tokens, Tp), all, V);
   for (size_t i = 0; i < seq.size(); ++i)
-    for (int64_t p = 0; p < kPrompt[i]; ++p) compare(i, p, L0.data<float>() + (static_cast<int64_t>(i) * Tp + p) * Vp);
+    for (int64_t p = 0; p < kPrompt[i]; ++p) compare(i, p, L0.data() + (static_cast<int64_t>(i) * Tp + p) * V);
   std::vector<int64_t> next(kPrompt);  // each row's next position
   std::vector<int32_t> tok(static_cast<size_t>(B)), pos(static_cast<size_t>(B));
   for (bool any = true; any;) {
@@ -93,9 +95,11 @@ Diff cached_vs_full(TrainedModel& m) {
       any = any || next[i] < static_cast<int64_t>(seq[i].size());
     }
     if (!any) break;
-    const ops::Tensor& L = dec.step(tok, pos);
+    std::vector<int64_t> rows(static_cast<size_t>(B));
+    for (int64_t i = 0; i < B; ++i) rows[static_cast<size_t>(i)] = i;
+    const std::vector<float> L = logits_rows_to_host(dec.step(tok, pos), rows, V);
     for (size_t i = 0; i < seq.size(); ++i)
-      if (next[i] < static_cast<int64_t>(seq[i].size())) compare(i, next[i]++, L.data<float>() + static_cast<int64_t>(i) * Vp);
+      if (next[i] < static_cast<int64_t>(seq[i].size())) compare(i, next[i]++, L.data() + static_cast<int64_t>(i) * V);
   }
   return d;
 }
@@ -105,7 +109,7 @@ Diff cached_vs_full(TrainedModel& m) {
 TEST_CASE("KV cache, fp32: cached logits equal a full forward pass at every position (relative 1e-5), batched") {
   for (const bool llama : {false, true}) {  // learned positions, and rope at each row's position
     CAPTURE(llama);
-    TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string(), ops::cpu_backend(),
+    TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string(),
                                         {"inference.kv_dtype=fp32", "inference.batch=3"});
     const Diff d = cached_vs_full(m);
     MESSAGE(std::string(llama ? "llama" : "gpt") << " fp32 cache: max abs logit difference " << d.abs << ", relative "
@@ -126,7 +130,7 @@ TEST_CASE("KV cache, bf16 / fp16 / int8: cached logits within the measured bound
     for (const auto& [dt, bound] : bounds) {
       CAPTURE(llama);
       CAPTURE(dt);
-      TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string(), ops::cpu_backend(),
+      TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string(),
                                           {"inference.kv_dtype=" + dt, "inference.batch=3"});
       const Diff d = cached_vs_full(m);
       MESSAGE(std::string(llama ? "llama " : "gpt ") << dt << " cache: max abs logit difference " << d.abs << ", relative "
@@ -140,7 +144,7 @@ TEST_CASE("KV cache, bf16 / fp16 / int8: cached logits within the measured bound
 TEST_CASE("KV cache: greedy completions equal those without a cache (prompts of different lengths)") {
   for (const bool llama : {false, true}) {
     CAPTURE(llama);
-    TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string(), ops::cpu_backend());
+    TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string());
     GenerateRequest req;
     req.prompts = {"12+34=", "7+8=", "100+900=", "5"};
     req.max_new_tokens = 12;
@@ -167,7 +171,7 @@ TEST_CASE("KV cache: the tracker's kv_cache bytes are the plan's KV-cache figure
   auto& mt = ops::MemoryTracker::instance();
   for (const std::string dt : {"fp32", "bf16", "fp16", "int8"}) {
     CAPTURE(dt);
-    TrainedModel m = load_trained_model(llama_fixture().run.string(), ops::cpu_backend(),
+    TrainedModel m = load_trained_model(llama_fixture().run.string(),
                                         {"inference.kv_dtype=" + dt, "inference.batch=3", "inference.context=20"});
     REQUIRE(m.plan.inference);
     const size_t before = mt.current(ops::Account::KvCache);
@@ -190,7 +194,7 @@ TEST_CASE("KV cache: the tracker's kv_cache bytes are the plan's KV-cache figure
 // same width, measured, planned and allocated alike; decoding over it still equals the full
 // forward pass, and greedy output is the same with and without it.
 TEST_CASE("KV cache with grouped-query attention: cached logits equal a full forward; the cache holds the key-value heads only") {
-  TrainedModel m = load_trained_model(gqa_fixture().run.string(), ops::cpu_backend(),
+  TrainedModel m = load_trained_model(gqa_fixture().run.string(),
                                       {"inference.kv_dtype=fp32", "inference.batch=3"});
   REQUIRE(m.model().kv_heads() == 2);
   const Diff d = cached_vs_full(m);
@@ -208,10 +212,10 @@ TEST_CASE("KV cache with grouped-query attention: cached logits equal a full for
     CHECK(static_cast<double>(measured) == m.plan.inference->kv_cache);
     CHECK(measured == dec.cache().bytes());
   }
-  TrainedModel mha = load_trained_model(llama_fixture().run.string(), ops::cpu_backend(),
+  TrainedModel mha = load_trained_model(llama_fixture().run.string(),
                                         {"inference.kv_dtype=fp32", "inference.batch=3"});
   CHECK(m.plan.inference->kv_per_sequence * 2 == mha.plan.inference->kv_per_sequence);  // 2 of 4 heads vs 2 of 2 (d_model 32)
-  TrainedModel g = load_trained_model(gqa_fixture().run.string(), ops::cpu_backend());  // no inference sizing
+  TrainedModel g = load_trained_model(gqa_fixture().run.string());  // no inference sizing
   GenerateRequest req;
   req.prompts = {"12+34=", "7+8=", "100+900=", "5"};
   req.max_new_tokens = 12;
@@ -226,7 +230,7 @@ TEST_CASE("KV cache with grouped-query attention: cached logits equal a full for
 TEST_CASE("KV cache: a request over the plan's batch or context is refused before allocating, with the numbers") {
   auto& mt = ops::MemoryTracker::instance();
   Fixture& f = gpt_fixture();
-  TrainedModel m = load_trained_model(f.run.string(), ops::cpu_backend(),
+  TrainedModel m = load_trained_model(f.run.string(),
                                       {"inference.kv_dtype=bf16", "inference.batch=2", "inference.context=16"});
   REQUIRE(m.plan.inference);
   REQUIRE(m.plan.inference->max_batch >= 3);

@@ -81,7 +81,7 @@ std::map<std::string, std::pair<std::string, std::string>> tensors_of(const fs::
 // The runner's logits of the imported model `out` on two sequences over the whole context,
 // against the Hugging Face files in `hf` run in PyTorch: hf_reference.py's verdict (1e-5).
 Result logits_vs_torch(const fs::path& hf, const fs::path& out, const fs::path& dir) {
-  TrainedModel m = load_trained_model(out.string(), ops::cpu_backend());
+  TrainedModel m = load_trained_model(out.string());
   CHECK(m.step == 0);
   const int64_t B = 2, T = m.model().seq_len, V = m.model().vocab_size;
   std::vector<int32_t> tokens(static_cast<size_t>(B * T));
@@ -142,7 +142,7 @@ TEST_CASE("import llama: sharded bf16 with biases and an untied head; PyTorch's 
   fs::path hf = make_hf(dir / "hf", "llama", "dtype=BF16 shards=3 bias=1 inner=80 seed=5");
   import_check_export(dir, hf, "bf16", "llama");
   // The stored recipe has the config's model: rms_norm_eps, rope_theta, intermediate_size.
-  TrainedModel m = load_trained_model((dir / "imp").string(), ops::cpu_backend());
+  TrainedModel m = load_trained_model((dir / "imp").string());
   CHECK(m.model().norm_eps == 1e-6);
   CHECK(m.model().rope_theta == 500000.0);
   CHECK(m.model().mlp_hidden() == 80);
@@ -157,7 +157,7 @@ TEST_CASE("import llama gqa") {
   fs::path dir = temp_dir("gqa");
   fs::path hf = make_hf(dir / "hf", "llama", "kv_heads=2 heads=4 seed=7");
   import_check_export(dir, hf, "fp32", "llama");
-  TrainedModel m = load_trained_model((dir / "imp").string(), ops::cpu_backend());
+  TrainedModel m = load_trained_model((dir / "imp").string());
   CHECK(m.model().kv_heads() == 2);
   fs::remove_all(dir);
 }
@@ -384,7 +384,7 @@ TEST_CASE("generate: the text streams whole characters, with a tokenizer and wit
 TEST_CASE("generate: prompts encoded and completions decoded with the tokenizer; --tokens keeps ids") {
   fs::path dir = temp_dir("gen");
   REQUIRE(import_cmd(make_hf(dir / "hf", "llama", "vocab=29 seed=11"), dir / "imp").code == 0);
-  TrainedModel m = load_trained_model((dir / "imp").string(), ops::cpu_backend());
+  TrainedModel m = load_trained_model((dir / "imp").string());
   PieceTokenizer tk;
   GenerateRequest text;
   text.prompts = {"ab\xE2\x82\xAC" "c"};

@@ -120,14 +120,15 @@ class Queue {
     cv_.notify_all();
     worker_.join();
   }
-  void submit(std::function<void()> f) {
+  // `always`: runs even after an earlier call failed (a free: the memory must come back).
+  void submit(std::function<void()> f, bool always = false) {
     const int threads = omp_get_max_threads();  // the caller's thread count, for the kernels
     {
       std::lock_guard<std::mutex> lock(mu_);
-      q_.push_back([f = std::move(f), threads] {
+      q_.push_back({[f = std::move(f), threads] {
         if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
         f();
-      });
+      }, always});
       ++queued_;
       ++g_queued;
     }
@@ -150,12 +151,13 @@ class Queue {
     for (;;) {
       cv_.wait(lock, [this] { return stop_ || !q_.empty(); });
       if (q_.empty()) return;  // stop_ and nothing left
-      std::function<void()> f = std::move(q_.front());
+      Item item = std::move(q_.front());
       q_.pop_front();
       busy_ = true;
       lock.unlock();
       try {
-        if (!error_) f();  // after an error, the rest of the queue is dropped until synchronize()
+        // After an error the rest of the queue is dropped until synchronize(), frees excepted.
+        if (!error_ || item.always) item.f();
       } catch (...) {
         std::lock_guard<std::mutex> g(mu_);
         if (!error_) error_ = std::current_exception();
@@ -167,7 +169,11 @@ class Queue {
   }
   std::mutex mu_;
   std::condition_variable cv_, idle_cv_;
-  std::deque<std::function<void()>> q_;
+  struct Item {
+    std::function<void()> f;
+    bool always = false;
+  };
+  std::deque<Item> q_;
   bool busy_ = false, stop_ = false;
   std::exception_ptr error_;
   std::atomic<int64_t> queued_{0};
@@ -187,7 +193,7 @@ class StrictBackend final : public Backend {
   void* mem_alloc(size_t bytes) override { return arena_.alloc(bytes); }
   void mem_free(void* p, size_t bytes) override {
     // Stream order: the block returns to the cache after every call queued before the free.
-    submit([this, p, bytes] { arena_.free(p, bytes); });
+    queue_.submit([this, p, bytes] { arena_.free(p, bytes); }, /*always=*/true);
   }
   void mem_zero(void* p, size_t bytes) override {
     submit([p = dev(p), bytes] { std::memset(p, 0, bytes); });

@@ -1,7 +1,7 @@
 // `runner export SOURCE --out DIR`: a trained model written as safetensors + config.json +
 // generation_config.json + the run's tokenizer files (Hugging Face GPT-2 / Llama layouts), or npz
-// (runner/export/). The model loads on the host's
-// backend: export reads tensors, it runs no kernels of the recipe's device.
+// (runner/export/). The model loads on the device the stored recipe names (hardware.device,
+// --set to change it), as generate's does, and every weight is staged out of it to be written.
 #include <iostream>
 
 #include <fmt/format.h>
@@ -9,7 +9,6 @@
 
 #include "ops/tensor.h"
 #include "runner/cli/command.h"
-#include "runner/device/device.h"
 #include "runner/export/export.h"
 #include "runner/trained/trained_model.h"
 
@@ -33,12 +32,13 @@ class ExportCommand final : public Command {
     sub_->add_option("--format", format_, "safetensors (default) or npz")->check(CLI::IsMember({"safetensors", "npz"}));
     sub_->add_option("--dtype", dtype_, "tensor type: fp32 (default), bf16 or fp16 (safetensors only)")
         ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+    sub_->add_option("--set", sets_, "override a field of the stored recipe, e.g. --set hardware.device=cpu")->take_all();
   }
 
   int run(std::optional<Launch>&) override {
     ops::DType dt = ops::DType::F32;
     ops::parse_dtype(dtype_, &dt);
-    TrainedModel m = load_trained_model(src_, host_backend());
+    TrainedModel m = load_trained_model(src_, sets_);
     ExportResult r = export_model(m, format_ == "npz" ? ExportFormat::npz : ExportFormat::safetensors, out_, dt);
     std::cout << "exported step " << m.step << " of " << m.checkpoint << " (" << r.style << " layout, " << r.tensors
               << " tensors, " << size_text(r.bytes) << ") to " << r.weights_path << " and " << r.config_path << "\n";
@@ -60,6 +60,7 @@ class ExportCommand final : public Command {
 
  private:
   std::string src_, out_, format_ = "safetensors", dtype_ = "fp32";
+  std::vector<std::string> sets_;
 };
 
 }  // namespace

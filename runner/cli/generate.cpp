@@ -7,7 +7,8 @@
 // One process: any layout's checkpoint (tp, pp included) loads into one rank. Under mpirun:
 // the recipe's tensor-parallel layout (dp = ranks / tp replicas, every rank the same tokens,
 // rank 0 prints); a pp recipe is refused there (docs/generate.md). The model runs on the
-// host's backend whatever the stored recipe's hardware.device says.
+// device the stored recipe names (hardware.device; --set hardware.device=cpu to run a GPU
+// run's model on the CPU), chosen once as `runner train` chooses it.
 #include <unistd.h>
 
 #include <fstream>
@@ -19,7 +20,6 @@
 
 #include "ops/tensor.h"
 #include "runner/cli/command.h"
-#include "runner/device/device.h"
 #include "runner/errors.h"
 #include "runner/generate/generate.h"
 #include "runner/tokenize/tokenizer.h"
@@ -29,14 +29,14 @@ namespace runner::cli {
 
 namespace {
 
-// One JSON line on stderr: prefill and decode tokens and seconds, KV-cache bytes, peak bytes per
-// memory account, beside the plan's inference figures.
+// One JSON line on stderr: the device, prefill and decode tokens and seconds, KV-cache bytes,
+// peak bytes per memory account, beside the plan's inference figures.
 void print_stats(const TrainedModel& m, const GenerateRequest& gen, const GenerateStats& gstats) {
   auto& mt = ops::MemoryTracker::instance();
   nlohmann::json peak;
   for (int a = 0; a < ops::kAccounts; ++a)
     peak[ops::account_name(static_cast<ops::Account>(a))] = mt.peak(static_cast<ops::Account>(a));
-  nlohmann::json j{{"batch", gen.prompts.size()}, {"kv_cache", gen.kv_cache},
+  nlohmann::json j{{"device", m.backend->name()}, {"batch", gen.prompts.size()}, {"kv_cache", gen.kv_cache},
                    {"prefill_tokens", gstats.prefill_tokens}, {"prefill_s", gstats.prefill_s},
                    {"decode_tokens", gstats.decode_tokens}, {"decode_s", gstats.decode_s},
                    {"kv_cache_bytes", gstats.kv_cache_bytes}, {"peak_bytes", peak}};
@@ -160,9 +160,8 @@ class GenerateCommand final : public Command {
 
   int run(std::optional<Launch>& launch) override {
     read_prompts();
-    ops::Backend& be = host_backend();
     gen_.kv_cache = !no_cache_;
-    TrainedModel m = load_trained_model(src_, be, sets_, launch ? launch->take_world() : nullptr);
+    TrainedModel m = load_trained_model(src_, sets_, launch ? launch->take_world() : nullptr);
     std::unique_ptr<tok::Tokenizer> tk;  // the run's; none: bytes
     if (tokens_) {
       for (size_t k = 0; k < gen_.prompts.size(); ++k) gen_.prompt_ids.push_back(parse_token_ids(gen_.prompts[k], k + 1));

@@ -28,15 +28,21 @@ struct OutTensor {
 // The Hugging Face tensors, cut and transposed out of the logical ones.
 std::vector<OutTensor> hf_out(const TrainedModel& m, HfStyle style) {
   std::vector<OutTensor> out;
+  std::string staged_name;  // q, k and v (gate and up) cut from one fused tensor: staged once
+  ops::Tensor staged;
   for (const HfTensor& h : hf_tensors(m.model(), style)) {
-    const ops::Tensor& src = m.logical_tensor(h.source);
+    if (h.source != staged_name) {
+      staged = m.logical_tensor(h.source);  // the crossing "weights out"
+      staged_name = h.source;
+    }
+    const ops::Tensor& src = staged;
     const auto& s = src.shape();
     const int64_t rows = s[0], cols = s.size() > 1 ? src.numel() / rows : 1;
     const int64_t n = h.rows < 0 ? rows : h.rows;
     RUNNER_CHECK(h.row_begin + n <= rows, "hf tensor " + h.name + " outside " + h.source);
     OutTensor t;
     t.name = h.name;
-    const float* p = src.data<float>() + h.row_begin * cols;
+    const float* p = src.host_data<float>() + h.row_begin * cols;
     if (s.size() == 1) {
       t.shape = {n};
       t.data.assign(p, p + n);
@@ -56,10 +62,9 @@ std::vector<OutTensor> hf_out(const TrainedModel& m, HfStyle style) {
 
 std::vector<OutTensor> runner_out(const TrainedModel& m) {
   std::vector<OutTensor> out;
-  const ParamSet& ps = m.logical.params;
-  for (size_t i = 0; i < ps.names.size(); ++i) {
-    const ops::Tensor& v = ps.values[i];
-    out.push_back({ps.names[i], v.shape(), std::vector<float>(v.data<float>(), v.data<float>() + v.numel())});
+  for (const std::string& name : m.logical_names()) {
+    const ops::Tensor v = m.logical_tensor(name);  // staged out of the device
+    out.push_back({name, v.shape(), std::vector<float>(v.host_data<float>(), v.host_data<float>() + v.numel())});
   }
   return out;
 }

@@ -23,6 +23,7 @@
 #include "runner/checkpoint/state_shards.h"
 #include "runner/errors.h"
 #include "runner/model/layout.h"
+#include "runner/trained/trained_model.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -294,7 +295,7 @@ void place(const HfTensor& h, const StTensor& t, const std::string& name, ops::T
     throw UserError({t.file, 0, 0}, "tensor " + name + " is " + t.dtype + ", not a floating-point type the runner reads",
                     "save the model as F32, F16 or BF16");
   const std::vector<float> v = read_f32(t, n * cols);
-  float* out = dst.data<float>() + h.row_begin * cols;
+  float* out = dst.host_data<float>() + h.row_begin * cols;
   if (h.transpose && s.size() > 1) {
     for (int64_t r = 0; r < n; ++r)
       for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = v[static_cast<size_t>(c * n + r)];
@@ -435,7 +436,9 @@ ImportResult import_model(const std::string& source, const std::string& out_dir,
   whole.model = res.model;
   whole.T = std::min<int64_t>(res.model.seq_len, 8);  // the graph only names the parameters: a short one will do
   const ModelLayout layout(whole, {res.model.n_layers}, 1);
-  TrainState st = logical_template(layout, 0, 0, 1);
+  TrainState st = host_logical_template(layout, 0);  // host memory: a file-to-file conversion, no device
+  st.world_rank = 0;
+  st.world_size = 1;
   say(fmt::format("reading {} file(s) of {} ({} tensors)", files.size(), res.architecture, idx.size()));
   read_weights(res.model, style, idx, st, res, say);
   for (const ops::Tensor& t : st.params.values) res.parameters += t.numel();

@@ -86,11 +86,10 @@ const ops::Tensor& CachedDecoder::prefill(const std::vector<int32_t>& tokens, in
 const ops::Tensor& CachedDecoder::step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& pos) {
   RUNNER_CHECK(static_cast<int64_t>(tokens.size()) == B_ && static_cast<int64_t>(pos.size()) == B_,
                "decode step: one token and one position per row");
-  for (int64_t b = 0; b < B_; ++b) {
+  for (int64_t b = 0; b < B_; ++b)
     RUNNER_CHECK(pos[static_cast<size_t>(b)] >= 0 && pos[static_cast<size_t>(b)] < cache_->context(),
                  "decode step: a position outside the KV cache's context");
-    cache_->pos[static_cast<size_t>(b)] = pos[static_cast<size_t>(b)];
-  }
+  cache_->set_positions(pos);  // one crossing in: the embedding and the attention read them
   return m_.logits(*decode_ex_, *decode_g_, tokens.data());
 }
 

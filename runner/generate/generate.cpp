@@ -165,14 +165,23 @@ struct Rows {
   std::vector<TextStream> text;  // each row's completion decoded
 
   int64_t size() const { return static_cast<int64_t>(seq.size()); }
-  // Row i's next token from its logits row; false once every row is done.
-  bool choose(int64_t step, const std::function<const float*(int64_t)>& row_logits) {
+  // Every unfinished row's next token from its row of the logits `L` (row_of(i): the row of
+  // L that row i's next token is chosen from), sampled on the host: those rows, and only
+  // they, cross out of the device (logits_rows_to_host). False once every row is done.
+  bool choose(int64_t step, const ops::Tensor& L, const std::function<int64_t(int64_t)>& row_of) {
+    std::vector<int64_t> rows, at(seq.size(), -1);
+    for (int64_t i = 0; i < size(); ++i)
+      if (!done[static_cast<size_t>(i)]) {
+        at[static_cast<size_t>(i)] = static_cast<int64_t>(rows.size());
+        rows.push_back(row_of(i));
+      }
+    const std::vector<float> host = logits_rows_to_host(L, rows, V);
     bool any = false;
     for (int64_t i = 0; i < size(); ++i) {
       const size_t k = static_cast<size_t>(i);
       if (done[k]) continue;
       const float u = ops::rng_uniform(ops::rng_key(req.sampling.seed, static_cast<uint64_t>(i)), static_cast<uint64_t>(step));
-      const float* Lrow = row_logits(i);
+      const float* Lrow = host.data() + at[k] * V;
       if (req.on_logits) req.on_logits(k, Lrow, V);
       const int32_t t = sample_token(Lrow, V, req.sampling, u);
       seq[k].push_back(t);
@@ -207,10 +216,7 @@ void decode_cached(TrainedModel& m, Rows& rows, int64_t longest, GenerateStats& 
   std::vector<int32_t> tokens(static_cast<size_t>(B * Tp), '\n');
   for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * Tp);
   const ops::Tensor& L0 = dec.prefill(tokens, Tp);
-  const int64_t Vp0 = L0.shape().back();
-  bool any = rows.choose(0, [&](int64_t i) {
-    return L0.data<float>() + (i * Tp + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1) * Vp0;
-  });
+  bool any = rows.choose(0, L0, [&](int64_t i) { return i * Tp + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1; });
   st.prefill_tokens = B * Tp;
   st.prefill_s = seconds(t0, Clock::now());
   t0 = Clock::now();
@@ -220,9 +226,7 @@ void decode_cached(TrainedModel& m, Rows& rows, int64_t longest, GenerateStats& 
       last[k] = seq[k].back();
       pos[k] = static_cast<int32_t>(seq[k].size()) - 1;
     }
-    const ops::Tensor& L = dec.step(last, pos);
-    const int64_t Vp = L.shape().back();
-    any = rows.choose(step, [&](int64_t i) { return L.data<float>() + i * Vp; });
+    any = rows.choose(step, dec.step(last, pos), [](int64_t i) { return i; });
     st.decode_tokens += B;
   }
   st.decode_s = seconds(t0, Clock::now());
@@ -239,10 +243,8 @@ void decode_full(TrainedModel& m, Rows& rows, int64_t longest, GenerateStats& st
     const auto t0 = Clock::now();
     std::fill(tokens.begin(), tokens.end(), '\n');
     for (int64_t i = 0; i < B; ++i) std::copy(seq[i].begin(), seq[i].end(), tokens.begin() + i * T);
-    const ops::Tensor& L = full.logits(tokens.data());
-    const int64_t Vp = L.shape().back();
-    const bool any = rows.choose(step, [&](int64_t i) {
-      return L.data<float>() + (i * T + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1) * Vp;
+    const bool any = rows.choose(step, full.logits(tokens.data()), [&](int64_t i) {
+      return i * T + static_cast<int64_t>(seq[static_cast<size_t>(i)].size()) - 1;
     });
     (step == 0 ? st.prefill_s : st.decode_s) += seconds(t0, Clock::now());
     (step == 0 ? st.prefill_tokens : st.decode_tokens) += B * T;

@@ -1,5 +1,6 @@
 #include "runner/trained/trained_model.h"
 
+#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -9,22 +10,89 @@
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/run/run_dir.h"
 #include "runner/checkpoint/state_shards.h"
+#include "runner/device/device.h"
 #include "runner/errors.h"
 
 namespace fs = std::filesystem;
 
 namespace runner {
 
-const ops::Tensor& TrainedModel::logical_tensor(const std::string& name) const {
-  const int i = logical.params.index(name);
-  RUNNER_CHECK(i >= 0, "parameter " + name + " missing from the loaded model");
-  return logical.params.values[static_cast<size_t>(i)];
+TrainState host_logical_template(const ModelLayout& layout, int stage) {
+  TrainState t;
+  for (int k : layout.stage_params(stage)) {
+    const LogicalParam& p = layout.params()[static_cast<size_t>(k)];
+    t.params.names.push_back(p.name);
+    t.params.values.push_back(ops::Tensor::host(p.logical_shape, ops::DType::F32, ops::Account::Workspace));
+    t.params.decay.push_back(p.desc.decay);
+  }
+  return t;
 }
 
-TrainedModel load_trained_model(const std::string& src, ops::Backend& be, const std::vector<std::string>& overrides,
+namespace {
+
+// This rank's parameters (stage, tp_rank) cut out of the logical tensors read on the host,
+// each copied into the device once (the crossing "weights in"). Gradients are allocated as
+// the training graphs bind them, never written (generation runs no backward).
+ParamSet device_params(const ModelLayout& layout, int stage, int64_t tp_rank, const TrainState& logical) {
+  ParamSet ps;
+  const std::vector<int>& held = layout.stage_params(stage);
+  const std::vector<ops::TensorDesc> shards = layout.rank_params(stage, tp_rank);
+  RUNNER_CHECK(held.size() == shards.size(), "rank_params and stage_params disagree");
+  std::vector<float> host;
+  for (size_t k = 0; k < held.size(); ++k) {
+    const LogicalParam& p = layout.params()[static_cast<size_t>(held[k])];
+    const ops::TensorDesc& d = shards[k];
+    RUNNER_CHECK(d.dtype == ops::DType::F32, "generation lays the model out in fp32");
+    const int j = logical.params.index(p.name);
+    RUNNER_CHECK(j >= 0, "parameter " + p.name + " missing from the loaded checkpoint");
+    host.assign(static_cast<size_t>(ops::numel_of(d.shape)), 0.0f);
+    logical_to_shard(p, d, logical.params.values[static_cast<size_t>(j)].host_data<float>(), host.data());
+    ops::Tensor v(d.shape, d.dtype, ops::Account::Parameters, /*zero=*/false);
+    v.write_from_host(host.data());
+    ps.names.push_back(p.name);
+    ps.values.push_back(std::move(v));
+    ps.grads.emplace_back(d.shape, d.grad_dtype, ops::Account::Gradients, /*zero=*/false);
+    ps.decay.push_back(p.desc.decay);
+  }
+  return ps;
+}
+
+}  // namespace
+
+ops::Tensor TrainedModel::logical_tensor(const std::string& name) const {
+  RUNNER_CHECK(plan.tp == 1 && plan.pp == 1, "logical_tensor: the model is split over ranks (tp, pp): one rank holds part of it");
+  const ModelLayout& layout = *plan.layout;
+  const int k = layout.find(name), i = params.index(name);
+  RUNNER_CHECK(k >= 0 && i >= 0, "parameter " + name + " missing from the loaded model");
+  const LogicalParam& p = layout.params()[static_cast<size_t>(k)];
+  const ops::Tensor& v = params.values[static_cast<size_t>(i)];
+  std::vector<float> shard(static_cast<size_t>(v.numel()));
+  v.read_to_host(shard.data());  // the crossing "weights out" (waits for them)
+  ops::Tensor out = ops::Tensor::host(p.logical_shape, ops::DType::F32, ops::Account::Workspace);
+  shard_to_logical(p, p.shard(0), shard.data(), out.host_data<float>());
+  return out;
+}
+
+std::vector<float> logits_rows_to_host(const ops::Tensor& L, const std::vector<int64_t>& rows, int64_t V) {
+  const int64_t Vp = L.shape().back();
+  RUNNER_CHECK(L.dtype() == ops::DType::F32 && V <= Vp, "logits_rows_to_host: fp32 logits of at least V columns");
+  std::vector<float> out(rows.size() * static_cast<size_t>(V));
+  const size_t bytes = static_cast<size_t>(V) * sizeof(float);
+  const auto* base = static_cast<const char*>(L.raw());
+  ops::Backend* dev = L.device();
+  for (size_t r = 0; r < rows.size(); ++r) {
+    RUNNER_CHECK(rows[r] >= 0 && rows[r] * Vp < L.numel(), "logits_rows_to_host: a row outside the logits");
+    const char* src = base + static_cast<size_t>(rows[r] * Vp) * sizeof(float);
+    if (dev) dev->copy_out(out.data() + r * static_cast<size_t>(V), src, bytes);  // queued, one wait below
+    else std::memcpy(out.data() + r * static_cast<size_t>(V), src, bytes);
+  }
+  if (dev) dev->synchronize();
+  return out;
+}
+
+TrainedModel load_trained_model(const std::string& src, const std::vector<std::string>& overrides,
                                 std::unique_ptr<parallel::Communicator> world) {
   TrainedModel tm;
-  tm.backend = &be;
   Recipe recipe;
   if (fs::is_directory(src)) {
     ResumeRequest req = prepare_resume(src, overrides, -1, /*strict=*/false);
@@ -60,6 +128,10 @@ TrainedModel load_trained_model(const std::string& src, ops::Backend& be, const 
   recipe.batch.micro = 1;
   recipe.batch.accum = recipe.parallel.pp;  // the plan's pipeline rule (accum >= pp); generation does not use it
   tm.plan = make_plan(recipe, ranks);
+  // The device, once, after every check of the request and before the first tensor: from here
+  // on every tensor is allocated in its memory (runner/device/device.h).
+  tm.backend = &select_backend(tm.plan.recipe);
+  ops::set_tensor_device(tm.backend->host_memory() ? nullptr : tm.backend);  // a process may load several (tests)
   if (ranks > 1) {
     tm.grid = std::make_shared<parallel::Grid>(std::move(world),
                                                parallel::GridShape{static_cast<int>(tm.plan.dp), static_cast<int>(tm.plan.tp),
@@ -68,15 +140,10 @@ TrainedModel load_trained_model(const std::string& src, ops::Backend& be, const 
     tm.stage = tm.grid->coords().pp;
   }
   const ModelLayout& layout = *tm.plan.layout;
-  tm.logical = logical_template(layout, tm.stage, 0, 1);
-  load_checkpoint_file(tm.checkpoint, tm.logical, /*subset=*/true);
-  tm.step = tm.logical.step;
-  tm.logical.adam_m.clear();
-  tm.logical.adam_v.clear();
-  TrainState local;
-  local.params = init_params(layout.rank_params(tm.stage, tm.tp_rank), tm.model(), 0);
-  load_local_from_logical(layout, tm.stage, tm.tp_rank, tm.logical, local);
-  tm.params = std::move(local.params);
+  TrainState logical = host_logical_template(layout, tm.stage);  // host memory: read, cut, copied in, dropped
+  load_checkpoint_file(tm.checkpoint, logical, /*subset=*/true);
+  tm.step = logical.step;
+  tm.params = device_params(layout, tm.stage, tm.tp_rank, logical);
   return tm;
 }
 
@@ -88,16 +155,18 @@ void TrainedModel::bind(ops::Executor& ex, const ops::Graph& g) {
 const ops::Tensor& TrainedModel::full_vocab(const ops::Tensor& L) {
   if (!grid || plan.tp <= 1) return L;
   // L: (rows, Vp / tp), this rank's vocabulary columns. The gather stacks rank r's block at
-  // r * rows * Vs; the full row i is [rank 0's row i | rank 1's row i | ...].
+  // r * rows * Vs; the full row i is [rank 0's row i | rank 1's row i | ...]: device to device
+  // copies, queued (the gather's buffers are the device's, as every tensor of the model).
   const int64_t t = plan.tp, rows = L.shape().front(), Vs = L.shape().back(), n = rows * Vs;
-  std::vector<float> all(static_cast<size_t>(n * t));
-  grid->tp().allgather(L.data<float>(), all.data(), n);
+  if (tp_parts.numel() != n * t) tp_parts = ops::Tensor::empty({n * t}, ops::DType::F32, ops::Account::Workspace);
+  grid->tp().allgather(L.data<float>(), tp_parts.data<float>(), n);
   if (gathered.numel() != n * t || gathered.shape().front() != rows)
     gathered = ops::Tensor::empty({rows, Vs * t}, ops::DType::F32, ops::Account::Workspace);
   float* out = gathered.data<float>();
+  const float* all = tp_parts.data<float>();
   for (int64_t r = 0; r < t; ++r)
     for (int64_t i = 0; i < rows; ++i)
-      std::copy(all.begin() + r * n + i * Vs, all.begin() + r * n + (i + 1) * Vs, out + i * Vs * t + r * Vs);
+      backend->copy(out + i * Vs * t + r * Vs, all + r * n + i * Vs, static_cast<size_t>(Vs) * sizeof(float));
   return gathered;
 }
 
@@ -119,7 +188,7 @@ const ops::Tensor& TrainedModel::logits(ops::Executor& ex, const ops::Graph& g, 
   } else {
     const ops::Tensor& L = full_vocab(ex.forward_logits(tokens, in.empty() ? nullptr : in.data()));
     RUNNER_CHECK(L.numel() == rows * Vp, "pipeline generation: the last stage's logits are not rows x padded vocabulary");
-    std::copy(L.data<float>(), L.data<float>() + rows * Vp, pp_logits.data<float>());
+    pp_logits.copy_from(L);  // on the device
   }
   G.pp().broadcast(pp_logits.raw(), static_cast<size_t>(rows * Vp) * sizeof(float), static_cast<int>(plan.pp) - 1);
   return pp_logits;
@@ -140,12 +209,9 @@ FullForward::FullForward(TrainedModel& m, int64_t B, int64_t T)
 std::vector<float> full_forward_logits(TrainedModel& m, const std::vector<int32_t>& tokens, int64_t B, int64_t T) {
   RUNNER_CHECK(static_cast<int64_t>(tokens.size()) == B * T, "full_forward_logits: tokens are not B x T");
   FullForward f(m, B, T);
-  const ops::Tensor& L = f.logits(tokens.data());
-  const int64_t Vp = L.shape().back(), V = m.model().vocab_size;
-  std::vector<float> out(static_cast<size_t>(B * T * V));
-  const float* p = L.data<float>();
-  for (int64_t r = 0; r < B * T; ++r) std::copy(p + r * Vp, p + r * Vp + V, out.begin() + r * V);
-  return out;
+  std::vector<int64_t> rows(static_cast<size_t>(B * T));
+  for (int64_t r = 0; r < B * T; ++r) rows[static_cast<size_t>(r)] = r;
+  return logits_rows_to_host(f.logits(tokens.data()), rows, m.model().vocab_size);
 }
 
 }  // namespace runner

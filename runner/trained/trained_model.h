@@ -8,6 +8,13 @@
 // of a 16-bit run). Whatever layout trained it, the logical tensors are the same, so every
 // layout's checkpoint loads here. Nothing below builds a second model: logits come from the
 // model builder's graph run by the executor, as in training.
+//
+// The model runs on the device the stored recipe names (hardware.device, after --set; chosen
+// once by runner/device/ select_backend, as `runner train` does): its weights live in that
+// device's memory and host code reaches them only through named crossings (docs/invariants.md,
+// invariant 7): the checkpoint's tensors are read into host memory and copied in once per
+// parameter; generation's logits come out row by row (logits_rows_to_host); export stages each
+// weight out (logical_tensor). On the CPU every crossing is a plain copy of the same bits.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -16,6 +23,7 @@
 
 #include "ops/executor.h"
 #include "parallel/grid.h"
+#include "runner/model/layout.h"
 #include "runner/model/model.h"
 #include "runner/plan/plan.h"
 #include "runner/state.h"
@@ -31,8 +39,9 @@ struct TrainedModel {
   ops::Backend* backend = nullptr;
   int64_t step = 0;
   Plan plan;               // the one-rank fp32 plan of the stored recipe
-  TrainState logical;      // the logical tensors (checkpoint shapes, fp32), no moments
-  ParamSet params;         // the same values in this rank's graph's shapes (vocabulary padding zero)
+  // The checkpoint's values in this rank's graph's shapes (vocabulary padding zero), in the
+  // backend's memory (its device's), in ModelLayout::stage_params order.
+  ParamSet params;
   // Under mpirun (several ranks): the grid of the recipe's tensor-parallel layout (dp = world /
   // tp replicas); null on one process. This rank holds tensor-parallel shard tp_rank of
   // pipeline stage `stage`.
@@ -58,17 +67,34 @@ struct TrainedModel {
   // the next call.
   const ops::Tensor& logits(ops::Executor& ex, const ops::Graph& g, const int32_t* tokens);
   ops::Tensor pp_logits;  // logits()'s buffer under pp
-  // The logical tensor `name` (a parameter of the layout's table).
-  const ops::Tensor& logical_tensor(const std::string& name) const;
+  ops::Tensor tp_parts;   // full_vocab's gather buffer under tp
+  // The logical tensor `name` (a parameter of the layout's table) staged out of the device into
+  // host memory: the checkpoint's values, bit for bit. One rank holding the whole model only
+  // (tp = pp = 1, as `runner export` loads it).
+  ops::Tensor logical_tensor(const std::string& name) const;
+  // The parameters' names in checkpoint order (the logical tensors logical_tensor stages out).
+  const std::vector<std::string>& logical_names() const { return params.names; }
 };
 
-// Throws UserError (not a run directory or checkpoint, none verifies). Its graphs run on `be`.
+// The named crossing of generation's logits: rows `rows` of `L` (rows x padded vocabulary,
+// fp32, in the backend's memory), their first `V` columns, copied out into host memory
+// (rows.size() x V, row-major) and waited for. Only the rows a token is chosen from cross.
+std::vector<float> logits_rows_to_host(const ops::Tensor& L, const std::vector<int64_t>& rows, int64_t V);
+
+// What a rank of pipeline stage `stage` reads of a checkpoint: its parameters under their
+// logical names and shapes, in host memory whatever the run's device (checkpoint::
+// logical_template's tensors, allocated on the host: `runner generate`, `export` and `import`
+// read and write them there).
+TrainState host_logical_template(const ModelLayout& layout, int stage);
+
+// Throws UserError (not a run directory or checkpoint, none verifies, a GPU device kind on a
+// machine without one: the stored recipe's hardware.device chooses the backend, as train's
+// does; --set hardware.device=cpu runs it on the CPU) before anything is allocated.
 // `overrides` (`--set key=value`) change fields of the stored recipe (e.g. inference.batch).
 // `world` (mpirun, several ranks): lay the model out as the recipe's tensor-parallel layout over
 // them (make_plan with the world size, as training does; sequence parallelism off, dp = world
 // / tp replicas, the recipe's pipeline stages). Null or one rank: one rank.
-TrainedModel load_trained_model(const std::string& run_dir_or_checkpoint, ops::Backend& be,
-                                const std::vector<std::string>& overrides = {},
+TrainedModel load_trained_model(const std::string& run_dir_or_checkpoint, const std::vector<std::string>& overrides = {},
                                 std::unique_ptr<parallel::Communicator> world = nullptr);
 
 // The model builder's graph for B sequences of T tokens, bound to `m`'s weights, and its
