@@ -10,6 +10,7 @@
 #include "ops/cpu/attention.h"
 #include "ops/cpu/small_gemm.h"
 #include "ops/kv_cache.h"
+#include "ops/strict/strict_backend.h"
 #include "tests/gradcheck.h"
 
 using namespace gc;
@@ -295,6 +296,40 @@ TEST_CASE("attention: null dqkv is a no-op") {
   Vec out(dout.size()), lse(static_cast<size_t>(B) * NH * T);
   be().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, {});
   be().attention_backward(nullptr, dout.data(), qkv.data(), lse.data(), B, T, C, NH, {});
+}
+
+// The strict device's wrappers (ops/strict): the new signature end to end on device memory,
+// grouped-query with its workspace and dropout: out, lse and dqkv bit-identical to the CPU's.
+TEST_CASE("attention on the strict device: out, lse and dqkv bit-identical to the CPU backend's") {
+  ops::Backend& sd = ops::strict::strict_backend();
+  const int B = 2, T = 37, C = 32, NH = 4, HS = C / NH;
+  const ops::Heads hd = ops::Heads::grouped(NH, 2);
+  const int W = C + 2 * hd.kv * HS;
+  const ops::DropoutSpec drop{0.2f, 4242, 7};
+  const Vec qkv = randn(static_cast<size_t>(B) * T * W, 71), dout = randn(static_cast<size_t>(B) * T * C, 72);
+  const size_t nwork = static_cast<size_t>(ops::Backend::attention_backward_work(B, T, C, hd));
+  Vec out(dout.size()), lse(static_cast<size_t>(B) * NH * T), dqkv(qkv.size(), 0.0f), work(nwork);
+  be().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, hd, drop);
+  be().attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C, hd, drop, work.data());
+  auto dev = [&](size_t n) { return static_cast<float*>(sd.mem_alloc(n * sizeof(float))); };
+  float *dq = dev(qkv.size()), *ddo = dev(dout.size()), *dout_ = dev(out.size()), *dl = dev(lse.size()),
+        *ddq = dev(qkv.size()), *dw = dev(nwork);
+  sd.copy_in(dq, qkv.data(), qkv.size() * sizeof(float));
+  sd.copy_in(ddo, dout.data(), dout.size() * sizeof(float));
+  sd.mem_zero(ddq, qkv.size() * sizeof(float));
+  sd.attention_forward(dout_, dl, dq, B, T, C, hd, drop);
+  sd.attention_backward(ddq, ddo, dq, dl, B, T, C, hd, drop, dw);
+  Vec o2(out.size()), l2(lse.size()), g2(qkv.size());
+  sd.copy_out(o2.data(), dout_, o2.size() * sizeof(float));
+  sd.copy_out(l2.data(), dl, l2.size() * sizeof(float));
+  sd.copy_out(g2.data(), ddq, g2.size() * sizeof(float));
+  sd.synchronize();
+  CHECK(o2 == out);
+  CHECK(l2 == lse);
+  CHECK(g2 == dqkv);
+  for (auto [p, n] : {std::pair{dq, qkv.size()}, {ddo, dout.size()}, {dout_, out.size()}, {dl, lse.size()},
+                      {ddq, qkv.size()}, {dw, nwork}})
+    sd.mem_free(p, n * sizeof(float));
 }
 
 TEST_CASE("rope: forward and backward against double reference") {
