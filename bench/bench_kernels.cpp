@@ -1,7 +1,7 @@
 // Kernel benchmark for the CPU backend: GEMM throughput at the shapes a GPT step runs (fp32
 // sgemm, and the two 16-bit paths of ops/gemm_path.h at GPT-2 124M's shapes), attention
 // forward/backward, and the pointwise kernels, at the current OpenMP thread count. Run as
-//   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE build/bench_kernels [--quick]
+//   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE build/bench_kernels [--quick] [--attention]
 // Each number is the best of several repetitions (the minimum is the least noisy
 // estimate on a shared machine), after one warm-up call.
 #include <cblas.h>
@@ -22,6 +22,8 @@
 #include "ops/cpu/dnnl_gemm.h"
 #include "ops/gemm_path.h"
 #include "ops/rng.h"
+
+#define ATTN_SAVED(T) (static_cast<size_t>(T))
 
 namespace {
 
@@ -155,34 +157,36 @@ void bench_gemm16(ops::Backend& be, ops::DType t) {
               p.of(t).summary().c_str());
 }
 
-void bench_attention(ops::Backend& be) {
-  const int B = 8, T = 256, C = 384, NH = 6, HS = C / NH;
+// Attention forward/backward at one shape, for each block-row size. `saved` floats per
+// (b, h) of what the forward keeps for the backward (T*T probabilities before issue 26, T
+// log-sum-exps after).
+void bench_attention(ops::Backend& be, int B, int T, int C, int NH, std::initializer_list<int> blocks) {
+  const int HS = C / NH;
   std::printf("\n== attention B=%d T=%d C=%d NH=%d (causal) ==\n", B, T, C, NH);
   const auto qkv = randn(static_cast<size_t>(B) * T * 3 * C, 5, 0.5f), dout = randn(static_cast<size_t>(B) * T * C, 6);
-  std::vector<float> out(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T * T),
+  std::vector<float> out(static_cast<size_t>(B) * T * C), saved(static_cast<size_t>(B) * NH * ATTN_SAVED(T)),
       dqkv(qkv.size());
   // Useful (causal) flops: QK^T and PV over the lower triangle forward; four such products backward.
   const double tri = static_cast<double>(T) * (T + 1) / 2;
   const double fwd_flops = 2.0 * 2 * B * NH * tri * HS, bwd_flops = 2.0 * fwd_flops;
-  const int saved = ops::cpu::attention_block_rows();
-  std::printf("%-12s %10s %10s %10s %10s %12s\n", "block rows", "fwd ms", "bwd ms", "fwd p=0.1", "bwd p=0.1",
-              "fwd GFLOP/s");
-  for (int block : {32, 64, 128, 256}) {
+  const int rows = ops::cpu::attention_block_rows();
+  std::printf("%-12s %10s %10s %10s %10s %12s %12s\n", "block rows", "fwd ms", "bwd ms", "fwd p=0.1", "bwd p=0.1",
+              "fwd GFLOP/s", "f+b GFLOP/s");
+  for (int block : blocks) {
     ops::cpu::set_attention_block_rows(block);
-    const double tf = best_time([&] { be.attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, {}); });
+    const double tf = best_time([&] { be.attention_forward(out.data(), saved.data(), qkv.data(), B, T, C, NH, {}); });
     const double tb = best_time([&] {
-      be.attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, NH, {});
+      be.attention_backward(dqkv.data(), dout.data(), qkv.data(), saved.data(), B, T, C, NH, {});
     });
     const ops::DropoutSpec drop{0.1f, 42};
-    const double tfd = best_time([&] { be.attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, drop); });
+    const double tfd = best_time([&] { be.attention_forward(out.data(), saved.data(), qkv.data(), B, T, C, NH, drop); });
     const double tbd = best_time([&] {
-      be.attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, NH, drop);
+      be.attention_backward(dqkv.data(), dout.data(), qkv.data(), saved.data(), B, T, C, NH, drop);
     });
-    std::printf("%-12d %10.3f %10.3f %10.3f %10.3f %12.1f\n", block, tf * 1e3, tb * 1e3, tfd * 1e3, tbd * 1e3,
-                fwd_flops / tf * 1e-9);
+    std::printf("%-12d %10.3f %10.3f %10.3f %10.3f %12.1f %12.1f\n", block, tf * 1e3, tb * 1e3, tfd * 1e3, tbd * 1e3,
+                fwd_flops / tf * 1e-9, (fwd_flops + bwd_flops) / (tf + tb) * 1e-9);
   }
-  ops::cpu::set_attention_block_rows(saved);
-  (void)bwd_flops;
+  ops::cpu::set_attention_block_rows(rows);
 }
 
 void bench_pointwise(ops::Backend& be) {
@@ -255,15 +259,23 @@ void bench_pointwise(ops::Backend& be) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; i++)
+  bool attention_only = false;
+  for (int i = 1; i < argc; i++) {
     if (std::strcmp(argv[i], "--quick") == 0) g_reps = 2;
+    if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;
+  }
   ops::Backend& be = ops::cpu_backend();
   std::printf("backend %s, OpenMP threads %d, OpenBLAS threads %d, %s\n", be.name(), ops::num_threads(),
               openblas_get_num_threads(), openblas_get_config());
-  bench_gemm(be);
-  bench_gemm16(be, ops::DType::BF16);
-  bench_gemm16(be, ops::DType::F16);
-  bench_attention(be);
-  bench_pointwise(be);
+  if (!attention_only) {
+    bench_gemm(be);
+    bench_gemm16(be, ops::DType::BF16);
+    bench_gemm16(be, ops::DType::F16);
+  }
+  bench_attention(be, 8, 256, 384, 6, {32, 64, 128, 256});
+  // GPT-2 small's heads (C 768, 12 heads of 64) at T = 256 and 1024.
+  bench_attention(be, 4, 256, 768, 12, {64});
+  bench_attention(be, 1, 1024, 768, 12, {64});
+  if (!attention_only) bench_pointwise(be);
   return 0;
 }

@@ -223,16 +223,24 @@ class Backend {
   // Causal self-attention over packed qkv (B,T,W) = [q | k | v] per token, W = (NH + 2 NKV) HS,
   // C = NH*HS; query head h owns channels [h*HS, (h+1)*HS) of q and reads key-value head
   // j = heads.kv_of(h), channels [j*HS, (j+1)*HS) of k and of v. Scores scaled by 1/sqrt(HS).
-  // out: (B,T,C) overwritten. probs: (B,NH,T,T) softmax output (before dropout), saved for
-  // backward; entries above the diagonal are written as 0. Dropout on probs uses drop.key with
-  // counter = offset + ((b*NH + h)*T + t)*T + s, and is regenerated in backward, never stored.
-  virtual void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, Heads heads,
+  // Neither call keeps the (T,T) probabilities (issue 26: flash-style, Dao et al. 2022): the
+  // forward computes them block by block and saves one number per query row, the backward
+  // recomputes the scores by blocks from q and k.
+  // out: (B,T,C) overwritten. lse: (B,NH,T) fp32 overwritten, the natural log-sum-exp of row t's
+  // scaled causal scores, lse[t] = log(sum_{s<=t} exp(score[t][s])), so that the probabilities
+  // (before dropout) are P[t][s] = exp(score[t][s] - lse[t]). Dropout on P uses drop.key with
+  // counter = offset + ((b*NH + h)*T + t)*T + s (heads_total/head_start: the global head, see
+  // DropoutSpec), drawn in the forward and regenerated in the backward, never stored.
+  virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, Heads heads,
                                  DropoutSpec drop) = 0;
-  // dqkv: (B,T,W) +=. dout: (B,T,C). The gradient of a key-value head sums over the query
-  // heads that read it. `work`: (B,NH,T,2HS) floats when heads.group > 1 (a backend that sums
-  // the group otherwise, e.g. with atomics, may ignore it; attention_backward_work says how
-  // much); null otherwise.
-  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B,
+  // dqkv: (B,T,W) +=. dout: (B,T,C). lse: the forward's, with the same qkv and drop. A backend
+  // may use lse to recompute P = exp(score - lse) (the GPU's) or recompute the row statistics
+  // exactly as its forward did (the CPU's, so that its probabilities, and so its gradients, are
+  // bit-identical to those of a kernel that stored them). The gradient of a key-value head
+  // sums over the query heads that read it. `work`: (B,NH,T,2HS) floats when heads.group > 1 (a
+  // backend that sums the group otherwise, e.g. with atomics, may ignore it;
+  // attention_backward_work says how much); null otherwise.
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B,
                                   int T, int C, Heads heads, DropoutSpec drop, float* work = nullptr) = 0;
   // Floats of attention_backward's `work` (the same on every backend, so that the plan's
   // dry run and every device count the same workspace).

@@ -1,7 +1,8 @@
 // Attention's operators: rotary position embedding and causal self-attention (ops/ops.h).
 //
 // Rope       in: qkv (B*T, W).  out: (B*T, W), q and k rotated, v copied.
-// Attention  in: qkv (B*T, W).  out: y (B*T, C'), probs (B, NH', T, T) saved for backward.
+// Attention  in: qkv (B*T, W).  out: y (B*T, C'), lse (B, NH', T) fp32 saved for backward
+//            (flash-style: the (T, T) probabilities are never kept; ops/backend.h).
 // W = C' + 2 NKV' HS: the query heads, then the key-value heads (grouped-query attention,
 // ops/backend.h, Heads). C' = C/tp and NH' = NH/tp under tensor parallelism: a rank holds
 // whole query heads [head_start, head_start + NH'), and either its share of the key-value
@@ -39,17 +40,20 @@ void backward(OpContext& c) {
 
 namespace attention {
 
-// qkv, probs (a decode graph's attention has no probs and no backward)
+// qkv, lse (a decode graph's attention has no lse and no backward)
 std::vector<int> saves(const Node& n) {
   if (n.out.size() < 2) return {n.in[0]};
   return {n.in[0], n.out[1]};
 }
 
-// Counters of the logical head in the whole model (ops/backend.h, DropoutSpec).
+// Counters of the logical head in the whole model (ops/backend.h, DropoutSpec): a sample's
+// mask elements are the whole model's probabilities, heads_total * T * T (lse's shape is
+// (B, NH', T): its last dimension is T).
 DropoutSpec drop(const OpContext& c) {
   const Node& n = c.n;
   const int total = n.heads_total > 0 ? n.heads_total : n.heads;
-  DropoutSpec d = c.dropout(numel_of(c.out_desc(1).shape) / c.g.B / n.heads * total);
+  const int64_t T = c.out_desc(1).shape.back();
+  DropoutSpec d = c.dropout(T * T * total);
   d.heads_total = total;
   d.head_start = n.head_start;
   return d;

@@ -10,6 +10,7 @@
 #include "ops/cpu/attention.h"
 #include "ops/cpu/small_gemm.h"
 #include "ops/kv_cache.h"
+#include "ops/strict/strict_backend.h"
 #include "tests/gradcheck.h"
 
 using namespace gc;
@@ -31,12 +32,15 @@ double keep_scale(const ops::DropoutSpec& d, uint64_t counter) {
 }
 
 // out (B,T,C) from qkv (B,T,3C): softmax(q k^T / sqrt(HS)) causal, dropout on the
-// probabilities with counter offset + ((b*NH + h)*T + t)*T + s, times v. probs: (B,NH,T,T) pre-dropout.
-DVec ref_attention(const DVec& qkv, int B, int T, int C, int NH, ops::DropoutSpec drop, DVec* probs = nullptr) {
+// probabilities with counter offset + ((b*NH + h)*T + t)*T + s, times v. probs: (B,NH,T,T)
+// pre-dropout; lse: (B,NH,T) each row's log(sum_s exp(score)).
+DVec ref_attention(const DVec& qkv, int B, int T, int C, int NH, ops::DropoutSpec drop, DVec* probs = nullptr,
+                   DVec* lse = nullptr) {
   const int HS = C / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(HS));
   DVec out(static_cast<size_t>(B) * T * C, 0.0);
   if (probs) probs->assign(static_cast<size_t>(B) * NH * T * T, 0.0);
+  if (lse) lse->assign(static_cast<size_t>(B) * NH * T, 0.0);
   DVec p(T);
   auto at = [&](int b, int t, int part, int h, int i) {
     return qkv[(static_cast<size_t>(b) * T + t) * 3 * C + part * C + h * HS + i];
@@ -54,6 +58,7 @@ DVec ref_attention(const DVec& qkv, int B, int T, int C, int NH, ops::DropoutSpe
         double sum = 0;
         for (int s = 0; s <= t; s++) sum += (p[s] = std::exp(p[s] - mx));
         const uint64_t row = ((static_cast<uint64_t>(b) * NH + h) * T + t) * T;
+        if (lse) (*lse)[row / T] = mx + std::log(sum);
         for (int s = 0; s <= t; s++) {
           p[s] /= sum;
           if (probs) (*probs)[row + s] = p[s];
@@ -90,17 +95,17 @@ OpCase attention_case(const AttnShape& s) {
   c.ref_forward = [=](const std::vector<DVec>& a) { return ref_attention(a[0], B, T, C, NH, drop); };
   c.forward = [=](const std::vector<Vec>& a) {
     BlockRows br(block);
-    Vec out(static_cast<size_t>(B) * T * C, 9.0f), probs(static_cast<size_t>(B) * NH * T * T, 9.0f);
-    be().attention_forward(out.data(), probs.data(), a[0].data(), B, T, C, NH, drop);
+    Vec out(static_cast<size_t>(B) * T * C, 9.0f), lse(static_cast<size_t>(B) * NH * T, 9.0f);
+    be().attention_forward(out.data(), lse.data(), a[0].data(), B, T, C, NH, drop);
     return out;
   };
   // With p > 0 the backward must regenerate exactly the forward's mask, or it disagrees with
   // the finite differences of the reference (which uses the forward's mask).
   c.backward = [=](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
     BlockRows br(block);
-    Vec out(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T * T);
-    be().attention_forward(out.data(), probs.data(), a[0].data(), B, T, C, NH, drop);
-    be().attention_backward(g[0], dout.data(), a[0].data(), probs.data(), B, T, C, NH, drop);
+    Vec out(static_cast<size_t>(B) * T * C), lse(static_cast<size_t>(B) * NH * T);
+    be().attention_forward(out.data(), lse.data(), a[0].data(), B, T, C, NH, drop);
+    be().attention_backward(g[0], dout.data(), a[0].data(), lse.data(), B, T, C, NH, drop);
   };
   c.max_coords = 250;
   return c;
@@ -156,19 +161,25 @@ TEST_CASE("attention: forward and backward against double reference (with and wi
   for (const AttnShape& s : kAttn) run_case(attention_case(s));
 }
 
-TEST_CASE("attention: saved probabilities are the pre-dropout softmax, zero above the diagonal") {
+TEST_CASE("attention: the saved log-sum-exp is each row's, and no (T,T) buffer is written") {
+  // lse[t] = log(sum_{s<=t} exp(score[t][s])) of the scaled causal scores (pre-dropout), so
+  // that exp(score - lse) are the probabilities. Its error is fp32 rounding of the scores
+  // (|score| <~ 4 here, HS = 6 products) and of one log: 1e-5 absolute has two orders of margin.
   const int B = 2, T = 19, C = 12, NH = 2;
   BlockRows br(5);
   const Vec qkv = randn(static_cast<size_t>(B) * T * 3 * C, 11);
-  Vec out(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T * T, 7.0f);
+  const size_t nl = static_cast<size_t>(B) * NH * T;
+  Vec out(static_cast<size_t>(B) * T * C), lse(nl + 64, 7.0f);  // 64 guard floats past (B,NH,T)
   const ops::DropoutSpec drop{0.4f, 99};
-  be().attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, drop);
-  DVec rp;
-  ref_attention(to_double(qkv), B, T, C, NH, drop, &rp);
-  CHECK(rel_err(probs, rp) < 1e-5);
-  for (int bh = 0; bh < B * NH; bh++)
-    for (int t = 0; t < T; t++)
-      for (int s = t + 1; s < T; s++) REQUIRE(probs[(static_cast<size_t>(bh) * T + t) * T + s] == 0.0f);
+  be().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, drop);
+  DVec rl;
+  ref_attention(to_double(qkv), B, T, C, NH, drop, nullptr, &rl);
+  double worst = 0;
+  for (size_t i = 0; i < nl; i++) worst = std::max(worst, std::fabs(lse[i] - rl[i]));
+  CHECK(worst < 1e-5);
+  for (size_t i = nl; i < lse.size(); i++) REQUIRE(lse[i] == 7.0f);  // exactly (B,NH,T) written
+  // Row 0 has one key: its lse is its score, q0.k0 / sqrt(HS).
+  CHECK(lse[0] == doctest::Approx(rl[0]).epsilon(1e-6));
 }
 
 TEST_CASE("attention: GPT-sized shape (B=2, T=256, C=384, NH=6) against double reference") {
@@ -187,8 +198,8 @@ TEST_CASE("attention: causal mask — future tokens do not change earlier output
     for (float p : {0.0f, 0.2f}) {
       const ops::DropoutSpec drop{p, 321};
       Vec qkv = randn(static_cast<size_t>(B) * T * 3 * C, 12);
-      Vec out1(static_cast<size_t>(B) * T * C), out2(out1.size()), probs(static_cast<size_t>(B) * NH * T * T);
-      be().attention_forward(out1.data(), probs.data(), qkv.data(), B, T, C, NH, drop);
+      Vec out1(static_cast<size_t>(B) * T * C), out2(out1.size()), lse(static_cast<size_t>(B) * NH * T);
+      be().attention_forward(out1.data(), lse.data(), qkv.data(), B, T, C, NH, drop);
       const Vec other = randn(qkv.size(), 13, 5.0f);
       for (int b = 0; b < B; b++)
         for (int t = t0 + 1; t < T; t++)
@@ -196,7 +207,7 @@ TEST_CASE("attention: causal mask — future tokens do not change earlier output
             const size_t k = (static_cast<size_t>(b) * T + t) * 3 * C + i;
             qkv[k] = other[k];
           }
-      be().attention_forward(out2.data(), probs.data(), qkv.data(), B, T, C, NH, drop);
+      be().attention_forward(out2.data(), lse.data(), qkv.data(), B, T, C, NH, drop);
       for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
           const float* a = &out1[(static_cast<size_t>(b) * T + t) * C];
@@ -220,32 +231,37 @@ TEST_CASE("attention: dropout determinism, counter convention and keep fraction"
     for (int t = 0; t < T; t++)
       for (int h = 0; h < NH; h++)
         for (int i = 0; i < HS; i++) qkv[(static_cast<size_t>(b) * T + t) * 3 * C + 2 * C + h * HS + i] = i == t;
-  const size_t nout = static_cast<size_t>(B) * T * C, nprob = static_cast<size_t>(B) * NH * T * T;
-  Vec a(nout), b2(nout), c2(nout), d(nout), e(nout), probs(nprob);
-  be().attention_forward(a.data(), probs.data(), qkv.data(), B, T, C, NH, {p, 1000});
-  be().attention_forward(b2.data(), probs.data(), qkv.data(), B, T, C, NH, {p, 1000});
-  be().attention_forward(c2.data(), probs.data(), qkv.data(), B, T, C, NH, {p, 1001});
+  const size_t nout = static_cast<size_t>(B) * T * C, nlse = static_cast<size_t>(B) * NH * T;
+  Vec a(nout), b2(nout), c2(nout), d(nout), e(nout), lse(nlse);
+  be().attention_forward(a.data(), lse.data(), qkv.data(), B, T, C, NH, {p, 1000});
+  be().attention_forward(b2.data(), lse.data(), qkv.data(), B, T, C, NH, {p, 1000});
+  be().attention_forward(c2.data(), lse.data(), qkv.data(), B, T, C, NH, {p, 1001});
   CHECK(a == b2);  // same key: bit-identical
   CHECK(a != c2);  // another key: another mask
   // p = 0 ignores the key and equals no dropout.
-  be().attention_forward(d.data(), probs.data(), qkv.data(), B, T, C, NH, {0.0f, 1000});
-  be().attention_forward(e.data(), probs.data(), qkv.data(), B, T, C, NH, {0.0f, 0});
+  be().attention_forward(d.data(), lse.data(), qkv.data(), B, T, C, NH, {0.0f, 1000});
+  be().attention_forward(e.data(), lse.data(), qkv.data(), B, T, C, NH, {0.0f, 0});
   CHECK(d == e);
-  // The mask is rng_uniform(key, ((b*NH + h)*T + t)*T + s) >= p, the documented counter.
-  be().attention_forward(a.data(), probs.data(), qkv.data(), B, T, C, NH, {p, 1000});
+  // The mask is rng_uniform(key, ((b*NH + h)*T + t)*T + s) >= p, the documented counter. The
+  // probabilities are the double reference's (the kernel keeps none): a kept entry is P/(1-p)
+  // within fp32 rounding (1e-5 relative), a dropped one exactly 0 (v is one-hot, so the other
+  // products are exact zeros).
+  be().attention_forward(a.data(), lse.data(), qkv.data(), B, T, C, NH, {p, 1000});
+  DVec ref_probs;
+  ref_attention(to_double(qkv), B, T, C, NH, {}, &ref_probs);
   int64_t kept = 0, total = 0, mismatches = 0;
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++)
       for (int t = 0; t < T; t++)
         for (int s = 0; s <= t; s++) {
           const uint64_t ctr = ((static_cast<uint64_t>(b) * NH + h) * T + t) * T + s;
-          const float P = probs[ctr];
+          const double P = ref_probs[ctr];
           const float pd = a[(static_cast<size_t>(b) * T + t) * C + h * HS + s];
           const bool keep = ops::rng_uniform(1000, ctr) >= p;
           total++;
           kept += keep;
-          const float want = keep ? P / (1.0f - p) : 0.0f;
-          mismatches += std::fabs(pd - want) > 1e-6f * std::max(1.0f, std::fabs(want));
+          const double want = keep ? P / (1.0 - p) : 0.0;
+          mismatches += keep ? std::fabs(pd - want) > 1e-5 * want : pd != 0.0f;
         }
   CHECK(mismatches == 0);
   // Binomial(total ~ 16640, 0.7): std of the fraction ~ 3.6e-3; allow 5 sigma.
@@ -258,16 +274,18 @@ TEST_CASE("attention: a micro-batch at its offset reproduces its rows of the ful
   const int B = 3, T = 21, C = 24, NH = 3;
   const ops::DropoutSpec drop{0.3f, 777, 5};
   const size_t nq = static_cast<size_t>(T) * 3 * C, no = static_cast<size_t>(T) * C, np = static_cast<size_t>(NH) * T * T;
+  const size_t nl = static_cast<size_t>(NH) * T;
   const Vec qkv = randn(B * nq, 40), dout = randn(B * no, 41);
-  Vec out(B * no), probs(B * np), dqkv(B * nq, 0.0f);
-  be().attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, drop);
-  be().attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, NH, drop);
+  Vec out(B * no), lse(B * nl), dqkv(B * nq, 0.0f);
+  be().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, drop);
+  be().attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C, NH, drop);
   for (int b = 0; b < B; b++) {
     const ops::DropoutSpec d1{drop.p, drop.key, drop.offset + static_cast<uint64_t>(b) * np};
-    Vec o1(no), p1(np), g1(nq, 0.0f);
+    Vec o1(no), p1(nl), g1(nq, 0.0f);
     be().attention_forward(o1.data(), p1.data(), qkv.data() + b * nq, 1, T, C, NH, d1);
     be().attention_backward(g1.data(), dout.data() + b * no, qkv.data() + b * nq, p1.data(), 1, T, C, NH, d1);
     CHECK(std::equal(o1.begin(), o1.end(), out.begin() + b * no));
+    CHECK(std::equal(p1.begin(), p1.end(), lse.begin() + b * nl));
     CHECK(std::equal(g1.begin(), g1.end(), dqkv.begin() + b * nq));
   }
 }
@@ -275,9 +293,43 @@ TEST_CASE("attention: a micro-batch at its offset reproduces its rows of the ful
 TEST_CASE("attention: null dqkv is a no-op") {
   const int B = 1, T = 4, C = 8, NH = 2;
   const Vec qkv = randn(static_cast<size_t>(B) * T * 3 * C, 15), dout = randn(static_cast<size_t>(B) * T * C, 16);
-  Vec out(dout.size()), probs(static_cast<size_t>(B) * NH * T * T);
-  be().attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, {});
-  be().attention_backward(nullptr, dout.data(), qkv.data(), probs.data(), B, T, C, NH, {});
+  Vec out(dout.size()), lse(static_cast<size_t>(B) * NH * T);
+  be().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, {});
+  be().attention_backward(nullptr, dout.data(), qkv.data(), lse.data(), B, T, C, NH, {});
+}
+
+// The strict device's wrappers (ops/strict): the new signature end to end on device memory,
+// grouped-query with its workspace and dropout: out, lse and dqkv bit-identical to the CPU's.
+TEST_CASE("attention on the strict device: out, lse and dqkv bit-identical to the CPU backend's") {
+  ops::Backend& sd = ops::strict::strict_backend();
+  const int B = 2, T = 37, C = 32, NH = 4, HS = C / NH;
+  const ops::Heads hd = ops::Heads::grouped(NH, 2);
+  const int W = C + 2 * hd.kv * HS;
+  const ops::DropoutSpec drop{0.2f, 4242, 7};
+  const Vec qkv = randn(static_cast<size_t>(B) * T * W, 71), dout = randn(static_cast<size_t>(B) * T * C, 72);
+  const size_t nwork = static_cast<size_t>(ops::Backend::attention_backward_work(B, T, C, hd));
+  Vec out(dout.size()), lse(static_cast<size_t>(B) * NH * T), dqkv(qkv.size(), 0.0f), work(nwork);
+  be().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, hd, drop);
+  be().attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C, hd, drop, work.data());
+  auto dev = [&](size_t n) { return static_cast<float*>(sd.mem_alloc(n * sizeof(float))); };
+  float *dq = dev(qkv.size()), *ddo = dev(dout.size()), *dout_ = dev(out.size()), *dl = dev(lse.size()),
+        *ddq = dev(qkv.size()), *dw = dev(nwork);
+  sd.copy_in(dq, qkv.data(), qkv.size() * sizeof(float));
+  sd.copy_in(ddo, dout.data(), dout.size() * sizeof(float));
+  sd.mem_zero(ddq, qkv.size() * sizeof(float));
+  sd.attention_forward(dout_, dl, dq, B, T, C, hd, drop);
+  sd.attention_backward(ddq, ddo, dq, dl, B, T, C, hd, drop, dw);
+  Vec o2(out.size()), l2(lse.size()), g2(qkv.size());
+  sd.copy_out(o2.data(), dout_, o2.size() * sizeof(float));
+  sd.copy_out(l2.data(), dl, l2.size() * sizeof(float));
+  sd.copy_out(g2.data(), ddq, g2.size() * sizeof(float));
+  sd.synchronize();
+  CHECK(o2 == out);
+  CHECK(l2 == lse);
+  CHECK(g2 == dqkv);
+  for (auto [p, n] : {std::pair{dq, qkv.size()}, {ddo, dout.size()}, {dout_, out.size()}, {dl, lse.size()},
+                      {ddq, qkv.size()}, {dw, nwork}})
+    sd.mem_free(p, n * sizeof(float));
 }
 
 TEST_CASE("rope: forward and backward against double reference") {
@@ -349,8 +401,8 @@ TEST_CASE("attention_decode: cached rows at their own positions equal the full a
     const Vec raw = randn(static_cast<size_t>(B) * T * 3 * C, 41);
     Vec qkv = raw;
     if (theta > 0) be().rope_forward(qkv.data(), raw.data(), B, T, C, NH, theta);
-    Vec full(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T * T);
-    be().attention_forward(full.data(), probs.data(), qkv.data(), B, T, C, NH, {});
+    Vec full(static_cast<size_t>(B) * T * C), lse(static_cast<size_t>(B) * NH * T);
+    be().attention_forward(full.data(), lse.data(), qkv.data(), B, T, C, NH, {});
     ops::KvCache cache(0, 1, B, T, C, NH, ops::DType::F32);
     const int P = 3;  // prefill positions [0, P) of both rows (the roped qkv, as the graph stores it)
     Vec pre(static_cast<size_t>(B) * P * 3 * C);
@@ -377,8 +429,8 @@ TEST_CASE("attention_decode: cached rows at their own positions equal the full a
 TEST_CASE("attention_decode: 16-bit and int8 caches read back within their formats' rounding") {
   const int B = 1, T = 6, C = 16, NH = 2;
   const Vec qkv = randn(static_cast<size_t>(B) * T * 3 * C, 43);
-  Vec full(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T * T);
-  be().attention_forward(full.data(), probs.data(), qkv.data(), B, T, C, NH, {});
+  Vec full(static_cast<size_t>(B) * T * C), lse(static_cast<size_t>(B) * NH * T);
+  be().attention_forward(full.data(), lse.data(), qkv.data(), B, T, C, NH, {});
   // Output error of one query over 6 positions of unit-variance K and V, per format (measured
   // 1.6e-3 bf16, 3.9e-4 fp16, 4.7e-3 int8): bounds about 5x that.
   const std::vector<std::pair<ops::DType, double>> formats = {

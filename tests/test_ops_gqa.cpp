@@ -66,11 +66,11 @@ DVec ref_gqa(const DVec& qkv, int B, int T, int C, Heads hd, ops::DropoutSpec dr
 void run_gqa(Vec& out, Vec& dqkv, const Vec& qkv, const Vec* dout, int B, int T, int C, Heads hd,
              ops::DropoutSpec drop) {
   out.assign(static_cast<size_t>(B) * T * C, 9.0f);
-  Vec probs(static_cast<size_t>(B) * hd.q * T * T, 9.0f);
-  be().attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, hd, drop);
+  Vec lse(static_cast<size_t>(B) * hd.q * T, 9.0f);
+  be().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, hd, drop);
   if (!dout) return;
   Vec work(static_cast<size_t>(ops::Backend::attention_backward_work(B, T, C, hd)), 7.0f);
-  be().attention_backward(dqkv.data(), dout->data(), qkv.data(), probs.data(), B, T, C, hd, drop,
+  be().attention_backward(dqkv.data(), dout->data(), qkv.data(), lse.data(), B, T, C, hd, drop,
                           work.empty() ? nullptr : work.data());
 }
 
@@ -106,10 +106,10 @@ OpCase gqa_case(const GqaShape& s) {
     return out;
   };
   c.backward = [=](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
-    Vec out(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * hd.q * T * T);
-    be().attention_forward(out.data(), probs.data(), a[0].data(), B, T, C, hd, drop);
+    Vec out(static_cast<size_t>(B) * T * C), lse(static_cast<size_t>(B) * hd.q * T);
+    be().attention_forward(out.data(), lse.data(), a[0].data(), B, T, C, hd, drop);
     Vec work(static_cast<size_t>(ops::Backend::attention_backward_work(B, T, C, hd)));
-    be().attention_backward(g[0], dout.data(), a[0].data(), probs.data(), B, T, C, hd, drop,
+    be().attention_backward(g[0], dout.data(), a[0].data(), lse.data(), B, T, C, hd, drop,
                             work.empty() ? nullptr : work.data());
   };
   c.max_coords = 250;

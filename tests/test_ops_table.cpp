@@ -137,7 +137,7 @@ std::vector<Case> cases() {
                    .done());
   for (float p : {0.0f, 0.25f})
     cs.push_back(Case(p > 0 ? "attention (dropout)" : "attention", OpKind::Attention)
-                     .x({kN, 3 * C}).out("y", {kN, C}).out("probs", {kB, NH, kT, kT})
+                     .x({kN, 3 * C}).out("y", {kN, C}).out("lse", {kB, NH, kT})
                      .with([p](ops::Node& n) { n.heads = NH; n.dropout = p; n.site = 3; })
                      .done());
   // Grouped-query attention: 4 query heads of size 2 over 2 key-value heads (group 2) and
@@ -149,7 +149,7 @@ std::vector<Case> cases() {
                      .with([kv](ops::Node& n) { n.heads = 4; n.kv_heads = kv; n.kv_group = 4 / kv; n.theta = 10000.0f; })
                      .done());
     cs.push_back(Case("attention (grouped-query, " + std::to_string(kv) + " kv, dropout)", OpKind::Attention)
-                     .x({kN, W}).out("y", {kN, C}).out("probs", {kB, NQ, kT, kT})
+                     .x({kN, W}).out("y", {kN, C}).out("lse", {kB, NQ, kT})
                      .with([kv](ops::Node& n) { n.heads = 4; n.kv_heads = kv; n.kv_group = 4 / kv; n.dropout = 0.25f; n.site = 3; })
                      .done());
   }

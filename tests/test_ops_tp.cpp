@@ -242,7 +242,7 @@ TEST_CASE("attention: head shards (heads_total, head_start) reproduce the full m
   for (uint64_t offset : {uint64_t{0}, uint64_t{3} * NH * T * T}) {
     CAPTURE(offset);
     ops::DropoutSpec drop{0.3f, key, offset};
-    Vec out(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T * T);
+    Vec out(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T);  // the lse
     Vec dqkv(qkv.size(), 0.0f);
     be().attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, drop);
     be().attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, NH, drop);
@@ -269,7 +269,7 @@ TEST_CASE("attention: head shards (heads_total, head_start) reproduce the full m
       Vec dO(static_cast<size_t>(B) * T * Cs);
       for (size_t bt = 0; bt < static_cast<size_t>(B) * T; bt++)
         std::copy_n(dout.begin() + bt * C + h0 * HS, Cs, dO.begin() + bt * Cs);
-      Vec o(dO.size()), p(static_cast<size_t>(B) * nh * T * T), dq(q.size(), 0.0f);
+      Vec o(dO.size()), p(static_cast<size_t>(B) * nh * T), dq(q.size(), 0.0f);
       be().attention_forward(o.data(), p.data(), q.data(), B, T, Cs, nh, ds);
       be().attention_backward(dq.data(), dO.data(), q.data(), p.data(), B, T, Cs, nh, ds);
       for (size_t bt = 0; bt < static_cast<size_t>(B) * T; bt++) {
@@ -278,8 +278,8 @@ TEST_CASE("attention: head shards (heads_total, head_start) reproduce the full m
           std::copy_n(dq.begin() + bt * 3 * Cs + part * Cs, Cs, dqkv_s.begin() + bt * 3 * C + part * C + h0 * HS);
       }
       for (int b = 0; b < B; b++)
-        std::copy_n(p.begin() + static_cast<size_t>(b) * nh * T * T, static_cast<size_t>(nh) * T * T,
-                    probs_s.begin() + (static_cast<size_t>(b) * NH + h0) * T * T);
+        std::copy_n(p.begin() + static_cast<size_t>(b) * nh * T, static_cast<size_t>(nh) * T,
+                    probs_s.begin() + (static_cast<size_t>(b) * NH + h0) * T);
     }
     REQUIRE(out_s == out);
     REQUIRE(probs_s == probs);
@@ -289,7 +289,7 @@ TEST_CASE("attention: head shards (heads_total, head_start) reproduce the full m
     {
       ops::DropoutSpec wrong = drop;  // heads_total = 0: counters of a 2-head model
       const Vec q = shard_qkv(qkv, B, T, C, HS, 2, nh);
-      Vec o(static_cast<size_t>(B) * T * Cs), p(static_cast<size_t>(B) * nh * T * T);
+      Vec o(static_cast<size_t>(B) * T * Cs), p(static_cast<size_t>(B) * nh * T);
       be().attention_forward(o.data(), p.data(), q.data(), B, T, Cs, nh, wrong);
       bool differs = false;
       for (size_t bt = 0; bt < static_cast<size_t>(B) * T && !differs; bt++)

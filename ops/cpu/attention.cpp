@@ -3,8 +3,9 @@
 // heads.kv_of(h); qkv rows are [q: NH*HS | k: NKV*HS | v: NKV*HS].
 //
 // Forward (per head, scale = 1/sqrt(HS), Vaswani et al. 2017 eq. 1):
-//   S = scale Q K^T;  P = softmax_rows(S) (causal);  Pd = P * M / (1-p);  O = Pd V
-// Backward (M is the dropout keep mask, regenerated from the counter RNG with the forward's
+//   S = scale Q K^T;  P = softmax_rows(S) (causal);  Pd = P * M / (1-p);  O = Pd V;
+//   lse = rowmax(S) + log(rowsum(exp(S - rowmax)))  (saved: one float per query row)
+// Backward (S and P recomputed by blocks; M is the dropout keep mask, regenerated from the counter RNG with the forward's
 // counters offset + ((b*NH + h)*T + t)*T + s; under tensor parallelism the head index is the
 // global one, b*heads_total + head_start + h, so a head shard draws the unsharded model's mask):
 //   dV += Pd^T dO;  dPd = dO V^T;  dP = dPd * M / (1-p);
@@ -12,6 +13,16 @@
 //   dQ += scale dS K;  dK += scale dS^T Q.
 //
 // Design:
+// - The (T, T) probabilities are never stored (issue 26, flash-style: Dao et al. 2022,
+//   "FlashAttention"). Both passes work on one block of query rows at a time, in per-thread
+//   scratch of (block rows) x T floats: the forward computes the block's scores, softmax and
+//   output, saves each row's log-sum-exp and drops the block; the backward recomputes the
+//   block's scores with the same product and its softmax with the same instructions, so its
+//   probabilities are bit-identical to the forward's (and to those this kernel used to store).
+//   A block takes all of its keys at once (keys are not split into blocks with an online
+//   softmax rescaling the output, as on a GPU whose shared memory holds a few key tiles): at
+//   64 rows, the block's scores are 64 x T floats (256 KiB at T = 1024), which the caches of
+//   a CPU hold, and the row's statistics then come out exactly as the unblocked softmax's.
 // - Causality is exploited by blocking the query rows: rows [r0, r1) attend to keys
 //   [0, r1) only, so a block's scores are (r1-r0) x r1, not (r1-r0) x T; only the diagonal
 //   block computes (and then discards) masked entries.
@@ -56,7 +67,7 @@ inline int round16(int n) { return (n + 15) & ~15; }
 // Per-thread scratch, grown on demand and kept for the life of the (persistent) OpenMP
 // worker thread, so steady-state training allocates nothing here.
 struct Scratch {
-  std::vector<float> buf[10];
+  std::vector<float> buf[12];
 };
 thread_local Scratch t_scratch;
 float* grow(int slot, size_t n) {
@@ -100,8 +111,9 @@ OPS_INLINE void dropout_factors(float* keep, int n, uint64_t key, uint64_t count
 }
 
 // One row of the causal softmax. In: scores row[0, n16) (valid for s < n, n16 = round16(n)).
-// Out: row[s] = exp(score - max) for s < n, 0 for n <= s < n16; returns 1 / sum.
-OPS_INLINE float softmax_row_exp(float* row, int n, int n16) {
+// Out: row[s] = exp(score - max) for s < n, 0 for n <= s < n16; returns 1 / sum, and the
+// row's log-sum-exp, max + log(sum), in *lse when given.
+OPS_INLINE float softmax_row_exp(float* row, int n, int n16, float* lse = nullptr) {
   const vf16 ninf = splat16(-std::numeric_limits<float>::infinity());
   vf16 vmx = ninf;
   for (int s0 = 0; s0 < n16; s0 += 16) {
@@ -116,7 +128,9 @@ OPS_INLINE float softmax_row_exp(float* row, int n, int n16) {
     store16(row + s0, e);
     vsum += e;
   }
-  return 1.0f / hsum16(vsum);
+  const float sum = hsum16(vsum);
+  if (lse) *lse = mx + std::log(sum);
+  return 1.0f / sum;
 }
 
 // dS = P * (dP - rowsum(dP * P)) on one row of nv entries (a multiple of 16 or the row end T),
@@ -134,10 +148,29 @@ OPS_INLINE void softmax_row_backward(float* ds, const float* p, int n, int nv) {
   for (int s = s0; s < nv; s++) ds[s] = s < n ? p[s] * (ds[s] - dot) : 0.0f;
 }
 
+// Scores of query rows [r0, r1) against keys [0, r1) into S (m, np), np = round16(r1), and
+// their softmax in place: S[t - r0][s] = P[t][s] for s <= t, 0 beyond (to np). The forward
+// and the backward both call this, so the backward's P is bit-identical to the forward's.
+// q: the (T, HS) query view with row stride ldq; KT: the (HS, Tp) packed K^T. lse: row
+// r0's entry of the head's (T) log-sum-exps to write, or null.
+void softmax_block(float* S, float* lse, const float* q, int64_t ldq, const float* KT, int Tp, int HS, int r0, int r1,
+                   float scale) {
+  const int m = r1 - r0, np = round16(r1);
+  small_gemm(m, np, HS, scale, q + static_cast<int64_t>(r0) * ldq, ldq, 1, KT, Tp, S, np, false);
+  for (int t = r0; t < r1; t++) {
+    float* srow = S + static_cast<size_t>(t - r0) * np;
+    const int n = t + 1, n16 = round16(n);
+    const float inv = softmax_row_exp(srow, n, n16, lse ? lse + (t - r0) : nullptr);
+#pragma omp simd
+    for (int s = 0; s < n16; s++) srow[s] *= inv;  // P (0 beyond t)
+    for (int s = n16; s < np; s++) srow[s] = 0.0f;
+  }
+}
+
 // Forward of one (b, h). q, k, v: (T, HS) views with row stride W (the qkv row); o: (T, HS)
-// view with row stride C; P: (T, T) contiguous. ctr0 = head_counter0(...) is the dropout
-// counter of (t=0, s=0).
-void forward_head(float* o, float* P, const float* q, const float* k, const float* v, int T, int C, int W, int HS,
+// view with row stride C; lse: (T) this head's log-sum-exps. ctr0 = head_counter0(...) is the
+// dropout counter of (t=0, s=0).
+void forward_head(float* o, float* lse, const float* q, const float* k, const float* v, int T, int C, int W, int HS,
                   DropoutSpec drop, uint64_t ctr0) {
   const int C3 = W, HSp = round16(HS), Tp = round16(T), BQ = g_block_rows, MB = std::min(BQ, T);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -145,118 +178,34 @@ void forward_head(float* o, float* P, const float* q, const float* k, const floa
   const float kscale = dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
   float* KT = grow(0, static_cast<size_t>(HS) * Tp);   // (HS, Tp) K^T
   float* Vp = grow(1, static_cast<size_t>(T) * HSp);   // (T, HSp) V
-  float* S = grow(2, static_cast<size_t>(MB) * Tp);    // (m, np)  scores (if not in P), or Pd
+  float* S = grow(2, static_cast<size_t>(MB) * Tp);    // (m, np)  the block's P, then Pd
   float* Ob = grow(3, static_cast<size_t>(MB) * HSp);  // (m, HSp) output rows
   float* keep = grow(4, static_cast<size_t>(Tp));
   pack_transposed(KT, k, C3, T, HS, Tp);
   pack_rows(Vp, v, C3, T, HS, HSp);
   for (int r0 = 0; r0 < T; r0 += BQ) {
     const int r1 = std::min(T, r0 + BQ), m = r1 - r0, np = round16(r1);
-    // S = scale Q[r0:r1] K[0:r1]^T                                   (m, np)
-    // computed straight into the probs rows when the padded width fits in them (it does
-    // not only for the last block when T is not a multiple of 16).
-    const bool direct = np <= T;
-    float* Sb = direct ? P + static_cast<size_t>(r0) * T : S;
-    const int lds = direct ? T : np;
-    small_gemm(m, np, HS, scale, q + static_cast<int64_t>(r0) * C3, C3, 1, KT, Tp, Sb, lds, false);
-    for (int t = r0; t < r1; t++) {
-      float* srow = Sb + static_cast<size_t>(t - r0) * lds;
-      float* prow = P + static_cast<size_t>(t) * T;
-      const int n = t + 1, n16 = round16(n), nv = std::min(n16, T);
-      const float inv = softmax_row_exp(srow, n, n16);
-#pragma omp simd
-      for (int s = 0; s < n16; s++) srow[s] *= inv;  // P (0 beyond t)
-      if (nv < T) std::memset(prow + nv, 0, sizeof(float) * (T - nv));  // (zeroes srow's tail when direct)
-      if (!direct) {
-        std::memcpy(prow, srow, sizeof(float) * nv);
-        for (int s = n16; s < np; s++) srow[s] = 0.0f;
-      }
-      if (dropout) {
+    // P[r0:r1, 0:r1] = softmax(scale Q[r0:r1] K[0:r1]^T)                 (m, np)
+    softmax_block(S, lse + r0, q, C3, KT, Tp, HS, r0, r1, scale);
+    if (dropout) {
+      for (int t = r0; t < r1; t++) {
         float* pd = S + static_cast<size_t>(t - r0) * np;
+        const int n16 = round16(t + 1);
         dropout_factors(keep, n16, drop.key, ctr0 + static_cast<uint64_t>(t) * T, drop.p, kscale);
 #pragma omp simd
-        for (int s = 0; s < n16; s++) pd[s] = srow[s] * keep[s];  // Pd
-        for (int s = n16; s < np; s++) pd[s] = 0.0f;
+        for (int s = 0; s < n16; s++) pd[s] *= keep[s];  // Pd (0 beyond t, and to np)
       }
     }
     // O[r0:r1] = Pd[r0:r1, 0:r1] V[0:r1]                              (m, HSp)
-    const float* A = dropout ? S : Sb;
-    const int lda = dropout ? np : lds;
-    small_gemm(m, HSp, r1, 1.0f, A, lda, 1, Vp, HSp, Ob, HSp, false);
+    small_gemm(m, HSp, r1, 1.0f, S, np, 1, Vp, HSp, Ob, HSp, false);
     for (int t = r0; t < r1; t++)
       std::memcpy(o + static_cast<int64_t>(t) * C, Ob + static_cast<size_t>(t - r0) * HSp, sizeof(float) * HS);
   }
 }
 
-// Backward of one (b, h). dq, dk, dv: views into dqkv (row stride W = ldkv), or dk, dv into
-// a group's workspace (row stride ldkv = 2HS, written, not added); dO: view into dout (row
-// stride C), q, k, v: views into qkv (row stride W), P: (T, T) saved probabilities.
-void backward_head(float* dq, float* dk, float* dv, int ldkv, bool add_kv, const float* dO, const float* q,
-                   const float* k, const float* v, const float* P, int T, int C, int W, int HS, DropoutSpec drop,
-                   uint64_t ctr0) {
-  const int C3 = W, HSp = round16(HS), Tp = round16(T), BQ = g_block_rows;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  const bool dropout = drop.p > 0.0f;
-  const float kscale = dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
-  const size_t panel = static_cast<size_t>(T) * HSp;
-  float* VT = grow(0, static_cast<size_t>(HS) * Tp);  // (HS, Tp) V^T
-  float* Kp = grow(1, panel);                          // (T, HSp) K
-  float* Qp = grow(2, panel);                          // (T, HSp) Q
-  float* dOp = grow(3, panel);                         // (T, HSp) dO
-  float* dQp = grow(4, panel);                         // (T, HSp) dQ, dK, dV for this head, added to dqkv at the end
-                                                       // (dQ rows are written once, by their own block)
-  float* dKp = grow(5, panel);
-  float* dVp = grow(6, panel);
-  float* dS = grow(7, static_cast<size_t>(std::min(BQ, T)) * Tp);  // (m, np) dPd, then dS
-  float* Pd = grow(8, static_cast<size_t>(std::min(BQ, T)) * Tp);  // (m, np) P * M / (1-p)
-  float* Mk = grow(9, static_cast<size_t>(std::min(BQ, T)) * Tp);  // (m, np) M / (1-p)
-  pack_transposed(VT, v, C3, T, HS, Tp);
-  pack_rows(Kp, k, C3, T, HS, HSp);
-  pack_rows(Qp, q, C3, T, HS, HSp);
-  pack_rows(dOp, dO, C, T, HS, HSp);
-  std::memset(dKp, 0, sizeof(float) * panel);
-  std::memset(dVp, 0, sizeof(float) * panel);
-  for (int r0 = 0; r0 < T; r0 += BQ) {
-    const int r1 = std::min(T, r0 + BQ), m = r1 - r0, np = round16(r1);
-    // A = Pd[r0:r1, 0:r1] as (m, r1): the saved probabilities, or P * M / (1-p).
-    const float* A = P + static_cast<size_t>(r0) * T;
-    int64_t lda = T;
-    if (dropout) {
-      for (int t = r0; t < r1; t++) {
-        const int n16 = round16(t + 1), nv = std::min(n16, T);
-        float* mk = Mk + static_cast<size_t>(t - r0) * np;
-        float* pd = Pd + static_cast<size_t>(t - r0) * np;
-        const float* p = P + static_cast<size_t>(t) * T;
-        dropout_factors(mk, n16, drop.key, ctr0 + static_cast<uint64_t>(t) * T, drop.p, kscale);
-#pragma omp simd
-        for (int s = 0; s < nv; s++) pd[s] = p[s] * mk[s];  // P is 0 beyond t
-        for (int s = nv; s < np; s++) pd[s] = 0.0f;
-      }
-      A = Pd;
-      lda = np;
-    }
-    // dV[0:r1] += Pd[r0:r1, 0:r1]^T dO[r0:r1]                        (r1, HSp)
-    small_gemm(r1, HSp, m, 1.0f, A, 1, lda, dOp + static_cast<size_t>(r0) * HSp, HSp, dVp, HSp, true);
-    // dPd[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T                           (m, np)
-    small_gemm(m, np, HS, 1.0f, dO + static_cast<int64_t>(r0) * C, C, 1, VT, Tp, dS, np, false);
-    // dS = P * (dP - rowsum(dP * P)), dP = dPd * M / (1-p); 0 beyond the diagonal.
-    for (int t = r0; t < r1; t++) {
-      float* ds = dS + static_cast<size_t>(t - r0) * np;
-      const float* p = P + static_cast<size_t>(t) * T;
-      const int n = t + 1, nv = std::min(round16(n), T);
-      if (dropout) {
-        const float* mk = Mk + static_cast<size_t>(t - r0) * np;
-#pragma omp simd
-        for (int s = 0; s < nv; s++) ds[s] *= mk[s];
-      }
-      softmax_row_backward(ds, p, n, nv);
-      for (int s = nv; s < np; s++) ds[s] = 0.0f;
-    }
-    // dQ[r0:r1] += scale dS K[0:r1]                                    (m, HSp)
-    small_gemm(m, HSp, r1, scale, dS, np, 1, Kp, HSp, dQp + static_cast<size_t>(r0) * HSp, HSp, false);
-    // dK[0:r1] += scale dS^T Q[r0:r1]                                  (r1, HSp)
-    small_gemm(r1, HSp, m, scale, dS, 1, np, Qp + static_cast<size_t>(r0) * HSp, HSp, dKp, HSp, true);
-  }
+// dq += this head's dQ; dk, dv += (add_kv) or = its dK, dV (see backward_head).
+void add_head_gradients(float* dq, float* dk, float* dv, int ldkv, bool add_kv, const float* dQp, const float* dKp,
+                        const float* dVp, int T, int C3, int HS, int HSp) {
   for (int t = 0; t < T; t++) {
     const size_t src = static_cast<size_t>(t) * HSp;
     const int64_t dst = static_cast<int64_t>(t) * C3, kdst = static_cast<int64_t>(t) * ldkv;
@@ -273,6 +222,80 @@ void backward_head(float* dq, float* dk, float* dv, int ldkv, bool add_kv, const
       std::memcpy(dv + kdst, dVp + src, sizeof(float) * HS);
     }
   }
+}
+
+// Backward of one (b, h). dq, dk, dv: views into dqkv (row stride W = ldkv), or dk, dv into
+// a group's workspace (row stride ldkv = 2HS, written, not added); dO: view into dout (row
+// stride C), q, k, v: views into qkv (row stride W). P is recomputed block by block
+// (softmax_block), as the forward computed it.
+void backward_head(float* dq, float* dk, float* dv, int ldkv, bool add_kv, const float* dO, const float* q,
+                   const float* k, const float* v, int T, int C, int W, int HS, DropoutSpec drop, uint64_t ctr0) {
+  const int C3 = W, HSp = round16(HS), Tp = round16(T), BQ = g_block_rows, MB = std::min(BQ, T);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  const bool dropout = drop.p > 0.0f;
+  const float kscale = dropout ? 1.0f / (1.0f - drop.p) : 1.0f;
+  const size_t panel = static_cast<size_t>(T) * HSp;
+  float* VT = grow(0, static_cast<size_t>(HS) * Tp);  // (HS, Tp) V^T
+  float* Kp = grow(1, panel);                          // (T, HSp) K
+  float* Qp = grow(2, panel);                          // (T, HSp) Q
+  float* dOp = grow(3, panel);                         // (T, HSp) dO
+  float* dQp = grow(4, panel);                         // (T, HSp) dQ, dK, dV for this head, added to dqkv at the end
+                                                       // (dQ rows are written once, by their own block)
+  float* dKp = grow(5, panel);
+  float* dVp = grow(6, panel);
+  float* dS = grow(7, static_cast<size_t>(MB) * Tp);   // (m, np) dPd, then dS
+  float* Pd = grow(8, static_cast<size_t>(MB) * Tp);   // (m, np) P * M / (1-p)
+  float* Mk = grow(9, static_cast<size_t>(MB) * Tp);   // (m, np) M / (1-p)
+  float* KT = grow(10, static_cast<size_t>(HS) * Tp);  // (HS, Tp) K^T, for the scores
+  float* Pb = grow(11, static_cast<size_t>(MB) * Tp);  // (m, np) the block's P, recomputed
+  pack_transposed(VT, v, C3, T, HS, Tp);
+  pack_transposed(KT, k, C3, T, HS, Tp);
+  pack_rows(Kp, k, C3, T, HS, HSp);
+  pack_rows(Qp, q, C3, T, HS, HSp);
+  pack_rows(dOp, dO, C, T, HS, HSp);
+  std::memset(dKp, 0, sizeof(float) * panel);
+  std::memset(dVp, 0, sizeof(float) * panel);
+  for (int r0 = 0; r0 < T; r0 += BQ) {
+    const int r1 = std::min(T, r0 + BQ), m = r1 - r0, np = round16(r1);
+    softmax_block(Pb, nullptr, q, C3, KT, Tp, HS, r0, r1, scale);  // P[r0:r1, 0:r1] (m, np)
+    // A = Pd[r0:r1, 0:r1] as (m, r1): P, or P * M / (1-p).
+    const float* A = Pb;
+    if (dropout) {
+      for (int t = r0; t < r1; t++) {
+        const int n16 = round16(t + 1), nv = std::min(n16, T);
+        float* mk = Mk + static_cast<size_t>(t - r0) * np;
+        float* pd = Pd + static_cast<size_t>(t - r0) * np;
+        const float* p = Pb + static_cast<size_t>(t - r0) * np;
+        dropout_factors(mk, n16, drop.key, ctr0 + static_cast<uint64_t>(t) * T, drop.p, kscale);
+#pragma omp simd
+        for (int s = 0; s < nv; s++) pd[s] = p[s] * mk[s];  // P is 0 beyond t
+        for (int s = nv; s < np; s++) pd[s] = 0.0f;
+      }
+      A = Pd;
+    }
+    // dV[0:r1] += Pd[r0:r1, 0:r1]^T dO[r0:r1]                        (r1, HSp)
+    small_gemm(r1, HSp, m, 1.0f, A, 1, np, dOp + static_cast<size_t>(r0) * HSp, HSp, dVp, HSp, true);
+    // dPd[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T                           (m, np)
+    small_gemm(m, np, HS, 1.0f, dO + static_cast<int64_t>(r0) * C, C, 1, VT, Tp, dS, np, false);
+    // dS = P * (dP - rowsum(dP * P)), dP = dPd * M / (1-p); 0 beyond the diagonal.
+    for (int t = r0; t < r1; t++) {
+      float* ds = dS + static_cast<size_t>(t - r0) * np;
+      const float* p = Pb + static_cast<size_t>(t - r0) * np;
+      const int n = t + 1, nv = std::min(round16(n), T);
+      if (dropout) {
+        const float* mk = Mk + static_cast<size_t>(t - r0) * np;
+#pragma omp simd
+        for (int s = 0; s < nv; s++) ds[s] *= mk[s];
+      }
+      softmax_row_backward(ds, p, n, nv);
+      for (int s = nv; s < np; s++) ds[s] = 0.0f;
+    }
+    // dQ[r0:r1] += scale dS K[0:r1]                                    (m, HSp)
+    small_gemm(m, HSp, r1, scale, dS, np, 1, Kp, HSp, dQp + static_cast<size_t>(r0) * HSp, HSp, false);
+    // dK[0:r1] += scale dS^T Q[r0:r1]                                  (r1, HSp)
+    small_gemm(r1, HSp, m, scale, dS, 1, np, Qp + static_cast<size_t>(r0) * HSp, HSp, dKp, HSp, true);
+  }
+  add_head_gradients(dq, dk, dv, ldkv, add_kv, dQp, dKp, dVp, T, C3, HS, HSp);
 }
 
 void check_shapes(int B, int T, int C, Heads hd, DropoutSpec drop) {
@@ -302,8 +325,8 @@ uint64_t head_counter0(const DropoutSpec& drop, int b, int h, int T, int NH) {
 int attention_block_rows() { return g_block_rows; }
 void set_attention_block_rows(int rows) { g_block_rows = rows > 0 ? rows : 64; }
 
-// out: (B,T,C), probs: (B,NH,T,T), qkv: (B,T,W), W = C + 2 NKV HS
-void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, Heads hd, DropoutSpec drop) {
+// out: (B,T,C), lse: (B,NH,T), qkv: (B,T,W), W = C + 2 NKV HS
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, Heads hd, DropoutSpec drop) {
   check_shapes(B, T, C, hd, drop);
   const int NH = hd.q, HS = C / NH, W = C + 2 * hd.kv * HS, BH = B * NH;
   const bool par = BH > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
@@ -313,8 +336,7 @@ void attention_forward(float* out, float* probs, const float* qkv, int B, int T,
     const float* row = qkv + static_cast<size_t>(b) * T * W;
     const float* k = row + C + static_cast<size_t>(hd.kv_of(h)) * HS;
     float* o = out + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
-    float* P = probs + static_cast<size_t>(bh) * T * T;
-    forward_head(o, P, row + static_cast<size_t>(h) * HS, k, k + hd.kv * HS, T, C, W, HS, drop,
+    forward_head(o, lse + static_cast<size_t>(bh) * T, row + static_cast<size_t>(h) * HS, k, k + hd.kv * HS, T, C, W, HS, drop,
                  head_counter0(drop, b, h, T, NH));
   }
 }
@@ -341,9 +363,10 @@ void sum_group(float* dqkv, const float* work, int b, int j, int T, int C, int W
 }
 }  // namespace
 
-// dqkv: (B,T,W) +=, dout: (B,T,C), qkv: (B,T,W), probs: (B,NH,T,T); work (B,NH,T,2HS) when
-// hd.group > 1
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C,
+// dqkv: (B,T,W) +=, dout: (B,T,C), qkv: (B,T,W); work (B,NH,T,2HS) when hd.group > 1. lse
+// (B,NH,T), the forward's, is not read: the CPU recomputes each row's statistics exactly as
+// its forward did (ops/backend.h).
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* /*lse*/, int B, int T, int C,
                         Heads hd, DropoutSpec drop, float* work) {
   if (!dqkv) return;
   check_shapes(B, T, C, hd, drop);
@@ -357,12 +380,11 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     const size_t qoff = static_cast<size_t>(b) * T * W + static_cast<size_t>(h) * HS;
     const size_t koff = static_cast<size_t>(b) * T * W + C + static_cast<size_t>(hd.kv_of(h)) * HS;
     const float* dO = dout + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
-    const float* P = probs + static_cast<size_t>(bh) * T * T;
     const uint64_t ctr0 = head_counter0(drop, b, h, T, NH);
     float* dk = grouped ? work + static_cast<size_t>(bh) * T * 2 * HS : dqkv + koff;
     float* dv = grouped ? dk + HS : dk + hd.kv * HS;
     backward_head(dqkv + qoff, dk, dv, grouped ? 2 * HS : W, !grouped, dO, qkv + qoff, qkv + koff,
-                  qkv + koff + static_cast<size_t>(hd.kv) * HS, P, T, C, W, HS, drop, ctr0);
+                  qkv + koff + static_cast<size_t>(hd.kv) * HS, T, C, W, HS, drop, ctr0);
   }
   if (!grouped) return;
   const int BK = B * hd.kv;

@@ -4,8 +4,8 @@
 
 namespace ops::cpu {
 
-void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, Heads heads, DropoutSpec drop);
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C,
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, Heads heads, DropoutSpec drop);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
                         Heads heads, DropoutSpec drop, float* work);
 
 // The KV cache (ops/backend.h, KvView): prefill's store of K and V, and one decode step's

@@ -667,13 +667,13 @@ class CpuBackend final : public Backend {
     rope_dispatch(dinp, dout, B, T, C, heads, theta, /*inverse=*/true);
   }
 
-  void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, Heads heads,
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, Heads heads,
                          DropoutSpec drop) override {
-    cpu::attention_forward(out, probs, qkv, B, T, C, heads, drop);
+    cpu::attention_forward(out, lse, qkv, B, T, C, heads, drop);
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C,
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
                           Heads heads, DropoutSpec drop, float* work) override {
-    cpu::attention_backward(dqkv, dout, qkv, probs, B, T, C, heads, drop, work);
+    cpu::attention_backward(dqkv, dout, qkv, lse, B, T, C, heads, drop, work);
   }
 
   void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, Heads heads) override {

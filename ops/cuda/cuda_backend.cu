@@ -286,11 +286,16 @@ __global__ void rope_k(float* dst, const float* src, int64_t N, int T, int C, in
 }
 
 // ------------------------------------------------------------------ attention
-// One block per (query row t, b*NH + h). Scores go straight into probs' row (fp32, the
-// interface's saved tensor), softmax in place, then out = sum_s Pd[s] v[s] with threads over
-// (channel, key slice) and a shared-memory reduction. Dropout counter: ctr0(b,h) + t*T + s.
-// Grouped-query attention: qkv rows are W = C + 2 NKV HS wide and query head h reads key-value
-// head hd.kv_of(h) (ops/backend.h, Heads); the backward's atomics sum a group's dK and dV.
+// Flash-style (issue 26): the (T, T) probabilities never reach global memory. One block per
+// (query row t, b*NH + h): the row's scores live in shared memory (T floats, T <= kMaxAttnT),
+// softmax there, lse[t] = max + log(sum) written out, then out = sum_s Pd[s] v[s] with threads
+// over (channel, key slice) and a shared-memory reduction. The backward recomputes the row's
+// scores from q, k and P = exp(score - lse) from the saved lse (no second softmax pass).
+// Dropout counter: ctr0(b,h) + t*T + s. Grouped-query attention: qkv rows are W = C + 2 NKV HS
+// wide and query head h reads key-value head hd.kv_of(h) (ops/backend.h, Heads); the
+// backward's atomics sum a group's dK and dV.
+// Not tiled over query rows and without tensor cores: a correct, memory-lean kernel, not a
+// fast one (a FlashAttention-2 tiling or cuDNN's fused attention would replace it).
 struct HeadCtr {
   uint64_t offset;
   int heads_total, head_start;
@@ -302,24 +307,28 @@ struct HeadCtr {
 };
 constexpr int kAttnThreads = 256;
 constexpr int kMaxHS = 256;
-__global__ void attention_fwd_k(float* out, float* probs, const float* qkv, int T, int C, Heads hd, float p,
+// scale q[t].k[s] for key s of the row's head (q in shared memory).
+__device__ inline float attn_score(const float* qs, const float* kbase, int s, int C3, int HS, float scale) {
+  const float* k = kbase + static_cast<int64_t>(s) * C3;
+  float d = 0.0f;
+  for (int i = 0; i < HS; i++) d += qs[i] * k[i];
+  return d * scale;
+}
+__global__ void attention_fwd_k(float* out, float* lse, const float* qkv, int T, int C, Heads hd, float p,
                                 uint64_t key, HeadCtr hc) {
+  extern __shared__ float P[];  // the row's scores, then its probabilities (t + 1 of T floats)
   const int NH = hd.q, t = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
   const int C3 = C + 2 * hd.kv * HS;  // the qkv row
   const float scale = rsqrtf(static_cast<float>(HS));
   const float* q = qkv + (static_cast<int64_t>(b) * T + t) * C3 + h * HS;
   const float* kbase = qkv + static_cast<int64_t>(b) * T * C3 + C + hd.kv_of(h) * HS;
   const float* vbase = kbase + hd.kv * HS;
-  float* P = probs + (static_cast<int64_t>(bh) * T + t) * T;
   __shared__ float qs[kMaxHS];
   for (int i = threadIdx.x; i < HS; i += blockDim.x) qs[i] = q[i];
   __syncthreads();
   float mx = -INFINITY;
   for (int s = threadIdx.x; s <= t; s += blockDim.x) {
-    const float* k = kbase + static_cast<int64_t>(s) * C3;
-    float d = 0.0f;
-    for (int i = 0; i < HS; i++) d += qs[i] * k[i];
-    d *= scale;
+    const float d = attn_score(qs, kbase, s, C3, HS, scale);
     P[s] = d;
     mx = fmaxf(mx, d);
   }
@@ -330,9 +339,9 @@ __global__ void attention_fwd_k(float* out, float* probs, const float* qkv, int 
     P[s] = e;
     sum += e;
   }
-  const float inv = 1.0f / block_sum(sum);
-  for (int s = threadIdx.x; s < T; s += blockDim.x) P[s] = s <= t ? P[s] * inv : 0.0f;
-  __syncthreads();  // P's row is read back by other threads below (global memory, same block)
+  sum = block_sum(sum);  // (synchronizes: every P[s] is written)
+  const float inv = 1.0f / sum;
+  if (threadIdx.x == 0) lse[static_cast<int64_t>(bh) * T + t] = mx + logf(sum);
   const bool dropout = p > 0.0f;
   const float kscale = dropout ? 1.0f / (1.0f - p) : 1.0f;
   const uint64_t c0 = hc.ctr0(b, h, T, NH) + static_cast<uint64_t>(t) * T;
@@ -343,7 +352,7 @@ __global__ void attention_fwd_k(float* out, float* probs, const float* qkv, int 
   float acc = 0.0f;
   if (sl < slices) {
     for (int s = sl; s <= t; s += slices) {
-      float w = P[s];
+      float w = P[s] * inv;
       if (dropout) w = ops::rng_uniform(key, c0 + s) >= p ? w * kscale : 0.0f;
       acc += w * vbase[static_cast<int64_t>(s) * C3 + ch];
     }
@@ -356,13 +365,16 @@ __global__ void attention_fwd_k(float* out, float* probs, const float* qkv, int 
     out[(static_cast<int64_t>(b) * T + t) * C + h * HS + threadIdx.x] = o;
   }
 }
-// Backward, one block per (t, bh): dPd[s] = dO[t].v[s]; dP = dPd * mask; dS = P (dP - sum dP P);
-// dq[t] += scale sum_s dS[s] k[s]; dk[s] += scale dS[s] q[t]; dv[s] += Pd[s] dO[t] (atomics).
-// dS is kept in shared memory (T <= kMaxAttnT) .
+// Backward, one block per (t, bh): P[s] = exp(scale q[t].k[s] - lse[t]); dPd[s] = dO[t].v[s];
+// dP = dPd * mask; dS = P (dP - sum dP P); dq[t] += scale sum_s dS[s] k[s];
+// dk[s] += scale dS[s] q[t]; dv[s] += Pd[s] dO[t] (atomics). P and dS are kept in shared memory
+// (2T floats, T <= kMaxAttnT).
 constexpr int kMaxAttnT = 8192;
-__global__ void attention_bwd_k(float* dqkv, const float* dout, const float* qkv, const float* probs, int T, int C,
+__global__ void attention_bwd_k(float* dqkv, const float* dout, const float* qkv, const float* lse, int T, int C,
                                 Heads hd, float p, uint64_t key, HeadCtr hc) {
-  extern __shared__ float dS[];  // T floats
+  extern __shared__ float shm[];  // P: T floats, then dS: T floats
+  float* P = shm;
+  float* dS = shm + T;
   const int NH = hd.q, t = blockIdx.x, bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
   const int C3 = C + 2 * hd.kv * HS, koff = C + hd.kv_of(h) * HS, voff = koff + hd.kv * HS;
   const float scale = rsqrtf(static_cast<float>(HS));
@@ -371,7 +383,7 @@ __global__ void attention_bwd_k(float* dqkv, const float* dout, const float* qkv
   const float* kbase = qkv + static_cast<int64_t>(b) * T * C3 + koff;
   const float* vbase = qkv + static_cast<int64_t>(b) * T * C3 + voff;
   const float* dO = dout + (static_cast<int64_t>(b) * T + t) * C + h * HS;
-  const float* P = probs + (static_cast<int64_t>(bh) * T + t) * T;
+  const float L = lse[static_cast<int64_t>(bh) * T + t];
   const bool dropout = p > 0.0f;
   const float kscale = dropout ? 1.0f / (1.0f - p) : 1.0f;
   const uint64_t c0 = hc.ctr0(b, h, T, NH) + static_cast<uint64_t>(t) * T;
@@ -383,15 +395,17 @@ __global__ void attention_bwd_k(float* dqkv, const float* dout, const float* qkv
   __syncthreads();
   float dot = 0.0f;
   for (int s = threadIdx.x; s <= t; s += blockDim.x) {
+    const float pr = expf(attn_score(qs, kbase, s, C3, HS, scale) - L);
     const float* v = vbase + static_cast<int64_t>(s) * C3;
     float d = 0.0f;
     for (int i = 0; i < HS; i++) d += dos[i] * v[i];
     const float mk = dropout ? (ops::rng_uniform(key, c0 + s) >= p ? kscale : 0.0f) : 1.0f;
     d *= mk;          // dP
+    P[s] = pr;
     dS[s] = d;
-    dot += d * P[s];
+    dot += d * pr;
     // dv[s] += Pd[s] dO[t]
-    const float pd = P[s] * mk;
+    const float pd = pr * mk;
     float* dv = dqkv + (static_cast<int64_t>(b) * T + s) * C3 + voff;
     if (pd != 0.0f)
       for (int i = 0; i < HS; i++) atomicAdd(dv + i, pd * dos[i]);
@@ -723,26 +737,34 @@ class CudaBackend final : public Backend {
     if (dinp) rope(dinp, dout, B, T, C, heads, theta, true);
   }
 
-  void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, Heads heads,
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, Heads heads,
                          DropoutSpec drop) override {
     check_attention(B, T, C, heads, drop);
     dim3 grid(T, B * heads.q);
-    attention_fwd_k<<<grid, kAttnThreads, 0, stream_>>>(out, probs, qkv, T, C, heads, drop.p, drop.key,
-                                                         HeadCtr{drop.offset, drop.heads_total, drop.head_start});
+    const size_t shm = attention_shared(attention_fwd_k, T, 1);
+    attention_fwd_k<<<grid, kAttnThreads, shm, stream_>>>(out, lse, qkv, T, C, heads, drop.p, drop.key,
+                                                           HeadCtr{drop.offset, drop.heads_total, drop.head_start});
     LAUNCH_CHECK();
   }
   // Grouped-query attention: the atomics already sum a group's dK and dV, so `work` is unused.
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C,
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
                           Heads heads, DropoutSpec drop, float* /*work*/) override {
     if (!dqkv) return;
     check_attention(B, T, C, heads, drop);
     dim3 grid(T, B * heads.q);
-    const size_t shm = sizeof(float) * static_cast<size_t>(T);
-    if (shm > 48 * 1024)
-      CU_CHECK(cudaFuncSetAttribute(attention_bwd_k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)));
-    attention_bwd_k<<<grid, kAttnThreads, shm, stream_>>>(dqkv, dout, qkv, probs, T, C, heads, drop.p, drop.key,
+    const size_t shm = attention_shared(attention_bwd_k, T, 2);
+    attention_bwd_k<<<grid, kAttnThreads, shm, stream_>>>(dqkv, dout, qkv, lse, T, C, heads, drop.p, drop.key,
                                                           HeadCtr{drop.offset, drop.heads_total, drop.head_start});
     LAUNCH_CHECK();
+  }
+  // Dynamic shared memory of an attention kernel keeping `rows` rows of T floats, raising the
+  // kernel's limit past the default 48 KiB when it needs more.
+  template <typename Kernel>
+  static size_t attention_shared(Kernel kernel, int T, int rows) {
+    const size_t shm = sizeof(float) * static_cast<size_t>(T) * rows;
+    if (shm > 48 * 1024)
+      CU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shm)));
+    return shm;
   }
 
   void gelu_forward(float* out, const float* inp, int64_t n) override {

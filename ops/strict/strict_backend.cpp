@@ -283,11 +283,11 @@ class StrictBackend final : public Backend {
   void rope_backward(float* dinp, const float* dout, int B, int T, int C, Heads heads, float theta) override {
     submit([this, dinp = dev(dinp), dout = dev(dout), B, T, C, heads, theta] { cpu_.rope_backward(dinp, dout, B, T, C, heads, theta); });
   }
-  void attention_forward(float* out, float* probs, const float* qkv, int B, int T, int C, Heads heads, DropoutSpec drop) override {
-    submit([this, out = dev(out), probs = dev(probs), qkv = dev(qkv), B, T, C, heads, drop] { cpu_.attention_forward(out, probs, qkv, B, T, C, heads, drop); });
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, Heads heads, DropoutSpec drop) override {
+    submit([this, out = dev(out), lse = dev(lse), qkv = dev(qkv), B, T, C, heads, drop] { cpu_.attention_forward(out, lse, qkv, B, T, C, heads, drop); });
   }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* probs, int B, int T, int C, Heads heads, DropoutSpec drop, float* work) override {
-    submit([this, dqkv = dev(dqkv), dout = dev(dout), qkv = dev(qkv), probs = dev(probs), B, T, C, heads, drop, work = dev(work)] { cpu_.attention_backward(dqkv, dout, qkv, probs, B, T, C, heads, drop, work); });
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C, Heads heads, DropoutSpec drop, float* work) override {
+    submit([this, dqkv = dev(dqkv), dout = dev(dout), qkv = dev(qkv), lse = dev(lse), B, T, C, heads, drop, work = dev(work)] { cpu_.attention_backward(dqkv, dout, qkv, lse, B, T, C, heads, drop, work); });
   }
   void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, Heads heads) override {
     submit([this, kv = dev_kv(kv), qkv = dev(qkv), B, T, C, heads] { cpu_.kv_cache_write(kv, qkv, B, T, C, heads); });

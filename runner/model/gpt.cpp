@@ -224,7 +224,9 @@ struct Builder {
     }
     int y = g.add_activation(p + ".attn.core.out", {N, C / t}, l, act);
     std::vector<int> core_out{y};
-    if (!s.decode) core_out.push_back(g.add_activation(p + ".attn.core.probs", {g.B, NH / t, g.T, g.T}, l, act));
+    // Saved for the backward: each query row's log-sum-exp in fp32, not the (T, T)
+    // probabilities (flash-style attention, ops/backend.h).
+    if (!s.decode) core_out.push_back(g.add_activation(p + ".attn.core.lse", {g.B, NH / t, g.T}, l, DType::F32));
     int core = node(OpKind::Attention, p + ".attn.core", {qkv}, core_out, l, Module::attention_core);
     g.nodes[core].rope = s.decode && m.position == Position::rope;
     g.nodes[core].dropout = static_cast<float>(m.dropout);

@@ -51,7 +51,7 @@ double node_flops(const ops::Graph& g, const ops::Node& n) {
       return 2.0 * rows * dim(n.in[1], 0) * dim(n.in[1], 1);
     }
     case OpKind::Attention: {
-      // out (B*T, C'), probs (B, NH', T, T): causal, so T(T+1)/2 query-key pairs per query
+      // out (B*T, C'), lse (B, NH', T): causal, so T(T+1)/2 query-key pairs per query
       // head (grouped-query attention shares K and V, not this work); S = QK^T and O = PV are
       // 2*HS each per pair, the softmax ~5 per pair.
       const double NHl = dim(n.out[1], 1), T = dim(n.out[1], 2), B = dim(n.out[1], 0);

@@ -293,7 +293,7 @@ ops::Graph build_layer(const LayerCase& c, int t, int r) {
         qkv = rr;
       }
       int ao = g.add_activation("attn.core.out", {N, c.C / t}, 0);
-      int probs = g.add_activation("attn.core.probs", {c.B, c.NH / t, c.T, c.T}, 0);
+      int probs = g.add_activation("attn.core.lse", {c.B, c.NH / t, c.T}, 0, ops::DType::F32);
       ops::Node n;
       n.kind = OpKind::Attention;
       n.name = "attn.core";
