@@ -17,7 +17,9 @@
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <limits>
 #include <mutex>
@@ -29,6 +31,7 @@
 // ops/rng.h's functions are plain inline C++; compile them for both sides.
 #define inline __host__ __device__ inline
 #include "ops/rng.h"
+#include "ops/convert.h"  // the CPU's bit-exact fp32 <-> bf16/fp16 rounding, on the device too
 #undef inline
 
 namespace ops::cuda {
@@ -561,6 +564,45 @@ __global__ void sum_squares_k(double* out, const float* x, int64_t n) {
   }
 }
 
+// ------------------------------------------------------------------ generic kernels (issue 26)
+// Any float storage dtype, element i read and written with ops/convert.h's rounding, so the
+// device's bf16/fp16 values are bit-identical to the CPU backend's.
+__device__ inline float load_as_f32(const void* p, DType t, int64_t i) {
+  if (t == DType::F32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  return t == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+__device__ inline void store_from_f32(void* p, DType t, int64_t i, float v) {
+  if (t == DType::F32) static_cast<float*>(p)[i] = v;
+  else static_cast<uint16_t*>(p)[i] = t == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+}
+__global__ void convert_k(void* dst, DType dt, const void* src, DType st, int64_t n) {
+  GRID_STRIDE(i, n) store_from_f32(dst, dt, i, load_as_f32(src, st, i));
+}
+__global__ void accumulate_k(void* dst, DType dt, const float* src, int64_t n) {
+  GRID_STRIDE(i, n) store_from_f32(dst, dt, i, load_as_f32(dst, dt, i) + src[i]);
+}
+__global__ void fill_k(void* x, DType t, float v, int64_t n) { GRID_STRIDE(i, n) store_from_f32(x, t, i, v); }
+// sum_squares_k over any float dtype: the element widened to fp32 (exact), squared in double.
+__global__ void sum_squares_typed_k(double* out, const void* x, DType t, int64_t n) {
+  double s = 0.0;
+  GRID_STRIDE(i, n) {
+    const double v = load_as_f32(x, t, i);
+    s += v * v;
+  }
+  __shared__ double sh[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  s = warp_sum_d(s);
+  if (lane == 0) sh[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    double w = lane < static_cast<int>(blockDim.x >> 5) ? sh[lane] : 0.0;
+    w = warp_sum_d(w);
+    if (lane == 0) atomicAdd(out, w);
+  }
+}
+inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
 // ------------------------------------------------------------------ the backend
 cudaDataType_t lt_type(DType t) {
   switch (t) {
@@ -580,9 +622,22 @@ class CudaBackend final : public Backend {
     CU_CHECK(cudaMalloc(&workspace_, kWorkspace));
     CU_CHECK(cudaMalloc(&scratch_, 64));
     MemoryTracker::instance().on_alloc(Account::Workspace, kWorkspace + 64);
+    // Tensor memory: the device's stream-ordered pool, told to keep what it frees (a release
+    // threshold of "never"), so steady-state steps allocate from its cache, not the driver.
+    CU_CHECK(cudaDeviceGetDefaultMemPool(&pool_, 0));
+    uint64_t keep = UINT64_MAX;
+    CU_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+    for (int i = 0; i < kStageSlots; ++i) {
+      CU_CHECK(cudaMallocHost(&stage_[i], kStageBytes));
+      CU_CHECK(cudaEventCreateWithFlags(&stage_done_[i], cudaEventDisableTiming));
+    }
   }
   ~CudaBackend() override {
     // Process exit: the driver may already be shutting down, so errors are ignored here.
+    for (int i = 0; i < kStageSlots; ++i) {
+      cudaFreeHost(stage_[i]);
+      cudaEventDestroy(stage_done_[i]);
+    }
     cudaFree(workspace_);
     cudaFree(scratch_);
     cublasLtDestroy(lt_);
@@ -590,6 +645,70 @@ class CudaBackend final : public Backend {
   }
   const char* name() const override { return "cuda"; }
   cudaStream_t stream() const { return stream_; }
+  cudaMemPool_t pool() const { return pool_; }
+
+  // ---- memory and the queue (ops/backend.h): everything on the compute stream, in order ----
+  bool host_memory() const override { return false; }
+  void* mem_alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    CU_CHECK(cudaMallocFromPoolAsync(&p, bytes, pool_, stream_));
+    if (reinterpret_cast<uintptr_t>(p) % 64 != 0) throw std::logic_error("CUDA backend: pool block not 64-byte aligned");
+    return p;
+  }
+  // Stream-ordered: the block returns to the pool after every kernel queued before this call.
+  void mem_free(void* p, size_t /*bytes*/) override {
+    if (p) CU_CHECK(cudaFreeAsync(p, stream_));
+  }
+  void mem_zero(void* p, size_t bytes) override {
+    if (bytes) CU_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void copy_in(void* dst, const void* src, size_t bytes) override { stage_in(dst, src, bytes); }
+  // dst holds the bytes after synchronize() (pinned dst: truly asynchronous; pageable: CUDA
+  // waits for the stream before it returns, which the contract allows).
+  void copy_out(void* dst, const void* src, size_t bytes) override {
+    if (bytes) CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  }
+  void synchronize() override { CU_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // ---- generic kernels over any float storage dtype ----
+  void convert(void* dst, DType dt, const void* src, DType st, int64_t n) override {
+    REQUIRE_ARG(is_float_dtype(dt) && is_float_dtype(st),
+                std::string("convert ") + dtype_name(st) + " -> " + dtype_name(dt) + ": not a float format");
+    if (n <= 0) return;
+    if (dt == st) return copy(dst, src, static_cast<size_t>(n) * dtype_size(dt));
+    convert_k<<<blocks_for(n), kThreads, 0, stream_>>>(dst, dt, src, st, n);
+    LAUNCH_CHECK();
+  }
+  void accumulate(void* dst, DType dt, const float* src, int64_t n) override {
+    REQUIRE_ARG(is_float_dtype(dt), std::string("accumulate into ") + dtype_name(dt));
+    if (n <= 0) return;
+    if (dt == DType::F32) return add_inplace(static_cast<float*>(dst), src, n);
+    accumulate_k<<<blocks_for(n), kThreads, 0, stream_>>>(dst, dt, src, n);
+    LAUNCH_CHECK();
+  }
+  double sum_squares_typed(const void* x, DType t, int64_t n) override {
+    REQUIRE_ARG(is_float_dtype(t), std::string("sum_squares of ") + dtype_name(t));
+    if (n <= 0) return 0;
+    if (t == DType::F32) return sum_squares(static_cast<const float*>(x), n);
+    double* acc = static_cast<double*>(scratch_);
+    CU_CHECK(cudaMemsetAsync(acc, 0, sizeof(double), stream_));
+    sum_squares_typed_k<<<std::min(blocks_for(n), 1024), kThreads, 0, stream_>>>(acc, x, t, n);
+    LAUNCH_CHECK();
+    double h = 0;
+    CU_CHECK(cudaMemcpyAsync(&h, acc, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    CU_CHECK(cudaStreamSynchronize(stream_));
+    return h;
+  }
+  void fill(void* x, DType t, float v, int64_t n) override {
+    REQUIRE_ARG(is_float_dtype(t), std::string("fill of ") + dtype_name(t));
+    if (n <= 0) return;
+    fill_k<<<blocks_for(n), kThreads, 0, stream_>>>(x, t, v, n);
+    LAUNCH_CHECK();
+  }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                          int C) override {
@@ -850,7 +969,29 @@ class CudaBackend final : public Backend {
 
  private:
   static constexpr size_t kWorkspace = 32u << 20;
+  // copy_in's pinned staging slots: the host bytes are copied into a slot before the call
+  // returns (so the caller may reuse its buffer at once, pageable or pinned), and the slot's
+  // DMA runs on the stream; a slot is refilled after its previous DMA finished (its event).
+  static constexpr int kStageSlots = 2;
+  static constexpr size_t kStageBytes = 4u << 20;
   cudaStream_t stream_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;
+  void* stage_[kStageSlots] = {};
+  cudaEvent_t stage_done_[kStageSlots] = {};
+  int stage_next_ = 0;
+  std::mutex stage_mutex_;
+  void stage_in(void* dst, const void* src, size_t bytes) {
+    std::lock_guard<std::mutex> lock(stage_mutex_);
+    for (size_t off = 0; off < bytes; off += kStageBytes) {
+      const size_t m = std::min(kStageBytes, bytes - off);
+      const int slot = stage_next_;
+      stage_next_ = (stage_next_ + 1) % kStageSlots;
+      CU_CHECK(cudaEventSynchronize(stage_done_[slot]));
+      std::memcpy(stage_[slot], static_cast<const char*>(src) + off, m);
+      CU_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + off, stage_[slot], m, cudaMemcpyHostToDevice, stream_));
+      CU_CHECK(cudaEventRecord(stage_done_[slot], stream_));
+    }
+  }
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   void* scratch_ = nullptr;  // 64 bytes: sum_squares' double, the loss kernels' error flag
@@ -1049,6 +1190,16 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 void* compute_stream() { return backend_impl().stream(); }
 void synchronize() { CU_CHECK(cudaStreamSynchronize(backend_impl().stream())); }
 void memory_info(size_t* free_bytes, size_t* total_bytes) { CU_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }
+DeviceMemory device_memory() {
+  DeviceMemory m;
+  uint64_t used = 0, reserved = 0;
+  CU_CHECK(cudaMemPoolGetAttribute(backend_impl().pool(), cudaMemPoolAttrUsedMemCurrent, &used));
+  CU_CHECK(cudaMemPoolGetAttribute(backend_impl().pool(), cudaMemPoolAttrReservedMemCurrent, &reserved));
+  m.pool_used = used;
+  m.pool_reserved = reserved;
+  CU_CHECK(cudaMemGetInfo(&m.free, &m.total));
+  return m;
+}
 
 void* alloc_pinned(size_t bytes) {
   void* p = nullptr;

@@ -6,6 +6,12 @@
 // header, so host-only code (runner/, tests) can use it; it exists only in builds with
 // RUNNER_HAVE_CUDA (cmake/cuda_targets.cmake).
 //
+// The backend owns its tensors' memory (issue 26): host_memory() is false, mem_alloc/mem_free
+// are stream-ordered allocations from the device's memory pool (kept cached), copies and the
+// generic kernels are queued on the compute stream, copy_in stages through pinned slots so the
+// host buffer is reusable on return. `runner train` with a GPU device kind runs on it
+// (runner/device/device.cpp).
+//
 // Status: compiled for sm_90 + compute_90 PTX and linked in CI, which has no GPU; the kernels
 // have not yet run on a GPU (tests/cuda/test_cuda_kernels.cpp compares each with the CPU
 // kernels when one is present, scripts/gpu-check.sh runs it on the H200 machine).
@@ -57,6 +63,13 @@ void synchronize();
 void* compute_stream();
 // cudaMemGetInfo: bytes free and total on the current device (to cross-check the accounts).
 void memory_info(size_t* free_bytes, size_t* total_bytes);
+
+// The device's memory as CUDA sees it, to cross-check the ledger's accounts (which count what
+// tensors hold): the pool's bytes handed out and reserved (cached), and cudaMemGetInfo's.
+struct DeviceMemory {
+  size_t pool_used = 0, pool_reserved = 0, free = 0, total = 0;
+};
+DeviceMemory device_memory();
 
 // Pinned (page-locked) host memory, for asynchronous checkpoint copies.
 void* alloc_pinned(size_t bytes);
