@@ -1,9 +1,10 @@
 # The GPU backend: runner_cuda (ops/cuda/, ops layer: it includes ops/ headers only), the
 # NCCL and host-staged communicators (parallel/cuda/, parallel layer), and the GPU tests.
 # Included after runner_core is defined, only when cmake/cuda_detect.cmake found the toolkit.
-# runner_cuda_probe (device_probe.cpp, the CUDA runtime only) is all the runner binary links:
-# cuBLASLt costs ~2 s of start-up per process, and `runner train` does not run on the GPU yet.
-# runner_cuda (the kernels, cuBLASLt) and runner_parallel_cuda are linked by tests/cuda/.
+# runner_core links runner_cuda (the kernels, cuBLASLt): `runner train` with a GPU device kind
+# runs on it (runner/device/device.cpp). Loading cuBLASLt costs the dynamic loader ~5 ms per
+# process (LD_DEBUG=statistics), measured; the CUDA runtime itself starts only when a GPU
+# device is asked for. runner_parallel_cuda (NCCL, host-staged) is linked by tests/cuda/.
 add_library(runner_cuda_probe STATIC ${CMAKE_SOURCE_DIR}/ops/cuda/device_probe.cpp)
 target_link_libraries(runner_cuda_probe PUBLIC runner_ops PRIVATE CUDA::cudart)
 file(GLOB RUNNER_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/ops/cuda/*.cu ${CMAKE_SOURCE_DIR}/ops/cuda/*.cpp)
@@ -26,4 +27,4 @@ if(RUNNER_HAVE_NCCL AND RUNNER_PARALLEL_CUDA_SOURCES)
   target_include_directories(runner_parallel_cuda PRIVATE ${NCCL_INCLUDE_DIR})
   target_link_libraries(runner_parallel_cuda PUBLIC runner_parallel runner_cuda PRIVATE CUDA::cudart ${NCCL_LIB} MPI::MPI_C)
 endif()
-target_link_libraries(runner_core PUBLIC runner_cuda_probe)
+target_link_libraries(runner_core PUBLIC runner_cuda)

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/cuda_workspace.h"
 
 // ops/rng.h's functions are plain inline C++; compile them for both sides.
 #define inline __host__ __device__ inline
@@ -620,8 +621,11 @@ class CudaBackend final : public Backend {
     CU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     LT_CHECK(cublasLtCreate(&lt_));
     CU_CHECK(cudaMalloc(&workspace_, kWorkspace));
-    CU_CHECK(cudaMalloc(&scratch_, 64));
-    MemoryTracker::instance().on_alloc(Account::Workspace, kWorkspace + 64);
+    CU_CHECK(cudaMalloc(&scratch_, kScratchBytes));
+    CU_CHECK(cudaMalloc(&widened_, kWidenedBiasFloats * sizeof(float)));
+    widened_n_ = kWidenedBiasFloats;
+    // kFixedWorkspaceBytes (cuda_workspace.h): the plan of a GPU device adds the same figure.
+    MemoryTracker::instance().on_alloc(Account::Workspace, kFixedWorkspaceBytes);
     // Tensor memory: the device's stream-ordered pool, told to keep what it frees (a release
     // threshold of "never"), so steady-state steps allocate from its cache, not the driver.
     CU_CHECK(cudaDeviceGetDefaultMemPool(&pool_, 0));
@@ -640,6 +644,7 @@ class CudaBackend final : public Backend {
     }
     cudaFree(workspace_);
     cudaFree(scratch_);
+    cudaFree(widened_);
     cublasLtDestroy(lt_);
     cudaStreamDestroy(stream_);
   }
@@ -968,7 +973,7 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  static constexpr size_t kWorkspace = 32u << 20;
+  static constexpr size_t kWorkspace = kGemmWorkspaceBytes;
   // copy_in's pinned staging slots: the host bytes are copied into a slot before the call
   // returns (so the caller may reuse its buffer at once, pageable or pinned), and the slot's
   // DMA runs on the stream; a slot is refilled after its previous DMA finished (its event).
@@ -996,7 +1001,7 @@ class CudaBackend final : public Backend {
   void* workspace_ = nullptr;
   void* scratch_ = nullptr;  // 64 bytes: sum_squares' double, the loss kernels' error flag
   std::mutex widen_mutex_;
-  float* widened_ = nullptr;  // 16-bit bias widened to fp32 (grown on demand, Workspace account)
+  float* widened_ = nullptr;  // 16-bit bias widened to fp32 (kWidenedBiasFloats, grown past it; Workspace account)
   size_t widened_n_ = 0;
 
   static void check_p(float p) {
