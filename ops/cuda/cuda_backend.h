@@ -21,6 +21,7 @@
 #include <string>
 
 #include "ops/backend.h"
+#include "ops/device_timer.h"
 #include "ops/tensor.h"
 
 namespace ops::cuda {
@@ -80,6 +81,11 @@ void free_pinned(void* p);
 // there fuses them yet); tested against matmul_forward + gelu_forward.
 void matmul_bias_gelu_forward(Backend& be, float* out, float* pre, const float* inp, const float* weight,
                               const float* bias, int N, int C, int OC);
+
+// The device timer of the compute stream (ops/device_timer.h): CUDA events and NVTX ranges.
+// runner/device/device.cpp installs it with the backend, so the executor's per-operator table
+// and the step's breakdown time the GPU's work, not the host's launches.
+DeviceTimer& cuda_timer();
 
 // NVTX range named like an operator (a no-op unless a profiler is attached).
 void nvtx_push(const char* name);

@@ -39,6 +39,7 @@ ops::Backend& select_backend(const Recipe& r) {
   // operands as stored through cuBLASLt (the plan's dry run prices the same path).
   ops::set_tensor_device(be);
   ops::set_gemm_paths(ops::device_gemm_paths());
+  ops::set_device_timer(&ops::cuda::cuda_timer());  // the profiler times the GPU's queue
   return *be;
 #else
   throw UserError(r.loc("hardware.device"), what + "this runner was built without CUDA, so no CUDA device was found", fix);
