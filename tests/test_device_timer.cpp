@@ -12,6 +12,9 @@
 #include "ops/device_timer.h"
 #include "ops/executor.h"
 #include "runner/observe/step_timer.h"
+#include "runner/report/format.h"
+
+#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -102,4 +105,15 @@ TEST_CASE("without a device timer: host clocks, and the step clock does not wait
     CHECK(runner::StepTimer::now() >= a);
     CHECK(ops::device_timer()->memory().total == 4);
   }
+}
+
+TEST_CASE("the report's monitor table shows a device's own memory figures beside the accounts' peak") {
+  const nlohmann::json cpu = {{"monitor", true}, {"step", 10}, {"peak_bytes", 1 << 20}};
+  for (const auto& [k, v] : runner::report::monitor_rows(cpu)) CHECK(k != "device memory (CUDA)");
+  nlohmann::json gpu = cpu;
+  gpu["device_reported"] = {{"pool_used", 3 << 20}, {"pool_reserved", 4 << 20}, {"driver_used", 5 << 20}, {"total", 8 << 20}};
+  std::string shown;
+  for (const auto& [k, v] : runner::report::monitor_rows(gpu))
+    if (k == "device memory (CUDA)") shown = v;
+  CHECK(shown == "allocator in use 3.0 MiB, reserved 4.0 MiB; driver used 5.0 MiB of 8.0 MiB");
 }
