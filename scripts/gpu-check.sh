@@ -208,7 +208,7 @@ import random; random.seed(0); w='the of and to in is that for it as with was on
 open('$W/bench.txt', 'w').write(' '.join(random.choice(w) for _ in range(400000)))"
 if [ "$(left)" -gt 60 ]; then
   t0=$(date +%s)
-  runner_run 120 "$W/bench" train "$ROOT/recipes/gpt2-124m.yaml" --set hardware.device=cuda --set parallel.dp=1 \
+  runner_run 120 "$W/bench" train "$ROOT/recipes/gpt2-124m.yaml" --set hardware.device=h200 --set parallel.dp=1 \
     --set parallel.zero=0 --set precision.compute=bf16 --set precision.master_weights=fp32 --set data.path="$W/bench.txt" \
     --set batch.global=8 --set batch.micro=8 --set train.steps=15 --set train.eval_every=0 --set train.log_every=1 \
     --set checkpoint.every_steps=1000 --set recompute.mode=none
