@@ -34,6 +34,9 @@ std::string device_description();
 
 // The CUDA backend on device 0 (created on first use; throws std::runtime_error without a device).
 Backend& cuda_backend();
+// Whether cuBLASLt, which the backend loads when it starts (dlopen, not linked: every runner
+// process links this backend), can be loaded here; why not in *why. Needs no GPU.
+bool cublaslt_loadable(std::string* why = nullptr);
 
 // Device memory counted in the ledger's accounts (MemoryTracker), like ops::Storage on the host.
 class DeviceBuffer {

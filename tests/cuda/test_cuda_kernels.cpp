@@ -528,6 +528,12 @@ TEST_CASE("convert, accumulate, fill and sum_squares_typed: bit-identical to the
 
 int main(int argc, char** argv) {
   std::string why;
+  // cuBLASLt is loaded when the backend starts (dlopen): that it resolves is checked here even
+  // without a GPU, so a machine that builds the backend also proves it can load it.
+  if (!cu::cublaslt_loadable(&why)) {
+    std::printf("FAILED: %s\n", why.c_str());
+    return 1;
+  }
   if (!cu::device_available(&why)) {
     std::printf("SKIPPED: no CUDA device (%s); the CUDA kernels are compiled but not run\n", why.c_str());
     return 77;  // ctest: SKIP_RETURN_CODE
