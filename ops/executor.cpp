@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "ops/convert.h"
+#include "ops/device_timer.h"
 #include "ops/ops.h"
 
 namespace ops {
@@ -92,6 +93,15 @@ struct Executor::Impl {
   size_t peak_total = 0;
 
   std::array<OpProfile, kOpKinds> prof{};
+  // On a device with a queue (ops/device_timer.h): each node timed by marks on the queue,
+  // added to prof when profile() reads it (the host clock then measures only launches).
+  mutable OpEventLog dev_times;
+  void resolve_device_times() const {
+    dev_times.resolve([this](int k, char pass, double ms) {
+      OpProfile& p = const_cast<OpProfile&>(prof[static_cast<size_t>(k)]);
+      (pass == 'f' ? p.forward_ms : pass == 'b' ? p.backward_ms : p.recompute_ms) += ms;
+    });
+  }
   std::vector<TraceEvent>* trace = nullptr;
   void traced(int node, char pass, Clock::time_point t0) {
     if (!trace || dry()) return;
@@ -318,13 +328,14 @@ struct Executor::Impl {
       outs[j] = output_buffer(o, storage[j]);
     }
     auto t0 = Clock::now();
+    const int64_t ev = dev_times.begin(static_cast<int>(n.kind), 'f', op_def(n.kind).name);
     kernel_forward(n, outs);
     finish_outputs(n, outs, storage);
     release_wide();
     if (!dry() && stage_out && g.stage_output >= 0 && n.out[0] == g.stage_output)
       be->copy(stage_out, vals[n.out[0]].raw(), g.tensors[g.stage_output].nbytes());
     auto& p = prof[static_cast<int>(n.kind)];
-    p.forward_ms += ms_since(t0);
+    if (!dev_times.end(ev)) p.forward_ms += ms_since(t0);
     traced(i, 'f', t0);
     p.calls++;
     for (int x : n.in) {
@@ -370,6 +381,7 @@ struct Executor::Impl {
         }
       }
       auto t0 = Clock::now();
+      const int64_t ev = dev_times.begin(static_cast<int>(n.kind), 'r', op_def(n.kind).name);
       // The kernel's own scratch is not counted here (the known gap above), only widened operands.
       const bool stored = as_stored(n, false);
       auto ins = inputs(n, stored);
@@ -381,7 +393,7 @@ struct Executor::Impl {
       }
       finish_outputs(n, outs, storage);
       release_wide();
-      prof[static_cast<int>(n.kind)].recompute_ms += ms_since(t0);
+      if (!dev_times.end(ev)) prof[static_cast<int>(n.kind)].recompute_ms += ms_since(t0);
       traced(j, 'r', t0);
       for (int o : scratch)
         if (dry()) count(Account::Workspace, -static_cast<long long>(g.tensors[o].nbytes()));
@@ -461,8 +473,9 @@ struct Executor::Impl {
       if (s >= 0 && segs[s].second == i) recompute_segment(segs[s].first, segs[s].second);
       const Node& n = g.nodes[i];
       auto t0 = Clock::now();
+      const int64_t ev = dev_times.begin(static_cast<int>(n.kind), 'b', op_def(n.kind).name);
       kernel_backward(n, dloss);
-      prof[static_cast<int>(n.kind)].backward_ms += ms_since(t0);
+      if (!dev_times.end(ev)) prof[static_cast<int>(n.kind)].backward_ms += ms_since(t0);
       traced(i, 'b', t0);
       for (int o : n.out) { release_grad(o); release(o); }
       if (grad_hook && !dry()) grad_hook(i);
@@ -494,6 +507,9 @@ void Executor::bind_param(int id, Tensor* value, Tensor* grad) {
 
 Executor::LossSum Executor::forward(const int32_t* tokens, const int32_t* targets, bool train, uint64_t key,
                                     int64_t sample_offset, const void* stage_in, void* stage_out) {
+  // Device times wait for their marks: read them when many are pending (about one step's
+  // worth at most, long done by now), not at every micro-batch.
+  if (impl_->dev_times.pending() > 4096) impl_->resolve_device_times();
   impl_->key = key;
   impl_->sample_offset = sample_offset;
   impl_->stage_in = stage_in;
@@ -544,6 +560,7 @@ MemoryEstimate Executor::simulate(const Graph& g) {
 }
 
 std::vector<OpProfile> Executor::profile() const {
+  impl_->resolve_device_times();
   std::vector<OpProfile> out;
   for (auto& p : impl_->prof)
     if (p.calls) out.push_back(p);
@@ -551,6 +568,7 @@ std::vector<OpProfile> Executor::profile() const {
 }
 
 void Executor::reset_profile() {
+  impl_->resolve_device_times();
   for (auto& p : impl_->prof) { p.forward_ms = p.backward_ms = p.recompute_ms = 0; p.calls = 0; }
 }
 

@@ -13,6 +13,12 @@
 //
 // The executor's dry run reads the same choice (gemm_paths()) as the real run, so the ledger
 // counts the fp32 copies of exactly the operators that are widened.
+//
+// On a GPU the choice is not measured: cuBLASLt reads 16-bit operands as stored with fp32
+// accumulation ("cublaslt-bf16", GemmPath::Device), so nothing is widened. The CUDA backend's
+// selection sets it for the process (runner/device/device.cpp), and the plan of a GPU device
+// kind dry-runs under it (ScopedGemmPaths), so the ledger prices the GPU's memory, not the
+// CPU executor's widening copies.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,10 +27,11 @@
 
 namespace ops {
 
-enum class GemmPath : uint8_t { Sgemm, OneDnn };
-enum class GemmMode : uint8_t { Auto, OneDnn, Sgemm };
+// OneDnn and Device both hand 16-bit operands as stored to Backend::matmul16_* (no widening).
+enum class GemmPath : uint8_t { Sgemm, OneDnn, Device };
+enum class GemmMode : uint8_t { Auto, OneDnn, Sgemm, Device };
 
-// "fp32-sgemm", or "onednn-bf16" / "onednn-f16".
+// "fp32-sgemm", "onednn-bf16" / "onednn-f16", or "cublaslt-bf16" / "cublaslt-f16".
 std::string gemm_path_name(GemmPath p, DType t);
 
 // One 16-bit dtype's choice and the measurements behind it.
@@ -83,6 +90,29 @@ void set_gemm_paths(const GemmPaths& p);
 
 // The path a Linear whose operands are stored in t takes (fp32, and any non-16-bit dtype: Sgemm).
 GemmPath gemm_path(DType t);
+// Whether a Linear in t reads its 16-bit operands as stored (oneDNN or the device's GEMM).
+inline bool reads_as_stored(GemmPath p) { return p != GemmPath::Sgemm; }
+
+// The GPU's paths (mode Device): every 16-bit dtype on the backend's own GEMM, nothing measured.
+GemmPaths device_gemm_paths();
+// Whether this process's choice is device_gemm_paths() (set when the CUDA backend was selected):
+// a GPU run keeps it whatever a run directory recorded for the CPU.
+bool gemm_paths_on_device();
+
+// Within its scope, this thread's gemm_paths() and gemm_path() answer `p` (the plan of a GPU
+// device kind dry-runs under device_gemm_paths() on any machine); the process's choice is
+// untouched and returns at the end of the scope.
+class ScopedGemmPaths {
+ public:
+  explicit ScopedGemmPaths(const GemmPaths& p);
+  ~ScopedGemmPaths();
+  ScopedGemmPaths(const ScopedGemmPaths&) = delete;
+  ScopedGemmPaths& operator=(const ScopedGemmPaths&) = delete;
+
+ private:
+  GemmPaths paths_;
+  const GemmPaths* prev_;
+};
 
 // Measured GFLOP/s of one Linear's three GEMMs at (N, C) -> (N, OC) in 16-bit dtype t on each
 // path (the sgemm path includes widening its 16-bit operands), best of `reps` after a warm-up;

@@ -11,7 +11,7 @@
 //   scatter_output (sequence parallel, row side): the partial products are reduce-scattered
 //     to this rank's rows; the backward all-gathers d(y).
 //
-// 16-bit operands: where ops/gemm_path.h chose oneDNN for the dtype, the GEMMs read x, W, b and
+// 16-bit operands: where ops/gemm_path.h chose oneDNN (or, on a GPU, cuBLASLt) for the dtype, the GEMMs read x, W, b and
 // d(y) as stored (reads16) and write fp32 (y, rounded by the executor; gradients accumulated).
 // Otherwise, and always under sequence parallelism or with operands of mixed dtypes (the logits'
 // fp32 d(y)), the executor widens them and sgemm runs.
@@ -34,7 +34,7 @@ bool reads16(const Graph& g, const Node& n, bool backward) {
   for (int id : n.in)
     if (g.tensors[id].dtype != t) return false;
   if (backward && g.tensors[n.out[0]].dtype != t) return false;
-  return gemm_path(t) == GemmPath::OneDnn;
+  return reads_as_stored(gemm_path(t));
 }
 
 // Sequence parallelism's full-sequence temporaries. Forward: the gathered x (P shards) or

@@ -2,7 +2,8 @@
 // same kinds; the plan takes memory and peak from the table. hardware.device selects the
 // backend: cuda and the GPU kinds want the CUDA backend, and on a machine without a usable GPU
 // (this one, CI) `runner train` and `runner resume` exit 2 at hardware.device, saying no CUDA
-// device was found, before writing anything; cpu and custom stay on the CPU backend.
+// device was found, before writing anything; with one (RUNNER_EXPECT_GPU) they train on it; cpu
+// and custom stay on the CPU backend.
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
@@ -127,6 +128,23 @@ TEST_CASE("runner train on a GPU recipe without a GPU exits 2 and writes nothing
     CHECK(fs::is_empty(cwd));
     fs::remove_all(cwd);
   }
+}
+
+// With a GPU (scripts/gpu-check.sh sets RUNNER_EXPECT_GPU): the GPU kinds train there, on
+// device memory, with cuBLASLt's GEMM paths; the old refusal is gone.
+TEST_CASE("runner train on a GPU recipe with a GPU trains on it") {
+  if (!getenv("RUNNER_EXPECT_GPU")) {
+    MESSAGE("no GPU here (RUNNER_EXPECT_GPU unset): the GPU path is checked by scripts/gpu-check.sh");
+    return;
+  }
+  fs::path cwd = temp_dir("gpu");
+  Result r = run("train " + kQuickstart + " --set hardware.device=cuda --set train.steps=3 --set train.eval_every=0 "
+                 "--set precision.compute=bf16 --run-dir run", cwd.string());
+  CAPTURE(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("does not run on the GPU") == std::string::npos);
+  CHECK(r.out.find("cublaslt-bf16") != std::string::npos);  // the start-up banner's GEMM line
+  fs::remove_all(cwd);
 }
 
 TEST_CASE("runner resume of a GPU recipe without a GPU exits 2") {

@@ -96,13 +96,14 @@ std::optional<GemmPaths> g_paths;
 
 std::string gemm_path_name(GemmPath p, DType t) {
   if (p == GemmPath::Sgemm) return "fp32-sgemm";
-  return std::string("onednn-") + dtype_name(t);
+  return std::string(p == GemmPath::Device ? "cublaslt-" : "onednn-") + dtype_name(t);
 }
 
 const char* gemm_mode_name(GemmMode m) {
   switch (m) {
     case GemmMode::OneDnn: return "onednn";
     case GemmMode::Sgemm: return "sgemm";
+    case GemmMode::Device: return "device";
     default: return "auto";
   }
 }
@@ -159,7 +160,32 @@ GemmPaths choose_gemm_paths(GemmMode mode) {
   return p;
 }
 
+namespace {
+thread_local const GemmPaths* t_scoped = nullptr;  // ScopedGemmPaths
+}  // namespace
+
+ScopedGemmPaths::ScopedGemmPaths(const GemmPaths& p) : paths_(p), prev_(t_scoped) { t_scoped = &paths_; }
+ScopedGemmPaths::~ScopedGemmPaths() { t_scoped = prev_; }
+
+GemmPaths device_gemm_paths() {
+  GemmPaths p;
+  p.mode = GemmMode::Device;
+  for (GemmChoice* c : {&p.bf16, &p.f16}) {
+    c->path = GemmPath::Device;
+    c->why = "the GPU's cuBLASLt reads 16-bit operands as stored, fp32 accumulation";
+  }
+  p.bf16.dtype = DType::BF16;
+  p.f16.dtype = DType::F16;
+  return p;
+}
+
+bool gemm_paths_on_device() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_paths && g_paths->mode == GemmMode::Device;
+}
+
 const GemmPaths& gemm_paths() {
+  if (t_scoped) return *t_scoped;
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_paths) g_paths = choose_gemm_paths();
   return *g_paths;

@@ -12,28 +12,85 @@
 //
 // Status: written and compiled without a GPU; it has not yet run on one (see cuda_backend.h).
 #include <cublasLt.h>
+#include <dlfcn.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/cuda_workspace.h"
 
 // ops/rng.h's functions are plain inline C++; compile them for both sides.
 #define inline __host__ __device__ inline
 #include "ops/rng.h"
+#include "ops/convert.h"  // the CPU's bit-exact fp32 <-> bf16/fp16 rounding, on the device too
 #undef inline
 
 namespace ops::cuda {
 namespace {
+
+// cuBLASLt, loaded when the backend starts (dlopen), not when the process does: every runner
+// process links this backend, and mapping the 540 MB library costs ~0.2 s of start-up
+// (measured: a program linking it, 20 runs 4.4 s against 0.05 s), which CPU runs never need.
+struct LtApi {
+#define RUNNER_LT_FN(name) decltype(&cublasLt##name) name = nullptr;
+  RUNNER_LT_FN(Create)
+  RUNNER_LT_FN(Destroy)
+  RUNNER_LT_FN(Matmul)
+  RUNNER_LT_FN(MatmulAlgoGetHeuristic)
+  RUNNER_LT_FN(MatmulDescCreate)
+  RUNNER_LT_FN(MatmulDescDestroy)
+  RUNNER_LT_FN(MatmulDescSetAttribute)
+  RUNNER_LT_FN(MatmulPreferenceCreate)
+  RUNNER_LT_FN(MatmulPreferenceDestroy)
+  RUNNER_LT_FN(MatmulPreferenceSetAttribute)
+  RUNNER_LT_FN(MatrixLayoutCreate)
+  RUNNER_LT_FN(MatrixLayoutDestroy)
+#undef RUNNER_LT_FN
+};
+const LtApi& lt_api() {
+  static const LtApi api = [] {
+    const std::string soname = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+    void* h = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+#ifdef RUNNER_CUDA_LIBDIR
+    if (!h) h = dlopen((std::string(RUNNER_CUDA_LIBDIR) + "/" + soname).c_str(), RTLD_NOW | RTLD_LOCAL);
+#endif
+    if (!h) throw std::runtime_error("CUDA backend: cannot load " + soname + " (cuBLASLt): " + dlerror());
+    LtApi a;
+    auto load = [h](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+      if (!fn) throw std::runtime_error(std::string("CUDA backend: cuBLASLt has no ") + name);
+    };
+#define RUNNER_LT_LOAD(name) load(a.name, "cublasLt" #name);
+    RUNNER_LT_LOAD(Create)
+    RUNNER_LT_LOAD(Destroy)
+    RUNNER_LT_LOAD(Matmul)
+    RUNNER_LT_LOAD(MatmulAlgoGetHeuristic)
+    RUNNER_LT_LOAD(MatmulDescCreate)
+    RUNNER_LT_LOAD(MatmulDescDestroy)
+    RUNNER_LT_LOAD(MatmulDescSetAttribute)
+    RUNNER_LT_LOAD(MatmulPreferenceCreate)
+    RUNNER_LT_LOAD(MatmulPreferenceDestroy)
+    RUNNER_LT_LOAD(MatmulPreferenceSetAttribute)
+    RUNNER_LT_LOAD(MatrixLayoutCreate)
+    RUNNER_LT_LOAD(MatrixLayoutDestroy)
+#undef RUNNER_LT_LOAD
+    return a;
+  }();
+  return api;
+}
 
 [[noreturn]] void fail(const char* what, const char* err, const char* file, int line) {
   throw std::runtime_error(std::string("CUDA backend: ") + what + ": " + err + " (" + file + ":" +
@@ -602,6 +659,45 @@ __global__ void sum_squares_k(double* out, const float* x, int64_t n) {
   }
 }
 
+// ------------------------------------------------------------------ generic kernels (issue 26)
+// Any float storage dtype, element i read and written with ops/convert.h's rounding, so the
+// device's bf16/fp16 values are bit-identical to the CPU backend's.
+__device__ inline float load_as_f32(const void* p, DType t, int64_t i) {
+  if (t == DType::F32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  return t == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+__device__ inline void store_from_f32(void* p, DType t, int64_t i, float v) {
+  if (t == DType::F32) static_cast<float*>(p)[i] = v;
+  else static_cast<uint16_t*>(p)[i] = t == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+}
+__global__ void convert_k(void* dst, DType dt, const void* src, DType st, int64_t n) {
+  GRID_STRIDE(i, n) store_from_f32(dst, dt, i, load_as_f32(src, st, i));
+}
+__global__ void accumulate_k(void* dst, DType dt, const float* src, int64_t n) {
+  GRID_STRIDE(i, n) store_from_f32(dst, dt, i, load_as_f32(dst, dt, i) + src[i]);
+}
+__global__ void fill_k(void* x, DType t, float v, int64_t n) { GRID_STRIDE(i, n) store_from_f32(x, t, i, v); }
+// sum_squares_k over any float dtype: the element widened to fp32 (exact), squared in double.
+__global__ void sum_squares_typed_k(double* out, const void* x, DType t, int64_t n) {
+  double s = 0.0;
+  GRID_STRIDE(i, n) {
+    const double v = load_as_f32(x, t, i);
+    s += v * v;
+  }
+  __shared__ double sh[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  s = warp_sum_d(s);
+  if (lane == 0) sh[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    double w = lane < static_cast<int>(blockDim.x >> 5) ? sh[lane] : 0.0;
+    w = warp_sum_d(w);
+    if (lane == 0) atomicAdd(out, w);
+  }
+}
+inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+
 // ------------------------------------------------------------------ the backend
 cudaDataType_t lt_type(DType t) {
   switch (t) {
@@ -617,20 +713,101 @@ class CudaBackend final : public Backend {
   CudaBackend() {
     CU_CHECK(cudaSetDevice(0));
     CU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    LT_CHECK(cublasLtCreate(&lt_));
+    LT_CHECK(lt_api().Create(&lt_));
     CU_CHECK(cudaMalloc(&workspace_, kWorkspace));
-    CU_CHECK(cudaMalloc(&scratch_, 64));
-    MemoryTracker::instance().on_alloc(Account::Workspace, kWorkspace + 64);
+    CU_CHECK(cudaMalloc(&scratch_, kScratchBytes));
+    CU_CHECK(cudaMalloc(&widened_, kWidenedBiasFloats * sizeof(float)));
+    widened_n_ = kWidenedBiasFloats;
+    // kFixedWorkspaceBytes (cuda_workspace.h): the plan of a GPU device adds the same figure.
+    MemoryTracker::instance().on_alloc(Account::Workspace, kFixedWorkspaceBytes);
+    // Tensor memory: the device's stream-ordered pool, told to keep what it frees (a release
+    // threshold of "never"), so steady-state steps allocate from its cache, not the driver.
+    CU_CHECK(cudaDeviceGetDefaultMemPool(&pool_, 0));
+    uint64_t keep = UINT64_MAX;
+    CU_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+    for (int i = 0; i < kStageSlots; ++i) {
+      CU_CHECK(cudaMallocHost(&stage_[i], kStageBytes));
+      CU_CHECK(cudaEventCreateWithFlags(&stage_done_[i], cudaEventDisableTiming));
+    }
   }
   ~CudaBackend() override {
     // Process exit: the driver may already be shutting down, so errors are ignored here.
+    for (int i = 0; i < kStageSlots; ++i) {
+      cudaFreeHost(stage_[i]);
+      cudaEventDestroy(stage_done_[i]);
+    }
     cudaFree(workspace_);
     cudaFree(scratch_);
-    cublasLtDestroy(lt_);
+    cudaFree(widened_);
+    lt_api().Destroy(lt_);
     cudaStreamDestroy(stream_);
   }
   const char* name() const override { return "cuda"; }
   cudaStream_t stream() const { return stream_; }
+  cudaMemPool_t pool() const { return pool_; }
+
+  // ---- memory and the queue (ops/backend.h): everything on the compute stream, in order ----
+  bool host_memory() const override { return false; }
+  void* mem_alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    CU_CHECK(cudaMallocFromPoolAsync(&p, bytes, pool_, stream_));
+    if (reinterpret_cast<uintptr_t>(p) % 64 != 0) throw std::logic_error("CUDA backend: pool block not 64-byte aligned");
+    return p;
+  }
+  // Stream-ordered: the block returns to the pool after every kernel queued before this call.
+  void mem_free(void* p, size_t /*bytes*/) override {
+    if (p) CU_CHECK(cudaFreeAsync(p, stream_));
+  }
+  void mem_zero(void* p, size_t bytes) override {
+    if (bytes) CU_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void copy_in(void* dst, const void* src, size_t bytes) override { stage_in(dst, src, bytes); }
+  // dst holds the bytes after synchronize() (pinned dst: truly asynchronous; pageable: CUDA
+  // waits for the stream before it returns, which the contract allows).
+  void copy_out(void* dst, const void* src, size_t bytes) override {
+    if (bytes) CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  }
+  void synchronize() override { CU_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // ---- generic kernels over any float storage dtype ----
+  void convert(void* dst, DType dt, const void* src, DType st, int64_t n) override {
+    REQUIRE_ARG(is_float_dtype(dt) && is_float_dtype(st),
+                std::string("convert ") + dtype_name(st) + " -> " + dtype_name(dt) + ": not a float format");
+    if (n <= 0) return;
+    if (dt == st) return copy(dst, src, static_cast<size_t>(n) * dtype_size(dt));
+    convert_k<<<blocks_for(n), kThreads, 0, stream_>>>(dst, dt, src, st, n);
+    LAUNCH_CHECK();
+  }
+  void accumulate(void* dst, DType dt, const float* src, int64_t n) override {
+    REQUIRE_ARG(is_float_dtype(dt), std::string("accumulate into ") + dtype_name(dt));
+    if (n <= 0) return;
+    if (dt == DType::F32) return add_inplace(static_cast<float*>(dst), src, n);
+    accumulate_k<<<blocks_for(n), kThreads, 0, stream_>>>(dst, dt, src, n);
+    LAUNCH_CHECK();
+  }
+  double sum_squares_typed(const void* x, DType t, int64_t n) override {
+    REQUIRE_ARG(is_float_dtype(t), std::string("sum_squares of ") + dtype_name(t));
+    if (n <= 0) return 0;
+    if (t == DType::F32) return sum_squares(static_cast<const float*>(x), n);
+    double* acc = static_cast<double*>(scratch_);
+    CU_CHECK(cudaMemsetAsync(acc, 0, sizeof(double), stream_));
+    sum_squares_typed_k<<<std::min(blocks_for(n), 1024), kThreads, 0, stream_>>>(acc, x, t, n);
+    LAUNCH_CHECK();
+    double h = 0;
+    CU_CHECK(cudaMemcpyAsync(&h, acc, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    CU_CHECK(cudaStreamSynchronize(stream_));
+    return h;
+  }
+  void fill(void* x, DType t, float v, int64_t n) override {
+    REQUIRE_ARG(is_float_dtype(t), std::string("fill of ") + dtype_name(t));
+    if (n <= 0) return;
+    fill_k<<<blocks_for(n), kThreads, 0, stream_>>>(x, t, v, n);
+    LAUNCH_CHECK();
+  }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
                          int C) override {
@@ -937,7 +1114,7 @@ class CudaBackend final : public Backend {
   // later kernels (the optimizer writing `src`) wait for the copy on the device, never the host.
   void stage_out(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
-    std::lock_guard<std::mutex> lock(stage_mutex_);
+    std::lock_guard<std::mutex> lock(side_mutex_);
     if (!copy_stream_) CU_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     cudaEvent_t before = nullptr, after = nullptr;
     CU_CHECK(cudaEventCreateWithFlags(&before, cudaEventDisableTiming));
@@ -951,7 +1128,7 @@ class CudaBackend final : public Backend {
     cudaEventDestroy(after);
   }
   uint64_t stage_fence() override {
-    std::lock_guard<std::mutex> lock(stage_mutex_);
+    std::lock_guard<std::mutex> lock(side_mutex_);
     if (!copy_stream_) CU_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     cudaEvent_t e = nullptr;
     CU_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -962,7 +1139,7 @@ class CudaBackend final : public Backend {
   void stage_wait(uint64_t fence) override {
     cudaEvent_t e = nullptr;
     {
-      std::lock_guard<std::mutex> lock(stage_mutex_);
+      std::lock_guard<std::mutex> lock(side_mutex_);
       auto it = fences_.find(fence);
       if (it == fences_.end()) throw std::logic_error("cuda backend: stage_wait of an unknown fence");
       e = it->second;
@@ -974,17 +1151,39 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  std::mutex stage_mutex_;
+  std::mutex side_mutex_;  // the checkpoint staging's copy stream and fences
   cudaStream_t copy_stream_ = nullptr;
   std::map<uint64_t, cudaEvent_t> fences_;
   uint64_t fence_next_ = 0;
-  static constexpr size_t kWorkspace = 32u << 20;
+  static constexpr size_t kWorkspace = kGemmWorkspaceBytes;
+  // copy_in's pinned staging slots: the host bytes are copied into a slot before the call
+  // returns (so the caller may reuse its buffer at once, pageable or pinned), and the slot's
+  // DMA runs on the stream; a slot is refilled after its previous DMA finished (its event).
+  static constexpr int kStageSlots = 2;
+  static constexpr size_t kStageBytes = 4u << 20;
   cudaStream_t stream_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;
+  void* stage_[kStageSlots] = {};
+  cudaEvent_t stage_done_[kStageSlots] = {};
+  int stage_next_ = 0;
+  std::mutex stage_mutex_;
+  void stage_in(void* dst, const void* src, size_t bytes) {
+    std::lock_guard<std::mutex> lock(stage_mutex_);
+    for (size_t off = 0; off < bytes; off += kStageBytes) {
+      const size_t m = std::min(kStageBytes, bytes - off);
+      const int slot = stage_next_;
+      stage_next_ = (stage_next_ + 1) % kStageSlots;
+      CU_CHECK(cudaEventSynchronize(stage_done_[slot]));
+      std::memcpy(stage_[slot], static_cast<const char*>(src) + off, m);
+      CU_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + off, stage_[slot], m, cudaMemcpyHostToDevice, stream_));
+      CU_CHECK(cudaEventRecord(stage_done_[slot], stream_));
+    }
+  }
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;
   void* scratch_ = nullptr;  // 64 bytes: sum_squares' double, the loss kernels' error flag
   std::mutex widen_mutex_;
-  float* widened_ = nullptr;  // 16-bit bias widened to fp32 (grown on demand, Workspace account)
+  float* widened_ = nullptr;  // 16-bit bias widened to fp32 (kWidenedBiasFloats, grown past it; Workspace account)
   size_t widened_n_ = 0;
 
   static void check_p(float p) {
@@ -1059,29 +1258,29 @@ class CudaBackend final : public Backend {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
     cublasLtMatmulPreference_t pref = nullptr;
-    LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CHECK(lt_api().MatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+    LT_CHECK(lt_api().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+    LT_CHECK(lt_api().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
     if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
-      LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-      LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+      LT_CHECK(lt_api().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+      LT_CHECK(lt_api().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
       cudaDataType_t bt = CUDA_R_32F;
-      LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+      LT_CHECK(lt_api().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
       if (aux) {
         int64_t aux_ld = ldd;
-        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
-        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        LT_CHECK(lt_api().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
+        LT_CHECK(lt_api().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
         cudaDataType_t at = CUDA_R_32F;
-        LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof(at)));
+        LT_CHECK(lt_api().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof(at)));
       }
     }
-    LT_CHECK(cublasLtMatrixLayoutCreate(&la, ab, ta ? k : m, ta ? m : k, lda));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, tb ? n : k, tb ? k : n, ldb));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
-    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    LT_CHECK(lt_api().MatrixLayoutCreate(&la, ab, ta ? k : m, ta ? m : k, lda));
+    LT_CHECK(lt_api().MatrixLayoutCreate(&lb, ab, tb ? n : k, tb ? k : n, ldb));
+    LT_CHECK(lt_api().MatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
+    LT_CHECK(lt_api().MatmulPreferenceCreate(&pref));
     size_t ws = kWorkspace;
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    LT_CHECK(lt_api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     // The heuristic assumes 256-byte aligned operands unless told: views into flat parameter
     // and gradient buffers are often less aligned, so pass each pointer's actual alignment.
     auto align_of = [](const void* ptr) {
@@ -1090,22 +1289,22 @@ class CudaBackend final : public Backend {
       return a;
     };
     const uint32_t aa = align_of(A), ab_ = align_of(B), ad = align_of(D);
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab_, sizeof(ab_)));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad)));
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
+    LT_CHECK(lt_api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
+    LT_CHECK(lt_api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab_, sizeof(ab_)));
+    LT_CHECK(lt_api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof(ad)));
+    LT_CHECK(lt_api().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
     cublasLtMatmulHeuristicResult_t heur{};
     int found = 0;
-    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, op, la, lb, ld, ld, pref, 1, &heur, &found));
+    LT_CHECK(lt_api().MatmulAlgoGetHeuristic(lt_, op, la, lb, ld, ld, pref, 1, &heur, &found));
     const float alpha = 1.0f;
-    cublasStatus_t st = found ? cublasLtMatmul(lt_, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heur.algo,
+    cublasStatus_t st = found ? lt_api().Matmul(lt_, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heur.algo,
                                                workspace_, kWorkspace, stream_)
                               : CUBLAS_STATUS_NOT_SUPPORTED;
-    cublasLtMatmulPreferenceDestroy(pref);
-    cublasLtMatrixLayoutDestroy(ld);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatmulDescDestroy(op);
+    lt_api().MatmulPreferenceDestroy(pref);
+    lt_api().MatrixLayoutDestroy(ld);
+    lt_api().MatrixLayoutDestroy(lb);
+    lt_api().MatrixLayoutDestroy(la);
+    lt_api().MatmulDescDestroy(op);
     if (!found)
       throw std::runtime_error("CUDA backend: cuBLASLt has no algorithm for a " + std::string(dtype_name(t)) + " GEMM " +
                                std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
@@ -1137,6 +1336,16 @@ CudaBackend& backend_impl() {
 }  // namespace
 
 Backend& cuda_backend() { return backend_impl(); }
+
+bool cublaslt_loadable(std::string* why) {
+  try {
+    lt_api();
+    return true;
+  } catch (const std::exception& e) {
+    if (why) *why = e.what();
+    return false;
+  }
+}
 
 DeviceBuffer::DeviceBuffer(size_t bytes, Account account, bool zero) : bytes_(bytes), account_(account) {
   if (bytes == 0) return;
@@ -1178,6 +1387,16 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 void* compute_stream() { return backend_impl().stream(); }
 void synchronize() { CU_CHECK(cudaStreamSynchronize(backend_impl().stream())); }
 void memory_info(size_t* free_bytes, size_t* total_bytes) { CU_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }
+DeviceMemory device_memory() {
+  DeviceMemory m;
+  uint64_t used = 0, reserved = 0;
+  CU_CHECK(cudaMemPoolGetAttribute(backend_impl().pool(), cudaMemPoolAttrUsedMemCurrent, &used));
+  CU_CHECK(cudaMemPoolGetAttribute(backend_impl().pool(), cudaMemPoolAttrReservedMemCurrent, &reserved));
+  m.pool_used = used;
+  m.pool_reserved = reserved;
+  CU_CHECK(cudaMemGetInfo(&m.free, &m.total));
+  return m;
+}
 
 void* alloc_pinned(size_t bytes) {
   void* p = nullptr;

@@ -11,12 +11,14 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "ops/gemm_path.h"
 #include "runner/cli/command.h"
+#include "runner/device/devices.h"
 #include "runner/device/gemm_report.h"
 #include "runner/data/data.h"
 #include "runner/errors.h"
@@ -57,7 +59,12 @@ class PlanCommand final : public Command {
     const Recipe r = load_recipe(recipe_path_, sets_);
     Plan p = make_plan(r, world_);
     if (json_) std::cout << p.to_json().dump(2) << "\n";
-    else std::cout << p.table() << gemm_text(p.recipe.precision.compute);
+    else {
+      // A GPU recipe's GEMMs are cuBLASLt's, whatever this machine's CPU would take.
+      std::optional<ops::ScopedGemmPaths> gpu;
+      if (device_kind(r.hardware).gpu) gpu.emplace(ops::device_gemm_paths());
+      std::cout << p.table() << gemm_text(p.recipe.precision.compute);
+    }
     // After the plan, so that a recipe planned on a machine without its data still shows
     // its memory; the exit code still refuses it.
     std::vector<std::string> refusals;

@@ -1,9 +1,10 @@
 // Backend selection from hardware.device (device.h); the only place that names a backend.
 #include "runner/device/device.h"
 
+#include "ops/gemm_path.h"
+#include "ops/strict/strict_backend.h"
 #include "runner/device/devices.h"
 #include "runner/errors.h"
-#include "ops/strict/strict_backend.h"
 #if defined(RUNNER_HAVE_CUDA)
 #include "ops/cuda/cuda_backend.h"
 #endif
@@ -27,10 +28,19 @@ ops::Backend& select_backend(const Recipe& r) {
 #if defined(RUNNER_HAVE_CUDA)
   std::string why;
   if (!ops::cuda::device_available(&why)) throw UserError(r.loc("hardware.device"), what + "no CUDA device was found (" + why + ")", fix);
-  throw UserError(r.loc("hardware.device"),
-                  what + "`runner train` does not run on the GPU yet (found " + ops::cuda::device_description() +
-                      "; the CUDA kernels are built and tested on their own, see README's GPU section)",
-                  fix);
+  ops::Backend* be = nullptr;
+  try {
+    be = &ops::cuda::cuda_backend();
+  } catch (const std::runtime_error& e) {  // a device is there but CUDA cannot start on it (memory, driver)
+    throw UserError(r.loc("hardware.device"), what + "the CUDA backend could not start on " +
+                                                  ops::cuda::device_description() + ": " + e.what(), fix);
+  }
+  // From here every tensor the run makes is device memory, and 16-bit Linears read their
+  // operands as stored through cuBLASLt (the plan's dry run prices the same path).
+  ops::set_tensor_device(be);
+  ops::set_gemm_paths(ops::device_gemm_paths());
+  ops::set_device_timer(&ops::cuda::cuda_timer());  // the profiler times the GPU's queue
+  return *be;
 #else
   throw UserError(r.loc("hardware.device"), what + "this runner was built without CUDA, so no CUDA device was found", fix);
 #endif

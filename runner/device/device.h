@@ -16,11 +16,11 @@ bool wants_gpu(const std::string& device);
 
 // The backend for a run of the recipe (`runner train`, `runner resume`). Throws UserError
 // (exit 2, at hardware.device) when the recipe names a GPU and this runner has no usable one:
-// built without CUDA, no CUDA device found (the CUDA runtime's reason), or, with a device,
-// because `runner train` does not run on the GPU yet (the executor's tensors live in host
-// memory; the CUDA kernels are tested on their own, tests/cuda/). Call before anything is
-// written and before any GEMM runs: the CPU backend selects OpenBLAS's kernels when first
-// taken.
+// built without CUDA, or no CUDA device found (the CUDA runtime's reason). With one, the CUDA
+// backend: it becomes the tensor device (every tensor made afterwards is device memory) and
+// the GEMM paths become cuBLASLt's (ops::device_gemm_paths()). cpu-strict likewise sets the
+// strict device. Call before anything is written and before any GEMM runs: the CPU backend
+// selects OpenBLAS's kernels when first taken.
 ops::Backend& select_backend(const Recipe& r);
 
 // The host's backend, for the commands that run where they are started whatever the stored

@@ -52,12 +52,17 @@ GemmReport gemm_report(FloatFormat compute) {
   GemmReport g;
   const std::string fp32 = "fp32: fp32-sgemm (OpenBLAS sgemm on fp32 operands)";
   if (compute == FloatFormat::fp32) {
-    g.lines.push_back(fp32);
+    g.lines.push_back(ops::gemm_paths_on_device() ? "fp32: cublaslt-fp32 (cuBLASLt, fp32 compute, no TF32)" : fp32);
     return g;
   }
   const ops::GemmPaths& p = ops::gemm_paths();
   const ops::GemmChoice& c = p.of(compute == FloatFormat::bf16 ? ops::DType::BF16 : ops::DType::F16);
   const std::string name = to_string(compute);
+  if (c.path == ops::GemmPath::Device) {  // a GPU: nothing measured, nothing widened
+    g.lines.push_back(fmt::format("{}: {} (cuBLASLt on {} operands as stored, fp32 accumulation)", name, c.path_name(), name));
+    g.lines.push_back("fp32: cublaslt-fp32 (cuBLASLt, fp32 compute, no TF32)");
+    return g;
+  }
   std::string line = name + ": " + c.path_name();
   const std::string why = c.why == "measured" ? "" : "; " + c.why;  // the measurement follows
   if (c.path == ops::GemmPath::OneDnn) {

@@ -22,7 +22,9 @@ struct GemmReport {
 };
 
 // For a run computing in `compute`. 16-bit compute reads ops::gemm_paths(), which measures the
-// paths on first use (a few hundred milliseconds); fp32 measures nothing.
+// paths on first use (a few hundred milliseconds); fp32 measures nothing. Under the GPU's paths
+// (ops::device_gemm_paths(): a GPU run, or a ScopedGemmPaths for a GPU recipe's plan) it names
+// cuBLASLt and measures nothing.
 GemmReport gemm_report(FloatFormat compute);
 
 }  // namespace runner

@@ -126,6 +126,7 @@ class RunMetrics {
   };
   std::unique_ptr<PendingMonitor> pending_;
   void report_monitor(const PendingMonitor& p, const std::vector<std::array<double, kRow>>& rows);
+  std::string device_memory_check(nlohmann::json& j, double accounts_peak) const;
   void add_breakdown(int64_t step, const StepResult& s, const Breakdown& b);
   void spike_alerts(int64_t step, const StepResult& s);
   void grad_range(int64_t step, const GradReport& r, nlohmann::json& record);

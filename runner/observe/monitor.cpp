@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "ops/device_timer.h"
 #include "runner/observe/metrics.h"
 
 namespace runner {
@@ -230,11 +231,29 @@ void RunMetrics::report_monitor(const PendingMonitor& pm, const std::vector<std:
                    {"slowest_stage", f.slow_stage},
                    {"stage_imbalance", f.imbalance},
                    {"per_rank", f.per_rank}};
+  const std::string device_line = device_memory_check(j, pm.peak);
   write(j.dump());
+  if (!device_line.empty()) log_->info("{}", device_line);
   log_->info("  monitor step {} | step ms p50 {:.0f} p90 {:.0f} p99 {:.0f} max {:.0f} | util {:.0f}% | skipped {} | checkpoints {:.0f} ms{}",
              step, pm.p50, pm.p90, pm.p99, pm.max, 100 * f.util, pm.skipped, pm.checkpoint_ms,
              rows.size() > 1 ? fmt::format(" | slowest {} busy {:.0f} ms/step", rank_name(f.slow), busy_of(rows[f.slow]) / n) : "");
   monitor_alerts(pm, rows, f.util, f.slow_stage, f.stage_busy, f.imbalance);
+}
+
+// On a device that reports its own memory (ops/device_timer.h: the GPU), the record's
+// "device_reported" beside the ledger's accounts: the allocator's bytes in use and reserved and
+// the driver's, so the accounts (what tensors hold) are cross-checked with what CUDA sees. The
+// console line; empty on the CPU.
+std::string RunMetrics::device_memory_check(nlohmann::json& j, double accounts_peak) const {
+  ops::DeviceTimer* dev = ops::device_timer();
+  if (!dev) return "";
+  const ops::DeviceTimer::Memory m = dev->memory();
+  j["device_reported"] = {{"pool_used", m.pool_used}, {"pool_reserved", m.pool_reserved},
+                          {"driver_used", m.driver_used}, {"total", m.total}};
+  return fmt::format("  device memory | accounts peak {} | allocator in use {}, reserved {} | driver used {} of {}",
+                     format_bytes(accounts_peak), format_bytes(static_cast<double>(m.pool_used)),
+                     format_bytes(static_cast<double>(m.pool_reserved)), format_bytes(static_cast<double>(m.driver_used)),
+                     format_bytes(static_cast<double>(m.total)));
 }
 
 // The alerts of a monitor interval, each raised once per run.

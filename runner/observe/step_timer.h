@@ -6,13 +6,17 @@
 #pragma once
 #include <cstdint>
 
+#include "ops/device_timer.h"
 #include "ops/trace.h"
 
 namespace runner {
 
 class StepTimer {
  public:
-  static int64_t now() { return ops::trace_now_ns(); }
+  // On a GPU (a device timer installed) the clock is read after the device's queue drained
+  // (an event on the compute stream, waited for), so a phase holds the device's work, not
+  // the host's launches; on the CPU it is the plain steady clock.
+  static int64_t now() { return ops::device_synced_now_ns(); }
   static double ms(int64_t t0, int64_t t1) { return static_cast<double>(t1 - t0) / 1e6; }
   static double since(int64_t t0) { return ms(t0, now()); }
 

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/cuda/cuda_workspace.h"
 #include "ops/executor.h"
 #include "runner/device/devices.h"
 #include "runner/plan/internal.h"
@@ -105,6 +106,9 @@ void compute_ledger(const Recipe& r, Plan& p) {
       if (r.checkpoint.async) L.workspace += state_copy;
       if (r.checkpoint.snapshot_every > 0) L.workspace += state_copy;
     }
+    // The GPU backend's own buffers (cuBLASLt's workspace, scratch, the widened bias), held
+    // from its start; its tensors' workspace is the dry run's, under cuBLASLt's GEMM paths.
+    if (device_kind(r.hardware).gpu) L.workspace += static_cast<double>(ops::cuda::kFixedWorkspaceBytes);
     // Communication buffers besides the pipeline's: data-parallel buckets are reduced in place
     // in the flat gradient buffer (no copy), except under ZeRO-1, where each rank receives its
     // reduced piece of every bucket (params / dp elements); tensor-parallel all-reduces are in place.

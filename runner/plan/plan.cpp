@@ -4,7 +4,9 @@
 #include "runner/plan/plan.h"
 
 #include <algorithm>
+#include <optional>
 
+#include "ops/gemm_path.h"
 #include "runner/device/devices.h"
 #include "runner/plan/internal.h"
 
@@ -45,6 +47,10 @@ std::vector<parallel::PipeAction> Plan::schedule(int stage) const {
 Plan make_plan(const Recipe& r, int64_t world_size) { return plan_detail::make_plan(r, world_size, true); }
 
 Plan plan_detail::make_plan(const Recipe& r, int64_t world_size, bool with_suggestions) {
+  // A GPU device's dry runs take cuBLASLt's GEMM paths (16-bit operands read as stored), as
+  // its executor does, whatever this machine's CPU would choose: the ledger prices the GPU.
+  std::optional<ops::ScopedGemmPaths> gpu_paths;
+  if (device_kind(r.hardware).gpu) gpu_paths.emplace(ops::device_gemm_paths());
   Plan p;
   p.recipe = r;
   resolve_grid(r, world_size, p);

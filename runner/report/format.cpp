@@ -286,6 +286,12 @@ Rows monitor_rows(const json& m) {
   if (m.contains("step_ms")) r.emplace_back("step time", percentiles_text(m["step_ms"]));
   if (m.contains("skipped_steps")) r.emplace_back("skipped steps", any_text(m["skipped_steps"]));
   if (m.contains("peak_bytes")) r.emplace_back("peak memory", bytes_text(num(m, "peak_bytes")));
+  if (m.contains("device_reported") && m["device_reported"].is_object()) {  // a GPU's own figures beside the accounts
+    const json& d = m["device_reported"];
+    r.emplace_back("device memory (CUDA)", fmt::format("allocator in use {}, reserved {}; driver used {} of {}",
+                                                       bytes_text(num(d, "pool_used")), bytes_text(num(d, "pool_reserved")),
+                                                       bytes_text(num(d, "driver_used")), bytes_text(num(d, "total"))));
+  }
   if (m.contains("per_rank") && m["per_rank"].is_array() && m["per_rank"].size() > 1 && m.contains("slowest_rank"))
     r.emplace_back("slowest rank", any_text(m["slowest_rank"]));
   return r;

@@ -83,6 +83,7 @@ std::array<int8_t, 2> recorded_paths(const std::string& run_dir) {
 }  // namespace
 
 void Launch::agree_gemm_paths(const std::string& run_dir) {
+  if (ops::gemm_paths_on_device()) return;  // a GPU run: cuBLASLt's paths, set with the backend, nothing to agree
   ops::GemmMode mode;
   try {
     mode = ops::gemm_mode_from_env();

@@ -485,11 +485,105 @@ TEST_CASE("AdamW over 16-bit parameters and gradients, with and without fp32 mas
       ops::to_f32(got.data(), back.data(), t, n);
       check_close(got, want, t == DType::BF16 ? 8e-3f : 1e-3f, 1e-6f, "adamw16 param");
     }
+// ---- issue 26: the backend owns tensor memory; the generic kernels over any float dtype ----
+
+TEST_CASE("tensors on the device: counted like host ones, crossings, queued copies, staged copy_in") {
+  auto& mt = ops::MemoryTracker::instance();
+  ops::Backend& be = gpu();
+  CHECK_FALSE(be.host_memory());
+  const size_t before = mt.current(Account::Activations);
+  const int64_t n = 3 * (1 << 20) + 17;  // 12 MiB of fp32: copy_in goes through several staging slots
+  std::vector<float> h = randn(static_cast<size_t>(n), 200), back(static_cast<size_t>(n));
+  {
+    ops::Tensor t({n}, DType::F32, Account::Activations, true, &be);
+    CHECK(t.device() == &be);
+    CHECK_FALSE(t.on_host());
+    CHECK(mt.current(Account::Activations) >= before + static_cast<size_t>(n) * 4);
+    t.read_to_host(back.data());
+    CHECK(std::all_of(back.begin(), back.end(), [](float x) { return x == 0.0f; }));  // zeroed on the device
+    std::vector<float> src = h;
+    be.copy_in(t.raw(), src.data(), src.size() * 4);
+    std::fill(src.begin(), src.end(), -1.0f);  // reusable on return: the device keeps the old bytes
+    ops::Tensor u({n}, DType::F32, Account::Activations, false, &be);
+    be.copy(u.raw(), t.raw(), static_cast<size_t>(n) * 4);
+    float* pinned = static_cast<float*>(cu::alloc_pinned(static_cast<size_t>(n) * 4));
+    be.copy_out(pinned, u.raw(), static_cast<size_t>(n) * 4);
+    be.synchronize();
+    CHECK(std::memcmp(pinned, h.data(), static_cast<size_t>(n) * 4) == 0);
+    cu::free_pinned(pinned);
+    be.mem_zero(u.raw(), 64);
+    u.read_to_host(back.data());
+    CHECK(back[0] == 0.0f);
+    CHECK(back[15] == 0.0f);
+    CHECK(back[16] == h[16]);
+    const cu::DeviceMemory dm = cu::device_memory();
+    CHECK(dm.pool_used >= 2 * static_cast<size_t>(n) * 4);  // the pool handed out both tensors
+    CHECK(dm.pool_reserved >= dm.pool_used);
+    CHECK(dm.total > dm.free);
+  }
+  be.synchronize();
+  CHECK(mt.current(Account::Activations) == before);
+}
+
+// Values that exercise the rounding: ties, subnormals, overflow past fp16's range, inf, NaN.
+std::vector<float> awkward_values(size_t n, uint64_t seed) {
+  std::vector<float> v = randn(n, seed, 3.0f);
+  const float special[] = {0.0f, -0.0f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256, 65504.0f, 65520.0f, 1e6f, -1e-7f,
+                           3e-8f, 6e-8f, 1e-40f, INFINITY, -INFINITY, NAN, 1.00390625f, -2.0078125f};
+  for (size_t i = 0; i < sizeof(special) / sizeof(float) && i < n; ++i) v[i * 7 % n] = special[i];
+  return v;
+}
+
+TEST_CASE("convert, accumulate, fill and sum_squares_typed: bit-identical to the CPU's in every float dtype") {
+  const int64_t n = 100003;
+  const std::vector<float> src = awkward_values(static_cast<size_t>(n), 300);
+  const std::vector<float> add = randn(static_cast<size_t>(n), 301, 0.01f);
+  ops::Backend& be = gpu();
+  for (DType st : {DType::F32, DType::BF16, DType::F16}) {
+    // The source in its dtype, made by the CPU's rounding.
+    std::vector<char> s_host(static_cast<size_t>(n) * ops::dtype_size(st));
+    cpu().convert(s_host.data(), st, src.data(), DType::F32, n);
+    ops::Tensor s({n}, st, Account::Activations, false, &be);
+    s.write_from_host(s_host.data());
+    for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+      CAPTURE(ops::dtype_name(st));
+      CAPTURE(ops::dtype_name(dt));
+      std::vector<char> want(static_cast<size_t>(n) * ops::dtype_size(dt)), got(want.size());
+      cpu().convert(want.data(), dt, s_host.data(), st, n);
+      ops::Tensor d({n}, dt, Account::Activations, false, &be);
+      be.convert(d.raw(), dt, s.raw(), st, n);
+      d.read_to_host(got.data());
+      CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
+      // dst += add, rounded to dt.
+      ops::Tensor a({n}, DType::F32, Account::Activations, false, &be);
+      a.write_from_host(add.data());
+      cpu().accumulate(want.data(), dt, add.data(), n);
+      be.accumulate(d.raw(), dt, a.data<float>(), n);
+      d.read_to_host(got.data());
+      CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
+    }
+    // Sums of squares in double: NaN when the source holds one (it does), finite without it.
+    CHECK(std::isnan(be.sum_squares_typed(s.raw(), st, n)));
+    const int64_t m = 5;  // the first elements are plain numbers (awkward_values puts specials at i*7)
+    const double ss_want = cpu().sum_squares_typed(s_host.data(), st, m), ss_got = be.sum_squares_typed(s.raw(), st, m);
+    CHECK(std::fabs(ss_got - ss_want) <= 1e-12 * std::max(ss_want, 1.0));
+    // fill
+    std::vector<char> want(static_cast<size_t>(n) * ops::dtype_size(st)), got(want.size());
+    cpu().fill(want.data(), st, 0.3f, n);
+    be.fill(s.raw(), st, 0.3f, n);
+    s.read_to_host(got.data());
+    CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
   }
 }
 
 int main(int argc, char** argv) {
   std::string why;
+  // cuBLASLt is loaded when the backend starts (dlopen): that it resolves is checked here even
+  // without a GPU, so a machine that builds the backend also proves it can load it.
+  if (!cu::cublaslt_loadable(&why)) {
+    std::printf("FAILED: %s\n", why.c_str());
+    return 1;
+  }
   if (!cu::device_available(&why)) {
     std::printf("SKIPPED: no CUDA device (%s); the CUDA kernels are compiled but not run\n", why.c_str());
     return 77;  // ctest: SKIP_RETURN_CODE
