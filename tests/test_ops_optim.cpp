@@ -1,7 +1,9 @@
 // Optimizer-side kernels of the CPU backend: AdamW against a hand-computed two-step
-// reference and a double-precision reference, and sum_squares (the gradient norm).
+// reference and a double-precision reference, adamw_update_typed (16-bit parameters, masters)
+// against adamw_update, and sum_squares (the gradient norm).
 #include <cmath>
 
+#include "ops/convert.h"
 #include "tests/gradcheck.h"
 
 using namespace gc;
@@ -88,5 +90,47 @@ TEST_CASE("sum_squares: double accumulation, all sizes") {
     // Every product f*f is exact in double and the sum of 1e6 positive terms loses ~1e-16
     // per add: the result must match to far better than fp32 accumulation (~1e-4) would.
     CHECK(std::fabs(got - want) <= 1e-12 * want);
+  }
+}
+
+// adamw_update_typed (issue 26: the optimizer's whole update as one device call): over a 16-bit
+// parameter it is adamw_update on the fp32 values (the masters, or the parameter widened) with
+// the gradient widened, then the parameter rounded; bit for bit, whatever the piece boundaries
+// (n spans several of the host default's 2^14 pieces).
+TEST_CASE("adamw_update_typed: 16-bit parameters and gradients, with and without fp32 masters, bit for bit") {
+  const int64_t n = 40001;
+  ops::Backend::AdamwArgs a;
+  a.lr = 3e-3f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.1f, a.t = 7, a.grad_scale = 0.5f;
+  for (ops::DType pt : {ops::DType::BF16, ops::DType::F16}) {
+    for (ops::DType gt : {ops::DType::F32, pt}) {
+      for (bool masters : {true, false}) {
+        CAPTURE(ops::dtype_name(pt));
+        CAPTURE(ops::dtype_name(gt));
+        CAPTURE(masters);
+        Vec w(n), g(n), m(n), v(n);
+        for (int64_t i = 0; i < n; ++i) {
+          w[i] = 0.5f * std::sin(0.01f * i), g[i] = 0.01f * std::cos(0.37f * i);
+          m[i] = 0.001f * std::sin(0.13f * i), v[i] = 1e-5f * (1.0f + std::cos(0.07f * i));
+        }
+        std::vector<uint16_t> w16(n), g16(n);
+        ops::from_f32(w16.data(), pt, w.data(), n);
+        ops::from_f32(g16.data(), gt == ops::DType::F32 ? pt : gt, g.data(), n);
+        // The reference: fp32 values (the master, or the 16-bit parameter widened), fp32 gradient.
+        Vec rw = w, rg = g, rm = m, rv = v;
+        if (!masters) ops::to_f32(rw.data(), w16.data(), pt, n);
+        if (gt != ops::DType::F32) ops::to_f32(rg.data(), g16.data(), gt, n);
+        be().adamw_update(rw.data(), rg.data(), rm.data(), rv.data(), n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                          a.t, a.grad_scale);
+        std::vector<uint16_t> want(n);
+        ops::from_f32(want.data(), pt, rw.data(), n);
+        Vec master = w;
+        const void* grad = gt == ops::DType::F32 ? static_cast<const void*>(g.data()) : g16.data();
+        be().adamw_update_typed(w16.data(), pt, grad, gt, masters ? master.data() : nullptr, m.data(), v.data(), n, a);
+        CHECK(w16 == want);
+        CHECK(m == rm);
+        CHECK(v == rv);
+        if (masters) CHECK(master == rw);
+      }
+    }
   }
 }
