@@ -3,10 +3,11 @@
 // The layout recipe (tests/support/recipes.h: a 2-layer GPT with dropout, a vocabulary tensor
 // parallelism must pad) is trained for a few steps under mpirun on `cpu` and on `cpu-strict`
 // in dp2, tp2 (with sequence parallelism), pp2 (1F1B), ZeRO-1 over dp2 with small buckets (so
-// several are in flight at once) and pp2 GPipe. On the strict device every gradient bucket,
-// tensor-parallel collective and pipeline message takes device memory that host code cannot
-// touch, so they go through the communicators' host-staged path (parallel/tensor_comm.cpp):
-// the per-step losses and the held-out losses must be identical, not merely close.
+// several are in flight at once), pp2 GPipe, and ZeRO-1 in bf16. On the strict device every
+// gradient bucket, tensor-parallel collective and pipeline message takes device memory that
+// host code cannot touch, so they go through the communicators' host-staged path
+// (parallel/tensor_comm.cpp): the step records (loss, gradient norm, learning rate, peak
+// memory) and the held-out losses must be identical, not merely close.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -73,6 +74,8 @@ TEST_CASE("dp, tp, pp and ZeRO on cpu-strict give the cpu run's losses bit for b
       {"pp2", 2, "--set parallel.pp=2 --set parallel.schedule=1f1b"},
       {"dp2zero1", 2, "--set parallel.zero=1 --set parallel.bucket_mb=0.01"},
       {"pp2gpipe", 2, "--set parallel.pp=2 --set parallel.schedule=gpipe"},
+      // 16-bit buckets through the staging buffers, summed by MPI's bf16 operation.
+      {"dp2zero1_bf16", 2, "--set parallel.zero=1 --set parallel.bucket_mb=0.01 --set precision.compute=bf16"},
   };
   for (const Layout& l : layouts) {
     const std::string layout = l.name;
