@@ -22,9 +22,10 @@ void forward(OpContext& c) {
   const int N = static_cast<int>(rows_of(x)), V = static_cast<int>(x.shape.back()),
             Vr = static_cast<int>(n.vocab_real);
   if (n.tp == TpMode::VocabXent) {
-    std::vector<float>& stats = *c.host;  // rowmax, sumexp, tlogit
-    stats.resize(3 * static_cast<size_t>(N));
-    float* mx = stats.data();
+    // rowmax, sumexp, tlogit: kernel operands, so device memory (a workspace temporary that
+    // scratch() reports), all-reduced through the group's tensor-memory calls.
+    Tensor stats = scratch_tensor({3 * static_cast<int64_t>(N)}, false);
+    float* mx = stats.data<float>();
     float* se = mx + N;
     float* tl = se + N;
     c.be.xent_shard_max(mx, c.in(0), N, V, Vr);
@@ -35,6 +36,12 @@ void forward(OpContext& c) {
   } else {
     c.be.softmax_xent_forward(c.out(0), probs, c.in(0), c.in_i32(1), N, V, Vr);
   }
+}
+
+// The vocabulary-parallel forward's row statistics (rowmax, sumexp, tlogit: 3 floats a row).
+size_t scratch(const Graph& g, const Node& n, bool backward) {
+  if (backward || n.tp != TpMode::VocabXent) return 0;
+  return 3 * static_cast<size_t>(rows_of(g.tensors[static_cast<size_t>(n.in[0])])) * sizeof(float);
 }
 
 // c.din(0) is the logits' own buffer (seeds_backward): dlogits overwrite the probabilities.
@@ -53,7 +60,7 @@ void backward(OpContext& c) {
 }  // namespace
 
 constinit const OpDef kSoftmaxXentOp{.kind = OpKind::SoftmaxXent, .name = "softmax_xent",
-                                     .saves = softmax_xent::saves, .scratch = nullptr,
+                                     .saves = softmax_xent::saves, .scratch = softmax_xent::scratch,
                                      .forward = softmax_xent::forward, .backward = softmax_xent::backward,
                                      .seeds_backward = true};
 
