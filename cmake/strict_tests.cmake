@@ -10,6 +10,7 @@ set(RUNNER_STRICT_TESTS
   # [i26: parallel]
   # [i26: train and checkpoint]
   # [i26: generate and export]
+  test_generate test_generate_kv test_generate_tp test_export test_import
   # [i26: attention]
 )
 foreach(name ${RUNNER_STRICT_TESTS})

@@ -131,7 +131,8 @@ TrainedModel load_trained_model(const std::string& src, const std::vector<std::s
   // The device, once, after every check of the request and before the first tensor: from here
   // on every tensor is allocated in its memory (runner/device/device.h).
   tm.backend = &select_backend(tm.plan.recipe);
-  ops::set_tensor_device(tm.backend->host_memory() ? nullptr : tm.backend);  // a process may load several (tests)
+  ops::Backend* device = tm.backend->host_memory() ? nullptr : tm.backend;
+  ops::set_tensor_device(device);  // a process may load several models (tests): this one's device
   if (ranks > 1) {
     tm.grid = std::make_shared<parallel::Grid>(std::move(world),
                                                parallel::GridShape{static_cast<int>(tm.plan.dp), static_cast<int>(tm.plan.tp),
@@ -140,9 +141,15 @@ TrainedModel load_trained_model(const std::string& src, const std::vector<std::s
     tm.stage = tm.grid->coords().pp;
   }
   const ModelLayout& layout = *tm.plan.layout;
+  // The checkpoint is read in host memory (whatever the reader allocates beside the values
+  // too: the moments it skips past), then the parameters are copied in.
+  ops::set_tensor_device(nullptr);
   TrainState logical = host_logical_template(layout, tm.stage);  // host memory: read, cut, copied in, dropped
   load_checkpoint_file(tm.checkpoint, logical, /*subset=*/true);
   tm.step = logical.step;
+  logical.adam_m.clear();
+  logical.adam_v.clear();
+  ops::set_tensor_device(device);
   tm.params = device_params(layout, tm.stage, tm.tp_rank, logical);
   return tm;
 }
@@ -174,19 +181,25 @@ const ops::Tensor& TrainedModel::logits(ops::Executor& ex, const ops::Graph& g, 
   if (!grid || plan.pp <= 1) return full_vocab(ex.forward_logits(tokens));
   parallel::Grid& G = *grid;
   constexpr int kTag = 0x6e6;  // generation's activations, stage to stage
-  std::vector<char> in;
+  // The stage-to-stage activations are device buffers, as in the training pipeline (the
+  // executor copies them in and out on the device; the communicator stages them when it must).
+  auto buffer = [&](int id) {
+    const ops::TensorDesc& d = g.tensors[static_cast<size_t>(id)];
+    return ops::Tensor::empty(d.shape, d.dtype, ops::Account::Communication);
+  };
+  ops::Tensor in;
   if (g.stage_input >= 0) {
-    in.resize(g.tensors[static_cast<size_t>(g.stage_input)].nbytes());
-    G.world().recv(in.data(), in.size(), G.prev_stage_rank(), kTag);
+    in = buffer(g.stage_input);
+    G.world().recv(in.raw(), in.nbytes(), G.prev_stage_rank(), kTag);
   }
   const int64_t rows = g.B * g.T, Vp = spec().vocab_padded ? spec().vocab_padded : padded_vocab(model().vocab_size, plan.tp);
   if (pp_logits.numel() != rows * Vp) pp_logits = ops::Tensor::empty({rows, Vp}, ops::DType::F32, ops::Account::Workspace);
   if (!G.last_stage()) {
-    std::vector<char> out(g.tensors[static_cast<size_t>(g.stage_output)].nbytes());
-    ex.forward(tokens, nullptr, /*train=*/false, 0, 0, in.empty() ? nullptr : in.data(), out.data());
-    G.world().send(out.data(), out.size(), G.next_stage_rank(), kTag);
+    ops::Tensor out = buffer(g.stage_output);
+    ex.forward(tokens, nullptr, /*train=*/false, 0, 0, in.raw(), out.raw());
+    G.world().send(out.raw(), out.nbytes(), G.next_stage_rank(), kTag);
   } else {
-    const ops::Tensor& L = full_vocab(ex.forward_logits(tokens, in.empty() ? nullptr : in.data()));
+    const ops::Tensor& L = full_vocab(ex.forward_logits(tokens, in.raw()));
     RUNNER_CHECK(L.numel() == rows * Vp, "pipeline generation: the last stage's logits are not rows x padded vocabulary");
     pp_logits.copy_from(L);  // on the device
   }
