@@ -12,6 +12,7 @@ set(RUNNER_STRICT_TESTS
   # [i26: train and checkpoint]
   test_checkpoint test_resume test_parallel_ckpt test_hardening test_work_kept
   # [i26: generate and export]
+  test_generate test_generate_kv test_generate_tp test_export test_import
   # [i26: attention]
 )
 foreach(name ${RUNNER_STRICT_TESTS})

@@ -26,6 +26,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ops/backend.h"
@@ -382,6 +383,18 @@ std::vector<KernelCase> memory_and_generic_cases() {
                   be.adamw_update(F(p, 0), F(p, 1), F(p, 2), F(p, 3), kBig, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, 0.5f);
                   return 0.0;
                 }});
+  for (auto [pt, gt, master] : std::vector<std::tuple<DType, DType, bool>>{
+           {DType::F32, DType::F32, false}, {DType::BF16, DType::BF16, true}, {DType::F16, DType::F32, false}}) {
+    std::vector<Buf> bufs = {{kBig, pt}, {kBig, gt}, {master ? kBig : 1, DType::F32}, {kBig, DType::F32}, {kBig, DType::F32, 0.0f, 0.01f}};
+    cs.push_back({"adamw_update_typed",
+                  std::string("adamw_update_typed ") + ops::dtype_name(pt) + " / " + ops::dtype_name(gt) + (master ? " with masters" : ""),
+                  bufs, [pt, gt, master](Backend& be, const auto& p) {
+                    Backend::AdamwArgs a;
+                    a.lr = 1e-3f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.1f, a.t = 3, a.grad_scale = 0.5f;
+                    be.adamw_update_typed(p[0], pt, p[1], gt, master ? F(p, 2) : nullptr, F(p, 3), F(p, 4), kBig, a);
+                    return 0.0;
+                  }});
+  }
   return cs;
 }
 

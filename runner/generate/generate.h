@@ -18,6 +18,10 @@
 // likely tokens (0: all) and then to the smallest set whose probability reaches top_p (1: all),
 // drawn with a counter-based generator keyed by (seed, prompt index): a prompt's completion
 // does not depend on the other prompts in the batch.
+//
+// On a device (cpu-strict, a GPU) the model, its activations and the KV cache stay in device
+// memory; the prompts cross in as the graphs' tokens, and only the logits rows a token is
+// chosen from cross out (logits_rows_to_host): sampling runs on the host.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -131,7 +131,8 @@ TrainedModel load_trained_model(const std::string& src, const std::vector<std::s
   // The device, once, after every check of the request and before the first tensor: from here
   // on every tensor is allocated in its memory (runner/device/device.h).
   tm.backend = &select_backend(tm.plan.recipe);
-  ops::set_tensor_device(tm.backend->host_memory() ? nullptr : tm.backend);  // a process may load several (tests)
+  ops::Backend* device = tm.backend->host_memory() ? nullptr : tm.backend;
+  ops::set_tensor_device(device);  // a process may load several models (tests): this one's device
   if (ranks > 1) {
     tm.grid = std::make_shared<parallel::Grid>(std::move(world),
                                                parallel::GridShape{static_cast<int>(tm.plan.dp), static_cast<int>(tm.plan.tp),
@@ -140,9 +141,15 @@ TrainedModel load_trained_model(const std::string& src, const std::vector<std::s
     tm.stage = tm.grid->coords().pp;
   }
   const ModelLayout& layout = *tm.plan.layout;
+  // The checkpoint is read in host memory (whatever the reader allocates beside the values
+  // too: the moments it skips past), then the parameters are copied in.
+  ops::set_tensor_device(nullptr);
   TrainState logical = host_logical_template(layout, tm.stage);  // host memory: read, cut, copied in, dropped
   load_checkpoint_file(tm.checkpoint, logical, /*subset=*/true);
   tm.step = logical.step;
+  logical.adam_m.clear();
+  logical.adam_v.clear();
+  ops::set_tensor_device(device);
   tm.params = device_params(layout, tm.stage, tm.tp_rank, logical);
   return tm;
 }
@@ -152,21 +159,23 @@ void TrainedModel::bind(ops::Executor& ex, const ops::Graph& g) {
   if (grid && plan.tp > 1) ex.set_group(&grid->tp().tensors());
 }
 
+// Generation's traffic between ranks (the tp vocabulary shards, the pp activations and
+// logits) crosses through host memory: small next to a step's, and the same host calls on
+// every device (docs/invariants.md, invariant 7: named crossings, here "logits out").
 const ops::Tensor& TrainedModel::full_vocab(const ops::Tensor& L) {
   if (!grid || plan.tp <= 1) return L;
   // L: (rows, Vp / tp), this rank's vocabulary columns. The gather stacks rank r's block at
-  // r * rows * Vs; the full row i is [rank 0's row i | rank 1's row i | ...]: device to device
-  // copies, queued (the gather's buffers are the device's, as every tensor of the model).
+  // r * rows * Vs; the full row i is [rank 0's row i | rank 1's row i | ...].
   const int64_t t = plan.tp, rows = L.shape().front(), Vs = L.shape().back(), n = rows * Vs;
-  if (tp_parts.numel() != n * t) tp_parts = ops::Tensor::empty({n * t}, ops::DType::F32, ops::Account::Workspace);
-  grid->tp().allgather(L.data<float>(), tp_parts.data<float>(), n);
-  if (gathered.numel() != n * t || gathered.shape().front() != rows)
-    gathered = ops::Tensor::empty({rows, Vs * t}, ops::DType::F32, ops::Account::Workspace);
-  float* out = gathered.data<float>();
-  const float* all = tp_parts.data<float>();
+  std::vector<float> mine(static_cast<size_t>(n)), all(static_cast<size_t>(n * t)), full(static_cast<size_t>(n * t));
+  L.read_to_host(mine.data());
+  grid->tp().allgather(mine.data(), all.data(), n);
   for (int64_t r = 0; r < t; ++r)
     for (int64_t i = 0; i < rows; ++i)
-      backend->copy(out + i * Vs * t + r * Vs, all + r * n + i * Vs, static_cast<size_t>(Vs) * sizeof(float));
+      std::copy(all.begin() + r * n + i * Vs, all.begin() + r * n + (i + 1) * Vs, full.begin() + i * Vs * t + r * Vs);
+  if (gathered.numel() != n * t || gathered.shape().front() != rows)
+    gathered = ops::Tensor::empty({rows, Vs * t}, ops::DType::F32, ops::Account::Workspace);
+  gathered.write_from_host(full.data());
   return gathered;
 }
 
@@ -174,23 +183,36 @@ const ops::Tensor& TrainedModel::logits(ops::Executor& ex, const ops::Graph& g, 
   if (!grid || plan.pp <= 1) return full_vocab(ex.forward_logits(tokens));
   parallel::Grid& G = *grid;
   constexpr int kTag = 0x6e6;  // generation's activations, stage to stage
-  std::vector<char> in;
+  // The executor takes and gives the stage activations in device memory.
+  auto buffer = [&](int id) {
+    const ops::TensorDesc& d = g.tensors[static_cast<size_t>(id)];
+    return ops::Tensor::empty(d.shape, d.dtype, ops::Account::Communication);
+  };
+  std::vector<char> host;
+  ops::Tensor in;
   if (g.stage_input >= 0) {
-    in.resize(g.tensors[static_cast<size_t>(g.stage_input)].nbytes());
-    G.world().recv(in.data(), in.size(), G.prev_stage_rank(), kTag);
+    in = buffer(g.stage_input);
+    host.resize(in.nbytes());
+    G.world().recv(host.data(), host.size(), G.prev_stage_rank(), kTag);
+    in.write_from_host(host.data());
   }
   const int64_t rows = g.B * g.T, Vp = spec().vocab_padded ? spec().vocab_padded : padded_vocab(model().vocab_size, plan.tp);
   if (pp_logits.numel() != rows * Vp) pp_logits = ops::Tensor::empty({rows, Vp}, ops::DType::F32, ops::Account::Workspace);
+  std::vector<float> lg(static_cast<size_t>(rows * Vp));
   if (!G.last_stage()) {
-    std::vector<char> out(g.tensors[static_cast<size_t>(g.stage_output)].nbytes());
-    ex.forward(tokens, nullptr, /*train=*/false, 0, 0, in.empty() ? nullptr : in.data(), out.data());
-    G.world().send(out.data(), out.size(), G.next_stage_rank(), kTag);
+    ops::Tensor out = buffer(g.stage_output);
+    ex.forward(tokens, nullptr, /*train=*/false, 0, 0, in.raw(), out.raw());
+    host.resize(out.nbytes());
+    out.read_to_host(host.data());
+    G.world().send(host.data(), host.size(), G.next_stage_rank(), kTag);
   } else {
-    const ops::Tensor& L = full_vocab(ex.forward_logits(tokens, in.empty() ? nullptr : in.data()));
+    const ops::Tensor& L = full_vocab(ex.forward_logits(tokens, in.raw()));
     RUNNER_CHECK(L.numel() == rows * Vp, "pipeline generation: the last stage's logits are not rows x padded vocabulary");
-    pp_logits.copy_from(L);  // on the device
+    pp_logits.copy_from(L);
+    pp_logits.read_to_host(lg.data());
   }
-  G.pp().broadcast(pp_logits.raw(), static_cast<size_t>(rows * Vp) * sizeof(float), static_cast<int>(plan.pp) - 1);
+  G.pp().broadcast(lg.data(), lg.size() * sizeof(float), static_cast<int>(plan.pp) - 1);
+  if (!G.last_stage()) pp_logits.write_from_host(lg.data());
   return pp_logits;
 }
 

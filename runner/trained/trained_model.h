@@ -67,7 +67,6 @@ struct TrainedModel {
   // the next call.
   const ops::Tensor& logits(ops::Executor& ex, const ops::Graph& g, const int32_t* tokens);
   ops::Tensor pp_logits;  // logits()'s buffer under pp
-  ops::Tensor tp_parts;   // full_vocab's gather buffer under tp
   // The logical tensor `name` (a parameter of the layout's table) staged out of the device into
   // host memory: the checkpoint's values, bit for bit. One rank holding the whole model only
   // (tp = pp = 1, as `runner export` loads it).
