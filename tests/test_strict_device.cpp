@@ -576,12 +576,12 @@ std::vector<KernelCase> attention_cases() {
                     return 0.0;
                   }});
     cs.push_back({"attention_forward", "attention_forward" + tag,
-                  {{N * Cq, DType::F32}, {B * nh * T * T, DType::F32}, {N * Wd, DType::F32, -2, 2}}, [=](Backend& be, const auto& p) {
+                  {{N * Cq, DType::F32}, {B * nh * T, DType::F32}, {N * Wd, DType::F32, -2, 2}}, [=](Backend& be, const auto& p) {
                     be.attention_forward(F(p, 0), F(p, 1), F(p, 2), B, T, Cq, hd, drop);
                     return 0.0;
                   }});
     const int64_t work = Backend::attention_backward_work(B, T, Cq, hd);
-    std::vector<Buf> bb = {{N * Wd, DType::F32}, {N * Cq, DType::F32}, {N * Wd, DType::F32, -2, 2}, {B * nh * T * T, DType::F32, 0, 1}};
+    std::vector<Buf> bb = {{N * Wd, DType::F32}, {N * Cq, DType::F32}, {N * Wd, DType::F32, -2, 2}, {B * nh * T, DType::F32, 0, 1}};  // lse
     if (work) bb.push_back({work, DType::F32});
     cs.push_back({"attention_backward", "attention_backward" + tag, bb, [=](Backend& be, const auto& p) {
                     be.attention_backward(F(p, 0), F(p, 1), F(p, 2), F(p, 3), B, T, Cq, hd, drop, work ? F(p, 4) : nullptr);

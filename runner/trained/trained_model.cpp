@@ -136,7 +136,8 @@ TrainedModel load_trained_model(const std::string& src, const std::vector<std::s
   if (ranks > 1) {
     tm.grid = std::make_shared<parallel::Grid>(std::move(world),
                                                parallel::GridShape{static_cast<int>(tm.plan.dp), static_cast<int>(tm.plan.tp),
-                                                                   static_cast<int>(tm.plan.pp)});
+                                                                   static_cast<int>(tm.plan.pp)},
+                                               tm.backend);
     tm.tp_rank = tm.grid->coords().tp;
     tm.stage = tm.grid->coords().pp;
   }
