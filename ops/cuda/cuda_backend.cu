@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <limits>
@@ -708,10 +709,21 @@ cudaDataType_t lt_type(DType t) {
   }
 }
 
+// This rank's GPU: its local rank on the node (Open MPI, Slurm, torchrun's variable) modulo the
+// GPUs it sees, so that 8 ranks on an 8-GPU node take one GPU each and ranks outnumbering the
+// GPUs share them (the host-staged communicator then carries their traffic, gpu_comm.h).
+int local_device() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count <= 1) return 0;
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"})
+    if (const char* e = std::getenv(v); e && *e) return std::atoi(e) % count;
+  return 0;
+}
+
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() {
-    CU_CHECK(cudaSetDevice(0));
+  CudaBackend() : device_(local_device()) {
+    CU_CHECK(cudaSetDevice(device_));
     CU_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     LT_CHECK(lt_api().Create(&lt_));
     CU_CHECK(cudaMalloc(&workspace_, kWorkspace));
@@ -722,7 +734,7 @@ class CudaBackend final : public Backend {
     MemoryTracker::instance().on_alloc(Account::Workspace, kFixedWorkspaceBytes);
     // Tensor memory: the device's stream-ordered pool, told to keep what it frees (a release
     // threshold of "never"), so steady-state steps allocate from its cache, not the driver.
-    CU_CHECK(cudaDeviceGetDefaultMemPool(&pool_, 0));
+    CU_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device_));
     uint64_t keep = UINT64_MAX;
     CU_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     for (int i = 0; i < kStageSlots; ++i) {
@@ -1161,6 +1173,7 @@ class CudaBackend final : public Backend {
   // DMA runs on the stream; a slot is refilled after its previous DMA finished (its event).
   static constexpr int kStageSlots = 2;
   static constexpr size_t kStageBytes = 4u << 20;
+  int device_ = 0;  // local_device(), set in the constructor before anything else
   cudaStream_t stream_ = nullptr;
   cudaMemPool_t pool_ = nullptr;
   void* stage_[kStageSlots] = {};

@@ -485,6 +485,9 @@ TEST_CASE("AdamW over 16-bit parameters and gradients, with and without fp32 mas
       ops::to_f32(got.data(), back.data(), t, n);
       check_close(got, want, t == DType::BF16 ? 8e-3f : 1e-3f, 1e-6f, "adamw16 param");
     }
+  }
+}
+
 // ---- issue 26: the backend owns tensor memory; the generic kernels over any float dtype ----
 
 TEST_CASE("tensors on the device: counted like host ones, crossings, queued copies, staged copy_in") {
