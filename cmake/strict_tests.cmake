@@ -3,6 +3,10 @@
 # memory host code cannot touch, kernels queued asynchronously). Label `strict`.
 set(RUNNER_STRICT_TESTS
   # [i26: ops step path]
+  test_executor test_precision16 test_model_golden test_step_observers
+  # These train through `runner train`, whose last step writes a checkpoint: they need the
+  # checkpoint's staging crossings ([i26: train and checkpoint]) as well as the step path.
+  test_train_precision test_recompute_auto test_quickstart
   # [i26: parallel]
   # [i26: train and checkpoint]
   test_checkpoint test_resume test_hardening test_work_kept

@@ -25,6 +25,12 @@
 // when ops/gemm_path.h chose oneDNN's 16-bit matmul for the dtype); then no copies of its
 // inputs, outputs or output gradient are made or counted. Its fp32 outputs and input gradients
 // are handled as above.
+//
+// Host and device (issue 26, docs/invariants.md invariant 7): the widening, rounding and
+// accumulation above are backend kernels (Backend::convert, Backend::accumulate), queued with the
+// operators, so the executor never touches tensor memory itself. It crosses to the host at two
+// named points: the batch in (tokens, targets: Tensor::write_from_host) and the per-position
+// losses out (read_to_host, which waits for the forward), summed on the host in position order.
 #pragma once
 #include <array>
 #include <cstdint>

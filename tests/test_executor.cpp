@@ -9,6 +9,7 @@
 #include "ops/rng.h"
 #include "runner/model/model.h"
 #include "runner/train/optimizer.h"
+#include "tests/support/device.h"
 #include "tests/support/models.h"
 
 using namespace runner;
@@ -31,6 +32,7 @@ struct Run {
   ParamSet ps;
   std::unique_ptr<ops::Executor> ex;
   Run(const ModelConfig& m, int64_t B, const std::string& recompute) {
+    ops::Backend& be = test_support::test_device();  // before any tensor (strict: device memory)
     GptSpec spec;
     spec.model = m;
     spec.B = B;
@@ -40,7 +42,7 @@ struct Run {
     spec.recompute = recompute_sets(rc, m.n_layers);
     g = build_gpt_graph(spec);
     ps = init_params(g, m, 7);
-    ex = std::make_unique<ops::Executor>(g, ops::cpu_backend());
+    ex = std::make_unique<ops::Executor>(g, be);
     bind_params(*ex, g, ps);
   }
 };
@@ -73,7 +75,7 @@ TEST_CASE("recompute (selective and full) gives bit-identical losses and gradien
       r.ex->backward(1.0f / static_cast<float>(l1.count));
       CHECK(l1.sum == l0.sum);
       for (size_t i = 0; i < base.ps.grads.size(); ++i)
-        CHECK_MESSAGE(std::memcmp(base.ps.grads[i].raw(), r.ps.grads[i].raw(), base.ps.grads[i].nbytes()) == 0,
+        CHECK_MESSAGE(test_support::host_bytes(base.ps.grads[i]) == test_support::host_bytes(r.ps.grads[i]),
                       base.ps.names[i]);
     }
   }
@@ -95,8 +97,8 @@ TEST_CASE("dropout masks depend on the key and the global sample position, not o
   }
   CHECK(sum == doctest::Approx(lw.sum).epsilon(1e-6));
   for (size_t i = 0; i < whole.ps.grads.size(); ++i) {
-    const float* a = whole.ps.grads[i].data<float>();
-    const float* b = halves.ps.grads[i].data<float>();
+    const std::vector<float> a = test_support::host_values(whole.ps.grads[i]);
+    const std::vector<float> b = test_support::host_values(halves.ps.grads[i]);
     double num = 0, den = 0;
     for (int64_t k = 0; k < whole.ps.grads[i].numel(); ++k) { num += (a[k] - b[k]) * (a[k] - b[k]); den += a[k] * a[k]; }
     CHECK_MESSAGE(num <= 1e-10 * den + 1e-20, whole.ps.names[i]);
@@ -142,6 +144,7 @@ TEST_CASE("parameter initialisation is a function of (seed, name, logical elemen
     GptSpec full;
     full.model = m;
     ops::Graph g1 = build_gpt_graph(full);
+    test_support::test_device();  // the values are written in through the crossing
     ParamSet p1 = init_params(g1, m, 11);
     for (int64_t rank = 0; rank < 2; ++rank) {
       GptSpec sh = full;
@@ -154,8 +157,8 @@ TEST_CASE("parameter initialisation is a function of (seed, name, logical elemen
       int fi = p1.index("h.1.attn.qkv.weight");
       REQUIRE(qi >= 0);
       const ops::TensorDesc& d = g2.tensors[static_cast<size_t>(g2.find("h.1.attn.qkv.weight"))];
-      const float* shard = p2.values[static_cast<size_t>(qi)].data<float>();
-      const float* whole = p1.values[static_cast<size_t>(fi)].data<float>();
+      const std::vector<float> shard = test_support::host_values(p2.values[static_cast<size_t>(qi)]);
+      const std::vector<float> whole = test_support::host_values(p1.values[static_cast<size_t>(fi)]);
       for (int64_t i = 0; i < p2.values[static_cast<size_t>(qi)].numel(); ++i)
         REQUIRE(shard[i] == whole[shard_to_full_index(d, i)]);
       // Rows: this rank's 2 of 4 query heads (head size 16), then its key-value heads' k and v.

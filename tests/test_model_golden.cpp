@@ -18,6 +18,7 @@
 #include "runner/model/model.h"
 #include "runner/train/optimizer.h"
 
+#include "tests/support/device.h"
 using namespace runner;
 
 namespace {
@@ -111,14 +112,14 @@ struct Golden {
     spec.model = m;
     spec.B = B;
     g = build_gpt_graph(spec);
+    ops::Backend& be = test_support::test_device();  // before any tensor (strict: device memory)
     ps = init_params(g, m, 1);
     for (size_t i = 0; i < ps.names.size(); ++i) {
       auto ref = h5.f64("/params/" + ps.names[i]);
       REQUIRE_MESSAGE(static_cast<int64_t>(ref.size()) == ps.values[i].numel(), ps.names[i]);
-      float* p = ps.values[i].data<float>();
-      for (size_t k = 0; k < ref.size(); ++k) p[k] = static_cast<float>(ref[k]);
+      test_support::set_values(ps.values[i], std::vector<float>(ref.begin(), ref.end()));
     }
-    ex = std::make_unique<ops::Executor>(g, ops::cpu_backend());
+    ex = std::make_unique<ops::Executor>(g, be);
     bind_params(*ex, g, ps);
     tokens = h5.i32("/inputs/tokens");
     targets = h5.i32("/inputs/targets");
@@ -141,7 +142,7 @@ void check_fixture(const std::string& file) {
   const ops::Tensor& logits = G.ex->forward_logits(G.tokens.data());
   auto ref_logits = G.h5.f64("/outputs/logits");
   REQUIRE(static_cast<int64_t>(ref_logits.size()) == logits.numel());
-  CHECK(rel_err(logits.data<float>(), ref_logits) < 1e-4);
+  CHECK(rel_err(test_support::host_values(logits).data(), ref_logits) < 1e-4);
 
   // Loss and every gradient.
   double loss = G.loss_and_grads();
@@ -149,7 +150,7 @@ void check_fixture(const std::string& file) {
   CHECK(std::fabs(loss - ref_loss) / ref_loss < 1e-4);
   for (size_t i = 0; i < G.ps.names.size(); ++i) {
     auto ref = G.h5.f64("/grads/" + G.ps.names[i]);
-    double e = rel_err(G.ps.grads[i].data<float>(), ref, 1e-3);
+    double e = rel_err(test_support::host_values(G.ps.grads[i]).data(), ref, 1e-3);
     CHECK_MESSAGE(e < 1e-4, G.ps.names[i] << " gradient relative error " << e);
   }
 
@@ -164,11 +165,11 @@ void check_fixture(const std::string& file) {
   TrainState st;
   st.params = std::move(G.ps);
   for (size_t i = 0; i < st.params.decay.size(); ++i) st.params.decay[i] = true;
-  G.ex = std::make_unique<ops::Executor>(G.g, ops::cpu_backend());
+  auto& ops_be = test_support::test_device();
+  G.ex = std::make_unique<ops::Executor>(G.g, ops_be);
   bind_params(*G.ex, G.g, st.params);
   auto ref_losses = G.h5.f64("/trajectory/losses");
   auto ref_norms = G.h5.f64("/trajectory/grad_norms");
-  auto& ops_be = ops::cpu_backend();
   for (int s = 0; s < 5; ++s) {
     zero_grads(st.params);
     auto ls = G.ex->forward(G.tokens.data(), G.targets.data(), true);
@@ -183,7 +184,8 @@ void check_fixture(const std::string& file) {
   for (size_t i = 0; i < st.params.names.size(); ++i) {
     const std::string& name = st.params.names[i];
     auto ref = G.h5.f64("/trajectory/params/" + name);
-    const float* ours = st.params.values[i].data<float>();
+    const std::vector<float> values = test_support::host_values(st.params.values[i]);
+    const float* ours = values.data();
     if (name.size() > 13 && name.compare(name.size() - 13, 13, "attn.qkv.bias") == 0) {
       // The key slice has an analytically zero gradient: fp32 round-off (~1e-9) there is
       // amplified by Adam's normalisation into moves of up to ~0.1 lr per step, so that

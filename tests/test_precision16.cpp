@@ -11,6 +11,7 @@
 #include "ops/executor.h"
 #include "ops/rng.h"
 #include "runner/model/model.h"
+#include "tests/support/device.h"
 #include "tests/support/models.h"
 
 using namespace runner;
@@ -94,6 +95,7 @@ struct Result {
 };
 
 Result run(const ModelConfig& m, ops::DType act, const std::string& recompute) {
+  ops::Backend& be = test_support::test_device();  // before any tensor (strict: device memory)
   GptSpec spec;
   spec.model = m;
   spec.B = 2;
@@ -104,7 +106,7 @@ Result run(const ModelConfig& m, ops::DType act, const std::string& recompute) {
   spec.recompute = recompute_sets(rc, m.n_layers);
   ops::Graph g = build_gpt_graph(spec);
   ParamSet ps = init_params(g, m, 11);
-  ops::Executor ex(g, ops::cpu_backend());
+  ops::Executor ex(g, be);
   bind_params(ex, g, ps);
   auto [tok, tgt] = test_support::random_tokens(spec.B * m.seq_len, m.vocab_size);
   ops::MemoryEstimate est = ops::Executor::simulate(g);
@@ -121,7 +123,7 @@ Result run(const ModelConfig& m, ops::DType act, const std::string& recompute) {
   CHECK(mt.peak(ops::Account::Workspace) - ws0 == est.peak[static_cast<int>(ops::Account::Workspace)]);
   CHECK(mt.current(ops::Account::Workspace) == ws0);
   r.loss = l.sum / static_cast<double>(l.count);
-  for (auto& t : ps.grads) r.grads.emplace_back(t.data<float>(), t.data<float>() + t.numel());
+  for (auto& t : ps.grads) r.grads.push_back(test_support::host_values(t));
   return r;
 }
 
@@ -167,9 +169,7 @@ namespace {
 std::vector<std::vector<double>> grads_f64(const ParamSet& ps) {
   std::vector<std::vector<double>> out;
   for (auto& t : ps.grads) {
-    std::vector<float> f(static_cast<size_t>(t.numel()));
-    if (t.dtype() == ops::DType::F32) std::copy(t.data<float>(), t.data<float>() + t.numel(), f.begin());
-    else ops::to_f32(f.data(), t.raw(), t.dtype(), t.numel());
+    const std::vector<float> f = test_support::host_values(t);  // widened from 16 bits
     out.emplace_back(f.begin(), f.end());
   }
   return out;
@@ -192,6 +192,7 @@ TEST_CASE("accumulating 16 micro-batches in bf16 drifts further from a float64 s
   // fp32 (precision.grad_accum: fp32, the default) adds ~2^-24 relative per addition, bf16 adds
   // ~2^-9 per addition, so after 16 additions bf16 should be off by roughly 2^-9 * sqrt(16)
   // relative, three orders of magnitude more than fp32.
+  ops::Backend& be = test_support::test_device();
   const ModelConfig m = tiny(false);
   GptSpec spec;
   spec.model = m;
@@ -214,7 +215,7 @@ TEST_CASE("accumulating 16 micro-batches in bf16 drifts further from a float64 s
   // Runs the K micro-batches into `ps` (gradients summed by the executor); with `ref`, zeroes
   // the buffer after each and sums in double instead.
   auto accumulate = [&](const ops::Graph& gr, ParamSet& ps, std::vector<std::vector<double>>* ref) {
-    ops::Executor ex(gr, ops::cpu_backend());
+    ops::Executor ex(gr, be);
     bind_params(ex, gr, ps);
     std::vector<int32_t> tok, tgt;
     for (int k = 0; k < K; ++k) {

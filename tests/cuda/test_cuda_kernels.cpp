@@ -435,6 +435,39 @@ TEST_CASE("AdamW update and the gradient norm's sum of squares") {
   CHECK(gpu().sum_squares(gg.p(), 0) == 0.0);
 }
 
+// [i26: ops step path] AdamW over parameters as stored (16-bit values with fp32 masters, 16-bit
+// gradients): the GPU's against the CPU's (the host default). The 16-bit parameter is the
+// rounding of the same fp32 value, so it may differ by one 16-bit ulp where the fp32 results
+// straddle a rounding boundary.
+TEST_CASE("AdamW over 16-bit parameters and gradients, with and without fp32 masters") {
+  const int64_t n = 40001;
+  for (DType t : {DType::BF16, DType::F16}) {
+    for (bool masters : {true, false}) {
+      CAPTURE(ops::dtype_name(t));
+      CAPTURE(masters);
+      auto master = randn(n, 110), g = randn(n, 111, 0.01f), m = randn(n, 112, 0.1f), v = randn(n, 113, 0.1f);
+      for (auto& x : v) x = x * x;
+      std::vector<uint16_t> p16(n), g16(n);
+      ops::from_f32(p16.data(), t, master.data(), n);
+      ops::from_f32(g16.data(), t, g.data(), n);
+      Dev<uint16_t> gp(p16), gg(g16);
+      DevF gmaster(master), gm(m), gv(v);
+      ops::Backend::AdamwArgs a;
+      a.lr = 3e-3f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.1f, a.t = 7, a.grad_scale = 0.5f;
+      cpu().adamw_update_typed(p16.data(), t, g16.data(), t, masters ? master.data() : nullptr, m.data(), v.data(), n, a);
+      gpu().adamw_update_typed(gp.p(), t, gg.p(), t, masters ? gmaster.p() : nullptr, gm.p(), gv.p(), n, a);
+      check_close(gm.host(), m, 1e-6f, 1e-7f, "adamw16 m");
+      check_close(gv.host(), v, 1e-6f, 1e-8f, "adamw16 v");
+      if (masters) check_close(gmaster.host(), master, 1e-6f, 1e-6f, "adamw16 master");
+      std::vector<float> want(n), got(n);
+      ops::to_f32(want.data(), p16.data(), t, n);
+      const std::vector<uint16_t> back = gp.host();
+      ops::to_f32(got.data(), back.data(), t, n);
+      check_close(got, want, t == DType::BF16 ? 8e-3f : 1e-3f, 1e-6f, "adamw16 param");
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   std::string why;
   if (!cu::device_available(&why)) {
