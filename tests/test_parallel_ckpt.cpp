@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/rng.h"
+#include "ops/strict/strict_backend.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
 #include "runner/checkpoint/checkpoint.h"
@@ -327,6 +328,69 @@ TEST_CASE("on one rank write_sharded writes the tensors the serial writer writes
       return out;
     };
     CHECK(names(report) == names(inspect_checkpoint(b.string())));
+  }
+}
+
+// Issue 26: a rank's state on the strict device (memory host code cannot touch). The paths
+// between shards and logical tensors read it only through crossings, so these files and the
+// state loaded back equal a host state's, bit for bit.
+TrainState on_strict(const TrainState& h) {
+  TrainState d = h;  // scalars, names and ZeRO ranges; the tensors are replaced below
+  auto move = [](std::vector<ops::Tensor>& ts) {
+    for (ops::Tensor& t : ts) {
+      ops::Tensor c(t.shape(), t.dtype(), t.account(), false, &ops::strict::strict_backend());
+      c.write_from_host(t.host_raw());
+      t = c;
+    }
+  };
+  move(d.params.values);
+  move(d.params.grads);
+  move(d.adam_m);
+  move(d.adam_v);
+  move(d.masters);
+  return d;
+}
+
+std::vector<char> bytes_of(const ops::Tensor& t) {
+  std::vector<char> out(t.nbytes());
+  t.read_to_host(out.data());
+  return out;
+}
+
+TEST_CASE("on one rank, a strict-device state: write_sharded, gather_logical_state and load_local_from_logical cross explicitly") {
+  const fs::path dir = kDir / "strict_device";
+  fs::remove_all(dir);
+  const std::string recipe = recipe_path(dir);
+  for (int zero : {0, 1}) {
+    CAPTURE(zero);
+    Recipe r = load_recipe(recipe);
+    Plan plan = make_plan(r, 1);
+    const ops::Graph& g = plan.layout->graph(0);
+    parallel::Grid grid(parallel::self_comm(), {1, 1, 1});
+    ChildSpec c;
+    c.zero = zero;
+    const TrainState h = child_state(r, g, grid, c);
+    const TrainState d = on_strict(h);
+    const fs::path sub = dir / std::to_string(zero);
+    write_sharded(*plan.layout, grid, (sub / "host").string(), h, {});
+    write_sharded(*plan.layout, grid, (sub / "device").string(), d, {});
+    check_same_tensors(tensors_of(sub / "host" / "step_00000007.h5", recipe), tensors_of(sub / "device" / "step_00000007.h5", recipe));
+    const TrainState lh = gather_logical_state(*plan.layout, grid, h), ld = gather_logical_state(*plan.layout, grid, d);
+    write_checkpoint_atomic((sub / "gathered_host").string(), lh, {});
+    write_checkpoint_atomic((sub / "gathered_device").string(), ld, {});
+    check_same_tensors(tensors_of(sub / "gathered_host" / "step_00000007.h5", recipe),
+                       tensors_of(sub / "gathered_device" / "step_00000007.h5", recipe));
+    // And back in: a zeroed device state loads the logical one (copy_in) to the host state's bits.
+    TrainState back = on_strict(h);
+    for (auto* ts : {&back.params.values, &back.adam_m, &back.adam_v})
+      for (ops::Tensor& t : *ts) t.zero();
+    load_local_from_logical(*plan.layout, 0, 0, ld, back);
+    for (size_t i = 0; i < h.params.values.size(); ++i) {
+      CAPTURE(h.params.names[i]);
+      CHECK(bytes_of(back.params.values[i]) == bytes_of(h.params.values[i]));
+      CHECK(bytes_of(back.adam_m[i]) == bytes_of(h.adam_m[i]));
+      CHECK(bytes_of(back.adam_v[i]) == bytes_of(h.adam_v[i]));
+    }
   }
 }
 
