@@ -4,15 +4,12 @@
 set(RUNNER_STRICT_TESTS
   # [i26: ops step path]
   test_executor test_precision16 test_model_golden test_step_observers
-  # These train through `runner train`, whose last step writes a checkpoint: they need the
-  # checkpoint's staging crossings ([i26: train and checkpoint]) as well as the step path.
   test_train_precision test_recompute_auto test_quickstart
   # [i26: parallel]
   test_parallel test_parallel_grid test_layout test_pipeline test_parallel_precision test_ops_tp
   # [i26: train and checkpoint]
   test_checkpoint test_resume test_hardening test_work_kept
-  # test_parallel_ckpt: once the parallel room's strict path is in (its two multi-rank `runner train`
-  # runs fault in GradSync's host reads of the gradients before any checkpoint code runs)
+  test_parallel_ckpt
   # [i26: generate and export]
   test_generate test_generate_kv test_generate_tp test_export test_import
   # [i26: attention]
