@@ -27,6 +27,7 @@
 
 #include "tests/support/checkpoint_files.h"
 #include "tests/support/process.h"
+#include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -56,16 +57,6 @@ std::map<std::string, std::vector<char>> tensors(const fs::path& file) {
   return out;
 }
 
-std::map<int64_t, double> losses(const fs::path& run_dir) {
-  std::map<int64_t, double> out;
-  std::ifstream m(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(m, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss") && !j.contains("eval") && !j.contains("rollback")) out[j["step"].get<int64_t>()] = j["loss"];
-  }
-  return out;
-}
-
 void require_same_final(const fs::path& a, const fs::path& b) {
   auto fa = a / "checkpoints" / "step_00000030.h5", fb = b / "checkpoints" / "step_00000030.h5";
   REQUIRE(fs::exists(fa));
@@ -78,7 +69,7 @@ void require_same_final(const fs::path& a, const fs::path& b) {
     REQUIRE(tb.count(name));
     CHECK(bytes == tb[name]);
   }
-  auto la = losses(a), lb = losses(b);
+  auto la = test_support::step_losses(a), lb = test_support::step_losses(b);
   REQUIRE(la.size() == 30);
   REQUIRE(lb.size() == 30);
   for (auto& [step, loss] : la) {

@@ -22,6 +22,7 @@
 
 #include "tests/support/checkpoint_files.h"
 #include "tests/support/process.h"
+#include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -33,16 +34,6 @@ std::string args(const std::string& precision, const std::string& device, bool a
          "/recipes/quickstart.yaml --quiet --set train.steps=20 --set checkpoint.every_steps=10 "
          "--set checkpoint.keep_last=10 --set train.eval_every=0 --set model.dropout=0.1 --set precision.compute=" +
          precision + " --set hardware.device=" + device + " --set checkpoint.async=" + (async ? "true" : "false");
-}
-
-std::map<int64_t, double> losses(const fs::path& run_dir) {
-  std::map<int64_t, double> out;
-  std::ifstream m(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(m, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss") && !j.contains("eval") && !j.contains("rollback")) out[j["step"].get<int64_t>()] = j["loss"];
-  }
-  return out;
 }
 
 void require_same_checkpoint(const fs::path& a, const fs::path& b, int64_t step) {
@@ -84,7 +75,7 @@ TEST_CASE("cpu and cpu-strict train bit for bit alike, through an async checkpoi
     CHECK_FALSE(fs::exists(strict / "checkpoints" / "step_00000020.h5"));
     REQUIRE(wait_exit(test_support::spawn_runner(split("resume " + strict.string() + " --quiet"))) == 0);
 
-    const auto lc = losses(cpu), ls = losses(strict);
+    const auto lc = test_support::step_losses(cpu), ls = test_support::step_losses(strict);
     REQUIRE(lc.size() == 20);
     REQUIRE(ls.size() == 20);
     for (auto& [step, loss] : lc) {

@@ -645,9 +645,8 @@ __global__ void adamw_typed_k(TP* param, const TG* grad, float* master, float* m
   }
 }
 
-__global__ void sum_squares_k(double* out, const float* x, int64_t n) {
-  double s = 0.0;
-  GRID_STRIDE(i, n) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+// Adds the block's per-thread partial sums `s` to *out (warp sums, then one atomic per block).
+__device__ inline void block_sum_to(double* out, double s) {
   __shared__ double sh[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   s = warp_sum_d(s);
@@ -658,6 +657,12 @@ __global__ void sum_squares_k(double* out, const float* x, int64_t n) {
     w = warp_sum_d(w);
     if (lane == 0) atomicAdd(out, w);
   }
+}
+
+__global__ void sum_squares_k(double* out, const float* x, int64_t n) {
+  double s = 0.0;
+  GRID_STRIDE(i, n) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  block_sum_to(out, s);
 }
 
 // ------------------------------------------------------------------ generic kernels (issue 26)
@@ -686,16 +691,7 @@ __global__ void sum_squares_typed_k(double* out, const void* x, DType t, int64_t
     const double v = load_as_f32(x, t, i);
     s += v * v;
   }
-  __shared__ double sh[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  s = warp_sum_d(s);
-  if (lane == 0) sh[warp] = s;
-  __syncthreads();
-  if (warp == 0) {
-    double w = lane < static_cast<int>(blockDim.x >> 5) ? sh[lane] : 0.0;
-    w = warp_sum_d(w);
-    if (lane == 0) atomicAdd(out, w);
-  }
+  block_sum_to(out, s);
 }
 inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 

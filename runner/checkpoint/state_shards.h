@@ -64,7 +64,8 @@ TensorSlice shard_slice(const LogicalParam& p, int tp_rank, const float* src);
 TrainState fp32_weights_view(const TrainState& s);
 
 // What a rank of pipeline stage `stage` loads: its parameters under their logical names and
-// shapes, no moments.
+// shapes, no moments, in host memory whatever the run's device (the file is read into it, then
+// each rank copies its slice in; generate, export and import use it as it is).
 TrainState logical_template(const ModelLayout& layout, int stage, int world_rank, int world_size);
 // Copies the slices of a rank at (stage, tp_rank) out of a loaded logical state (from
 // logical_template) into `local`: parameter values, Adam moments (this rank's ZeRO piece when

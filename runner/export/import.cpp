@@ -436,7 +436,7 @@ ImportResult import_model(const std::string& source, const std::string& out_dir,
   whole.model = res.model;
   whole.T = std::min<int64_t>(res.model.seq_len, 8);  // the graph only names the parameters: a short one will do
   const ModelLayout layout(whole, {res.model.n_layers}, 1);
-  TrainState st = host_logical_template(layout, 0);  // host memory: a file-to-file conversion, no device
+  TrainState st = logical_template(layout, 0, 0, 1);  // host memory: a file-to-file conversion, no device
   st.world_rank = 0;
   st.world_size = 1;
   say(fmt::format("reading {} file(s) of {} ({} tensors)", files.size(), res.architecture, idx.size()));

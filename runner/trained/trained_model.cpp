@@ -17,17 +17,6 @@ namespace fs = std::filesystem;
 
 namespace runner {
 
-TrainState host_logical_template(const ModelLayout& layout, int stage) {
-  TrainState t;
-  for (int k : layout.stage_params(stage)) {
-    const LogicalParam& p = layout.params()[static_cast<size_t>(k)];
-    t.params.names.push_back(p.name);
-    t.params.values.push_back(ops::Tensor::host(p.logical_shape, ops::DType::F32, ops::Account::Workspace));
-    t.params.decay.push_back(p.desc.decay);
-  }
-  return t;
-}
-
 namespace {
 
 // This rank's parameters (stage, tp_rank) cut out of the logical tensors read on the host,
@@ -145,7 +134,7 @@ TrainedModel load_trained_model(const std::string& src, const std::vector<std::s
   // The checkpoint is read in host memory (whatever the reader allocates beside the values
   // too: the moments it skips past), then the parameters are copied in.
   ops::set_tensor_device(nullptr);
-  TrainState logical = host_logical_template(layout, tm.stage);  // host memory: read, cut, copied in, dropped
+  TrainState logical = logical_template(layout, tm.stage, 0, 1);  // host memory: read, cut, copied in, dropped
   load_checkpoint_file(tm.checkpoint, logical, /*subset=*/true);
   tm.step = logical.step;
   logical.adam_m.clear();

@@ -80,12 +80,6 @@ struct TrainedModel {
 // (rows.size() x V, row-major) and waited for. Only the rows a token is chosen from cross.
 std::vector<float> logits_rows_to_host(const ops::Tensor& L, const std::vector<int64_t>& rows, int64_t V);
 
-// What a rank of pipeline stage `stage` reads of a checkpoint: its parameters under their
-// logical names and shapes, in host memory whatever the run's device (checkpoint::
-// logical_template's tensors, allocated on the host: `runner generate`, `export` and `import`
-// read and write them there).
-TrainState host_logical_template(const ModelLayout& layout, int stage);
-
 // Throws UserError (not a run directory or checkpoint, none verifies, a GPU device kind on a
 // machine without one: the stored recipe's hardware.device chooses the backend, as train's
 // does; --set hardware.device=cpu runs it on the CPU) before anything is allocated.
