@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("runner ") + RUNNER_VERSION);
   app.require_subcommand(1);
   std::unique_ptr<cli::Command> commands[] = {  // in the help's order
-      cli::plan_command(app),    cli::train_command(app),  cli::resume_command(app),
+      cli::plan_command(app),    cli::calibrate_command(app), cli::train_command(app),  cli::resume_command(app),
       cli::inspect_command(app), cli::verify_checkpoint_command(app),
       cli::data_command(app),    cli::tokenizer_command(app),
       cli::report_command(app),  cli::export_command(app), cli::import_command(app),

@@ -40,6 +40,7 @@ class Command {
 
 // Each adds its subcommand to `app`; main calls them in this order (the help's order).
 std::unique_ptr<Command> plan_command(CLI::App& app);               // plan.cpp
+std::unique_ptr<Command> calibrate_command(CLI::App& app);          // calibrate.cpp
 std::unique_ptr<Command> train_command(CLI::App& app);              // train.cpp
 std::unique_ptr<Command> resume_command(CLI::App& app);             // train.cpp
 std::unique_ptr<Command> inspect_command(CLI::App& app);            // inspect.cpp

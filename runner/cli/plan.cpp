@@ -18,6 +18,7 @@
 
 #include "ops/gemm_path.h"
 #include "runner/cli/command.h"
+#include "runner/cli/plan_search.h"
 #include "runner/device/devices.h"
 #include "runner/device/gemm_report.h"
 #include "runner/data/data.h"
@@ -48,6 +49,17 @@ class PlanCommand final : public Command {
     sub_->add_flag("--json", json_, "print the plan as JSON (the same as the run directory's plan.json)");
     sub_->add_option("--world", world_, "plan for this many ranks (default: from the recipe)");
     sub_->add_flag("!--no-data-check", check_data_, "plan without opening the data files (train still checks them)");
+    sub_->add_flag("--search", search_on_,
+                   "search every layout that fits (dp, tp, pp, schedule, micro-batch, ZeRO, recompute) and rank them "
+                   "by predicted step time (docs/search.md); fields the recipe writes are constraints");
+    sub_->add_option("--top", search_.top, "with --search: how many layouts to show (default 5)");
+    sub_->add_option("--write", search_.write, "with --search: write the recipe with the best layout filled in to this file");
+    sub_->add_option("--verify", search_.verify,
+                     "with --search: run the best K layouts for a few steps each (mpirun/srun at the world size) and "
+                     "re-rank them by measured step time");
+    sub_->add_option("--verify-steps", search_.verify_steps, "with --verify: steps per trial run (default 6)");
+    sub_->add_option("--profile", search_.profile,
+                     "with --search: a hardware profile from `runner calibrate` (default: hardware.profile, else built in)");
   }
 
   int run(std::optional<Launch>&) override {
@@ -55,6 +67,13 @@ class PlanCommand final : public Command {
       ops::gemm_mode_from_env();
     } catch (const std::invalid_argument& e) {
       throw UserError({}, e.what(), "set RUNNER_GEMM_PATH to auto, onednn or sgemm, or unset it");
+    }
+    if (search_on_) {
+      search_.recipe_path = recipe_path_;
+      search_.sets = sets_;
+      search_.world = world_;
+      search_.json = json_;
+      return run_plan_search(search_);
     }
     const Recipe r = load_recipe(recipe_path_, sets_);
     Plan p = make_plan(r, world_);
@@ -93,6 +112,8 @@ class PlanCommand final : public Command {
   bool json_ = false;
   int64_t world_ = 0;
   bool check_data_ = true;
+  bool search_on_ = false;
+  PlanSearchOptions search_;
 
   // The refusal of a plan that does not fit: the worst rank against the device, and where to look.
   std::string not_fit(const Recipe& r, const Plan& p) const {

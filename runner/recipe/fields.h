@@ -72,6 +72,7 @@ void visit(V& v, Self& p) {
   v("sequence_parallel", p.sequence_parallel);
   v("stage_layers", p.stage_layers);
   v("bucket_mb", p.bucket_mb);
+  v("auto", p.search);
 }
 
 template <class V, Section<BatchConfig> Self>
@@ -148,6 +149,11 @@ void visit(V& v, Self& h) {
   v("devices_per_node", h.devices_per_node);
   v("nodes", h.nodes);
   v("peak_tflops", h.peak_tflops);
+  v("intra_node_gbps", h.intra_node_gbps);
+  v("inter_node_gbps", h.inter_node_gbps);
+  v("intra_node_latency_us", h.intra_node_latency_us);
+  v("inter_node_latency_us", h.inter_node_latency_us);
+  v("profile", h.profile);
 }
 
 template <class V, Section<TrainConfig> Self>

@@ -32,6 +32,7 @@ void resolve_recipe_paths(Recipe& r, const std::string& recipe_file) {
   };
   std::vector<Field> fields = {Field{"data.path", &r.data.path, true}, Field{"data.val_path", &r.data.val_path, true},
                                Field{"model.init_from", &r.model.init_from, true},
+                               Field{"hardware.profile", &r.hardware.profile, true},
                                Field{"train.run_dir", &r.train.run_dir, false},
                                Field{"checkpoint.dir", &r.checkpoint.dir, false}};
   std::vector<std::string> mix_keys;  // kept alive: Field holds a pointer to the key

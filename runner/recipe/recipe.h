@@ -75,6 +75,9 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   std::vector<int64_t> stage_layers;  // explicit split of n_layers over pp stages (empty: even)
   double bucket_mb = 25.0;
+  // `parallel: auto` (or auto: true beside fixed fields): the layout is searched at plan and
+  // train start (runner/plan/search.h); the fields written beside it are constraints.
+  bool search = false;
 };
 
 struct BatchConfig {
@@ -143,6 +146,13 @@ struct HardwareConfig {
   int64_t devices_per_node = 1;
   int64_t nodes = 1;
   double peak_tflops = 0.0;        // for MFU (0: from device kind; cpu: measured)
+  // The topology the layout search prices communication with (runner/device/profile.h);
+  // 0: the device kind's (or the calibrated profile's) figure.
+  double intra_node_gbps = 0.0;    // GB/s per direction between devices of one node
+  double inter_node_gbps = 0.0;    // GB/s per direction between nodes (per device)
+  double intra_node_latency_us = 0.0;
+  double inter_node_latency_us = 0.0;
+  std::string profile;             // a hardware profile written by `runner calibrate`; empty: built in
 };
 
 struct TrainConfig {

@@ -1,0 +1,26 @@
+// `runner plan RECIPE --search ...`: the layout search's command-line part (plan.cpp parses the
+// options; plan_search.cpp runs the search, --verify and --write and prints the result).
+// [i27: S owns plan_search.cpp; V adds the --verify call inside it]
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace runner::cli {
+
+struct PlanSearchOptions {
+  std::string recipe_path;
+  std::vector<std::string> sets;
+  int64_t world = 0;
+  int top = 5;
+  bool json = false;
+  std::string write;    // --write OUT.yaml
+  int verify = 0;       // --verify K
+  int verify_steps = 6; // --verify-steps N
+  std::string profile;  // --profile FILE
+};
+
+// Returns the exit code (0, or 2 for a user error thrown as UserError).
+int run_plan_search(const PlanSearchOptions& o);
+
+}  // namespace runner::cli

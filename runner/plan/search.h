@@ -1,0 +1,64 @@
+// `runner plan --search`: every layout that fits, ranked by the cost model (cost.h).
+//
+// The space: dp, tp, pp and virtual stages under the layout rules; the schedule (1F1B, GPipe,
+// interleaved); micro-batch and accumulation under the batch equation; ZeRO-1; sequence
+// parallelism; recompute (none, selective sets, auto, full). A field the recipe writes
+// (Recipe::locs: `parallel.tp: 8`, `batch.micro: 1`, `recompute.mode: full`) is a constraint;
+// the rest is searched. Every candidate goes through make_plan, the exact ledger, so a layout
+// shown never runs out of memory. Nothing fits: a UserError naming the constraints and the
+// nearest layouts that would fit.
+// [i27: S owns search.cpp and runner/cli/plan_search.cpp; V fills SearchResult::measured via
+// runner/run/verify.h]
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runner/device/profile.h"
+#include "runner/plan/cost.h"
+#include "runner/plan/plan.h"
+
+namespace runner {
+
+struct SearchOptions {
+  int64_t world = 0;       // 0: the recipe's hardware (nodes x devices_per_node), else the Slurm allocation
+  int top = 5;             // candidates kept in SearchResult::candidates
+  std::string profile;     // a calibrated profile file; empty: hardware.profile, else built in
+};
+
+struct SearchCandidate {
+  int64_t dp = 1, tp = 1, pp = 1, virtual_stages = 1, micro = 1, accum = 1;
+  int zero = 0;
+  bool sequence_parallel = false;
+  std::string schedule;    // "1f1b", "gpipe", "interleaved"
+  std::string recompute;   // "none", "selective:attention_core,...", "auto", "full"
+  Recipe recipe;           // the input recipe with this layout filled in (what --write writes)
+  double memory_bytes = 0; // the worst rank's ledger total
+  StepCost predicted;
+  std::optional<double> measured_step_s;  // --verify
+  nlohmann::json to_json() const;  // dp, tp, pp, micro, accum, zero, recompute, schedule, predicted {...}
+};
+
+struct SearchResult {
+  int64_t world = 0;
+  std::vector<std::string> constraints;        // "parallel.tp = 8 (recipe.yaml:12:7)", ...
+  std::vector<SearchCandidate> candidates;     // best first (after --verify: by measured step)
+  int64_t searched = 0, feasible = 0;
+  std::map<std::string, int64_t> rejected;     // reason ("memory", "divisibility: ...") -> count
+  double seconds = 0;                          // the search's own time
+  std::string profile_source;                  // HardwareProfile::source
+  nlohmann::json to_json() const;              // {"search": {"candidates": [...], ...}}
+  std::string table() const;                   // the human report
+};
+
+SearchResult search_layouts(const Recipe& r, const SearchOptions& opt);
+
+// The recipe with the candidate's layout filled in, as YAML (`--write OUT.yaml`): the input
+// recipe's text with parallel, batch and recompute replaced.
+std::string write_candidate_yaml(const Recipe& r, const SearchCandidate& c);
+
+}  // namespace runner
