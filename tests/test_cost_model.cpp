@@ -58,17 +58,16 @@ constexpr double R = 32, C = 32, H = 128, V = 64, kLayers = 2;
 // GEMM FLOPs of one layer's forward: qkv (C -> 3C), attention projection, MLP in and out.
 constexpr double kLayerGemmFlops = 2 * R * (3 * C * C + C * C + H * C + C * H);
 constexpr double kHeadGemmFlops = 2 * R * V * C;
-// Memory-bound bytes (fp32) of one layer's forward: two layernorms (x, weight, bias in; y,
-// mean, rstd out), four bias adds (read and write the output), two residual adds, gelu.
-constexpr double kNorm = 4 * (R * C + 2 * C + R * C + 2 * R);
-constexpr double kLayerBytes = 2 * kNorm + 2 * 4 * R * (3 * C + C + H + C) + 2 * 4 * 3 * R * C + 4 * 2 * R * H;
-// Backward: norms, adds and gelu twice their forward bytes; a bias gradient reads dY once.
-constexpr double kLayerBwdBytes = 2 * (2 * kNorm + 2 * 4 * 3 * R * C + 4 * 2 * R * H) + 4 * R * (3 * C + C + H + C);
-// Outside the layers: the embedding (tokens; wte and wpe rows gathered; the output), ln_f, the
-// loss (logits and targets in, per-position losses out).
-constexpr double kEmbedBytes = 4 * R + 3 * 4 * R * C, kLossBytes = 4 * R * V + 4 * R + 4 * R;
-constexpr double kFwdBytes = kLayers * kLayerBytes + kEmbedBytes + kNorm + kLossBytes;
-constexpr double kBwdBytes = kLayers * kLayerBwdBytes + 2 * (kEmbedBytes + kNorm + kLossBytes);
+// Memory-bound bytes (fp32), as `runner calibrate` counts them for each kind's bandwidth, in
+// units of the output: layernorm, gelu, embedding 2 forward and 3 backward; residual add 3 and
+// 3; a linear's bias: added (read, write y) forward, its gradient a column sum of dY backward;
+// the loss 2 and 2 of its (R, V) logits. One layer: two norms, four biases (qkv 3C, projection
+// C, MLP in H and out C), two residual adds, gelu.
+constexpr double kLayerBytes = 4 * R * (2 * C + 2 * 3 * C + 2 * C + 3 * C + 2 * C + 2 * H + 2 * H + 2 * C + 3 * C);
+constexpr double kLayerBwdBytes = 4 * R * (2 * 3 * C + 2 * 3 * C + 3 * H + (3 * C + C + H + C));
+// Outside the layers: the embedding, ln_f, the loss.
+constexpr double kFwdBytes = kLayers * kLayerBytes + 4 * R * (2 * C + 2 * C + 2 * V);
+constexpr double kBwdBytes = kLayers * kLayerBwdBytes + 4 * R * (3 * C + 3 * C + 2 * V);
 
 double attention_s(const HardwareProfile& hw, bool backward) {
   return hw.attention_seconds("fp32", 2 * 2, 16, 16, backward, 1);  // B x heads sequences of 16, head size 16
@@ -119,7 +118,7 @@ TEST_CASE("recompute full adds exactly the layers' forward; selective adds its m
   CHECK(full.step_s == doctest::Approx(none.step_s + full.recompute).epsilon(1e-9));
   // The MLP: its two GEMMs, two bias adds and gelu.
   const StepCost mlp = predict_step(plan_of({"recompute.mode=selective", "recompute.modules=[mlp]"}), hw);
-  const double mlp_forward = 2 * R * 2 * H * C / kGemmRate + (2 * 4 * R * (H + C) + 2 * 4 * R * H) / kOpBandwidth;
+  const double mlp_forward = 2 * R * 2 * H * C / kGemmRate + 4 * R * (2 * H + 2 * H + 2 * C) / kOpBandwidth;
   CHECK(mlp.recompute == doctest::Approx(kLayers * mlp_forward).epsilon(1e-9));
 }
 

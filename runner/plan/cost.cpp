@@ -132,20 +132,35 @@ NodeCost linear_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
   return k;
 }
 
-// Memory-bound nodes: the bytes of their tensors (inputs read, outputs written; an embedding
-// reads only the rows it gathers), the backward moving about twice the forward's (it reads the
-// output gradient and what the forward saved, and writes the input gradients).
+// Memory-bound nodes: the bytes their forward and backward move, in units of the node's
+// output (n elements of its dtype), counted as `runner calibrate` counts them when it measures
+// each kind's bandwidth (runner/device/calibrate.cpp, op_probes), so that a node of the
+// calibrated shape is priced at exactly its measured forward + backward time:
+//   norms, gelu, embedding, dropout: forward reads x and writes y (2n), backward reads x and
+//     dy and writes dx (3n; an embedding's gathers and scatters its rows);
+//   add: 3n each way; swiglu (x of 2n): 3n forward, 5n backward; rope 2n each way;
+//   the loss over (rows, V) fp32 logits: 2 reads/writes of the logits each way.
+struct ByteUnits {
+  double fwd = 2, bwd = 3;
+};
+ByteUnits byte_units(OpKind k) {
+  switch (k) {
+    case OpKind::Add: return {3, 3};
+    case OpKind::SwiGLU: return {3, 5};
+    case OpKind::Rope: return {2, 2};
+    case OpKind::SoftmaxXent: return {2, 2};
+    default: return {2, 3};
+  }
+}
+
 NodeCost pointwise_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
   NodeCost k;
-  double bytes = 0;
-  for (int id : n.out) bytes += tensor_bytes(g, id);
-  for (int id : n.in) {
-    const bool table = n.kind == OpKind::Embedding && g.tensors[static_cast<size_t>(id)].kind == ops::TensorKind::Param;
-    bytes += table ? tensor_bytes(g, n.out[0]) : tensor_bytes(g, id);
-  }
+  const int unit = n.kind == OpKind::SoftmaxXent ? n.in[0] : n.out[0];  // the loss: its logits
+  const double bytes = tensor_bytes(g, unit);
+  const ByteUnits u = byte_units(n.kind);
   const char* op = ops::op_name(n.kind);
-  k.fwd = c.hw.op_seconds(op, bytes, c.threads);
-  k.bwd = c.hw.op_seconds(op, 2.0 * bytes, c.threads);
+  k.fwd = c.hw.op_seconds(op, u.fwd * bytes, c.threads);
+  k.bwd = c.hw.op_seconds(op, u.bwd * bytes, c.threads);
   if (c.p.tp <= 1) return k;
   const double out_fp32 = static_cast<double>(ops::numel_of(g.tensors[static_cast<size_t>(n.out[0])].shape)) * 4.0;
   if (n.tp == ops::TpMode::VocabEmbed) {
