@@ -33,19 +33,25 @@ Plan plan_of(std::vector<std::string> sets) { return make_plan(load_recipe_text(
 
 constexpr double kGemmRate = 1e9, kOpBandwidth = 1e9;
 
-HardwareProfile hand_profile() {
+// One thread at the rates above; `scaling` times them at 2 threads (ranks sharing the node are
+// priced at their share of it: with scaling 2, the same as one thread alone).
+HardwareProfile hand_profile(double scaling = 2) {
   HardwareProfile hw;
   hw.device = "cpu";
   hw.source = "test";
   hw.cores = 4;
-  ComputeProfile c;
-  c.threads = 1;
-  c.gemm["fp32"] = {GemmRate{64, 64, 64, kGemmRate}};
-  c.attention["fp32"] = {AttentionRate{16, 16, 2e9, 1e9}};
-  c.memory_bandwidth = 1e11;  // the GEMMs' roofline and the optimizer: never binding here
-  for (const char* op : {"embedding", "layernorm", "linear", "add", "gelu", "softmax_xent"}) c.op_bandwidth[op] = kOpBandwidth;
-  c.launch_s = 0;
-  hw.compute = {c};
+  for (int threads : {1, 2}) {
+    const double x = threads == 1 ? 1 : scaling;
+    ComputeProfile c;
+    c.threads = threads;
+    c.gemm["fp32"] = {GemmRate{64, 64, 64, x * kGemmRate}};
+    c.attention["fp32"] = {AttentionRate{16, 16, x * 2e9, x * 1e9}};
+    c.memory_bandwidth = 1e11;  // the GEMMs' roofline and the optimizer: never binding here
+    for (const char* op : {"embedding", "layernorm", "linear", "add", "gelu", "softmax_xent"})
+      c.op_bandwidth[op] = x * kOpBandwidth;
+    c.launch_s = 0;
+    hw.compute.push_back(c);
+  }
   hw.intra_node = {1e-6, 1e10};
   hw.inter_node = {2e-5, 1e9};
   hw.peak_flops_fp32 = 1e10;
@@ -226,6 +232,19 @@ TEST_CASE("data parallel: buckets hidden behind the backward, the rest exposed")
     CHECK(c.comm_exposed.at("dp") == doctest::Approx(rs + ag + small).epsilon(1e-9));
     CHECK(c.optimizer < predict_step(one, hw).optimizer);  // half the parameters' update
   }
+}
+
+TEST_CASE("ranks sharing a CPU node are priced at their share of its threads") {
+  // dp2 on one node: each rank computes one micro-batch with 1 thread beside the other rank.
+  const Plan dp2 = plan_of({"parallel.dp=2", "batch.global=4"});
+  const double alone = predict_step(plan_of({}), hand_profile()).compute;  // 1 thread, the same micro-batch
+  CHECK(predict_step(dp2, hand_profile(2)).compute == doctest::Approx(alone).epsilon(1e-9));  // 2 threads = 2 x 1
+  // Two threads together only 1.6 x one: each of two ranks runs at 0.8 of a thread alone.
+  CHECK(predict_step(dp2, hand_profile(1.6)).compute == doctest::Approx(alone / 0.8).epsilon(1e-9));
+  // One rank per node: alone.
+  HardwareProfile two_nodes = hand_profile(1.6);
+  two_nodes.nodes = 2;
+  CHECK(predict_step(dp2, two_nodes).compute == doctest::Approx(alone).epsilon(1e-9));
 }
 
 TEST_CASE("threads per rank and the placement of the groups") {

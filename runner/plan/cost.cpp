@@ -89,6 +89,24 @@ struct Ctx {
   double tp(Collective op, double bytes) const { return coll(op, p.tp, bytes, tp_inter); }
   // The fixed cost of one op call (HardwareProfile::op_seconds includes it; GEMMs do not).
   double launch() const { return hw.at_threads(threads).launch_s; }
+  // CPU ranks sharing a node (`local` > 1) share its cores, caches and memory channels: the
+  // profile measured each thread count alone, so a rank is priced at the slower of its own
+  // threads alone and its share of all the node's busy threads (local x threads, measured
+  // together). On a GPU every rank has its device (local 1).
+  int local = 1;
+  template <class F> double shared(F f) const {
+    const double alone = f(threads);
+    return local > 1 ? std::max(alone, local * f(threads * local)) : alone;
+  }
+  double gemm(int64_t m, int64_t n, int64_t k) const {
+    return shared([&](int t) { return hw.gemm_seconds(dtype, m, n, k, t); });
+  }
+  double op(const std::string& kind, double bytes) const {
+    return shared([&](int t) { return hw.op_seconds(kind, bytes, t); });
+  }
+  double attention(int64_t bh, int64_t seq, int64_t hd, bool backward) const {
+    return shared([&](int t) { return hw.attention_seconds(dtype, bh, seq, hd, backward, t); });
+  }
 };
 
 // One node's seconds for one micro-batch: compute (forward, backward) and its tensor-parallel
@@ -108,12 +126,12 @@ NodeCost linear_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
   NodeCost k;
   const int64_t rows = dim(g, n.in[0], 0) * (n.gather_input ? g.sp_parts : 1);
   const int64_t oc = dim(g, n.in[1], 0), ic = dim(g, n.in[1], 1);
-  k.fwd = c.hw.gemm_seconds(c.dtype, rows, oc, ic, c.threads);
-  k.bwd = c.hw.gemm_seconds(c.dtype, rows, ic, oc, c.threads) + c.hw.gemm_seconds(c.dtype, oc, ic, rows, c.threads);
+  k.fwd = c.gemm(rows, oc, ic);
+  k.bwd = c.gemm(rows, ic, oc) + c.gemm(oc, ic, rows);
   const double y_bytes = static_cast<double>(rows * oc) * 4.0, x_bytes = static_cast<double>(rows * ic) * 4.0;
   if (n.in.size() > 2) {  // the bias: added in forward, its gradient summed in backward (one op call each)
-    k.fwd += c.hw.op_seconds("linear", 2.0 * y_bytes, c.threads);
-    k.bwd += c.hw.op_seconds("linear", y_bytes, c.threads);
+    k.fwd += c.op("linear", 2.0 * y_bytes);
+    k.bwd += c.op("linear", y_bytes);
   } else {
     k.fwd += c.launch();
     k.bwd += c.launch();
@@ -159,8 +177,8 @@ NodeCost pointwise_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
   const double bytes = tensor_bytes(g, unit);
   const ByteUnits u = byte_units(n.kind);
   const char* op = ops::op_name(n.kind);
-  k.fwd = c.hw.op_seconds(op, u.fwd * bytes, c.threads);
-  k.bwd = c.hw.op_seconds(op, u.bwd * bytes, c.threads);
+  k.fwd = c.op(op, u.fwd * bytes);
+  k.bwd = c.op(op, u.bwd * bytes);
   if (c.p.tp <= 1) return k;
   const double out_fp32 = static_cast<double>(ops::numel_of(g.tensors[static_cast<size_t>(n.out[0])].shape)) * 4.0;
   if (n.tp == ops::TpMode::VocabEmbed) {
@@ -184,8 +202,8 @@ NodeCost node_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
     // lse (B, heads, T): this rank's heads; the head size from the output (B*T, heads*HS).
     const int64_t B = dim(g, n.out[1], 0), heads = dim(g, n.out[1], 1), T = dim(g, n.out[1], 2);
     const int64_t hs = dim(g, n.out[0], 1) / heads;
-    k.fwd = c.hw.attention_seconds(c.dtype, B * heads, T, hs, false, c.threads) + c.launch();
-    k.bwd = c.hw.attention_seconds(c.dtype, B * heads, T, hs, true, c.threads) + c.launch();
+    k.fwd = c.attention(B * heads, T, hs, false) + c.launch();
+    k.bwd = c.attention(B * heads, T, hs, true) + c.launch();
   } else {
     k = pointwise_cost(c, g, n);  // op_seconds counts the op call's launch
   }
@@ -362,8 +380,7 @@ double optimizer_seconds(const Ctx& c, const StageCost& s, double gbytes, double
   const double per_elem = gbytes + 16.0 + (master ? 8.0 + wbytes : 2.0 * wbytes);
   // One call per parameter tensor for each of the three passes (op_seconds counts one).
   const double calls = 3.0 * c.launch() * static_cast<double>(std::max<size_t>(1, shards.size()) - 1);
-  return c.hw.op_seconds("adamw", owned * per_elem, c.threads) + c.hw.op_seconds("sum_squares", owned * gbytes, c.threads) +
-         c.hw.op_seconds("zero", all * gbytes, c.threads) + calls;
+  return c.op("adamw", owned * per_elem) + c.op("sum_squares", owned * gbytes) + c.op("zero", all * gbytes) + calls;
 }
 
 // Tensor-parallel collectives outside the passes, once per step on the last micro-batch's
@@ -397,7 +414,7 @@ std::pair<double, double> tied_sums(const Ctx& c, const StageCost& s, double gby
 double data_seconds(const Ctx& c) {
   if (c.p.recipe.data.prefetch > 0) return 0;
   const double bytes = static_cast<double>(c.p.micro * c.p.recipe.model.seq_len) * 2.0 * 4.0;
-  return static_cast<double>(c.p.accum) * c.hw.op_seconds("data", bytes, c.threads);
+  return static_cast<double>(c.p.accum) * c.op("data", bytes);
 }
 
 }  // namespace
@@ -438,6 +455,7 @@ StepCost predict_step(const Plan& p, const HardwareProfile& hw) {
   sc.threads = threads_per_rank(p, hw);
   Ctx c{p, hw, sc.threads, to_string(p.recipe.precision.compute)};
   const int64_t node = ranks_per_node(p, hw);
+  if (device_kind(p.recipe.hardware).host) c.local = static_cast<int>(std::min<int64_t>(p.world, node));
   c.tp_inter = p.tp > 1 && crosses_nodes(p, node, 't');
   const bool dp_inter = p.dp > 1 && crosses_nodes(p, node, 'd'), pp_inter = p.pp > 1 && crosses_nodes(p, node, 'p');
   const ModelLayout& lay = *p.layout;
