@@ -33,15 +33,14 @@ Plan plan_of(std::vector<std::string> sets) { return make_plan(load_recipe_text(
 
 constexpr double kGemmRate = 1e9, kOpBandwidth = 1e9;
 
-// One thread at the rates above; `scaling` times them at 2 threads (ranks sharing the node are
-// priced at their share of it: with scaling 2, the same as one thread alone).
-HardwareProfile hand_profile(double scaling = 2) {
+// One thread at the rates above, two threads at twice them.
+HardwareProfile hand_profile() {
   HardwareProfile hw;
   hw.device = "cpu";
   hw.source = "test";
   hw.cores = 4;
   for (int threads : {1, 2}) {
-    const double x = threads == 1 ? 1 : scaling;
+    const double x = threads;
     ComputeProfile c;
     c.threads = threads;
     c.gemm["fp32"] = {GemmRate{64, 64, 64, x * kGemmRate}};
@@ -234,17 +233,16 @@ TEST_CASE("data parallel: buckets hidden behind the backward, the rest exposed")
   }
 }
 
-TEST_CASE("ranks sharing a CPU node are priced at their share of its threads") {
-  // dp2 on one node: each rank computes one micro-batch with 1 thread beside the other rank.
-  const Plan dp2 = plan_of({"parallel.dp=2", "batch.global=4"});
-  const double alone = predict_step(plan_of({}), hand_profile()).compute;  // 1 thread, the same micro-batch
-  CHECK(predict_step(dp2, hand_profile(2)).compute == doctest::Approx(alone).epsilon(1e-9));  // 2 threads = 2 x 1
-  // Two threads together only 1.6 x one: each of two ranks runs at 0.8 of a thread alone.
-  CHECK(predict_step(dp2, hand_profile(1.6)).compute == doctest::Approx(alone / 0.8).epsilon(1e-9));
-  // One rank per node: alone.
-  HardwareProfile two_nodes = hand_profile(1.6);
-  two_nodes.nodes = 2;
-  CHECK(predict_step(dp2, two_nodes).compute == doctest::Approx(alone).epsilon(1e-9));
+TEST_CASE("ranks sharing a CPU node: their own threads' rate, time-sliced past the node's cores") {
+  const HardwareProfile hw = hand_profile();  // 4 cores
+  // dp2, one thread each: each rank computes one micro-batch as one rank alone would.
+  const double alone = predict_step(plan_of({}), hw).compute;
+  CHECK(predict_step(plan_of({"parallel.dp=2", "batch.global=4"}), hw).compute == doctest::Approx(alone).epsilon(1e-9));
+  // Two ranks of 4 threads on 4 cores: each op takes twice its 4-thread time.
+  const double four = predict_step(plan_of({"train.threads=4"}), hw).compute;
+  const StepCost over = predict_step(plan_of({"parallel.dp=2", "batch.global=4", "train.threads=4"}), hw);
+  CHECK(over.compute == doctest::Approx(2 * four).epsilon(1e-9));
+  CHECK(over.threads == 4);
 }
 
 TEST_CASE("threads per rank and the placement of the groups") {

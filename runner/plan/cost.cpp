@@ -89,15 +89,13 @@ struct Ctx {
   double tp(Collective op, double bytes) const { return coll(op, p.tp, bytes, tp_inter); }
   // The fixed cost of one op call (HardwareProfile::op_seconds includes it; GEMMs do not).
   double launch() const { return hw.at_threads(threads).launch_s; }
-  // CPU ranks sharing a node (`local` > 1) share its cores, caches and memory channels: the
-  // profile measured each thread count alone, so a rank is priced at the slower of its own
-  // threads alone and its share of all the node's busy threads (local x threads, measured
-  // together). On a GPU every rank has its device (local 1).
-  int local = 1;
-  template <class F> double shared(F f) const {
-    const double alone = f(threads);
-    return local > 1 ? std::max(alone, local * f(threads * local)) : alone;
-  }
+  // CPU ranks of one node with more threads among them than it has cores time-slice them:
+  // each op takes `oversubscribed` (threads x ranks / cores, at least 1) times as long. Below
+  // that a rank runs at its thread count's measured rate: two single-threaded ranks on two
+  // cores were not slowed by each other on this machine (bench/README.md: dp2 on 2 x 1 threads
+  // 1.10-1.12x one rank on 2 threads; the calibration measures each thread count alone).
+  double oversubscribed = 1;
+  template <class F> double shared(F f) const { return oversubscribed * f(threads); }
   double gemm(int64_t m, int64_t n, int64_t k) const {
     return shared([&](int t) { return hw.gemm_seconds(dtype, m, n, k, t); });
   }
@@ -455,7 +453,10 @@ StepCost predict_step(const Plan& p, const HardwareProfile& hw) {
   sc.threads = threads_per_rank(p, hw);
   Ctx c{p, hw, sc.threads, to_string(p.recipe.precision.compute)};
   const int64_t node = ranks_per_node(p, hw);
-  if (device_kind(p.recipe.hardware).host) c.local = static_cast<int>(std::min<int64_t>(p.world, node));
+  if (device_kind(p.recipe.hardware).host && hw.cores > 0) {
+    const double busy = static_cast<double>(std::min<int64_t>(p.world, node)) * std::max(1, sc.threads);
+    c.oversubscribed = std::max(1.0, busy / hw.cores);
+  }
   c.tp_inter = p.tp > 1 && crosses_nodes(p, node, 't');
   const bool dp_inter = p.dp > 1 && crosses_nodes(p, node, 'd'), pp_inter = p.pp > 1 && crosses_nodes(p, node, 'p');
   const ModelLayout& lay = *p.layout;
