@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "parallel/grid.h"
@@ -292,23 +293,22 @@ std::vector<double> grad_ready_times(const Ctx& c, const StageCost& s) {
   std::vector<double> start(static_cast<size_t>(V), 0);  // chunk k's backward starts after chunks > k
   for (int k = V - 2; k >= 0; --k)
     start[static_cast<size_t>(k)] = start[static_cast<size_t>(k + 1)] + s.chunks[static_cast<size_t>(k + 1)]->bwd_end.front();
+  // The first chunk holding a parameter is where the rank reads it (rank_model.cpp): one pass
+  // over each chunk's nodes, in forward order, finds every parameter's first reader.
+  std::unordered_map<std::string, double> at;
+  for (int k = 0; k < V; ++k) {
+    const ops::Graph& g = lay.graph(k * P + s.stage);
+    for (size_t n = 0; n < g.nodes.size(); ++n)
+      for (int id : g.nodes[n].in) {
+        const ops::TensorDesc& d = g.tensors[static_cast<size_t>(id)];
+        if (d.kind == ops::TensorKind::Param)
+          at.try_emplace(d.name, start[static_cast<size_t>(k)] + s.chunks[static_cast<size_t>(k)]->bwd_end[n]);
+      }
+  }
   std::vector<double> ready;
   for (int i : lay.stage_params(s.stage)) {
-    const std::string& name = lay.params()[static_cast<size_t>(i)].name;
-    double t = 0;
-    for (int k = 0; k < V; ++k) {
-      const ops::Graph& g = lay.graph(k * P + s.stage);
-      const int id = g.find(name);
-      if (id < 0) continue;
-      for (size_t n = 0; n < g.nodes.size(); ++n) {
-        const auto& in = g.nodes[n].in;
-        if (std::find(in.begin(), in.end(), id) == in.end()) continue;
-        t = start[static_cast<size_t>(k)] + s.chunks[static_cast<size_t>(k)]->bwd_end[n];
-        break;
-      }
-      break;
-    }
-    ready.push_back(t);
+    auto it = at.find(lay.params()[static_cast<size_t>(i)].name);
+    ready.push_back(it == at.end() ? 0.0 : it->second);
   }
   return ready;
 }
