@@ -58,6 +58,7 @@ class PlanCommand final : public Command {
                      "with --search: run the best K layouts for a few steps each (mpirun/srun at the world size) and "
                      "re-rank them by measured step time");
     sub_->add_option("--verify-steps", search_.verify_steps, "with --verify: steps per trial run (default 6)");
+    sub_->add_option("--verify-dir", search_.verify_dir, "with --verify: run the trials in this directory and keep it");
     sub_->add_option("--profile", search_.profile,
                      "with --search: a hardware profile from `runner calibrate` (default: hardware.profile, else built in)");
   }

@@ -17,6 +17,7 @@ struct PlanSearchOptions {
   std::string write;    // --write OUT.yaml
   int verify = 0;       // --verify K
   int verify_steps = 6; // --verify-steps N
+  std::string verify_dir;  // --verify-dir DIR: the trial runs go there and are kept
   std::string profile;  // --profile FILE
 };
 
