@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -26,7 +27,7 @@ namespace {
 
 // A candidate of the layout-test recipe (2 layers, d 64) with this layout and a made-up prediction.
 SearchCandidate candidate(const fs::path& dir, int64_t dp, int64_t tp, int64_t pp, int64_t micro, double predicted_s,
-                          const std::string& recompute = "none") {
+                          const std::string& recompute = "none", const std::vector<std::string>& sets = {}) {
   static int n = 0;
   const fs::path file = test_support::write_layout_recipe(dir, "layout" + std::to_string(++n) + ".yaml");
   SearchCandidate c;
@@ -37,7 +38,7 @@ SearchCandidate candidate(const fs::path& dir, int64_t dp, int64_t tp, int64_t p
   c.accum = 8 / (dp * micro);
   c.schedule = "1f1b";
   c.recompute = recompute;
-  c.recipe = load_recipe(file.string());
+  c.recipe = load_recipe(file.string(), sets);
   c.predicted.step_s = predicted_s;
   return c;
 }
@@ -97,9 +98,10 @@ TEST_CASE("--verify on 2 ranks: both candidates measured, re-ranked by measured 
   test_support::TempDir dir("verify_two");
   SearchResult res;
   res.world = 2;
-  // Predictions made up so the predicted order is tp2 first: the re-ranking must come from the
-  // measurement. A third candidate is beyond K and stays unmeasured, after the measured ones.
-  res.candidates.push_back(candidate(dir, 1, 2, 1, 2, 0.010));
+  // The predicted best (tp2) trains a model 4x wider on 4x longer sequences, so it measures
+  // clearly slower: the order after --verify must come from the measurement. A third candidate
+  // is beyond K and stays unmeasured, after the measured ones.
+  res.candidates.push_back(candidate(dir, 1, 2, 1, 2, 0.010, "none", {"model.d_model=256", "model.seq_len=128"}));
   res.candidates.push_back(candidate(dir, 2, 1, 1, 2, 0.020, "full"));
   res.candidates.push_back(candidate(dir, 1, 1, 2, 1, 0.001));
   const int before = verify_dirs();
@@ -115,6 +117,8 @@ TEST_CASE("--verify on 2 ranks: both candidates measured, re-ranked by measured 
     CHECK(rep.errors[i].empty());
   }
   CHECK(*res.candidates[0].measured_step_s <= *res.candidates[1].measured_step_s);
+  CHECK(res.candidates[0].dp == 2);  // the light one, measured faster, now first
+  CHECK(res.candidates[1].tp == 2);
   CHECK(!res.candidates[2].measured_step_s.has_value());
   CHECK(res.candidates[2].pp == 2);  // unmeasured, after the measured ones despite its prediction
   const std::string table = verify_table(res, rep);
