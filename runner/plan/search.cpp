@@ -381,7 +381,10 @@ SearchResult search_at(const Recipe& r, int64_t world, const Fixed& fixed, const
   return res;
 }
 
-std::string layout_words(const SearchCandidate& c) {
+}  // namespace
+
+std::string SearchCandidate::describe() const {
+  const SearchCandidate& c = *this;
   std::string s = fmt::format("dp {} x tp {} x pp {}", c.dp, c.tp, c.pp);
   if (c.pp > 1) s += fmt::format(" {}", c.schedule) + (c.virtual_stages > 1 ? fmt::format(" v{}", c.virtual_stages) : "");
   s += fmt::format(", micro {} x accum {}", c.micro, c.accum);
@@ -389,6 +392,8 @@ std::string layout_words(const SearchCandidate& c) {
   if (c.sequence_parallel) s += ", sequence parallel";
   return s + ", recompute " + c.recompute;
 }
+
+namespace {
 
 // Nothing fits: which constraints bind (each relaxed alone lets a layout fit) and how many
 // devices would do.
@@ -399,23 +404,24 @@ std::string layout_words(const SearchCandidate& c) {
   std::vector<std::string> fixes;
   SourceLoc where = r.loc("hardware");
   for (const std::string& k : fixed) {
+    if (k == "batch.global") continue;  // kept: the step's batch is the training's, not the layout's
     Fixed relaxed = fixed;
     relaxed.erase(k);
     const SearchResult alt = search_at(r, res.world, relaxed, hw, one);
     if (alt.candidates.empty()) continue;
     if (fixes.empty()) where = r.loc(k);
-    fixes.push_back(fmt::format("without {}: {} fits ({} per rank)", constraint_line(r, k), layout_words(alt.candidates[0]),
+    fixes.push_back(fmt::format("without {}: {} fits ({} per rank)", constraint_line(r, k), alt.candidates[0].describe(),
                                 format_bytes(alt.candidates[0].memory_bytes)));
   }
   for (int64_t w = res.world * 2; w <= res.world * 1024; w *= 2) {
     const SearchResult alt = search_at(r, w, fixed, hw, one);
     if (alt.candidates.empty()) continue;
-    fixes.push_back(fmt::format("{} devices: {} fits ({} per rank)", w, layout_words(alt.candidates[0]),
+    fixes.push_back(fmt::format("{} devices: {} fits ({} per rank)", w, alt.candidates[0].describe(),
                                 format_bytes(alt.candidates[0].memory_bytes)));
     break;
   }
   std::string why;
-  for (const auto& [reason, n] : res.rejected) why += fmt::format("{}{} {}", why.empty() ? "" : ", ", reason, n);
+  for (const auto& [reason, n] : res.rejected) why += fmt::format("{}{} {}", why.empty() ? "" : ", ", n, reason);
   std::string bound;
   for (const std::string& c : res.constraints) bound += (bound.empty() ? "" : "; ") + c;
   throw UserError(where,
@@ -565,7 +571,7 @@ std::string replace_section(const std::string& text, const std::string& key, con
 std::string resolved_with_header(const SearchCandidate& c, const std::string& why) {
   return fmt::format("# Written by runner plan --search: {}; the user's own text could not be kept ({}), so this is\n"
                      "# the recipe as resolved, every default filled in.\n",
-                     layout_words(c), why) +
+                     c.describe(), why) +
          recipe_to_yaml(c.recipe);
 }
 

@@ -43,6 +43,7 @@ struct SearchCandidate {
   StepCost predicted;
   std::optional<double> measured_step_s;  // --verify
   nlohmann::json to_json() const;  // dp, tp, pp, micro, accum, zero, recompute, schedule, predicted {...}
+  std::string describe() const;    // "dp 2 x tp 1 x pp 1, micro 4 x accum 8, ZeRO-1, recompute none"
 };
 
 struct SearchResult {
