@@ -106,6 +106,7 @@ std::string search_layout_advice(const Plan& plan, double measured_share, double
   so.world = plan.world;
   so.top = 5;
   so.profile = profile_file;
+  so.threads = 1;  // the training ranks own the cores; the search waits its turn on one
   try {
     return layout_advice(plan, search_layouts(advice_recipe(plan), so), measured_share, predicted_step_s);
   } catch (const UserError& e) {
