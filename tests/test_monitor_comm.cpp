@@ -174,3 +174,16 @@ TEST_CASE("the advice searches the layout the user wrote again, with the global 
   CHECK(r.recompute.mode == RecomputeMode::none);
   CHECK(r.batch.global == 8);
 }
+
+TEST_CASE("the advice from the real search: a tp2 run of a small model is told to go data-parallel") {
+  test_support::TempDir dir("monitor_advice_search");
+  const fs::path recipe = test_support::write_layout_recipe(dir.path);
+  const Plan plan = make_plan(load_recipe(recipe.string(), {"parallel.tp=2"}), 2);
+  const std::string advice = search_layout_advice(plan, 0.40, 0.05);
+  INFO(advice);
+  // 2 layers of width 64 on 2 CPU ranks: tensor parallelism's per-layer all-reduces cost more
+  // than they save; the search keeps the global batch of 8 and drops tp.
+  CHECK(advice.rfind("parallel.tp: 2 -> 1, parallel.dp: 1 -> 2", 0) == 0);
+  CHECK(advice.find("(now 40%)") != std::string::npos);
+  CHECK(advice.find("predicted comm share") != std::string::npos);
+}

@@ -17,6 +17,7 @@
 #include "runner/errors.h"
 #include "runner/recipe/recipe.h"
 #include "runner/run/verify.h"
+#include "tests/support/process.h"
 #include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"
 
@@ -98,11 +99,11 @@ TEST_CASE("--verify on 2 ranks: both candidates measured, re-ranked by measured 
   test_support::TempDir dir("verify_two");
   SearchResult res;
   res.world = 2;
-  // The predicted best (tp2) trains a model 4x wider on 4x longer sequences, so it measures
+  // The predicted best (dp2) trains a model 3x wider on 2x longer sequences, so it measures
   // clearly slower: the order after --verify must come from the measurement. A third candidate
   // is beyond K and stays unmeasured, after the measured ones.
-  res.candidates.push_back(candidate(dir, 1, 2, 1, 2, 0.010, "none", {"model.d_model=256", "model.seq_len=128"}));
-  res.candidates.push_back(candidate(dir, 2, 1, 1, 2, 0.020, "full"));
+  res.candidates.push_back(candidate(dir, 2, 1, 1, 2, 0.010, "full", {"model.d_model=192", "model.seq_len=64"}));
+  res.candidates.push_back(candidate(dir, 1, 2, 1, 2, 0.020));
   res.candidates.push_back(candidate(dir, 1, 1, 2, 1, 0.001));
   const int before = verify_dirs();
   const VerifyReport rep = verify_layouts(res, options(2));
@@ -117,8 +118,8 @@ TEST_CASE("--verify on 2 ranks: both candidates measured, re-ranked by measured 
     CHECK(rep.errors[i].empty());
   }
   CHECK(*res.candidates[0].measured_step_s <= *res.candidates[1].measured_step_s);
-  CHECK(res.candidates[0].dp == 2);  // the light one, measured faster, now first
-  CHECK(res.candidates[1].tp == 2);
+  CHECK(res.candidates[0].tp == 2);  // the light one, measured faster, now first
+  CHECK(res.candidates[1].dp == 2);
   CHECK(!res.candidates[2].measured_step_s.has_value());
   CHECK(res.candidates[2].pp == 2);  // unmeasured, after the measured ones despite its prediction
   const std::string table = verify_table(res, rep);
@@ -165,4 +166,30 @@ TEST_CASE("--verify-steps below 2 leaves nothing to time: a user error") {
   VerifyOptions o = options(1);
   o.steps = 1;
   CHECK_THROWS_AS(verify_layouts(res, o), UserError);
+}
+
+TEST_CASE("runner plan --search --world 2 --verify 2: exit 0, both measured, ordered by measured step, both columns") {
+  test_support::TempDir dir("verify_cli");
+  const fs::path recipe = test_support::write_layout_recipe(dir.path);
+  const test_support::SplitResult r =
+      test_support::runner_split("plan " + recipe.string() + " --search --world 2 --verify 2 --json", dir.path);
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const auto& cands = j["search"]["candidates"];
+  REQUIRE(cands.size() >= 2);
+  CHECK(cands[0]["measured_step_s"].get<double>() > 0);
+  CHECK(cands[1]["measured_step_s"].get<double>() > 0);
+  CHECK(cands[0]["measured_step_s"].get<double>() <= cands[1]["measured_step_s"].get<double>());
+  CHECK(cands[0]["predicted"]["step_s"].get<double>() > 0);
+  CHECK(cands[0]["measured_over_predicted"].get<double>() ==
+        doctest::Approx(cands[0]["measured_step_s"].get<double>() / cands[0]["predicted"]["step_s"].get<double>()));
+  CHECK(j["search"]["verify"]["k"] == 2);
+  CHECK(r.err.find("verify 1/2: dp ") != std::string::npos);
+  CHECK(r.err.find("verify 2/2: dp ") != std::string::npos);
+  // The human table: predicted beside measured.
+  const test_support::Result t = test_support::runner_cmd("plan " + recipe.string() + " --search --world 2 --verify 2");
+  INFO(t.out);
+  REQUIRE(t.code == 0);
+  CHECK(t.out.find("predicted s  measured s meas/pred") != std::string::npos);
 }
