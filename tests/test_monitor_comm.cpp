@@ -22,6 +22,7 @@
 #include "runner/observe/metrics.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
+#include "tests/support/process.h"
 #include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"
 
@@ -186,4 +187,33 @@ TEST_CASE("the advice from the real search: a tp2 run of a small model is told t
   CHECK(advice.rfind("parallel.tp: 2 -> 1, parallel.dp: 1 -> 2", 0) == 0);
   CHECK(advice.find("(now 40%)") != std::string::npos);
   CHECK(advice.find("predicted comm share") != std::string::npos);
+}
+
+TEST_CASE("through runner train: a tp2 run waiting in communication gets the alert naming the search's change") {
+  test_support::TempDir dir("monitor_comm_train");
+  const fs::path recipe = test_support::write_layout_recipe(dir.path);
+  const fs::path run = dir / "run";
+  // Rank 1 stalls 60 ms every step, so rank 0 waits in the tensor-parallel all-reduces: exposed
+  // communication far past 30% of its step, against a prediction of a few percent.
+  const test_support::Result r = test_support::sh(
+      "RUNNER_DEBUG_STALL_RANK=1 RUNNER_DEBUG_STALL_EVERY=1 RUNNER_DEBUG_STALL_MS=60 " + test_support::mpirun(2) +
+      RUNNER_BINARY + " train " + recipe.string() + " --quiet --run-dir " + run.string() +
+      " --set parallel.tp=2 --set train.steps=8 --set train.log_every=4 --set train.monitor_every=4 --set checkpoint.cadence=never"
+      " --set checkpoint.every_steps=0");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  nlohmann::json alert, monitor;
+  for (const nlohmann::json& j : test_support::metrics_records(run)) {
+    if (j.contains("alert") && j["alert"] == "communication") alert = j;
+    if (j.contains("monitor")) monitor = j;
+  }
+  REQUIRE(alert.is_object());
+  INFO(alert.dump());
+  CHECK(alert["value"].get<double>() > 0.30);
+  CHECK(alert["message"].get<std::string>().find("the plan predicted") != std::string::npos);
+  CHECK(alert["action"].get<std::string>().find("the layout search's change: parallel.tp: 2 -> 1, parallel.dp: 1 -> 2") !=
+        std::string::npos);
+  REQUIRE(monitor.is_object());
+  CHECK(monitor["comm_share"]["measured"].get<double>() > 0.30);
+  CHECK(monitor["comm_share"]["predicted"].get<double>() < 0.30);
 }
