@@ -1,7 +1,8 @@
 // The monitor's communication check (runner/observe/metrics.h set_prediction, layout_advice.h):
 // step records fed to the monitor on one rank carry the measured exposed-communication share
 // beside the plan's predicted one; past 30% the "communication" alert names the layout change
-// the search would make, asked once; under 30% there is no alert and the search is never asked.
+// the search would make, asked once; under 30% there is no alert and the search is never asked;
+// through `runner train` on 2 ranks, the trainer predicts its own step and the alert names the change.
 // And the advice itself: which layout fields change, the layout the user wrote freed for the
 // search (the global batch kept), the plan's own layout never suggested.
 #include <doctest/doctest.h>
