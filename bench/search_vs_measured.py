@@ -7,7 +7,7 @@ layout), and measured by `runner train` for a few steps (median step time after 
 from the run's own metrics.jsonl), all in one run. Configurations: the "small" model of
 bench/parallel_layouts.py (vocab 256, seq 256, d_model 384, 6 layers, 6 heads, global batch 8)
 and GPT-2 124M's shape (recipes/gpt2-124m.yaml: vocab 50257, d_model 768, 12 layers, 12 heads)
-shortened to seq_len 256 and global batch 8 in fp32 so that it runs in minutes on 2 cores, at
+shortened to seq_len 128 and global batch 4 in fp32 so that it runs in minutes on 2 cores, at
 world sizes 1 and 2 (dp2, tp2, tp2 + sequence parallelism, pp2 with 1F1B, GPipe and
 interleaved), crossed with micro-batch, recompute (none, selective, full) and ZeRO-1.
 
@@ -18,9 +18,10 @@ correlation of predicted against measured step time (>= 0.8), median absolute re
 Ranks share the machine's cores as `runner train` shares them (OMP_NUM_THREADS is unset), the
 rule the cost model assumes. Timing is only honest on a quiet machine.
 
-    /usr/bin/python3 bench/search_vs_measured.py [--profile FILE] [--configs NAME,...] [--steps N]
+    /usr/bin/python3 bench/search_vs_measured.py [--profile FILE | --builtin-profile] [--configs NAME,...] [--steps N]
                                                   [--quick] [--list] [--json OUT]
-Without --profile it runs `runner calibrate` first (into its work directory) and says so.
+Without --profile it runs `runner calibrate` first (into its work directory) and says so;
+--builtin-profile uses the built-in CPU profile instead (what the search uses without one).
 """
 import argparse
 import json
@@ -39,7 +40,7 @@ MPIRUN = shutil.which("mpirun") or "mpirun"
 MODELS = {
     # name: (model fields, global batch)
     "small": (dict(vocab_size=256, seq_len=256, d_model=384, n_layers=6, n_heads=6), 8),
-    "gpt2": (dict(vocab_size=50257, seq_len=256, d_model=768, n_layers=12, n_heads=12), 8),
+    "gpt2": (dict(vocab_size=50257, seq_len=128, d_model=768, n_layers=12, n_heads=12), 4),
 }
 
 
@@ -82,18 +83,18 @@ def layouts():
         add("small", 2, pp=2, micro=micro)
     add("small", 2, pp=2, micro=2, schedule="gpipe")
     add("small", 2, pp=2, micro=2, schedule="interleaved", v=3)
-    # GPT-2 124M (seq 256, global 8).
-    for micro in (4, 8):
+    # GPT-2 124M's shape (seq 128, global 4: minutes on 2 cores).
+    for micro in (2, 4):
         add("gpt2", 1, micro=micro)
-    add("gpt2", 1, micro=4, recompute="full")
-    add("gpt2", 1, micro=4, recompute="selective")
+    add("gpt2", 1, micro=2, recompute="full")
+    add("gpt2", 1, micro=2, recompute="selective")
     for zero in (0, 1):
-        add("gpt2", 2, dp=2, micro=4, zero=zero)
-    add("gpt2", 2, tp=2, micro=4)
-    add("gpt2", 2, tp=2, micro=4, sp=True)
-    add("gpt2", 2, pp=2, micro=2)
-    add("gpt2", 2, pp=2, micro=2, schedule="gpipe")
-    add("gpt2", 2, pp=2, micro=2, schedule="interleaved", v=2)
+        add("gpt2", 2, dp=2, micro=2, zero=zero)
+    add("gpt2", 2, tp=2, micro=2)
+    add("gpt2", 2, tp=2, micro=2, sp=True)
+    add("gpt2", 2, pp=2, micro=1)
+    add("gpt2", 2, pp=2, micro=1, schedule="gpipe")
+    add("gpt2", 2, pp=2, micro=1, schedule="interleaved", v=2)
     return out
 
 
@@ -127,7 +128,9 @@ def env():
 
 def predict(runner, recipe, world, sets, profile):
     """The search's prediction for exactly this layout: (step_s, candidate) or (None, error)."""
-    cmd = [runner, "plan", recipe, "--search", "--world", str(world), "--top", "1", "--json", "--profile", profile]
+    cmd = [runner, "plan", recipe, "--search", "--world", str(world), "--top", "1", "--json"]
+    if profile:
+        cmd += ["--profile", profile]
     for s in sets:
         cmd += ["--set", s]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env())
@@ -245,6 +248,8 @@ def report(rows, failed, profile_note):
 
 
 def get_profile(args, runner, work):
+    if args.builtin_profile:
+        return None, "built in (the CPU's device-table profile, not calibrated: --builtin-profile)"
     if args.profile:
         return os.path.abspath(args.profile), f"{args.profile} (given)"
     out = os.path.join(work, "profile.json")
@@ -252,15 +257,17 @@ def get_profile(args, runner, work):
     t = time.time()
     p = subprocess.run([runner, "calibrate", "--out", out], capture_output=True, text=True, env=env())
     if p.returncode != 0 or not os.path.exists(out):
-        sys.exit(f"runner calibrate failed (exit {p.returncode}): {(p.stderr or p.stdout).strip()[-400:]}")
+        sys.exit(f"runner calibrate failed (exit {p.returncode}): {(p.stderr or p.stdout).strip()[-400:]}\n"
+                 "give a profile with --profile FILE, or use the built-in one with --builtin-profile")
     return out, f"calibrated now by `runner calibrate` ({time.time() - t:.0f} s), {out}"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", help="a hardware profile from `runner calibrate` (default: calibrate first)")
+    ap.add_argument("--builtin-profile", action="store_true", help="use the built-in CPU profile (no calibration)")
     ap.add_argument("--configs", help="comma-separated configuration names (see --list); default: all")
-    ap.add_argument("--steps", type=int, default=6, help="steps per measured run (the first 2 not timed)")
+    ap.add_argument("--steps", type=int, default=5, help="steps per measured run (the first 2 not timed)")
     ap.add_argument("--quick", action="store_true", help=f"a handful for a smoke run: {', '.join(QUICK)}")
     ap.add_argument("--list", action="store_true", help="list the configurations and exit")
     ap.add_argument("--json", help="also write the rows and the summary to this file")
