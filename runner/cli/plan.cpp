@@ -58,6 +58,7 @@ class PlanCommand final : public Command {
                      "with --search: run the best K layouts for a few steps each (mpirun/srun at the world size) and "
                      "re-rank them by measured step time");
     sub_->add_option("--verify-steps", search_.verify_steps, "with --verify: steps per trial run (default 6)");
+    sub_->add_option("--verify-dir", search_.verify_dir, "with --verify: run the trials in this directory and keep it");
     sub_->add_option("--profile", search_.profile,
                      "with --search: a hardware profile from `runner calibrate` (default: hardware.profile, else built in)");
   }
@@ -75,8 +76,11 @@ class PlanCommand final : public Command {
       search_.json = json_;
       return run_plan_search(search_);
     }
-    const Recipe r = load_recipe(recipe_path_, sets_);
+    Recipe r = load_recipe(recipe_path_, sets_);
+    std::string searched;  // parallel: auto: the search's winner is what is planned (plan_search.h)
+    if (r.parallel.search) r = searched_recipe(r, world_, &searched);
     Plan p = make_plan(r, world_);
+    if (!searched.empty()) p.notes.insert(p.notes.begin(), searched);
     if (json_) std::cout << p.to_json().dump(2) << "\n";
     else {
       // A GPU recipe's GEMMs are cuBLASLt's, whatever this machine's CPU would take.

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "ops/executor.h"
 #include "ops/tensor.h"
 #include "parallel/grid.h"
+#include "runner/plan/cost.h"
 #include "runner/plan/plan.h"
 #include "runner/observe/records.h"
 #include "runner/state.h"
@@ -68,6 +70,14 @@ class RunMetrics {
   double peak_flops() const { return peak_flops_; }
   const std::string& peak_source() const { return peak_source_; }
 
+  // The plan's predicted step (runner/plan/cost.h): each monitor record and line then carries
+  // the measured exposed-communication share beside the predicted one, and past the rule of
+  // thumb of 30% the "communication" alert names `advise(measured share)`: the layout change
+  // the search would make (runner/observe/layout_advice.h), asked once, only then.
+  void set_prediction(const StepCost& predicted, std::function<std::string(double measured_share)> advise) {
+    predicted_ = predicted;
+    advise_ = std::move(advise);
+  }
   // After each step's passes: the measured peak of each memory account.
   void measure_memory();
   // After each step: its record (a save's stall `checkpoint_ms` is reported with the step after
@@ -136,6 +146,7 @@ class RunMetrics {
   nlohmann::json step_ms_percentiles() const;
   void monitor_alerts(const PendingMonitor& p, const std::vector<std::array<double, kRow>>& rows, double util,
                       size_t slow_stage, const std::vector<double>& stage_busy, double imbalance);
+  void communication_alert(int64_t step, double share, size_t rank);
   std::string rank_name(size_t world_rank) const;  // "rank 3 (dp 1 tp 1 pp 0)"
   std::array<double, Breakdown::kParts> window_parts_{}, total_parts_{};
   double window_steps_ = 0, total_steps_ = 0;
@@ -160,6 +171,9 @@ class RunMetrics {
   double window_ms_ = 0, window_data_ = 0;
   int64_t window_ = 0;
   double pipe_wait_total_ = 0, step_ms_total_ = 0, comm_hidden_total_ = 0, comm_exposed_total_ = 0;
+  std::optional<StepCost> predicted_;                 // set_prediction
+  std::function<std::string(double)> advise_;
+  std::optional<std::string> advice_;                 // advise_'s answer, once asked
   std::optional<GradReport> last_range_;  // the last gradient range report
   bool conflict_warned_ = false;
   LossScalerState scaler_;

@@ -2,6 +2,7 @@
 // monitor records and the alerts (see metrics.h).
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -201,6 +202,24 @@ double peers_busy_p99(const std::vector<std::array<double, RunMetrics::kRow>>& r
 
 }  // namespace
 
+namespace {
+
+// The largest share of its interval a rank spent in `part`, and that rank.
+std::pair<double, size_t> worst_share(const std::vector<std::array<double, RunMetrics::kRow>>& rows, int part) {
+  double frac = 0;
+  size_t rank = 0;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const double iv = interval_of(rows[k]);
+    if (iv > 0 && rows[k][static_cast<size_t>(part)] / iv > frac) {
+      frac = rows[k][static_cast<size_t>(part)] / iv;
+      rank = k;
+    }
+  }
+  return {frac, rank};
+}
+
+}  // namespace
+
 std::string RunMetrics::rank_name(size_t k) const {
   parallel::Coords c = parallel::coords_of(grid_.shape(), static_cast<int>(k));
   return fmt::format("rank {} (dp {} tp {} pp {})", k, c.dp, c.tp, c.pp);
@@ -231,11 +250,17 @@ void RunMetrics::report_monitor(const PendingMonitor& pm, const std::vector<std:
                    {"slowest_stage", f.slow_stage},
                    {"stage_imbalance", f.imbalance},
                    {"per_rank", f.per_rank}};
+  // The exposed communication's share of the step (the worst rank's) beside the plan's prediction.
+  const auto [comm, comm_rank] = worst_share(rows, Breakdown::CommExposed);
+  j["comm_share"] = {{"measured", comm}, {"rank", comm_rank},
+                     {"predicted", predicted_ ? nlohmann::json(predicted_->comm_share()) : nlohmann::json(nullptr)}};
   const std::string device_line = device_memory_check(j, pm.peak);
   write(j.dump());
   if (!device_line.empty()) log_->info("{}", device_line);
-  log_->info("  monitor step {} | step ms p50 {:.0f} p90 {:.0f} p99 {:.0f} max {:.0f} | util {:.0f}% | skipped {} | checkpoints {:.0f} ms{}",
-             step, pm.p50, pm.p90, pm.p99, pm.max, 100 * f.util, pm.skipped, pm.checkpoint_ms,
+  log_->info("  monitor step {} | step ms p50 {:.0f} p90 {:.0f} p99 {:.0f} max {:.0f} | util {:.0f}% | comm {:.0f}%{} | skipped {} | "
+             "checkpoints {:.0f} ms{}",
+             step, pm.p50, pm.p90, pm.p99, pm.max, 100 * f.util, 100 * comm,
+             predicted_ ? fmt::format(" (predicted {:.0f}%)", 100 * predicted_->comm_share()) : "", pm.skipped, pm.checkpoint_ms,
              rows.size() > 1 ? fmt::format(" | slowest {} busy {:.0f} ms/step", rank_name(f.slow), busy_of(rows[f.slow]) / n) : "");
   monitor_alerts(pm, rows, f.util, f.slow_stage, f.stage_busy, f.imbalance);
 }
@@ -262,21 +287,9 @@ void RunMetrics::monitor_alerts(const PendingMonitor& pm, const std::vector<std:
   const Recipe& r = plan_.recipe;
   const int64_t step = pm.step;
   const double p50 = pm.p50, p99 = pm.p99, peak = pm.peak;
-  double comm_frac = 0, data_frac = 0;
-  size_t comm_rank = 0, data_rank = 0;
-  for (size_t k = 0; k < rows.size(); ++k) {
-    const double iv = interval_of(rows[k]);
-    if (iv <= 0) continue;
-    const double c = rows[k][Breakdown::CommExposed] / iv, d = rows[k][Breakdown::Data] / iv;
-    if (c > comm_frac) { comm_frac = c; comm_rank = k; }
-    if (d > data_frac) { data_frac = d; data_rank = k; }
-  }
-  if (comm_frac > 0.30)
-    raise({"communication", step, comm_frac, 0.30,
-           fmt::format("exposed communication is {:.0f}% of the step on {}", 100 * comm_frac, rank_name(comm_rank)),
-           fmt::format("change the layout: `runner plan` lists the alternatives with their predicted communication (now dp {} tp {} "
-                       "pp {}); fewer tensor-parallel ranks, a larger parallel.bucket_mb, or more micro-batches per step to hide "
-                       "the data-parallel reduction", plan_.dp, plan_.tp, plan_.pp)});
+  const auto [comm_frac, comm_rank] = worst_share(rows, Breakdown::CommExposed);
+  const auto [data_frac, data_rank] = worst_share(rows, Breakdown::Data);
+  if (comm_frac > 0.30) communication_alert(step, comm_frac, comm_rank);
   if (data_frac > 0.05)
     raise({"data_wait", step, data_frac, 0.05,
            fmt::format("waiting for data is {:.0f}% of the step on {}", 100 * data_frac, rank_name(data_rank)),
@@ -313,6 +326,25 @@ void RunMetrics::monitor_alerts(const PendingMonitor& pm, const std::vector<std:
                        stage_busy[slow_stage], 100 * imbalance / std::max(1e-9, 1 - imbalance)),
            "balance the layers over the stages (fewer layers on the slow stage: the embedding and the output layer sit on the "
            "first and last), or look for a straggler on that stage"});
+}
+
+// Exposed communication past the rule of thumb of 30% of the step: with the plan's prediction,
+// the alert says what was predicted and names the layout change the search would make (asked
+// once, here: the search is not free, and the alert is raised once per run).
+void RunMetrics::communication_alert(int64_t step, double share, size_t rank) {
+  for (const Alert& a : alerts_)
+    if (a.name == "communication") return;
+  std::string message = fmt::format("exposed communication is {:.0f}% of the step on {}", 100 * share, rank_name(rank));
+  std::string action = fmt::format(
+      "change the layout: `runner plan --search` ranks the alternatives by predicted step (now dp {} tp {} pp {}); fewer "
+      "tensor-parallel ranks, a larger parallel.bucket_mb, or more micro-batches per step to hide the data-parallel reduction",
+      plan_.dp, plan_.tp, plan_.pp);
+  if (predicted_) {
+    message += fmt::format(" (the plan predicted {:.0f}%)", 100 * predicted_->comm_share());
+    if (!advice_ && advise_) advice_ = advise_(share);
+    if (advice_ && !advice_->empty()) action = "the layout search's change: " + *advice_ + " (`runner plan --search` lists the rest)";
+  }
+  raise({"communication", step, share, 0.30, message, action});
 }
 
 void RunMetrics::breakdown_table(const std::vector<std::array<double, kRow>>& rows) {

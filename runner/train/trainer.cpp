@@ -28,10 +28,13 @@
 #include "runner/run/run_dir.h"
 #include "runner/data/data.h"
 #include "runner/device/peak.h"
+#include "runner/device/profile.h"
+#include "runner/observe/layout_advice.h"
 #include "runner/observe/metrics.h"
 #include "runner/observe/profile.h"
 #include "runner/observe/step_timer.h"
 #include "runner/observe/trace.h"
+#include "runner/plan/cost.h"
 #include "runner/run/run_lock.h"
 #include "runner/run/slurm.h"
 #include "runner/signals.h"
@@ -191,6 +194,7 @@ class Trainer {
     note_step(st.step);
     if (lead()) set_abort_record((fs::path(paths.run_dir) / "events.jsonl").string());  // a second signal's end record
     measure_peaks();
+    predict_own_step();
     print_startup(*log, plan, grid,
                   {paths.run_dir, train_src->describe(), model->sync().bucket_count(), model->sync().zero1(),
                    metrics->peak_flops(), metrics->peak_source(), precision_line(r.precision, scaler, st.scaler.scale, diagnose())});
@@ -245,6 +249,20 @@ class Trainer {
 
   // MFU is against the peak of all ranks together (runner/device/peak.h: the recipe's, the
   // device table's, or this CPU's, cached); a profiled run also measures its roofline.
+  // The monitor's communication check (metrics.h set_prediction): this layout's predicted step
+  // on the recipe's hardware profile, and the layout search it asks, once, for a better layout
+  // when the exposed communication passes 30% of the step. Rank 0 alone raises alerts.
+  void predict_own_step() {
+    if (!lead()) return;
+    try {
+      const StepCost c = predict_step(plan, hardware_profile(r.hardware));
+      if (c.step_s <= 0) return;  // no prediction for this device
+      metrics->set_prediction(c, [this, c](double share) { return search_layout_advice(plan, share, c.step_s); });
+    } catch (const UserError& e) {
+      log->warn("no predicted step for the monitor's communication check: {}", e.what());
+    }
+  }
+
   void measure_peaks() {
     const MfuPeak pk = mfu_peak(r.hardware, r.precision.compute, ops::num_threads());
     double v = pk.flops;
