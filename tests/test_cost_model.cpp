@@ -127,38 +127,66 @@ TEST_CASE("recompute full adds exactly the layers' forward; selective adds its m
   CHECK(mlp.recompute == doctest::Approx(kLayers * mlp_forward).epsilon(1e-9));
 }
 
-TEST_CASE("the pipeline bubble is the plan's (p-1)/(v*m+p-1) of the pipelined time") {
-  const HardwareProfile hw = hand_profile();
+// Everything but the GEMMs free: stages of equal GEMM work are equal stages.
+HardwareProfile gemm_only_profile() {
+  HardwareProfile hw = hand_profile();
+  for (ComputeProfile& c : hw.compute) {
+    c.memory_bandwidth = 1e30;
+    for (auto& [op, bw] : c.op_bandwidth) bw = 1e30;
+    c.attention["fp32"] = {AttentionRate{16, 16, 1e30, 1e30}};
+  }
+  hw.peak_flops_fp32 = 0;  // no bound on the attention's rate
+  return hw;
+}
+
+TEST_CASE("the pipeline bubble: the other stages' fill and drain, plan.bubble's share with equal stages") {
+  // A head of vocabulary 24C is two layers' GEMMs: stage splits [3, 1] and, with 2 chunks per
+  // stage, [4, 2] give every stage the same work.
+  const HardwareProfile hw = gemm_only_profile();
+  const std::vector<std::string> head2 = {"model.tie_embeddings=false", "model.vocab_size=768", "parallel.pp=2",
+                                          "batch.global=8"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), head2.begin(), head2.end());
+    return plan_of(more);
+  };
   // The gradient norm's all-reduce over the world is counted with pp here (no dp, no tp).
   const double norm = hw.collective_seconds(Collective::all_reduce, 2, 16, false);
   auto pipelined = [&](const StepCost& c) { return c.compute + c.recompute + c.comm_exposed.at("pp") - norm + c.bubble; };
   SUBCASE("1F1B and GPipe: (p-1)/(m+p-1)") {
     for (const char* sched : {"1f1b", "gpipe"}) {
-      const Plan p = plan_of({"parallel.pp=2", "batch.global=8", "model.tie_embeddings=false",
-                              std::string("parallel.schedule=") + sched});
+      const Plan p = with({"model.n_layers=4", "parallel.stage_layers=[3,1]", std::string("parallel.schedule=") + sched});
       REQUIRE(p.accum == 4);
       const StepCost c = predict_step(p, hw);
       CHECK(c.bubble > 0);
       CHECK(c.bubble / pipelined(c) == doctest::Approx(1.0 / 5.0).epsilon(1e-9));
       CHECK(c.bubble / pipelined(c) == doctest::Approx(p.bubble).epsilon(1e-9));
-      CHECK(c.comm_exposed.at("pp") > 0);  // a receive per micro-batch each way
       CHECK(c.step_s == doctest::Approx(sum_breakdown(c)).epsilon(1e-12));
     }
   }
   SUBCASE("interleaved, 2 chunks per stage: (p-1)/(v*m+p-1)") {
-    const Plan p = plan_of({"parallel.pp=2", "batch.global=8", "model.tie_embeddings=false", "model.n_layers=4",
-                            "parallel.schedule=interleaved", "parallel.virtual_stages=2"});
+    const Plan p = with({"model.n_layers=6", "parallel.stage_layers=[4,2]", "parallel.schedule=interleaved",
+                         "parallel.virtual_stages=2"});
     const StepCost c = predict_step(p, hw);
     CHECK(c.bubble / pipelined(c) == doctest::Approx(1.0 / 9.0).epsilon(1e-9));
     CHECK(c.bubble / pipelined(c) == doctest::Approx(p.bubble).epsilon(1e-9));
   }
-  SUBCASE("the pipeline messages: (B*T, C) activations received forward, gradients backward, per micro-batch") {
-    const Plan p = plan_of({"parallel.pp=2", "batch.global=8", "model.tie_embeddings=false"});
-    const StepCost c = predict_step(p, hw);
-    const double msg = hw.collective_seconds(Collective::send_recv, 2, 4 * R * C, false);
-    CHECK(c.comm_exposed.at("pp") == doctest::Approx(4 * msg + norm).epsilon(1e-9));  // one receive per micro-batch
-    CHECK(c.comm_total.at("pp") == doctest::Approx(2 * 4 * msg + norm).epsilon(1e-9));  // and one send
-  }
+}
+
+TEST_CASE("unequal stages: the slow last stage waits for the first stage's forward and backward only") {
+  const HardwareProfile hw = hand_profile();
+  const Plan p = plan_of({"parallel.pp=2", "batch.global=8", "model.tie_embeddings=false"});
+  const StepCost c = predict_step(p, hw);
+  // Stage 0: the embedding and layer 0, and the receive of its output's gradient; stage 1 (layer
+  // 1, ln_f, the head and the loss) is the slower.
+  const double msg = hw.collective_seconds(Collective::send_recv, 2, 4 * R * C, false);
+  const double stage0 = 3 * kLayerGemmFlops / kGemmRate + attention_s(hw, false) + attention_s(hw, true) +
+                        (kLayerBytes + kLayerBwdBytes + 4 * R * (2 * C + 3 * C)) / kOpBandwidth + msg;
+  CHECK(c.bubble == doctest::Approx(stage0).epsilon(1e-9));
+  CHECK(c.compute > 4 * (stage0 - msg));  // the critical stage is the last
+  // The pipeline messages: (B*T, C) activations received forward, gradients backward, per micro-batch.
+  const double norm = hw.collective_seconds(Collective::all_reduce, 2, 16, false);
+  CHECK(c.comm_exposed.at("pp") == doctest::Approx(4 * msg + norm).epsilon(1e-9));    // one receive per micro-batch
+  CHECK(c.comm_total.at("pp") == doctest::Approx(2 * 4 * msg + norm).epsilon(1e-9));  // and one send
 }
 
 TEST_CASE("tensor-parallel collectives counted per layer and priced at the node's level") {

@@ -464,8 +464,10 @@ StepCost predict_step(const Plan& p, const HardwareProfile& hw) {
   std::vector<ChunkCost> chunks;
   for (int v = 0; v < lay.vstages(); ++v) chunks.push_back(chunk_cost(c, v));
   StageCost s = stage_cost(chunks, 0, P);  // the slowest stage sets the pace
+  double all_stages = s.f + s.b;            // one micro-batch through every stage
   for (int st = 1; st < P; ++st) {
     StageCost o = stage_cost(chunks, st, P);
+    all_stages += o.f + o.b;
     if (o.f + o.b > s.f + s.b) s = std::move(o);
   }
   const double m = static_cast<double>(p.accum);
@@ -474,9 +476,12 @@ StepCost predict_step(const Plan& p, const HardwareProfile& hw) {
                             ? 4.0 : static_cast<double>(plan_detail::dtype_bytes(to_string(p.recipe.precision.grad_accum)));
   sc.compute = m * (s.fwd + s.bwd);
   sc.recompute = m * s.rec;
-  // 1F1B and GPipe: (p-1) micro-batch slots of fill and drain; interleaved: (p-1)/v, so the
-  // bubble's share of the step is plan.bubble, (p-1)/(v*m + p-1).
-  sc.bubble = static_cast<double>(P - 1) / static_cast<double>(lay.chunks()) * (s.f + s.b);
+  // The slowest stage runs its m micro-batches back to back once the pipeline is full; it
+  // waits for the other stages' forwards of the first micro-batch (fill) and their backwards of
+  // the last (drain): the other p-1 stages' forward + backward of one micro-batch, 1/v of it
+  // under the interleaved schedule (chunks of 1/v the size). With equal stages that is
+  // (p-1)/v of the slowest stage's, so the bubble's share is plan.bubble, (p-1)/(v*m + p-1).
+  sc.bubble = (all_stages - (s.f + s.b)) / static_cast<double>(lay.chunks());
   const double sp_sums = tp_grad_sums(c, s, gbytes);
   sc.comm_total["tp"] = sc.comm_exposed["tp"] = m * s.tp + sp_sums;
   const auto [tied_pp, tied_dp] = tied_sums(c, s, gbytes, pp_inter, dp_inter);
