@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "ops/gemm_path.h"
 #include "runner/device/profile.h"
 #include "runner/errors.h"
 #include "runner/recipe/recipe.h"
@@ -247,6 +248,11 @@ TEST_CASE("the built-in CPU profile: this host's peak, an entry per thread count
   const double r1 = gemm_rate(c, "fp32", 2048, 2048, 2048, 1), rn = gemm_rate(c, "fp32", 2048, 2048, 2048, c.cores);
   CHECK(rn == doctest::Approx(0.9 * 0.2e12));
   CHECK(r1 == doctest::Approx(0.9 * 0.2e12 / c.cores));
+  // 16-bit GEMMs at the speed of the path this machine's executor takes for them.
+  const ops::GemmChoice& b = ops::gemm_paths().bf16;
+  const double chosen = b.path == ops::GemmPath::Sgemm ? b.sgemm_gflops : b.onednn_gflops;
+  const double want = chosen > 0 && b.fp32_gflops > 0 ? chosen / b.fp32_gflops : 1.0;
+  CHECK(gemm_rate(c, "bf16", 2048, 2048, 2048, c.cores) / rn == doctest::Approx(want));
   CHECK(c.source.find("built-in") != std::string::npos);
   CHECK(c.source.find("runner calibrate") != std::string::npos);
 }

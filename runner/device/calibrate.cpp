@@ -177,7 +177,7 @@ Plan measurement_plan(bool quick) {
   p.attention = {{128, 64}, {512, 64}, {1024, 64}, {512, 128}};
   p.dtypes = {"fp32", "bf16", "fp16"};
   p.op_rows = 4096, p.op_cols = 1024;
-  p.target_s = 0.15;
+  p.target_s = 0.1;
   return p;
 }
 

@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/gemm_path.h"
 #include "runner/device/devices.h"
 #include "runner/device/peak.h"
 #include "runner/errors.h"
@@ -39,6 +40,7 @@ std::string to_string(Collective c) {
 
 namespace {
 
+using ops::DType;
 constexpr const char* kFormat = "runner-hardware-profile";
 constexpr int kVersion = 1;
 const std::string kCalibrateFix = "run `runner calibrate --out FILE` on the machine and name FILE in hardware.profile "
@@ -410,14 +412,28 @@ HardwareProfile gpu_builtin(const HardwareConfig& hw, const GpuFigures& g) {
   return p;
 }
 
+// The speed of a 16-bit Linear relative to fp32's on this CPU, from the GEMM path choice the
+// executor runs with (ops/gemm_path.h: widened to sgemm, or oneDNN, measured once per process);
+// 1 where it was not measured.
+double cpu_16bit_ratio(DType t) {
+  const ops::GemmChoice& c = ops::gemm_paths().of(t);
+  const double chosen = c.path == ops::GemmPath::Sgemm ? c.sgemm_gflops : c.onednn_gflops;
+  return chosen > 0 && c.fp32_gflops > 0 ? chosen / c.fp32_gflops : 1.0;
+}
+
 // The CPU: this host's sgemm peak (measured once and cached, runner/device/peak.h) at all its
 // cores, shared by the threads in proportion, at a flat 90% for every shape (the roofline bound
-// slows the small ones); a modest memory bandwidth; ranks talk through shared memory.
+// slows the small ones), 16-bit GEMMs scaled by their path's measured speed against fp32's; a
+// modest memory bandwidth; ranks talk through shared memory.
 HardwareProfile cpu_builtin(const HardwareConfig& hw) {
   HardwareProfile p;
   p.cores = std::max(1, int(std::thread::hardware_concurrency()));
   const double peak = mfu_peak(hw, FloatFormat::fp32, p.cores).flops;
-  p.peak_flops_fp32 = p.peak_flops_bf16 = p.peak_flops_fp16 = peak;
+  const std::map<std::string, double> scale{
+      {"fp32", 1.0}, {"bf16", cpu_16bit_ratio(DType::BF16)}, {"fp16", cpu_16bit_ratio(DType::F16)}};
+  p.peak_flops_fp32 = peak;
+  p.peak_flops_bf16 = peak * std::max(1.0, scale.at("bf16"));
+  p.peak_flops_fp16 = peak * std::max(1.0, scale.at("fp16"));
   std::vector<int> threads;
   for (int t = 1; t < p.cores; t *= 2) threads.push_back(t);
   threads.push_back(p.cores);
@@ -425,8 +441,8 @@ HardwareProfile cpu_builtin(const HardwareConfig& hw) {
     ComputeProfile c;
     c.threads = t;
     const double rate = 0.9 * peak * t / p.cores;
-    for (const char* dt : {"fp32", "bf16", "fp16"})
-      for (int64_t s : {64, 4096}) c.gemm[dt].push_back({s, s, s, rate});
+    for (const auto& [dt, f] : scale)
+      for (int64_t s : {64, 4096}) c.gemm[dt].push_back({s, s, s, rate * f});
     c.memory_bandwidth = 5e9 * std::min(t, 4);  // ~5 GB/s a core, saturating the channels at ~20
     c.launch_s = 2e-6;
     p.compute.push_back(std::move(c));
