@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "runner/device/calibrate.h"
 #include "runner/device/profile.h"
 #include "runner/recipe/recipe.h"
 #include "tests/support/process.h"
@@ -102,4 +103,21 @@ TEST_CASE("runner calibrate: bad options exit 2 saying what to give") {
   CHECK(r.code == 2);
   CHECK(r.err.find("unknown device kind tpu") != std::string::npos);
   CHECK(r.err.find("h100-80gb") != std::string::npos);
+}
+
+TEST_CASE("the collectives' latency-bandwidth fit recovers a line and clamps a negative latency") {
+  std::vector<std::pair<double, double>> pts;
+  for (double b : {4096.0, 65536.0, 1048576.0, 16777216.0}) pts.emplace_back(b, 5e-6 + b / 2e9);
+  auto [a, bw] = fit_latency_bandwidth(pts);
+  CHECK(a == doctest::Approx(5e-6));
+  CHECK(bw == doctest::Approx(2e9));
+  // Noise that would make the intercept negative: latency 0, the bandwidth through the origin.
+  pts = {{1000, 1e-7}, {2000, 1.5e-6}, {4000, 3.9e-6}};
+  std::tie(a, bw) = fit_latency_bandwidth(pts);
+  CHECK(a == 0);
+  CHECK(bw > 0);
+  CHECK(4000 / bw == doctest::Approx(3.9e-6).epsilon(0.3));
+  CHECK(default_thread_counts(2) == std::vector<int>{1, 2});
+  CHECK(default_thread_counts(12) == std::vector<int>{1, 2, 4, 8, 12});
+  CHECK(default_thread_counts(1) == std::vector<int>{1});
 }

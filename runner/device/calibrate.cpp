@@ -319,9 +319,9 @@ double time_calls(parallel::Communicator& c, int reps, const std::function<void(
   return double(ns) * 1e-9;
 }
 
-// time = latency + bytes / bandwidth, least squares in relative error (weights 1/t^2), so the
-// small messages fix the latency and the large ones the bandwidth.
-std::pair<double, double> fit_alpha_beta(const std::vector<std::pair<double, double>>& pts) {
+}  // namespace
+
+std::pair<double, double> fit_latency_bandwidth(const std::vector<std::pair<double, double>>& pts) {
   double sw = 0, sx = 0, sxx = 0, st = 0, sxt = 0;
   for (auto [x, t] : pts) {
     const double w = 1.0 / (t * t);
@@ -332,6 +332,8 @@ std::pair<double, double> fit_alpha_beta(const std::vector<std::pair<double, dou
   if (!(b > 0)) b = pts.back().second / pts.back().first;  // flat in size: the largest message's rate
   return {a, 1.0 / b};
 }
+
+namespace {
 
 std::vector<double> message_sizes(bool quick) {
   if (quick) return {4096, 65536, 1 << 20};
@@ -368,7 +370,7 @@ std::vector<CollectiveFit> measure_group(parallel::Communicator& c, bool inter, 
       };
       pts.emplace_back(double(n * 4), time_calls(c, reps_for(bytes, quick), call));
     }
-    const auto [a, bw] = fit_alpha_beta(pts);
+    const auto [a, bw] = fit_latency_bandwidth(pts);
     fits.push_back({op, g, inter, a, bw});
   }
   return fits;
@@ -397,7 +399,7 @@ CollectiveFit measure_send_recv(parallel::Communicator& w, bool quick, const Cal
     };
     pts.emplace_back(bytes, time_calls(w, reps_for(bytes, quick), call) / 2);
   }
-  const auto [a, bw] = fit_alpha_beta(pts);
+  const auto [a, bw] = fit_latency_bandwidth(pts);
   return {Collective::send_recv, 2, h0 != h1, a, bw};
 }
 

@@ -26,6 +26,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/comm.h"
@@ -45,6 +46,12 @@ struct CalibrateOptions {
 // one rank: no collectives measured). Every rank returns the same collective fits; the compute
 // entries are rank 0's.
 HardwareProfile calibrate(const CalibrateOptions& o, parallel::Communicator* world);
+
+// The alpha-beta fit of (bytes, seconds) points: {latency_s, bandwidth} of time = latency +
+// bytes / bandwidth, least squares in relative error (weights 1/t^2), so that the small
+// messages fix the latency and the large ones the bandwidth; a negative latency is clamped to 0
+// (and the bandwidth refitted through the origin).
+std::pair<double, double> fit_latency_bandwidth(const std::vector<std::pair<double, double>>& pts);
 
 // The default thread counts for `cores`: powers of two below it, and `cores`.
 std::vector<int> default_thread_counts(int cores);
