@@ -44,7 +44,15 @@ TEST_CASE("runner calibrate --quick writes a profile with every thread count and
     CHECK(c.threads == t);
     for (const char* dt : {"fp32", "bf16"}) {
       REQUIRE(c.gemm.count(dt) == 1);
-      CHECK(c.gemm.at(dt).size() == 3);
+      // The 3 Linears' forward shapes, and their backward GEMMs' (d(input) m x k x n, d(weight)
+      // n x k x m): the squares' and 512x768x768's d(input) meet their forward shapes, leaving
+      // 64^3, 256^3, 512x768x768 and 768x768x512.
+      CHECK(c.gemm.at(dt).size() == 4);
+      int found = 0;
+      for (const GemmRate& g : c.gemm.at(dt))
+        found += (g.m == 512 && g.n == 768 && g.k == 768) + (g.m == 768 && g.n == 768 && g.k == 512) +
+                 (g.m == 64 && g.n == 64 && g.k == 64);
+      CHECK(found == 3);
       for (const GemmRate& g : c.gemm.at(dt)) {
         CHECK(g.flops_per_s > 1e8);  // any CPU of this century
         // Exact at a measured shape: the peaks were raised to the best measured rate.

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <map>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -181,8 +182,14 @@ Plan measurement_plan(bool quick) {
   return p;
 }
 
+// Each Linear (rows m, k -> n features) runs three GEMMs: the forward (m, n, k) and, in its
+// backward, d(input) (m, k, n) and d(weight) (n, k, m), timed together (their mean rate is
+// recorded at both shapes). A shape met more than once (a square, or one Linear's backward
+// shape that is another's forward) gets the rate of its calls together: count / sum(1 / rate).
+// So the profile holds what the runner's forward and backward GEMMs run at, shape by shape.
 void measure_gemms(ComputeProfile& c, const Plan& plan, ops::Backend& be, const CalibrateOptions& o) {
   for (const std::string& dt : plan.dtypes) {
+    std::map<std::array<int64_t, 3>, std::pair<double, int>> per_flop;  // shape -> (sum 1/rate, calls)
     int i = 0;
     for (const auto& [m, n, k] : plan.gemm) {
       if (o.progress)
@@ -190,8 +197,15 @@ void measure_gemms(ComputeProfile& c, const Plan& plan, ops::Backend& be, const 
       NodeGraph ng(OpKind::Linear, 1, m, dtype_of(dt));
       ng.x({m, k}).param("W", {n, k}).out("y", {m, n}).done();
       const NodeTimes t = time_node(ng.g, be, plan.target_s);
-      c.gemm[dt].push_back({m, n, k, 2.0 * m * n * k / t.forward_s});
+      const double flops = 2.0 * m * n * k;
+      for (auto [shape, s_per_flop] : {std::pair{std::array{m, n, k}, t.forward_s / flops},
+                                       {std::array{m, k, n}, t.backward_s / (2 * flops)},
+                                       {std::array{n, k, m}, t.backward_s / (2 * flops)}}) {
+        per_flop[shape].first += s_per_flop;
+        per_flop[shape].second += 1;
+      }
     }
+    for (const auto& [shape, acc] : per_flop) c.gemm[dt].push_back({shape[0], shape[1], shape[2], acc.second / acc.first});
   }
 }
 
