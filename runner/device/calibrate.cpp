@@ -95,12 +95,16 @@ struct NodeGraph {
   }
 };
 
+// Measurements are split in chunks and the best kept: on a shared machine a neighbour's burst
+// spoils a chunk, rarely all of them.
+constexpr int kChunks = 5;
+
 struct NodeTimes {
   double forward_s = 0, backward_s = 0;
 };
 
 // Runs the node's forward + backward through an Executor until `target_s` has passed (at least
-// twice after a warm-up), in three chunks, and returns the best chunk's per-call times (the
+// twice after a warm-up), in kChunks chunks, and returns the best chunk's per-call times (the
 // executor's own per-kind timing, device timers on a GPU).
 NodeTimes time_node(const ops::Graph& g, ops::Backend& be, double target_s) {
   OneRank group;
@@ -129,7 +133,7 @@ NodeTimes time_node(const ops::Graph& g, ops::Backend& be, double target_s) {
   step();  // warm-up: first-touch of buffers, kernel selection
   be.synchronize();
   NodeTimes best{1e30, 1e30};
-  for (int chunk = 0; chunk < 3; ++chunk) {
+  for (int chunk = 0; chunk < kChunks; ++chunk) {
     ex.reset_profile();
     const Clock::time_point t0 = Clock::now();
     int calls = 0;
@@ -137,7 +141,7 @@ NodeTimes time_node(const ops::Graph& g, ops::Backend& be, double target_s) {
       step();
       ++calls;
       if (calls % 4 == 0) be.synchronize();
-    } while (calls < 2 || seconds_since(t0) < target_s / 3);
+    } while (calls < 2 || seconds_since(t0) < target_s / kChunks);
     be.synchronize();
     for (const ops::OpProfile& p : ex.profile())
       if (p.name == ops::op_name(g.nodes[0].kind) && p.calls > 0) {
@@ -286,11 +290,11 @@ double measure_adamw(ops::Backend& be, int64_t n, double target_s) {
   step(1);
   be.synchronize();
   double best = 1e30;
-  for (int chunk = 0; chunk < 3; ++chunk) {
+  for (int chunk = 0; chunk < kChunks; ++chunk) {
     const Clock::time_point t0 = Clock::now();
     int calls = 0;
     do step(2 + calls++);
-    while (calls < 2 || seconds_since(t0) < target_s / 3);
+    while (calls < 2 || seconds_since(t0) < target_s / kChunks);
     be.synchronize();
     best = std::min(best, seconds_since(t0) / calls);
   }
