@@ -82,6 +82,13 @@ TEST_CASE("GEMM rates interpolate: exact at measured shapes, between neighbours,
   // Below the grid the roofline (operands through memory at 10 GB/s) slows a tiny GEMM.
   const double tiny = p.gemm_seconds("fp32", 8, 8, 8, 1);
   CHECK(tiny >= 4.0 * 3 * 64 / 10e9);
+  // Inside the grid the measurement stands even when faster than the roofline (operands in
+  // cache); below it the roofline binds.
+  p.compute[0].memory_bandwidth = 1e6;
+  CHECK(gemm_rate(p, "fp32", 512, 512, 512, 1) == doctest::Approx(20e9).epsilon(1e-9));
+  CHECK(p.gemm_seconds("fp32", 8, 8, 8, 1) == doctest::Approx(4.0 * 3 * 64 / 1e6));
+  CHECK(p.gemm_seconds("fp32", 8, 512, 512, 1) == doctest::Approx(4.0 * (2 * 8 * 512 + 512 * 512) / 1e6));
+  p.compute[0].memory_bandwidth = 10e9;
   // Never faster than the peak, whatever was measured.
   p.peak_flops_fp32 = 30e9;
   CHECK(gemm_rate(p, "fp32", 2048, 2048, 2048, 1) == doctest::Approx(30e9));

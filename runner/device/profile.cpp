@@ -7,9 +7,10 @@
 // the shapes no farther than twice the nearest one's distance, at most 8), so it is exact at a
 // measured shape and lies between its neighbours' rates between them. A query outside the grid
 // is first clamped onto the grid's bounding box, axis by axis (an 8192^3 GEMM takes the largest
-// measured cube's rate: no extrapolation). Two bounds then apply: never faster than the peak, never faster
-// than moving the operands through memory (the roofline) -- what keeps a tiny shape below the
-// grid from borrowing the smallest measured shape's rate.
+// measured cube's rate: no extrapolation). Two bounds then apply: never faster than the peak,
+// and, for a GEMM with a dimension below the grid's smallest, never faster than moving its
+// operands through memory (the roofline) -- what keeps a tiny shape from borrowing the smallest
+// measured shape's rate.
 #include "runner/device/profile.h"
 
 #include <algorithm>
@@ -112,19 +113,25 @@ double HardwareProfile::gemm_seconds(const std::string& dtype, int64_t m, int64_
   const ComputeProfile& c = at_threads(threads);
   const double flops = 2.0 * double(m) * double(n) * double(k);
   double rate = peak_of(*this, dtype);
+  bool below_grid = true;  // no measured shape: only the peak and the roofline know anything
   if (const std::vector<GemmRate>* rs = gemm_rates(c, dtype)) {
     std::vector<std::vector<double>> pts;
     std::vector<double> rates;
+    int64_t lo[3] = {rs->front().m, rs->front().n, rs->front().k};
     for (const GemmRate& g : *rs) {
       pts.push_back({log2d(g.m), log2d(g.n), log2d(g.k)});
       rates.push_back(g.flops_per_s);
+      lo[0] = std::min(lo[0], g.m), lo[1] = std::min(lo[1], g.n), lo[2] = std::min(lo[2], g.k);
     }
     const double r = idw_log_rate(pts, rates, {log2d(m), log2d(n), log2d(k)});
     rate = rate > 0 ? std::min(rate, r) : r;
+    below_grid = m < lo[0] || n < lo[1] || k < lo[2];
   }
   RUNNER_CHECK(rate > 0, "hardware profile " + source + " knows no GEMM rate or peak for " + dtype);
+  // The roofline only below the grid: inside it the measurements already include the memory
+  // traffic (and a small GEMM's operands may sit in cache, faster than memory_bandwidth).
   const double bytes = dtype_bytes(dtype) * (double(m) * k + double(k) * n + double(m) * n);
-  const double roofline = c.memory_bandwidth > 0 ? bytes / c.memory_bandwidth : 0;
+  const double roofline = below_grid && c.memory_bandwidth > 0 ? bytes / c.memory_bandwidth : 0;
   return std::max(flops / rate, roofline);
 }
 
