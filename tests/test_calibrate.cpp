@@ -61,7 +61,8 @@ TEST_CASE("runner calibrate --quick writes a profile with every thread count and
       REQUIRE(c.attention.count(dt) == 1);
       CHECK(c.attention.at(dt)[0].backward_flops_per_s > 0);
     }
-    for (const char* op : {"layernorm", "rmsnorm", "gelu", "swiglu", "add", "embedding", "softmax_xent", "adamw"})
+    for (const char* op : {"layernorm", "rmsnorm", "gelu", "swiglu", "add", "embedding", "softmax_xent", "adamw", "sum_squares",
+                           "zero"})
       CHECK(c.op_bandwidth.count(op) == 1);
     CHECK(c.memory_bandwidth > 1e8);
     CHECK(c.launch_s > 0);

@@ -278,27 +278,35 @@ void measure_ops(ComputeProfile& c, const Plan& plan, ops::Backend& be, const Ca
   }
 }
 
-// The optimizer: the backend's AdamW over n fp32 parameters (reads param, grad, m, v; writes
-// param, m, v: 28 bytes an element), as the optimizer step calls it.
-double measure_adamw(ops::Backend& be, int64_t n, double target_s) {
-  std::vector<ops::Tensor> t;
-  for (int i = 0; i < 4; ++i) t.emplace_back(std::vector<int64_t>{n}, DType::F32, ops::Account::Optimizer, true);
-  auto step = [&](int64_t it) {
-    be.adamw_update(t[0].data<float>(), t[1].data<float>(), t[2].data<float>(), t[3].data<float>(), n, 1e-4f, 0.9f,
-                    0.95f, 1e-8f, 0.1f, it, 1.0f);
-  };
-  step(1);
+// Bytes/s of a backend call that moves `bytes` (best chunk), `call(i)` being its i-th call.
+double measure_call(ops::Backend& be, double bytes, double target_s, const std::function<void(int64_t)>& call) {
+  call(1);
   be.synchronize();
   double best = 1e30;
   for (int chunk = 0; chunk < kChunks; ++chunk) {
     const Clock::time_point t0 = Clock::now();
     int calls = 0;
-    do step(2 + calls++);
+    do call(2 + calls++);
     while (calls < 2 || seconds_since(t0) < target_s / kChunks);
     be.synchronize();
     best = std::min(best, seconds_since(t0) / calls);
   }
-  return 28.0 * n / best;
+  return bytes / best;
+}
+
+// The optimizer step's backend calls over n fp32 elements, as the runner makes them: AdamW
+// (reads param, grad, m, v; writes param, m, v: 28 bytes an element), the gradient norm's sum
+// of squares (reads 4) and the gradients' zeroing (writes 4).
+void measure_optimizer(ComputeProfile& c, ops::Backend& be, int64_t n, double target_s) {
+  std::vector<ops::Tensor> t;
+  for (int i = 0; i < 4; ++i) t.emplace_back(std::vector<int64_t>{n}, DType::F32, ops::Account::Optimizer, true);
+  float* p[4] = {t[0].data<float>(), t[1].data<float>(), t[2].data<float>(), t[3].data<float>()};
+  c.op_bandwidth["adamw"] = measure_call(be, 28.0 * n, target_s, [&](int64_t it) {
+    be.adamw_update(p[0], p[1], p[2], p[3], n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, it, 1.0f);
+  });
+  volatile double sink = 0;
+  c.op_bandwidth["sum_squares"] = measure_call(be, 4.0 * n, target_s, [&](int64_t) { sink = sink + be.sum_squares(p[1], n); });
+  c.op_bandwidth["zero"] = measure_call(be, 4.0 * n, target_s, [&](int64_t) { be.fill(p[1], DType::F32, 0.0f, n); });
 }
 
 // A kernel call's fixed cost: an 8-element Add's forward + backward, halved.
@@ -316,8 +324,8 @@ ComputeProfile measure_compute(int threads, bool cpu, const Plan& plan, ops::Bac
   measure_gemms(c, plan, be, o);
   measure_attention(c, plan, be, o);
   measure_ops(c, plan, be, o);
-  if (o.progress) o.progress(fmt::format("adamw, launch, memory bandwidth {} threads", c.threads));
-  c.op_bandwidth["adamw"] = measure_adamw(be, plan.op_rows * plan.op_cols, plan.target_s);
+  if (o.progress) o.progress(fmt::format("optimizer (adamw, sum_squares, zero), launch, memory bandwidth {} threads", c.threads));
+  measure_optimizer(c, be, plan.op_rows * plan.op_cols, plan.target_s);
   c.launch_s = measure_launch(be, plan.target_s);
   c.memory_bandwidth = cpu ? ops::measure_cpu_memory_bandwidth() : c.op_bandwidth.at("add");
   return c;

@@ -7,8 +7,9 @@
 // Linear nodes (the executor's GEMM entry, on whatever ops::gemm_path this machine takes for
 // the dtype: fp32 sgemm, 16-bit widened to sgemm or oneDNN, cuBLASLt on a GPU), attention the
 // flash-style Attention node forward and backward, memory-bound kinds their own nodes (and the
-// optimizer the backend's AdamW update). Collectives go through parallel::Communicator's tensor
-// calls, the ones gradient sync, tensor and pipeline parallelism make.
+// optimizer step its backend calls: AdamW, sum of squares, zeroing). Collectives go through
+// parallel::Communicator's tensor calls, the ones gradient sync, tensor and pipeline
+// parallelism make.
 //
 // What is recorded:
 // - per thread count (CPU; one entry on a GPU): GEMM FLOP/s of the Linear forward on a grid of
