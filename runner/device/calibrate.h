@@ -21,8 +21,9 @@
 // - under mpirun/srun with N ranks: for each group size 2..N (the first g ranks) an alpha-beta
 //   fit (time = latency + bytes / bandwidth, least squares in relative error) of all_reduce,
 //   all_gather, reduce_scatter and broadcast over messages of 4 KiB..64 MiB (the full buffer,
-//   profile.h's convention), each time the slowest rank's; send_recv between ranks 0 and 1
-//   (half a ping-pong). A group spanning several hostnames is recorded as inter_node.
+//   profile.h's convention), each time the slowest rank's mean, best of three chunks; send_recv
+//   between ranks 0 and 1 (half a ping-pong). A group spanning several hostnames is recorded as
+//   inter_node.
 //   Rank 0 measures the compute alone while the others wait without spinning.
 #pragma once
 #include <functional>
