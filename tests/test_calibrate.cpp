@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "runner/device/calibrate.h"
 #include "runner/device/profile.h"
 #include "runner/recipe/recipe.h"
 #include "tests/support/process.h"
@@ -43,7 +44,15 @@ TEST_CASE("runner calibrate --quick writes a profile with every thread count and
     CHECK(c.threads == t);
     for (const char* dt : {"fp32", "bf16"}) {
       REQUIRE(c.gemm.count(dt) == 1);
-      CHECK(c.gemm.at(dt).size() == 3);
+      // The 3 Linears' forward shapes, and their backward GEMMs' (d(input) m x k x n, d(weight)
+      // n x k x m): the squares' and 512x768x768's d(input) meet their forward shapes, leaving
+      // 64^3, 256^3, 512x768x768 and 768x768x512.
+      CHECK(c.gemm.at(dt).size() == 4);
+      int found = 0;
+      for (const GemmRate& g : c.gemm.at(dt))
+        found += (g.m == 512 && g.n == 768 && g.k == 768) + (g.m == 768 && g.n == 768 && g.k == 512) +
+                 (g.m == 64 && g.n == 64 && g.k == 64);
+      CHECK(found == 3);
       for (const GemmRate& g : c.gemm.at(dt)) {
         CHECK(g.flops_per_s > 1e8);  // any CPU of this century
         // Exact at a measured shape: the peaks were raised to the best measured rate.
@@ -52,7 +61,8 @@ TEST_CASE("runner calibrate --quick writes a profile with every thread count and
       REQUIRE(c.attention.count(dt) == 1);
       CHECK(c.attention.at(dt)[0].backward_flops_per_s > 0);
     }
-    for (const char* op : {"layernorm", "rmsnorm", "gelu", "swiglu", "add", "embedding", "softmax_xent", "adamw"})
+    for (const char* op : {"layernorm", "rmsnorm", "gelu", "swiglu", "add", "embedding", "softmax_xent", "adamw", "sum_squares",
+                           "zero"})
       CHECK(c.op_bandwidth.count(op) == 1);
     CHECK(c.memory_bandwidth > 1e8);
     CHECK(c.launch_s > 0);
@@ -102,4 +112,21 @@ TEST_CASE("runner calibrate: bad options exit 2 saying what to give") {
   CHECK(r.code == 2);
   CHECK(r.err.find("unknown device kind tpu") != std::string::npos);
   CHECK(r.err.find("h100-80gb") != std::string::npos);
+}
+
+TEST_CASE("the collectives' latency-bandwidth fit recovers a line and clamps a negative latency") {
+  std::vector<std::pair<double, double>> pts;
+  for (double b : {4096.0, 65536.0, 1048576.0, 16777216.0}) pts.emplace_back(b, 5e-6 + b / 2e9);
+  auto [a, bw] = fit_latency_bandwidth(pts);
+  CHECK(a == doctest::Approx(5e-6));
+  CHECK(bw == doctest::Approx(2e9));
+  // Noise that would make the intercept negative: latency 0, the bandwidth through the origin.
+  pts = {{1000, 1e-7}, {2000, 1.5e-6}, {4000, 3.9e-6}};
+  std::tie(a, bw) = fit_latency_bandwidth(pts);
+  CHECK(a == 0);
+  CHECK(bw > 0);
+  CHECK(4000 / bw == doctest::Approx(3.9e-6).epsilon(0.3));
+  CHECK(default_thread_counts(2) == std::vector<int>{1, 2});
+  CHECK(default_thread_counts(12) == std::vector<int>{1, 2, 4, 8, 12});
+  CHECK(default_thread_counts(1) == std::vector<int>{1});
 }

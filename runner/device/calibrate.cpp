@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <map>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -94,12 +95,16 @@ struct NodeGraph {
   }
 };
 
+// Measurements are split in chunks and the best kept: on a shared machine a neighbour's burst
+// spoils a chunk, rarely all of them.
+constexpr int kChunks = 5;
+
 struct NodeTimes {
   double forward_s = 0, backward_s = 0;
 };
 
 // Runs the node's forward + backward through an Executor until `target_s` has passed (at least
-// twice after a warm-up), in three chunks, and returns the best chunk's per-call times (the
+// twice after a warm-up), in kChunks chunks, and returns the best chunk's per-call times (the
 // executor's own per-kind timing, device timers on a GPU).
 NodeTimes time_node(const ops::Graph& g, ops::Backend& be, double target_s) {
   OneRank group;
@@ -128,7 +133,7 @@ NodeTimes time_node(const ops::Graph& g, ops::Backend& be, double target_s) {
   step();  // warm-up: first-touch of buffers, kernel selection
   be.synchronize();
   NodeTimes best{1e30, 1e30};
-  for (int chunk = 0; chunk < 3; ++chunk) {
+  for (int chunk = 0; chunk < kChunks; ++chunk) {
     ex.reset_profile();
     const Clock::time_point t0 = Clock::now();
     int calls = 0;
@@ -136,7 +141,7 @@ NodeTimes time_node(const ops::Graph& g, ops::Backend& be, double target_s) {
       step();
       ++calls;
       if (calls % 4 == 0) be.synchronize();
-    } while (calls < 2 || seconds_since(t0) < target_s / 3);
+    } while (calls < 2 || seconds_since(t0) < target_s / kChunks);
     be.synchronize();
     for (const ops::OpProfile& p : ex.profile())
       if (p.name == ops::op_name(g.nodes[0].kind) && p.calls > 0) {
@@ -177,12 +182,18 @@ Plan measurement_plan(bool quick) {
   p.attention = {{128, 64}, {512, 64}, {1024, 64}, {512, 128}};
   p.dtypes = {"fp32", "bf16", "fp16"};
   p.op_rows = 4096, p.op_cols = 1024;
-  p.target_s = 0.15;
+  p.target_s = 0.1;
   return p;
 }
 
+// Each Linear (rows m, k -> n features) runs three GEMMs: the forward (m, n, k) and, in its
+// backward, d(input) (m, k, n) and d(weight) (n, k, m), timed together (their mean rate is
+// recorded at both shapes). A shape met more than once (a square, or one Linear's backward
+// shape that is another's forward) gets the rate of its calls together: count / sum(1 / rate).
+// So the profile holds what the runner's forward and backward GEMMs run at, shape by shape.
 void measure_gemms(ComputeProfile& c, const Plan& plan, ops::Backend& be, const CalibrateOptions& o) {
   for (const std::string& dt : plan.dtypes) {
+    std::map<std::array<int64_t, 3>, std::pair<double, int>> per_flop;  // shape -> (sum 1/rate, calls)
     int i = 0;
     for (const auto& [m, n, k] : plan.gemm) {
       if (o.progress)
@@ -190,8 +201,15 @@ void measure_gemms(ComputeProfile& c, const Plan& plan, ops::Backend& be, const 
       NodeGraph ng(OpKind::Linear, 1, m, dtype_of(dt));
       ng.x({m, k}).param("W", {n, k}).out("y", {m, n}).done();
       const NodeTimes t = time_node(ng.g, be, plan.target_s);
-      c.gemm[dt].push_back({m, n, k, 2.0 * m * n * k / t.forward_s});
+      const double flops = 2.0 * m * n * k;
+      for (auto [shape, s_per_flop] : {std::pair{std::array{m, n, k}, t.forward_s / flops},
+                                       {std::array{m, k, n}, t.backward_s / (2 * flops)},
+                                       {std::array{n, k, m}, t.backward_s / (2 * flops)}}) {
+        per_flop[shape].first += s_per_flop;
+        per_flop[shape].second += 1;
+      }
     }
+    for (const auto& [shape, acc] : per_flop) c.gemm[dt].push_back({shape[0], shape[1], shape[2], acc.second / acc.first});
   }
 }
 
@@ -260,27 +278,35 @@ void measure_ops(ComputeProfile& c, const Plan& plan, ops::Backend& be, const Ca
   }
 }
 
-// The optimizer: the backend's AdamW over n fp32 parameters (reads param, grad, m, v; writes
-// param, m, v: 28 bytes an element), as the optimizer step calls it.
-double measure_adamw(ops::Backend& be, int64_t n, double target_s) {
-  std::vector<ops::Tensor> t;
-  for (int i = 0; i < 4; ++i) t.emplace_back(std::vector<int64_t>{n}, DType::F32, ops::Account::Optimizer, true);
-  auto step = [&](int64_t it) {
-    be.adamw_update(t[0].data<float>(), t[1].data<float>(), t[2].data<float>(), t[3].data<float>(), n, 1e-4f, 0.9f,
-                    0.95f, 1e-8f, 0.1f, it, 1.0f);
-  };
-  step(1);
+// Bytes/s of a backend call that moves `bytes` (best chunk), `call(i)` being its i-th call.
+double measure_call(ops::Backend& be, double bytes, double target_s, const std::function<void(int64_t)>& call) {
+  call(1);
   be.synchronize();
   double best = 1e30;
-  for (int chunk = 0; chunk < 3; ++chunk) {
+  for (int chunk = 0; chunk < kChunks; ++chunk) {
     const Clock::time_point t0 = Clock::now();
     int calls = 0;
-    do step(2 + calls++);
-    while (calls < 2 || seconds_since(t0) < target_s / 3);
+    do call(2 + calls++);
+    while (calls < 2 || seconds_since(t0) < target_s / kChunks);
     be.synchronize();
     best = std::min(best, seconds_since(t0) / calls);
   }
-  return 28.0 * n / best;
+  return bytes / best;
+}
+
+// The optimizer step's backend calls over n fp32 elements, as the runner makes them: AdamW
+// (reads param, grad, m, v; writes param, m, v: 28 bytes an element), the gradient norm's sum
+// of squares (reads 4) and the gradients' zeroing (writes 4).
+void measure_optimizer(ComputeProfile& c, ops::Backend& be, int64_t n, double target_s) {
+  std::vector<ops::Tensor> t;
+  for (int i = 0; i < 4; ++i) t.emplace_back(std::vector<int64_t>{n}, DType::F32, ops::Account::Optimizer, true);
+  float* p[4] = {t[0].data<float>(), t[1].data<float>(), t[2].data<float>(), t[3].data<float>()};
+  c.op_bandwidth["adamw"] = measure_call(be, 28.0 * n, target_s, [&](int64_t it) {
+    be.adamw_update(p[0], p[1], p[2], p[3], n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, it, 1.0f);
+  });
+  volatile double sink = 0;
+  c.op_bandwidth["sum_squares"] = measure_call(be, 4.0 * n, target_s, [&](int64_t) { sink = sink + be.sum_squares(p[1], n); });
+  c.op_bandwidth["zero"] = measure_call(be, 4.0 * n, target_s, [&](int64_t) { be.fill(p[1], DType::F32, 0.0f, n); });
 }
 
 // A kernel call's fixed cost: an 8-element Add's forward + backward, halved.
@@ -298,8 +324,8 @@ ComputeProfile measure_compute(int threads, bool cpu, const Plan& plan, ops::Bac
   measure_gemms(c, plan, be, o);
   measure_attention(c, plan, be, o);
   measure_ops(c, plan, be, o);
-  if (o.progress) o.progress(fmt::format("adamw, launch, memory bandwidth {} threads", c.threads));
-  c.op_bandwidth["adamw"] = measure_adamw(be, plan.op_rows * plan.op_cols, plan.target_s);
+  if (o.progress) o.progress(fmt::format("optimizer (adamw, sum_squares, zero), launch, memory bandwidth {} threads", c.threads));
+  measure_optimizer(c, be, plan.op_rows * plan.op_cols, plan.target_s);
   c.launch_s = measure_launch(be, plan.target_s);
   c.memory_bandwidth = cpu ? ops::measure_cpu_memory_bandwidth() : c.op_bandwidth.at("add");
   return c;
@@ -307,21 +333,27 @@ ComputeProfile measure_compute(int threads, bool cpu, const Plan& plan, ops::Bac
 
 // ---- collectives ----------------------------------------------------------------------------
 
-// The slowest member's mean time of `reps` calls (after a warm-up), every member timing the same.
+// The slowest member's mean time of `reps` calls (after a warm-up), every member timing the
+// same, best of three chunks: on an oversubscribed machine one time slice lost to a neighbour
+// (tens of milliseconds) would otherwise pass for a small message's latency.
 double time_calls(parallel::Communicator& c, int reps, const std::function<void()>& call) {
   c.barrier();
   call();
-  c.barrier();
-  const Clock::time_point t0 = Clock::now();
-  for (int i = 0; i < reps; ++i) call();
-  int64_t ns = static_cast<int64_t>(seconds_since(t0) / reps * 1e9);
-  c.allreduce_max(&ns, 1);
-  return double(ns) * 1e-9;
+  double best = 1e30;
+  for (int chunk = 0; chunk < 3; ++chunk) {
+    c.barrier();
+    const Clock::time_point t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) call();
+    int64_t ns = static_cast<int64_t>(seconds_since(t0) / reps * 1e9);
+    c.allreduce_max(&ns, 1);
+    best = std::min(best, double(ns) * 1e-9);
+  }
+  return best;
 }
 
-// time = latency + bytes / bandwidth, least squares in relative error (weights 1/t^2), so the
-// small messages fix the latency and the large ones the bandwidth.
-std::pair<double, double> fit_alpha_beta(const std::vector<std::pair<double, double>>& pts) {
+}  // namespace
+
+std::pair<double, double> fit_latency_bandwidth(const std::vector<std::pair<double, double>>& pts) {
   double sw = 0, sx = 0, sxx = 0, st = 0, sxt = 0;
   for (auto [x, t] : pts) {
     const double w = 1.0 / (t * t);
@@ -333,6 +365,8 @@ std::pair<double, double> fit_alpha_beta(const std::vector<std::pair<double, dou
   return {a, 1.0 / b};
 }
 
+namespace {
+
 std::vector<double> message_sizes(bool quick) {
   if (quick) return {4096, 65536, 1 << 20};
   std::vector<double> v;
@@ -340,7 +374,8 @@ std::vector<double> message_sizes(bool quick) {
   return v;
 }
 
-int reps_for(double bytes, bool quick) { return bytes <= 65536 ? (quick ? 10 : 40) : bytes <= (1 << 20) ? 10 : 3; }
+// Calls per chunk (time_calls runs three): enough to average a small message's jitter.
+int reps_for(double bytes, bool quick) { return bytes <= 65536 ? (quick ? 5 : 15) : bytes <= (1 << 20) ? 4 : 2; }
 
 // The four collectives over `c` (g members) through its tensor calls (broadcast: the host call,
 // as the runner broadcasts only host buffers).
@@ -354,10 +389,13 @@ std::vector<CollectiveFit> measure_group(parallel::Communicator& c, bool inter, 
   parallel::TensorComm& tc = c.tensors();
   std::vector<CollectiveFit> fits;
   for (Collective op : {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter, Collective::broadcast}) {
-    if (o.progress && c.rank() == 0) o.progress(fmt::format("{} over {} ranks{}", to_string(op), g, inter ? " (inter-node)" : ""));
+    if (o.progress && c.rank() == 0)
+      o.progress(fmt::format("{} over {} ranks{}", to_string(op), g, inter ? " (inter-node)" : ""));
     std::vector<std::pair<double, double>> pts;
     for (double bytes : sizes) {
-      const int64_t shard = std::max<int64_t>(1, int64_t(bytes / 4) / g), n = op == Collective::all_reduce ? int64_t(bytes / 4) : shard * g;
+      // Elements: each rank's shard, and the full buffer (profile.h's `bytes` is the full one).
+      const int64_t shard = std::max<int64_t>(1, int64_t(bytes / 4) / g);
+      const int64_t n = op == Collective::all_reduce ? int64_t(bytes / 4) : shard * g;
       auto call = [&] {
         switch (op) {
           case Collective::all_reduce: tc.iallreduce_sum(buf.raw(), DType::F32, n)->wait(); break;
@@ -368,7 +406,7 @@ std::vector<CollectiveFit> measure_group(parallel::Communicator& c, bool inter, 
       };
       pts.emplace_back(double(n * 4), time_calls(c, reps_for(bytes, quick), call));
     }
-    const auto [a, bw] = fit_alpha_beta(pts);
+    const auto [a, bw] = fit_latency_bandwidth(pts);
     fits.push_back({op, g, inter, a, bw});
   }
   return fits;
@@ -397,7 +435,7 @@ CollectiveFit measure_send_recv(parallel::Communicator& w, bool quick, const Cal
     };
     pts.emplace_back(bytes, time_calls(w, reps_for(bytes, quick), call) / 2);
   }
-  const auto [a, bw] = fit_alpha_beta(pts);
+  const auto [a, bw] = fit_latency_bandwidth(pts);
   return {Collective::send_recv, 2, h0 != h1, a, bw};
 }
 

@@ -7,8 +7,9 @@
 // Linear nodes (the executor's GEMM entry, on whatever ops::gemm_path this machine takes for
 // the dtype: fp32 sgemm, 16-bit widened to sgemm or oneDNN, cuBLASLt on a GPU), attention the
 // flash-style Attention node forward and backward, memory-bound kinds their own nodes (and the
-// optimizer the backend's AdamW update). Collectives go through parallel::Communicator's tensor
-// calls, the ones gradient sync, tensor and pipeline parallelism make.
+// optimizer step its backend calls: AdamW, sum of squares, zeroing). Collectives go through
+// parallel::Communicator's tensor calls, the ones gradient sync, tensor and pipeline
+// parallelism make.
 //
 // What is recorded:
 // - per thread count (CPU; one entry on a GPU): GEMM FLOP/s of the Linear forward on a grid of
@@ -20,12 +21,14 @@
 // - under mpirun/srun with N ranks: for each group size 2..N (the first g ranks) an alpha-beta
 //   fit (time = latency + bytes / bandwidth, least squares in relative error) of all_reduce,
 //   all_gather, reduce_scatter and broadcast over messages of 4 KiB..64 MiB (the full buffer,
-//   profile.h's convention), each time the slowest rank's; send_recv between ranks 0 and 1
-//   (half a ping-pong). A group spanning several hostnames is recorded as inter_node.
+//   profile.h's convention), each time the slowest rank's mean, best of three chunks; send_recv
+//   between ranks 0 and 1 (half a ping-pong). A group spanning several hostnames is recorded as
+//   inter_node.
 //   Rank 0 measures the compute alone while the others wait without spinning.
 #pragma once
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/comm.h"
@@ -45,6 +48,12 @@ struct CalibrateOptions {
 // one rank: no collectives measured). Every rank returns the same collective fits; the compute
 // entries are rank 0's.
 HardwareProfile calibrate(const CalibrateOptions& o, parallel::Communicator* world);
+
+// The alpha-beta fit of (bytes, seconds) points: {latency_s, bandwidth} of time = latency +
+// bytes / bandwidth, least squares in relative error (weights 1/t^2), so that the small
+// messages fix the latency and the large ones the bandwidth; a negative latency is clamped to 0
+// (and the bandwidth refitted through the origin).
+std::pair<double, double> fit_latency_bandwidth(const std::vector<std::pair<double, double>>& pts);
 
 // The default thread counts for `cores`: powers of two below it, and `cores`.
 std::vector<int> default_thread_counts(int cores);
