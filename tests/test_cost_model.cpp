@@ -304,6 +304,20 @@ TEST_CASE("threads per rank and the placement of the groups") {
   CHECK(in.comm_exposed.at("dp") > predict_step(inside, gpu).comm_exposed.at("dp"));
 }
 
+TEST_CASE("the optimizer step: AdamW, the gradient norm and zeroing, by bytes") {
+  const HardwareProfile hw = hand_profile();
+  const Plan p = plan_of({});
+  double params = 0;
+  for (const ops::TensorDesc& d : p.layout->rank_params(0, 0)) params += static_cast<double>(ops::numel_of(d.shape));
+  // fp32 AdamW: gradient, m, v read, m, v, weight read and written: 28 bytes an element; the
+  // gradient norm reads the gradients (4), zeroing writes them (4); all at the memory bandwidth.
+  const StepCost c = predict_step(p, hw);
+  CHECK(c.optimizer == doctest::Approx((28 + 4 + 4) * params / hw.compute[0].memory_bandwidth).epsilon(1e-9));
+  // bf16 with fp32 masters and fp32 gradients: 4 + 16 + 8 + 2 bytes an element for AdamW.
+  const StepCost b = predict_step(plan_of({"precision.compute=bf16"}), hw);
+  CHECK(b.optimizer == doctest::Approx((30 + 4 + 4) * params / hw.compute[0].memory_bandwidth).epsilon(1e-9));
+}
+
 TEST_CASE("to_json carries every field of the prediction") {
   const StepCost c = predict_step(plan_of({"parallel.tp=2"}), hand_profile());
   const nlohmann::json j = c.to_json();
