@@ -296,6 +296,20 @@ std::string rule_of(const UserError& e) {
   return "divisibility: " + out;
 }
 
+// A candidate known not to fit in memory, unplanned: "memory", unless a layout rule refuses it
+// first (as make_plan would: the rules are checked before the ledger is built).
+std::string layout_rule(const Space& s, const Knobs& k) {
+  const Recipe c = candidate_recipe(s, k);
+  Plan p;
+  try {
+    plan_detail::resolve_grid(c, s.world, p);
+    plan_detail::resolve_and_check(c, p);
+  } catch (const UserError& e) {
+    return rule_of(e);
+  }
+  return "memory";
+}
+
 Tally run_chain(const Space& s, const Knobs& chain, const HardwareProfile& hw, bool exhaustive) {
   Tally t;
   const std::vector<int64_t> ms = micros(s, chain.dp);
@@ -312,9 +326,11 @@ Tally run_chain(const Space& s, const Knobs& chain, const HardwareProfile& hw, b
       }
       ++t.rejected["memory"];
       if (monotone && !exhaustive) {  // every larger micro-batch holds at least as much
-        const auto rest = static_cast<int64_t>(ms.size() - i - 1);
-        t.searched += rest;
-        t.rejected["memory"] += rest;
+        for (size_t j = i + 1; j < ms.size(); ++j) {
+          k.micro = ms[j], k.accum = s.global / (chain.dp * ms[j]);
+          ++t.searched;
+          ++t.rejected[layout_rule(s, k)];
+        }
         break;
       }
     } catch (const UserError& e) {
