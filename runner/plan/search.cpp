@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <cstdlib>
 #include <numeric>
 #include <set>
@@ -310,9 +311,48 @@ std::string layout_rule(const Space& s, const Knobs& k) {
   return "memory";
 }
 
-Tally run_chain(const Space& s, const Knobs& chain, const HardwareProfile& hw, bool exhaustive) {
+// The state every chain shares: the weights, gradients and optimizer state of the worst stage
+// per (tp, pp, dp, ZeRO), which no other knob changes (the micro-batch, the schedule, sequence
+// parallelism and recompute move only activations and buffers). Once they alone exceed the
+// device, every chain of that grid fails memory and is counted without planning.
+struct Shared {
+  const Space& s;
+  const HardwareProfile& hw;
+  bool exhaustive = false;
+  std::mutex m;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int>, bool> state_too_big;
+
+  static auto key(const Knobs& k) { return std::make_tuple(k.tp, k.pp, k.dp, k.zero); }
+  bool too_big(const Knobs& k) {
+    std::lock_guard<std::mutex> lock(m);
+    const auto it = state_too_big.find(key(k));
+    return !exhaustive && it != state_too_big.end() && it->second;
+  }
+  void record(const Knobs& k, const Plan& p) {
+    double state = 0;
+    for (const StageLedger& st : p.stages) state = std::max(state, st.parameters + st.gradients + st.optimizer);
+    std::lock_guard<std::mutex> lock(m);
+    state_too_big[key(k)] = state > p.device_memory;
+  }
+};
+
+// Candidates known not to fit, each counted by the rule make_plan would refuse it by first.
+void count_unplanned(const Space& s, Knobs k, const std::vector<int64_t>& ms, size_t from, Tally& t) {
+  for (size_t j = from; j < ms.size(); ++j) {
+    k.micro = ms[j], k.accum = s.global / (k.dp * ms[j]);
+    ++t.searched;
+    ++t.rejected[layout_rule(s, k)];
+  }
+}
+
+Tally run_chain(Shared& sh, const Knobs& chain) {
+  const Space& s = sh.s;
   Tally t;
   const std::vector<int64_t> ms = micros(s, chain.dp);
+  if (sh.too_big(chain)) {
+    count_unplanned(s, chain, ms, 0, t);
+    return t;
+  }
   const bool monotone = chain.schedule != PipelineSchedule::gpipe || chain.pp == 1;
   for (size_t i = 0; i < ms.size(); ++i) {
     Knobs k = chain;
@@ -320,17 +360,14 @@ Tally run_chain(const Space& s, const Knobs& chain, const HardwareProfile& hw, b
     ++t.searched;
     try {
       const Plan p = plan_detail::make_plan(candidate_recipe(s, k), s.world, false);
+      sh.record(k, p);
       if (p.fits) {
-        t.feasible.push_back({k, p.worst_stage().total(), predict_step(p, hw)});
+        t.feasible.push_back({k, p.worst_stage().total(), predict_step(p, sh.hw)});
         continue;
       }
       ++t.rejected["memory"];
-      if (monotone && !exhaustive) {  // every larger micro-batch holds at least as much
-        for (size_t j = i + 1; j < ms.size(); ++j) {
-          k.micro = ms[j], k.accum = s.global / (chain.dp * ms[j]);
-          ++t.searched;
-          ++t.rejected[layout_rule(s, k)];
-        }
+      if (monotone && !sh.exhaustive) {  // every larger micro-batch holds at least as much
+        count_unplanned(s, k, ms, i + 1, t);
         break;
       }
     } catch (const UserError& e) {
@@ -340,13 +377,15 @@ Tally run_chain(const Space& s, const Knobs& chain, const HardwareProfile& hw, b
   return t;
 }
 
-// Every chain on every core; the results merged in the chains' order.
+// Every chain on every core; the results merged in the chains' order (the pruning's counts
+// are the planning's, so the merge does not depend on which thread ran what first).
 Tally run_chains(const Space& s, const std::vector<Knobs>& cs, const HardwareProfile& hw, const SearchOptions& opt) {
+  Shared sh{s, hw, opt.exhaustive, {}, {}};
   std::vector<Tally> out(cs.size());
-  if (!cs.empty()) out[0] = run_chain(s, cs[0], hw, opt.exhaustive);  // first on this thread: lazy globals settle
+  if (!cs.empty()) out[0] = run_chain(sh, cs[0]);  // first on this thread: lazy globals settle
   std::atomic<size_t> next{1};
   const auto work = [&] {
-    for (size_t i = next++; i < cs.size(); i = next++) out[i] = run_chain(s, cs[i], hw, opt.exhaustive);
+    for (size_t i = next++; i < cs.size(); i = next++) out[i] = run_chain(sh, cs[i]);
   };
   const unsigned n = opt.threads > 0 ? static_cast<unsigned>(opt.threads) : std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::thread> pool;
