@@ -224,6 +224,16 @@ TEST_CASE("nothing fits: exit 2 naming the binding constraint, a layout without 
   CHECK(res.out.find(" devices: dp ") != std::string::npos);            // or more devices
 }
 
+TEST_CASE("no batch size at all: the search says to set batch.global instead of searching nothing") {
+  const Recipe r = load("parallel: auto\n");
+  try {
+    search(r, 2);
+    FAIL("searched a recipe without a batch size");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("set batch.global") != std::string::npos);
+  }
+}
+
 TEST_CASE("parallel: auto reads as parallel.auto, and runner plan searches it and plans the winner") {
   const Recipe r = load("parallel: auto\nbatch:\n  global: 8\n");
   CHECK(r.parallel.search);

@@ -165,11 +165,18 @@ std::vector<RecomputeOption> recompute_options(const Recipe& r, const Fixed& fix
 // The global batch the search keeps: the recipe's, written or derived at its own layout.
 int64_t kept_global(const Recipe& r, int64_t world) {
   if (r.batch.global > 0) return r.batch.global;
+  int64_t g = 0;
   try {
-    return plan_detail::make_plan(r, world, false).global;
+    g = plan_detail::make_plan(r, world, false).global;
   } catch (const UserError&) {
-    return std::max<int64_t>(r.batch.micro, 1) * std::max<int64_t>(r.batch.accum, 1) * world;
+    g = r.batch.micro * std::max<int64_t>(r.batch.accum, 1) * world;
   }
+  if (g <= 0)
+    throw UserError(r.loc("batch"), "the search keeps the recipe's global batch, but the recipe gives no batch size "
+                                    "(neither batch.global nor batch.micro)",
+                    fmt::format("set batch.global (sequences per optimizer step, e.g. global: {}); micro and accum are "
+                                "then searched", 8 * world));
+  return g;
 }
 
 Space make_space(const Recipe& r, int64_t world, const Fixed& fixed) {
