@@ -6,7 +6,9 @@
 // `parallel: auto` at plan and at train start (one rank, and two under mpirun that agree and
 // record the layout); nothing fits exits 2 naming the constraint and a layout that would fit;
 // the JSON's shape. A tight hardware.memory_gb (a few MiB) makes memory reject some layouts.
-// The ranking's numbers are the cost model's (test_cost_model); nothing here asserts them.
+// The ranking's numbers are the cost model's (test_cost_model); nothing here asserts them, only
+// that the pruned search (memory-bound micro-batches, grids too big, recompute auto taken over
+// from none where none fits) gives exactly what planning every candidate gives.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -115,7 +117,11 @@ TEST_CASE("counts add up, the pruned search finds what the exhaustive one does, 
   CHECK(pruned.searched == all.searched);
   CHECK(pruned.rejected == all.rejected);
   REQUIRE(pruned.candidates.size() == all.candidates.size());
-  for (size_t i = 0; i < pruned.candidates.size(); ++i) CHECK(pruned.candidates[i].describe() == all.candidates[i].describe());
+  for (size_t i = 0; i < pruned.candidates.size(); ++i) {  // the same layouts, memory and prediction
+    CHECK(pruned.candidates[i].describe() == all.candidates[i].describe());
+    CHECK(pruned.candidates[i].memory_bytes == all.candidates[i].memory_bytes);
+    CHECK(pruned.candidates[i].predicted.step_s == all.candidates[i].predicted.step_s);
+  }
   for (size_t i = 1; i < pruned.candidates.size(); ++i)  // best first
     CHECK(pruned.candidates[i - 1].predicted.step_s <= pruned.candidates[i].predicted.step_s);
   for (const SearchCandidate& c : pruned.candidates) {

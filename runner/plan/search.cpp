@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <mutex>
 #include <cstdlib>
 #include <numeric>
@@ -60,7 +61,10 @@ struct Space {
   int64_t world = 1, global = 0;
   Fixed fixed;
   std::vector<RecomputeOption> recompute;
+  int none = -1, automatic = -1;  // their indices in `recompute`, -1 when not searched
   bool has(const char* key) const { return fixed.count(key) > 0; }
+  // recompute auto rides on none's chain (run_chain): where none fits, auto recomputes nothing.
+  bool paired(const Knobs& k) const { return none >= 0 && automatic >= 0 && k.recompute == automatic; }
 };
 
 struct Scored {
@@ -186,6 +190,10 @@ Space make_space(const Recipe& r, int64_t world, const Fixed& fixed) {
   s.fixed = fixed;
   s.global = kept_global(r, world);
   s.recompute = recompute_options(r, fixed);
+  for (size_t i = 0; i < s.recompute.size(); ++i) {
+    if (s.recompute[i].mode == RecomputeMode::none) s.none = static_cast<int>(i);
+    if (s.recompute[i].mode == RecomputeMode::automatic) s.automatic = static_cast<int>(i);
+  }
   return s;
 }
 
@@ -271,7 +279,7 @@ std::vector<Knobs> chains(const Space& s) {
           for (size_t rc = 0; rc < s.recompute.size(); ++rc) {
             Knobs k = g;
             k.schedule = sched, k.v = v, k.zero = zero, k.sp = sp, k.recompute = static_cast<int>(rc);
-            out.push_back(k);
+            if (!s.paired(k)) out.push_back(k);
           }
         }
       }
@@ -352,7 +360,11 @@ void count_unplanned(const Space& s, Knobs k, const std::vector<int64_t>& ms, si
   }
 }
 
-Tally run_chain(Shared& sh, const Knobs& chain) {
+using ByMicro = std::map<int64_t, Scored>;
+
+// One chain's micro-batches, ascending. `same`: per micro-batch a candidate whose plan is this
+// one's (taken over with this chain's knobs instead of planning); `fit`: receives what fits.
+Tally plan_chain(Shared& sh, const Knobs& chain, const ByMicro* same, ByMicro* fit) {
   const Space& s = sh.s;
   Tally t;
   const std::vector<int64_t> ms = micros(s, chain.dp);
@@ -365,11 +377,16 @@ Tally run_chain(Shared& sh, const Knobs& chain) {
     Knobs k = chain;
     k.micro = ms[i], k.accum = s.global / (chain.dp * ms[i]);
     ++t.searched;
+    if (const auto it = same ? same->find(k.micro) : ByMicro::const_iterator{}; same && it != same->end()) {
+      t.feasible.push_back({k, it->second.memory, it->second.cost});
+      continue;
+    }
     try {
       const Plan p = plan_detail::make_plan(candidate_recipe(s, k), s.world, false);
       sh.record(k, p);
       if (p.fits) {
         t.feasible.push_back({k, p.worst_stage().total(), predict_step(p, sh.hw)});
+        if (fit) (*fit)[k.micro] = t.feasible.back();
         continue;
       }
       ++t.rejected["memory"];
@@ -381,6 +398,20 @@ Tally run_chain(Shared& sh, const Knobs& chain) {
       ++t.rejected[rule_of(e)];
     }
   }
+  return t;
+}
+
+// A chain; recompute none's also runs auto's twin, which where none fits recomputes nothing
+// (choose_recompute stops when every stage fits without recompute): the same graphs, ledger
+// and prediction, taken over instead of planned again (search_at plans the shown ones).
+Tally run_chain(Shared& sh, const Knobs& chain) {
+  const Space& s = sh.s;
+  if (s.none < 0 || s.automatic < 0 || chain.recompute != s.none) return plan_chain(sh, chain, nullptr, nullptr);
+  ByMicro none_fits;
+  Tally t = plan_chain(sh, chain, nullptr, &none_fits);
+  Knobs twin = chain;
+  twin.recompute = s.automatic;
+  t.add(plan_chain(sh, twin, sh.exhaustive ? nullptr : &none_fits, nullptr));
   return t;
 }
 
@@ -420,6 +451,11 @@ SearchCandidate to_candidate(const Space& s, const Scored& x) {
   c.recipe = candidate_recipe(s, k);
   c.memory_bytes = x.memory;
   c.predicted = x.cost;
+  // A shown layout's own exact ledger, whatever the search took over (run_chain's auto twin).
+  const Plan p = plan_detail::make_plan(c.recipe, s.world, false);
+  RUNNER_CHECK(p.fits && std::abs(p.worst_stage().total() - x.memory) <= 1e-9 * x.memory,
+               fmt::format("search: {} planned again holds {} bytes, the search found {}", c.describe(),
+                           p.worst_stage().total(), x.memory));
   return c;
 }
 
