@@ -78,7 +78,7 @@ class PlanCommand final : public Command {
     }
     Recipe r = load_recipe(recipe_path_, sets_);
     std::string searched;  // parallel: auto: the search's winner is what is planned (plan_search.h)
-    if (r.parallel.search) r = searched_recipe(r, world_, &searched);
+    if (r.parallel.search) r = searched_recipe(r, world_, "--world", &searched);
     Plan p = make_plan(r, world_);
     if (!searched.empty()) p.notes.insert(p.notes.begin(), searched);
     if (json_) std::cout << p.to_json().dump(2) << "\n";

@@ -68,11 +68,13 @@ int run_plan_search(const PlanSearchOptions& o) {
   return 0;
 }
 
-Recipe searched_recipe(const Recipe& r, int64_t world, std::string* note, std::string* search_json) {
+Recipe searched_recipe(const Recipe& r, int64_t world, const std::string& world_from, std::string* note,
+                       std::string* search_json) {
   SearchOptions so;
   so.world = world;
   so.top = 1;
-  const SearchResult res = search_layouts(r, so);
+  SearchResult res = search_layouts(r, so);
+  if (world > 0) res.world_source = world_from;
   const SearchCandidate& best = res.candidates.front();
   if (note)
     *note = fmt::format("layout searched (parallel: auto): {} | best of {} that fit among {} searched on {} devices ({}), "

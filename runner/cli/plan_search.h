@@ -27,10 +27,12 @@ struct PlanSearchOptions {
 int run_plan_search(const PlanSearchOptions& o);
 
 // `parallel: auto` at `runner plan` and `runner train` start: the layout searched at `world`
-// (0: the recipe's hardware, else the Slurm allocation) and the recipe with the winner filled
+// (0: the recipe's hardware, else the Slurm allocation, else 1) and the recipe with the winner filled
 // in (parallel.auto off, so a run directory's recipe.yaml holds a fixed layout). `note` gets
 // "layout searched: ..."; `search_json`, when given, the search's JSON (the run's search.json).
 // Deterministic: every rank of a job that calls it gets the same layout.
-Recipe searched_recipe(const Recipe& r, int64_t world, std::string* note, std::string* search_json = nullptr);
+// `world_from` names where a nonzero `world` came from ("--world", "the job's ranks").
+Recipe searched_recipe(const Recipe& r, int64_t world, const std::string& world_from, std::string* note,
+                       std::string* search_json = nullptr);
 
 }  // namespace runner::cli

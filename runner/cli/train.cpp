@@ -52,7 +52,8 @@ class TrainCommand final : public Command {
     std::string search_json;
     if (recipe.parallel.search) {
       topts_.resume_notes.emplace_back();
-      recipe = searched_recipe(recipe, launch->world_size(), &topts_.resume_notes.back(), &search_json);
+      recipe = searched_recipe(recipe, launch->world_size(), "the job's ranks", &topts_.resume_notes.back(),
+                               &search_json);
     }
     recipe = fit_allocation(recipe, launch->world_size(), elastic_, &topts_.resume_notes);
     ops::Backend& be = select_backend(recipe);  // a GPU device without a usable GPU: exit 2 before anything is written

@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <mutex>
 #include <cstdlib>
 #include <numeric>
 #include <set>
@@ -59,7 +61,10 @@ struct Space {
   int64_t world = 1, global = 0;
   Fixed fixed;
   std::vector<RecomputeOption> recompute;
+  int none = -1, automatic = -1;  // their indices in `recompute`, -1 when not searched
   bool has(const char* key) const { return fixed.count(key) > 0; }
+  // recompute auto rides on none's chain (run_chain): where none fits, auto recomputes nothing.
+  bool paired(const Knobs& k) const { return none >= 0 && automatic >= 0 && k.recompute == automatic; }
 };
 
 struct Scored {
@@ -164,11 +169,18 @@ std::vector<RecomputeOption> recompute_options(const Recipe& r, const Fixed& fix
 // The global batch the search keeps: the recipe's, written or derived at its own layout.
 int64_t kept_global(const Recipe& r, int64_t world) {
   if (r.batch.global > 0) return r.batch.global;
+  int64_t g = 0;
   try {
-    return plan_detail::make_plan(r, world, false).global;
+    g = plan_detail::make_plan(r, world, false).global;
   } catch (const UserError&) {
-    return std::max<int64_t>(r.batch.micro, 1) * std::max<int64_t>(r.batch.accum, 1) * world;
+    g = r.batch.micro * std::max<int64_t>(r.batch.accum, 1) * world;
   }
+  if (g <= 0)
+    throw UserError(r.loc("batch"), "the search keeps the recipe's global batch, but the recipe gives no batch size "
+                                    "(neither batch.global nor batch.micro)",
+                    fmt::format("set batch.global (sequences per optimizer step, e.g. global: {}); micro and accum are "
+                                "then searched", 8 * world));
+  return g;
 }
 
 Space make_space(const Recipe& r, int64_t world, const Fixed& fixed) {
@@ -178,6 +190,10 @@ Space make_space(const Recipe& r, int64_t world, const Fixed& fixed) {
   s.fixed = fixed;
   s.global = kept_global(r, world);
   s.recompute = recompute_options(r, fixed);
+  for (size_t i = 0; i < s.recompute.size(); ++i) {
+    if (s.recompute[i].mode == RecomputeMode::none) s.none = static_cast<int>(i);
+    if (s.recompute[i].mode == RecomputeMode::automatic) s.automatic = static_cast<int>(i);
+  }
   return s;
 }
 
@@ -263,7 +279,7 @@ std::vector<Knobs> chains(const Space& s) {
           for (size_t rc = 0; rc < s.recompute.size(); ++rc) {
             Knobs k = g;
             k.schedule = sched, k.v = v, k.zero = zero, k.sp = sp, k.recompute = static_cast<int>(rc);
-            out.push_back(k);
+            if (!s.paired(k)) out.push_back(k);
           }
         }
       }
@@ -296,25 +312,86 @@ std::string rule_of(const UserError& e) {
   return "divisibility: " + out;
 }
 
-Tally run_chain(const Space& s, const Knobs& chain, const HardwareProfile& hw, bool exhaustive) {
+// A candidate known not to fit in memory, unplanned: "memory", unless a layout rule refuses it
+// first (as make_plan would: the rules are checked before the ledger is built).
+std::string layout_rule(const Space& s, const Knobs& k) {
+  const Recipe c = candidate_recipe(s, k);
+  Plan p;
+  try {
+    plan_detail::resolve_grid(c, s.world, p);
+    plan_detail::resolve_and_check(c, p);
+  } catch (const UserError& e) {
+    return rule_of(e);
+  }
+  return "memory";
+}
+
+// The state every chain shares: the weights, gradients and optimizer state of the worst stage
+// per (tp, pp, dp, ZeRO), which no other knob changes (the micro-batch, the schedule, sequence
+// parallelism and recompute move only activations and buffers). Once they alone exceed the
+// device, every chain of that grid fails memory and is counted without planning.
+struct Shared {
+  const Space& s;
+  const HardwareProfile& hw;
+  bool exhaustive = false;
+  std::mutex m;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int>, bool> state_too_big;
+
+  static auto key(const Knobs& k) { return std::make_tuple(k.tp, k.pp, k.dp, k.zero); }
+  bool too_big(const Knobs& k) {
+    std::lock_guard<std::mutex> lock(m);
+    const auto it = state_too_big.find(key(k));
+    return !exhaustive && it != state_too_big.end() && it->second;
+  }
+  void record(const Knobs& k, const Plan& p) {
+    double state = 0;
+    for (const StageLedger& st : p.stages) state = std::max(state, st.parameters + st.gradients + st.optimizer);
+    std::lock_guard<std::mutex> lock(m);
+    state_too_big[key(k)] = state > p.device_memory;
+  }
+};
+
+// Candidates known not to fit, each counted by the rule make_plan would refuse it by first.
+void count_unplanned(const Space& s, Knobs k, const std::vector<int64_t>& ms, size_t from, Tally& t) {
+  for (size_t j = from; j < ms.size(); ++j) {
+    k.micro = ms[j], k.accum = s.global / (k.dp * ms[j]);
+    ++t.searched;
+    ++t.rejected[layout_rule(s, k)];
+  }
+}
+
+using ByMicro = std::map<int64_t, Scored>;
+
+// One chain's micro-batches, ascending. `same`: per micro-batch a candidate whose plan is this
+// one's (taken over with this chain's knobs instead of planning); `fit`: receives what fits.
+Tally plan_chain(Shared& sh, const Knobs& chain, const ByMicro* same, ByMicro* fit) {
+  const Space& s = sh.s;
   Tally t;
   const std::vector<int64_t> ms = micros(s, chain.dp);
+  if (sh.too_big(chain)) {
+    count_unplanned(s, chain, ms, 0, t);
+    return t;
+  }
   const bool monotone = chain.schedule != PipelineSchedule::gpipe || chain.pp == 1;
   for (size_t i = 0; i < ms.size(); ++i) {
     Knobs k = chain;
     k.micro = ms[i], k.accum = s.global / (chain.dp * ms[i]);
     ++t.searched;
+    if (const auto it = same ? same->find(k.micro) : ByMicro::const_iterator{}; same && it != same->end()) {
+      t.feasible.push_back({k, it->second.memory, it->second.cost});
+      continue;
+    }
     try {
       const Plan p = plan_detail::make_plan(candidate_recipe(s, k), s.world, false);
+      sh.record(k, p);
       if (p.fits) {
-        t.feasible.push_back({k, p.worst_stage().total(), predict_step(p, hw)});
+        t.feasible.push_back({k, p.worst_stage().total(), predict_step(p, sh.hw)});
+        if (fit) (*fit)[k.micro] = t.feasible.back();
         continue;
       }
       ++t.rejected["memory"];
-      if (monotone && !exhaustive) {  // every larger micro-batch holds at least as much
-        const auto rest = static_cast<int64_t>(ms.size() - i - 1);
-        t.searched += rest;
-        t.rejected["memory"] += rest;
+      if (monotone && !sh.exhaustive) {  // every larger micro-batch holds at least as much
+        count_unplanned(s, k, ms, i + 1, t);
         break;
       }
     } catch (const UserError& e) {
@@ -324,13 +401,29 @@ Tally run_chain(const Space& s, const Knobs& chain, const HardwareProfile& hw, b
   return t;
 }
 
-// Every chain on every core; the results merged in the chains' order.
+// A chain; recompute none's also runs auto's twin, which where none fits recomputes nothing
+// (choose_recompute stops when every stage fits without recompute): the same graphs, ledger
+// and prediction, taken over instead of planned again (search_at plans the shown ones).
+Tally run_chain(Shared& sh, const Knobs& chain) {
+  const Space& s = sh.s;
+  if (s.none < 0 || s.automatic < 0 || chain.recompute != s.none) return plan_chain(sh, chain, nullptr, nullptr);
+  ByMicro none_fits;
+  Tally t = plan_chain(sh, chain, nullptr, &none_fits);
+  Knobs twin = chain;
+  twin.recompute = s.automatic;
+  t.add(plan_chain(sh, twin, sh.exhaustive ? nullptr : &none_fits, nullptr));
+  return t;
+}
+
+// Every chain on every core; the results merged in the chains' order (the pruning's counts
+// are the planning's, so the merge does not depend on which thread ran what first).
 Tally run_chains(const Space& s, const std::vector<Knobs>& cs, const HardwareProfile& hw, const SearchOptions& opt) {
+  Shared sh{s, hw, opt.exhaustive, {}, {}};
   std::vector<Tally> out(cs.size());
-  if (!cs.empty()) out[0] = run_chain(s, cs[0], hw, opt.exhaustive);  // first on this thread: lazy globals settle
+  if (!cs.empty()) out[0] = run_chain(sh, cs[0]);  // first on this thread: lazy globals settle
   std::atomic<size_t> next{1};
   const auto work = [&] {
-    for (size_t i = next++; i < cs.size(); i = next++) out[i] = run_chain(s, cs[i], hw, opt.exhaustive);
+    for (size_t i = next++; i < cs.size(); i = next++) out[i] = run_chain(sh, cs[i]);
   };
   const unsigned n = opt.threads > 0 ? static_cast<unsigned>(opt.threads) : std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::thread> pool;
@@ -358,6 +451,11 @@ SearchCandidate to_candidate(const Space& s, const Scored& x) {
   c.recipe = candidate_recipe(s, k);
   c.memory_bytes = x.memory;
   c.predicted = x.cost;
+  // A shown layout's own exact ledger, whatever the search took over (run_chain's auto twin).
+  const Plan p = plan_detail::make_plan(c.recipe, s.world, false);
+  RUNNER_CHECK(p.fits && std::abs(p.worst_stage().total() - x.memory) <= 1e-9 * x.memory,
+               fmt::format("search: {} planned again holds {} bytes, the search found {}", c.describe(),
+                           p.worst_stage().total(), x.memory));
   return c;
 }
 

@@ -25,7 +25,7 @@
 namespace runner {
 
 struct SearchOptions {
-  int64_t world = 0;       // 0: the recipe's hardware (nodes x devices_per_node), else the Slurm allocation
+  int64_t world = 0;       // 0: the recipe's hardware (nodes x devices_per_node), else the Slurm allocation, else 1
   int top = 5;             // candidates kept in SearchResult::candidates
   std::string profile;     // a calibrated profile file; empty: hardware.profile, else built in
   int threads = 0;         // planning threads; 0: every core
@@ -62,7 +62,9 @@ struct SearchResult {
 SearchResult search_layouts(const Recipe& r, const SearchOptions& opt);
 
 // The recipe with the candidate's layout filled in, as YAML (`--write OUT.yaml`): the input
-// recipe's text with parallel, batch and recompute replaced.
+// recipe's text with parallel, batch and recompute replaced, when that reads back as exactly
+// the candidate's recipe; else (--set overrides, a recipe not read from text) the resolved
+// recipe (recipe_to_yaml) under a comment saying so.
 std::string write_candidate_yaml(const Recipe& r, const SearchCandidate& c);
 
 }  // namespace runner
