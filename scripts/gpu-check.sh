@@ -23,12 +23,15 @@
 #    GPU's atomics make two uninterrupted runs differ is recorded beside it).
 # 7. dp2 and tp2 on the one GPU through the host-staged communicator (RUNNER_HOST_STAGED_COMM=1),
 #    matching one rank's losses (same global batch) within fp32 tolerance.
+# 8. The GPU's hardware profile for the layout search: `runner calibrate --device cuda` writes
+#    $OUT/gpu-profile.json (GEMM rates per shape and dtype through cuBLASLt, attention, memory-bound
+#    ops, launch cost; one process, so no collectives), for `runner plan --search --profile`.
 # Each phase has its own timeout and is skipped, saying so, when too little of the 10 minutes is
 # left (the order is their importance).
 #
 # Results under $OUT (at most 8 files, as the device tool returns): summary.json (every phase:
 # name, ok, seconds, figures), summary.txt (the same in words), build.log, tests.log, runs.log
-# (every runner command and its output), bench.jsonl, env.txt. Exit status: 0 only when every
+# (every runner command and its output), bench.jsonl, env.txt, gpu-profile.json. Exit status: 0 only when every
 # phase that ran passed. RUNNER_GPU_CHECK_CONFIGURE_ONLY=1 stops after configuring (how the
 # unpack-and-configure part is tested on a machine without a GPU).
 set -uo pipefail
@@ -270,6 +273,21 @@ if [ "$(left)" -gt 90 ]; then
   done
 else
   skip dp2_tp2_host_staged "out of time"
+fi
+
+# ---- the GPU's hardware profile for the layout search ----
+if [ "$(left)" -gt 60 ]; then
+  t0=$(date +%s)
+  echo "==== runner calibrate --device cuda" >>"$OUT/runs.log"
+  timeout $(( $(left) < 150 ? $(left) - 10 : 140 )) "$BUILD/runner" calibrate --device cuda --out "$OUT/gpu-profile.json" \
+    >>"$OUT/runs.log" 2>&1
+  rc=$?
+  best=$("$PY" -c "import json; p = json.load(open('$OUT/gpu-profile.json')); r = [g[3] for g in p['compute'][0]['gemm'].get('bf16', [])]
+print(round(max(r) / 1e12, 1) if r else 0)" 2>/dev/null || echo 0)
+  if [ $rc -eq 0 ]; then phase calibrate_gpu 1 $(( $(date +%s) - t0 )) "{\"best_bf16_gemm_tflops\": ${best:-0}}"
+  else phase calibrate_gpu 0 $(( $(date +%s) - t0 )) "\"runner calibrate --device cuda: rc=$rc, see runs.log\""; fi
+else
+  skip calibrate_gpu "out of time"
 fi
 
 # Further PyTorch rows while time remains (fp32; bf16 with activation checkpointing).

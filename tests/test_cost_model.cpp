@@ -33,19 +33,24 @@ Plan plan_of(std::vector<std::string> sets) { return make_plan(load_recipe_text(
 
 constexpr double kGemmRate = 1e9, kOpBandwidth = 1e9;
 
+// One thread at the rates above, two threads at twice them.
 HardwareProfile hand_profile() {
   HardwareProfile hw;
   hw.device = "cpu";
   hw.source = "test";
   hw.cores = 4;
-  ComputeProfile c;
-  c.threads = 1;
-  c.gemm["fp32"] = {GemmRate{64, 64, 64, kGemmRate}};
-  c.attention["fp32"] = {AttentionRate{16, 16, 2e9, 1e9}};
-  c.memory_bandwidth = 1e11;  // the GEMMs' roofline and the optimizer: never binding here
-  for (const char* op : {"embedding", "layernorm", "linear", "add", "gelu", "softmax_xent"}) c.op_bandwidth[op] = kOpBandwidth;
-  c.launch_s = 0;
-  hw.compute = {c};
+  for (int threads : {1, 2}) {
+    const double x = threads;
+    ComputeProfile c;
+    c.threads = threads;
+    c.gemm["fp32"] = {GemmRate{64, 64, 64, x * kGemmRate}};
+    c.attention["fp32"] = {AttentionRate{16, 16, x * 2e9, x * 1e9}};
+    c.memory_bandwidth = 1e11;  // the GEMMs' roofline and the optimizer: never binding here
+    for (const char* op : {"embedding", "layernorm", "linear", "add", "gelu", "softmax_xent"})
+      c.op_bandwidth[op] = x * kOpBandwidth;
+    c.launch_s = 0;
+    hw.compute.push_back(c);
+  }
   hw.intra_node = {1e-6, 1e10};
   hw.inter_node = {2e-5, 1e9};
   hw.peak_flops_fp32 = 1e10;
@@ -58,17 +63,16 @@ constexpr double R = 32, C = 32, H = 128, V = 64, kLayers = 2;
 // GEMM FLOPs of one layer's forward: qkv (C -> 3C), attention projection, MLP in and out.
 constexpr double kLayerGemmFlops = 2 * R * (3 * C * C + C * C + H * C + C * H);
 constexpr double kHeadGemmFlops = 2 * R * V * C;
-// Memory-bound bytes (fp32) of one layer's forward: two layernorms (x, weight, bias in; y,
-// mean, rstd out), four bias adds (read and write the output), two residual adds, gelu.
-constexpr double kNorm = 4 * (R * C + 2 * C + R * C + 2 * R);
-constexpr double kLayerBytes = 2 * kNorm + 2 * 4 * R * (3 * C + C + H + C) + 2 * 4 * 3 * R * C + 4 * 2 * R * H;
-// Backward: norms, adds and gelu twice their forward bytes; a bias gradient reads dY once.
-constexpr double kLayerBwdBytes = 2 * (2 * kNorm + 2 * 4 * 3 * R * C + 4 * 2 * R * H) + 4 * R * (3 * C + C + H + C);
-// Outside the layers: the embedding (tokens; wte and wpe rows gathered; the output), ln_f, the
-// loss (logits and targets in, per-position losses out).
-constexpr double kEmbedBytes = 4 * R + 3 * 4 * R * C, kLossBytes = 4 * R * V + 4 * R + 4 * R;
-constexpr double kFwdBytes = kLayers * kLayerBytes + kEmbedBytes + kNorm + kLossBytes;
-constexpr double kBwdBytes = kLayers * kLayerBwdBytes + 2 * (kEmbedBytes + kNorm + kLossBytes);
+// Memory-bound bytes (fp32), as `runner calibrate` counts them for each kind's bandwidth, in
+// units of the output: layernorm, gelu, embedding 2 forward and 3 backward; residual add 3 and
+// 3; a linear's bias: added (read, write y) forward, its gradient a column sum of dY backward;
+// the loss 2 and 2 of its (R, V) logits. One layer: two norms, four biases (qkv 3C, projection
+// C, MLP in H and out C), two residual adds, gelu.
+constexpr double kLayerBytes = 4 * R * (2 * C + 2 * 3 * C + 2 * C + 3 * C + 2 * C + 2 * H + 2 * H + 2 * C + 3 * C);
+constexpr double kLayerBwdBytes = 4 * R * (2 * 3 * C + 2 * 3 * C + 3 * H + (3 * C + C + H + C));
+// Outside the layers: the embedding, ln_f, the loss.
+constexpr double kFwdBytes = kLayers * kLayerBytes + 4 * R * (2 * C + 2 * C + 2 * V);
+constexpr double kBwdBytes = kLayers * kLayerBwdBytes + 4 * R * (3 * C + 3 * C + 2 * V);
 
 double attention_s(const HardwareProfile& hw, bool backward) {
   return hw.attention_seconds("fp32", 2 * 2, 16, 16, backward, 1);  // B x heads sequences of 16, head size 16
@@ -119,42 +123,70 @@ TEST_CASE("recompute full adds exactly the layers' forward; selective adds its m
   CHECK(full.step_s == doctest::Approx(none.step_s + full.recompute).epsilon(1e-9));
   // The MLP: its two GEMMs, two bias adds and gelu.
   const StepCost mlp = predict_step(plan_of({"recompute.mode=selective", "recompute.modules=[mlp]"}), hw);
-  const double mlp_forward = 2 * R * 2 * H * C / kGemmRate + (2 * 4 * R * (H + C) + 2 * 4 * R * H) / kOpBandwidth;
+  const double mlp_forward = 2 * R * 2 * H * C / kGemmRate + 4 * R * (2 * H + 2 * H + 2 * C) / kOpBandwidth;
   CHECK(mlp.recompute == doctest::Approx(kLayers * mlp_forward).epsilon(1e-9));
 }
 
-TEST_CASE("the pipeline bubble is the plan's (p-1)/(v*m+p-1) of the pipelined time") {
-  const HardwareProfile hw = hand_profile();
+// Everything but the GEMMs free: stages of equal GEMM work are equal stages.
+HardwareProfile gemm_only_profile() {
+  HardwareProfile hw = hand_profile();
+  for (ComputeProfile& c : hw.compute) {
+    c.memory_bandwidth = 1e30;
+    for (auto& [op, bw] : c.op_bandwidth) bw = 1e30;
+    c.attention["fp32"] = {AttentionRate{16, 16, 1e30, 1e30}};
+  }
+  hw.peak_flops_fp32 = 0;  // no bound on the attention's rate
+  return hw;
+}
+
+TEST_CASE("the pipeline bubble: the other stages' fill and drain, plan.bubble's share with equal stages") {
+  // A head of vocabulary 24C is two layers' GEMMs: stage splits [3, 1] and, with 2 chunks per
+  // stage, [4, 2] give every stage the same work.
+  const HardwareProfile hw = gemm_only_profile();
+  const std::vector<std::string> head2 = {"model.tie_embeddings=false", "model.vocab_size=768", "parallel.pp=2",
+                                          "batch.global=8"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), head2.begin(), head2.end());
+    return plan_of(more);
+  };
   // The gradient norm's all-reduce over the world is counted with pp here (no dp, no tp).
   const double norm = hw.collective_seconds(Collective::all_reduce, 2, 16, false);
   auto pipelined = [&](const StepCost& c) { return c.compute + c.recompute + c.comm_exposed.at("pp") - norm + c.bubble; };
   SUBCASE("1F1B and GPipe: (p-1)/(m+p-1)") {
     for (const char* sched : {"1f1b", "gpipe"}) {
-      const Plan p = plan_of({"parallel.pp=2", "batch.global=8", "model.tie_embeddings=false",
-                              std::string("parallel.schedule=") + sched});
+      const Plan p = with({"model.n_layers=4", "parallel.stage_layers=[3,1]", std::string("parallel.schedule=") + sched});
       REQUIRE(p.accum == 4);
       const StepCost c = predict_step(p, hw);
       CHECK(c.bubble > 0);
       CHECK(c.bubble / pipelined(c) == doctest::Approx(1.0 / 5.0).epsilon(1e-9));
       CHECK(c.bubble / pipelined(c) == doctest::Approx(p.bubble).epsilon(1e-9));
-      CHECK(c.comm_exposed.at("pp") > 0);  // a receive per micro-batch each way
       CHECK(c.step_s == doctest::Approx(sum_breakdown(c)).epsilon(1e-12));
     }
   }
   SUBCASE("interleaved, 2 chunks per stage: (p-1)/(v*m+p-1)") {
-    const Plan p = plan_of({"parallel.pp=2", "batch.global=8", "model.tie_embeddings=false", "model.n_layers=4",
-                            "parallel.schedule=interleaved", "parallel.virtual_stages=2"});
+    const Plan p = with({"model.n_layers=6", "parallel.stage_layers=[4,2]", "parallel.schedule=interleaved",
+                         "parallel.virtual_stages=2"});
     const StepCost c = predict_step(p, hw);
     CHECK(c.bubble / pipelined(c) == doctest::Approx(1.0 / 9.0).epsilon(1e-9));
     CHECK(c.bubble / pipelined(c) == doctest::Approx(p.bubble).epsilon(1e-9));
   }
-  SUBCASE("the pipeline messages: (B*T, C) activations received forward, gradients backward, per micro-batch") {
-    const Plan p = plan_of({"parallel.pp=2", "batch.global=8", "model.tie_embeddings=false"});
-    const StepCost c = predict_step(p, hw);
-    const double msg = hw.collective_seconds(Collective::send_recv, 2, 4 * R * C, false);
-    CHECK(c.comm_exposed.at("pp") == doctest::Approx(4 * msg + norm).epsilon(1e-9));  // one receive per micro-batch
-    CHECK(c.comm_total.at("pp") == doctest::Approx(2 * 4 * msg + norm).epsilon(1e-9));  // and one send
-  }
+}
+
+TEST_CASE("unequal stages: the slow last stage waits for the first stage's forward and backward only") {
+  const HardwareProfile hw = hand_profile();
+  const Plan p = plan_of({"parallel.pp=2", "batch.global=8", "model.tie_embeddings=false"});
+  const StepCost c = predict_step(p, hw);
+  // Stage 0: the embedding and layer 0, and the receive of its output's gradient; stage 1 (layer
+  // 1, ln_f, the head and the loss) is the slower.
+  const double msg = hw.collective_seconds(Collective::send_recv, 2, 4 * R * C, false);
+  const double stage0 = 3 * kLayerGemmFlops / kGemmRate + attention_s(hw, false) + attention_s(hw, true) +
+                        (kLayerBytes + kLayerBwdBytes + 4 * R * (2 * C + 3 * C)) / kOpBandwidth + msg;
+  CHECK(c.bubble == doctest::Approx(stage0).epsilon(1e-9));
+  CHECK(c.compute > 4 * (stage0 - msg));  // the critical stage is the last
+  // The pipeline messages: (B*T, C) activations received forward, gradients backward, per micro-batch.
+  const double norm = hw.collective_seconds(Collective::all_reduce, 2, 16, false);
+  CHECK(c.comm_exposed.at("pp") == doctest::Approx(4 * msg + norm).epsilon(1e-9));    // one receive per micro-batch
+  CHECK(c.comm_total.at("pp") == doctest::Approx(2 * 4 * msg + norm).epsilon(1e-9));  // and one send
 }
 
 TEST_CASE("tensor-parallel collectives counted per layer and priced at the node's level") {
@@ -229,6 +261,18 @@ TEST_CASE("data parallel: buckets hidden behind the backward, the rest exposed")
   }
 }
 
+TEST_CASE("ranks sharing a CPU node: their own threads' rate, time-sliced past the node's cores") {
+  const HardwareProfile hw = hand_profile();  // 4 cores
+  // dp2, one thread each: each rank computes one micro-batch as one rank alone would.
+  const double alone = predict_step(plan_of({}), hw).compute;
+  CHECK(predict_step(plan_of({"parallel.dp=2", "batch.global=4"}), hw).compute == doctest::Approx(alone).epsilon(1e-9));
+  // Two ranks of 4 threads on 4 cores: each op takes twice its 4-thread time.
+  const double four = predict_step(plan_of({"train.threads=4"}), hw).compute;
+  const StepCost over = predict_step(plan_of({"parallel.dp=2", "batch.global=4", "train.threads=4"}), hw);
+  CHECK(over.compute == doctest::Approx(2 * four).epsilon(1e-9));
+  CHECK(over.threads == 4);
+}
+
 TEST_CASE("threads per rank and the placement of the groups") {
   HardwareProfile hw = hand_profile();
   CHECK(threads_per_rank(plan_of({}), hw) == 1);  // train.threads
@@ -258,6 +302,20 @@ TEST_CASE("threads per rank and the placement of the groups") {
   gpu.devices_per_node = 4;
   gpu.nodes = 1;
   CHECK(in.comm_exposed.at("dp") > predict_step(inside, gpu).comm_exposed.at("dp"));
+}
+
+TEST_CASE("the optimizer step: AdamW, the gradient norm and zeroing, by bytes") {
+  const HardwareProfile hw = hand_profile();
+  const Plan p = plan_of({});
+  double params = 0;
+  for (const ops::TensorDesc& d : p.layout->rank_params(0, 0)) params += static_cast<double>(ops::numel_of(d.shape));
+  // fp32 AdamW: gradient, m, v read, m, v, weight read and written: 28 bytes an element; the
+  // gradient norm reads the gradients (4), zeroing writes them (4); all at the memory bandwidth.
+  const StepCost c = predict_step(p, hw);
+  CHECK(c.optimizer == doctest::Approx((28 + 4 + 4) * params / hw.compute[0].memory_bandwidth).epsilon(1e-9));
+  // bf16 with fp32 masters and fp32 gradients: 4 + 16 + 8 + 2 bytes an element for AdamW.
+  const StepCost b = predict_step(plan_of({"precision.compute=bf16"}), hw);
+  CHECK(b.optimizer == doctest::Approx((30 + 4 + 4) * params / hw.compute[0].memory_bandwidth).epsilon(1e-9));
 }
 
 TEST_CASE("to_json carries every field of the prediction") {

@@ -79,7 +79,8 @@ TEST_CASE("scripts/gpu-check.sh parses and names every phase of the proof") {
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   for (const char* phase : {"test_cuda_kernels", "test_device_select", "quickstart_gpu_", "first50_vs_cpu", "_accuracy",
                             "bench_runner", "resume_gpu_bit_exact", "_host_staged_vs_one_rank", "RUNNER_HOST_STAGED_COMM=1",
-                            "RUNNER_GPU_CHECK_CONFIGURE_ONLY", "summary.json", "--compile"}) {
+                            "RUNNER_GPU_CHECK_CONFIGURE_ONLY", "summary.json", "--compile", "calibrate_gpu",
+                            "calibrate --device cuda --out \"$OUT/gpu-profile.json\""}) {
     CAPTURE(phase);
     CHECK(text.find(phase) != std::string::npos);
   }

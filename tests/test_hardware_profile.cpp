@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 
+#include "ops/gemm_path.h"
 #include "runner/device/profile.h"
 #include "runner/errors.h"
 #include "runner/recipe/recipe.h"
@@ -81,6 +82,13 @@ TEST_CASE("GEMM rates interpolate: exact at measured shapes, between neighbours,
   // Below the grid the roofline (operands through memory at 10 GB/s) slows a tiny GEMM.
   const double tiny = p.gemm_seconds("fp32", 8, 8, 8, 1);
   CHECK(tiny >= 4.0 * 3 * 64 / 10e9);
+  // Inside the grid the measurement stands even when faster than the roofline (operands in
+  // cache); below it the roofline binds.
+  p.compute[0].memory_bandwidth = 1e6;
+  CHECK(gemm_rate(p, "fp32", 512, 512, 512, 1) == doctest::Approx(20e9).epsilon(1e-9));
+  CHECK(p.gemm_seconds("fp32", 8, 8, 8, 1) == doctest::Approx(4.0 * 3 * 64 / 1e6));
+  CHECK(p.gemm_seconds("fp32", 8, 512, 512, 1) == doctest::Approx(4.0 * (2 * 8 * 512 + 512 * 512) / 1e6));
+  p.compute[0].memory_bandwidth = 10e9;
   // Never faster than the peak, whatever was measured.
   p.peak_flops_fp32 = 30e9;
   CHECK(gemm_rate(p, "fp32", 2048, 2048, 2048, 1) == doctest::Approx(30e9));
@@ -247,6 +255,11 @@ TEST_CASE("the built-in CPU profile: this host's peak, an entry per thread count
   const double r1 = gemm_rate(c, "fp32", 2048, 2048, 2048, 1), rn = gemm_rate(c, "fp32", 2048, 2048, 2048, c.cores);
   CHECK(rn == doctest::Approx(0.9 * 0.2e12));
   CHECK(r1 == doctest::Approx(0.9 * 0.2e12 / c.cores));
+  // 16-bit GEMMs at the speed of the path this machine's executor takes for them.
+  const ops::GemmChoice& b = ops::gemm_paths().bf16;
+  const double chosen = b.path == ops::GemmPath::Sgemm ? b.sgemm_gflops : b.onednn_gflops;
+  const double want = chosen > 0 && b.fp32_gflops > 0 ? chosen / b.fp32_gflops : 1.0;
+  CHECK(gemm_rate(c, "bf16", 2048, 2048, 2048, c.cores) / rn == doctest::Approx(want));
   CHECK(c.source.find("built-in") != std::string::npos);
   CHECK(c.source.find("runner calibrate") != std::string::npos);
 }

@@ -7,9 +7,10 @@
 // the shapes no farther than twice the nearest one's distance, at most 8), so it is exact at a
 // measured shape and lies between its neighbours' rates between them. A query outside the grid
 // is first clamped onto the grid's bounding box, axis by axis (an 8192^3 GEMM takes the largest
-// measured cube's rate: no extrapolation). Two bounds then apply: never faster than the peak, never faster
-// than moving the operands through memory (the roofline) -- what keeps a tiny shape below the
-// grid from borrowing the smallest measured shape's rate.
+// measured cube's rate: no extrapolation). Two bounds then apply: never faster than the peak,
+// and, for a GEMM with a dimension below the grid's smallest, never faster than moving its
+// operands through memory (the roofline) -- what keeps a tiny shape from borrowing the smallest
+// measured shape's rate.
 #include "runner/device/profile.h"
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/gemm_path.h"
 #include "runner/device/devices.h"
 #include "runner/device/peak.h"
 #include "runner/errors.h"
@@ -39,6 +41,7 @@ std::string to_string(Collective c) {
 
 namespace {
 
+using ops::DType;
 constexpr const char* kFormat = "runner-hardware-profile";
 constexpr int kVersion = 1;
 const std::string kCalibrateFix = "run `runner calibrate --out FILE` on the machine and name FILE in hardware.profile "
@@ -110,19 +113,25 @@ double HardwareProfile::gemm_seconds(const std::string& dtype, int64_t m, int64_
   const ComputeProfile& c = at_threads(threads);
   const double flops = 2.0 * double(m) * double(n) * double(k);
   double rate = peak_of(*this, dtype);
+  bool below_grid = true;  // no measured shape: only the peak and the roofline know anything
   if (const std::vector<GemmRate>* rs = gemm_rates(c, dtype)) {
     std::vector<std::vector<double>> pts;
     std::vector<double> rates;
+    int64_t lo[3] = {rs->front().m, rs->front().n, rs->front().k};
     for (const GemmRate& g : *rs) {
       pts.push_back({log2d(g.m), log2d(g.n), log2d(g.k)});
       rates.push_back(g.flops_per_s);
+      lo[0] = std::min(lo[0], g.m), lo[1] = std::min(lo[1], g.n), lo[2] = std::min(lo[2], g.k);
     }
     const double r = idw_log_rate(pts, rates, {log2d(m), log2d(n), log2d(k)});
     rate = rate > 0 ? std::min(rate, r) : r;
+    below_grid = m < lo[0] || n < lo[1] || k < lo[2];
   }
   RUNNER_CHECK(rate > 0, "hardware profile " + source + " knows no GEMM rate or peak for " + dtype);
+  // The roofline only below the grid: inside it the measurements already include the memory
+  // traffic (and a small GEMM's operands may sit in cache, faster than memory_bandwidth).
   const double bytes = dtype_bytes(dtype) * (double(m) * k + double(k) * n + double(m) * n);
-  const double roofline = c.memory_bandwidth > 0 ? bytes / c.memory_bandwidth : 0;
+  const double roofline = below_grid && c.memory_bandwidth > 0 ? bytes / c.memory_bandwidth : 0;
   return std::max(flops / rate, roofline);
 }
 
@@ -410,14 +419,28 @@ HardwareProfile gpu_builtin(const HardwareConfig& hw, const GpuFigures& g) {
   return p;
 }
 
+// The speed of a 16-bit Linear relative to fp32's on this CPU, from the GEMM path choice the
+// executor runs with (ops/gemm_path.h: widened to sgemm, or oneDNN, measured once per process);
+// 1 where it was not measured.
+double cpu_16bit_ratio(DType t) {
+  const ops::GemmChoice& c = ops::gemm_paths().of(t);
+  const double chosen = c.path == ops::GemmPath::Sgemm ? c.sgemm_gflops : c.onednn_gflops;
+  return chosen > 0 && c.fp32_gflops > 0 ? chosen / c.fp32_gflops : 1.0;
+}
+
 // The CPU: this host's sgemm peak (measured once and cached, runner/device/peak.h) at all its
 // cores, shared by the threads in proportion, at a flat 90% for every shape (the roofline bound
-// slows the small ones); a modest memory bandwidth; ranks talk through shared memory.
+// slows the small ones), 16-bit GEMMs scaled by their path's measured speed against fp32's; a
+// modest memory bandwidth; ranks talk through shared memory.
 HardwareProfile cpu_builtin(const HardwareConfig& hw) {
   HardwareProfile p;
   p.cores = std::max(1, int(std::thread::hardware_concurrency()));
   const double peak = mfu_peak(hw, FloatFormat::fp32, p.cores).flops;
-  p.peak_flops_fp32 = p.peak_flops_bf16 = p.peak_flops_fp16 = peak;
+  const std::map<std::string, double> scale{
+      {"fp32", 1.0}, {"bf16", cpu_16bit_ratio(DType::BF16)}, {"fp16", cpu_16bit_ratio(DType::F16)}};
+  p.peak_flops_fp32 = peak;
+  p.peak_flops_bf16 = peak * std::max(1.0, scale.at("bf16"));
+  p.peak_flops_fp16 = peak * std::max(1.0, scale.at("fp16"));
   std::vector<int> threads;
   for (int t = 1; t < p.cores; t *= 2) threads.push_back(t);
   threads.push_back(p.cores);
@@ -425,8 +448,8 @@ HardwareProfile cpu_builtin(const HardwareConfig& hw) {
     ComputeProfile c;
     c.threads = t;
     const double rate = 0.9 * peak * t / p.cores;
-    for (const char* dt : {"fp32", "bf16", "fp16"})
-      for (int64_t s : {64, 4096}) c.gemm[dt].push_back({s, s, s, rate});
+    for (const auto& [dt, f] : scale)
+      for (int64_t s : {64, 4096}) c.gemm[dt].push_back({s, s, s, rate * f});
     c.memory_bandwidth = 5e9 * std::min(t, 4);  // ~5 GB/s a core, saturating the channels at ~20
     c.launch_s = 2e-6;
     p.compute.push_back(std::move(c));

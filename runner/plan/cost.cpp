@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "parallel/grid.h"
@@ -89,6 +90,22 @@ struct Ctx {
   double tp(Collective op, double bytes) const { return coll(op, p.tp, bytes, tp_inter); }
   // The fixed cost of one op call (HardwareProfile::op_seconds includes it; GEMMs do not).
   double launch() const { return hw.at_threads(threads).launch_s; }
+  // CPU ranks of one node with more threads among them than it has cores time-slice them:
+  // each op takes `oversubscribed` (threads x ranks / cores, at least 1) times as long. Below
+  // that a rank runs at its thread count's measured rate: two single-threaded ranks on two
+  // cores were not slowed by each other on this machine (bench/README.md: dp2 on 2 x 1 threads
+  // 1.10-1.12x one rank on 2 threads; the calibration measures each thread count alone).
+  double oversubscribed = 1;
+  template <class F> double shared(F f) const { return oversubscribed * f(threads); }
+  double gemm(int64_t m, int64_t n, int64_t k) const {
+    return shared([&](int t) { return hw.gemm_seconds(dtype, m, n, k, t); });
+  }
+  double op(const std::string& kind, double bytes) const {
+    return shared([&](int t) { return hw.op_seconds(kind, bytes, t); });
+  }
+  double attention(int64_t bh, int64_t seq, int64_t hd, bool backward) const {
+    return shared([&](int t) { return hw.attention_seconds(dtype, bh, seq, hd, backward, t); });
+  }
 };
 
 // One node's seconds for one micro-batch: compute (forward, backward) and its tensor-parallel
@@ -108,12 +125,12 @@ NodeCost linear_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
   NodeCost k;
   const int64_t rows = dim(g, n.in[0], 0) * (n.gather_input ? g.sp_parts : 1);
   const int64_t oc = dim(g, n.in[1], 0), ic = dim(g, n.in[1], 1);
-  k.fwd = c.hw.gemm_seconds(c.dtype, rows, oc, ic, c.threads);
-  k.bwd = c.hw.gemm_seconds(c.dtype, rows, ic, oc, c.threads) + c.hw.gemm_seconds(c.dtype, oc, ic, rows, c.threads);
+  k.fwd = c.gemm(rows, oc, ic);
+  k.bwd = c.gemm(rows, ic, oc) + c.gemm(oc, ic, rows);
   const double y_bytes = static_cast<double>(rows * oc) * 4.0, x_bytes = static_cast<double>(rows * ic) * 4.0;
   if (n.in.size() > 2) {  // the bias: added in forward, its gradient summed in backward (one op call each)
-    k.fwd += c.hw.op_seconds("linear", 2.0 * y_bytes, c.threads);
-    k.bwd += c.hw.op_seconds("linear", y_bytes, c.threads);
+    k.fwd += c.op("linear", 2.0 * y_bytes);
+    k.bwd += c.op("linear", y_bytes);
   } else {
     k.fwd += c.launch();
     k.bwd += c.launch();
@@ -132,20 +149,35 @@ NodeCost linear_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
   return k;
 }
 
-// Memory-bound nodes: the bytes of their tensors (inputs read, outputs written; an embedding
-// reads only the rows it gathers), the backward moving about twice the forward's (it reads the
-// output gradient and what the forward saved, and writes the input gradients).
+// Memory-bound nodes: the bytes their forward and backward move, in units of the node's
+// output (n elements of its dtype), counted as `runner calibrate` counts them when it measures
+// each kind's bandwidth (runner/device/calibrate.cpp, op_probes), so that a node of the
+// calibrated shape is priced at exactly its measured forward + backward time:
+//   norms, gelu, embedding, dropout: forward reads x and writes y (2n), backward reads x and
+//     dy and writes dx (3n; an embedding's gathers and scatters its rows);
+//   add: 3n each way; swiglu (x of 2n): 3n forward, 5n backward; rope 2n each way;
+//   the loss over (rows, V) fp32 logits: 2 reads/writes of the logits each way.
+struct ByteUnits {
+  double fwd = 2, bwd = 3;
+};
+ByteUnits byte_units(OpKind k) {
+  switch (k) {
+    case OpKind::Add: return {3, 3};
+    case OpKind::SwiGLU: return {3, 5};
+    case OpKind::Rope: return {2, 2};
+    case OpKind::SoftmaxXent: return {2, 2};
+    default: return {2, 3};
+  }
+}
+
 NodeCost pointwise_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
   NodeCost k;
-  double bytes = 0;
-  for (int id : n.out) bytes += tensor_bytes(g, id);
-  for (int id : n.in) {
-    const bool table = n.kind == OpKind::Embedding && g.tensors[static_cast<size_t>(id)].kind == ops::TensorKind::Param;
-    bytes += table ? tensor_bytes(g, n.out[0]) : tensor_bytes(g, id);
-  }
+  const int unit = n.kind == OpKind::SoftmaxXent ? n.in[0] : n.out[0];  // the loss: its logits
+  const double bytes = tensor_bytes(g, unit);
+  const ByteUnits u = byte_units(n.kind);
   const char* op = ops::op_name(n.kind);
-  k.fwd = c.hw.op_seconds(op, bytes, c.threads);
-  k.bwd = c.hw.op_seconds(op, 2.0 * bytes, c.threads);
+  k.fwd = c.op(op, u.fwd * bytes);
+  k.bwd = c.op(op, u.bwd * bytes);
   if (c.p.tp <= 1) return k;
   const double out_fp32 = static_cast<double>(ops::numel_of(g.tensors[static_cast<size_t>(n.out[0])].shape)) * 4.0;
   if (n.tp == ops::TpMode::VocabEmbed) {
@@ -169,8 +201,8 @@ NodeCost node_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
     // lse (B, heads, T): this rank's heads; the head size from the output (B*T, heads*HS).
     const int64_t B = dim(g, n.out[1], 0), heads = dim(g, n.out[1], 1), T = dim(g, n.out[1], 2);
     const int64_t hs = dim(g, n.out[0], 1) / heads;
-    k.fwd = c.hw.attention_seconds(c.dtype, B * heads, T, hs, false, c.threads) + c.launch();
-    k.bwd = c.hw.attention_seconds(c.dtype, B * heads, T, hs, true, c.threads) + c.launch();
+    k.fwd = c.attention(B * heads, T, hs, false) + c.launch();
+    k.bwd = c.attention(B * heads, T, hs, true) + c.launch();
   } else {
     k = pointwise_cost(c, g, n);  // op_seconds counts the op call's launch
   }
@@ -261,23 +293,22 @@ std::vector<double> grad_ready_times(const Ctx& c, const StageCost& s) {
   std::vector<double> start(static_cast<size_t>(V), 0);  // chunk k's backward starts after chunks > k
   for (int k = V - 2; k >= 0; --k)
     start[static_cast<size_t>(k)] = start[static_cast<size_t>(k + 1)] + s.chunks[static_cast<size_t>(k + 1)]->bwd_end.front();
+  // The first chunk holding a parameter is where the rank reads it (rank_model.cpp): one pass
+  // over each chunk's nodes, in forward order, finds every parameter's first reader.
+  std::unordered_map<std::string, double> at;
+  for (int k = 0; k < V; ++k) {
+    const ops::Graph& g = lay.graph(k * P + s.stage);
+    for (size_t n = 0; n < g.nodes.size(); ++n)
+      for (int id : g.nodes[n].in) {
+        const ops::TensorDesc& d = g.tensors[static_cast<size_t>(id)];
+        if (d.kind == ops::TensorKind::Param)
+          at.try_emplace(d.name, start[static_cast<size_t>(k)] + s.chunks[static_cast<size_t>(k)]->bwd_end[n]);
+      }
+  }
   std::vector<double> ready;
   for (int i : lay.stage_params(s.stage)) {
-    const std::string& name = lay.params()[static_cast<size_t>(i)].name;
-    double t = 0;
-    for (int k = 0; k < V; ++k) {
-      const ops::Graph& g = lay.graph(k * P + s.stage);
-      const int id = g.find(name);
-      if (id < 0) continue;
-      for (size_t n = 0; n < g.nodes.size(); ++n) {
-        const auto& in = g.nodes[n].in;
-        if (std::find(in.begin(), in.end(), id) == in.end()) continue;
-        t = start[static_cast<size_t>(k)] + s.chunks[static_cast<size_t>(k)]->bwd_end[n];
-        break;
-      }
-      break;
-    }
-    ready.push_back(t);
+    auto it = at.find(lay.params()[static_cast<size_t>(i)].name);
+    ready.push_back(it == at.end() ? 0.0 : it->second);
   }
   return ready;
 }
@@ -347,8 +378,7 @@ double optimizer_seconds(const Ctx& c, const StageCost& s, double gbytes, double
   const double per_elem = gbytes + 16.0 + (master ? 8.0 + wbytes : 2.0 * wbytes);
   // One call per parameter tensor for each of the three passes (op_seconds counts one).
   const double calls = 3.0 * c.launch() * static_cast<double>(std::max<size_t>(1, shards.size()) - 1);
-  return c.hw.op_seconds("adamw", owned * per_elem, c.threads) + c.hw.op_seconds("sum_squares", owned * gbytes, c.threads) +
-         c.hw.op_seconds("zero", all * gbytes, c.threads) + calls;
+  return c.op("adamw", owned * per_elem) + c.op("sum_squares", owned * gbytes) + c.op("zero", all * gbytes) + calls;
 }
 
 // Tensor-parallel collectives outside the passes, once per step on the last micro-batch's
@@ -374,15 +404,6 @@ std::pair<double, double> tied_sums(const Ctx& c, const StageCost& s, double gby
     return {c.coll(Collective::all_reduce, 2, bytes, pp_inter), c.coll(Collective::all_reduce, c.p.dp, bytes, dp_inter)};
   }
   return {0, 0};
-}
-
-// Batches come from the prefetching loader (data.prefetch batches ahead on data.workers
-// threads), which hides their preparation; without prefetch each micro-batch's tokens and
-// targets are read on the critical path.
-double data_seconds(const Ctx& c) {
-  if (c.p.recipe.data.prefetch > 0) return 0;
-  const double bytes = static_cast<double>(c.p.micro * c.p.recipe.model.seq_len) * 2.0 * 4.0;
-  return static_cast<double>(c.p.accum) * c.hw.op_seconds("data", bytes, c.threads);
 }
 
 }  // namespace
@@ -423,6 +444,10 @@ StepCost predict_step(const Plan& p, const HardwareProfile& hw) {
   sc.threads = threads_per_rank(p, hw);
   Ctx c{p, hw, sc.threads, to_string(p.recipe.precision.compute)};
   const int64_t node = ranks_per_node(p, hw);
+  if (device_kind(p.recipe.hardware).host && hw.cores > 0) {
+    const double busy = static_cast<double>(std::min<int64_t>(p.world, node)) * std::max(1, sc.threads);
+    c.oversubscribed = std::max(1.0, busy / hw.cores);
+  }
   c.tp_inter = p.tp > 1 && crosses_nodes(p, node, 't');
   const bool dp_inter = p.dp > 1 && crosses_nodes(p, node, 'd'), pp_inter = p.pp > 1 && crosses_nodes(p, node, 'p');
   const ModelLayout& lay = *p.layout;
@@ -430,8 +455,10 @@ StepCost predict_step(const Plan& p, const HardwareProfile& hw) {
   std::vector<ChunkCost> chunks;
   for (int v = 0; v < lay.vstages(); ++v) chunks.push_back(chunk_cost(c, v));
   StageCost s = stage_cost(chunks, 0, P);  // the slowest stage sets the pace
+  double all_stages = s.f + s.b;            // one micro-batch through every stage
   for (int st = 1; st < P; ++st) {
     StageCost o = stage_cost(chunks, st, P);
+    all_stages += o.f + o.b;
     if (o.f + o.b > s.f + s.b) s = std::move(o);
   }
   const double m = static_cast<double>(p.accum);
@@ -440,9 +467,12 @@ StepCost predict_step(const Plan& p, const HardwareProfile& hw) {
                             ? 4.0 : static_cast<double>(plan_detail::dtype_bytes(to_string(p.recipe.precision.grad_accum)));
   sc.compute = m * (s.fwd + s.bwd);
   sc.recompute = m * s.rec;
-  // 1F1B and GPipe: (p-1) micro-batch slots of fill and drain; interleaved: (p-1)/v, so the
-  // bubble's share of the step is plan.bubble, (p-1)/(v*m + p-1).
-  sc.bubble = static_cast<double>(P - 1) / static_cast<double>(lay.chunks()) * (s.f + s.b);
+  // The slowest stage runs its m micro-batches back to back once the pipeline is full; it
+  // waits for the other stages' forwards of the first micro-batch (fill) and their backwards of
+  // the last (drain): the other p-1 stages' forward + backward of one micro-batch, 1/v of it
+  // under the interleaved schedule (chunks of 1/v the size). With equal stages that is
+  // (p-1)/v of the slowest stage's, so the bubble's share is plan.bubble, (p-1)/(v*m + p-1).
+  sc.bubble = (all_stages - (s.f + s.b)) / static_cast<double>(lay.chunks());
   const double sp_sums = tp_grad_sums(c, s, gbytes);
   sc.comm_total["tp"] = sc.comm_exposed["tp"] = m * s.tp + sp_sums;
   const auto [tied_pp, tied_dp] = tied_sums(c, s, gbytes, pp_inter, dp_inter);
@@ -459,7 +489,9 @@ StepCost predict_step(const Plan& p, const HardwareProfile& hw) {
   sc.comm_total[norm_group] += norm;
   sc.comm_exposed[norm_group] += norm;
   sc.optimizer = optimizer_seconds(c, s, gbytes, wbytes);
-  sc.data = data_seconds(c);
+  // Batches come from the loader's threads, data.prefetch (at least 1) batches ahead: their
+  // reading and batching is hidden; nothing of it is on the critical path.
+  sc.data = 0;
   finish(p, hw, sc);
   return sc;
 }
