@@ -4,7 +4,8 @@
 Every configuration below is predicted by the search itself, with every layout field fixed as a
 constraint (`runner plan --search --world W --top 1 --json --set ...` must return exactly that
 layout), and measured by `runner train` for a few steps (median step time after the warm-up,
-from the run's own metrics.jsonl), all in one run. Configurations: the "small" model of
+from the run's own metrics.jsonl), all in one run; the 1-minute load average around each run is
+printed beside it, with a warning when other work was running. Configurations: the "small" model of
 bench/parallel_layouts.py (vocab 256, seq 256, d_model 384, 6 layers, 6 heads, global batch 8)
 and GPT-2 124M's shape (recipes/gpt2-124m.yaml: vocab 50257, d_model 768, 12 layers, 12 heads)
 shortened to seq_len 128 and global batch 4 in fp32 so that it runs in minutes on 2 cores, at
@@ -37,6 +38,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIRUN = shutil.which("mpirun") or "mpirun"
+CORES = os.cpu_count() or 1
 MODELS = {
     # name: (model fields, global batch)
     "small": (dict(vocab_size=256, seq_len=256, d_model=384, n_layers=6, n_heads=6), 8),
@@ -213,10 +215,14 @@ def verdict(ok):
 
 def report(rows, failed, profile_note):
     print(f"profile: {profile_note}")
-    print(f"{'config':<44} {'predicted s':>11} {'measured s':>11} {'error':>8}")
+    print(f"{'config':<44} {'predicted s':>11} {'measured s':>11} {'error':>8} {'load':>5}")
     for r in rows:
         err = 100 * (r["predicted"] - r["measured"]) / r["measured"]
-        print(f"{r['name']:<44} {r['predicted']:>11.4f} {r['measured']:>11.4f} {err:>+7.1f}%")
+        print(f"{r['name']:<44} {r['predicted']:>11.4f} {r['measured']:>11.4f} {err:>+7.1f}% {r['load']:>5.1f}")
+    busy = [r["name"] for r in rows if r["load"] > CORES + 0.5]
+    if busy:
+        print(f"WARNING: {len(busy)} of {len(rows)} runs had a 1-minute load average above this machine's {CORES} cores "
+              "(other work was running): their times, and the figures below, are not honest. Rerun on a quiet machine.")
     for name, why in failed:
         print(f"{name:<44} {'failed:':>11} {why}")
     if len(rows) < 2:
@@ -299,13 +305,15 @@ def main():
             failed.append((name, f"prediction: {' '.join(why)}"))
             print(f"[{i + 1}/{len(names)}] {name}: prediction failed: {' '.join(why)}", flush=True)
             continue
+        load0 = os.getloadavg()[0]
         meas, why = measure(runner, recipes[model], world, sets, os.path.join(work, name), args.steps)
+        load = max(load0, os.getloadavg()[0])  # the 1-minute load average around the run
         if meas is None:
             failed.append((name, f"measurement: {' '.join(why)}"))
             print(f"[{i + 1}/{len(names)}] {name}: run failed: {' '.join(why)}", flush=True)
             continue
-        rows.append(dict(name=name, model=model, world=world, predicted=pred, measured=meas))
-        print(f"[{i + 1}/{len(names)}] {name}: predicted {pred:.4f} s, measured {meas:.4f} s "
+        rows.append(dict(name=name, model=model, world=world, predicted=pred, measured=meas, load=load))
+        print(f"[{i + 1}/{len(names)}] {name}: predicted {pred:.4f} s, measured {meas:.4f} s, load {load:.1f} "
               f"({time.time() - t0:.0f} s so far)", flush=True)
     print()
     summary = report(rows, failed, note)

@@ -23,7 +23,10 @@ std::string recompute_words(const RecomputeConfig& rc) {
   std::string s = to_string(rc.mode);
   if (rc.mode != RecomputeMode::selective) return s;
   s += ":";
-  for (size_t i = 0; i < rc.modules.size(); ++i) s += (i ? "," : "") + to_string(rc.modules[i]);
+  for (size_t i = 0; i < rc.modules.size(); ++i) {
+    if (i) s += ",";
+    s += to_string(rc.modules[i]);
+  }
   return s;
 }
 
@@ -79,7 +82,10 @@ std::string layout_change(const Plan& p, const SearchCandidate& c) {
   num("batch.accum", p.accum, c.accum);
   word("recompute", recompute_words(p.recipe.recompute), c.recompute);
   std::string s;
-  for (const std::string& x : parts) s += (s.empty() ? "" : ", ") + x;
+  for (const std::string& x : parts) {
+    if (!s.empty()) s += ", ";
+    s += x;
+  }
   return s;
 }
 
@@ -109,8 +115,8 @@ std::string search_layout_advice(const Plan& plan, double measured_share, double
   so.threads = 1;  // the training ranks own the cores; the search waits its turn on one
   try {
     return layout_advice(plan, search_layouts(advice_recipe(plan), so), measured_share, predicted_step_s);
-  } catch (const UserError& e) {
-    return std::string("the layout search found nothing to suggest: ") + e.what();
+  } catch (const std::exception& e) {  // a running job never stops for its advice
+    return fmt::format("the layout search found nothing to suggest: {}", e.what());
   }
 }
 

@@ -5,7 +5,9 @@
 // measured is the layout as `runner train` would run it, not an in-process approximation.
 #include "runner/run/verify.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +28,8 @@
 #include "runner/recipe/recipe.h"
 
 namespace fs = std::filesystem;
+
+extern char** environ;
 
 namespace runner {
 
@@ -107,28 +111,41 @@ Recipe trial_recipe(const SearchCandidate& c, int steps, const fs::path& run_dir
 
 // Runs `argv` with stdout and stderr into `log`, in its own process group (so a stopped trial
 // takes its ranks with it), the variables mpirun needs here set where the user has not. The
-// exit status, 128 + signal, or -1 when it ran past `timeout_s` and was stopped.
+// exit status, 128 + signal, or -1 when it ran past `timeout_s` and was stopped. posix_spawn,
+// not fork: the search has run threads in this process, and a forked child may only exec.
 int run_trial(const std::vector<std::string>& argv, const fs::path& log, double timeout_s) {
-  const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error("verify: fork failed");
-  if (pid == 0) {
-    setpgid(0, 0);
-    FILE* f = std::freopen(log.c_str(), "w", stdout);
-    if (f) dup2(fileno(stdout), 2);
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);  // ranks sharing cores must not spin in barriers
-    setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
-    if (geteuid() == 0) {  // mpirun refuses root without these; the user already runs as root
-      setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-      setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-    }
-    std::vector<char*> a;
-    for (const std::string& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
-    execvp(a[0], a.data());
-    std::fprintf(stderr, "cannot run %s: %s\n", a[0], std::strerror(errno));
-    _exit(127);
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  const auto set_default = [&](const std::string& name, const std::string& value) {
+    if (!std::getenv(name.c_str())) env.push_back(name + "=" + value);
+  };
+  set_default("OMP_WAIT_POLICY", "PASSIVE");  // ranks sharing cores must not spin in barriers
+  set_default("OMPI_MCA_rmaps_base_oversubscribe", "1");
+  if (geteuid() == 0) {  // mpirun refuses root without these; the user already runs as root
+    set_default("OMPI_ALLOW_RUN_AS_ROOT", "1");
+    set_default("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
   }
-  setpgid(pid, pid);
+  std::vector<char*> a, e;
+  for (const std::string& x : argv) a.push_back(const_cast<char*>(x.c_str()));
+  for (const std::string& x : env) e.push_back(const_cast<char*>(x.c_str()));
+  a.push_back(nullptr);
+  e.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t at;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawnattr_init(&at);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&at, 0);
+  pid_t pid = 0;
+  const int err = posix_spawnp(&pid, a[0], &fa, &at, a.data(), e.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  if (err != 0) {
+    std::ofstream(log) << "cannot run " << a[0] << ": " << std::strerror(err) << "\n";
+    return 127;
+  }
   const auto t0 = std::chrono::steady_clock::now();
   for (;;) {
     int status = 0;
