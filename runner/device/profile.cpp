@@ -1,6 +1,27 @@
-// The hardware profile (profile.h). [i27: H fills this in; skeleton stubs]
+// The hardware profile (profile.h): interpolation of measured rates, the collective model, the
+// JSON file `runner calibrate` writes, and the built-in profiles of the device table's kinds.
+//
+// Interpolation: inverse-distance weighting in log space. A GEMM shape is the point
+// (log2 m, log2 n, log2 k), an attention shape (log2 seq, log2 head_dim); the rate at a query is
+// the weighted geometric mean of the rates of its nearest measured shapes (weights 1/d^2, over
+// the shapes no farther than twice the nearest one's distance, at most 8), so it is exact at a
+// measured shape and lies between its neighbours' rates between them. A query outside the grid
+// is first clamped onto the grid's bounding box, axis by axis (an 8192^3 GEMM takes the largest
+// measured cube's rate: no extrapolation). Two bounds then apply: never faster than the peak, never faster
+// than moving the operands through memory (the roofline) -- what keeps a tiny shape below the
+// grid from borrowing the smallest measured shape's rate.
 #include "runner/device/profile.h"
 
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "runner/device/devices.h"
+#include "runner/device/peak.h"
 #include "runner/errors.h"
 
 namespace runner {
@@ -16,35 +37,482 @@ std::string to_string(Collective c) {
   return "?";
 }
 
-const ComputeProfile& HardwareProfile::at_threads(int) const {
-  RUNNER_CHECK(!compute.empty(), "hardware profile without compute entries");
-  return compute.front();
+namespace {
+
+constexpr const char* kFormat = "runner-hardware-profile";
+constexpr int kVersion = 1;
+const std::string kCalibrateFix = "run `runner calibrate --out FILE` on the machine and name FILE in hardware.profile "
+                                  "(or plan --profile FILE); or remove hardware.profile to use the built-in profile";
+
+double log2d(double x) { return std::log2(std::max(x, 1.0)); }
+
+// Inverse-distance weighting of log(rate) over points in log space (see the file's comment).
+// `pts[i]` are coordinates, `rates[i]` > 0.
+double idw_log_rate(const std::vector<std::vector<double>>& pts, const std::vector<double>& rates,
+                    std::vector<double> q) {
+  for (size_t a = 0; a < q.size(); ++a) {  // outside the grid: clamped onto its bounding box
+    double lo = pts[0][a], hi = pts[0][a];
+    for (const auto& pt : pts) lo = std::min(lo, pt[a]), hi = std::max(hi, pt[a]);
+    q[a] = std::clamp(q[a], lo, hi);
+  }
+  std::vector<std::pair<double, size_t>> d;
+  for (size_t i = 0; i < pts.size(); ++i) {
+    double s = 0;
+    for (size_t a = 0; a < q.size(); ++a) s += (pts[i][a] - q[a]) * (pts[i][a] - q[a]);
+    d.emplace_back(std::sqrt(s), i);
+  }
+  std::sort(d.begin(), d.end());
+  if (d.front().first < 1e-9) return rates[d.front().second];
+  const double limit = 2 * d.front().first;
+  double wsum = 0, lsum = 0;
+  for (size_t j = 0; j < d.size() && j < 8 && d[j].first <= limit; ++j) {
+    const double w = 1.0 / (d[j].first * d[j].first);
+    wsum += w;
+    lsum += w * std::log(rates[d[j].second]);
+  }
+  return std::exp(lsum / wsum);
 }
-double HardwareProfile::gemm_seconds(const std::string&, int64_t, int64_t, int64_t, int) const { return 0; }
-double HardwareProfile::op_seconds(const std::string&, double, int) const { return 0; }
-double HardwareProfile::attention_seconds(const std::string&, int64_t, int64_t, int64_t, bool, int) const { return 0; }
-double HardwareProfile::collective_seconds(Collective, int, double, bool) const { return 0; }
+
+double dtype_bytes(const std::string& dtype) { return dtype == "fp32" ? 4.0 : 2.0; }
+
+double peak_of(const HardwareProfile& p, const std::string& dtype) {
+  return dtype == "fp32" ? p.peak_flops_fp32 : dtype == "bf16" ? p.peak_flops_bf16 : p.peak_flops_fp16;
+}
+
+// The measured GEMM rates for `dtype`, else fp32's, else null.
+const std::vector<GemmRate>* gemm_rates(const ComputeProfile& c, const std::string& dtype) {
+  for (const std::string& d : {dtype, std::string("fp32")}) {
+    auto it = c.gemm.find(d);
+    if (it != c.gemm.end() && !it->second.empty()) return &it->second;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const ComputeProfile& HardwareProfile::at_threads(int threads) const {
+  RUNNER_CHECK(!compute.empty(), "hardware profile without compute entries");
+  const ComputeProfile* best = &compute.front();
+  for (const ComputeProfile& c : compute) {
+    if (threads <= 0) {  // unspecified: the whole machine, the most threads measured
+      if (c.threads > best->threads) best = &c;
+      continue;
+    }
+    const double dc = std::abs(std::log(std::max(c.threads, 1)) - std::log(threads));
+    const double db = std::abs(std::log(std::max(best->threads, 1)) - std::log(threads));
+    if (dc < db || (dc == db && c.threads < best->threads)) best = &c;
+  }
+  return *best;
+}
+
+double HardwareProfile::gemm_seconds(const std::string& dtype, int64_t m, int64_t n, int64_t k, int threads) const {
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  const ComputeProfile& c = at_threads(threads);
+  const double flops = 2.0 * double(m) * double(n) * double(k);
+  double rate = peak_of(*this, dtype);
+  if (const std::vector<GemmRate>* rs = gemm_rates(c, dtype)) {
+    std::vector<std::vector<double>> pts;
+    std::vector<double> rates;
+    for (const GemmRate& g : *rs) {
+      pts.push_back({log2d(g.m), log2d(g.n), log2d(g.k)});
+      rates.push_back(g.flops_per_s);
+    }
+    const double r = idw_log_rate(pts, rates, {log2d(m), log2d(n), log2d(k)});
+    rate = rate > 0 ? std::min(rate, r) : r;
+  }
+  RUNNER_CHECK(rate > 0, "hardware profile " + source + " knows no GEMM rate or peak for " + dtype);
+  const double bytes = dtype_bytes(dtype) * (double(m) * k + double(k) * n + double(m) * n);
+  const double roofline = c.memory_bandwidth > 0 ? bytes / c.memory_bandwidth : 0;
+  return std::max(flops / rate, roofline);
+}
+
+double HardwareProfile::op_seconds(const std::string& op, double bytes, int threads) const {
+  const ComputeProfile& c = at_threads(threads);
+  auto it = c.op_bandwidth.find(op);
+  const double bw = it != c.op_bandwidth.end() && it->second > 0 ? it->second : c.memory_bandwidth;
+  return (bw > 0 ? bytes / bw : 0) + c.launch_s;
+}
+
+double HardwareProfile::attention_seconds(const std::string& dtype, int64_t batch_heads, int64_t seq, int64_t head_dim,
+                                          bool backward, int threads) const {
+  if (batch_heads <= 0 || seq <= 0 || head_dim <= 0) return 0;
+  // The matmul work of the causal kernel: QK^T and PV, 2 * 2*T*T*hd, half of it masked away.
+  const double fwd = 2.0 * double(batch_heads) * double(seq) * double(seq) * double(head_dim);
+  const double flops = backward ? 2 * fwd : fwd;
+  const ComputeProfile& c = at_threads(threads);
+  const std::vector<AttentionRate>* rs = nullptr;
+  for (const std::string& d : {dtype, std::string("fp32")}) {
+    auto it = c.attention.find(d);
+    if (it != c.attention.end() && !it->second.empty()) { rs = &it->second; break; }
+  }
+  if (!rs) {  // not measured: the GEMM of its scores' shape, twice for the backward
+    const double t = gemm_seconds(dtype, seq, seq, head_dim, threads) * double(batch_heads);
+    return backward ? 2 * t : t;
+  }
+  std::vector<std::vector<double>> pts;
+  std::vector<double> rates;
+  for (const AttentionRate& a : *rs) {
+    pts.push_back({log2d(a.seq), log2d(a.head_dim)});
+    rates.push_back(backward ? a.backward_flops_per_s : a.forward_flops_per_s);
+  }
+  double rate = idw_log_rate(pts, rates, {log2d(seq), log2d(head_dim)});
+  const double peak = peak_of(*this, dtype);
+  if (peak > 0) rate = std::min(rate, peak);
+  return flops / rate;
+}
+
+namespace {
+
+// The link model of profile.h: `bytes` is the full buffer (see collective_seconds there).
+double link_seconds(Collective op, int n, double bytes, const Link& l) {
+  const double bw = l.bandwidth > 0 ? l.bandwidth : std::numeric_limits<double>::infinity();
+  const double a = l.latency_s, f = double(n - 1) / n, steps = std::ceil(std::log2(double(n)));
+  switch (op) {
+    case Collective::all_reduce: {
+      const double ring = 2 * f * bytes / bw + 2 * (n - 1) * a;
+      const double tree = 2 * steps * (a + bytes / bw);
+      return std::min(ring, tree);
+    }
+    case Collective::all_gather:
+    case Collective::reduce_scatter: return f * bytes / bw + (n - 1) * a;
+    case Collective::broadcast: return std::min(steps * (a + bytes / bw), bytes / bw + (n - 1) * a);
+    case Collective::send_recv: return a + bytes / bw;
+  }
+  return 0;
+}
+
+}  // namespace
+
+double HardwareProfile::collective_seconds(Collective op, int ranks, double bytes, bool inter_node) const {
+  if (op != Collective::send_recv && ranks <= 1) return 0;
+  const int n = std::max(ranks, 2);
+  // A measured fit at this level: the exact group size, else the nearest, its latency term
+  // scaled by the ring's step count (n-1) and its bandwidth term by the ring's (n-1)/n.
+  const CollectiveFit* best = nullptr;
+  for (const CollectiveFit& f : collectives) {
+    if (f.op != op || f.inter_node != inter_node || f.bandwidth <= 0) continue;
+    if (op == Collective::send_recv) { best = &f; break; }  // point to point: no group size
+    if (!best || std::abs(f.ranks - n) < std::abs(best->ranks - n) ||
+        (std::abs(f.ranks - n) == std::abs(best->ranks - n) && f.ranks > best->ranks))
+      best = &f;
+  }
+  if (best) {
+    if (op == Collective::send_recv || best->ranks == n) return best->latency_s + bytes / best->bandwidth;
+    const int m = std::max(best->ranks, 2);
+    const double lat = best->latency_s * double(n - 1) / (m - 1);
+    const double bw_scale = (double(n - 1) / n) / (double(m - 1) / m);
+    return lat + bw_scale * bytes / best->bandwidth;
+  }
+  return link_seconds(op, n, bytes, inter_node ? this->inter_node : intra_node);
+}
+
 double HardwareProfile::peak_flops(FloatFormat f) const {
   return f == FloatFormat::fp32 ? peak_flops_fp32 : f == FloatFormat::bf16 ? peak_flops_bf16 : peak_flops_fp16;
 }
-nlohmann::json HardwareProfile::to_json() const { return nlohmann::json::object(); }
-HardwareProfile HardwareProfile::from_json(const nlohmann::json&, const std::string& source) {
+
+
+// ---- JSON ----------------------------------------------------------------------------------
+
+namespace {
+
+nlohmann::json link_json(const Link& l) { return {{"latency_s", l.latency_s}, {"bandwidth", l.bandwidth}}; }
+
+nlohmann::json compute_json(const ComputeProfile& c) {
+  nlohmann::json g = nlohmann::json::object(), a = nlohmann::json::object();
+  for (const auto& [dtype, rs] : c.gemm) {
+    g[dtype] = nlohmann::json::array();
+    for (const GemmRate& r : rs) g[dtype].push_back({r.m, r.n, r.k, r.flops_per_s});
+  }
+  for (const auto& [dtype, rs] : c.attention) {
+    a[dtype] = nlohmann::json::array();
+    for (const AttentionRate& r : rs)
+      a[dtype].push_back({r.seq, r.head_dim, r.forward_flops_per_s, r.backward_flops_per_s});
+  }
+  return {{"threads", c.threads},       {"memory_bandwidth", c.memory_bandwidth}, {"launch_s", c.launch_s},
+          {"op_bandwidth", c.op_bandwidth}, {"gemm", g}, {"attention", a}};
+}
+
+Collective collective_of(const std::string& s) {
+  for (Collective c : {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter,
+                       Collective::send_recv, Collective::broadcast})
+    if (to_string(c) == s) return c;
+  throw std::invalid_argument("unknown collective \"" + s + "\"");
+}
+
+// Throws std::invalid_argument naming what is wrong; from_json turns it into a UserError.
+void require(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument(what);
+}
+
+ComputeProfile compute_of(const nlohmann::json& j) {
+  ComputeProfile c;
+  c.threads = j.at("threads").get<int>();
+  c.memory_bandwidth = j.at("memory_bandwidth").get<double>();
+  c.launch_s = j.value("launch_s", 0.0);
+  c.op_bandwidth = j.value("op_bandwidth", std::map<std::string, double>{});
+  for (const auto& [dtype, rs] : j.at("gemm").items())
+    for (const auto& r : rs) {
+      c.gemm[dtype].push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>(),
+                               r.at(3).get<double>()});
+      require(c.gemm[dtype].back().flops_per_s > 0 && c.gemm[dtype].back().m > 0, "a GEMM rate of " + dtype +
+                                                                                      " is not positive");
+    }
+  if (j.contains("attention"))
+    for (const auto& [dtype, rs] : j.at("attention").items())
+      for (const auto& r : rs) {
+        c.attention[dtype].push_back(
+            {r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<double>(), r.at(3).get<double>()});
+        require(r.at(2).get<double>() > 0 && r.at(3).get<double>() > 0,
+                "an attention rate of " + dtype + " is not positive");
+      }
+  require(c.memory_bandwidth > 0, "compute.memory_bandwidth is not positive");
+  return c;
+}
+
+}  // namespace
+
+nlohmann::json HardwareProfile::to_json() const {
+  nlohmann::json j{{"format", kFormat},
+                   {"version", kVersion},
+                   {"device", device},
+                   {"source", source},
+                   {"host", host},
+                   {"devices_per_node", devices_per_node},
+                   {"nodes", nodes},
+                   {"cores", cores},
+                   {"peak_flops", {{"fp32", peak_flops_fp32}, {"bf16", peak_flops_bf16}, {"fp16", peak_flops_fp16}}},
+                   {"links", {{"intra_node", link_json(intra_node)}, {"inter_node", link_json(inter_node)}}}};
+  j["compute"] = nlohmann::json::array();
+  for (const ComputeProfile& c : compute) j["compute"].push_back(compute_json(c));
+  j["collectives"] = nlohmann::json::array();
+  for (const CollectiveFit& f : collectives)
+    j["collectives"].push_back({{"op", to_string(f.op)}, {"ranks", f.ranks}, {"inter_node", f.inter_node},
+                                {"latency_s", f.latency_s}, {"bandwidth", f.bandwidth}});
+  return j;
+}
+
+// `source` names where the JSON came from (a file); a profile that is not one, of another
+// version, or missing a field is a UserError there.
+HardwareProfile HardwareProfile::from_json(const nlohmann::json& j, const std::string& source) {
   HardwareProfile p;
-  p.source = source;
-  p.compute.emplace_back();
+  try {
+    require(j.is_object() && j.value("format", "") == kFormat,
+            std::string("it is not a hardware profile (no \"format\": \"") + kFormat + "\")");
+    const int v = j.at("version").get<int>();
+    require(v == kVersion, fmt::format("it is a version {} hardware profile; this runner reads version {}", v, kVersion));
+    p.device = j.at("device").get<std::string>();
+    p.source = j.value("source", source);
+    p.host = j.value("host", "");
+    p.devices_per_node = j.value("devices_per_node", int64_t{1});
+    p.nodes = j.value("nodes", int64_t{1});
+    p.cores = j.value("cores", 0);
+    const nlohmann::json& pk = j.at("peak_flops");
+    p.peak_flops_fp32 = pk.at("fp32").get<double>();
+    p.peak_flops_bf16 = pk.at("bf16").get<double>();
+    p.peak_flops_fp16 = pk.at("fp16").get<double>();
+    for (auto [name, link] : {std::pair{"intra_node", &p.intra_node}, std::pair{"inter_node", &p.inter_node}}) {
+      const nlohmann::json& l = j.at("links").at(name);
+      *link = {l.at("latency_s").get<double>(), l.at("bandwidth").get<double>()};
+      require(link->bandwidth > 0 && link->latency_s >= 0, std::string("links.") + name + " is not a positive link");
+    }
+    for (const auto& c : j.at("compute")) p.compute.push_back(compute_of(c));
+    require(!p.compute.empty(), "it has no compute entries");
+    for (const auto& f : j.value("collectives", nlohmann::json::array())) {
+      p.collectives.push_back({collective_of(f.at("op").get<std::string>()), f.at("ranks").get<int>(),
+                               f.at("inter_node").get<bool>(), f.at("latency_s").get<double>(),
+                               f.at("bandwidth").get<double>()});
+      require(p.collectives.back().bandwidth > 0, "a collective fit has no positive bandwidth");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(SourceLoc{source}, std::string("malformed hardware profile: ") + e.what(), kCalibrateFix);
+  } catch (const std::invalid_argument& e) {
+    throw UserError(SourceLoc{source}, std::string("malformed hardware profile: ") + e.what(), kCalibrateFix);
+  }
   return p;
 }
 
-HardwareProfile builtin_profile(const HardwareConfig& hw) {
+// ---- built-in profiles ---------------------------------------------------------------------
+
+namespace {
+
+// What the device table (devices.h) does not hold: memory bandwidth, links and how close a
+// GEMM of each size comes to the data-sheet peak.
+//
+// GEMM efficiency (bf16/fp16, square m = n = k, fraction of the dense peak) from published
+// cuBLAS measurements: NVIDIA's "Matrix Multiplication Background" guide (A100: large fp16/bf16
+// GEMMs at ~250-280 of 312 TFLOP/s), and the "maximum achievable matmul FLOPS" survey of
+// S. Bekman's ml-engineering book (A100 SXM bf16 best ~271 TFLOP/s = 87%; H100 SXM best ~795 =
+// 80% over a shape search, ~650-720 = 65-73% at ordinary shapes such as 8192^3); small shapes
+// do not fill the SMs (a 512^3 GEMM is a few microseconds of launch and tail). fp32 without TF32
+// runs on the CUDA cores, which a GEMM fills sooner and to ~90%.
+// Memory bandwidth: the data sheets (A100-40 1.555 TB/s, A100-80 2.039, H100 SXM 3.35, H200
+// 4.8, V100 0.9, L40S 0.864), of which a streaming kernel achieves ~88%.
+// Links, per direction: NVLink 3 on A100 300 GB/s, NVLink 4 on H100/H200 450 GB/s, NVLink 2 on
+// V100 SXM2 150 GB/s, PCIe 4 x16 on L40S ~25 GB/s; inter-node one NIC per GPU: HDR 200 Gb/s =
+// 25 GB/s (A100), NDR 400 Gb/s = 50 GB/s (H100/H200), EDR 100 Gb/s = 12.5 GB/s (V100). NCCL's
+// bus bandwidth reaches ~75% of a link (nccl-tests on DGX systems), so the links below are 75% of
+// those figures; latencies: NCCL's few microseconds inside a node, ~6-8 across InfiniBand.
+// Attention: FlashAttention-2's published forward ~70% of the A100's peak at long sequences
+// (head_dim 128; ~60% for the backward, less at head_dim 64), ~35% (forward) on H100 without
+// Hopper-specific kernels (the FlashAttention-2 and -3 papers); the runner's kernel is
+// flash-style, so these are optimistic until `runner calibrate --device cuda` measures it.
+struct GpuFigures {
+  const char* name;
+  double mem_tbps, nvlink_gbps, nic_gbps, intra_lat_us, inter_lat_us;
+  double eff[6];       // bf16 GEMM efficiency at 256, 512, 1024, 2048, 4096, 8192 (and beyond)
+  double attn_eff;     // attention forward efficiency at seq >= 4096, head_dim 128
+};
+constexpr GpuFigures kGpus[] = {
+    {"a100-40gb", 1.555, 300, 25, 3, 6, {0.06, 0.25, 0.55, 0.78, 0.84, 0.86}, 0.70},
+    {"a100-80gb", 2.039, 300, 25, 3, 6, {0.06, 0.25, 0.55, 0.78, 0.85, 0.87}, 0.70},
+    {"h100-80gb", 3.35, 450, 50, 3, 5, {0.03, 0.12, 0.35, 0.58, 0.68, 0.72}, 0.35},
+    {"h200", 4.8, 450, 50, 3, 5, {0.03, 0.12, 0.36, 0.60, 0.70, 0.74}, 0.37},
+    {"v100-32gb", 0.9, 150, 12.5, 4, 8, {0.10, 0.35, 0.65, 0.80, 0.85, 0.86}, 0.50},
+    {"l40s", 0.864, 25, 25, 8, 8, {0.05, 0.20, 0.45, 0.62, 0.68, 0.70}, 0.40},
+};
+constexpr double kAchievedMemory = 0.88, kNcclBus = 0.75;
+
+std::string builtin_fix(const std::string& device) {
+  return "run `runner calibrate --device cuda --out FILE` on a " + device +
+         " and name FILE in hardware.profile, or set hardware.peak_tflops";
+}
+
+ComputeProfile gpu_compute(const GpuFigures& g, const HardwareProfile& p) {
+  ComputeProfile c;
+  c.memory_bandwidth = g.mem_tbps * 1e12 * kAchievedMemory;
+  c.launch_s = 5e-6;  // a kernel launch and its tail: a few microseconds
+  const double fp32_eff[6] = {0.2, 0.5, 0.8, 0.9, 0.9, 0.9};
+  for (int i = 0; i < 6; ++i) {
+    const int64_t s = int64_t{256} << i;
+    c.gemm["bf16"].push_back({s, s, s, g.eff[i] * p.peak_flops_bf16});
+    c.gemm["fp16"].push_back({s, s, s, g.eff[i] * p.peak_flops_fp16});
+    c.gemm["fp32"].push_back({s, s, s, fp32_eff[i] * p.peak_flops_fp32});
+  }
+  for (const char* dt : {"bf16", "fp16"}) {
+    const double peak = std::string(dt) == "bf16" ? p.peak_flops_bf16 : p.peak_flops_fp16;
+    for (int64_t hd : {64, 128})
+      for (auto [seq, f] : {std::pair{512, 0.6}, std::pair{2048, 0.9}, std::pair{4096, 1.0}}) {
+        const double fwd = g.attn_eff * f * (hd == 64 ? 0.85 : 1.0) * peak;
+        c.attention[dt].push_back({seq, hd, fwd, 0.85 * fwd});
+      }
+  }
+  return c;
+}
+
+HardwareProfile gpu_builtin(const HardwareConfig& hw, const GpuFigures& g) {
   HardwareProfile p;
-  p.device = hw.device;
-  p.source = "built-in (device table)";
-  p.devices_per_node = hw.devices_per_node;
-  p.nodes = hw.nodes;
-  p.compute.emplace_back();
+  p.peak_flops_fp32 = device_peak_flops(hw, FloatFormat::fp32);
+  p.peak_flops_bf16 = device_peak_flops(hw, FloatFormat::bf16);
+  p.peak_flops_fp16 = device_peak_flops(hw, FloatFormat::fp16);
+  p.compute.push_back(gpu_compute(g, p));
+  p.intra_node = {g.intra_lat_us * 1e-6, g.nvlink_gbps * 1e9 * kNcclBus};
+  p.inter_node = {g.inter_lat_us * 1e-6, g.nic_gbps * 1e9 * kNcclBus};
   return p;
 }
+
+// The CPU: this host's sgemm peak (measured once and cached, runner/device/peak.h) at all its
+// cores, shared by the threads in proportion, at a flat 90% for every shape (the roofline bound
+// slows the small ones); a modest memory bandwidth; ranks talk through shared memory.
+HardwareProfile cpu_builtin(const HardwareConfig& hw) {
+  HardwareProfile p;
+  p.cores = std::max(1, int(std::thread::hardware_concurrency()));
+  const double peak = mfu_peak(hw, FloatFormat::fp32, p.cores).flops;
+  p.peak_flops_fp32 = p.peak_flops_bf16 = p.peak_flops_fp16 = peak;
+  std::vector<int> threads;
+  for (int t = 1; t < p.cores; t *= 2) threads.push_back(t);
+  threads.push_back(p.cores);
+  for (int t : threads) {
+    ComputeProfile c;
+    c.threads = t;
+    const double rate = 0.9 * peak * t / p.cores;
+    for (const char* dt : {"fp32", "bf16", "fp16"})
+      for (int64_t s : {64, 4096}) c.gemm[dt].push_back({s, s, s, rate});
+    c.memory_bandwidth = 5e9 * std::min(t, 4);  // ~5 GB/s a core, saturating the channels at ~20
+    c.launch_s = 2e-6;
+    p.compute.push_back(std::move(c));
+  }
+  p.intra_node = {1e-6, 5e9};       // shared memory through MPI: ~1 us, a few GB/s
+  p.inter_node = {30e-6, 1.25e9};   // 10 Gb/s Ethernet
+  return p;
+}
+
+// The recipe's topology on top of a profile (file or built in). A link the recipe states
+// replaces the profile's, and the measured collective fits at that level go with it: they
+// measured the link the recipe says is not the one it runs on.
+void apply_topology(HardwareProfile& p, const HardwareConfig& hw) {
+  p.devices_per_node = hw.devices_per_node;
+  p.nodes = hw.nodes;
+  auto set = [&](Link& l, bool inter, double gbps, double lat_us) {
+    if (gbps <= 0 && lat_us <= 0) return;
+    if (gbps > 0) l.bandwidth = gbps * 1e9;
+    if (lat_us > 0) l.latency_s = lat_us * 1e-6;
+    std::erase_if(p.collectives, [&](const CollectiveFit& f) { return f.inter_node == inter; });
+  };
+  set(p.intra_node, false, hw.intra_node_gbps, hw.intra_node_latency_us);
+  set(p.inter_node, true, hw.inter_node_gbps, hw.inter_node_latency_us);
+}
+
+bool device_matches(const std::string& profile_device, const std::string& recipe_device) {
+  if (profile_device == recipe_device) return true;
+  const bool pcpu = profile_device.starts_with("cpu"), rcpu = recipe_device.starts_with("cpu");
+  if (pcpu || rcpu) return pcpu && rcpu;  // cpu and cpu-strict run the same kernels
+  return profile_device == "cuda" || recipe_device == "cuda";  // "whichever GPU is found"
+}
+
+}  // namespace
+
+HardwareProfile builtin_profile(const HardwareConfig& hw) {
+  HardwareProfile p;
+  const DeviceKind& kind = device_kind(hw);
+  if (kind.host) {
+    p = cpu_builtin(hw);
+  } else {
+    const GpuFigures* g = nullptr;
+    for (const GpuFigures& f : kGpus)
+      if (hw.device == f.name) g = &f;
+    if (!g) {
+      // cuda / custom: no data sheet; a recipe that gives the peak gets A100-80GB-like figures.
+      if (!(hw.peak_tflops > 0))
+        throw UserError(SourceLoc{}, "hardware.device " + hw.device + " has no built-in hardware profile (its peak "
+                                     "and links are unknown)", builtin_fix(hw.device));
+      g = &kGpus[1];
+    }
+    p = gpu_builtin(hw, *g);
+  }
+  p.device = hw.device;
+  p.source = "built-in (device table): run `runner calibrate` for measured figures";
+  apply_topology(p, hw);
+  return p;
+}
+
 HardwareProfile hardware_profile(const HardwareConfig& hw) { return hardware_profile(hw, hw.profile); }
-HardwareProfile hardware_profile(const HardwareConfig& hw, const std::string&) { return builtin_profile(hw); }
+
+HardwareProfile hardware_profile(const HardwareConfig& hw, const std::string& profile_file) {
+  if (profile_file.empty()) return builtin_profile(hw);
+  const std::string key = profile_file == hw.profile ? "hardware.profile" : "--profile";
+  std::ifstream in(profile_file);
+  if (!in)
+    throw UserError(SourceLoc{profile_file}, key + " names " + profile_file + ", which cannot be read", kCalibrateFix);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(SourceLoc{profile_file}, key + " names " + profile_file + ", which is not JSON (" + e.what() + ")",
+                    kCalibrateFix);
+  }
+  HardwareProfile p;
+  try {
+    p = HardwareProfile::from_json(j, profile_file);
+  } catch (const UserError& e) {
+    throw UserError(e.loc(), key + " names " + profile_file + ": " + e.problem(), e.fix());
+  }
+  if (!device_matches(p.device, hw.device))
+    throw UserError(SourceLoc{profile_file},
+                    key + " names " + profile_file + ", a profile of " + p.device + ", but hardware.device is " + hw.device,
+                    "calibrate on a " + hw.device + " (`runner calibrate --out FILE`), or remove hardware.profile");
+  p.source = "calibrated: " + profile_file + (p.source.empty() ? "" : " (" + p.source + ")");
+  apply_topology(p, hw);
+  return p;
+}
 
 }  // namespace runner

@@ -60,7 +60,8 @@ enum class Collective { all_reduce, all_gather, reduce_scatter, send_recv, broad
 std::string to_string(Collective c);
 
 // A measured collective: latency and bandwidth (alpha-beta fit of time = latency_s + bytes /
-// bandwidth, `bytes` being each rank's buffer) for one op, group size and level.
+// bandwidth, `bytes` as collective_seconds counts it: the full buffer) for one op, group size
+// and level.
 struct CollectiveFit {
   Collective op = Collective::all_reduce;
   int ranks = 2;
@@ -83,15 +84,27 @@ struct HardwareProfile {
   const ComputeProfile& at_threads(int threads) const;
   // Seconds of one GEMM of this shape and dtype ("fp32"/"bf16"/"fp16"): interpolated between the
   // measured shapes in log space of (m, n, k) with a roofline bound; never faster than peak.
+  // The measured rates time whole calls, so no launch_s is added (nor to attention_seconds).
   double gemm_seconds(const std::string& dtype, int64_t m, int64_t n, int64_t k, int threads) const;
-  // Seconds of a memory-bound operator of kind `op` moving `bytes` (reads + writes).
+  // Seconds of a memory-bound operator of kind `op` moving `bytes` (reads + writes):
+  // bytes / op_bandwidth[op] (else memory_bandwidth) + launch_s.
   double op_seconds(const std::string& op, double bytes, int threads) const;
   // Seconds of attention forward (backward: `backward` true) over B x heads sequences of length T.
   double attention_seconds(const std::string& dtype, int64_t batch_heads, int64_t seq, int64_t head_dim,
                            bool backward, int threads) const;
-  // Seconds of a collective over `ranks` ranks of `bytes` per rank, inside one node or across
-  // nodes: a measured fit when there is one for (op, ranks, level), else ring (bandwidth-bound)
-  // or tree (latency-bound), whichever is faster, over the level's link.
+  // Seconds of a collective over `ranks` ranks, inside one node or across nodes: a measured fit
+  // when there is one for (op, ranks, level) (the nearest group size, its latency term scaled by
+  // (n-1) and its bandwidth term by the ring's (n-1)/n, when the exact one is missing), else the
+  // link model, ring (bandwidth-bound) or tree (latency-bound), whichever is faster.
+  // `bytes` is always the FULL buffer, never a shard: all_reduce the buffer each rank holds
+  // before and after; all_gather the gathered output (each rank contributes bytes/ranks);
+  // reduce_scatter the input (each rank keeps bytes/ranks); broadcast the buffer; send_recv the
+  // message (ranks ignored). With bandwidth bw and latency a of the level's link, n = ranks:
+  //   all_reduce      min(ring 2(n-1)/n*bytes/bw + 2(n-1)a, tree 2*ceil(log2 n)*(a + bytes/bw))
+  //   all_gather, reduce_scatter   (n-1)/n*bytes/bw + (n-1)a
+  //   broadcast       min(ceil(log2 n)*(a + bytes/bw), bytes/bw + (n-1)a)
+  //   send_recv       a + bytes/bw
+  // Links hold the achieved (bus) bandwidth, so these are NCCL's busbw formulas. 0 for ranks <= 1.
   double collective_seconds(Collective op, int ranks, double bytes, bool inter_node) const;
   double peak_flops(FloatFormat f) const;
 
