@@ -1,5 +1,26 @@
-// The cost model (cost.h). [i27: C fills this in; skeleton stubs]
+// The cost model (cost.h): a plan's step time on a hardware profile, from the plan's own graphs.
+//
+// Every number comes from walking the layout's per-virtual-stage graphs (the ones the ledger
+// dry-runs and the recompute planner prices: invariant 1) and pricing each node with the
+// profile: GEMMs by shape, attention by its rate, the rest by the bytes it moves; recomputed
+// nodes once more in the backward; tensor-parallel collectives where the node's OpDef makes
+// them (blocking, so exposed). The data-parallel gradient buckets are rebuilt exactly as
+// parallel/grad_sync.cpp builds them and replayed against the backward of the last
+// micro-batch, as the runner overlaps them. docs/search.md ("The cost model") has the formulas.
 #include "runner/plan/cost.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "parallel/grid.h"
+#include "runner/device/devices.h"
+#include "runner/errors.h"
+#include "runner/plan/internal.h"
 
 namespace runner {
 
@@ -9,9 +30,438 @@ double StepCost::comm_exposed_s() const {
   return s;
 }
 double StepCost::comm_share() const { return step_s > 0 ? comm_exposed_s() / step_s : 0; }
-nlohmann::json StepCost::to_json() const { return {{"step_s", step_s}}; }
 
-StepCost predict_step(const Plan&, const HardwareProfile&) { return {}; }
-int threads_per_rank(const Plan&, const HardwareProfile&) { return 0; }
+nlohmann::json StepCost::to_json() const {
+  nlohmann::json total = nlohmann::json::object(), exposed = nlohmann::json::object();
+  for (const auto& [g, s] : comm_total) total[g] = s;
+  for (const auto& [g, s] : comm_exposed) exposed[g] = s;
+  return {{"step_s", step_s},
+          {"tokens_per_s", tokens_per_s},
+          {"mfu", mfu},
+          {"tflops_per_device", tflops_per_device},
+          {"threads", threads},
+          {"breakdown",
+           {{"compute", compute},
+            {"recompute", recompute},
+            {"bubble", bubble},
+            {"optimizer", optimizer},
+            {"data", data},
+            {"comm_exposed_s", comm_exposed_s()},
+            {"comm_total", total},
+            {"comm_exposed", exposed}}}};
+}
+
+namespace {
+
+using ops::OpKind;
+
+// Ranks on one node: the device kind's devices_per_node on a GPU; on the CPU a "device" is a
+// rank, and mpirun on one machine packs the world onto hardware.nodes machines.
+int64_t ranks_per_node(const Plan& p, const HardwareProfile& hw) {
+  if (device_kind(p.recipe.hardware).host) {
+    const int64_t nodes = std::max<int64_t>(1, hw.nodes);
+    return std::max<int64_t>(1, (p.world + nodes - 1) / nodes);
+  }
+  return std::max<int64_t>(1, hw.devices_per_node);
+}
+
+// Whether some group along `axis` ('t', 'd', 'p') has members on two nodes, with the runner's
+// rank order (parallel/grid.h: tp fastest, then dp, then pp) and ranks filling nodes in order.
+bool crosses_nodes(const Plan& p, int64_t node, char axis) {
+  const parallel::GridShape g{static_cast<int>(p.dp), static_cast<int>(p.tp), static_cast<int>(p.pp)};
+  for (int r = 0; r < g.world(); ++r) {
+    parallel::Coords c = parallel::coords_of(g, r);
+    (axis == 't' ? c.tp : axis == 'd' ? c.dp : c.pp) = 0;
+    if (parallel::world_rank_of(g, c) / node != r / node) return true;
+  }
+  return false;
+}
+
+struct Ctx {
+  const Plan& p;
+  const HardwareProfile& hw;
+  int threads = 0;
+  std::string dtype;      // GEMM and attention dtype: precision.compute
+  bool tp_inter = false;  // the tensor-parallel group crosses nodes
+  double coll(Collective op, int64_t ranks, double bytes, bool inter) const {
+    return ranks > 1 ? hw.collective_seconds(op, static_cast<int>(ranks), bytes, inter) : 0.0;
+  }
+  double tp(Collective op, double bytes) const { return coll(op, p.tp, bytes, tp_inter); }
+  // The fixed cost of one op call (HardwareProfile::op_seconds includes it; GEMMs do not).
+  double launch() const { return hw.at_threads(threads).launch_s; }
+};
+
+// One node's seconds for one micro-batch: compute (forward, backward) and its tensor-parallel
+// collectives (forward, backward).
+struct NodeCost {
+  double fwd = 0, bwd = 0, tp_fwd = 0, tp_bwd = 0;
+};
+
+double tensor_bytes(const ops::Graph& g, int id) { return static_cast<double>(g.tensors[static_cast<size_t>(id)].nbytes()); }
+int64_t dim(const ops::Graph& g, int id, size_t k) { return g.tensors[static_cast<size_t>(id)].shape[k]; }
+
+// Linear: y (rows, OC) = x (rows, IC) W^T. Backward: dX = dY W (rows x IC, inner OC) and
+// dW = dY^T X (OC x IC, inner rows); the bias gradient is a column sum of dY. Sequence
+// parallelism gathers x to the whole micro-batch first (forward, and again in backward) and
+// reduce-scatters dX; its row side reduce-scatters y and gathers dY. Collectives run in fp32.
+NodeCost linear_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
+  NodeCost k;
+  const int64_t rows = dim(g, n.in[0], 0) * (n.gather_input ? g.sp_parts : 1);
+  const int64_t oc = dim(g, n.in[1], 0), ic = dim(g, n.in[1], 1);
+  k.fwd = c.hw.gemm_seconds(c.dtype, rows, oc, ic, c.threads);
+  k.bwd = c.hw.gemm_seconds(c.dtype, rows, ic, oc, c.threads) + c.hw.gemm_seconds(c.dtype, oc, ic, rows, c.threads);
+  const double y_bytes = static_cast<double>(rows * oc) * 4.0, x_bytes = static_cast<double>(rows * ic) * 4.0;
+  if (n.in.size() > 2) {  // the bias: added in forward, its gradient summed in backward (one op call each)
+    k.fwd += c.hw.op_seconds("linear", 2.0 * y_bytes, c.threads);
+    k.bwd += c.hw.op_seconds("linear", y_bytes, c.threads);
+  } else {
+    k.fwd += c.launch();
+    k.bwd += c.launch();
+  }
+  if (c.p.tp <= 1) return k;
+  if (n.gather_input) {
+    k.tp_fwd += c.tp(Collective::all_gather, x_bytes);
+    k.tp_bwd += c.tp(Collective::all_gather, x_bytes) + c.tp(Collective::reduce_scatter, x_bytes);
+  }
+  if (n.scatter_output) {
+    k.tp_fwd += c.tp(Collective::reduce_scatter, y_bytes);
+    k.tp_bwd += c.tp(Collective::all_gather, y_bytes);
+  }
+  if (n.tp == ops::TpMode::Row && !n.scatter_output) k.tp_fwd += c.tp(Collective::all_reduce, y_bytes);
+  if (n.tp == ops::TpMode::Column && !n.gather_input) k.tp_bwd += c.tp(Collective::all_reduce, x_bytes);
+  return k;
+}
+
+// Memory-bound nodes: the bytes of their tensors (inputs read, outputs written; an embedding
+// reads only the rows it gathers), the backward moving about twice the forward's (it reads the
+// output gradient and what the forward saved, and writes the input gradients).
+NodeCost pointwise_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
+  NodeCost k;
+  double bytes = 0;
+  for (int id : n.out) bytes += tensor_bytes(g, id);
+  for (int id : n.in) {
+    const bool table = n.kind == OpKind::Embedding && g.tensors[static_cast<size_t>(id)].kind == ops::TensorKind::Param;
+    bytes += table ? tensor_bytes(g, n.out[0]) : tensor_bytes(g, id);
+  }
+  const char* op = ops::op_name(n.kind);
+  k.fwd = c.hw.op_seconds(op, bytes, c.threads);
+  k.bwd = c.hw.op_seconds(op, 2.0 * bytes, c.threads);
+  if (c.p.tp <= 1) return k;
+  const double out_fp32 = static_cast<double>(ops::numel_of(g.tensors[static_cast<size_t>(n.out[0])].shape)) * 4.0;
+  if (n.tp == ops::TpMode::VocabEmbed) {
+    // Each rank's partial embedding of the whole micro-batch: summed (or reduce-scattered).
+    const double full = out_fp32 * (n.scatter_output ? g.sp_parts : 1);
+    k.tp_fwd += c.tp(n.scatter_output ? Collective::reduce_scatter : Collective::all_reduce, full);
+    if (n.scatter_output) k.tp_bwd += c.tp(Collective::all_gather, full);
+  }
+  if (n.tp == ops::TpMode::VocabXent) {  // the max, then the sum-exp and target logit per row
+    const double rows = static_cast<double>(dim(g, n.in[0], 0));
+    k.tp_fwd += c.tp(Collective::all_reduce, rows * 4.0) + c.tp(Collective::all_reduce, rows * 8.0);
+  }
+  return k;
+}
+
+NodeCost node_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
+  NodeCost k;
+  if (n.kind == OpKind::Linear) {
+    k = linear_cost(c, g, n);
+  } else if (n.kind == OpKind::Attention) {
+    // lse (B, heads, T): this rank's heads; the head size from the output (B*T, heads*HS).
+    const int64_t B = dim(g, n.out[1], 0), heads = dim(g, n.out[1], 1), T = dim(g, n.out[1], 2);
+    const int64_t hs = dim(g, n.out[0], 1) / heads;
+    k.fwd = c.hw.attention_seconds(c.dtype, B * heads, T, hs, false, c.threads) + c.launch();
+    k.bwd = c.hw.attention_seconds(c.dtype, B * heads, T, hs, true, c.threads) + c.launch();
+  } else {
+    k = pointwise_cost(c, g, n);  // op_seconds counts the op call's launch
+  }
+  return k;
+}
+
+// One micro-batch through one virtual stage.
+struct ChunkCost {
+  double fwd = 0, bwd = 0, rec = 0;           // compute
+  double tp_fwd = 0, tp_bwd = 0, tp_rec = 0;  // tensor-parallel collectives
+  double pp_fwd = 0, pp_bwd = 0;              // the blocking receives of activations / gradients
+  double pp_total = 0;                        // sends and receives
+  std::vector<double> bwd_end;                // per node: backward seconds until its backward is done
+  double f() const { return fwd + tp_fwd + pp_fwd; }
+  double b() const { return bwd + rec + tp_bwd + tp_rec + pp_bwd; }
+};
+
+ChunkCost chunk_cost(const Ctx& c, int vstage) {
+  const ops::Graph& g = c.p.layout->graph(vstage);
+  ChunkCost k;
+  std::vector<double> node_bwd(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ops::Node& n = g.nodes[i];
+    const NodeCost nc = node_cost(c, g, n);
+    k.fwd += nc.fwd;
+    k.bwd += nc.bwd;
+    k.tp_fwd += nc.tp_fwd;
+    k.tp_bwd += nc.tp_bwd;
+    node_bwd[i] = nc.bwd + nc.tp_bwd;
+    if (n.recompute) {  // its forward again, in the backward of its segment
+      k.rec += nc.fwd;
+      k.tp_rec += nc.tp_fwd;
+      node_bwd[i] += nc.fwd + nc.tp_fwd;
+    }
+  }
+  // Backward runs the nodes in reverse: node i's gradients are final after the nodes after it.
+  k.bwd_end.assign(g.nodes.size(), 0);
+  double t = 0;
+  for (size_t i = g.nodes.size(); i-- > 0;) k.bwd_end[i] = t += node_bwd[i];
+  // Pipeline messages: (B*T, C) activations in the compute dtype (this rank's sequence shard
+  // under sequence parallelism), received before the forward and (their gradients) before the
+  // backward; the sends do not block.
+  const int V = c.p.layout->vstages();
+  if (V > 1) {
+    const int out = g.stage_output >= 0 ? g.stage_output : g.stage_input;
+    const double msg = tensor_bytes(g, out);
+    const bool inter = crosses_nodes(c.p, ranks_per_node(c.p, c.hw), 'p');
+    const double t_msg = c.coll(Collective::send_recv, 2, msg, inter);
+    if (vstage > 0) k.pp_fwd = t_msg;
+    if (vstage < V - 1) k.pp_bwd = t_msg;
+    k.pp_total = 2.0 * (k.pp_fwd + k.pp_bwd);
+  }
+  return k;
+}
+
+// The critical stage's totals for one micro-batch (all its chunks) and its chunks' costs.
+struct StageCost {
+  int stage = 0;
+  std::vector<const ChunkCost*> chunks;  // chunk k: virtual stage k*P + stage
+  double fwd = 0, bwd = 0, rec = 0, tp = 0, pp = 0, pp_total = 0, f = 0, b = 0;
+};
+
+StageCost stage_cost(const std::vector<ChunkCost>& all, int stage, int P) {
+  StageCost s;
+  s.stage = stage;
+  for (size_t v = static_cast<size_t>(stage); v < all.size(); v += static_cast<size_t>(P)) {
+    const ChunkCost& k = all[v];
+    s.chunks.push_back(&k);
+    s.fwd += k.fwd;
+    s.bwd += k.bwd;
+    s.rec += k.rec;
+    s.tp += k.tp_fwd + k.tp_bwd + k.tp_rec;
+    s.pp += k.pp_fwd + k.pp_bwd;
+    s.pp_total += k.pp_total;
+    s.f += k.f();
+    s.b += k.b();
+  }
+  return s;
+}
+
+// When each of the stage's parameters has its final gradient, in seconds from the start of the
+// last micro-batch's backward on this stage: after the backward of the first node (in forward
+// order) that reads it (runner/train/rank_model.cpp), its chunks' backwards running last chunk
+// first. Indexed like stage_params(stage).
+std::vector<double> grad_ready_times(const Ctx& c, const StageCost& s) {
+  const ModelLayout& lay = *c.p.layout;
+  const int P = lay.pp(), V = static_cast<int>(lay.chunks());
+  std::vector<double> start(static_cast<size_t>(V), 0);  // chunk k's backward starts after chunks > k
+  for (int k = V - 2; k >= 0; --k)
+    start[static_cast<size_t>(k)] = start[static_cast<size_t>(k + 1)] + s.chunks[static_cast<size_t>(k + 1)]->bwd_end.front();
+  std::vector<double> ready;
+  for (int i : lay.stage_params(s.stage)) {
+    const std::string& name = lay.params()[static_cast<size_t>(i)].name;
+    double t = 0;
+    for (int k = 0; k < V; ++k) {
+      const ops::Graph& g = lay.graph(k * P + s.stage);
+      const int id = g.find(name);
+      if (id < 0) continue;
+      for (size_t n = 0; n < g.nodes.size(); ++n) {
+        const auto& in = g.nodes[n].in;
+        if (std::find(in.begin(), in.end(), id) == in.end()) continue;
+        t = start[static_cast<size_t>(k)] + s.chunks[static_cast<size_t>(k)]->bwd_end[n];
+        break;
+      }
+      break;
+    }
+    ready.push_back(t);
+  }
+  return ready;
+}
+
+// Data parallelism on the critical stage, as parallel/grad_sync.cpp does it: buckets of about
+// bucket_mb of gradients in reverse parameter order (whole parameters, padded to a multiple of
+// dp; the tied embedding left out under pp), each launched when its last gradient is final
+// during the last micro-batch's backward, one at a time on the link. What ends after that
+// backward is exposed. ZeRO-1: reduce-scatter, then all-gather of the updated values (exposed).
+struct DpCost {
+  double total = 0, exposed = 0;
+  int buckets = 0;
+};
+
+DpCost dp_cost(const Ctx& c, const StageCost& s, bool inter, double gbytes, double wbytes) {
+  DpCost d;
+  const Plan& p = c.p;
+  if (p.dp <= 1) return d;
+  const ModelLayout& lay = *p.layout;
+  const std::vector<int>& idx = lay.stage_params(s.stage);
+  const std::vector<ops::TensorDesc> shards = lay.rank_params(s.stage, 0);
+  const std::vector<double> ready = grad_ready_times(c, s);
+  const bool zero1 = p.recipe.parallel.zero >= 1;
+  const double cap = std::max(1.0, p.recipe.parallel.bucket_mb * 1024.0 * 1024.0 / gbytes);
+  double len = 0, at = 0, link_free = 0, gather = 0;
+  auto close = [&] {
+    if (len <= 0) return;
+    len = std::ceil(len / static_cast<double>(p.dp)) * static_cast<double>(p.dp);
+    const double t = c.coll(zero1 ? Collective::reduce_scatter : Collective::all_reduce, p.dp, len * gbytes, inter);
+    link_free = std::max(link_free, at) + t;
+    d.total += t;
+    if (zero1) gather += c.coll(Collective::all_gather, p.dp, len * wbytes, inter);
+    ++d.buckets;
+    len = at = 0;
+  };
+  for (size_t k = idx.size(); k-- > 0;) {
+    if (lay.params()[static_cast<size_t>(idx[k])].tied()) continue;
+    len += static_cast<double>(ops::numel_of(shards[k].shape));
+    at = std::max(at, ready[k]);
+    if (len >= cap) close();
+  }
+  close();
+  const double backward = s.chunks.empty() ? 0 : std::accumulate(s.chunks.begin(), s.chunks.end(), 0.0,
+      [](double a, const ChunkCost* k) { return a + (k->bwd_end.empty() ? 0 : k->bwd_end.front()); });
+  d.exposed = std::max(0.0, link_free - backward) + gather;
+  d.total += gather;
+  return d;
+}
+
+// AdamW over the parameters this rank updates (all of its stage's, or its ZeRO-1 piece of
+// each), one fused memory-bound pass: reads the gradient, the moments (and the fp32 master),
+// writes the moments and the weights (the 16-bit cast of the master is this write). Before it
+// the gradient-norm pass reads the gradients it counts; after it the gradients are zeroed.
+double optimizer_seconds(const Ctx& c, const StageCost& s, double gbytes, double wbytes) {
+  const Plan& p = c.p;
+  const PrecisionConfig& pr = p.recipe.precision;
+  const bool master = pr.compute != FloatFormat::fp32 && pr.master_weights == MasterWeights::fp32;
+  const ModelLayout& lay = *p.layout;
+  const std::vector<ops::TensorDesc> shards = lay.rank_params(s.stage, 0);
+  double all = 0, owned = 0;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    const double n = static_cast<double>(ops::numel_of(shards[k].shape));
+    const bool sharded = p.recipe.parallel.zero >= 1 && p.dp > 1 && !lay.params()[static_cast<size_t>(lay.stage_params(s.stage)[k])].tied();
+    all += n;
+    owned += sharded ? n / static_cast<double>(p.dp) : n;
+  }
+  const double per_elem = gbytes + 16.0 + (master ? 8.0 + wbytes : 2.0 * wbytes);
+  // One call per parameter tensor for each of the three passes (op_seconds counts one).
+  const double calls = 3.0 * c.launch() * static_cast<double>(std::max<size_t>(1, shards.size()) - 1);
+  return c.hw.op_seconds("adamw", owned * per_elem, c.threads) + c.hw.op_seconds("sum_squares", owned * gbytes, c.threads) +
+         c.hw.op_seconds("zero", all * gbytes, c.threads) + calls;
+}
+
+// Tensor-parallel collectives outside the passes, once per step on the last micro-batch's
+// backward: sequence parallelism's partial gradients (norms, row-parallel biases) summed over tp.
+double tp_grad_sums(const Ctx& c, const StageCost& s, double gbytes) {
+  if (c.p.tp <= 1) return 0;
+  double t = 0;
+  for (const ops::TensorDesc& d : c.p.layout->rank_params(s.stage, 0))
+    if (d.seq_partial) t += c.tp(Collective::all_reduce, static_cast<double>(ops::numel_of(d.shape)) * gbytes);
+  return t;
+}
+
+// The tied embedding under pp: its gradient summed over the first and last stage, then over dp
+// (after finish_grads: exposed). Returns {pp seconds, dp seconds}.
+std::pair<double, double> tied_sums(const Ctx& c, const StageCost& s, double gbytes, bool pp_inter, bool dp_inter) {
+  const ModelLayout& lay = *c.p.layout;
+  if (lay.pp() <= 1) return {0, 0};
+  const std::vector<ops::TensorDesc> shards = lay.rank_params(s.stage, 0);
+  const std::vector<int>& idx = lay.stage_params(s.stage);
+  for (size_t k = 0; k < idx.size(); ++k) {
+    if (!lay.params()[static_cast<size_t>(idx[k])].tied()) continue;
+    const double bytes = static_cast<double>(ops::numel_of(shards[k].shape)) * gbytes;
+    return {c.coll(Collective::all_reduce, 2, bytes, pp_inter), c.coll(Collective::all_reduce, c.p.dp, bytes, dp_inter)};
+  }
+  return {0, 0};
+}
+
+// Batches come from the prefetching loader (data.prefetch batches ahead on data.workers
+// threads), which hides their preparation; without prefetch each micro-batch's tokens and
+// targets are read on the critical path.
+double data_seconds(const Ctx& c) {
+  if (c.p.recipe.data.prefetch > 0) return 0;
+  const double bytes = static_cast<double>(c.p.micro * c.p.recipe.model.seq_len) * 2.0 * 4.0;
+  return static_cast<double>(c.p.accum) * c.hw.op_seconds("data", bytes, c.threads);
+}
+
+}  // namespace
+
+int threads_per_rank(const Plan& p, const HardwareProfile& hw) {
+  if (!device_kind(p.recipe.hardware).host) return 0;
+  if (p.recipe.train.threads > 0) return static_cast<int>(p.recipe.train.threads);
+  if (const char* e = std::getenv("OMP_NUM_THREADS"); e && std::atoi(e) > 0) return std::atoi(e);
+  const int cores = hw.cores > 0 ? hw.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int64_t local = std::min<int64_t>(p.world, ranks_per_node(p, hw));
+  return std::max(1, static_cast<int>(cores / std::max<int64_t>(1, local)));
+}
+
+}  // namespace runner
+
+namespace runner {
+
+namespace {
+
+// step_s and the rates from the breakdown.
+void finish(const Plan& p, const HardwareProfile& hw, StepCost& sc) {
+  sc.step_s = sc.compute + sc.recompute + sc.bubble + sc.optimizer + sc.data + sc.comm_exposed_s();
+  if (sc.step_s <= 0) return;
+  const double tokens = static_cast<double>(p.tokens_per_step);
+  sc.tokens_per_s = tokens / sc.step_s;
+  const double per_device = p.flops_per_token * tokens / static_cast<double>(std::max<int64_t>(1, p.world)) / sc.step_s;
+  sc.tflops_per_device = per_device / 1e12;
+  double peak = p.recipe.hardware.peak_tflops > 0 ? p.recipe.hardware.peak_tflops * 1e12 : hw.peak_flops(p.recipe.precision.compute);
+  if (peak <= 0) peak = p.peak_flops;
+  sc.mfu = peak > 0 ? per_device / peak : 0;
+}
+
+}  // namespace
+
+StepCost predict_step(const Plan& p, const HardwareProfile& hw) {
+  RUNNER_CHECK(p.layout != nullptr, "predict_step needs the plan's layout (make_plan)");
+  StepCost sc;
+  sc.threads = threads_per_rank(p, hw);
+  Ctx c{p, hw, sc.threads, to_string(p.recipe.precision.compute)};
+  const int64_t node = ranks_per_node(p, hw);
+  c.tp_inter = p.tp > 1 && crosses_nodes(p, node, 't');
+  const bool dp_inter = p.dp > 1 && crosses_nodes(p, node, 'd'), pp_inter = p.pp > 1 && crosses_nodes(p, node, 'p');
+  const ModelLayout& lay = *p.layout;
+  const int P = lay.pp();
+  std::vector<ChunkCost> chunks;
+  for (int v = 0; v < lay.vstages(); ++v) chunks.push_back(chunk_cost(c, v));
+  StageCost s = stage_cost(chunks, 0, P);  // the slowest stage sets the pace
+  for (int st = 1; st < P; ++st) {
+    StageCost o = stage_cost(chunks, st, P);
+    if (o.f + o.b > s.f + s.b) s = std::move(o);
+  }
+  const double m = static_cast<double>(p.accum);
+  const double wbytes = static_cast<double>(plan_detail::dtype_bytes(to_string(p.recipe.precision.compute)));
+  const double gbytes = p.recipe.precision.compute == FloatFormat::fp32
+                            ? 4.0 : static_cast<double>(plan_detail::dtype_bytes(to_string(p.recipe.precision.grad_accum)));
+  sc.compute = m * (s.fwd + s.bwd);
+  sc.recompute = m * s.rec;
+  // 1F1B and GPipe: (p-1) micro-batch slots of fill and drain; interleaved: (p-1)/v, so the
+  // bubble's share of the step is plan.bubble, (p-1)/(v*m + p-1).
+  sc.bubble = static_cast<double>(P - 1) / static_cast<double>(lay.chunks()) * (s.f + s.b);
+  const double sp_sums = tp_grad_sums(c, s, gbytes);
+  sc.comm_total["tp"] = sc.comm_exposed["tp"] = m * s.tp + sp_sums;
+  const auto [tied_pp, tied_dp] = tied_sums(c, s, gbytes, pp_inter, dp_inter);
+  sc.comm_total["pp"] = m * s.pp_total + tied_pp;
+  sc.comm_exposed["pp"] = m * s.pp + tied_pp;
+  const DpCost d = dp_cost(c, s, dp_inter, gbytes, wbytes);
+  // The step's small all-reduces: the target-token count over dp, and the gradient norm over
+  // the world (counted with the first group there is: dp, else tp, else pp).
+  const double count = c.coll(Collective::all_reduce, p.dp, 8, dp_inter);
+  const double norm = c.coll(Collective::all_reduce, p.world, 16, p.world > node);
+  const char* norm_group = p.dp > 1 ? "dp" : p.tp > 1 ? "tp" : "pp";
+  sc.comm_total["dp"] = d.total + tied_dp + count;
+  sc.comm_exposed["dp"] = d.exposed + tied_dp + count;
+  sc.comm_total[norm_group] += norm;
+  sc.comm_exposed[norm_group] += norm;
+  sc.optimizer = optimizer_seconds(c, s, gbytes, wbytes);
+  sc.data = data_seconds(c);
+  finish(p, hw, sc);
+  return sc;
+}
 
 }  // namespace runner

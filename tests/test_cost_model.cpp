@@ -1,0 +1,271 @@
+// The cost model (runner/plan/cost.h) against hand-computed cases.
+//
+// A hardware profile built by hand (one GEMM rate, so a GEMM of m x n x k takes 2mnk / rate;
+// one bandwidth for the memory-bound operators; known links) and a tiny GPT (vocab 64, seq 16,
+// d_model 32, 2 layers, 2 heads, micro-batch 2: 32 rows per micro-batch). The GEMM FLOPs and
+// the bytes of every memory-bound operator are counted here from the model's architecture,
+// not from the graph, so a node the cost model misses or double counts shows. Attention and
+// collectives are priced by the profile's own functions at the shapes and sizes counted here
+// (their formulas are the profile's, tested with it).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "runner/plan/cost.h"
+#include "runner/plan/plan.h"
+#include "runner/recipe/recipe.h"
+
+using namespace runner;
+
+namespace {
+
+const char* kTiny = R"(name: cost
+model: {vocab_size: 64, seq_len: 16, d_model: 32, n_layers: 2, n_heads: 2, dropout: 0.0}
+parallel: {dp: 1}
+batch: {global: 2, micro: 2}
+train: {threads: 1}
+)";
+
+Plan plan_of(std::vector<std::string> sets) { return make_plan(load_recipe_text(kTiny, "t.yaml", std::move(sets))); }
+
+constexpr double kGemmRate = 1e9, kOpBandwidth = 1e9;
+
+HardwareProfile hand_profile() {
+  HardwareProfile hw;
+  hw.device = "cpu";
+  hw.source = "test";
+  hw.cores = 4;
+  ComputeProfile c;
+  c.threads = 1;
+  c.gemm["fp32"] = {GemmRate{64, 64, 64, kGemmRate}};
+  c.attention["fp32"] = {AttentionRate{16, 16, 2e9, 1e9}};
+  c.memory_bandwidth = 1e11;  // the GEMMs' roofline and the optimizer: never binding here
+  for (const char* op : {"embedding", "layernorm", "linear", "add", "gelu", "softmax_xent"}) c.op_bandwidth[op] = kOpBandwidth;
+  c.launch_s = 0;
+  hw.compute = {c};
+  hw.intra_node = {1e-6, 1e10};
+  hw.inter_node = {2e-5, 1e9};
+  hw.peak_flops_fp32 = 1e10;
+  return hw;
+}
+
+// The tiny model's sizes: rows R = B*T, width C, MLP width H, vocabulary V.
+constexpr double R = 32, C = 32, H = 128, V = 64, kLayers = 2;
+
+// GEMM FLOPs of one layer's forward: qkv (C -> 3C), attention projection, MLP in and out.
+constexpr double kLayerGemmFlops = 2 * R * (3 * C * C + C * C + H * C + C * H);
+constexpr double kHeadGemmFlops = 2 * R * V * C;
+// Memory-bound bytes (fp32) of one layer's forward: two layernorms (x, weight, bias in; y,
+// mean, rstd out), four bias adds (read and write the output), two residual adds, gelu.
+constexpr double kNorm = 4 * (R * C + 2 * C + R * C + 2 * R);
+constexpr double kLayerBytes = 2 * kNorm + 2 * 4 * R * (3 * C + C + H + C) + 2 * 4 * 3 * R * C + 4 * 2 * R * H;
+// Backward: norms, adds and gelu twice their forward bytes; a bias gradient reads dY once.
+constexpr double kLayerBwdBytes = 2 * (2 * kNorm + 2 * 4 * 3 * R * C + 4 * 2 * R * H) + 4 * R * (3 * C + C + H + C);
+// Outside the layers: the embedding (tokens; wte and wpe rows gathered; the output), ln_f, the
+// loss (logits and targets in, per-position losses out).
+constexpr double kEmbedBytes = 4 * R + 3 * 4 * R * C, kLossBytes = 4 * R * V + 4 * R + 4 * R;
+constexpr double kFwdBytes = kLayers * kLayerBytes + kEmbedBytes + kNorm + kLossBytes;
+constexpr double kBwdBytes = kLayers * kLayerBwdBytes + 2 * (kEmbedBytes + kNorm + kLossBytes);
+
+double attention_s(const HardwareProfile& hw, bool backward) {
+  return hw.attention_seconds("fp32", 2 * 2, 16, 16, backward, 1);  // B x heads sequences of 16, head size 16
+}
+
+double sum_breakdown(const StepCost& c) {
+  return c.compute + c.recompute + c.bubble + c.optimizer + c.data + c.comm_exposed_s();
+}
+
+}  // namespace
+
+TEST_CASE("compute is the hand-counted GEMMs, attention and memory-bound bytes of the forward and backward") {
+  const HardwareProfile hw = hand_profile();
+  const Plan p = plan_of({});
+  REQUIRE(p.accum == 1);
+  const StepCost c = predict_step(p, hw);
+  const double gemm = 3 * (kLayers * kLayerGemmFlops + kHeadGemmFlops) / kGemmRate;  // forward, dX, dW
+  const double attention = kLayers * (attention_s(hw, false) + attention_s(hw, true));
+  const double pointwise = (kFwdBytes + kBwdBytes) / kOpBandwidth;
+  CHECK(c.compute == doctest::Approx(gemm + attention + pointwise).epsilon(1e-9));
+  CHECK(c.recompute == 0);
+  CHECK(c.bubble == 0);
+  CHECK(c.threads == 1);
+  CHECK(c.step_s == doctest::Approx(sum_breakdown(c)).epsilon(1e-12));
+  CHECK(c.tokens_per_s == doctest::Approx(32 / c.step_s));
+  CHECK(c.tflops_per_device == doctest::Approx(p.flops_per_token * 32 / c.step_s / 1e12));
+  CHECK(c.mfu == doctest::Approx(p.flops_per_token * 32 / c.step_s / hw.peak_flops_fp32));
+
+  SUBCASE("every node is one op call forward and one backward") {
+    HardwareProfile slow = hw;
+    slow.compute[0].launch_s = 1e-6;
+    const double nodes = 1 + kLayers * 10 + 3;  // embed; ln1 qkv core proj add ln2 fc gelu proj add; ln_f head loss
+    CHECK(predict_step(p, slow).compute == doctest::Approx(c.compute + 2 * nodes * 1e-6).epsilon(1e-9));
+  }
+  SUBCASE("micro-batches multiply the passes") {
+    const StepCost c4 = predict_step(plan_of({"batch.global=8"}), hw);
+    CHECK(c4.compute == doctest::Approx(4 * c.compute).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("recompute full adds exactly the layers' forward; selective adds its modules' forward") {
+  const HardwareProfile hw = hand_profile();
+  const StepCost none = predict_step(plan_of({}), hw);
+  const StepCost full = predict_step(plan_of({"recompute.mode=full"}), hw);
+  const double layer_forward = kLayerGemmFlops / kGemmRate + attention_s(hw, false) + kLayerBytes / kOpBandwidth;
+  CHECK(full.compute == doctest::Approx(none.compute).epsilon(1e-12));
+  CHECK(full.recompute == doctest::Approx(kLayers * layer_forward).epsilon(1e-9));
+  CHECK(full.step_s == doctest::Approx(none.step_s + full.recompute).epsilon(1e-9));
+  // The MLP: its two GEMMs, two bias adds and gelu.
+  const StepCost mlp = predict_step(plan_of({"recompute.mode=selective", "recompute.modules=[mlp]"}), hw);
+  const double mlp_forward = 2 * R * 2 * H * C / kGemmRate + (2 * 4 * R * (H + C) + 2 * 4 * R * H) / kOpBandwidth;
+  CHECK(mlp.recompute == doctest::Approx(kLayers * mlp_forward).epsilon(1e-9));
+}
+
+TEST_CASE("the pipeline bubble is the plan's (p-1)/(v*m+p-1) of the pipelined time") {
+  const HardwareProfile hw = hand_profile();
+  // The gradient norm's all-reduce over the world is counted with pp here (no dp, no tp).
+  const double norm = hw.collective_seconds(Collective::all_reduce, 2, 16, false);
+  auto pipelined = [&](const StepCost& c) { return c.compute + c.recompute + c.comm_exposed.at("pp") - norm + c.bubble; };
+  SUBCASE("1F1B and GPipe: (p-1)/(m+p-1)") {
+    for (const char* sched : {"1f1b", "gpipe"}) {
+      const Plan p = plan_of({"parallel.pp=2", "batch.global=8", "model.tie_embeddings=false",
+                              std::string("parallel.schedule=") + sched});
+      REQUIRE(p.accum == 4);
+      const StepCost c = predict_step(p, hw);
+      CHECK(c.bubble > 0);
+      CHECK(c.bubble / pipelined(c) == doctest::Approx(1.0 / 5.0).epsilon(1e-9));
+      CHECK(c.bubble / pipelined(c) == doctest::Approx(p.bubble).epsilon(1e-9));
+      CHECK(c.comm_exposed.at("pp") > 0);  // a receive per micro-batch each way
+      CHECK(c.step_s == doctest::Approx(sum_breakdown(c)).epsilon(1e-12));
+    }
+  }
+  SUBCASE("interleaved, 2 chunks per stage: (p-1)/(v*m+p-1)") {
+    const Plan p = plan_of({"parallel.pp=2", "batch.global=8", "model.tie_embeddings=false", "model.n_layers=4",
+                            "parallel.schedule=interleaved", "parallel.virtual_stages=2"});
+    const StepCost c = predict_step(p, hw);
+    CHECK(c.bubble / pipelined(c) == doctest::Approx(1.0 / 9.0).epsilon(1e-9));
+    CHECK(c.bubble / pipelined(c) == doctest::Approx(p.bubble).epsilon(1e-9));
+  }
+  SUBCASE("the pipeline messages: (B*T, C) activations received forward, gradients backward, per micro-batch") {
+    const Plan p = plan_of({"parallel.pp=2", "batch.global=8", "model.tie_embeddings=false"});
+    const StepCost c = predict_step(p, hw);
+    const double msg = hw.collective_seconds(Collective::send_recv, 2, 4 * R * C, false);
+    CHECK(c.comm_exposed.at("pp") == doctest::Approx(4 * msg + norm).epsilon(1e-9));  // one receive per micro-batch
+    CHECK(c.comm_total.at("pp") == doctest::Approx(2 * 4 * msg + norm).epsilon(1e-9));  // and one send
+  }
+}
+
+TEST_CASE("tensor-parallel collectives counted per layer and priced at the node's level") {
+  const HardwareProfile hw = hand_profile();
+  auto ar = [&](double bytes) { return hw.collective_seconds(Collective::all_reduce, 2, bytes, false); };
+  auto ag = [&](double bytes) { return hw.collective_seconds(Collective::all_gather, 2, bytes, false); };
+  auto rs = [&](double bytes) { return hw.collective_seconds(Collective::reduce_scatter, 2, bytes, false); };
+  const double act = 4 * R * C;  // one micro-batch's (B*T, C) in fp32
+  // The loss: the row max, then the sum-exp and target logit per row; the gradient norm over the world.
+  const double loss_and_norm = ar(4 * R) + ar(8 * R) + ar(16);
+  SUBCASE("Megatron: two all-reduces forward and two backward per layer, the embedding's and the head's") {
+    const StepCost c = predict_step(plan_of({"parallel.tp=2"}), hw);
+    const double expect = (kLayers * 4 + 2) * ar(act) + loss_and_norm;
+    CHECK(c.comm_total.at("tp") == doctest::Approx(expect).epsilon(1e-9));
+    CHECK(c.comm_exposed.at("tp") == doctest::Approx(expect).epsilon(1e-9));  // blocking: never hidden
+    CHECK(c.step_s == doctest::Approx(sum_breakdown(c)).epsilon(1e-12));
+  }
+  SUBCASE("sequence parallelism: all-gathers and reduce-scatters, and the partial gradients summed once") {
+    const StepCost c = predict_step(plan_of({"parallel.tp=2", "parallel.sequence_parallel=true"}), hw);
+    // Per layer: qkv and fc gather forward, re-gather and reduce-scatter backward; the two row
+    // linears reduce-scatter forward and gather backward. Embedding: reduce-scatter, gather back.
+    // Head: as a column linear. Partial gradients: ln1, ln2 (weight, bias), 2 row biases per
+    // layer; ln_f's weight and bias: 14 of C floats.
+    const double per_layer = 2 * (ag(act) + ag(act) + rs(act)) + 2 * (rs(act) + ag(act));
+    const double expect = kLayers * per_layer + (rs(act) + ag(act)) + (2 * ag(act) + rs(act)) + loss_and_norm + 14 * ar(4 * C);
+    CHECK(c.comm_total.at("tp") == doctest::Approx(expect).epsilon(1e-9));
+  }
+  SUBCASE("recomputed row linears all-reduce again") {
+    const StepCost none = predict_step(plan_of({"parallel.tp=2"}), hw);
+    const StepCost full = predict_step(plan_of({"parallel.tp=2", "recompute.mode=full"}), hw);
+    CHECK(full.comm_total.at("tp") == doctest::Approx(none.comm_total.at("tp") + kLayers * 2 * ar(act)).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("data parallel: buckets hidden behind the backward, the rest exposed") {
+  HardwareProfile hw = hand_profile();
+  const Plan one = plan_of({"parallel.dp=2", "batch.global=4", "parallel.bucket_mb=1000"});
+  REQUIRE(one.dp == 2);
+  double params = 0;
+  for (const ops::TensorDesc& d : one.layout->rank_params(0, 0)) params += static_cast<double>(ops::numel_of(d.shape));
+  auto ar = [&](double bytes, bool inter) { return hw.collective_seconds(Collective::all_reduce, 2, bytes, inter); };
+  const double small = ar(8, false) + ar(16, false);  // the token count and the gradient norm
+  SUBCASE("one bucket: ready only when the backward ends, all of it exposed") {
+    const StepCost c = predict_step(one, hw);
+    const double padded = std::ceil(params / 2) * 2;
+    CHECK(c.comm_exposed.at("dp") == doctest::Approx(ar(4 * padded, false) + small).epsilon(1e-9));
+    CHECK(c.comm_total.at("dp") == doctest::Approx(c.comm_exposed.at("dp")).epsilon(1e-12));
+    CHECK(c.step_s == doctest::Approx(sum_breakdown(c)).epsilon(1e-12));
+    SUBCASE("across nodes costs more, at the inter-node link's price") {
+      hw.nodes = 2;  // one rank per node
+      const StepCost x = predict_step(one, hw);
+      CHECK(x.comm_exposed.at("dp") == doctest::Approx(ar(4 * padded, true) + ar(8, true) + ar(16, true)).epsilon(1e-9));
+      CHECK(x.comm_exposed.at("dp") > c.comm_exposed.at("dp"));
+      CHECK(x.step_s > c.step_s);
+    }
+  }
+  SUBCASE("a bucket per parameter behind a long backward: only the embedding's, ready at its end") {
+    // Buckets close at 1 byte: one per parameter. The layers' buckets finish long before the
+    // embedding's backward ends; wpe and wte (read by the first node) are ready only then.
+    const StepCost c = predict_step(plan_of({"parallel.dp=2", "batch.global=4", "parallel.bucket_mb=0.000001"}), hw);
+    const double exposed = ar(4 * 16 * 32, false) + ar(4 * 64 * 32, false) + small;
+    CHECK(c.comm_exposed.at("dp") == doctest::Approx(exposed).epsilon(1e-9));
+    CHECK(c.comm_total.at("dp") > 2 * c.comm_exposed.at("dp"));
+  }
+  SUBCASE("ZeRO-1: reduce-scatter, then the updated parameters all-gathered after the optimizer") {
+    const StepCost c = predict_step(plan_of({"parallel.dp=2", "batch.global=4", "parallel.bucket_mb=1000", "parallel.zero=1"}), hw);
+    const double padded = std::ceil(params / 2) * 2;
+    const double rs = hw.collective_seconds(Collective::reduce_scatter, 2, 4 * padded, false);
+    const double ag = hw.collective_seconds(Collective::all_gather, 2, 4 * padded, false);
+    CHECK(c.comm_exposed.at("dp") == doctest::Approx(rs + ag + small).epsilon(1e-9));
+    CHECK(c.optimizer < predict_step(one, hw).optimizer);  // half the parameters' update
+  }
+}
+
+TEST_CASE("threads per rank and the placement of the groups") {
+  HardwareProfile hw = hand_profile();
+  CHECK(threads_per_rank(plan_of({}), hw) == 1);  // train.threads
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = env ? env : "";
+  unsetenv("OMP_NUM_THREADS");
+  CHECK(threads_per_rank(plan_of({"train.threads=0"}), hw) == 4);                    // the node's cores
+  CHECK(threads_per_rank(plan_of({"train.threads=0", "parallel.dp=2", "batch.global=4"}), hw) == 2);  // shared by 2 ranks
+  hw.nodes = 2;
+  CHECK(threads_per_rank(plan_of({"train.threads=0", "parallel.dp=2", "batch.global=4"}), hw) == 4);  // one rank per node
+  if (env) setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  // A GPU: no threads; tp inside the node is cheaper than across nodes.
+  HardwareProfile gpu = hand_profile();
+  gpu.device = "h100-80gb";
+  gpu.devices_per_node = 2;
+  gpu.nodes = 2;
+  const Plan inside = plan_of({"hardware.device=h100-80gb", "parallel.tp=2", "parallel.dp=2", "batch.global=4"});
+  CHECK(threads_per_rank(inside, gpu) == 0);
+  gpu.devices_per_node = 1;
+  gpu.nodes = 4;
+  const StepCost across = predict_step(inside, gpu);
+  gpu.devices_per_node = 2;
+  gpu.nodes = 2;
+  const StepCost in = predict_step(inside, gpu);
+  CHECK(across.comm_exposed.at("tp") > in.comm_exposed.at("tp"));
+  // tp fastest in the rank order: with 2 devices per node the tp pairs stay inside, dp crosses.
+  gpu.devices_per_node = 4;
+  gpu.nodes = 1;
+  CHECK(in.comm_exposed.at("dp") > predict_step(inside, gpu).comm_exposed.at("dp"));
+}
+
+TEST_CASE("to_json carries every field of the prediction") {
+  const StepCost c = predict_step(plan_of({"parallel.tp=2"}), hand_profile());
+  const nlohmann::json j = c.to_json();
+  for (const char* k : {"step_s", "tokens_per_s", "mfu", "tflops_per_device", "threads"}) CHECK(j.contains(k));
+  for (const char* k : {"compute", "recompute", "bubble", "optimizer", "data", "comm_total", "comm_exposed"})
+    CHECK(j.at("breakdown").contains(k));
+  CHECK(j.at("step_s").get<double>() == doctest::Approx(c.step_s));
+  CHECK(j.at("breakdown").at("comm_exposed").at("tp").get<double>() == doctest::Approx(c.comm_exposed.at("tp")));
+}
