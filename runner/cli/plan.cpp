@@ -75,8 +75,11 @@ class PlanCommand final : public Command {
       search_.json = json_;
       return run_plan_search(search_);
     }
-    const Recipe r = load_recipe(recipe_path_, sets_);
+    Recipe r = load_recipe(recipe_path_, sets_);
+    std::string searched;  // parallel: auto: the search's winner is what is planned (plan_search.h)
+    if (r.parallel.search) r = searched_recipe(r, world_, &searched);
     Plan p = make_plan(r, world_);
+    if (!searched.empty()) p.notes.insert(p.notes.begin(), searched);
     if (json_) std::cout << p.to_json().dump(2) << "\n";
     else {
       // A GPU recipe's GEMMs are cuBLASLt's, whatever this machine's CPU would take.

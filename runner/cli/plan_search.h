@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "runner/recipe/recipe.h"
+
 namespace runner::cli {
 
 struct PlanSearchOptions {
@@ -22,5 +24,12 @@ struct PlanSearchOptions {
 
 // Returns the exit code (0, or 2 for a user error thrown as UserError).
 int run_plan_search(const PlanSearchOptions& o);
+
+// `parallel: auto` at `runner plan` and `runner train` start: the layout searched at `world`
+// (0: the recipe's hardware, else the Slurm allocation) and the recipe with the winner filled
+// in (parallel.auto off, so a run directory's recipe.yaml holds a fixed layout). `note` gets
+// "layout searched: ..."; `search_json`, when given, the search's JSON (the run's search.json).
+// Deterministic: every rank of a job that calls it gets the same layout.
+Recipe searched_recipe(const Recipe& r, int64_t world, std::string* note, std::string* search_json = nullptr);
 
 }  // namespace runner::cli

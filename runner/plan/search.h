@@ -28,6 +28,8 @@ struct SearchOptions {
   int64_t world = 0;       // 0: the recipe's hardware (nodes x devices_per_node), else the Slurm allocation
   int top = 5;             // candidates kept in SearchResult::candidates
   std::string profile;     // a calibrated profile file; empty: hardware.profile, else built in
+  int threads = 0;         // planning threads; 0: every core
+  bool exhaustive = false; // plan every candidate, no pruning (tests: the pruned search finds the same)
 };
 
 struct SearchCandidate {
@@ -41,10 +43,12 @@ struct SearchCandidate {
   StepCost predicted;
   std::optional<double> measured_step_s;  // --verify
   nlohmann::json to_json() const;  // dp, tp, pp, micro, accum, zero, recompute, schedule, predicted {...}
+  std::string describe() const;    // "dp 2 x tp 1 x pp 1, micro 4 x accum 8, ZeRO-1, recompute none"
 };
 
 struct SearchResult {
   int64_t world = 0;
+  std::string world_source;                    // "--world", "hardware: 2 nodes x 8 devices", "Slurm allocation: ..."
   std::vector<std::string> constraints;        // "parallel.tp = 8 (recipe.yaml:12:7)", ...
   std::vector<SearchCandidate> candidates;     // best first (after --verify: by measured step)
   int64_t searched = 0, feasible = 0;
