@@ -69,10 +69,13 @@ def published_step_s(recipe, pub):
 LAYOUT_KEYS = {"parallel": None, "recompute": None}
 
 
-def free_copy(recipe, tmpdir, name, nodes=None):
-    """The recipe with every layout field removed (what the search fills in)."""
+def free_copy(recipe, tmpdir, name, nodes=None, keep=()):
+    """The recipe with every layout field removed (what the search fills in), but `keep`."""
     r = json.loads(json.dumps(recipe))
+    kept = {k: v for k, v in r.get("parallel", {}).items() if k in keep}
     r.pop("parallel", None)
+    if kept:
+        r["parallel"] = kept
     r.pop("recompute", None)
     for k in ("micro", "accum"):
         r.get("batch", {}).pop(k, None)
@@ -154,11 +157,17 @@ def one(runner, path, tmpdir):
     row["pred_fixed_mfu"] = pr["mfu"]
     row["pred_fixed_step_s"] = pr["step_s"]
     row["error_pct"] = 100.0 * (step_pub / pr["step_s"] - 1.0)   # predicted throughput vs published
-    row["fixed_breakdown"] = {k: pr.get(k) for k in ("compute", "recompute", "bubble", "optimizer", "data")}
-    row["fixed_breakdown"]["comm_exposed"] = pr.get("comm_exposed")
+    row["fixed_breakdown"] = pr.get("breakdown")
     # (b) the free search
     free = free_copy(recipe, tmpdir, name)
     res, wall_b, err = run_search(runner, free, ["parallel.auto=true"])
+    if (res is None or not res.get("candidates")) and "stage_layers" in recipe.get("parallel", {}):
+        # The search splits layers evenly only (pp dividing n_layers): 70 or 126 layers on these
+        # worlds leave no pp that divides both. Keep the published uneven split, search the rest.
+        row["search_note"] = ("nothing with even stages: " + "; ".join(err or [])[:160] +
+                              "...; searched again keeping the published pp and stage_layers")
+        free = free_copy(recipe, tmpdir, name + "-stages", keep=("pp", "stage_layers"))
+        res, wall_b, err = run_search(runner, free, ["parallel.auto=true"])
     if res is None or not res.get("candidates"):
         row["search_error"] = "; ".join(err or ["no candidate"])
         return row
@@ -197,7 +206,8 @@ def fmt_table(rows, markdown):
                 fixed += " †"
             err = f"{r['error_pct']:+.0f}%"
             if "search_layout" in r:
-                s = [r["search_layout"], f"{r['search_tflops']:.0f} ({r['search_gain_pct']:+.0f}%)", f"{r['search_s']:.1f}"]
+                s = [r["search_layout"] + (" ‡" if "search_note" in r else ""),
+                     f"{r['search_tflops']:.0f} ({r['search_gain_pct']:+.0f}%)", f"{r['search_s']:.1f}"]
             else:
                 s = [r.get("search_error", ""), "", ""]
             cells = [r["run"], str(r["gpus"]), r["published_layout"], pubv, fixed, err] + s
@@ -205,6 +215,8 @@ def fmt_table(rows, markdown):
     notes = [r for r in rows if "fixed_note" in r]
     for r in notes:
         lines.append(f"† {r['run']}: {r['fixed_note']}")
+    for r in [r for r in rows if "search_note" in r]:
+        lines.append(f"‡ {r['run']}: {r['search_note']}")
     return "\n".join(lines)
 
 
