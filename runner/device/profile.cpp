@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/backend.h"
 #include "ops/gemm_path.h"
 #include "runner/device/devices.h"
 #include "runner/device/peak.h"
@@ -435,7 +436,10 @@ double cpu_16bit_ratio(DType t) {
 HardwareProfile cpu_builtin(const HardwareConfig& hw) {
   HardwareProfile p;
   p.cores = std::max(1, int(std::thread::hardware_concurrency()));
-  const double peak = mfu_peak(hw, FloatFormat::fp32, p.cores).flops;
+  // Measured (and cached) at the thread count this process runs with, the figure the run's MFU
+  // line reads, so a run measures and caches one peak, not two; scaled to all the cores.
+  const int n = std::clamp(ops::num_threads(), 1, p.cores);
+  const double peak = mfu_peak(hw, FloatFormat::fp32, n).flops * p.cores / n;
   const std::map<std::string, double> scale{
       {"fp32", 1.0}, {"bf16", cpu_16bit_ratio(DType::BF16)}, {"fp16", cpu_16bit_ratio(DType::F16)}};
   p.peak_flops_fp32 = peak;
