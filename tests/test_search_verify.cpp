@@ -40,6 +40,13 @@ SearchCandidate candidate(const fs::path& dir, int64_t dp, int64_t tp, int64_t p
   c.schedule = "1f1b";
   c.recompute = recompute;
   c.recipe = load_recipe(file.string(), sets);
+  // The layout filled into the recipe, as the search fills it (SearchCandidate::recipe).
+  c.recipe.parallel.dp = dp;
+  c.recipe.parallel.tp = tp;
+  c.recipe.parallel.pp = pp;
+  c.recipe.batch.micro = micro;
+  c.recipe.batch.accum = c.accum;
+  if (recompute != "none") c.recipe.recompute.mode = *runner::parse_enum<runner::RecomputeMode>(recompute);
   c.predicted.step_s = predicted_s;
   return c;
 }

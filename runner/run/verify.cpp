@@ -19,7 +19,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -71,29 +70,10 @@ std::vector<std::string> trial_launcher(int64_t world) {
 
 namespace {
 
-// The candidate's recipe for a short trial: its layout from the candidate's fields (the search's
-// own record of it), few steps, no checkpoints, evaluation of one batch at the end, no search.
+// The candidate's recipe for a short trial: the search's recipe with its layout filled in
+// (SearchCandidate::recipe), few steps, no checkpoints, evaluation of one batch at the end.
 Recipe trial_recipe(const SearchCandidate& c, int steps, const fs::path& run_dir) {
   Recipe r = c.recipe;
-  r.parallel.dp = c.dp;
-  r.parallel.tp = c.tp;
-  r.parallel.pp = c.pp;
-  r.parallel.virtual_stages = c.virtual_stages;
-  r.parallel.zero = c.zero;
-  r.parallel.sequence_parallel = c.sequence_parallel;
-  r.parallel.search = false;
-  if (auto s = parse_enum<PipelineSchedule>(c.schedule)) r.parallel.schedule = *s;
-  r.batch.micro = c.micro;
-  r.batch.accum = c.accum;
-  const std::string rc = c.recompute.empty() ? "none" : c.recompute;
-  const size_t colon = rc.find(':');
-  if (auto m = parse_enum<RecomputeMode>(rc.substr(0, colon))) r.recompute.mode = *m;
-  if (colon != std::string::npos) {
-    r.recompute.modules.clear();
-    std::stringstream names(rc.substr(colon + 1));
-    for (std::string w; std::getline(names, w, ',');)
-      if (auto m = parse_enum<RecomputeModule>(w)) r.recompute.modules.push_back(*m);
-  }
   r.train.steps = steps;
   r.train.log_every = steps;
   r.train.eval_every = 0;
