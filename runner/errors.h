@@ -49,6 +49,9 @@ constexpr int kExitUserError = 2;
 // The run stopped on its numerics: fp16 gradients overflowed on more consecutive steps than
 // precision.loss_scale.max_consecutive_skips allows (the diagnostic names the tensor).
 constexpr int kExitNumerics = 4;
+// The watchdog stopped a hung run: a collective, send or receive (or a whole step) took longer
+// than train.collective_timeout; the message and events.jsonl name who did not arrive (docs/slurm.md).
+constexpr int kExitHang = 5;
 
 [[noreturn]] void check_failed(const char* cond, const char* file, int line, const std::string& msg);
 

@@ -167,6 +167,9 @@ void visit(V& v, Self& t) {
   v("threads", t.threads);
   v("run_dir", t.run_dir);
   v("elastic", t.elastic);
+  v("max_restarts", t.max_restarts);
+  v("restart_backoff", t.restart_backoff);
+  v("collective_timeout", t.collective_timeout);
 }
 
 template <class V, Section<InferenceConfig> Self>
