@@ -252,7 +252,6 @@ void Watchdog::check(int64_t now_ns) {
   // with no heartbeat yet). Its own checkpoint phase does not: a collective write waits on the
   // others, and whether they are writing too (fresh and exempt) or stopped is theirs to say.
   if (static_cast<Phase>(phase) == Phase::Startup || steps_done_.load() == 0) last_exempt_ns_ = now_ns;
-  if (exempt_now()) last_progress_ns_ = now_ns;  // no stall inside a checkpoint write
   const parallel::WaitInfo w = parallel::watch_current();
   if (w.active) check_wait(w, now_ns);
   else check_stall(now_ns);
@@ -297,15 +296,40 @@ void Watchdog::check_wait(const parallel::WaitInfo& w, int64_t now_ns) {
   hang(fmt::format("waited {:.1f} s for {}", (now_ns - w.since_ns) / 1e9, describe_wait(wj)), rec, missing);
 }
 
+// No progress and no communication marked: a stuck loader or kernel here, or a wait the comm
+// layer does not mark (a GPU stream behind an NCCL collective, MPI-IO inside a collective
+// checkpoint write). Past half the timeout every heartbeat is read: a rank writing a
+// checkpoint or starting up pushes the deadline out, as for a wait, and stopped ranks are
+// named. Inside this rank's own checkpoint write only a stopped rank makes it a hang (a slow
+// file system is not one).
 void Watchdog::check_stall(int64_t now_ns) {
+  const double timeout = timeout_s();
   const double idle_s = (now_ns - std::max(last_progress_ns_, last_exempt_ns_)) / 1e9;
-  if (idle_s <= timeout_s()) return;
   const Phase p = static_cast<Phase>(g_phase.load(std::memory_order_relaxed));
-  const nlohmann::json me{{"rank", rank_}, {"host", host_}, {"pid", static_cast<int>(getpid())}, {"state", "stalled"},
-                          {"phase", phase_name(p)}, {"step", g_step.load()}, {"heartbeat_age_s", 0.0}, {"doing", "nothing"}};
-  hang(fmt::format("made no progress for {:.1f} s in {} with no communication in flight (a stuck data loader, kernel "
-                   "or process)", idle_s, phase_name(p)),
-       {{"kind", "stall"}, {"waited_s", idle_s}}, nlohmann::json::array({me}));
+  if (idle_s <= timeout && (world_ == 1 || idle_s < timeout / 2)) return;
+  std::vector<int> all;
+  for (int r = 0; r < world_; ++r) all.push_back(r);
+  const std::vector<std::optional<Heartbeat>> beats = read_beats(all);
+  const double now = wall_now(), stale = heartbeat_stale_after(timeout);
+  for (const auto& h : beats)
+    if (h && h->exempt && now - h->time <= stale) {
+      last_exempt_ns_ = now_ns;
+      return;
+    }
+  if (idle_s <= timeout) return;
+  nlohmann::json missing = nlohmann::json::array();
+  if (p != Phase::Checkpoint)
+    missing.push_back({{"rank", rank_}, {"host", host_}, {"pid", static_cast<int>(getpid())}, {"state", "stalled"},
+                       {"phase", phase_name(p)}, {"step", g_step.load()}, {"heartbeat_age_s", 0.0}, {"doing", "nothing"}});
+  for (const auto& m : not_arrived(parallel::WaitInfo{}, rank_, all, beats, now, stale))
+    if (m.value("state", "") == "stopped") missing.push_back(m);
+  if (missing.empty()) {  // this rank's own checkpoint write, slow but with everyone alive
+    last_progress_ns_ = now_ns;
+    return;
+  }
+  hang(fmt::format("made no progress for {:.1f} s with no communication marked ({})", idle_s,
+                   p == Phase::Checkpoint ? "inside its checkpoint write" : "a stuck data loader, kernel or process"),
+       {{"kind", "stall"}, {"waited_s", idle_s}}, missing);
 }
 
 // One message, the records, exit 5. Runs on the watchdog's thread while the trainer's is
@@ -350,7 +374,14 @@ void Watchdog::hang(const std::string& what, nlohmann::json rec, const nlohmann:
               {"phase", phase_name(p)}, {"timeout_s", timeout_s()}, {"timeout_source", choice_.source},
               {"not_arrived", missing}, {"message", msg.substr(0, msg.find('\n'))}});
   append_run_event(run_dir_, rec);
-  const std::string cause = fmt::format("hang: {}", who.empty() ? "no rank missing (network or MPI stuck)" : who);
+  std::string cause;
+  if (!missing.empty() && missing[0].value("state", "") == "stalled")
+    cause = fmt::format("hang: {} made no progress in {}", who, phase_name(p));
+  else if (rec.value("kind", "") == "stall")
+    cause = fmt::format("hang: {} did not arrive (rank {} waited in {})", who, rank_, phase_name(p));
+  else
+    cause = fmt::format("hang: {} at {} on {}", who.empty() ? "no rank missing (network or MPI stuck)" : who + " did not arrive",
+                        rec.value("op", "?"), rec.value("group", "?"));
   append_end_event(run_dir_, cause.c_str(), step, kExitHang);
   std::fflush(nullptr);
   std::_Exit(kExitHang);
