@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <thread>
 
 namespace parallel {
 
@@ -66,7 +67,10 @@ WaitInfo watch_current() {
   const Slot& s = g_slot;
   for (;;) {
     const uint64_t g0 = s.gen.load(std::memory_order_acquire);
-    if (g0 & 1) continue;  // a write in progress: it is a handful of stores
+    if (g0 & 1) {  // a write in progress: a handful of stores, unless its thread was preempted
+      std::this_thread::yield();
+      continue;
+    }
     WaitInfo w;
     w.active = s.active.load(std::memory_order_relaxed);
     w.op = static_cast<CommOp>(s.op.load(std::memory_order_relaxed));
