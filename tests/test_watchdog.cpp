@@ -237,7 +237,8 @@ TEST_CASE("a rank stuck in its data loader is reported: exit 5, rank 1 named") {
   for (const json& h : hangs) {  // rank 0 names rank 1 as elsewhere, or rank 1 reports itself stalled
     CAPTURE(h.dump());
     CHECK(h["step"] == 6);
-    REQUIRE(h["not_arrived"].size() == 1);
+    // First rank 1 (a rank that exited meanwhile may follow it, stopped).
+    REQUIRE(!h["not_arrived"].empty());
     CHECK(h["not_arrived"][0]["rank"] == 1);
     CHECK(h["not_arrived"][0]["phase"] == "data");
     CHECK((h["kind"] == "stall" ? h["rank"] == 1 : h["not_arrived"][0]["state"] == "elsewhere"));

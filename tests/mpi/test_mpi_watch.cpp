@@ -125,8 +125,8 @@ TEST_CASE("a wait on a non-blocking collective is marked; with marking off nothi
     Marking on;
     const WaitInfo w = observe([&] {
       float x[4] = {1, 2, 3, 4};
+      if (g_rank == 0) sleep_ms(300);  // before its launch: the others' results cannot be complete before
       auto r = world->iallreduce_sum(x, 4);
-      if (g_rank == 0) sleep_ms(300);
       r->wait();
     });
     if (g_rank != 0) {
