@@ -284,7 +284,8 @@ class Trainer {
       } catch (const std::exception&) {  // no profile for this device: the floor until steps are measured
       }
     watchdog = std::make_unique<Watchdog>(paths.run_dir, grid.rank(), grid.world_size(),
-                                          choose_timeout(r.train.collective_timeout, predicted, 0), log, lead());
+                                          choose_timeout(r.train.collective_timeout, predicted, 0), log, lead(),
+                                          !opts.quiet && lead());
   }
 
   void measure_peaks() {

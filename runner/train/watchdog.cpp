@@ -163,9 +163,9 @@ nlohmann::json not_arrived(const parallel::WaitInfo& w, int self, const std::vec
 // Watchdog
 
 Watchdog::Watchdog(std::string run_dir, int rank, int world, TimeoutChoice timeout, std::shared_ptr<spdlog::logger> log,
-                   bool lead)
+                   bool lead, bool log_on_console)
     : run_dir_(std::move(run_dir)), host_(this_hostname()), rank_(rank), world_(world), choice_(std::move(timeout)),
-      log_(std::move(log)), lead_(lead), timeout_ms_(static_cast<int64_t>(choice_.seconds * 1e3)) {
+      log_(std::move(log)), lead_(lead), log_on_console_(log_on_console && log_ != nullptr), timeout_ms_(static_cast<int64_t>(choice_.seconds * 1e3)) {
   std::error_code ec;
   fs::create_directories(fs::path(run_dir_) / ".ranks", ec);
   const int64_t now = parallel::watch_now_ns();
@@ -364,8 +364,10 @@ void Watchdog::hang(const std::string& what, nlohmann::json rec, const nlohmann:
   }
   if (missing.empty()) msg += "\n  every member is waiting on this call: the network or the MPI library is stuck";
   msg += fmt::format("\n  stopping the job (exit {}); a restart resumes from the last published checkpoint", kExitHang);
-  std::fprintf(stderr, "%s\n", msg.c_str());
-  std::fflush(stderr);
+  if (!log_on_console_) {
+    std::fprintf(stderr, "%s\n", msg.c_str());
+    std::fflush(stderr);
+  }
   if (log_) {
     log_->error("{}", msg);
     log_->flush();

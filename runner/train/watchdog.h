@@ -73,8 +73,10 @@ nlohmann::json not_arrived(const parallel::WaitInfo& w, int self, const std::vec
 
 class Watchdog {
  public:
-  // Starts the thread (and the comm layer's marking). `lead` writes the timeout record.
-  Watchdog(std::string run_dir, int rank, int world, TimeoutChoice timeout, std::shared_ptr<spdlog::logger> log, bool lead);
+  // Starts the thread (and the comm layer's marking). `lead` writes the timeout record;
+  // `log_on_console`: `log` already prints to the console, so a hang is not printed twice.
+  Watchdog(std::string run_dir, int rank, int world, TimeoutChoice timeout, std::shared_ptr<spdlog::logger> log, bool lead,
+           bool log_on_console = false);
   ~Watchdog();  // stop()
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -102,7 +104,7 @@ class Watchdog {
   int rank_, world_;
   TimeoutChoice choice_;
   std::shared_ptr<spdlog::logger> log_;
-  bool lead_;
+  bool lead_, log_on_console_;
   std::atomic<int64_t> timeout_ms_;
   std::atomic<int64_t> steps_done_{0};
   std::vector<double> step_ms_;  // the trainer's thread only
