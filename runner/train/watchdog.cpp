@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -30,7 +31,10 @@ double wall_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// Slurm's name for the node when a Slurm step started us (nodes that share a kernel, as the
+// test cluster's network namespaces do, have one host name but their own node names).
 std::string this_hostname() {
+  if (const char* n = std::getenv("SLURMD_NODENAME"); n != nullptr && *n != '\0') return n;
   char h[256] = {0};
   if (gethostname(h, sizeof(h) - 1) != 0) return "?";
   return h;
