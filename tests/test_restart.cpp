@@ -405,3 +405,37 @@ TEST_CASE("runner train after Slurm's own requeue: records the restart (or refus
   CHECK(ev[1]["nodes_lost"] == json({"n2"}));
   CHECK(ev[2]["nodes_now"] == 1);
 }
+
+// Growing back, with fakes: a job on 1 of its 2 nodes sees an idle node and tells its ranks to
+// checkpoint and exit 3 (scancel --signal=USR1, to the steps); on its full 2 nodes it does not look.
+TEST_CASE("--elastic: the batch script's grow-back check signals the ranks once a node is idle") {
+  const fs::path d = test_support::fresh_dir("restart", "grow");
+  Result r = runner_cmd("launch " + kTiny + " --slurm --elastic --dry-run --set hardware.devices_per_node=1 --run-dir " +
+                        (d / "run").string());
+  REQUIRE(r.code == 0);
+  const fs::path script = d / "job.sbatch", bin = d / "bin";
+  std::ofstream(script) << r.out;
+  fs::create_directories(bin);
+  // srun: "trains" until the USR1 check had time; exits 3 as the ranks would after the signal.
+  std::ofstream(bin / "srun") << "#!/bin/bash\nfor i in $(seq 30); do [ -s \"$FAKE_LOG\" ] && exit 3; sleep 0.1; done\nexit 0\n";
+  std::ofstream(bin / "scancel") << "#!/bin/bash\necho \"scancel $*\" >>\"$FAKE_LOG\"\n";
+  std::ofstream(bin / "scontrol") << "#!/bin/bash\n[ \"$1\" = show ] && printf '   JobState=RUNNING\\n'\nexit 0\n";
+  std::ofstream(bin / "sinfo") << "#!/bin/bash\necho 1\n";  // `sinfo -t idle -o %D`: one idle node
+  for (const char* b : {"srun", "scancel", "scontrol", "sinfo"}) fs::permissions(bin / b, fs::perms::owner_all);
+  for (const char* nodes : {"1", "2"}) {
+    CAPTURE(nodes);
+    const fs::path log = d / (std::string("scancel.") + nodes);
+    Result run = sh("PATH=" + bin.string() + ":$PATH SLURM_JOB_ID=41 SLURM_JOB_NUM_NODES=" + nodes +
+                    " RUNNER_GROW_POLL=0.2 FAKE_LOG=" + log.string() + " bash " + script.string());
+    CAPTURE(run.out);
+    std::ifstream in(log);
+    const std::string calls((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (std::string(nodes) == "1") {
+      CHECK(calls == "scancel --signal=USR1 41\n");
+      CHECK(run.out.find("1 idle node(s) beside this job's 1: growing back") != std::string::npos);
+      CHECK(run.out.find("preempted at a checkpoint; requeueing job 41") != std::string::npos);
+    } else {
+      CHECK(calls.empty());
+    }
+  }
+}
