@@ -6,9 +6,9 @@
 #               N_SIGNALS random moments, some while a checkpoint is being written: each time a
 #               checkpoint at a step boundary, exit 3, the script requeues, the job continues;
 #               losses and the final checkpoint bit-identical to the reference
-#   hardkill    SIGKILL to the ranks without warning (as past a time limit's KillWait), then
-#               resubmitted: it resumes from the last published checkpoint (at most the steps
-#               since it lost) and ends bit-identical to the reference
+#   hardkill    SIGKILL to the ranks without warning: the job restarts by itself (a restart
+#               record, requeued after train.restart_backoff), resumes from the last published
+#               checkpoint (at most the steps since it lost) and ends bit-identical to the reference
 #   small       a 1-task allocation for the 2-rank recipe: refused, exit 2, nothing trained
 #   elastic     --elastic: 2 ranks, preempted, resubmitted on 1 rank (dp 1, accum re-derived),
 #               preempted, resubmitted on 2: losses within the layout-equivalence tolerance
@@ -58,7 +58,8 @@ export OMPI_MCA_mpi_yield_when_idle=1
 # ---- helpers ----
 script_for() {  # script_for NAME [launch flags...] -> writes $WORK/NAME/slurm.sbatch
   local name=$1; shift
-  "$RUNNER" launch "$RECIPE" --slurm --run-dir "$WORK/$name" --time 00:15:00 --warn 60 "$@" >/dev/null ||
+  # A 1 s restart backoff for every job (the recipes stay alike: the checkpoints compare bit for bit).
+  "$RUNNER" launch "$RECIPE" --slurm --run-dir "$WORK/$name" --time 00:15:00 --warn 60 --set train.restart_backoff=1 "$@" >/dev/null ||
     die "runner launch failed for $name"
 }
 submit() {  # submit NAME [sbatch flags...] -> job id
@@ -106,35 +107,39 @@ scenario_small() {
   log "small: job $job refused, exit 2, nothing written"
 }
 
-# hardkill: SIGKILL to the ranks without warning (as at a time limit once KillWait is over),
-# then the same script resubmitted: it resumes from the last published checkpoint.
+# hardkill: SIGKILL to the ranks without warning (as the OOM killer or a lost node would): the
+# script asks `runner restart-check`, which records a restart; the job is requeued and starts
+# again after the backoff by itself, from the last published checkpoint (issue 28).
 scenario_hardkill() {
   RANDOM=$SEED_KILL
-  local job kt killed_at ck job2 st lost
+  local job kt killed_at ck st lost rs
   job=$(submit hardkill --export=ALL,RUNNER_CKPT_FAULT_SLOW_MS=300)  # a longer run to aim at
   kt=$(( 60 + RANDOM % 200 ))
   [ $((kt % EVERY)) -eq 0 ] && kt=$((kt + 7))
   wait_until 240 step_at_least hardkill "$kt" || { fail "hardkill: step $kt never reached"; return; }
-  # SIGKILL straight to the ranks (as the OOM killer or a lost node would; `scancel --signal=KILL`
-  # is a cancel: SIGTERM first): srun sees them die, the script does not requeue.
+  # SIGKILL straight to the ranks (`scancel --signal=KILL` is a cancel: SIGTERM first).
   local pids
   pids=$(scontrol listpids "$job" 2>/dev/null | awk 'NR > 1 {print $1}' |
     while read -r p; do [ "$(cat /proc/"$p"/comm 2>/dev/null)" = runner ] && echo "$p"; done)
   [ -n "$pids" ] || { fail "hardkill: no runner processes in job $job"; return; }
   kill -9 $pids
-  wait_until 60 job_gone "$job" || { fail "hardkill: job $job still there after its ranks were killed"; stop_job_gone "$job"; }
-  killed_at=$(last_step hardkill)
-  ck=$(sed 's/step_0*\([0-9]*\)\.h5/\1/' "$WORK/hardkill/checkpoints/LATEST")
+  wait_until 60 grep -q '"event":"restart"' "$WORK/hardkill/events.jsonl" ||
+    { fail "hardkill: no restart record after SIGKILL: $(tail -n 5 "$WORK"/hardkill/slurm-*.out)"; stop_job_gone "$job"; return; }
+  rs=$(grep '"event":"restart"' "$WORK/hardkill/events.jsonl" | head -n 1)
+  killed_at=$(field "$rs" step)
+  ck=$(field "$rs" checkpoint)
   [ "$(count hardkill end)" = 0 ] || fail "hardkill: a stop record after SIGKILL"
+  [ "$(field "$rs" attempt)" = 1 ] && grep -q 'killed by SIGKILL' <<<"$(field "$rs" cause)" ||
+    fail "hardkill: the restart record is not restart 1 after SIGKILL: $rs"
   [ "$killed_at" -lt "$STEPS" ] || { fail "hardkill: the run ended before the kill"; return; }
-  job2=$(submit hardkill)
-  wait_until 120 starts_at_least hardkill 2 || { fail "hardkill: the resubmitted job did not start"; return; }
+  wait_until 120 starts_at_least hardkill 2 || { fail "hardkill: the job did not start again by itself"; return; }
   st=$(nth_event hardkill start 2)
+  [ "$(field "$st" slurm.job_id)" = "$job" ] || fail "hardkill: the restart is another job"
   [ "$(field "$st" resumed_from)" = "$ck" ] || fail "hardkill: resumed from $(field "$st" resumed_from), not the last checkpoint $ck"
   lost=$((killed_at - ck))
   [ "$lost" -ge 0 ] && [ "$lost" -le "$EVERY" ] || fail "hardkill: lost $lost steps (killed at $killed_at, checkpoint $ck)"
-  log "hardkill: SIGKILL at step $killed_at, resubmitted as job $job2, resumed from the last checkpoint $ck ($lost steps redone)"
-  wait_until 300 job_gone "$job2" || fail "hardkill: job $job2 did not finish"
+  log "hardkill: SIGKILL at step $killed_at, restarted by itself (restart 1, $(field "$rs" backoff_s) s backoff), resumed from the last checkpoint $ck ($lost steps redone)"
+  wait_until 300 job_gone "$job" || fail "hardkill: job $job did not finish"
 }
 
 # elastic (--elastic): 2 ranks, preempted; resubmitted on 1 rank (dp 1, accum derived again),
