@@ -52,6 +52,10 @@ constexpr int kExitNumerics = 4;
 // The watchdog stopped a hung run: a collective, send or receive (or a whole step) took longer
 // than train.collective_timeout; the message and events.jsonl name who did not arrive (docs/slurm.md).
 constexpr int kExitHang = 5;
+// A job Slurm requeued by itself (a lost node) refused to continue at start (train.max_restarts
+// reached, or no progress since the last failure) and recorded why: the batch script neither
+// requeues nor records it again (runner/run/restart.h).
+constexpr int kExitNoRestart = 6;
 
 [[noreturn]] void check_failed(const char* cond, const char* file, int line, const std::string& msg);
 

@@ -19,9 +19,6 @@
 
 namespace runner {
 
-// The runner refused to continue at start (the restart limit, or no progress since the last
-// failure) and recorded why: the script neither requeues nor records it again.
-constexpr int kExitNoRestart = 6;
 
 struct RestartPolicy {
   int64_t max_restarts = 3;  // train.max_restarts: failures restarted per Slurm job (0: none)
