@@ -110,12 +110,14 @@ void sgemm_fixed_k(bool ta, bool tb, int M, int N, int K, const float* A, int ld
 // on any thread count. oneDNN's matmul splits a GEMM whose M x N is small against its long K
 // (here K = the rows, M x N the weight) across threads along K and sums the threads' partials:
 // the result depends on the thread count (tests/test_ops_threads.cpp). So the split is ours
-// and fixed by the shape alone: tiles of up to 256 weight rows, and when that gives under four
+// and fixed by the shape alone: tiles of 256 weight rows (at most 16 tiles: a vocabulary-sized
+// weight gets wider ones, since each tile repacks the whole inp), and when that gives under four
 // tiles, K cut into up to four panels (multiples of 64 rows) summed in panel order. Each tile is
 // one single-threaded oneDNN call (a thread count of 1 inside the tile), the tiles shared out
 // across the team. dout: (K,M) stored, inp: (K,C), both of dtype t.
 void dnnl_dweight_fixed(float* dweight, const void* dout, const void* inp, DType t, int K, int C, int M) {
-  constexpr int kRows = 256, kMinTiles = 4;
+  constexpr int kMinTiles = 4, kMaxTiles = 16;
+  const int kRows = std::max(256, ((M + kMaxTiles - 1) / kMaxTiles + 63) / 64 * 64);
   const int nm = (M + kRows - 1) / kRows;
   int nk = nm >= kMinTiles ? 1 : std::min((kMinTiles + nm - 1) / nm, std::max(1, K / 256));
   const int kb = ((K + nk - 1) / nk + 63) / 64 * 64;  // panel rows, a multiple of 64
