@@ -51,9 +51,9 @@ struct TrainState {
   std::string recipe_yaml;     // the resolved recipe
   // Per rank (world rank order); a single-rank run has one entry.
   int world_rank = 0, world_size = 1;
-  // OpenMP threads per rank of this run (recorded in checkpoints), and of the run that wrote
-  // the checkpoint this state was loaded from (0: not loaded, or not recorded).
-  int64_t omp_threads = 0, loaded_omp_threads = 0;
+  // OpenMP threads per rank of this run (recorded in checkpoints, for the record: results do
+  // not depend on it).
+  int64_t omp_threads = 0;
 
   // The step-boundary scalars (step, tokens, loader cursor, RNG, loss scaler, loss mean), not
   // the tensors, the recipe or the rank.

@@ -339,16 +339,16 @@ TEST_CASE("smaller refusals: an under-determined batch, a huge accum, seq_len 1 
   fs::remove_all(dir);
 }
 
-TEST_CASE("a checkpoint records its OpenMP thread count; a resume with another count warns, an older file without it loads") {
+TEST_CASE("a checkpoint records its OpenMP thread count; a resume with another count continues silently (issue 29: the "
+          "results do not depend on it), an older file without it loads") {
   fs::path dir = temp_dir("threads");
   const std::string args = kQuick + "--set checkpoint.every_steps=4 --set checkpoint.keep_last=5 --run-dir " + dir.string();
   REQUIRE(run("train " + args + " --set train.steps=4", "OMP_NUM_THREADS=2").code == 0);
   const fs::path f = dir / "checkpoints" / "step_00000004.h5";
   Result in = run("inspect " + f.string());
   CHECK(contains(in.out, "written with 2 OpenMP thread(s) per rank"));
-  const std::string warning = "was written with 2 OpenMP thread(s) per rank and this run has 1";
   REQUIRE(run("resume " + dir.string() + " --quiet --set train.steps=5", "OMP_NUM_THREADS=1").code == 0);
-  CHECK(contains(read_file(dir / "log.rank0.txt"), warning));
+  CHECK(!contains(read_file(dir / "log.rank0.txt"), "OpenMP thread"));  // bit for bit: tests/test_train_threads.cpp
 
   // A file from before the attribute: remove it; the file still verifies and resumes, silently.
   fs::remove(dir / "log.rank0.txt");

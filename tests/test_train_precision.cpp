@@ -9,9 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -146,6 +148,67 @@ TEST_CASE("fp16: past max_consecutive_skips the run stops with exit code 4 and a
     REQUIRE(fs::exists(dir / "checkpoints" / f));
     CHECK(run("inspect " + (dir / "checkpoints" / f).string()) == 0);
   }
+}
+
+TEST_CASE("fp16 static scale: the exit-4 message says the scale stayed (static never backs off)") {
+  const fs::path dir = kDir / "skips_static";
+  const std::string args = "train " + kQuick + " --quiet --set train.steps=10 --set train.eval_every=0 "
+                           "--set precision.compute=fp16 --set precision.loss_scale.mode=static "
+                           "--set precision.loss_scale.init=512 --set precision.loss_scale.max_consecutive_skips=2 "
+                           "--run-dir " + dir.string();
+  REQUIRE(run(args, {"RUNNER_FAULT_INF_STEP=3", "RUNNER_FAULT_INF_COUNT=100"}) == 4);
+  const std::string log = read_file(dir / "log.rank0.txt");
+  CHECK(log.find("overflowed on 3 consecutive steps") != std::string::npos);
+  CHECK(log.find("the loss scale stayed at 512 (precision.loss_scale.mode static never backs off)") != std::string::npos);
+  CHECK(log.find("backed off") == std::string::npos);
+  CHECK(log.find("precision.loss_scale.mode: dynamic") != std::string::npos);
+  for (auto& [step, j] : steps_of(dir)) CHECK(j["loss_scale"].get<double>() == 512);
+}
+
+TEST_CASE("fp16: skipped steps do not advance AdamW's step count (the first update after k skips is PyTorch's t = 1)") {
+  // Steps 1-3 overflow (skipped: no update, moments untouched), step 4 is the first update. With
+  // zero moments before it, AdamW at t = 1 moves each weight by -lr * m1/(1-b1) / (sqrt(v1/(1-b2)) + eps),
+  // m1 = (1-b1) g, v1 = (1-b2) g^2 (weight decay 0), which PyTorch's GradScaler + AdamW applies;
+  // counting the skips (t = 4) would move it by 0.56x that (b1 0.9, b2 0.95).
+  const fs::path dir = kDir / "skip_count";
+  const double b1 = 0.9, b2 = 0.95, eps = 1e-8;
+  REQUIRE(run("train " + kQuick + " --quiet --set train.steps=4 --set train.eval_every=0 --set checkpoint.every_steps=1 "
+              "--set checkpoint.keep_last=10 --set precision.compute=fp16 --set optimizer.weight_decay=0 "
+              "--set optimizer.beta1=0.9 --set optimizer.beta2=0.95 --set optimizer.eps=1e-8 --run-dir " + dir.string(),
+              {"RUNNER_FAULT_INF_STEP=1", "RUNNER_FAULT_INF_COUNT=3"}) == 0);
+  auto s = steps_of(dir);
+  REQUIRE(s.size() == 4);
+  for (int64_t k = 1; k <= 3; ++k) CHECK(s[k]["skipped"].get<bool>());
+  CHECK_FALSE(s[4]["skipped"].get<bool>());
+  const double lr = s[4]["lr"].get<double>();
+  auto before = tensors(dir / "checkpoints" / "step_00000003.h5"), after = tensors(dir / "checkpoints" / "step_00000004.h5");
+  auto floats = [](const std::vector<char>& b) {
+    std::vector<float> f(b.size() / sizeof(float));
+    std::memcpy(f.data(), b.data(), f.size() * sizeof(float));
+    return f;
+  };
+  double worst = 0, moved = 0;
+  size_t n = 0;
+  for (auto& [name, t] : after) {
+    if (name.rfind("/params/", 0) != 0) continue;
+    const std::string p = name.substr(8);
+    const auto w0 = floats(before[name].first), w1 = floats(t.first);
+    const auto m = floats(after["/optimizer/adam_m/" + p].first), v = floats(after["/optimizer/adam_v/" + p].first);
+    REQUIRE(w0.size() == w1.size());
+    REQUIRE(m.size() == w1.size());
+    for (size_t i = 0; i < w1.size(); ++i, ++n) {
+      const double want = -lr * (m[i] / (1 - b1)) / (std::sqrt(v[i] / (1 - b2)) + eps);
+      worst = std::max(worst, std::fabs((double(w1[i]) - w0[i]) - want));
+      moved = std::max(moved, std::fabs(want));
+    }
+  }
+  REQUIRE(n > 1000);
+  CHECK(moved > 0.5 * lr);                   // the update is Adam's ~lr per weight, not 0
+  CHECK(worst < 0.01 * lr);                  // t = 1: fp32 rounding of the weights only
+  // The checkpoint keeps the run's step and skip counts (AdamW's count is their difference).
+  const std::string in = test_support::runner_cmd("inspect " + (dir / "checkpoints" / "step_00000004.h5").string()).out;
+  CHECK(in.find("step 4,") != std::string::npos);
+  CHECK(in.find("skipped 3)") != std::string::npos);
 }
 
 namespace {

@@ -53,26 +53,99 @@ constexpr int64_t kGrainMath = 1 << 12;
 // Rows per chunk so that each chunk of a (rows, C) tensor has at least `grain` elements.
 int64_t row_grain(int64_t C, int64_t grain) { return std::max<int64_t>(1, grain / std::max<int64_t>(C, 1)); }
 
-// Per-chunk partial sums of a reduction over rows (dweight, dbias), folded into dst after
-// in chunk order, so the result is deterministic for a given thread count.
+// Rows per block of a reduction over rows (a norm's dweight, dbias): fixed by the width
+// alone, never by the thread count (parallel_blocks), and at least 64 rows so that folding
+// the per-block partials costs under 1/32 of a pass over the tensor.
+int64_t reduce_block_rows(int64_t C) { return std::max<int64_t>(64, row_grain(C, kGrainStream)); }
+
+// Per-block partial sums of a reduction over rows (dweight, dbias), folded into dst after in
+// block order: the blocks are parallel_blocks' fixed ones, so the result is the same bits on
+// any number of threads.
 struct Partials {
   std::vector<float> buf;
-  int chunks = 1;
+  int blocks = 1;
   int64_t width = 0;
-  Partials(int chunks_, int64_t width_) : chunks(chunks_), width(width_) {
-    buf.assign(static_cast<size_t>(chunks) * width, 0.0f);
+  Partials(int blocks_, int64_t width_) : blocks(blocks_), width(width_) {
+    buf.assign(static_cast<size_t>(blocks) * width, 0.0f);
   }
   float* slot(int i) { return buf.data() + static_cast<size_t>(i) * width; }
-  // dst[j] += sum over chunks of slot[off + j], j in [0, n)
+  // dst[j] += sum over blocks (in block order) of slot[off + j], j in [0, n); the threads
+  // split the columns, each column's sum keeps its order.
   void fold(float* dst, int64_t off, int64_t n) {
     if (!dst) return;
-    for (int i = 0; i < chunks; i++) {
-      const float* s = slot(i) + off;
+    const float* base = buf.data() + off;
+    const int nb = blocks;
+    const int64_t w = width;
+    parallel_chunks(n, std::max<int64_t>(16, kGrainStream / std::max(nb, 1)), [=](int64_t c0, int64_t c1) {
+      for (int i = 0; i < nb; i++) {
+        const float* s = base + static_cast<size_t>(i) * w;
 #pragma omp simd
-      for (int64_t j = 0; j < n; j++) dst[j] += s[j];
-    }
+        for (int64_t j = c0; j < c1; j++) dst[j] += s[j];
+      }
+    });
   }
 };
+
+// C (M,N) = beta C + op(A) (M,K) op(B) (K,N), row-major, through OpenBLAS, with the same bits
+// on any thread count. OpenBLAS blocks K in GEMM_Q-sized panels, but when what is left of K
+// lies in (Q, 2Q) its single-threaded driver (level3.c) halves it rounded to GEMM_UNROLL_M and
+// its threaded one (level3_thread.c) halves it exactly: for most K the two sum C's elements in
+// different panels (K = 773 does; tests/test_ops_threads.cpp). Q is a multiple of 64 and
+// UNROLL_M divides 32 on OpenBLAS's x86 cores, so a K that is a multiple of 64 is cut the same
+// way by both; the remaining K % 64 (< Q) goes in a second call, one panel in both drivers.
+// GPT shapes (widths and row counts multiples of 64) make one call, as before.
+void sgemm_fixed_k(bool ta, bool tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                   float beta, float* C, int ldc) {
+  const CBLAS_TRANSPOSE oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
+  const int k64 = K / 64 * 64;
+  if (k64 > 0) cblas_sgemm(CblasRowMajor, oa, ob, M, N, k64, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  if (K > k64 || K == 0) {
+    const float* a = ta ? A + static_cast<size_t>(k64) * lda : A + k64;  // op(A)'s columns from k64 on
+    const float* b = tb ? B + k64 : B + static_cast<size_t>(k64) * ldb;  // op(B)'s rows from k64 on
+    cblas_sgemm(CblasRowMajor, oa, ob, M, N, K - k64, 1.0f, a, lda, b, ldb, k64 > 0 ? 1.0f : beta, C, ldc);
+  }
+}
+
+// dweight (M,C) += dout^T @ inp, the 16-bit weight gradient through oneDNN, with the same bits
+// on any thread count. oneDNN's matmul splits a GEMM whose M x N is small against its long K
+// (here K = the rows, M x N the weight) across threads along K and sums the threads' partials:
+// the result depends on the thread count (tests/test_ops_threads.cpp). So the split is ours
+// and fixed by the shape alone: tiles of 256 weight rows (at most 16 tiles: a vocabulary-sized
+// weight gets wider ones, since each tile repacks the whole inp), and when that gives under four
+// tiles, K cut into up to four panels (multiples of 64 rows) summed in panel order. Each tile is
+// one single-threaded oneDNN call (a thread count of 1 inside the tile), the tiles shared out
+// across the team. dout: (K,M) stored, inp: (K,C), both of dtype t.
+void dnnl_dweight_fixed(float* dweight, const void* dout, const void* inp, DType t, int K, int C, int M) {
+  constexpr int kMinTiles = 4, kMaxTiles = 16;
+  const int kRows = std::max(256, ((M + kMaxTiles - 1) / kMaxTiles + 63) / 64 * 64);
+  const int nm = (M + kRows - 1) / kRows;
+  int nk = nm >= kMinTiles ? 1 : std::min((kMinTiles + nm - 1) / nm, std::max(1, K / 256));
+  const int kb = ((K + nk - 1) / nk + 63) / 64 * 64;  // panel rows, a multiple of 64
+  nk = std::max(1, (K + kb - 1) / kb);
+  const auto* d16 = static_cast<const uint16_t*>(dout);
+  const auto* x16 = static_cast<const uint16_t*>(inp);
+  std::vector<float> part(nk > 1 ? static_cast<size_t>(nk) * M * C : 0);  // (nk, M, C) panel partials
+  float* pp = part.data();
+  parallel_blocks(int64_t{nm} * nk, 1, [=](int64_t u, int64_t, int) {
+    const int mi = static_cast<int>(u / nk), ki = static_cast<int>(u % nk);
+    const int m0 = mi * kRows, m1 = std::min(M, m0 + kRows), k0 = ki * kb, k1 = std::min(K, k0 + kb);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);  // oneDNN fixes its split for the count it sees: one thread, no split
+    float* c = nk > 1 ? pp + (static_cast<size_t>(ki) * M + m0) * C : dweight + static_cast<size_t>(m0) * C;
+    dnnl_gemm(t, true, false, m1 - m0, C, k1 - k0, d16 + static_cast<size_t>(k0) * M + m0, M,
+              x16 + static_cast<size_t>(k0) * C, C, nullptr, nk == 1, c, C);
+    omp_set_num_threads(saved);
+  });
+  if (nk == 1) return;
+  const size_t n = static_cast<size_t>(M) * C;
+  parallel_chunks(static_cast<int64_t>(n), kGrainStream, [=](int64_t i0, int64_t i1) {
+    for (int ki = 0; ki < nk; ki++) {
+      const float* s = pp + ki * n;
+#pragma omp simd
+      for (int64_t i = i0; i < i1; i++) dweight[i] += s[i];
+    }
+  });
+}
 
 // =============================================================================== embedding
 // A vocabulary shard holds rows [vstart, vstart + Vlocal) of the token table; the unsharded
@@ -571,14 +644,14 @@ class CpuBackend final : public Backend {
     if (!dinp && !dweight && !dbias) return;
     std::vector<float> ones;
     if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
-    const int64_t grain = row_grain(C, kGrainStream);
-    Partials part(num_chunks(N, grain), 2 * static_cast<int64_t>(C));  // [dweight | dbias] per chunk
+    const int64_t block = reduce_block_rows(C);
+    Partials part(static_cast<int>(num_blocks(N, block)), 2 * static_cast<int64_t>(C));  // [dweight | dbias] per block
     Partials* pp = &part;
-    parallel_chunks(N, grain, [=](int64_t r0, int64_t r1, int chunk) {
-      float* pw = pp->slot(chunk);
+    parallel_blocks(N, block, [=](int64_t r0, int64_t r1, int blk) {
+      float* pw = pp->slot(blk);
       layernorm_backward_rows(dinp, dweight ? pw : nullptr, dbias ? pw + C : nullptr, dout, inp, weight, mean, rstd,
                               r0, r1, C);
-    }, 1);
+    });
     part.fold(dweight, 0, C);
     part.fold(dbias, C, C);
   }
@@ -596,12 +669,12 @@ class CpuBackend final : public Backend {
     if (!dinp && !dweight) return;
     std::vector<float> ones;
     if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
-    const int64_t grain = row_grain(C, kGrainStream);
-    Partials part(num_chunks(N, grain), C);
+    const int64_t block = reduce_block_rows(C);
+    Partials part(static_cast<int>(num_blocks(N, block)), C);
     Partials* pp = &part;
-    parallel_chunks(N, grain, [=](int64_t r0, int64_t r1, int chunk) {
-      rmsnorm_backward_rows(dinp, dweight ? pp->slot(chunk) : nullptr, dout, inp, weight, rstd, r0, r1, C);
-    }, 1);
+    parallel_blocks(N, block, [=](int64_t r0, int64_t r1, int blk) {
+      rmsnorm_backward_rows(dinp, dweight ? pp->slot(blk) : nullptr, dout, inp, weight, rstd, r0, r1, C);
+    });
     part.fold(dweight, 0, C);
   }
 
@@ -617,15 +690,15 @@ class CpuBackend final : public Backend {
       }, 1);
       beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+    sgemm_fixed_k(false, true, N, OC, C, inp, C, weight, C, beta, out, OC);
   }
   // dinp (N,C) += dout (N,OC) @ weight (OC,C); dweight (OC,C) += dout^T @ inp; dbias (OC) += colsum(dout)
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, int N, int C, int OC) override {
     if (dinp)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+      sgemm_fixed_k(false, false, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
     if (dweight)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+      sgemm_fixed_k(true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
     if (dbias)
       parallel_chunks(OC, std::max<int64_t>(16, kGrainStream / std::max(N, 1)), [=](int64_t c0, int64_t c1) {
         bias_backward_cols(dbias, dout, N, OC, c0, c1);
@@ -650,7 +723,7 @@ class CpuBackend final : public Backend {
     // dinp (N,C) += dout (N,OC) @ weight (OC,C)
     if (dinp) dnnl_gemm(t, false, false, N, C, OC, dout, OC, weight, C, nullptr, true, dinp, C);
     // dweight (OC,C) += dout^T (OC,N) @ inp (N,C), dout stored (N,OC)
-    if (dweight) dnnl_gemm(t, true, false, OC, C, N, dout, OC, inp, C, nullptr, true, dweight, C);
+    if (dweight) dnnl_dweight_fixed(dweight, dout, inp, t, N, C, OC);
     if (dbias) {
       const auto* d16 = static_cast<const uint16_t*>(dout);
       parallel_chunks(OC, std::max<int64_t>(16, kGrainStream / std::max(N, 1)), [=](int64_t c0, int64_t c1) {
@@ -822,12 +895,13 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // Per-chunk partials summed in chunk order: deterministic for a given thread count.
+  // Per-block partials (fixed blocks of kGrainStream elements) summed in block order: the
+  // same bits on any thread count.
   double sum_squares(const float* x, int64_t n) override {
-    std::vector<double> part(num_chunks(n, kGrainStream), 0.0);
+    std::vector<double> part(static_cast<size_t>(num_blocks(n, kGrainStream)), 0.0);
     double* pp = part.data();
-    parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1, int chunk) {
-      pp[chunk] = sum_squares_range(x + i0, i1 - i0);
+    parallel_blocks(n, kGrainStream, [=](int64_t i0, int64_t i1, int blk) {
+      pp[blk] = sum_squares_range(x + i0, i1 - i0);
     });
     double total = 0.0;
     for (double s : part) total += s;

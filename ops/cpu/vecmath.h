@@ -14,7 +14,8 @@
 // catastrophic cancellation, e.g. 0.5 x (1 + tanh u) = x * sigmoid(2u).
 //
 // Also here: explicit 16-float vectors (vf16, exp16) for loops where `omp simd` falls short,
-// and parallel_chunks, the one way the kernels split work across the OpenMP team.
+// and parallel_chunks / parallel_blocks, the ways the kernels split work across the OpenMP
+// team (parallel_blocks for reductions: its blocks do not depend on the thread count).
 #pragma once
 #include <omp.h>
 
@@ -163,6 +164,21 @@ void parallel_chunks(int64_t n, int64_t min_chunk, F&& f, int64_t align = 16) {
     const int64_t e = i + 1 == k ? n : (n * (i + 1) / k) / align * align;
     if (e > b) call(b, e, i);
   }
+}
+
+// Splits [0, n) into fixed blocks of `block` elements (the last one shorter), numbered
+// 0..ceil(n / block) - 1, and calls f(begin, end, block_index) on each, the blocks shared out
+// across the OpenMP team. Unlike parallel_chunks, the blocks do not depend on the thread
+// count: a reduction that keeps one partial per block and folds the partials in block order
+// gives the same bits on any number of threads (issue 29; docs/precision.md).
+inline int64_t num_blocks(int64_t n, int64_t block) { return n <= 0 ? 0 : (n + block - 1) / block; }
+template <class F>
+void parallel_blocks(int64_t n, int64_t block, F&& f) {
+  block = std::max<int64_t>(block, 1);
+  const int64_t nb = num_blocks(n, block);
+  const bool par = nb > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t i = 0; i < nb; i++) f(i * block, std::min(n, (i + 1) * block), static_cast<int>(i));
 }
 
 }  // namespace ops::cpu

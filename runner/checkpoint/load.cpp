@@ -124,7 +124,6 @@ void load_checkpoint_file(const std::string& path, TrainState& s, bool subset) {
 
   // 4. Scalars last.
   s.step = sc.step;
-  s.loaded_omp_threads = sc.omp_threads;
   s.tokens = sc.tokens;
   s.loss_ema = sc.loss_ema;
   s.scaler.scale = sc.scale;

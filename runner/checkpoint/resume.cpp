@@ -97,7 +97,6 @@ int64_t load_resume_point(const ResumePoint& point, const Plan& plan, parallel::
       const int64_t threads = st.omp_threads;
       load_local_from_logical(*plan.layout, c.pp, c.tp, t, st);
       st.omp_threads = threads;  // this run's, not the checkpoint's
-      st.loaded_omp_threads = t.loaded_omp_threads;
     }
     (log ? *log : *spdlog::default_logger_raw()).info("resumed from {} (step {})", point.path, step);
   });

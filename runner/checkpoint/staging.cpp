@@ -76,7 +76,6 @@ StagedState::StagedState(const TrainState& s, bool copy) {
   meta_.recipe_yaml = s.recipe_yaml;
   meta_.world_rank = s.world_rank;
   meta_.world_size = s.world_size;
-  meta_.loaded_omp_threads = s.loaded_omp_threads;
   meta_.params.names = s.params.names;
   meta_.params.decay = s.params.decay;
   for (const ops::Tensor& t : s.params.values) params_.push_back(stage(t, copy));

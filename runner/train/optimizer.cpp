@@ -83,7 +83,11 @@ void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, doub
   args.beta1 = static_cast<float>(o.beta1);
   args.beta2 = static_cast<float>(o.beta2);
   args.eps = static_cast<float>(o.eps);
-  args.t = st.step + 1;
+  // Adam's step count t (its bias corrections 1 - beta^t) counts the updates applied, not the
+  // steps taken: a step skipped for an fp16 overflow or a non-finite gradient updated nothing
+  // (PyTorch's GradScaler does not call optimizer.step() then, nor does Megatron-LM advance its
+  // count). skipped_steps is in every checkpoint, so t needs no field of its own.
+  args.t = st.step + 1 - st.scaler.skipped_steps;
   args.grad_scale = static_cast<float>(grad_scale);
   for (size_t i = 0; i < ps.values.size(); ++i) {
     auto [a, e] = ps.owned_range(i);

@@ -366,11 +366,9 @@ class Trainer {
     // or a later `runner resume` would quietly go back to the old learning rate, steps or layout.
     st.recipe_yaml = resolved_recipe_yaml(plan);
     ckpt->resumed_at(resumed_from);
-    st.omp_threads = ops::num_threads();  // a single-rank load copies the checkpoint's scalars
-    if (st.loaded_omp_threads > 0 && st.loaded_omp_threads != st.omp_threads)
-      log->warn("the checkpoint was written with {} OpenMP thread(s) per rank and this run has {}: the losses will not "
-                "continue bit for bit (the reductions split by thread); set OMP_NUM_THREADS={} (or train.threads) for "
-                "an exact continuation", st.loaded_omp_threads, st.omp_threads, st.loaded_omp_threads);
+    // A single-rank load copies the checkpoint's scalars; the count is this run's. Another count
+    // than the writer's continues bit for bit: the kernels' reductions use fixed blocks (issue 29).
+    st.omp_threads = ops::num_threads();
     loader->restore(st.loader);
   }
 
@@ -544,14 +542,20 @@ class Trainer {
   // The last published checkpoint stays as it was (the skipped steps changed no weights).
   int stop_on_overflows(const StepResult& s) {
     const LossScaleConfig& c = scaler.config();
+    const bool dynamic = c.mode == LossScaleMode::dynamic;
+    // A static scale never backs off: say it stayed, and point at what would move it.
+    const std::string scale = dynamic ? fmt::format("the loss scale backed off to {:g} (min_scale {:g})", st.scaler.scale, c.min_scale)
+                                      : fmt::format("the loss scale stayed at {:g} (precision.loss_scale.mode static never "
+                                                    "backs off)", st.scaler.scale);
     log->error("stopping: fp16 gradients overflowed on {} consecutive steps (precision.loss_scale.max_consecutive_skips "
-               "is {}); the loss scale backed off to {:g} (min_scale {:g}).",
-               st.scaler.consecutive_skips, c.max_consecutive_skips, st.scaler.scale, c.min_scale);
+               "is {}); {}.", st.scaler.consecutive_skips, c.max_consecutive_skips, scale);
     log->error("  the first gradient to go non-finite, in backward order: {}",
                s.overflow_tensor.empty() ? std::string("(unknown)") : s.overflow_tensor);
+    const std::string scale_fix = dynamic ? fmt::format("a smaller precision.loss_scale.init (now {:g}) or min_scale", c.init)
+                                          : fmt::format("a smaller precision.loss_scale.init (now {:g}) or "
+                                                        "precision.loss_scale.mode: dynamic", c.init);
     log->error("  what to try: precision.compute: bf16 (fp32's exponent range, no loss scaling); a lower optimizer.lr "
-               "(now {:g}); a smaller precision.loss_scale.init (now {:g}) or min_scale; grad_clip if the gradients "
-               "themselves diverge", r.optimizer.lr, c.init, c.min_scale);
+               "(now {:g}); {}; grad_clip if the gradients themselves diverge", r.optimizer.lr, scale_fix);
     ckpt->poll();
     metrics->flush_monitor();
     end_event("stopped on fp16 overflows", kExitNumerics);

@@ -1,0 +1,85 @@
+#!/usr/bin/python3
+"""What thread-count independence costs (issue 29): step time of this build's runner against
+another build (--base, e.g. one built from the commit before the fixed blocking), same recipes,
+same threads, runs alternated so that machine noise hits both alike.
+
+    /usr/bin/python3 bench/thread_cost.py --base /path/to/base/build/runner [--configs small,gpt2]
+        [--precisions fp32,bf16] [--repeats 3] [--threads 2]
+
+Prints, per config and precision, each run's median step time (steps after the first two), the
+median over repeats for each binary, and the ratio this/base (> 1: slower). The configs are
+bench/train_vs_torch.py's.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from train_vs_torch import CONFIGS  # noqa: E402
+
+
+def write_recipe(cfg, steps, threads, prec, work):
+    data = os.path.join(work, f"tokens_{cfg['vocab']}.bin")
+    if not os.path.exists(data):
+        np.random.default_rng(0).integers(0, cfg["vocab"], size=2_000_000, dtype=np.uint16).tofile(data)
+    recipe = os.path.join(work, "bench.yaml")
+    with open(recipe, "w") as f:
+        f.write(f"""name: bench
+model: {{vocab_size: {cfg['vocab']}, seq_len: {cfg['seq']}, d_model: {cfg['d_model']}, n_layers: {cfg['layers']}, n_heads: {cfg['heads']}, dropout: 0.0}}
+data: {{kind: bin, path: {data}}}
+batch: {{micro: {cfg['batch']}, accum: 1}}
+optimizer: {{lr: 3.0e-4}}
+precision: {{compute: {prec}}}
+train: {{steps: {steps}, log_every: 1000, eval_batches: 1, eval_every: 0, threads: {threads}}}
+checkpoint: {{cadence: never}}
+""")
+    return recipe
+
+
+def step_ms(binary, recipe, threads, work):
+    run_dir = os.path.join(work, "run")
+    subprocess.run(["rm", "-rf", run_dir], check=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
+    subprocess.run([binary, "train", recipe, "--quiet", "--run-dir", run_dir], check=True, env=env)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        recs = [json.loads(line) for line in f]
+    ms = [r["step_ms"] for r in recs if isinstance(r.get("step_ms"), (int, float)) and not r.get("summary")
+          and not r.get("eval") and r.get("step", 0) > 2]
+    return statistics.median(ms)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--base", required=True, help="the runner binary to compare with")
+    ap.add_argument("--configs", default="small,gpt2")
+    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=0, help="steps per run (0: 12 small, 8 gpt2)")
+    a = ap.parse_args()
+    this = os.path.join(ROOT, "build", "runner")
+    with tempfile.TemporaryDirectory() as work:
+        for name in a.configs.split(","):
+            cfg = CONFIGS[name]
+            steps = a.steps or (12 if name == "small" else 8)
+            for prec in a.precisions.split(","):
+                recipe = write_recipe(cfg, steps, a.threads, prec, work)
+                runs = {"base": [], "this": []}
+                for _ in range(a.repeats):
+                    for label, binary in (("base", a.base), ("this", this)):
+                        runs[label].append(step_ms(binary, recipe, a.threads, work))
+                b, t = statistics.median(runs["base"]), statistics.median(runs["this"])
+                print(f"{name:6s} {prec:5s} {a.threads} threads  base {b:8.1f} ms  this {t:8.1f} ms  ratio {t / b:.3f}  "
+                      f"(runs base {', '.join(f'{x:.0f}' for x in runs['base'])}; this {', '.join(f'{x:.0f}' for x in runs['this'])})",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
