@@ -8,7 +8,7 @@ llm.c's CPU trainer (bench/llmc: train_gpt2.c vendored unchanged, built here wit
 token file written here in its formats), then prints tokens/s of each, the ratios, MFU
 against the runner's measured sgemm peak and the CPU's flags.
 
-    /usr/bin/python3 bench/train_vs_torch.py [--configs small,gpt2] [--steps N] [--threads 2] [--llmc-steps 4]
+    /usr/bin/python3 bench/train_vs_torch.py [--configs small,gpt2] [--steps N] [--threads 2] [--llmc-steps 4] [--runner BIN]
 """
 import argparse
 import json
@@ -27,7 +27,7 @@ CONFIGS = {
 }
 
 
-def run_runner(cfg, steps, threads, work):
+def run_runner(cfg, steps, threads, work, runner):
     tokens = np.random.default_rng(0).integers(0, cfg["vocab"], size=2_000_000, dtype=np.uint16)
     data = os.path.join(work, "tokens.bin")
     tokens.tofile(data)  # nanoGPT's raw uint16 format
@@ -46,7 +46,7 @@ checkpoint: {{cadence: never}}
     # per-machine cached peak measured once under other load (74 GFLOP/s at 2 threads was seen
     # cached against 88 at 1 thread) would move both MFU columns by the cache's error.
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE", RUNNER_PEAK_CACHE="off")
-    subprocess.run([os.path.join(ROOT, "build", "runner"), "train", recipe, "--quiet", "--run-dir", run_dir],
+    subprocess.run([runner, "train", recipe, "--quiet", "--run-dir", run_dir],
                    check=True, env=env)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         recs = [json.loads(l) for l in f]
@@ -137,6 +137,7 @@ def main():
     ap.add_argument("--configs", default="small,gpt2")
     ap.add_argument("--steps", type=int, default=0, help="timed steps (0: per-config default)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runner", default=os.path.join(ROOT, "build", "runner"), help="the runner binary to time")
     ap.add_argument("--llmc-steps", type=int, default=4, help="llm.c steps on gpt2 (0: skip llm.c)")
     args = ap.parse_args()
     print(f"CPU: {cpu_flags()}", flush=True)
@@ -145,7 +146,7 @@ def main():
         cfg = CONFIGS[name]
         steps = args.steps or cfg["steps"]
         with tempfile.TemporaryDirectory() as work:
-            ours, peak = run_runner(cfg, steps + 2, args.threads, work)
+            ours, peak = run_runner(cfg, steps + 2, args.threads, work, args.runner)
         theirs = run_torch(cfg, steps, args.threads)
         llmc = 0.0
         if name == "gpt2" and args.llmc_steps > 0:  # llm.c's trainer is GPT-2's architecture at GPT-2's shapes
