@@ -1,11 +1,14 @@
 #!/usr/bin/python3
-"""Training throughput: runner vs PyTorch (fp32), same model, batch, sequence and threads.
+"""Training throughput: runner vs PyTorch and llm.c (fp32), same model, batch, sequence and threads.
 
 Runs, in one invocation and on the same machine state, `runner train` on a synthetic
-token file and bench/torch_gpt.py (PyTorch's own tuned training loop), then prints
-tokens/s of each, the ratio, and MFU against the runner's measured sgemm peak.
+token file, bench/torch_gpt.py (PyTorch's own tuned training loop) and, on GPT-2 124M,
+llm.c's CPU trainer (bench/llmc: train_gpt2.c vendored unchanged, built here with gcc
+-Ofast -march=native -fopenmp as llm.c's Makefile does, fed a random-init checkpoint and a
+token file written here in its formats), then prints tokens/s of each, the ratios, MFU
+against the runner's measured sgemm peak and the CPU's flags.
 
-    /usr/bin/python3 bench/train_vs_torch.py [--configs small,gpt2] [--steps N] [--threads 2]
+    /usr/bin/python3 bench/train_vs_torch.py [--configs small,gpt2] [--steps N] [--threads 2] [--llmc-steps 4] [--runner BIN]
 """
 import argparse
 import json
@@ -24,7 +27,7 @@ CONFIGS = {
 }
 
 
-def run_runner(cfg, steps, threads, work):
+def run_runner(cfg, steps, threads, work, runner):
     tokens = np.random.default_rng(0).integers(0, cfg["vocab"], size=2_000_000, dtype=np.uint16)
     data = os.path.join(work, "tokens.bin")
     tokens.tofile(data)  # nanoGPT's raw uint16 format
@@ -39,8 +42,11 @@ train: {{steps: {steps}, log_every: 1000, eval_batches: 1, threads: {threads}}}
 checkpoint: {{cadence: never}}
 """)
     run_dir = os.path.join(work, "run")
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
-    subprocess.run([os.path.join(ROOT, "build", "runner"), "train", recipe, "--quiet", "--run-dir", run_dir],
+    # The MFU columns divide by the sgemm peak measured in this run (RUNNER_PEAK_CACHE=off): a
+    # per-machine cached peak measured once under other load (74 GFLOP/s at 2 threads was seen
+    # cached against 88 at 1 thread) would move both MFU columns by the cache's error.
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE", RUNNER_PEAK_CACHE="off")
+    subprocess.run([runner, "train", recipe, "--quiet", "--run-dir", run_dir],
                    check=True, env=env)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         recs = [json.loads(l) for l in f]
@@ -58,6 +64,68 @@ def run_torch(cfg, steps, threads):
     return json.loads(line)["tokens_per_s"]
 
 
+def build_llmc(work):
+    """llm.c's trainer with the flags of its own Makefile (-Ofast, OpenMP) plus -march=native."""
+    exe = os.path.join(work, "llmc_train")
+    src = os.path.join(ROOT, "bench", "llmc")
+    subprocess.run(["gcc", "-Ofast", "-march=native", "-fopenmp", "-DOMP", "-Wno-unused-result", "-I", src,
+                    os.path.join(src, "bench_llmc.c"), "-lm", "-o", exe], check=True)
+    return exe
+
+
+def write_llmc_inputs(cfg, work):
+    """A random-init checkpoint and a token file in llm.c's formats (train_gpt2.c's
+    gpt2_build_from_checkpoint, llmc/dataloader.h): a 256-int header, then the payload."""
+    C, L, V, NH = cfg["d_model"], cfg["layers"], cfg["vocab"], cfg["heads"]
+    Vp, maxT = (V + 127) // 128 * 128, max(1024, cfg["seq"])  # llm.c pads the vocabulary to 128
+    header = np.zeros(256, dtype=np.int32)
+    header[:8] = [20240326, 3, maxT, V, L, NH, C, Vp]
+    # fill_in_parameter_sizes' order; norms' weights 1, biases 0, matrices N(0, 0.02).
+    sizes = [("w", Vp * C), ("w", maxT * C), ("1", L * C), ("0", L * C), ("w", L * 3 * C * C), ("0", L * 3 * C),
+             ("w", L * C * C), ("0", L * C), ("1", L * C), ("0", L * C), ("w", L * 4 * C * C), ("0", L * 4 * C),
+             ("w", L * 4 * C * C), ("0", L * C), ("1", C), ("0", C)]
+    rng = np.random.default_rng(0)
+    ckpt = os.path.join(work, "llmc_model.bin")
+    with open(ckpt, "wb") as f:
+        header.tofile(f)
+        for kind, n in sizes:
+            if kind == "w":
+                (rng.standard_normal(n, dtype=np.float32) * np.float32(0.02)).tofile(f)
+            else:
+                np.full(n, 1.0 if kind == "1" else 0.0, dtype=np.float32).tofile(f)
+    tokens = rng.integers(0, V, size=1_000_000, dtype=np.uint16)
+    theader = np.zeros(256, dtype=np.int32)
+    theader[:3] = [20240520, 1, tokens.size]
+    data = os.path.join(work, "llmc_tokens.bin")
+    with open(data, "wb") as f:
+        theader.tofile(f)
+        tokens.tofile(f)
+    return ckpt, data
+
+
+def run_llmc(cfg, steps, threads, work):
+    exe = build_llmc(work)
+    ckpt, data = write_llmc_inputs(cfg, work)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
+    out = subprocess.run([exe, ckpt, data, str(cfg["batch"]), str(cfg["seq"]), str(steps)], check=True, env=env,
+                         capture_output=True, text=True)
+    line = [l for l in out.stdout.splitlines() if l.startswith("{")][-1]
+    return json.loads(line)["tokens_per_s"]
+
+
+def cpu_flags():
+    """The flags that decide the GEMM paths: AVX-512, AVX512-BF16, AMX."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return "unknown"
+    flags = next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), [])
+    model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "?")
+    have = {f: f in flags for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")}
+    return f"{model}; " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in have.items())
+
+
 def flops_per_token(cfg):
     C, L, V, T = cfg["d_model"], cfg["layers"], cfg["vocab"], cfg["seq"]
     params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -69,21 +137,32 @@ def main():
     ap.add_argument("--configs", default="small,gpt2")
     ap.add_argument("--steps", type=int, default=0, help="timed steps (0: per-config default)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runner", default=os.path.join(ROOT, "build", "runner"), help="the runner binary to time")
+    ap.add_argument("--llmc-steps", type=int, default=4, help="llm.c steps on gpt2 (0: skip llm.c)")
     args = ap.parse_args()
+    print(f"CPU: {cpu_flags()}", flush=True)
     rows = []
     for name in args.configs.split(","):
         cfg = CONFIGS[name]
         steps = args.steps or cfg["steps"]
         with tempfile.TemporaryDirectory() as work:
-            ours, peak = run_runner(cfg, steps + 2, args.threads, work)
+            ours, peak = run_runner(cfg, steps + 2, args.threads, work, args.runner)
         theirs = run_torch(cfg, steps, args.threads)
+        llmc = 0.0
+        if name == "gpt2" and args.llmc_steps > 0:  # llm.c's trainer is GPT-2's architecture at GPT-2's shapes
+            with tempfile.TemporaryDirectory() as work:
+                llmc = run_llmc(cfg, args.llmc_steps + 1, args.threads, work)
         fpt = flops_per_token(cfg)
-        rows.append((name, ours, theirs, ours / theirs, fpt * ours / peak, fpt * theirs / peak, peak))
-        print(f"{name}: runner {ours:,.0f} tok/s | pytorch {theirs:,.0f} tok/s | ratio {ours / theirs:.2f}x", flush=True)
+        rows.append((name, ours, theirs, llmc, fpt * ours / peak, fpt * theirs / peak, peak))
+        extra = f" | llm.c {llmc:,.0f} tok/s | ratio {ours / llmc:.2f}x" if llmc else ""
+        print(f"{name}: runner {ours:,.0f} tok/s | pytorch {theirs:,.0f} tok/s | ratio {ours / theirs:.2f}x{extra}", flush=True)
     print()
-    print(f"{'config':<8} {'runner tok/s':>13} {'pytorch tok/s':>14} {'ratio':>7} {'runner MFU':>11} {'torch MFU':>10}   (sgemm peak)")
-    for name, ours, theirs, ratio, mo, mt, peak in rows:
-        print(f"{name:<8} {ours:>13,.0f} {theirs:>14,.0f} {ratio:>6.2f}x {100 * mo:>10.0f}% {100 * mt:>9.0f}%   ({peak / 1e9:.0f} GFLOP/s)")
+    print(f"{'config':<8} {'runner tok/s':>13} {'pytorch tok/s':>14} {'ratio':>7} {'llm.c tok/s':>12} {'ratio':>7}"
+          f" {'runner MFU':>11} {'torch MFU':>10}   (sgemm peak)")
+    for name, ours, theirs, llmc, mo, mt, peak in rows:
+        lc = f"{llmc:>12,.1f} {ours / llmc:>6.2f}x" if llmc else f"{'-':>12} {'-':>7}"
+        print(f"{name:<8} {ours:>13,.0f} {theirs:>14,.0f} {ours / theirs:>6.2f}x {lc}"
+              f" {100 * mo:>10.0f}% {100 * mt:>9.0f}%   ({peak / 1e9:.0f} GFLOP/s)")
 
 
 if __name__ == "__main__":
