@@ -20,6 +20,7 @@
 #include "parallel/comm.h"
 
 #include "ops/convert.h"
+#include "parallel/watch.h"
 
 // The C API only: without these, Open MPI's mpi.h pulls in its deprecated C++ bindings, whose
 // symbols live in libmpi_cxx, which MPI::MPI_C does not link.
@@ -144,6 +145,7 @@ class MpiRequest final : public Request {
   ~MpiRequest() override {
     if (done_ || reqs_.empty() || finalized()) return;
     const int64_t t = sink_ ? ops::trace_now_ns() : 0;
+    WaitMark mark(wait_);
     MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE);  // no throwing here
     if (sink_) span_.wait_ns += ops::trace_now_ns() - t;
     complete();
@@ -153,6 +155,8 @@ class MpiRequest final : public Request {
     sink_ = sink;
     span_ = std::move(span);
   }
+  // What a wait on this request is marked as for the watchdog (watch.h).
+  void watch(const WaitInfo& w) { wait_ = w; }
 
   bool test() override {
     if (done_) return true;
@@ -164,6 +168,7 @@ class MpiRequest final : public Request {
   void wait() override {
     if (done_) return;
     const int64_t t = sink_ ? ops::trace_now_ns() : 0;
+    WaitMark mark(wait_);
     check(MPI_Waitall(int(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
     if (sink_) span_.wait_ns += ops::trace_now_ns() - t;
     complete();
@@ -181,6 +186,7 @@ class MpiRequest final : public Request {
   bool done_ = false;
   ops::TraceSink* sink_ = nullptr;
   ops::TraceSpan span_;
+  WaitInfo wait_;
 };
 
 // 16-bit sums: MPI has no bf16/fp16 type, so the elements travel as MPI_UINT16_T and a
@@ -233,6 +239,7 @@ class MpiComm final : public Communicator {
   explicit MpiComm(MPI_Comm comm) : comm_(comm) {
     check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    find_world_ranks();
   }
   MpiComm(const MpiComm&) = delete;
   MpiComm& operator=(const MpiComm&) = delete;
@@ -244,11 +251,28 @@ class MpiComm final : public Communicator {
   int size() const override { return size_; }
   MPI_Comm* handle() { return &comm_; }
 
-  // One blocking call: counted, and reported as a span when traced.
+  // What a wait for one call is marked as (watch.h): a collective takes the group's next
+  // sequence number; a message names its peer by world rank.
+  WaitInfo wait_info(CommOp op, int64_t bytes, int peer) {
+    WaitInfo w;
+    w.op = op;
+    w.group = name_;
+    w.ranks = ranks_;
+    w.bytes = bytes;
+    if (comm_op_p2p(op))
+      w.peer = peer >= 0 && peer < size_ ? world_ranks_[static_cast<size_t>(peer)] : -1;
+    else
+      w.seq = ++seq_;
+    return w;
+  }
+
+  // One blocking call: counted, marked for the watchdog, and reported as a span when traced.
   struct Blocking {
     MpiComm& c;
+    WaitMark mark;
     ops::TraceSpan s;
-    Blocking(MpiComm& comm, CommOp op, int64_t bytes, int peer = -1, int tag = -1) : c(comm) {
+    Blocking(MpiComm& comm, CommOp op, int64_t bytes, int peer = -1, int tag = -1)
+        : c(comm), mark(comm.wait_info(op, bytes, peer)) {
       c.counts_[static_cast<size_t>(op)]++;
       if (!c.trace_) return;
       s = c.span(op, bytes, peer, tag);
@@ -263,6 +287,7 @@ class MpiComm final : public Communicator {
   std::unique_ptr<MpiRequest> launched(CommOp op, int64_t bytes, int peer = -1, int tag = -1) {
     counts_[static_cast<size_t>(op)]++;
     auto r = std::make_unique<MpiRequest>();
+    r->watch(wait_info(op, bytes, peer));
     if (trace_) {
       ops::TraceSpan sp = span(op, bytes, peer, tag);
       sp.async = true;
@@ -425,6 +450,22 @@ class MpiComm final : public Communicator {
  private:
   static bool fits(int64_t n) { return n <= testing::g_mpi_max_count; }
 
+  // The members' world ranks, once: for naming a message's peer and the group's members.
+  void find_world_ranks() {
+    MPI_Group world = MPI_GROUP_NULL, mine = MPI_GROUP_NULL;
+    check(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group");
+    check(MPI_Comm_group(comm_, &mine), "MPI_Comm_group");
+    std::vector<int> local(static_cast<size_t>(size_));
+    for (int i = 0; i < size_; ++i) local[static_cast<size_t>(i)] = i;
+    world_ranks_.assign(static_cast<size_t>(size_), -1);
+    check(MPI_Group_translate_ranks(mine, size_, local.data(), world, world_ranks_.data()), "MPI_Group_translate_ranks");
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+    ranks_ = {world_ranks_[0], size_ > 1 ? world_ranks_[1] - world_ranks_[0] : 1, size_};
+    for (int i = 0; i < size_; ++i)
+      if (world_ranks_[static_cast<size_t>(i)] != ranks_.world_rank(i)) ranks_.stride = 0;  // not a progression
+  }
+
   void allreduce(void* x, int64_t n, MPI_Datatype t, MPI_Op op) {
     int sz = 0;
     check(MPI_Type_size(t, &sz), "MPI_Type_size");
@@ -437,6 +478,9 @@ class MpiComm final : public Communicator {
 
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  std::vector<int> world_ranks_;  // member i's world rank
+  GroupRanks ranks_;
+  int64_t seq_ = 0;  // collectives called so far (the same on every member: MPI's ordering rule)
 };
 
 bool env_set(const char* name) {

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "runner/signals.h"
+#include "runner/train/watchdog.h"
 
 namespace runner {
 
@@ -33,6 +34,7 @@ void addition_accuracy(const Plan& plan, parallel::Grid& grid, RankModel& model,
       std::copy(pr.prompt.begin(), pr.prompt.end(), tokens.begin() + static_cast<int64_t>(i) * T);
       max_answer = std::max(max_answer, pr.answer.size());
     }
+    progress_tick();  // the watchdog: each batch of the accuracy check is progress
     for (size_t j = 0; j < max_answer; ++j) {
       std::vector<float> best_val(n, -std::numeric_limits<float>::infinity());
       std::vector<int64_t> best_id(n, std::numeric_limits<int64_t>::max());
@@ -98,6 +100,7 @@ EvalResult evaluate(const Plan& plan, parallel::Grid& grid, RankModel& model, st
     auto ls = model.pipe().forward({b.tokens.data(), b.targets.data(), 0});
     sum += ls.sum;
     count += ls.count;
+    progress_tick();  // the watchdog: an evaluation batch is progress, as a step is
   }
   if (multi) {  // the last stage's tensor- and data-parallel rank 0 holds the loss
     double v[2] = {0, 0};

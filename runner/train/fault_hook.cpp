@@ -38,10 +38,13 @@ FaultHook::FaultHook(int world_rank)
       step_sleep_ms_(env("RUNNER_FAULT_STEP_SLEEP_MS")),
       stall_rank_(env("RUNNER_DEBUG_STALL_RANK")),
       stall_every_(env("RUNNER_DEBUG_STALL_EVERY")),
-      stall_ms_(env("RUNNER_DEBUG_STALL_MS")) {
+      stall_ms_(env("RUNNER_DEBUG_STALL_MS")),
+      ckpt_sleep_ms_(env("RUNNER_FAULT_CKPT_SLEEP_MS")),
+      ckpt_sleep_rank_(env("RUNNER_FAULT_CKPT_SLEEP_RANK")) {
   for (const char* v : {"RUNNER_FAULT_FAIL_RANK", "RUNNER_FAULT_FAIL_STEP", "RUNNER_FAULT_NAN_STEP", "RUNNER_FAULT_INF_STEP",
                         "RUNNER_FAULT_INF_COUNT", "RUNNER_FAULT_NOISE_STEP", "RUNNER_FAULT_STEP_SLEEP_MS",
-                        "RUNNER_DEBUG_STALL_RANK", "RUNNER_DEBUG_STALL_EVERY", "RUNNER_DEBUG_STALL_MS"})
+                        "RUNNER_DEBUG_STALL_RANK", "RUNNER_DEBUG_STALL_EVERY", "RUNNER_DEBUG_STALL_MS",
+                        "RUNNER_FAULT_CKPT_SLEEP_MS"})
     active_ = active_ || std::getenv(v) != nullptr;
 }
 
@@ -77,6 +80,11 @@ void FaultHook::poison(int64_t step, double& loss_sum, ParamSet& params) {
 
 void FaultHook::sleep_after_step() const {
   if (step_sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms_));
+}
+
+void FaultHook::sleep_after_checkpoint() const {
+  if (ckpt_sleep_ms_ > 0 && (ckpt_sleep_rank_ < 0 || ckpt_sleep_rank_ == rank_))
+    std::this_thread::sleep_for(std::chrono::milliseconds(ckpt_sleep_ms_));
 }
 
 }  // namespace runner

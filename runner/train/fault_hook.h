@@ -16,7 +16,11 @@
 //     so a test's signals, which take a while to arrive, land where they were aimed (tests/slurm/).
 //   RUNNER_DEBUG_STALL_RANK=R, RUNNER_DEBUG_STALL_EVERY=N, RUNNER_DEBUG_STALL_MS=T: world rank R
 //     sleeps T ms at the start of every N-th step, as a rank sharing its cores with another job
-//     would stall (a straggler, for the monitoring's tests).
+//     would stall (a straggler, for the monitoring's tests). With T longer than
+//     train.collective_timeout it is a stuck data loader, which the watchdog reports (issue 28).
+//   RUNNER_FAULT_CKPT_SLEEP_MS=T (and RUNNER_FAULT_CKPT_SLEEP_RANK=R, default every rank): each
+//     checkpoint save takes T ms longer on rank R, as a slow shared file system would make it
+//     (the watchdog's tests: a slow checkpoint is not a hang).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -49,6 +53,10 @@ class FaultHook {
   void after_grads(int64_t step, double& loss_sum, ParamSet& params) {
     if (active_) poison(step, loss_sum, params);
   }
+  // A checkpoint save was made (inside the checkpoint's phase): the slow file system.
+  void after_checkpoint() const {
+    if (active_) sleep_after_checkpoint();
+  }
   // The step is over (its result is not yet looked at): the slow machine.
   void after_step() const {
     if (active_) sleep_after_step();
@@ -60,10 +68,12 @@ class FaultHook {
   void fail(int64_t step) const;
   void poison(int64_t step, double& loss_sum, ParamSet& params);
   void sleep_after_step() const;
+  void sleep_after_checkpoint() const;
 
   int rank_;
   int64_t fail_rank_, fail_step_, nan_step_, inf_step_, inf_count_, noise_step_, step_sleep_ms_;
   int64_t stall_rank_, stall_every_, stall_ms_;
+  int64_t ckpt_sleep_ms_, ckpt_sleep_rank_;
   bool active_ = false;
 };
 

@@ -48,6 +48,7 @@
 #include "runner/train/rank_model.h"
 #include "runner/train/rollback.h"
 #include "runner/train/startup.h"
+#include "runner/train/watchdog.h"
 
 namespace fs = std::filesystem;
 
@@ -77,11 +78,13 @@ class Trainer {
     const int64_t total = r.train.steps;
     if (st.step >= total) return finish_evaluation();
     while (st.step < total) {
+      set_phase(Phase::Boundary, st.step);
       if (stop_agreed()) return preempt();
       rollback->before_step(st);
       tracer.begin(st.step + 1, *model);
       StepResult s = train_step();
       tracer.step_done(s.total_ms);
+      watchdog->step_done(s.total_ms);
       faults.after_step();
       if (rollback->after_step(s, st)) {
         tracer.end(st.step);
@@ -104,7 +107,9 @@ class Trainer {
       if (r.train.eval_every > 0 && st.step % r.train.eval_every == 0 && st.step != total)
         metrics->eval(st.step, evaluate_untimed());
     }
+    set_phase(Phase::Checkpoint, st.step);
     ckpt->save(st, true);
+    set_phase(Phase::Boundary, st.step);
     if (stop_agreed()) return preempt();
     EvalResult last_eval = evaluate_untimed();
     if (stop_agreed()) return preempt();
@@ -149,6 +154,8 @@ class Trainer {
   std::optional<InitFrom> init;      // model.init_from: the weights step 0 starts from (none: random)
   std::string run_tokenizer;         // the directory RUN_DIR/tokenizer/ is copied from ("" none)
   std::optional<RecipeHistory> history;  // rank 0: this job's recipe against the one the run ran with
+  // Last: stopped and joined first when the Trainer ends, while everything it reads still lives.
+  std::unique_ptr<Watchdog> watchdog;
 
   bool lead() const { return grid.rank() == 0; }
   uint64_t seed() const { return static_cast<uint64_t>(r.train.seed); }
@@ -191,6 +198,7 @@ class Trainer {
     metrics->open(paths.run_dir, resumed_from);
     // Each start and stop of a job on this run directory (runner status reads them).
     if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
+    start_watchdog();  // its timeout record follows the start record
     note_step(st.step);
     if (lead()) set_abort_record((fs::path(paths.run_dir) / "events.jsonl").string());  // a second signal's end record
     measure_peaks();
@@ -200,6 +208,8 @@ class Trainer {
                    metrics->peak_flops(), metrics->peak_source(), precision_line(r.precision, scaler, st.scaler.scale, diagnose())});
     if (resumed_from >= 0) log->info("resumed from step {} ({})", resumed_from, ckpt->dir());
     if (init) log->info("started from the weights of {} (its step {}): optimizer, loss scaler and step fresh", init->checkpoint, init->step);
+    log->info("watchdog: collective timeout {:g} s ({}); heartbeats in {}/.ranks/", watchdog->timeout_s(),
+              watchdog->choice().source, paths.run_dir);
     for (const std::string& note : opts.resume_notes) log->info("{}", note);
     run_t0 = StepTimer::now();
     return true;
@@ -263,6 +273,20 @@ class Trainer {
     }
   }
 
+  // The watchdog (watchdog.h) from here on: start-up is exempt until the first step is done.
+  // The timeout: the recipe's, else one from this layout's predicted step on the recipe's
+  // hardware profile, replaced by one from the measured steps after the first few.
+  void start_watchdog() {
+    set_phase(Phase::Startup, st.step);
+    double predicted = 0;
+    if (r.train.collective_timeout <= 0) try {
+        predicted = predict_step(plan, hardware_profile(r.hardware)).step_s;
+      } catch (const std::exception&) {  // no profile for this device: the floor until steps are measured
+      }
+    watchdog = std::make_unique<Watchdog>(paths.run_dir, grid.rank(), grid.world_size(),
+                                          choose_timeout(r.train.collective_timeout, predicted, 0), log, lead());
+  }
+
   void measure_peaks() {
     const MfuPeak pk = mfu_peak(r.hardware, r.precision.compute, ops::num_threads());
     double v = pk.flops;
@@ -274,8 +298,10 @@ class Trainer {
   // After a step's record: a save when one is due, and the poll of a background write (its
   // span only when one finished). Both go with the next step's record.
   void checkpoint_after_step() {
+    set_phase(Phase::Checkpoint, st.step);
     const int64_t c0 = StepTimer::now();
     if (ckpt->after_step(st, StepTimer::ms(run_t0, c0) / 1e3)) {
+      faults.after_checkpoint();
       ckpt_stall_ms = ckpt->last_stall_ms();
       timer.phase("checkpoint save", "checkpoint", c0);
     }
@@ -284,9 +310,11 @@ class Trainer {
     const int64_t p1 = StepTimer::now();
     if (p1 - p0 > 100000) timer.span("checkpoint poll", "checkpoint", p0, p1);  // a background write finished
     ckpt_wall_ms = StepTimer::ms(c0, p1);
+    set_phase(Phase::Boundary, st.step);
   }
 
   EvalResult evaluate_untimed() {
+    set_phase(Phase::Eval, st.step);
     std::vector<ops::OpProfile> before = model->profile();
     EvalResult e = evaluate(plan, grid, *model, val_src, st.rng.data_seed);
     add_ops(eval_ops, model->profile(), before);
@@ -397,10 +425,12 @@ class Trainer {
     StepResult res;
     double comm = 0;  // every collective this step waited in, outside the backward's overlap
     const int64_t t0 = StepTimer::now();
+    set_phase(Phase::Data, st.step + 1);
     std::vector<Batch> mbs = next_batches();
     loader->take_wait_ms();
     res.data_ms = timer.phase("data wait", "data", t0);  // the loader's wait and the batches' hand-over
     faults.after_data(st.step + 1);
+    set_phase(Phase::Passes, st.step + 1);
     // The loss is the mean over every target token of the global batch.
     int64_t count = 0;
     for (auto& b : mbs)
@@ -411,6 +441,7 @@ class Trainer {
     double loss_sum = passes(mbs, count, res, comm);
     faults.after_grads(st.step + 1, loss_sum, st.params);
     double loss_part = (grid.last_stage() && grid.coords().tp == 0) ? loss_sum : 0.0;
+    set_phase(Phase::Optimizer, st.step + 1);
     const int64_t n0 = StepTimer::now();
     res.norm = std::sqrt(model->global_sum_squares(loss_part)) / res.scale;  // unscaled
     double opt = timer.phase("gradient norm", "optimizer", n0) - model->last_norm_comm_ms();
@@ -527,6 +558,7 @@ class Trainer {
   int preempt() {
     log->warn("{} received: writing a checkpoint at step {} and exiting (code {})", stop_signal_name(), st.step,
               kExitPreempted);
+    set_phase(Phase::Checkpoint, st.step);
     ckpt->save(st, true);
     metrics->flush_monitor();
     end_event("preempted", kExitPreempted);

@@ -1,0 +1,355 @@
+// The watchdog's thread, heartbeats and hang report; see watchdog.h for what and why.
+#include "runner/train/watchdog.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "runner/errors.h"
+#include "runner/run/slurm.h"
+#include "runner/train/startup.h"
+
+namespace runner {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int> g_phase{static_cast<int>(Phase::Startup)};
+std::atomic<int64_t> g_step{0};
+std::atomic<int64_t> g_ticks{0};
+
+double wall_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string this_hostname() {
+  char h[256] = {0};
+  if (gethostname(h, sizeof(h) - 1) != 0) return "?";
+  return h;
+}
+
+bool exempt_phase(Phase p) { return p == Phase::Startup || p == Phase::Checkpoint; }
+
+nlohmann::json wait_json(const parallel::WaitInfo& w, int64_t now_ns) {
+  if (!w.active) return nullptr;
+  nlohmann::json members = nlohmann::json::array();
+  for (int i = 0; i < w.ranks.size && w.ranks.stride != 0; ++i) members.push_back(w.ranks.world_rank(i));
+  nlohmann::json j{{"op", parallel::comm_op_name(w.op)}, {"group", w.group}, {"members", members},
+                   {"bytes", w.bytes}, {"for_s", (now_ns - w.since_ns) / 1e9}};
+  if (w.peer >= 0) j["peer"] = w.peer;
+  else j["seq"] = w.seq;
+  return j;
+}
+
+// "allreduce on dp (world ranks 0,1; call #12, 8 bytes)" or "recv from rank 3 on pp (64 bytes)".
+std::string describe_wait(const nlohmann::json& w) {
+  if (w.is_null()) return "nothing";
+  std::string members;
+  for (const auto& m : w.value("members", nlohmann::json::array())) {
+    if (!members.empty()) members += ',';
+    members += m.dump();
+  }
+  const std::string op = w.value("op", "?"), group = w.value("group", "?");
+  if (w.contains("peer"))
+    return fmt::format("{} {} rank {} on {} ({} bytes)", op, op.find("send") != std::string::npos ? "to" : "from",
+                       w["peer"].get<int>(), group, w.value("bytes", int64_t{0}));
+  return fmt::format("{} on {} (world ranks {}; call #{}, {} bytes)", op, group, members.empty() ? "?" : members,
+                     w.value("seq", int64_t{0}), w.value("bytes", int64_t{0}));
+}
+
+// Whether `theirs` (a heartbeat's wait) is the call `mine` waits on: the same collective of
+// the same group, or the matching message between the two ranks.
+bool same_call(const parallel::WaitInfo& mine, int self, const nlohmann::json& theirs) {
+  if (theirs.is_null() || mine.group != theirs.value("group", std::string())) return false;
+  if (mine.peer >= 0) return theirs.value("peer", -1) == self;
+  return theirs.value("op", "") == std::string(parallel::comm_op_name(mine.op)) && theirs.value("seq", int64_t{-1}) == mine.seq;
+}
+
+}  // namespace
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::Startup: return "startup";
+    case Phase::Data: return "data";
+    case Phase::Passes: return "forward/backward";
+    case Phase::Optimizer: return "optimizer";
+    case Phase::Boundary: return "between steps";
+    case Phase::Checkpoint: return "checkpoint";
+    case Phase::Eval: return "evaluation";
+    case Phase::Done: return "done";
+  }
+  return "?";
+}
+
+void set_phase(Phase p, int64_t step) {
+  g_step.store(step, std::memory_order_relaxed);
+  g_phase.store(static_cast<int>(p), std::memory_order_relaxed);
+}
+void progress_tick() { g_ticks.fetch_add(1, std::memory_order_relaxed); }
+
+TimeoutChoice choose_timeout(double explicit_s, double predicted_step_s, double measured_step_s) {
+  if (explicit_s > 0) return {explicit_s, "train.collective_timeout", false};
+  if (measured_step_s > 0)
+    return {std::max(kTimeoutFloorS, kTimeoutStepMultiple * measured_step_s),
+            fmt::format("{:g} x the measured step {:.3g} s, at least {:g} s", kTimeoutStepMultiple, measured_step_s, kTimeoutFloorS),
+            true};
+  if (predicted_step_s > 0)
+    return {std::max(kTimeoutFloorS, kTimeoutStepMultiple * predicted_step_s),
+            fmt::format("{:g} x the predicted step {:.3g} s, at least {:g} s; replaced after the first steps",
+                        kTimeoutStepMultiple, predicted_step_s, kTimeoutFloorS),
+            true};
+  return {kTimeoutFloorS, fmt::format("the floor {:g} s (no predicted step); replaced after the first steps", kTimeoutFloorS), true};
+}
+
+double heartbeat_interval(double timeout_s) { return std::clamp(timeout_s / 10.0, 0.1, 1.0); }
+double heartbeat_stale_after(double timeout_s) {
+  return std::max(3.0 * heartbeat_interval(timeout_s), std::min(timeout_s / 2.0, 10.0));
+}
+
+std::string heartbeat_path(const std::string& run_dir, int rank) {
+  return (fs::path(run_dir) / ".ranks" / fmt::format("rank-{}.json", rank)).string();
+}
+
+std::optional<Heartbeat> read_heartbeat(const std::string& run_dir, int rank) {
+  std::ifstream f(heartbeat_path(run_dir, rank));
+  if (!f) return std::nullopt;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  try {
+    const nlohmann::json j = nlohmann::json::parse(ss.str());
+    Heartbeat h;
+    h.rank = j.value("rank", rank);
+    h.pid = j.value("pid", 0);
+    h.host = j.value("host", "?");
+    h.phase = j.value("phase", "?");
+    h.step = j.value("step", int64_t{0});
+    h.exempt = j.value("exempt", false);
+    h.time = j.value("time", 0.0);
+    h.wait = j.value("wait", nlohmann::json());
+    return h;
+  } catch (const std::exception&) {
+    return std::nullopt;  // written by another version, or torn on a file system without atomic rename
+  }
+}
+
+nlohmann::json not_arrived(const parallel::WaitInfo& w, int self, const std::vector<int>& members,
+                           const std::vector<std::optional<Heartbeat>>& beats, double now, double stale_s) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] == self) continue;
+    const std::optional<Heartbeat>& h = beats[i];
+    if (!h) {
+      out.push_back({{"rank", members[i]}, {"state", "no heartbeat"}});
+      continue;
+    }
+    const double age = now - h->time;
+    const bool stale = age > stale_s;
+    if (!stale && same_call(w, self, h->wait)) continue;  // arrived: it waits on the same call
+    out.push_back({{"rank", members[i]}, {"host", h->host}, {"pid", h->pid}, {"state", stale ? "stopped" : "elsewhere"},
+                   {"phase", h->phase}, {"step", h->step}, {"heartbeat_age_s", age}, {"doing", describe_wait(h->wait)}});
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// Watchdog
+
+Watchdog::Watchdog(std::string run_dir, int rank, int world, TimeoutChoice timeout, std::shared_ptr<spdlog::logger> log,
+                   bool lead)
+    : run_dir_(std::move(run_dir)), host_(this_hostname()), rank_(rank), world_(world), choice_(std::move(timeout)),
+      log_(std::move(log)), lead_(lead), timeout_ms_(static_cast<int64_t>(choice_.seconds * 1e3)) {
+  std::error_code ec;
+  fs::create_directories(fs::path(run_dir_) / ".ranks", ec);
+  const int64_t now = parallel::watch_now_ns();
+  last_progress_ns_ = last_exempt_ns_ = now;
+  beat(now);
+  if (lead_)
+    append_run_event(run_dir_, {{"event", "watchdog"}, {"timeout_s", choice_.seconds}, {"source", choice_.source},
+                                {"heartbeat_s", heartbeat_interval(choice_.seconds)},
+                                {"stale_s", heartbeat_stale_after(choice_.seconds)}});
+  parallel::watch_enable(true);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Watchdog::~Watchdog() { stop(); }
+
+void Watchdog::stop() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  parallel::watch_enable(false);
+  set_phase(Phase::Done, g_step.load());
+  beat(parallel::watch_now_ns());
+}
+
+void Watchdog::step_done(double step_ms) {
+  const int64_t n = steps_done_.fetch_add(1) + 1;
+  progress_tick();
+  if (!choice_.from_model || n < 2 || n > 1 + kMeasureSteps) return;
+  step_ms_.push_back(step_ms);  // the first step (warm-up) is left out
+  if (n != 1 + kMeasureSteps) return;
+  const double measured = *std::max_element(step_ms_.begin(), step_ms_.end()) / 1e3;
+  const TimeoutChoice c = choose_timeout(0, 0, measured);
+  timeout_ms_.store(static_cast<int64_t>(c.seconds * 1e3));
+  if (!lead_) return;
+  if (log_) log_->info("watchdog: collective timeout now {:g} s ({})", c.seconds, c.source);
+  append_run_event(run_dir_, {{"event", "watchdog"}, {"timeout_s", c.seconds}, {"source", c.source}});
+}
+
+void Watchdog::loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stopping_) {
+    const auto period = std::chrono::duration<double>(heartbeat_interval(timeout_s()));
+    cv_.wait_for(lk, period, [this] { return stopping_; });
+    if (stopping_) break;
+    lk.unlock();
+    const int64_t now = parallel::watch_now_ns();
+    beat(now);
+    check(now);
+    lk.lock();
+  }
+}
+
+bool Watchdog::exempt_now() const {
+  return exempt_phase(static_cast<Phase>(g_phase.load(std::memory_order_relaxed))) || steps_done_.load() == 0;
+}
+
+void Watchdog::beat(int64_t now_ns) {
+  const nlohmann::json j{{"rank", rank_}, {"host", host_}, {"pid", static_cast<int>(getpid())},
+                         {"step", g_step.load(std::memory_order_relaxed)},
+                         {"phase", phase_name(static_cast<Phase>(g_phase.load(std::memory_order_relaxed)))},
+                         {"exempt", exempt_now()}, {"time", wall_now()},
+                         {"wait", wait_json(parallel::watch_current(), now_ns)}};
+  const std::string path = heartbeat_path(run_dir_, rank_), tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    if (!f) return;  // the run directory went away: nothing to tell
+    f << j.dump() << "\n";
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+}
+
+void Watchdog::check(int64_t now_ns) {
+  const int phase = g_phase.load(std::memory_order_relaxed);
+  const int64_t ticks = g_ticks.load(std::memory_order_relaxed);
+  if (phase != seen_phase_ || ticks != seen_ticks_) last_progress_ns_ = now_ns;
+  seen_phase_ = phase;
+  seen_ticks_ = ticks;
+  if (exempt_now()) last_exempt_ns_ = now_ns;
+  const parallel::WaitInfo w = parallel::watch_current();
+  if (w.active) check_wait(w, now_ns);
+  else check_stall(now_ns);
+}
+
+std::vector<int> Watchdog::members_of(const parallel::WaitInfo& w) const {
+  std::vector<int> m;
+  if (w.peer >= 0) return {w.peer};
+  if (w.ranks.stride == 0) {  // an irregular group: everyone's heartbeat
+    for (int r = 0; r < world_; ++r) m.push_back(r);
+    return m;
+  }
+  for (int i = 0; i < w.ranks.size; ++i) m.push_back(w.ranks.world_rank(i));
+  return m;
+}
+
+std::vector<std::optional<Heartbeat>> Watchdog::read_beats(const std::vector<int>& ranks) const {
+  std::vector<std::optional<Heartbeat>> b;
+  for (int r : ranks) b.push_back(r == rank_ ? std::nullopt : read_heartbeat(run_dir_, r));
+  return b;
+}
+
+void Watchdog::check_wait(const parallel::WaitInfo& w, int64_t now_ns) {
+  const double timeout = timeout_s();
+  const double since_s = (now_ns - std::max(w.since_ns, last_exempt_ns_)) / 1e9;
+  if (since_s < timeout / 2) return;  // the other ranks' heartbeats are read only once a wait is long
+  const std::vector<int> members = members_of(w);
+  const std::vector<std::optional<Heartbeat>> beats = read_beats(members);
+  const double now = wall_now(), stale = heartbeat_stale_after(timeout);
+  for (const auto& h : beats)
+    if (h && h->exempt && now - h->time <= stale) {  // a member writes a checkpoint, or starts up
+      last_exempt_ns_ = now_ns;
+      return;
+    }
+  if (since_s <= timeout) return;
+  const nlohmann::json wj = wait_json(w, now_ns);
+  const nlohmann::json missing = not_arrived(w, rank_, members, beats, now, stale);
+  nlohmann::json rec{{"kind", "wait"}, {"op", wj["op"]}, {"group", wj["group"]}, {"members", wj["members"]},
+                     {"bytes", w.bytes}, {"waited_s", (now_ns - w.since_ns) / 1e9}};
+  if (w.peer >= 0) rec["peer"] = w.peer;
+  else rec["seq"] = w.seq;
+  hang(fmt::format("waited {:.1f} s for {}", (now_ns - w.since_ns) / 1e9, describe_wait(wj)), rec, missing);
+}
+
+void Watchdog::check_stall(int64_t now_ns) {
+  const double idle_s = (now_ns - std::max(last_progress_ns_, last_exempt_ns_)) / 1e9;
+  if (idle_s <= timeout_s()) return;
+  const Phase p = static_cast<Phase>(g_phase.load(std::memory_order_relaxed));
+  const nlohmann::json me{{"rank", rank_}, {"host", host_}, {"pid", static_cast<int>(getpid())}, {"state", "stalled"},
+                          {"phase", phase_name(p)}, {"step", g_step.load()}, {"heartbeat_age_s", 0.0}, {"doing", "nothing"}};
+  hang(fmt::format("made no progress for {:.1f} s in {} with no communication in flight (a stuck data loader, kernel "
+                   "or process)", idle_s, phase_name(p)),
+       {{"kind", "stall"}, {"waited_s", idle_s}}, nlohmann::json::array({me}));
+}
+
+// One message, the records, exit 5. Runs on the watchdog's thread while the trainer's is
+// blocked (in MPI, a kernel, a read): nothing can unwind it, so logs are flushed and the
+// process ends with _Exit; the launcher stops the other ranks.
+void Watchdog::hang(const std::string& what, nlohmann::json rec, const nlohmann::json& missing) {
+  const Phase p = static_cast<Phase>(g_phase.load(std::memory_order_relaxed));
+  const int64_t step = g_step.load(std::memory_order_relaxed);
+  std::string msg = fmt::format("watchdog: rank {} (host {}, pid {}) {}, at step {} ({}); longer than the collective "
+                                "timeout {:g} s ({})", rank_, host_, getpid(), what, step, phase_name(p), timeout_s(),
+                                choice_.source);
+  std::string who;
+  for (const auto& m : missing) {
+    const std::string state = m.value("state", "?");
+    std::string line = fmt::format("rank {}", m.value("rank", -1));
+    const std::string doing = m.value("doing", "nothing");
+    const std::string waiting = doing == "nothing" ? "" : ", waiting on " + doing;
+    if (m.contains("host")) line += fmt::format(" (host {}, pid {})", m.value("host", "?"), m.value("pid", 0));
+    if (state == "stopped")
+      line += fmt::format(" did not arrive: its heartbeat stopped {:.1f} s ago (a stopped or dead process, or an "
+                          "unreachable node); last seen in {} at step {}{}",
+                          m.value("heartbeat_age_s", 0.0), m.value("phase", "?"), m.value("step", int64_t{0}), waiting);
+    else if (state == "elsewhere")
+      line += fmt::format(" did not arrive: it is in {} at step {}{}", m.value("phase", "?"), m.value("step", int64_t{0}),
+                          waiting);
+    else if (state == "stalled")
+      line += " is stuck itself";
+    else
+      line += " did not arrive and wrote no heartbeat (its watchdog never started)";
+    msg += "\n  " + line;
+    if (who.empty()) who = fmt::format("rank {}{}", m.value("rank", -1), m.contains("host") ? " on " + m.value("host", "?") : "");
+  }
+  if (missing.empty()) msg += "\n  every member is waiting on this call: the network or the MPI library is stuck";
+  msg += fmt::format("\n  stopping the job (exit {}); a restart resumes from the last published checkpoint", kExitHang);
+  std::fprintf(stderr, "%s\n", msg.c_str());
+  std::fflush(stderr);
+  if (log_) {
+    log_->error("{}", msg);
+    log_->flush();
+  }
+  rec.update({{"event", "hang"}, {"rank", rank_}, {"host", host_}, {"pid", static_cast<int>(getpid())}, {"step", step},
+              {"phase", phase_name(p)}, {"timeout_s", timeout_s()}, {"timeout_source", choice_.source},
+              {"not_arrived", missing}, {"message", msg.substr(0, msg.find('\n'))}});
+  append_run_event(run_dir_, rec);
+  const std::string cause = fmt::format("hang: {}", who.empty() ? "no rank missing (network or MPI stuck)" : who);
+  append_end_event(run_dir_, cause.c_str(), step, kExitHang);
+  std::fflush(nullptr);
+  std::_Exit(kExitHang);
+}
+
+}  // namespace runner
