@@ -16,7 +16,7 @@ stop_one() {  # stop_one JOB I SLOT_START SLOT
   t0=$(date +%s)
   at=$(last_step stop)
   wait_until $((TIMEOUT + 10)) eval '[ "$(count stop hang)" -ge '"$i"' ]' ||
-    { fail "stop: no hang record $((TIMEOUT + 10)) s after rank $rank (n$node) was stopped at step $at"; kill -CONT "$pid"; return 1; }
+    { fail "stop: no hang record $((TIMEOUT + 10)) s after rank $rank (n$node, pid $pid) was stopped at step $at; now at $(last_step stop); heartbeats: $(cat "$WORK"/stop/.ranks/*.json 2>/dev/null)"; kill -CONT "$pid"; return 1; }
   h=$(nth_event stop hang "$i")
   [ "$(field "$h" not_arrived.0.rank)" = "$rank" ] && [ "$(field "$h" not_arrived.0.host)" = "n$node" ] ||
     fail "stop: the hang record does not name rank $rank on n$node: $h"
