@@ -16,6 +16,7 @@
 #include "runner/checkpoint/isolated.h"
 #include "runner/cli/command.h"
 #include "runner/errors.h"
+#include "runner/run/restart.h"
 #include "runner/signals.h"
 #include "runner/train/launch.h"
 
@@ -84,6 +85,7 @@ int main(int argc, char** argv) {
       cli::data_command(app),    cli::tokenizer_command(app),
       cli::report_command(app),  cli::export_command(app), cli::import_command(app),
       cli::generate_command(app), cli::launch_command(app), cli::status_command(app),
+      cli::restart_check_command(app),
   };
   if (int rc = refuse_unknown_command(app, argc, argv)) return rc;
   try {
@@ -94,7 +96,12 @@ int main(int argc, char** argv) {
   }
   for (auto& cmd : commands) {
     if (!cmd->chosen()) continue;
-    if (cmd->start() != cli::Start::isolated) return run_command(*cmd, &argc, &argv);
+    if (cmd->start() != cli::Start::isolated) {
+      const int rc = run_command(*cmd, &argc, &argv);
+      // Under the batch script: this rank's own code (srun reports only the highest of all).
+      if (cmd->start() == cli::Start::ranks) record_rank_exit(rc);
+      return rc;
+    }
     std::optional<Launch> none;
     return cmd->run(none);
   }

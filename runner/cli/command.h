@@ -53,5 +53,6 @@ std::unique_ptr<Command> import_command(CLI::App& app);             // import.cp
 std::unique_ptr<Command> generate_command(CLI::App& app);           // generate.cpp
 std::unique_ptr<Command> launch_command(CLI::App& app);             // launch.cpp
 std::unique_ptr<Command> status_command(CLI::App& app);             // launch.cpp
+std::unique_ptr<Command> restart_check_command(CLI::App& app);      // launch.cpp (hidden)
 
 }  // namespace runner::cli

@@ -1,8 +1,12 @@
 // `runner launch RECIPE --slurm`: the batch script that trains a recipe under Slurm, written,
 // printed or submitted; and `runner status RUN_DIR`: where a run stands (runner/run/slurm.h).
+#include <cmath>
 #include <iostream>
 
 #include "runner/cli/command.h"
+#include "runner/recipe/recipe.h"
+#include "runner/run/restart.h"
+#include "runner/run/run_dir.h"
 #include "runner/run/slurm.h"
 
 namespace runner::cli {
@@ -59,7 +63,48 @@ class StatusCommand final : public Command {
   bool json_ = false;
 };
 
+// `runner restart-check RECIPE --run-dir DIR --exit-code RC ...` (hidden): the batch script asks,
+// once srun has returned with a failure, whether to requeue the job (runner/run/restart.h).
+// Records the restart or the refusal in events.jsonl and says it on stderr (the job's output).
+// Exit 0 with the backoff in whole seconds on stdout: requeue; 1: do not.
+class RestartCheckCommand final : public Command {
+ public:
+  explicit RestartCheckCommand(CLI::App& app) {
+    sub_ = app.add_subcommand("restart-check", "(for the batch script) whether a failed Slurm job is requeued");
+    sub_->group("");  // plumbing: not in --help
+    sub_->add_option("recipe", recipe_path_, "recipe YAML (as the script trains it)")->required();
+    sub_->add_option("--set", sets_, "the script's recipe overrides")->take_all();
+    sub_->add_option("--run-dir", run_dir_, "run directory")->required();
+    sub_->add_option("--exit-code", o_.srun_code, "srun's exit code")->required();
+    sub_->add_option("--rank-exits", rank_exits_, "the ranks' own exit codes (RUNNER_EXIT_RECORD)");
+    sub_->add_option("--job-state", o_.job_state, "scontrol's JobState of this job now");
+    sub_->add_flag("--term", o_.term_signal, "the batch shell got SIGTERM");
+    sub_->add_option("--node-states", node_states_, "`sinfo -h -N -o '%N %T'`, lines joined by ';'");
+  }
+
+  int run(std::optional<Launch>&) override {
+    const Recipe r = load_recipe(recipe_path_, sets_);
+    const RunPaths paths = run_paths(r, run_dir_);
+    if (!rank_exits_.empty()) o_.rank_codes = read_rank_exits(rank_exits_);
+    o_.nodes_down = down_nodes(node_states_);
+    const RestartDecision d = decide_after_attempt(read_run_history(paths.run_dir, paths.checkpoint_dir),
+                                                   restart_policy(r), o_, slurm_env());
+    if (!d.record.is_null()) append_run_event(paths.run_dir, d.record);
+    std::cerr << "runner restart-check: " << d.message << "\n";
+    if (d.action != RestartDecision::Action::restart) return 1;
+    std::cout << static_cast<long long>(std::ceil(d.backoff_s)) << "\n";
+    return 0;
+  }
+
+ private:
+  std::string recipe_path_, run_dir_, rank_exits_, node_states_;
+  std::vector<std::string> sets_;
+  AttemptOutcome o_;
+};
+
 }  // namespace
+
+std::unique_ptr<Command> restart_check_command(CLI::App& app) { return std::make_unique<RestartCheckCommand>(app); }
 
 std::unique_ptr<Command> launch_command(CLI::App& app) { return std::make_unique<LaunchCommand>(app); }
 std::unique_ptr<Command> status_command(CLI::App& app) { return std::make_unique<StatusCommand>(app); }

@@ -17,6 +17,7 @@
 #include <fmt/ranges.h>
 
 #include "runner/device/devices.h"
+#include "runner/run/restart.h"
 #include "runner/run/run_dir.h"
 #include "runner/errors.h"
 #include "slurm_template.h"  // generated from scripts/slurm.sbatch.in (CMakeLists.txt)
@@ -74,6 +75,47 @@ std::pair<int64_t, std::string> cpus_per_task(const Recipe& r, const SlurmLaunch
           fmt::format("{} CPUs per node ({}) / {} rank{} per node", node,
                       o.node_cpus > 0 ? "--node-cpus" : "this machine's; --node-cpus N for other compute nodes", per_node,
                       per_node == 1 ? "" : "s")};
+}
+
+// --elastic: --nodes=MIN-MAX, MAX the recipe's nodes, MIN the fewest on which the layout plans
+// and fits the memory ledger at the dp they give (runner/run/restart.h min_elastic_nodes).
+struct ElasticNodes {
+  int64_t min = 0;
+  std::string why;  // comment lines for the script
+};
+ElasticNodes elastic_nodes(const Recipe& r, const SlurmLaunchOptions& o, int64_t per_node, int64_t nodes) {
+  if (!o.elastic) return {nodes, ""};
+  const int64_t min = min_elastic_nodes(r, per_node, nodes);
+  if (min >= nodes)
+    return {nodes, fmt::format("# --elastic: the layout needs all {} node(s) (the memory ledger, or tp x pp and the global "
+                               "batch leave no smaller dp), so no node range.\n", nodes)};
+  return {min, fmt::format("# --elastic: any {} to {} nodes. {} node(s) is the fewest on which the model fits (the memory "
+                           "ledger,\n# dp free, global batch {} kept); a job requeued on fewer nodes continues at a smaller "
+                           "dp and grows back.\n", min, nodes, min, make_plan(r, 0).global)};
+}
+
+// --elastic on fewer nodes than the recipe's: a background check for idle nodes; once there are
+// enough to grow back, the ranks are told to checkpoint and exit 3, and the requeued job starts
+// on more nodes (Slurm gives a MIN-MAX job as many as are free).
+std::string grow_block(int64_t max_nodes) {
+  return fmt::format(R"X(# Growing back (--elastic): while this job has fewer than {0} nodes, look for idle ones every
+# RUNNER_GROW_POLL seconds (default 60) in this job's partition; once one is, SIGUSR1 to the
+# ranks: a checkpoint, exit 3, the requeue below, and the job starts again on the nodes free.
+grow_watcher=""
+if [ "${{SLURM_JOB_NUM_NODES:-{0}}}" -lt {0} ]; then
+  (
+    while sleep "${{RUNNER_GROW_POLL:-60}}"; do
+      idle=$(sinfo -h -t idle ${{SLURM_JOB_PARTITION:+-p "$SLURM_JOB_PARTITION"}} -o %D 2>/dev/null | awk '{{s += $1}} END {{print s + 0}}')
+      if [ $(( SLURM_JOB_NUM_NODES + idle )) -gt "$SLURM_JOB_NUM_NODES" ]; then
+        echo "slurm.sbatch: $idle idle node(s) beside this job's $SLURM_JOB_NUM_NODES: growing back (checkpoint, exit 3, requeue)"
+        scancel --signal=USR1 "$SLURM_JOB_ID"
+        break
+      fi
+    done
+  ) &
+  grow_watcher=$!
+fi
+)X", max_nodes);
 }
 
 }  // namespace
@@ -152,9 +194,10 @@ std::string slurm_script(const Plan& p, const SlurmLaunchOptions& o) {
                     "give the CPUs of one compute node to --node-cpus, or the cores per rank to --cpus-per-task");
   const auto [cpus, cpus_why] = cpus_per_task(r, o, per_node);
   const std::string run_dir = absolute(run_paths(r, o.run_dir).run_dir);
-  std::string flags;
-  for (const std::string& s : o.sets) flags += " --set " + shell_quote(s);
-  if (o.elastic) flags += " --elastic";
+  std::string sets;
+  for (const std::string& s : o.sets) sets += " --set " + shell_quote(s);
+  const std::string flags = sets + (o.elastic ? " --elastic" : "");
+  const ElasticNodes en = elastic_nodes(r, o, per_node, nodes);
   const std::map<std::string, std::string> fields{
       {"JOB_NAME", o.job_name.empty() ? r.name : o.job_name},
       {"RECIPE_ARG", o.recipe_path},
@@ -171,7 +214,13 @@ std::string slurm_script(const Plan& p, const SlurmLaunchOptions& o) {
       {"ACCUM", std::to_string(p.accum)},
       {"DEVICES_PER_NODE", std::to_string(r.hardware.devices_per_node)},
       {"TASKS_PER_NODE", std::to_string(per_node)},
-      {"NODES", std::to_string(nodes)},
+      {"NODES", en.min < nodes ? fmt::format("{}-{}", en.min, nodes) : std::to_string(nodes)},
+      {"NODES_MAX", std::to_string(nodes)},
+      {"NODES_WHY", en.why},
+      {"NTASKS_LINE", en.min < nodes ? fmt::format("# No --ntasks: the ranks are the nodes Slurm gives x {} per node.\n", per_node)
+                                     : fmt::format("#SBATCH --ntasks={}\n", p.world)},
+      {"GROW_BLOCK", en.min < nodes ? grow_block(nodes) : std::string()},
+      {"SET_FLAGS", sets},
       {"CPUS_PER_TASK", std::to_string(cpus)},
       {"CPUS_WHY", cpus_why},
       {"GPUS_LINE", device_kind(r.hardware).host ? std::string()

@@ -19,6 +19,7 @@
 #endif
 #include "runner/agree.h"
 #include "runner/errors.h"
+#include "runner/run/restart.h"
 
 namespace runner {
 
@@ -28,6 +29,7 @@ namespace {
 [[noreturn]] void fail_job(parallel::Grid& grid, const std::string& message, int code) {
   std::fprintf(stderr, "[rank %d %s] %s\n", grid.rank(), grid.name().c_str(), message.c_str());
   std::fflush(stderr);
+  record_rank_exit(code);  // the batch script's restart check reads it (srun sees only the abort's kill)
   grid.world().abort(code);
   std::_Exit(code);  // not reached (abort() is [[noreturn]], which GCC does not see through a virtual call)
 }

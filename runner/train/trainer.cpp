@@ -46,6 +46,7 @@
 #include "runner/train/optimizer.h"
 #include "runner/train/precision.h"
 #include "runner/train/rank_model.h"
+#include "runner/train/requeued.h"
 #include "runner/train/rollback.h"
 #include "runner/train/startup.h"
 #include "runner/train/watchdog.h"
@@ -74,7 +75,7 @@ class Trainer {
   ~Trainer() { set_abort_record(""); }
 
   int run() {
-    if (!start()) return 0;  // a finished run: said so, changed nothing
+    if (!start()) return start_exit;  // a finished run (said so, changed nothing) or a refused restart
     const int64_t total = r.train.steps;
     if (st.step >= total) return finish_evaluation();
     while (st.step < total) {
@@ -124,6 +125,7 @@ class Trainer {
   const Recipe& r;
   TrainOptions opts;
   parallel::Grid& grid;
+  int start_exit = 0;  // start() returned false: 0 (finished) or kExitNoRestart
   ops::Backend& be;  // chosen once when the run started (runner/device/device.h)
   StepTimer timer;
   // Declared before everything that may hold a request reporting to its sink (pipeline
@@ -168,6 +170,7 @@ class Trainer {
     install_signal_handlers();
     open_inputs();
     paths = run_paths(r, opts.run_dir);
+    if ((start_exit = judge_requeued_start(grid.world(), r, paths)) != 0) return false;  // Slurm's own requeue
     agree(grid.world(), [&] {
       init = check_init_from(r, paths.checkpoint_dir);
       run_tokenizer = choose_run_tokenizer(r, init ? init->tokenizer_dir : "");
