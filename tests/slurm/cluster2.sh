@@ -161,7 +161,7 @@ c2_stop_pid() {
 cluster2_stop() {
   local i n
   if [ -n "${SLURM_CONF:-}" ] && [ -n "${C2_SLURMCTLD_PID:-}" ]; then
-    for n in 1 2; do node_uncut "$n"; done 2>/dev/null  # a cut node cannot hear the cancel
+    for n in 1 2; do ip link set "$(c2_veth "$n")" up; done 2>/dev/null  # a cut node cannot hear the cancel
     scancel --user="$(id -un)" >/dev/null 2>&1
     for i in $(seq 50); do
       [ -z "$(squeue -h -t running,completing 2>/dev/null)" ] && break
@@ -196,9 +196,26 @@ node_kill() {
   C2_SLURMD_PID[$1]=
   return 0
 }
-node_restart() { c2_start_slurmd "$1"; }
+# node_restart N: the node boots again: its /tmp (TmpFS) is empty, and the PMIx plugin's socket
+# of the killed step is gone from its spool directory (left there, it blocks the requeued job's
+# step of the same id on this node: "Cannot bind() UNIX socket ... Address already in use").
+node_restart() {
+  rm -rf "${SLURM_TEST_DIR:?}/tmpn$1"/* "$SLURM_TEST_DIR/spooln$1"/stepd.slurm.pmix.* "$SLURM_TEST_DIR/spooln$1"/pmix.*
+  c2_start_slurmd "$1"
+}
 node_cut() { ip link set "$(c2_veth "$1")" down; }
-node_uncut() { ip link set "$(c2_veth "$1")" up; }
+# node_uncut N: the link is back. The rank left on the node still waits in MPI (nothing ends it:
+# seen for 20 s and more), so it is killed, and its step daemon then ends by itself.
+node_uncut() {
+  ip link set "$(c2_veth "$1")" up
+  c2_kill_ranks "$1"
+  local i
+  for i in $(seq 50); do
+    [ -z "$(for p in $(c2_ns_pids "$1"); do [ "$(cat /proc/"$p"/comm 2>/dev/null)" = slurmstepd ] && echo "$p"; done)" ] && return 0
+    sleep 0.2
+  done
+  echo "node_uncut: a step daemon of n$1 still runs 10 s after its ranks were killed" >&2
+}
 node_state() { sinfo -h -N -n "n$1" -o %T 2>/dev/null | head -n 1; }
 # The world ranks' PIDs on node N (for SIGSTOP).
 node_rank_pids() {

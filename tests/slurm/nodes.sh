@@ -63,6 +63,8 @@ log "cluster up: $(sinfo -h -N -o '%N %T %c' | tr '\n' ' ')"
 # MPI over TCP between the namespaces, on the bridge's addresses only (out-of-band too).
 export OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=$C2_NET.0/24 OMPI_MCA_oob_tcp_if_include=$C2_NET.0/24
 export OMPI_MCA_mpi_yield_when_idle=1
+# The elastic job looks for idle nodes to grow back onto every 2 s (the default is 60 s).
+export RUNNER_GROW_POLL=2
 
 # ---- helpers ----
 script_for() {  # script_for NAME [launch flags...] -> $WORK/NAME/slurm.sbatch

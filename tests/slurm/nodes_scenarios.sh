@@ -77,7 +77,7 @@ lose_one() {  # lose_one I SLOT_START SLOT
   [ "$r" -le "$at" ] && [ $((at - r)) -le "$EVERY" ] || fail "nodeloss: lost n$node at step $at, resumed from $r"
   log "nodeloss $i: n$node lost ($kind) at step $at; after $(( $(date +%s) - t0 )) s running on n$((3 - node)) alone (dp 1) from step $r"
   wait_until 60 step_at_least nodeloss $((r + 5)) || { fail "nodeloss: no progress on one node after loss $i"; return 1; }
-  if [ "$kind" = kill ]; then node_restart "$node"; else node_uncut "$node"; c2_kill_ranks "$node"; fi
+  if [ "$kind" = kill ]; then node_restart "$node"; else node_uncut "$node"; fi
   t0=$(date +%s)
   wait_until 150 on_nodes $((n0 + 2)) 2 0 || { fail "nodeloss: not back on 2 nodes within 150 s of n$node's return: $(latest_start)"; return 1; }
   log "nodeloss $i: n$node back; on 2 nodes again after $(( $(date +%s) - t0 )) s from step $(field "$(latest_start)" resumed_from)"
