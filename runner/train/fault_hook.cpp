@@ -40,7 +40,8 @@ FaultHook::FaultHook(int world_rank)
       stall_every_(env("RUNNER_DEBUG_STALL_EVERY")),
       stall_ms_(env("RUNNER_DEBUG_STALL_MS")),
       ckpt_sleep_ms_(env("RUNNER_FAULT_CKPT_SLEEP_MS")),
-      ckpt_sleep_rank_(env("RUNNER_FAULT_CKPT_SLEEP_RANK")) {
+      ckpt_sleep_rank_(env("RUNNER_FAULT_CKPT_SLEEP_RANK")),
+      step_sleep_rank_(env("RUNNER_FAULT_STEP_SLEEP_RANK")) {
   for (const char* v : {"RUNNER_FAULT_FAIL_RANK", "RUNNER_FAULT_FAIL_STEP", "RUNNER_FAULT_NAN_STEP", "RUNNER_FAULT_INF_STEP",
                         "RUNNER_FAULT_INF_COUNT", "RUNNER_FAULT_NOISE_STEP", "RUNNER_FAULT_STEP_SLEEP_MS",
                         "RUNNER_DEBUG_STALL_RANK", "RUNNER_DEBUG_STALL_EVERY", "RUNNER_DEBUG_STALL_MS",
@@ -79,7 +80,7 @@ void FaultHook::poison(int64_t step, double& loss_sum, ParamSet& params) {
 }
 
 void FaultHook::sleep_after_step() const {
-  if (step_sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms_));
+  if (step_sleep_ms_ > 0 && (step_sleep_rank_ < 0 || step_sleep_rank_ == rank_)) std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms_));
 }
 
 void FaultHook::sleep_after_checkpoint() const {

@@ -14,6 +14,8 @@
 //     shard would be (a loss and gradient-norm spike, for the monitoring's tests).
 //   RUNNER_FAULT_STEP_SLEEP_MS=N: each step takes N ms longer (a slow machine; numbers unchanged),
 //     so a test's signals, which take a while to arrive, land where they were aimed (tests/slurm/).
+//     RUNNER_FAULT_STEP_SLEEP_RANK=R: on world rank R only (default every rank), so the others
+//     wait for it at the step boundary (the watchdog's tests stop it there).
 //   RUNNER_DEBUG_STALL_RANK=R, RUNNER_DEBUG_STALL_EVERY=N, RUNNER_DEBUG_STALL_MS=T: world rank R
 //     sleeps T ms at the start of every N-th step, as a rank sharing its cores with another job
 //     would stall (a straggler, for the monitoring's tests). With T longer than
@@ -73,7 +75,7 @@ class FaultHook {
   int rank_;
   int64_t fail_rank_, fail_step_, nan_step_, inf_step_, inf_count_, noise_step_, step_sleep_ms_;
   int64_t stall_rank_, stall_every_, stall_ms_;
-  int64_t ckpt_sleep_ms_, ckpt_sleep_rank_;
+  int64_t ckpt_sleep_ms_, ckpt_sleep_rank_, step_sleep_rank_;
   bool active_ = false;
 };
 

@@ -248,7 +248,11 @@ void Watchdog::check(int64_t now_ns) {
   if (phase != seen_phase_ || ticks != seen_ticks_) last_progress_ns_ = now_ns;
   seen_phase_ = phase;
   seen_ticks_ = ticks;
-  if (exempt_now()) last_exempt_ns_ = now_ns;
+  // Start-up and the first step exempt this rank's waits too (the others may still be loading
+  // with no heartbeat yet). Its own checkpoint phase does not: a collective write waits on the
+  // others, and whether they are writing too (fresh and exempt) or stopped is theirs to say.
+  if (static_cast<Phase>(phase) == Phase::Startup || steps_done_.load() == 0) last_exempt_ns_ = now_ns;
+  if (exempt_now()) last_progress_ns_ = now_ns;  // no stall inside a checkpoint write
   const parallel::WaitInfo w = parallel::watch_current();
   if (w.active) check_wait(w, now_ns);
   else check_stall(now_ns);
