@@ -278,8 +278,7 @@ std::vector<std::optional<Heartbeat>> Watchdog::read_beats(const std::vector<int
 void Watchdog::check_wait(const parallel::WaitInfo& w, int64_t now_ns) {
   const double timeout = timeout_s();
   const double since_s = (now_ns - std::max(w.since_ns, last_exempt_ns_)) / 1e9;
-  const double waited_s = (now_ns - w.since_ns) / 1e9;
-  if (waited_s < timeout / 2) return;  // the other ranks' heartbeats are read only once a wait is long
+  if (since_s < timeout / 2) return;  // the other ranks' heartbeats are read only once a wait is long
   const std::vector<int> members = members_of(w);
   const std::vector<std::optional<Heartbeat>> beats = read_beats(members);
   const double now = wall_now(), stale = heartbeat_stale_after(timeout);
@@ -288,10 +287,7 @@ void Watchdog::check_wait(const parallel::WaitInfo& w, int64_t now_ns) {
       last_exempt_ns_ = now_ns;
       return;
     }
-  // A member whose heartbeat went stale is stopped or gone: this rank's own exempt phase (a
-  // collective inside its checkpoint write) does not excuse waiting for it.
-  const bool gone = std::any_of(beats.begin(), beats.end(), [&](const auto& h) { return h && now - h->time > stale; });
-  if (since_s <= timeout && !(gone && waited_s > timeout)) return;
+  if (since_s <= timeout) return;
   const nlohmann::json wj = wait_json(w, now_ns);
   const nlohmann::json missing = not_arrived(w, rank_, members, beats, now, stale);
   nlohmann::json rec{{"kind", "wait"}, {"op", wj["op"]}, {"group", wj["group"]}, {"members", wj["members"]},
