@@ -1,6 +1,7 @@
 // `runner launch RECIPE --slurm`: the batch script that trains a recipe under Slurm, written,
 // printed or submitted; and `runner status RUN_DIR`: where a run stands (runner/run/slurm.h).
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 
 #include "runner/cli/command.h"
@@ -89,7 +90,10 @@ class RestartCheckCommand final : public Command {
     o_.nodes_down = down_nodes(node_states_);
     const RestartDecision d = decide_after_attempt(read_run_history(paths.run_dir, paths.checkpoint_dir),
                                                    restart_policy(r), o_, slurm_env());
-    if (!d.record.is_null()) append_run_event(paths.run_dir, d.record);
+    // A run that never started (exit 2 before anything was written) gets no records: only the message.
+    const bool started = std::filesystem::exists(std::filesystem::path(paths.run_dir) / "events.jsonl");
+    if (!d.record.is_null() && (started || d.action == RestartDecision::Action::restart))
+      append_run_event(paths.run_dir, d.record);
     std::cerr << "runner restart-check: " << d.message << "\n";
     if (d.action != RestartDecision::Action::restart) return 1;
     std::cout << static_cast<long long>(std::ceil(d.backoff_s)) << "\n";

@@ -300,7 +300,8 @@ std::vector<std::string> expand_hostlist(const std::string& list) {
 std::vector<std::string> down_nodes(const std::string& sinfo_lines) {
   std::vector<std::string> out;
   std::stringstream in(sinfo_lines);
-  for (std::string line; std::getline(in, line, line.find(';') != std::string::npos ? ';' : '\n');) {
+  const char sep = sinfo_lines.find(';') != std::string::npos ? ';' : '\n';
+  for (std::string line; std::getline(in, line, sep);) {
     std::stringstream f(line);
     std::string name, state;
     if (!(f >> name >> state)) continue;

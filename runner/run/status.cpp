@@ -66,6 +66,22 @@ std::string cause_of(const nlohmann::json* end) {
   return fmt::format("{} at step {} (exit {})", cause, end->value("step", int64_t{-1}), end->value("exit_code", 0));
 }
 
+// The fields of an automatic restart's record that `runner status` shows with that restart.
+void add_restart_record(nlohmann::json& r, const nlohmann::json& rec) {
+  r["automatic"] = true;
+  r["cause"] = rec.value("cause", "?");
+  for (const char* k : {"exit_code", "attempt", "max_restarts", "backoff_s", "nodes", "nodes_lost", "step", "checkpoint",
+                        "detected"})
+    if (rec.contains(k)) r[k] = rec[k];
+}
+
+std::string join_nodes(const nlohmann::json& list) {
+  std::string out;
+  if (list.is_array())
+    for (const auto& n : list) out += (out.empty() ? "" : " ") + n.get<std::string>();
+  return out.empty() ? "-" : out;
+}
+
 // Whether another process holds RUN_DIR/runner.lock, and what the file says of its owner (the
 // live owner's line; a dead owner's when it ended without emptying it; empty after a clean
 // exit). A shared lock taken and dropped at once: a `runner train` starting in that instant
@@ -173,11 +189,21 @@ nlohmann::json status_events(const fs::path& dir, nlohmann::json& s, bool& start
       if (events[i].value("event", "") == "end") end = &events[i];
     nlohmann::json r{{"cause", cause_of(end)}, {"restarted_at", events[starts[k + 1]].value("time", "")},
                      {"resumed_from", events[starts[k + 1]].value("resumed_from", int64_t{-1})}};
+    // An automatic restart's record (runner/run/restart.h): its cause, the nodes, the step reached.
+    for (size_t i = starts[k] + 1; i <= starts[k + 1]; ++i)
+      if (events[i].value("event", "") == "restart") add_restart_record(r, events[i]);
+      else if (events[i].value("event", "") == "shrink" || events[i].value("event", "") == "grow") r["node_change"] = events[i];
     for (const auto& n : events[starts[k + 1]].value("notes", nlohmann::json::array())) r["notes"].push_back(n);
     restarts.push_back(r);
   }
   s["restarts"] = restarts;
   started = !starts.empty();
+  // Restarts stopped (the limit, no progress) or refused (scancel, exit 2): the last attempt's word.
+  for (size_t i = starts.empty() ? 0 : starts.back() + 1; i < events.size(); ++i)
+    if (events[i].value("event", "") == "no_restart") {
+      s["restarts_stopped"] = events[i];
+      s.erase("restart_pending");
+    } else if (events[i].value("event", "") == "restart") s["restart_pending"] = events[i];
   nlohmann::json last_end;
   if (!started) return last_end;
   const nlohmann::json& last = events[starts.back()];
@@ -231,6 +257,44 @@ void status_state(const fs::path& dir, nlohmann::json& s, const LockProbe& lock,
   s["state"] = state;
   if (!detail.empty()) s["state_detail"] = detail;
   if (lock.held && !lock.owner.empty()) s["owner"] = lock.owner;
+}
+
+// The restarts: each start after the first, with an automatic restart's record and a change
+// of nodes; then a restart waiting for its backoff, or why restarts stopped.
+void print_restarts(std::ostringstream& o, const nlohmann::json& s) {
+  o << fmt::format("restarts    {}\n", s["restarts"].size());
+  int k = 0;
+  for (const auto& r : s["restarts"]) {
+    o << fmt::format("  {:>3}. {}; resumed from step {} at {}\n", ++k, r["cause"].get<std::string>(),
+                     r["resumed_from"].get<int64_t>(), r["restarted_at"].get<std::string>());
+    if (r.value("automatic", false))
+      o << fmt::format("       automatic restart {} of {} after {:g} s backoff ({}): step {} reached, checkpoint {}; "
+                       "nodes had: {}; lost: {}\n", r.value("attempt", int64_t{0}), r.value("max_restarts", int64_t{0}),
+                       r.value("backoff_s", 0.0), r.value("detected", ""), r.value("step", int64_t{-1}),
+                       r.value("checkpoint", int64_t{-1}), join_nodes(r.value("nodes", nlohmann::json())),
+                       join_nodes(r.value("nodes_lost", nlohmann::json())));
+    if (r.contains("node_change")) {
+      const auto& c = r["node_change"];
+      o << fmt::format("       {} from {} to {} node(s): {}\n", c.value("event", "") == "grow" ? "grew" : "shrank",
+                       c.value("nodes_before", int64_t{0}), c.value("nodes_now", int64_t{0}), c.value("node_list", ""));
+    }
+    if (r.contains("notes"))
+      for (const auto& n : r["notes"]) o << "       " << n.get<std::string>() << "\n";
+  }
+  if (s.contains("restart_pending")) {
+    const auto& p = s["restart_pending"];
+    o << fmt::format("  restart {} of {} pending ({:g} s backoff): {}\n", p.value("attempt", int64_t{0}),
+                     p.value("max_restarts", int64_t{0}), p.value("backoff_s", 0.0), p.value("cause", ""));
+  }
+  if (s.contains("restarts_stopped")) {
+    const auto& n = s["restarts_stopped"];
+    const std::string reason = n.value("reason", "");
+    o << fmt::format("  restarts {}: {} at step {} ({})\n",
+                     reason == "limit" || reason == "same step" ? "stopped" : "refused", n.value("cause", ""),
+                     n.value("step", int64_t{-1}),
+                     reason == "limit" ? fmt::format("the limit of {} restarts", n.value("max_restarts", int64_t{0}))
+                     : reason == "same step" ? "failed again at the same step with no progress" : reason);
+  }
 }
 
 }  // namespace
@@ -298,14 +362,7 @@ std::string run_status(const std::string& run_dir) {
   } else {
     o << "slurm       not run under Slurm\n";
   }
-  o << fmt::format("restarts    {}\n", s["restarts"].size());
-  int k = 0;
-  for (const auto& r : s["restarts"]) {
-    o << fmt::format("  {:>3}. {}; resumed from step {} at {}\n", ++k, r["cause"].get<std::string>(),
-                     r["resumed_from"].get<int64_t>(), r["restarted_at"].get<std::string>());
-    if (r.contains("notes"))
-      for (const auto& n : r["notes"]) o << "       " << n.get<std::string>() << "\n";
-  }
+  print_restarts(o, s);
   if (s.contains("eta_s"))
     o << fmt::format("eta         {} ({} step{} left at {:.3f} s per step, the mean of the last steps)\n",
                      age(s["eta_s"].get<double>()), total - last, total - last == 1 ? "" : "s", s["step_s"].get<double>());
