@@ -204,17 +204,19 @@ node_restart() {
   c2_start_slurmd "$1"
 }
 node_cut() { ip link set "$(c2_veth "$1")" down; }
-# node_uncut N: the link is back. The rank left on the node still waits in MPI (nothing ends it:
-# seen for 20 s and more), so it is killed, and its step daemon then ends by itself.
+# node_uncut N: the link comes back, the node's old step gone first. Left alone, the rank on the
+# cut node waits in MPI for ever (seen for 20 s and more), and its step daemon, once it can talk
+# again, reports step J.0 over, which may be the requeued job's new step J.0 (same ids) on the
+# other node: it was seen cancelled then. So the node's ranks and step daemons end while the link
+# is still down (as if it had rebooted; slurmd keeps running), with the stale PMIx socket.
 node_uncut() {
-  ip link set "$(c2_veth "$1")" up
-  c2_kill_ranks "$1"
-  local i
-  for i in $(seq 50); do
-    [ -z "$(for p in $(c2_ns_pids "$1"); do [ "$(cat /proc/"$p"/comm 2>/dev/null)" = slurmstepd ] && echo "$p"; done)" ] && return 0
-    sleep 0.2
+  local p
+  for p in $(c2_ns_pids "$1"); do
+    case "$(cat /proc/"$p"/comm 2>/dev/null)" in runner | slurmstepd) kill -9 "$p" 2>/dev/null ;; esac
   done
-  echo "node_uncut: a step daemon of n$1 still runs 10 s after its ranks were killed" >&2
+  sleep 0.5
+  rm -rf "${SLURM_TEST_DIR:?}/tmpn$1"/* "$SLURM_TEST_DIR/spooln$1"/stepd.slurm.pmix.* "$SLURM_TEST_DIR/spooln$1"/pmix.*
+  ip link set "$(c2_veth "$1")" up
 }
 node_state() { sinfo -h -N -n "n$1" -o %T 2>/dev/null | head -n 1; }
 # The world ranks' PIDs on node N (for SIGSTOP).

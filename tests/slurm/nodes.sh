@@ -91,8 +91,8 @@ job_gone() { [ -z "$(job_state "$1")" ]; }
 rank_pid() {
   local p
   for p in $(node_rank_pids "$3"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$1" &&
-      tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_PROCID=$2" && echo "$p"
+    tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "SLURM_JOB_ID=$1" &&
+      tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "SLURM_PROCID=$2" && echo "$p"
   done
 }
 target_after() {  # target_after NAME SLOT_START SLOT_LEN: a random step in the slot, past the run's step
@@ -111,8 +111,10 @@ completed() {
 # shellcheck source=nodes_scenarios.sh
 source "$HERE/nodes_scenarios.sh"
 
-script_for reference
-script_for stop --set train.collective_timeout=$TIMEOUT --set train.max_restarts=$((N_STOPS + 2)) --set train.restart_backoff=1
+# The reference has the stop run's recipe (the checkpoints hold it): the keys change no numbers.
+STOP_SETS=(--set train.collective_timeout=$TIMEOUT --set train.max_restarts=$((N_STOPS + 2)) --set train.restart_backoff=1)
+script_for reference "${STOP_SETS[@]}"
+script_for stop "${STOP_SETS[@]}"
 script_for repeat --set train.max_restarts=3 --set train.restart_backoff=1
 script_for nodeloss --elastic --set train.max_restarts=$((3 * N_LOSSES + 2)) --set train.restart_backoff=1
 echo "$RANDOM $RANDOM $RANDOM" >"$WORK/seeds"
