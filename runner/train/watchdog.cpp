@@ -245,6 +245,7 @@ void Watchdog::beat(int64_t now_ns) {
 void Watchdog::check(int64_t now_ns) {
   const int phase = g_phase.load(std::memory_order_relaxed);
   const int64_t ticks = g_ticks.load(std::memory_order_relaxed);
+  if (phase != seen_phase_) phase_since_ns_ = now_ns;
   if (phase != seen_phase_ || ticks != seen_ticks_) last_progress_ns_ = now_ns;
   seen_phase_ = phase;
   seen_ticks_ = ticks;
@@ -298,6 +299,28 @@ void Watchdog::check_wait(const parallel::WaitInfo& w, int64_t now_ns) {
 }
 
 void Watchdog::check_stall(int64_t now_ns) {
+  // A long checkpoint phase with no marked wait is no hang, unless a rank it may be waiting on
+  // (inside the checkpoint's collective file write, which the comm layer does not mark) has
+  // stopped: its heartbeat went stale. Seen on the two-node cluster: a rank stopped just before
+  // a checkpoint left the other in phase checkpoint, no wait marked, for ever.
+  if (exempt_now() && steps_done_.load() > 0) {
+    const double in_phase_s = (now_ns - phase_since_ns_) / 1e9;
+    if (in_phase_s <= timeout_s()) return;
+    const double now = wall_now(), stale = heartbeat_stale_after(timeout_s());
+    nlohmann::json missing = nlohmann::json::array();
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      const std::optional<Heartbeat> h = read_heartbeat(run_dir_, r);
+      if (h && now - h->time > stale)
+        missing.push_back({{"rank", r}, {"host", h->host}, {"pid", h->pid}, {"state", "stopped"}, {"phase", h->phase},
+                           {"step", h->step}, {"heartbeat_age_s", now - h->time}});
+    }
+    if (missing.empty()) return;
+    const Phase p = static_cast<Phase>(g_phase.load(std::memory_order_relaxed));
+    hang(fmt::format("has been in {} for {:.1f} s while a rank's heartbeat stopped", phase_name(p), in_phase_s),
+         {{"kind", "stopped peer"}, {"waited_s", in_phase_s}}, missing);
+    return;
+  }
   const double idle_s = (now_ns - std::max(last_progress_ns_, last_exempt_ns_)) / 1e9;
   if (idle_s <= timeout_s()) return;
   const Phase p = static_cast<Phase>(g_phase.load(std::memory_order_relaxed));

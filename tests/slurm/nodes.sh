@@ -35,6 +35,7 @@ WORK=$(mktemp -d "$( [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo
 chmod 0755 "$WORK"  # munged needs every directory above its socket searchable by all
 T0=$(date +%s)
 STEPS=600   # train.steps of nodes.yaml
+LOSS_STEPS=1200  # the node-loss run's
 EVERY=20    # checkpoint.every_steps of nodes.yaml
 TIMEOUT=5   # train.collective_timeout of the stop scenario
 PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3 )
@@ -86,7 +87,11 @@ wait_until() {  # wait_until SECONDS CMD...
 }
 starts_at_least() { [ "$(count "$1" start)" -ge "$2" ]; }
 step_at_least() { local s; s=$(last_step "$1"); [ -n "$s" ] && [ "$s" -ge "$2" ]; }
-job_gone() { [ -z "$(job_state "$1")" ]; }
+# Over for good: a final state (MinJobAge keeps the record); squeue can come back empty for a
+# moment while a job is being requeued.
+job_gone() {
+  scontrol show job "$1" 2>/dev/null | grep -qE 'JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|DEADLINE|BOOT_FAIL)'
+}
 # The PID of world rank R of job J (SLURM_PROCID in its environment) on node N, if it is there.
 rank_pid() {
   local p
@@ -105,7 +110,7 @@ target_after() {  # target_after NAME SLOT_START SLOT_LEN: a random step in the 
 completed() {
   local e
   e=$(grep '"event":"end"' "$WORK/$1/events.jsonl" 2>/dev/null | tail -n 1)
-  [ -n "$e" ] && [ "$(field "$e" cause)" = done ] && [ "$(field "$e" step)" = "$STEPS" ]
+  [ -n "$e" ] && [ "$(field "$e" cause)" = done ] && [ "$(field "$e" step)" = "$2" ]
 }
 
 # shellcheck source=nodes_scenarios.sh
@@ -116,28 +121,33 @@ STOP_SETS=(--set train.collective_timeout=$TIMEOUT --set train.max_restarts=$((N
 script_for reference "${STOP_SETS[@]}"
 script_for stop "${STOP_SETS[@]}"
 script_for repeat --set train.max_restarts=3 --set train.restart_backoff=1
-script_for nodeloss --elastic --set train.max_restarts=$((3 * N_LOSSES + 2)) --set train.restart_backoff=1
+# The node-loss run is longer (each loss and return costs steps on one node): its own reference.
+script_for refloss --set train.steps=$LOSS_STEPS
+script_for nodeloss --set train.steps=$LOSS_STEPS --elastic --set train.max_restarts=$((3 * N_LOSSES + 2)) --set train.restart_backoff=1
 echo "$RANDOM $RANDOM $RANDOM" >"$WORK/seeds"
 read -r SEED_STOP SEED_LOSS _ <"$WORK/seeds"
 
 REF_JOB=$(submit reference)
+REFLOSS_JOB=$(submit refloss)
 if [[ " $PARTS " == *" repeat "* ]]; then scenario_repeat & SCENARIOS=$!; fi
 [[ " $PARTS " == *" stop "* ]] && scenario_stop
 wait_until 120 job_gone "$REF_JOB" || fail "reference: job $REF_JOB did not finish"
+wait_until 120 job_gone "$REFLOSS_JOB" || fail "refloss: job $REFLOSS_JOB did not finish"
 [ -n "${SCENARIOS:-}" ] && wait "$SCENARIOS"
 SCENARIOS=
 log "first part done; nodes: $(sinfo -h -N -o '%N %T' | tr '\n' ' ')"
 [[ " $PARTS " == *" nodeloss "* ]] && scenario_nodeloss
 
-for n in reference $(sed 's/repeat//' <<<"$PARTS"); do
-  completed "$n" || fail "$n: did not complete (last stop record: $(grep '"event":"end"' "$WORK/$n/events.jsonl" 2>/dev/null | tail -n 1)); $(tail -q -n 3 "$WORK/$n"/slurm-*.out 2>/dev/null)"
+for n in reference refloss $(sed 's/repeat//' <<<"$PARTS"); do
+  steps=$STEPS; [[ $n == *loss ]] && steps=$LOSS_STEPS
+  completed "$n" "$steps" || fail "$n: did not complete (last stop record: $(grep '"event":"end"' "$WORK/$n/events.jsonl" 2>/dev/null | tail -n 1)); $(tail -q -n 3 "$WORK/$n"/slurm-*.out 2>/dev/null)"
 done
 if [[ " $PARTS " == *" stop "* ]]; then
   r=$("$PY" "$HERE/compare.py" exact "$WORK/reference" "$WORK/stop" 2>&1) && log "stop vs reference: $r" ||
     fail "stop is not bit-identical to the reference: $r"
 fi
 if [[ " $PARTS " == *" nodeloss "* ]]; then
-  r=$("$PY" "$HERE/compare.py" close "$WORK/reference" "$WORK/nodeloss" 1e-5 2>&1) && log "nodeloss vs reference: $r" ||
+  r=$("$PY" "$HERE/compare.py" close "$WORK/refloss" "$WORK/nodeloss" 1e-5 2>&1) && log "nodeloss vs reference: $r" ||
     fail "nodeloss: $r"
   "$RUNNER" status "$WORK/nodeloss" 2>&1 | sed 's/^/  status: /'
 fi

@@ -86,7 +86,7 @@ lose_one() {  # lose_one I SLOT_START SLOT
 
 scenario_nodeloss() {
   RANDOM=$SEED_LOSS
-  local job i slot=$(( (STEPS - 150) / N_LOSSES ))
+  local job i slot=$(( (LOSS_STEPS - 150) / N_LOSSES ))
   job=$(submit nodeloss --export=ALL,RUNNER_FAULT_STEP_SLEEP_MS=${LOSS_SLEEP_MS:-30})
   for i in $(seq 1 "$N_LOSSES"); do
     wait_until 150 on_nodes $((2 * i - 1)) 2 1 || { fail "nodeloss: not running on 2 nodes before loss $i: $(latest_start)"; return; }
