@@ -147,7 +147,9 @@ if [[ " $PARTS " == *" stop "* ]]; then
     fail "stop is not bit-identical to the reference: $r"
 fi
 if [[ " $PARTS " == *" nodeloss "* ]]; then
-  r=$("$PY" "$HERE/compare.py" close "$WORK/refloss" "$WORK/nodeloss" 1e-5 2>&1) && log "nodeloss vs reference: $r" ||
+  first=$(grep '"event":"start"' "$WORK/nodeloss/events.jsonl" | sed -n 2p)
+  first=$(field "$first" resumed_from)
+  r=$("$PY" "$HERE/compare.py" elastic "$WORK/refloss" "$WORK/nodeloss" 1e-5 "${first:-0}" 100 2>&1) && log "nodeloss vs reference: $r" ||
     fail "nodeloss: $r"
   "$RUNNER" status "$WORK/nodeloss" 2>&1 | sed 's/^/  status: /'
 fi

@@ -86,11 +86,13 @@ lose_one() {  # lose_one I SLOT_START SLOT
 
 scenario_nodeloss() {
   RANDOM=$SEED_LOSS
-  local job i slot=$(( (LOSS_STEPS - 150) / N_LOSSES ))
-  job=$(submit nodeloss --export=ALL,RUNNER_FAULT_STEP_SLEEP_MS=${LOSS_SLEEP_MS:-30})
+  local job i s
+  job=$(submit nodeloss --export=ALL,RUNNER_FAULT_STEP_SLEEP_MS=${LOSS_SLEEP_MS:-50})
   for i in $(seq 1 "$N_LOSSES"); do
     wait_until 150 on_nodes $((2 * i - 1)) 2 1 || { fail "nodeloss: not running on 2 nodes before loss $i: $(latest_start)"; return; }
-    lose_one "$i" $(( 20 + (i - 1) * slot )) "$slot" || return
+    # Each loss 5 to 44 steps into the run's time on two nodes (each return costs steps on one).
+    s=$(last_step nodeloss)
+    lose_one "$i" $(( ${s:-0} + 5 )) 40 || return
   done
   wait_until 300 job_gone "$job" || fail "nodeloss: job $job did not finish"
   log "nodeloss: $(count nodeloss start) starts for $N_LOSSES losses"
