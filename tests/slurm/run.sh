@@ -91,9 +91,10 @@ requeued() { grep -q "requeueing job $1" "$WORK"/*/slurm-"$1".out 2>/dev/null &&
 stop_job_gone() { scancel "$1" 2>/dev/null; wait_until 30 job_gone "$1"; }
 
 # ---- the scenarios (they run side by side: the node has more CPUs than cores) ----
-for n in reference preempt small; do script_for $n; done
 # hardkill is resubmitted by hand: no automatic restart of its SIGKILL (train.max_restarts 0).
-script_for hardkill --set train.max_restarts=0
+# The runs compared bit for bit have the same recipe (their checkpoints hold it).
+for n in reference preempt hardkill; do script_for $n --set train.max_restarts=0; done
+script_for small
 script_for elastic --elastic
 echo "$RANDOM $RANDOM $RANDOM" >"$WORK/seeds"  # one seed per background scenario, from the run's seed
 read -r SEED_KILL SEED_ELASTIC _ <"$WORK/seeds"
