@@ -12,6 +12,7 @@ PACKAGES=(
   libdnnl-dev
   python3-torch python3-h5py python3-numpy
   slurm-wlm munge
+  iproute2 util-linux   # ip, nsenter, unshare, flock: the two-node cluster (tests/slurm/cluster2.sh)
   chromium
   clang libclang-rt-14-dev
   libsentencepiece-dev python3-sentencepiece sentencepiece

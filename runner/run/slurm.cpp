@@ -118,6 +118,16 @@ fi
 )X", max_nodes);
 }
 
+// The task lines. A node range with --ntasks-per-node gets its minimum of nodes even when more
+// are idle (sbatch derives the task count from MIN): the most ranks as --ntasks instead, and srun
+// starts per_node on each node given (seen on the two-node test cluster; docs/slurm.md).
+std::string ntasks_lines(bool range, int64_t nodes, int64_t per_node, int64_t world) {
+  if (!range) return fmt::format("#SBATCH --ntasks={}\n#SBATCH --ntasks-per-node={}\n", world, per_node);
+  return fmt::format("# --ntasks is the most ranks, {0} nodes x {1}, with no --ntasks-per-node: Slurm then gives as many\n"
+                     "# nodes of the range as are free (with --ntasks-per-node it gives the fewest); srun below\n"
+                     "# starts {1} per node given.\n#SBATCH --ntasks={2}\n", nodes, per_node, nodes * per_node);
+}
+
 }  // namespace
 
 SlurmEnv slurm_env() {
@@ -217,8 +227,9 @@ std::string slurm_script(const Plan& p, const SlurmLaunchOptions& o) {
       {"NODES", en.min < nodes ? fmt::format("{}-{}", en.min, nodes) : std::to_string(nodes)},
       {"NODES_MAX", std::to_string(nodes)},
       {"NODES_WHY", en.why},
-      {"NTASKS_LINE", en.min < nodes ? fmt::format("# No --ntasks: the ranks are the nodes Slurm gives x {} per node.\n", per_node)
-                                     : fmt::format("#SBATCH --ntasks={}\n", p.world)},
+      {"NTASKS_LINE", ntasks_lines(en.min < nodes, nodes, per_node, p.world)},
+      {"SRUN_NTASKS", en.min < nodes ? fmt::format("--ntasks=\"$(( SLURM_JOB_NUM_NODES * {0} ))\" --ntasks-per-node={0}", per_node)
+                                     : fmt::format("--ntasks=\"${{SLURM_NTASKS:-{}}}\"", p.world)},
       {"GROW_BLOCK", en.min < nodes ? grow_block(nodes) : std::string()},
       {"SET_FLAGS", sets},
       {"CPUS_PER_TASK", std::to_string(cpus)},

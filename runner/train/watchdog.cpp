@@ -249,6 +249,7 @@ void Watchdog::beat(int64_t now_ns) {
 void Watchdog::check(int64_t now_ns) {
   const int phase = g_phase.load(std::memory_order_relaxed);
   const int64_t ticks = g_ticks.load(std::memory_order_relaxed);
+  if (phase != seen_phase_) phase_since_ns_ = now_ns;
   if (phase != seen_phase_ || ticks != seen_ticks_) last_progress_ns_ = now_ns;
   seen_phase_ = phase;
   seen_ticks_ = ticks;

@@ -110,6 +110,7 @@ class Watchdog {
   std::vector<double> step_ms_;  // the trainer's thread only
   // The watchdog thread's own view.
   int64_t last_progress_ns_ = 0, last_exempt_ns_ = 0, seen_ticks_ = -1;
+  int64_t phase_since_ns_ = 0;  // when this rank entered its present phase
   int seen_phase_ = -1;
   std::mutex mu_;
   std::condition_variable cv_;

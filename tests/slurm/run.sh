@@ -16,6 +16,10 @@
 #
 # Usage: run.sh RUNNER_BINARY   (env: RUNNER_SLURM_SEED, N_SIGNALS, RUNNER_SLURM_KEEP=1 keeps the work dir)
 set -uo pipefail
+# One Slurm test cluster per machine (ports 6817/6818): every cluster start holds this lock.
+if [ -z "${RUNNER_SLURM_LOCKED:-}" ]; then
+  exec env RUNNER_SLURM_LOCKED=1 flock /tmp/runner-slurm.lock bash "$0" "$@"
+fi
 RUNNER=$(readlink -f "$1")
 HERE=$(cd "$(dirname "$0")" && pwd)
 RECIPE=$HERE/tiny.yaml
