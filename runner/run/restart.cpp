@@ -18,6 +18,7 @@
 
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/errors.h"
+#include "runner/run/run_dir.h"
 #include "runner/plan/plan.h"
 #include "runner/signals.h"
 
@@ -26,19 +27,6 @@ namespace fs = std::filesystem;
 namespace runner {
 
 namespace {
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    try {
-      out.push_back(nlohmann::json::parse(line));
-    } catch (const nlohmann::json::exception&) {
-      // a line torn by a kill
-    }
-  }
-  return out;
-}
 
 double mtime(const fs::path& p) {
   struct stat st{};

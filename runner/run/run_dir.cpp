@@ -2,6 +2,7 @@
 #include "runner/run/run_dir.h"
 
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include <fmt/format.h>
@@ -62,6 +63,19 @@ ResumeRequest prepare_resume(const std::string& run_dir, const std::vector<std::
                                     "new layout, global batch {}", point->step, fmt::join(again, " and "),
                                     req.recipe.batch.global));
   return req;
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    try {
+      out.push_back(nlohmann::json::parse(line));
+    } catch (const nlohmann::json::exception&) {
+      // a line torn by a kill
+    }
+  }
+  return out;
 }
 
 }  // namespace runner

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "runner/checkpoint/resume.h"
 #include "runner/recipe/recipe.h"
 
@@ -21,6 +23,10 @@ struct RunPaths {
   std::string checkpoint_dir;  // checkpoint.dir, else RUN_DIR/checkpoints
 };
 RunPaths run_paths(const Recipe& r, const std::string& cli_run_dir = "");
+
+// The records of one of a run's JSON-lines files (events.jsonl, metrics.jsonl), in order; a line
+// torn by a kill is skipped, a missing file gives none.
+std::vector<nlohmann::json> read_jsonl(const std::string& path);
 
 // The run directory a checkpoint source belongs to: SOURCE itself when it is a directory (a run
 // directory, or `runner import`'s output); for a checkpoint file, the directory above its

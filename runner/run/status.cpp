@@ -24,6 +24,7 @@
 
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/errors.h"
+#include "runner/run/run_dir.h"
 #include "runner/run/slurm.h"
 
 namespace fs = std::filesystem;
@@ -31,19 +32,6 @@ namespace fs = std::filesystem;
 namespace runner {
 
 namespace {
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    try {
-      out.push_back(nlohmann::json::parse(line));
-    } catch (const nlohmann::json::exception&) {
-      // a line torn by a kill
-    }
-  }
-  return out;
-}
 
 std::string age(double seconds) {
   if (seconds < 0) seconds = 0;

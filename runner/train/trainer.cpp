@@ -201,10 +201,12 @@ class Trainer {
     metrics->open(paths.run_dir, resumed_from);
     // Each start and stop of a job on this run directory (runner status reads them).
     if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
+    // The MFU peak first: the watchdog's predicted step reads the CPU's profile, whose peak is
+    // the same cached figure, and the run must say it measured the one its MFU is against.
+    measure_peaks();
     start_watchdog();  // its timeout record follows the start record
     note_step(st.step);
     if (lead()) set_abort_record((fs::path(paths.run_dir) / "events.jsonl").string());  // a second signal's end record
-    measure_peaks();
     predict_own_step();
     print_startup(*log, plan, grid,
                   {paths.run_dir, train_src->describe(), model->sync().bucket_count(), model->sync().zero1(),
