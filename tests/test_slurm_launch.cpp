@@ -82,9 +82,9 @@ TEST_CASE("runner launch --slurm --dry-run: the script's resources, signal, requ
   CHECK(s.find("--gpus-per-node") == std::string::npos);  // a cpu recipe
   CHECK(s.find("export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}") != std::string::npos);
   CHECK(s.find("export OMP_WAIT_POLICY=PASSIVE") != std::string::npos);
-  // One srun line: pmix (Debian's Open MPI has no PMI-2), the recipe and run dir absolute, the overrides passed on.
+  // One srun line (inside the launch-retry loop): pmix (Debian's Open MPI has no PMI-2), the recipe and run dir absolute, the overrides passed on.
   std::smatch m;
-  REQUIRE(std::regex_search(s, m, std::regex("\nsrun --mpi=pmix [^\n]*\\\\\n  ([^\n]*)\n")));
+  REQUIRE(std::regex_search(s, m, std::regex("\n *srun --mpi=pmix [^\n]*\\\\\n *([^\n]*)\n")));
   const std::string train = m[1];
   CHECK(train.find("\"$RUNNER\" train \"$RECIPE\" --run-dir \"$RUN_DIR\"") != std::string::npos);
   CHECK(train.find("--set train.steps=50 --set optimizer.lr=2e-3") != std::string::npos);
