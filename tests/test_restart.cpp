@@ -341,6 +341,57 @@ TEST_CASE("the sbatch script asks the runner after a failure, requeues with Star
   CHECK(s["restarts_stopped"]["reason"] == "same step");
 }
 
+// A requeued job's step has the previous attempt's id; while that one is still being torn down,
+// srun cannot launch the ranks, says "launch failed" in the job's output and may return 0. The
+// script tries again (a fake srun failing the first FAKE_FAILS launches), and after 3 failed
+// tries it is a failure the runner judges.
+TEST_CASE("the sbatch script tries a launch again that failed because the previous step was still ending") {
+  const fs::path d = test_support::fresh_dir("restart", "relaunch");
+  const fs::path run = d / "run";
+  Result r = runner_cmd("launch " + kTiny + " --slurm --dry-run --run-dir " + run.string() +
+                        " --set train.restart_backoff=5");
+  REQUIRE(r.code == 0);
+  const fs::path script = d / "job.sbatch", bin = d / "bin", count = d / "launches";
+  std::ofstream(script) << r.out;
+  fs::create_directories(bin);
+  fs::create_directories(run);
+  // Each call counts itself; the first FAKE_FAILS write srun's launch error to the job's output.
+  std::ofstream(bin / "srun") << "#!/bin/bash\necho x >>\"$FAKE_COUNT\"\n"
+                                 "if [ \"$(wc -l <\"$FAKE_COUNT\")\" -le \"$FAKE_FAILS\" ]; then\n"
+                                 "  echo 'srun: error: task 0 launch failed: Unspecified error' >>\"$FAKE_OUT\"\nfi\nexit 0\n";
+  std::ofstream(bin / "scontrol") << "#!/bin/bash\necho \"$*\" >>\"$FAKE_LOG\"\n"
+                                     "[ \"$1\" = show ] && printf '   JobState=RUNNING Reason=None\\n'\nexit 0\n";
+  std::ofstream(bin / "sinfo") << "#!/bin/bash\nprintf 'localhost mixed\\n'\n";
+  for (const char* b : {"srun", "scontrol", "sinfo"}) fs::permissions(bin / b, fs::perms::owner_all);
+  std::ofstream(run / "events.jsonl") << start_record("42", 0, "localhost", 1, -1).dump() << "\n";
+  std::ofstream(run / "metrics.jsonl") << R"({"step":13,"loss":5.0,"step_ms":3})" << "\n";
+  const fs::path log = d / "scontrol.log", out = run / "slurm-42.out";
+  auto go = [&](int fails) {
+    fs::remove(log);
+    fs::remove(count);
+    fs::remove(out);
+    Result res = sh("PATH=" + bin.string() + ":$PATH SLURM_JOB_ID=42 SLURM_NTASKS=2 FAKE_FAILS=" + std::to_string(fails) +
+                    " FAKE_COUNT=" + count.string() + " FAKE_OUT=" + out.string() + " FAKE_LOG=" + log.string() +
+                    " bash " + script.string());
+    std::ifstream in(log);
+    const std::string calls((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return std::make_tuple(res, calls, static_cast<int>(test_support::slurp(count).size() / 2));
+  };
+  // One failed launch, then the ranks run: exit 0, no requeue, two launches.
+  auto [res, calls, launches] = go(1);
+  CAPTURE(res.out);
+  CHECK(res.code == 0);
+  CHECK(launches == 2);
+  CHECK(res.out.find("srun could not launch the ranks (try 1 of 3") != std::string::npos);
+  CHECK(calls.find("requeue") == std::string::npos);
+  // Every launch fails: after 3 tries a failure (exit 1), which the runner restarts.
+  std::tie(res, calls, launches) = go(5);
+  CAPTURE(res.out);
+  CHECK(launches == 3);
+  CHECK(res.code == 1);
+  CHECK(calls.find("requeue 42\nupdate JobId=42 StartTime=now+5\n") != std::string::npos);
+}
+
 TEST_CASE("runner status: per restart its cause, the nodes it had and lost, the step reached, and node changes") {
   const fs::path d = test_support::fresh_dir("restart", "status");
   std::ofstream(d / "recipe.yaml") << "name: slurm-tiny\ntrain:\n  steps: 600\n";
