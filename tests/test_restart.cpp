@@ -281,6 +281,15 @@ TEST_CASE("--elastic: --nodes=MIN-MAX with MIN from the memory ledger and tp x p
   CHECK(h.last_activity > 0);
 }
 
+// The fake scontrol (logs its calls to $FAKE_LOG; the job RUNNING) and sinfo (one mixed node)
+// beside a test's own fake srun in BIN, all executable.
+void write_fake_scontrol_sinfo(const fs::path& bin) {
+  std::ofstream(bin / "scontrol") << "#!/bin/bash\necho \"$*\" >>\"$FAKE_LOG\"\n"
+                                     "[ \"$1\" = show ] && printf '   JobState=RUNNING Reason=None\\n'\nexit 0\n";
+  std::ofstream(bin / "sinfo") << "#!/bin/bash\nprintf 'localhost mixed\\n'\n";
+  for (const char* b : {"srun", "scontrol", "sinfo"}) fs::permissions(bin / b, fs::perms::owner_all);
+}
+
 // The generated script run for real with fake srun, scontrol and sinfo on PATH: a failure calls
 // `runner restart-check`, which records it; the job is requeued to start after the backoff (not
 // held idle); exit 2 behind a peer's signal, scancel and a repeat at the same step are not.
@@ -298,10 +307,7 @@ TEST_CASE("the sbatch script asks the runner after a failure, requeues with Star
   fs::create_directories(run);
   std::ofstream(bin / "srun") << "#!/bin/bash\n[ \"$FAKE_TERM\" = 1 ] && kill -TERM $PPID\n"
                                  "[ -n \"$FAKE_RANK\" ] && echo \"0 $FAKE_RANK\" >>\"$RUNNER_EXIT_RECORD\"\nexit \"$FAKE_RC\"\n";
-  std::ofstream(bin / "scontrol") << "#!/bin/bash\necho \"$*\" >>\"$FAKE_LOG\"\n"
-                                     "[ \"$1\" = show ] && printf '   JobState=RUNNING Reason=None\\n'\nexit 0\n";
-  std::ofstream(bin / "sinfo") << "#!/bin/bash\nprintf 'localhost mixed\\n'\n";
-  for (const char* b : {"srun", "scontrol", "sinfo"}) fs::permissions(bin / b, fs::perms::owner_all);
+  write_fake_scontrol_sinfo(bin);
   std::ofstream(run / "events.jsonl") << start_record("41", 0, "localhost", 1, -1).dump() << "\n";
   std::ofstream(run / "metrics.jsonl") << R"({"step":13,"loss":5.0,"step_ms":3})" << "\n";
   const fs::path log = d / "scontrol.log";
@@ -359,10 +365,7 @@ TEST_CASE("the sbatch script tries a launch again that failed because the previo
   std::ofstream(bin / "srun") << "#!/bin/bash\necho x >>\"$FAKE_COUNT\"\n"
                                  "if [ \"$(wc -l <\"$FAKE_COUNT\")\" -le \"$FAKE_FAILS\" ]; then\n"
                                  "  echo 'srun: error: task 0 launch failed: Unspecified error' >>\"$FAKE_OUT\"\nfi\nexit 0\n";
-  std::ofstream(bin / "scontrol") << "#!/bin/bash\necho \"$*\" >>\"$FAKE_LOG\"\n"
-                                     "[ \"$1\" = show ] && printf '   JobState=RUNNING Reason=None\\n'\nexit 0\n";
-  std::ofstream(bin / "sinfo") << "#!/bin/bash\nprintf 'localhost mixed\\n'\n";
-  for (const char* b : {"srun", "scontrol", "sinfo"}) fs::permissions(bin / b, fs::perms::owner_all);
+  write_fake_scontrol_sinfo(bin);
   std::ofstream(run / "events.jsonl") << start_record("42", 0, "localhost", 1, -1).dump() << "\n";
   std::ofstream(run / "metrics.jsonl") << R"({"step":13,"loss":5.0,"step_ms":3})" << "\n";
   const fs::path log = d / "scontrol.log", out = run / "slurm-42.out";
