@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -24,6 +25,7 @@
 #include "runner/observe/trace.h"
 #include "runner/train/fault_hook.h"
 #include "tests/support/device.h"
+#include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace runner;
@@ -183,4 +185,27 @@ TEST_CASE("fault hook: inactive without its variables; each fault at its step on
   rank0.batches_ready(4, mbs, 50);
   CHECK(mbs[0].tokens != b.tokens);
   for (int32_t t : mbs[0].tokens) CHECK((t >= 0 && t < 50));
+}
+
+// The pace file: each step sleeps what the file holds now (a harness slows a run down while a node
+// is away, tests/slurm/nodes.sh), the fixed RUNNER_FAULT_STEP_SLEEP_MS when the file is missing.
+TEST_CASE("fault hook: RUNNER_FAULT_STEP_SLEEP_FILE sets each step's extra time as the file says at that step") {
+  test_support::TempDir dir("pace");
+  const std::string pace = dir.file("pace");
+  ::setenv("RUNNER_FAULT_STEP_SLEEP_FILE", pace.c_str(), 1);
+  ::setenv("RUNNER_FAULT_STEP_SLEEP_MS", "120", 1);
+  FaultHook hook(0);
+  ::unsetenv("RUNNER_FAULT_STEP_SLEEP_FILE");
+  ::unsetenv("RUNNER_FAULT_STEP_SLEEP_MS");
+  CHECK(hook.active());
+  auto step_ms = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    hook.after_step();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  CHECK(step_ms() >= 120);  // no file yet: the fixed sleep
+  std::ofstream(pace) << 250;
+  CHECK(step_ms() >= 250);
+  std::ofstream(pace) << 0;
+  CHECK(step_ms() < 120);  // changed while the run goes on: read again at every step
 }

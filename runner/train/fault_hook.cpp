@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <stdexcept>
 #include <thread>
 
@@ -41,11 +42,12 @@ FaultHook::FaultHook(int world_rank)
       stall_ms_(env("RUNNER_DEBUG_STALL_MS")),
       ckpt_sleep_ms_(env("RUNNER_FAULT_CKPT_SLEEP_MS")),
       ckpt_sleep_rank_(env("RUNNER_FAULT_CKPT_SLEEP_RANK")),
-      step_sleep_rank_(env("RUNNER_FAULT_STEP_SLEEP_RANK")) {
+      step_sleep_rank_(env("RUNNER_FAULT_STEP_SLEEP_RANK")),
+      step_sleep_file_(std::getenv("RUNNER_FAULT_STEP_SLEEP_FILE") ? std::getenv("RUNNER_FAULT_STEP_SLEEP_FILE") : "") {
   for (const char* v : {"RUNNER_FAULT_FAIL_RANK", "RUNNER_FAULT_FAIL_STEP", "RUNNER_FAULT_NAN_STEP", "RUNNER_FAULT_INF_STEP",
                         "RUNNER_FAULT_INF_COUNT", "RUNNER_FAULT_NOISE_STEP", "RUNNER_FAULT_STEP_SLEEP_MS",
                         "RUNNER_DEBUG_STALL_RANK", "RUNNER_DEBUG_STALL_EVERY", "RUNNER_DEBUG_STALL_MS",
-                        "RUNNER_FAULT_CKPT_SLEEP_MS"})
+                        "RUNNER_FAULT_CKPT_SLEEP_MS", "RUNNER_FAULT_STEP_SLEEP_FILE"})
     active_ = active_ || std::getenv(v) != nullptr;
 }
 
@@ -80,7 +82,14 @@ void FaultHook::poison(int64_t step, double& loss_sum, ParamSet& params) {
 }
 
 void FaultHook::sleep_after_step() const {
-  if (step_sleep_ms_ > 0 && (step_sleep_rank_ < 0 || step_sleep_rank_ == rank_)) std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms_));
+  if (step_sleep_rank_ >= 0 && step_sleep_rank_ != rank_) return;
+  int64_t ms = step_sleep_ms_;
+  if (!step_sleep_file_.empty()) {  // the harness's current pace, when it has written one
+    std::ifstream f(step_sleep_file_);
+    int64_t v = -1;
+    if (f >> v) ms = v;
+  }
+  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 void FaultHook::sleep_after_checkpoint() const {

@@ -16,6 +16,10 @@
 //     so a test's signals, which take a while to arrive, land where they were aimed (tests/slurm/).
 //     RUNNER_FAULT_STEP_SLEEP_RANK=R: on world rank R only (default every rank), so the others
 //     wait for it at the step boundary (the watchdog's tests stop it there).
+//   RUNNER_FAULT_STEP_SLEEP_FILE=PATH: each step takes as many ms longer as PATH holds, read after
+//     every step (missing or unreadable: RUNNER_FAULT_STEP_SLEEP_MS's), so that a harness can change
+//     the pace while a run goes on: tests/slurm/nodes.sh slows a run down while one of its nodes is
+//     away, so that the run cannot end before the node returns and it grows back.
 //   RUNNER_DEBUG_STALL_RANK=R, RUNNER_DEBUG_STALL_EVERY=N, RUNNER_DEBUG_STALL_MS=T: world rank R
 //     sleeps T ms at the start of every N-th step, as a rank sharing its cores with another job
 //     would stall (a straggler, for the monitoring's tests). With T longer than
@@ -25,6 +29,7 @@
 //     (the watchdog's tests: a slow checkpoint is not a hang).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runner/data/data.h"
@@ -76,6 +81,7 @@ class FaultHook {
   int64_t fail_rank_, fail_step_, nan_step_, inf_step_, inf_count_, noise_step_, step_sleep_ms_;
   int64_t stall_rank_, stall_every_, stall_ms_;
   int64_t ckpt_sleep_ms_, ckpt_sleep_rank_, step_sleep_rank_;
+  std::string step_sleep_file_;
   bool active_ = false;
 };
 

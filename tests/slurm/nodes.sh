@@ -35,7 +35,7 @@ WORK=$(mktemp -d "$( [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo
 chmod 0755 "$WORK"  # munged needs every directory above its socket searchable by all
 T0=$(date +%s)
 STEPS=600   # train.steps of nodes.yaml
-LOSS_STEPS=1200  # the node-loss run's
+LOSS_STEPS=900   # the node-loss run's: 5 losses use up to 200 steps each (nodes_scenarios.sh)
 EVERY=20    # checkpoint.every_steps of nodes.yaml
 TIMEOUT=5   # train.collective_timeout of the stop scenario
 PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3 )
@@ -64,8 +64,8 @@ log "cluster up: $(sinfo -h -N -o '%N %T %c' | tr '\n' ' ')"
 # MPI over TCP between the namespaces, on the bridge's addresses only (out-of-band too).
 export OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=$C2_NET.0/24 OMPI_MCA_oob_tcp_if_include=$C2_NET.0/24
 export OMPI_MCA_mpi_yield_when_idle=1
-# The elastic job looks for idle nodes to grow back onto every 2 s (the default is 60 s).
-export RUNNER_GROW_POLL=2
+# The elastic job looks for idle nodes to grow back onto every second (the default is 60 s).
+export RUNNER_GROW_POLL=1
 
 # ---- helpers ----
 script_for() {  # script_for NAME [launch flags...] -> $WORK/NAME/slurm.sbatch

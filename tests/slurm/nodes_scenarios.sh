@@ -59,6 +59,14 @@ scenario_repeat() {
 # daemons and ranks, SIGKILL) or by cutting its link. The link of the node running the batch
 # script is not cut: its step daemons cannot reach srun, the other node's step never ends and
 # Slurm drains that node ("Kill task failed"): no node left (shared/notes/network-namespaces.md).
+# The run's pace (ms per step, RUNNER_FAULT_STEP_SLEEP_FILE) is FAST on two nodes and while the
+# test waits for the first steps on one, and SLOW while the lost node is away: how long Slurm takes
+# to take a node back varies (8 s here, 47 s on CI), and at the fast pace a run on one node once
+# used up its remaining steps before the node returned, so it never grew back. Slow, each away
+# time costs a bounded number of steps; the numbers do not depend on the pace.
+PACE_FAST=${LOSS_SLEEP_MS:-50}
+PACE_SLOW=1500
+pace() { echo "$1" >"$WORK/nodeloss.pace.tmp" && mv "$WORK/nodeloss.pace.tmp" "$WORK/nodeloss.pace"; }
 latest_start() { grep '"event":"start"' "$WORK/nodeloss/events.jsonl" | tail -n 1; }
 on_nodes() { [ "$(count nodeloss start)" -ge "$1" ] && [ "$(field "$(latest_start)" dp)" = "$2" ] && step_at_least nodeloss "$3"; }
 lose_one() {  # lose_one I SLOT_START SLOT
@@ -78,20 +86,26 @@ lose_one() {  # lose_one I SLOT_START SLOT
   [ "$r" -le "$at" ] && [ $((at - r)) -le "$EVERY" ] || fail "nodeloss: lost n$node at step $at, resumed from $r"
   log "nodeloss $i: n$node lost ($kind) at step $at; after $(( $(date +%s) - t0 )) s running on n$((3 - node)) alone (dp 1) from step $r"
   wait_until 60 step_at_least nodeloss $((r + 5)) || { fail "nodeloss: no progress on one node after loss $i"; return 1; }
+  pace "$PACE_SLOW"
   if [ "$kind" = kill ]; then node_restart "$node"; else node_uncut "$node"; fi
   t0=$(date +%s)
-  wait_until 150 on_nodes $((n0 + 2)) 2 0 || { fail "nodeloss: not back on 2 nodes within 150 s of n$node's return: $(latest_start)"; return 1; }
+  wait_until 150 on_nodes $((n0 + 2)) 2 0 || { fail "nodeloss: not back on 2 nodes within 150 s of n$node's return (at step $(last_step nodeloss) of $LOSS_STEPS): $(latest_start)"; pace "$PACE_FAST"; return 1; }
+  pace "$PACE_FAST"
   log "nodeloss $i: n$node back; on 2 nodes again after $(( $(date +%s) - t0 )) s from step $(field "$(latest_start)" resumed_from)"
 }
 
 scenario_nodeloss() {
   RANDOM=$SEED_LOSS
   local job i s
-  job=$(submit nodeloss --export=ALL,RUNNER_FAULT_STEP_SLEEP_MS=${LOSS_SLEEP_MS:-50})
+  pace "$PACE_FAST"
+  job=$(submit nodeloss --export=ALL,RUNNER_FAULT_STEP_SLEEP_FILE=$WORK/nodeloss.pace)
   for i in $(seq 1 "$N_LOSSES"); do
     wait_until 150 on_nodes $((2 * i - 1)) 2 1 || { fail "nodeloss: not running on 2 nodes before loss $i: $(latest_start)"; return; }
     # Each loss 5 to 44 steps into the run's time on two nodes (each return costs steps on one).
     s=$(last_step nodeloss)
+    # Room for the loss, the steps redone and the time away (at most 150 s at the slow pace).
+    [ $((LOSS_STEPS - ${s:-0})) -ge $((44 + EVERY + 10 + 150000 / PACE_SLOW)) ] ||
+      { fail "nodeloss: only $((LOSS_STEPS - ${s:-0})) steps left before loss $i: too few for a loss and a return (LOSS_STEPS)"; return; }
     lose_one "$i" $(( ${s:-0} + 5 )) 40 || return
   done
   wait_until 300 job_gone "$job" || fail "nodeloss: job $job did not finish"
