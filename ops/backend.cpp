@@ -129,4 +129,22 @@ void Backend::adamw_update_typed(void* param, DType pt, const void* grad, DType 
   }
 }
 
+// [i29: fused] The composed default (backend.h): what the fused kernels must equal, bit for bit.
+void Backend::linear_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias,
+                                  int N, int C, int OC) {
+  matmul_forward(pre, inp, weight, bias, N, C, OC);
+  gelu_forward(out, pre, static_cast<int64_t>(N) * OC);
+}
+void Backend::linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre,
+                                   const float* inp, const float* weight, int N, int C, int OC) {
+  const int64_t n = static_cast<int64_t>(N) * OC;
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  void* tmp = mem_alloc(bytes);
+  mem_zero(tmp, bytes);
+  gelu_backward(static_cast<float*>(tmp), pre, dpre, n);
+  copy(dpre, tmp, bytes);
+  mem_free(tmp, bytes);
+  matmul_backward(dinp, dweight, dbias, dpre, inp, weight, N, C, OC);
+}
+
 }  // namespace ops

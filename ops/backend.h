@@ -267,6 +267,22 @@ class Backend {
   virtual void gelu_forward(float* out, const float* inp, int64_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
 
+  // [i29: fused] Linear + bias + GELU in one call: the MLP's fc and its activation (fp32).
+  // pre (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (bias may be null), kept for the backward;
+  // out (N,OC) = gelu(pre). Both overwritten. The operations of matmul_forward then
+  // gelu_forward in their order (the bias before the GEMM's sums, as matmul_forward adds it),
+  // so out and pre are bit-identical to the unfused pair's.
+  virtual void linear_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias,
+                                   int N, int C, int OC);
+  // [i29: fused] dpre (N,OC) holds d(out) on entry and d(pre) = d(out) * gelu'(pre) on return
+  // (OVERWRITTEN in place: the caller's d(out) is dead after the call, so no second (N,OC)
+  // buffer). dbias (OC) += colsum(d(pre)), dinp (N,C) += d(pre) @ weight, dweight (OC,C) +=
+  // d(pre)^T @ inp (null: skip). Bit-identical to gelu_backward into a zeroed buffer then
+  // matmul_backward. This host default composes those calls through a temporary (N,OC)
+  // buffer the ledger does not count: a backend overrides it (the CPU's, the strict device's).
+  virtual void linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre,
+                                    const float* inp, const float* weight, int N, int C, int OC);
+
   // SwiGLU: inp (N, 2H) = [gate | up]; out (N,H) = silu(gate) * up.
   virtual void swiglu_forward(float* out, const float* inp, int N, int H) = 0;
   virtual void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int H) = 0;

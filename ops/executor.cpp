@@ -302,6 +302,9 @@ struct Executor::Impl {
       c.outs = outv;
       c.dins = din;
       c.dout = dout;
+      // [i29: fused] d(out[0]) is this node's to overwrite: the executor's own buffer (or an
+      // fp32 copy of a 16-bit one), released right after this call.
+      if (op.consumes_dout && !stored) c.dout_own = const_cast<float*>(dout);
       c.dloss = dloss;
       op.backward(c);
       for (size_t j = 0; j < n.in.size(); ++j) {

@@ -24,7 +24,10 @@
 namespace ops {
 
 // One OpDef per kind (ops/ops.h: its forward, backward, saves and scratch), in this order.
-enum class OpKind : uint8_t { Embedding, LayerNorm, RMSNorm, Linear, Rope, Attention, Gelu, SwiGLU, Add, Dropout, SoftmaxXent, Count };
+// LinearGelu (issue 29) is Linear + Gelu fused (the MLP's fc and its activation, ops/op_fused.cpp).
+enum class OpKind : uint8_t {
+  Embedding, LayerNorm, RMSNorm, Linear, Rope, Attention, Gelu, SwiGLU, Add, Dropout, SoftmaxXent, LinearGelu, Count
+};
 constexpr int kOpKinds = static_cast<int>(OpKind::Count);
 const char* op_name(OpKind k);
 

@@ -7,6 +7,7 @@
 //   op_attention.cpp  Rope, Attention
 //   op_pointwise.cpp  Gelu, SwiGLU, Add, Dropout
 //   op_loss.cpp       SoftmaxXent (vocabulary-parallel)
+//   op_fused.cpp      LinearGelu (Linear + bias + GELU in one node, fp32, no sequence parallelism)
 // and gathered in kOpTable below, indexed by OpKind, which Graph::add_node (saves) and the
 // Executor (everything else) consult. Neither has a per-kind switch.
 //
@@ -58,6 +59,7 @@ struct OpContext {
                                             // (null: not needed, or an input or int tensor)
   const float* dout = nullptr;   // gradient of out[0] (null for a kind that seeds the backward)
   float dloss = 0.0f;            // d(total loss)/d(each position's loss)
+  float* dout_own = nullptr;     // [i29: fused] dout, writable: set only for OpDef::consumes_dout
   // The call reads its operands as stored (OpDef::reads16 said so): ins, the backward's outs
   // and dout point at the tensors' own dtype (16 bits), not at fp32 copies. Forward outputs
   // and input gradients are fp32 buffers as always.
@@ -127,6 +129,11 @@ struct OpDef {
   // of in[0] is written over in[0]'s own buffer (dlogits over the probabilities) instead of
   // being accumulated into a fresh zeroed one.
   bool seeds_backward = false;
+  // [i29: fused] The backward may overwrite the gradient of out[0] (OpContext::dout_own): the
+  // executor hands it the buffer, which is dead after the call (it is released right after,
+  // or is an fp32 copy made for the call), so a fused backward can turn d(out) into the
+  // gradient of an inner value in place instead of allocating a second buffer of its size.
+  bool consumes_dout = false;
 };
 
 // One per OpKind, each defined in its family's file.
@@ -136,12 +143,13 @@ extern const OpDef kLinearOp;                                        // op_linea
 extern const OpDef kRopeOp, kAttentionOp;                            // op_attention.cpp
 extern const OpDef kGeluOp, kSwiGLUOp, kAddOp, kDropoutOp;           // op_pointwise.cpp
 extern const OpDef kSoftmaxXentOp;                                   // op_loss.cpp
+extern const OpDef kLinearGeluOp;                                    // op_fused.cpp
 
 // The table, in OpKind order (a missing entry fails to compile; tests/test_ops_table.cpp
 // checks that each entry sits at its own kind's index).
 inline constexpr std::array<const OpDef*, kOpKinds> kOpTable = {
     &kEmbeddingOp, &kLayerNormOp, &kRMSNormOp, &kLinearOp, &kRopeOp, &kAttentionOp,
-    &kGeluOp,      &kSwiGLUOp,    &kAddOp,     &kDropoutOp, &kSoftmaxXentOp,
+    &kGeluOp,      &kSwiGLUOp,    &kAddOp,     &kDropoutOp, &kSoftmaxXentOp, &kLinearGeluOp,
 };
 
 constexpr bool every_kind_has_an_op() {

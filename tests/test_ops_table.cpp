@@ -154,6 +154,15 @@ std::vector<Case> cases() {
                      .done());
   }
   cs.push_back(Case("gelu", OpKind::Gelu).x({kN, H}).out("y", {kN, H}).done());
+  // Issue 29: fc + GELU fused; out[1] is the kept pre-activation.
+  cs.push_back(Case("linear_gelu", OpKind::LinearGelu)
+                   .x({kN, C}).param("W", {H, C}).param("b", {H}).out("y", {kN, H}).out("pre", {kN, H}).done());
+  cs.push_back(Case("linear_gelu (no bias)", OpKind::LinearGelu)
+                   .x({kN, C}).param("W", {H, C}).out("y", {kN, H}).out("pre", {kN, H}).done());
+  cs.push_back(Case("linear_gelu (column-parallel)", OpKind::LinearGelu)
+                   .x({kN, C}).param("W", {H, C}).param("b", {H}).out("y", {kN, H}).out("pre", {kN, H})
+                   .with([](ops::Node& n) { n.tp = TpMode::Column; })
+                   .done());
   cs.push_back(Case("swiglu", OpKind::SwiGLU).x({kN, 2 * H}).out("y", {kN, H}).done());
   cs.push_back(Case("add", OpKind::Add).x({kN, C}).param("b", {kN, C}).out("y", {kN, C}).done());
   cs.push_back(Case("dropout", OpKind::Dropout)

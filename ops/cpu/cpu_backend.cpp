@@ -36,6 +36,7 @@
 #include "ops/convert.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/dnnl_gemm.h"
+#include "ops/cpu/fused.h"  // [i29: fused]
 #include "ops/cpu/vecmath.h"
 #include "ops/rng.h"
 #include "ops/check.h"
@@ -790,6 +791,21 @@ class CpuBackend final : public Backend {
     parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) {
       gelu_backward_range(dinp + i0, inp + i0, dout + i0, i1 - i0);
     });
+  }
+
+  // [i29: fused] LinearGelu (fused.h). Forward: this backend's matmul_forward (the bias
+  // prefilled, then the GEMM accumulating into it) and its GELU pass, unchanged, so pre and out
+  // are the unfused pair's bits. Backward: one pass writes d(pre) over d(out) and sums the bias
+  // gradient (the unfused path's GELU pass, zeroed buffer and bias pass), then the two GEMMs.
+  void linear_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias, int N,
+                           int C, int OC) override {
+    matmul_forward(pre, inp, weight, bias, N, C, OC);
+    gelu_forward(out, pre, static_cast<int64_t>(N) * OC);
+  }
+  void linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre,
+                            const float* inp, const float* weight, int N, int C, int OC) override {
+    gelu_backward_bias(dpre, dbias, pre, N, OC);
+    matmul_backward(dinp, dweight, nullptr, dpre, inp, weight, N, C, OC);
   }
 
   void swiglu_forward(float* out, const float* inp, int N, int H) override {

@@ -301,6 +301,13 @@ class StrictBackend final : public Backend {
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
     submit([this, dinp = dev(dinp), inp = dev(inp), dout = dev(dout), n] { cpu_.gelu_backward(dinp, inp, dout, n); });
   }
+  // [i29: fused]
+  void linear_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias, int N, int C, int OC) override {
+    submit([this, out = dev(out), pre = dev(pre), inp = dev(inp), weight = dev(weight), bias = dev(bias), N, C, OC] { cpu_.linear_gelu_forward(out, pre, inp, weight, bias, N, C, OC); });
+  }
+  void linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre, const float* inp, const float* weight, int N, int C, int OC) override {
+    submit([this, dinp = dev(dinp), dweight = dev(dweight), dbias = dev(dbias), dpre = dev(dpre), pre = dev(pre), inp = dev(inp), weight = dev(weight), N, C, OC] { cpu_.linear_gelu_backward(dinp, dweight, dbias, dpre, pre, inp, weight, N, C, OC); });
+  }
   void swiglu_forward(float* out, const float* inp, int N, int H) override {
     submit([this, out = dev(out), inp = dev(inp), N, H] { cpu_.swiglu_forward(out, inp, N, H); });
   }

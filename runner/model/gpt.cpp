@@ -191,6 +191,25 @@ struct Builder {
     return y;
   }
 
+  // Issue 29: the fc Linear and its GELU as one LinearGelu node (ops/op_fused.cpp), where the
+  // recipe allows it (model.fuse) and the graph does: fp32 activations (a 16-bit pre-activation
+  // is rounded before the unfused GELU reads it, and the 16-bit GEMMs are the Linear's) and no
+  // sequence parallelism (its gathers are the Linear's).
+  bool fuse_fc_gelu() const {
+    return s.model.fuse && s.model.activation == Activation::gelu && act == DType::F32 && !sp;
+  }
+  // h = gelu(x W^T + b): the unfused pair's tensors under their names (fc.out is the kept
+  // pre-activation), one node.
+  int fc_gelu(const std::string& prefix, int x, int w, int b, int layer) {
+    std::vector<int> in{x, w};
+    if (b >= 0) in.push_back(b);
+    int pre = g.add_activation(prefix + ".fc.out", {N, H / t}, layer, act);
+    int h = g.add_activation(prefix + ".act.out", {N, H / t}, layer, act);
+    int id = node(OpKind::LinearGelu, prefix + ".fc_gelu", in, {h, pre}, layer, Module::mlp);
+    if (t > 1) g.nodes[id].tp = ops::TpMode::Column;
+    return h;
+  }
+
   int dropout(const std::string& prefix, int x, int layer, Module module, uint32_t site) {
     if (s.model.dropout <= 0.0) return x;
     int y = g.add_activation(prefix + ".out", g.tensors[x].shape, layer, act);
@@ -244,9 +263,12 @@ struct Builder {
     int64_t fc_out = glu ? 2 * H : H;
     int wfc = col_weight(p + ".mlp.fc.weight", fc_out, C, l, glu ? 2 : 1);
     int bfc = m.bias ? col_bias(p + ".mlp.fc.bias", fc_out, l, glu ? 2 : 1) : -1;
-    int u = linear(p + ".mlp.fc", mm, wfc, bfc, fc_out / t, l, Module::mlp, 'c');
-    int h = g.add_activation(p + ".mlp.act.out", {N, H / t}, l, act);
-    node(glu ? OpKind::SwiGLU : OpKind::Gelu, p + ".mlp.act", {u}, {h}, l, Module::mlp);
+    int h = fuse_fc_gelu() ? fc_gelu(p + ".mlp", mm, wfc, bfc, l) : -1;
+    if (h < 0) {
+      int u = linear(p + ".mlp.fc", mm, wfc, bfc, fc_out / t, l, Module::mlp, 'c');
+      h = g.add_activation(p + ".mlp.act.out", {N, H / t}, l, act);
+      node(glu ? OpKind::SwiGLU : OpKind::Gelu, p + ".mlp.act", {u}, {h}, l, Module::mlp);
+    }
     int wp = row_weight(p + ".mlp.proj.weight", C, H, l);
     int bp = m.bias ? seq_param(p + ".mlp.proj.bias", C, l) : -1;
     int o2 = linear(p + ".mlp.proj", h, wp, bp, C, l, Module::mlp, 'r');

@@ -42,7 +42,8 @@ std::vector<OpFigures> op_figures(const std::vector<const ops::Graph*>& graphs, 
       double io = 0;
       for (int x : n.in) io += static_cast<double>(g->tensors[static_cast<size_t>(x)].nbytes());
       for (int x : n.out) io += static_cast<double>(g->tensors[static_cast<size_t>(x)].nbytes());
-      const bool matmul = n.kind == ops::OpKind::Linear || n.kind == ops::OpKind::Attention;
+      const bool matmul = n.kind == ops::OpKind::Linear || n.kind == ops::OpKind::LinearGelu ||
+                          n.kind == ops::OpKind::Attention;
       f.forward.flops += fl * m;
       f.forward.bytes += io * m;
       f.backward.flops += (matmul ? 2.0 : 1.0) * fl * m;

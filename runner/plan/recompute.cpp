@@ -50,6 +50,8 @@ double node_flops(const ops::Graph& g, const ops::Node& n) {
       const double rows = dim(n.in[0], 0) * (n.gather_input ? g.sp_parts : 1);
       return 2.0 * rows * dim(n.in[1], 0) * dim(n.in[1], 1);
     }
+    case OpKind::LinearGelu:  // the fc Linear's product and its GELU (ops/op_fused.cpp)
+      return 2.0 * dim(n.in[0], 0) * dim(n.in[1], 0) * dim(n.in[1], 1) + 10.0 * numel(n.out[0]);
     case OpKind::Attention: {
       // out (B*T, C'), lse (B, NH', T): causal, so T(T+1)/2 query-key pairs per query
       // head (grouped-query attention shares K and V, not this work); S = QK^T and O = PV are

@@ -39,6 +39,7 @@ void visit(V& v, Self& m) {
   v("rope_theta", m.rope_theta);
   v("init_std", m.init_std);
   v("init_from", m.init_from);
+  v("fuse", m.fuse);
 }
 
 template <class V, Section<DataConfig> Self>

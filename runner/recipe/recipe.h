@@ -40,6 +40,9 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double init_std = 0.02;
   std::string init_from;           // a checkpoint (runner import's output) the run starts from; empty: random init
+  // Fuse the MLP's fc Linear with its GELU (ops/op_fused.cpp) where the graph allows it (fp32
+  // activations, no sequence parallelism). Not the model: results are bit-identical either way.
+  bool fuse = true;
   int64_t mlp_hidden() const;      // the MLP width H
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
 };

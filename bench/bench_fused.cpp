@@ -1,0 +1,91 @@
+// Fused operators (issue 29, ops/op_fused.cpp): LinearGelu against the unfused Linear + Gelu
+// pair, forward and backward, at GPT-2 124M's MLP shape (N = 1024 rows, C = 768, 4C = 3072)
+// and the quickstart's small config (N = 2048, C = 192, 768), at the current OpenMP thread
+// count. Each path runs exactly what its executor node runs: unfused, matmul + gelu forward
+// and, backward, gelu_backward into a zeroed d(pre) then matmul_backward; fused, the two
+// linear_gelu calls (d(pre) written over d(out)). Run as
+//   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE build/bench_fused [--quick]
+// Each number is the best of several repetitions after one warm-up (the least noisy estimate
+// on a shared machine); the ratio is fused / unfused.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "ops/backend.h"
+#include "ops/rng.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+int g_reps = 9;
+
+double best_time(const std::function<void()>& f) {
+  f();
+  double best = 1e30;
+  for (int r = 0; r < g_reps; r++) {
+    const auto t0 = Clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::vector<float> v(n);
+  const uint64_t key = ops::rng_key(0xf05e, seed);
+  for (size_t i = 0; i < n; i++) v[i] = scale * ops::rng_normal(key, i);
+  return v;
+}
+
+struct Shape {
+  int N, C, OC;
+  const char* what;
+};
+
+void bench_shape(ops::Backend& be, const Shape& s) {
+  const size_t nx = size_t(s.N) * s.C, nw = size_t(s.OC) * s.C, ny = size_t(s.N) * s.OC;
+  const std::vector<float> x = randn(nx, 1), w = randn(nw, 2, 0.05f), b = randn(s.OC, 3, 0.1f), dout = randn(ny, 4);
+  std::vector<float> pre(ny), out(ny), dpre(ny), dx(nx), dw(nw), db(s.OC);
+  const double fu = best_time([&] {
+    be.matmul_forward(pre.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC);
+    be.gelu_forward(out.data(), pre.data(), static_cast<int64_t>(ny));
+  });
+  const double ff = best_time([&] {
+    be.linear_gelu_forward(out.data(), pre.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC);
+  });
+  // Unfused: the executor zeroes a fresh d(pre) buffer for the GELU's backward to accumulate
+  // into, so the memset is part of its work. Fused: d(out) is consumed in place, so each
+  // repetition refreshes it with a copy the executor never makes; its own best time is subtracted.
+  const double bu = best_time([&] {
+    std::memset(dpre.data(), 0, ny * sizeof(float));
+    be.gelu_backward(dpre.data(), pre.data(), dout.data(), static_cast<int64_t>(ny));
+    be.matmul_backward(dx.data(), dw.data(), db.data(), dpre.data(), x.data(), w.data(), s.N, s.C, s.OC);
+  });
+  const double copy = best_time([&] { std::memcpy(dpre.data(), dout.data(), ny * sizeof(float)); });
+  const double bf = best_time([&] {
+    std::memcpy(dpre.data(), dout.data(), ny * sizeof(float));
+    be.linear_gelu_backward(dx.data(), dw.data(), db.data(), dpre.data(), pre.data(), x.data(), w.data(), s.N, s.C,
+                            s.OC);
+  }) - copy;
+  std::printf("%-28s %9.3f %9.3f %7.3fx   %9.3f %9.3f %7.3fx\n", s.what, fu * 1e3, ff * 1e3, ff / fu, bu * 1e3,
+              bf * 1e3, bf / bu);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; i++)
+    if (std::strcmp(argv[i], "--quick") == 0) g_reps = 3;
+  ops::Backend& be = ops::cpu_backend();
+  std::printf("linear + gelu, fused (linear_gelu) vs unfused, ms (best of %d), %d threads\n", g_reps,
+              ops::num_threads());
+  std::printf("%-28s %9s %9s %8s   %9s %9s %8s\n", "shape (N x C -> OC)", "fwd", "fwd fused", "ratio", "bwd",
+              "bwd fused", "ratio");
+  for (const Shape& s : {Shape{1024, 768, 3072, "gpt2-124M mlp 1024x768->3072"},
+                         Shape{2048, 192, 768, "small 2048x192->768"}})
+    bench_shape(be, s);
+  return 0;
+}

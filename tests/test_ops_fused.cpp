@@ -1,0 +1,286 @@
+// Fused operators (issue 29, ops/op_fused.cpp): LinearGelu, the MLP's fc Linear and its GELU
+// in one node. What fusing must not change, checked bit for bit (the fused kernels run the
+// unfused pair's operations in the same order, so equality is exact, not a tolerance):
+//   1. the kernels against the unfused pair (matmul + gelu), forward and backward;
+//   2. the backward at 1, 2 and 3 threads (the bias gradient is a reduction over rows);
+//   3. a few training steps of a model built with model.fuse on and off: the same losses and
+//      weights; recompute of the fused node; the dry run's peaks against the measured ones;
+// and, against the double-precision reference, a gradient check of the fused backward.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "ops/backend.h"
+#include "ops/executor.h"
+#include "ops/ops.h"
+#include "runner/model/model.h"
+#include "tests/gradcheck.h"
+#include "tests/support/device.h"
+#include "tests/support/models.h"
+
+using gc::Vec;
+using runner::ModelConfig;
+
+namespace {
+
+bool same_bits(const Vec& a, const Vec& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// One fc + GELU problem: x (N,C), W (OC,C), b (OC), d(out) (N,OC), and gradients that start
+// non-zero (backwards accumulate).
+struct Problem {
+  int N, C, OC;
+  bool bias;
+  Vec x, w, b, dout, dx0, dw0, db0;
+  Problem(int N_, int C_, int OC_, bool bias_) : N(N_), C(C_), OC(OC_), bias(bias_) {
+    x = gc::randn(size_t(N) * C, 1);
+    w = gc::randn(size_t(OC) * C, 2, 0.2f);
+    b = gc::randn(size_t(OC), 3, 0.5f);
+    dout = gc::randn(size_t(N) * OC, 4);
+    dout[5] = -0.0f;  // a signed zero: the unfused path turns its product into +0
+    dx0 = gc::randn(x.size(), 5, 0.1f);
+    dw0 = gc::randn(w.size(), 6, 0.1f);
+    db0 = gc::randn(b.size(), 7, 0.1f);
+  }
+  const float* bp() const { return bias ? b.data() : nullptr; }
+};
+
+// Everything both paths produce: out, pre, d(pre), dx, dW, db.
+struct Result {
+  Vec out, pre, dpre, dx, dw, db;
+};
+
+Result unfused(const Problem& p) {
+  ops::Backend& be = gc::be();
+  Result r{Vec(p.dout.size()), Vec(p.dout.size()), Vec(p.dout.size(), 0.0f), p.dx0, p.dw0, p.db0};
+  be.matmul_forward(r.pre.data(), p.x.data(), p.w.data(), p.bp(), p.N, p.C, p.OC);
+  be.gelu_forward(r.out.data(), r.pre.data(), static_cast<int64_t>(r.pre.size()));
+  be.gelu_backward(r.dpre.data(), r.pre.data(), p.dout.data(), static_cast<int64_t>(r.pre.size()));
+  be.matmul_backward(r.dx.data(), r.dw.data(), p.bias ? r.db.data() : nullptr, r.dpre.data(), p.x.data(), p.w.data(),
+                     p.N, p.C, p.OC);
+  return r;
+}
+
+Result fused(const Problem& p) {
+  ops::Backend& be = gc::be();
+  Result r{Vec(p.dout.size()), Vec(p.dout.size()), p.dout, p.dx0, p.dw0, p.db0};
+  be.linear_gelu_forward(r.out.data(), r.pre.data(), p.x.data(), p.w.data(), p.bp(), p.N, p.C, p.OC);
+  be.linear_gelu_backward(r.dx.data(), r.dw.data(), p.bias ? r.db.data() : nullptr, r.dpre.data(), r.pre.data(),
+                          p.x.data(), p.w.data(), p.N, p.C, p.OC);
+  return r;
+}
+
+void check_same(const Result& a, const Result& b) {
+  CHECK(same_bits(a.out, b.out));
+  CHECK(same_bits(a.pre, b.pre));
+  CHECK(same_bits(a.dpre, b.dpre));
+  CHECK(same_bits(a.dx, b.dx));
+  CHECK(same_bits(a.dw, b.dw));
+  CHECK(same_bits(a.db, b.db));
+}
+
+double gelu_ref(double x) {
+  const double u = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+  return 0.5 * x * (1.0 + std::tanh(u));
+}
+
+}  // namespace
+
+TEST_CASE("linear_gelu kernels equal the unfused matmul + gelu bit for bit") {
+  // Odd shapes (vector remainders, K not a multiple of 64) and a GPT-like one (parallel paths).
+  for (auto [N, C, OC] : {std::tuple{7, 5, 13}, std::tuple{67, 45, 77}, std::tuple{256, 128, 512}})
+    for (bool bias : {true, false}) {
+      CAPTURE(N);
+      CAPTURE(OC);
+      CAPTURE(bias);
+      const Problem p(N, C, OC, bias);
+      check_same(unfused(p), fused(p));
+    }
+}
+
+TEST_CASE("linear_gelu backward does not depend on the thread count (1, 2, 3 threads)") {
+  const Problem p(1024, 96, 768, true);  // 3 column blocks of 256, spread unevenly over 2 and 3 threads
+  const int before = ops::num_threads();
+  ops::set_num_threads(1);
+  const Result ref = fused(p);
+  for (int t : {2, 3}) {
+    CAPTURE(t);
+    ops::set_num_threads(t);
+    check_same(ref, fused(p));
+  }
+  ops::set_num_threads(before);
+}
+
+TEST_CASE("linear_gelu gradient check against the double reference") {
+  const int N = 6, C = 7, OC = 9;
+  gc::OpCase c;
+  c.name = "linear_gelu";
+  c.inputs = {{"x", gc::randn(size_t(N) * C, 11)}, {"W", gc::randn(size_t(OC) * C, 12, 0.5f)},
+              {"b", gc::randn(size_t(OC), 13, 0.5f)}};
+  c.ref_forward = [=](const std::vector<gc::DVec>& in) {
+    gc::DVec out(size_t(N) * OC);
+    for (int r = 0; r < N; r++)
+      for (int o = 0; o < OC; o++) {
+        double s = in[2][o];
+        for (int k = 0; k < C; k++) s += in[0][size_t(r) * C + k] * in[1][size_t(o) * C + k];
+        out[size_t(r) * OC + o] = gelu_ref(s);
+      }
+    return out;
+  };
+  c.forward = [=](const std::vector<Vec>& in) {
+    Vec out(size_t(N) * OC), pre(out.size());
+    gc::be().linear_gelu_forward(out.data(), pre.data(), in[0].data(), in[1].data(), in[2].data(), N, C, OC);
+    return out;
+  };
+  c.backward = [=](const std::vector<Vec>& in, const Vec& dout, const std::vector<float*>& g) {
+    Vec out(size_t(N) * OC), pre(out.size()), dpre = dout;
+    gc::be().linear_gelu_forward(out.data(), pre.data(), in[0].data(), in[1].data(), in[2].data(), N, C, OC);
+    gc::be().linear_gelu_backward(g[0], g[1], g[2], dpre.data(), pre.data(), in[0].data(), in[1].data(), N, C, OC);
+  };
+  gc::run_case(c);
+}
+
+namespace {
+
+ModelConfig small_gpt(bool fuse) {
+  ModelConfig m = test_support::small_model(97, 32, 64, 4, 2);
+  m.dropout = 0.1;
+  m.fuse = fuse;
+  return m;
+}
+
+int count_kind(const ops::Graph& g, ops::OpKind k) {
+  int n = 0;
+  for (const ops::Node& node : g.nodes) n += node.kind == k;
+  return n;
+}
+
+// A model's graph, parameters and executor, with Adam moments for a few steps of AdamW.
+struct Model {
+  ops::Graph g;
+  runner::ParamSet ps;
+  std::vector<ops::Tensor> m, v;
+  std::unique_ptr<ops::Executor> ex;
+  Model(const ModelConfig& cfg, int64_t B, bool recompute_mlp) {
+    ops::Backend& be = test_support::test_device();
+    runner::GptSpec spec;
+    spec.model = cfg;
+    spec.B = B;
+    runner::RecomputeConfig rc;
+    if (recompute_mlp) { rc.mode = runner::RecomputeMode::selective; rc.modules = {ops::Module::mlp}; }
+    spec.recompute = runner::recompute_sets(rc, cfg.n_layers);
+    g = runner::build_gpt_graph(spec);
+    ps = runner::init_params(g, cfg, 7);
+    for (const ops::Tensor& p : ps.values) {
+      m.push_back(ops::Tensor::zeros(p.shape(), ops::DType::F32, ops::Account::Optimizer));
+      v.push_back(ops::Tensor::zeros(p.shape(), ops::DType::F32, ops::Account::Optimizer));
+    }
+    ex = std::make_unique<ops::Executor>(g, be);
+    runner::bind_params(*ex, g, ps);
+  }
+  // One step: forward, backward, AdamW; returns the loss sum.
+  double step(const test_support::TokenBatch& b, int64_t t) {
+    ops::Backend& be = test_support::test_device();
+    for (ops::Tensor& gr : ps.grads) be.mem_zero(gr.raw(), gr.nbytes());
+    auto l = ex->forward(b.tok.data(), b.tgt.data(), true, 40 + static_cast<uint64_t>(t), 0);
+    ex->backward(1.0f / static_cast<float>(l.count));
+    for (size_t i = 0; i < ps.values.size(); ++i)
+      be.adamw_update(ps.values[i].data<float>(), ps.grads[i].data<float>(), m[i].data<float>(), v[i].data<float>(),
+                      ps.values[i].numel(), 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
+    return l.sum;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("model.fuse: the builder fuses fc + gelu only where the graph allows it") {
+  test_support::test_device();
+  auto kinds = [](ModelConfig m, ops::DType act, int64_t tp, bool sp) {
+    runner::GptSpec s;
+    s.model = m;
+    s.act_dtype = act;
+    s.tp = tp;
+    s.sequence_parallel = sp;
+    return runner::build_gpt_graph(s);
+  };
+  const ModelConfig on = small_gpt(true), off = small_gpt(false);
+  CHECK(count_kind(kinds(on, ops::DType::F32, 1, false), ops::OpKind::LinearGelu) == 2);
+  CHECK(count_kind(kinds(on, ops::DType::F32, 1, false), ops::OpKind::Gelu) == 0);
+  CHECK(count_kind(kinds(on, ops::DType::F32, 2, false), ops::OpKind::LinearGelu) == 2);  // column-parallel
+  CHECK(count_kind(kinds(off, ops::DType::F32, 1, false), ops::OpKind::LinearGelu) == 0);
+  CHECK(count_kind(kinds(on, ops::DType::BF16, 1, false), ops::OpKind::LinearGelu) == 0);
+  CHECK(count_kind(kinds(on, ops::DType::F32, 2, true), ops::OpKind::LinearGelu) == 0);
+  ModelConfig llama = on;
+  test_support::make_llama(llama);
+  CHECK(count_kind(kinds(llama, ops::DType::F32, 1, false), ops::OpKind::LinearGelu) == 0);
+}
+
+TEST_CASE("training with model.fuse on and off: the same losses and weights, bit for bit (recompute too)") {
+  const int64_t B = 2;
+  const auto batch = test_support::random_tokens(B * 32, 97);
+  Model off(small_gpt(false), B, false), on(small_gpt(true), B, false), on_rc(small_gpt(true), B, true);
+  REQUIRE(count_kind(on.g, ops::OpKind::LinearGelu) == 2);
+  int recomputed = 0;
+  for (const ops::Node& n : on_rc.g.nodes) recomputed += n.kind == ops::OpKind::LinearGelu && n.recompute;
+  CHECK(recomputed == 2);
+  for (int64_t t = 1; t <= 3; ++t) {
+    CAPTURE(t);
+    const double l_off = off.step(batch, t), l_on = on.step(batch, t), l_rc = on_rc.step(batch, t);
+    CHECK(l_on == l_off);
+    CHECK(l_rc == l_off);
+  }
+  for (size_t i = 0; i < off.ps.values.size(); ++i) {
+    CAPTURE(off.ps.names[i]);
+    CHECK(test_support::host_bytes(on.ps.values[i]) == test_support::host_bytes(off.ps.values[i]));
+    CHECK(test_support::host_bytes(on_rc.ps.values[i]) == test_support::host_bytes(off.ps.values[i]));
+  }
+}
+
+TEST_CASE("the dry run predicts the fused model's measured peaks, and the fused backward holds less") {
+  const int64_t B = 3;
+  const auto batch = test_support::random_tokens(B * 32, 97);
+  size_t ws_peak[2] = {0, 0};
+  for (bool fuse : {false, true})
+    for (bool rc : {false, true}) {
+      CAPTURE(fuse);
+      CAPTURE(rc);
+      Model r(small_gpt(fuse), B, rc);
+      const ops::MemoryEstimate est = ops::Executor::simulate(r.g);
+      auto& mt = ops::MemoryTracker::instance();
+      const size_t act0 = mt.current(ops::Account::Activations), ws0 = mt.current(ops::Account::Workspace);
+      mt.reset_peaks();
+      auto l = r.ex->forward(batch.tok.data(), batch.tgt.data(), true, 1, 0);
+      r.ex->backward(1.0f / static_cast<float>(l.count));
+      CHECK(mt.peak(ops::Account::Activations) - act0 == est.peak[static_cast<int>(ops::Account::Activations)]);
+      CHECK(mt.peak(ops::Account::Workspace) - ws0 == est.peak[static_cast<int>(ops::Account::Workspace)]);
+      if (!rc) ws_peak[fuse] = est.peak[static_cast<int>(ops::Account::Workspace)];
+    }
+  CHECK(ws_peak[1] <= ws_peak[0]);
+}
+
+TEST_CASE("linear_gelu refuses 16-bit tensors (the builder keeps 16-bit fc + gelu unfused)") {
+  ops::Backend& be = test_support::test_device();  // before any tensor (strict: device memory)
+  ops::Graph g;
+  g.B = 1;
+  g.T = 4;
+  g.stage_input = g.add_activation("x", {4, 3}, 0, ops::DType::BF16);
+  const int w = g.add_param("W", {5, 3}, 0);
+  ops::Node n;
+  n.kind = ops::OpKind::LinearGelu;
+  n.name = "fc_gelu";
+  n.in = {g.stage_input, w};
+  n.out = {g.add_activation("y", {4, 5}, 0, ops::DType::BF16), g.add_activation("pre", {4, 5}, 0, ops::DType::BF16)};
+  g.add_node(n);
+  g.stage_output = n.out[0];
+  g.finalize();
+  ops::Tensor wv = ops::Tensor::zeros({5, 3}, ops::DType::F32, ops::Account::Parameters);
+  ops::Tensor wg = ops::Tensor::zeros({5, 3}, ops::DType::F32, ops::Account::Gradients);
+  ops::Executor ex(g, be);
+  ex.bind_param(w, &wv, &wg);
+  std::vector<uint16_t> in(12, 0), out(20, 0);
+  CHECK_THROWS_AS(ex.forward(nullptr, nullptr, true, 1, 0, in.data(), out.data()), std::logic_error);
+}
