@@ -4,14 +4,16 @@
 // count. Each path runs exactly what its executor node runs: unfused, matmul + gelu forward
 // and, backward, gelu_backward into a zeroed d(pre) then matmul_backward; fused, the two
 // linear_gelu calls (d(pre) written over d(out)). Run as
-//   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE build/bench_fused [--quick]
+//   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE build/bench_fused [--quick | --reps N]
 // Each number is the best of several repetitions after one warm-up (the least noisy estimate
-// on a shared machine); the ratio is fused / unfused.
+// on a shared machine), the two paths timed alternately; the ratio is fused / unfused.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "ops/backend.h"
@@ -45,44 +47,64 @@ struct Shape {
   const char* what;
 };
 
+// Best time of each path, the two timed alternately (one repetition of each in turn), so that
+// both see the same load as it drifts.
+std::pair<double, double> best_pair(const std::function<void()>& a, const std::function<void()>& b) {
+  a();
+  b();
+  double ba = 1e30, bb = 1e30;
+  for (int r = 0; r < g_reps; r++) {
+    auto t0 = Clock::now();
+    a();
+    ba = std::min(ba, std::chrono::duration<double>(Clock::now() - t0).count());
+    t0 = Clock::now();
+    b();
+    bb = std::min(bb, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return {ba, bb};
+}
+
 void bench_shape(ops::Backend& be, const Shape& s) {
   const size_t nx = size_t(s.N) * s.C, nw = size_t(s.OC) * s.C, ny = size_t(s.N) * s.OC;
   const std::vector<float> x = randn(nx, 1), w = randn(nw, 2, 0.05f), b = randn(s.OC, 3, 0.1f), dout = randn(ny, 4);
   std::vector<float> pre(ny), out(ny), dpre(ny), dx(nx), dw(nw), db(s.OC);
-  const double fu = best_time([&] {
-    be.matmul_forward(pre.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC);
-    be.gelu_forward(out.data(), pre.data(), static_cast<int64_t>(ny));
-  });
-  const double ff = best_time([&] {
-    be.linear_gelu_forward(out.data(), pre.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC);
-  });
+  const auto [fu, ff] = best_pair(
+      [&] {
+        be.matmul_forward(pre.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC);
+        be.gelu_forward(out.data(), pre.data(), static_cast<int64_t>(ny));
+      },
+      [&] { be.linear_gelu_forward(out.data(), pre.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC); });
   // Unfused: the executor zeroes a fresh d(pre) buffer for the GELU's backward to accumulate
   // into, so the memset is part of its work. Fused: d(out) is consumed in place, so each
-  // repetition refreshes it with a copy the executor never makes; its own best time is subtracted.
-  const double bu = best_time([&] {
-    std::memset(dpre.data(), 0, ny * sizeof(float));
-    be.gelu_backward(dpre.data(), pre.data(), dout.data(), static_cast<int64_t>(ny));
-    be.matmul_backward(dx.data(), dw.data(), db.data(), dpre.data(), x.data(), w.data(), s.N, s.C, s.OC);
-  });
+  // repetition refreshes it with a copy the executor never makes; its best time is subtracted.
   const double copy = best_time([&] { std::memcpy(dpre.data(), dout.data(), ny * sizeof(float)); });
-  const double bf = best_time([&] {
-    std::memcpy(dpre.data(), dout.data(), ny * sizeof(float));
-    be.linear_gelu_backward(dx.data(), dw.data(), db.data(), dpre.data(), pre.data(), x.data(), w.data(), s.N, s.C,
-                            s.OC);
-  }) - copy;
-  std::printf("%-28s %9.3f %9.3f %7.3fx   %9.3f %9.3f %7.3fx\n", s.what, fu * 1e3, ff * 1e3, ff / fu, bu * 1e3,
+  const auto [bu, bf_copy] = best_pair(
+      [&] {
+        std::memset(dpre.data(), 0, ny * sizeof(float));
+        be.gelu_backward(dpre.data(), pre.data(), dout.data(), static_cast<int64_t>(ny));
+        be.matmul_backward(dx.data(), dw.data(), db.data(), dpre.data(), x.data(), w.data(), s.N, s.C, s.OC);
+      },
+      [&] {
+        std::memcpy(dpre.data(), dout.data(), ny * sizeof(float));
+        be.linear_gelu_backward(dx.data(), dw.data(), db.data(), dpre.data(), pre.data(), x.data(), w.data(), s.N,
+                                s.C, s.OC);
+      });
+  const double bf = bf_copy - copy;
+  std::printf("%-30s %9.3f %9.3f %7.3fx   %9.3f %9.3f %7.3fx\n", s.what, fu * 1e3, ff * 1e3, ff / fu, bu * 1e3,
               bf * 1e3, bf / bu);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; i++)
+  for (int i = 1; i < argc; i++) {
     if (std::strcmp(argv[i], "--quick") == 0) g_reps = 3;
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) g_reps = std::max(1, std::atoi(argv[++i]));
+  }
   ops::Backend& be = ops::cpu_backend();
   std::printf("linear + gelu, fused (linear_gelu) vs unfused, ms (best of %d), %d threads\n", g_reps,
               ops::num_threads());
-  std::printf("%-28s %9s %9s %8s   %9s %9s %8s\n", "shape (N x C -> OC)", "fwd", "fwd fused", "ratio", "bwd",
+  std::printf("%-30s %9s %9s %8s   %9s %9s %8s\n", "shape (N x C -> OC)", "fwd", "fwd fused", "ratio", "bwd",
               "bwd fused", "ratio");
   for (const Shape& s : {Shape{1024, 768, 3072, "gpt2-124M mlp 1024x768->3072"},
                          Shape{2048, 192, 768, "small 2048x192->768"}})

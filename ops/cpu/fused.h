@@ -9,9 +9,9 @@ namespace ops::cpu {
 
 // LinearGelu's backward pass over pre (N,OC): dpre (N,OC) holds d(out) on entry and
 // d(pre) = d(out) * gelu'(pre) on return; dbias (OC) += the column sums of d(pre) (null: none).
-// One pass instead of GELU's backward pass plus the Linear's bias-gradient pass. Columns are
-// split across the threads in fixed blocks and each column's sum runs over the rows in order,
-// so the bits depend on neither the thread count nor the blocking, and equal the unfused sum's.
+// One pass instead of GELU's backward pass plus the Linear's bias-gradient pass. Threads own
+// columns and each column's sum runs over the rows in order, so the bits depend neither on the
+// thread count nor on the split, and equal the unfused sum's (the Linear's bias pass sums so).
 void gelu_backward_bias(float* dpre, float* dbias, const float* pre, int64_t N, int64_t OC);
 
 }  // namespace ops::cpu
