@@ -5,9 +5,10 @@
 
 Runs `runner train` on the same fp32 recipe (random tokens, dropout 0) with model.fuse false
 and true, alternately (P pairs, so that both see the same load), and prints each run's user +
-system CPU seconds (what a shared machine's load disturbs least), wall seconds, the medians and
-the ratio fused / unfused, and the two runs' final losses (equal: the fused operators are
-bit-identical). Print `uptime` beside the numbers: the machine is shared.
+system CPU seconds (what a shared machine's load disturbs least; start-up included), wall
+seconds, the median step and backward ms after the first step (metrics.jsonl), the medians and
+the ratios fused / unfused, the peak bytes, and whether the losses are equal (they must be: the
+fused operators are bit-identical). Print `uptime` beside the numbers: the machine is shared.
 """
 import argparse
 import json
@@ -54,8 +55,13 @@ def run(runner, recipe, run_dir, threads):
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        losses = [r["loss"] for r in map(json.loads, f) if "loss" in r and "step" in r and not r.get("summary")]
-    return cpu, wall, losses
+        steps = [r for r in map(json.loads, f) if "loss" in r and "step_ms" in r and not r.get("summary")]
+    losses = [r["loss"] for r in steps]
+    # Median step and backward ms over the steps after the first (warm-up), and the peak bytes.
+    later = steps[1:] or steps
+    step_ms = statistics.median(r["step_ms"] for r in later)
+    bwd_ms = statistics.median(r["backward_ms"] for r in later)
+    return cpu, wall, losses, step_ms, bwd_ms, steps[-1]["peak_bytes"]
 
 
 def main():
@@ -72,13 +78,19 @@ def main():
         with tempfile.TemporaryDirectory() as work:
             cpu = {False: [], True: []}
             wall = {False: [], True: []}
+            step = {False: [], True: []}
+            bwd = {False: [], True: []}
+            peak = {}
             losses = {}
             for p in range(args.pairs):
                 for fuse in (False, True) if p % 2 == 0 else (True, False):
                     recipe = write_recipe(cfg, args.steps, args.threads, work, fuse)
-                    c, w, l = run(args.runner, recipe, os.path.join(work, f"run-{fuse}-{p}"), args.threads)
+                    c, w, l, sm, bm, pk = run(args.runner, recipe, os.path.join(work, f"run-{fuse}-{p}"), args.threads)
                     cpu[fuse].append(c)
                     wall[fuse].append(w)
+                    step[fuse].append(sm)
+                    bwd[fuse].append(bm)
+                    peak[fuse] = pk
                     losses[fuse] = l
             mc = {f: statistics.median(v) for f, v in cpu.items()}
             mw = {f: statistics.median(v) for f, v in wall.items()}
@@ -87,6 +99,11 @@ def main():
                   f"  median ratio fused/unfused {mc[True] / mc[False]:.3f}")
             print(f"  wall s unfused {[round(x, 1) for x in wall[False]]}  fused {[round(x, 1) for x in wall[True]]}"
                   f"  median ratio fused/unfused {mw[True] / mw[False]:.3f}")
+            for what, d in (("step ms", step), ("bwd ms", bwd)):
+                med = {f: statistics.median(v) for f, v in d.items()}
+                print(f"  {what:6} unfused {[round(x) for x in d[False]]}  fused {[round(x) for x in d[True]]}"
+                      f"  median ratio fused/unfused {med[True] / med[False]:.3f}")
+            print(f"  peak bytes (all accounts) unfused {peak[False]:,}  fused {peak[True]:,}")
             print(f"  losses equal: {losses[True] == losses[False]} (last {losses[True][-1:]} vs {losses[False][-1:]})")
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
 
