@@ -1,6 +1,7 @@
 // Fused operators (issue 29, ops/op_fused.cpp): LinearGelu against the unfused Linear + Gelu
 // pair, forward and backward, at GPT-2 124M's MLP shape (N = 1024 rows, C = 768, 4C = 3072)
-// and the quickstart's small config (N = 2048, C = 192, 768), at the current OpenMP thread
+// and the quickstart's small config (N = 2048, C = 192, 768), and the GPT-2 rows of
+// bench/fused_runs.py's runs (N = 256: micro-batch 4 x seq 64), at the current OpenMP thread
 // count. Each path runs exactly what its executor node runs: unfused, matmul + gelu forward
 // and, backward, gelu_backward into a zeroed d(pre) then matmul_backward; fused, the two
 // linear_gelu calls (d(pre) written over d(out)). Run as
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
   std::printf("%-30s %9s %9s %8s   %9s %9s %8s\n", "shape (N x C -> OC)", "fwd", "fwd fused", "ratio", "bwd",
               "bwd fused", "ratio");
   for (const Shape& s : {Shape{1024, 768, 3072, "gpt2-124M mlp 1024x768->3072"},
+                         Shape{256, 768, 3072, "gpt2 fused_runs 256x768->3072"},
                          Shape{2048, 192, 768, "small 2048x192->768"}})
     bench_shape(be, s);
   return 0;
