@@ -16,7 +16,9 @@
 // (dlogits may alias probs; the executor passes the logits' own buffer):
 //   softmax_xent_backward   (the unsharded cross-entropy)
 //   xent_shard_backward     (the vocabulary-parallel one)
-// A null gradient pointer means "not needed": skip that work.
+// A null gradient pointer means "not needed": skip that work. [i29: fused] One kernel writes
+// over an input: linear_gelu_backward turns its d(out) into d(pre) in place (the caller's
+// d(out) is dead after it; ops/ops.h, OpDef::consumes_dout).
 #pragma once
 #include <cstdint>
 #include <stdexcept>
