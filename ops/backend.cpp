@@ -147,4 +147,11 @@ void Backend::linear_gelu_backward(float* dinp, float* dweight, float* dbias, fl
   matmul_backward(dinp, dweight, dbias, dpre, inp, weight, N, C, OC);
 }
 
+// [i29: optimizer]
+void Backend::adamw_update_zero_grad(void* param, DType pt, void* grad, DType gt, float* master, float* m, float* v,
+                                     int64_t n, const AdamwArgs& a) {
+  adamw_update_typed(param, pt, grad, gt, master, m, v, n, a);
+  if (n > 0) mem_zero(grad, static_cast<size_t>(n) * dtype_size(gt));
+}
+
 }  // namespace ops

@@ -143,6 +143,13 @@ class Backend {
   // through fp32 buffers, the arithmetic runner's optimizer always had (bit for bit).
   virtual void adamw_update_typed(void* param, DType pt, const void* grad, DType gt, float* master, float* m,
                                   float* v, int64_t n, const AdamwArgs& a);
+  // [i29: optimizer]
+  // adamw_update_typed, then grad[0, n) := 0 (dtype gt): the optimizer step and the gradient
+  // zeroing for the next step in one call, so a backend can do both in one pass over memory
+  // (the CPU's: ops/cpu/adamw.h; same bits as the two calls, on any thread count). Default:
+  // the two calls, queued in order (what ops/cuda/ runs).
+  virtual void adamw_update_zero_grad(void* param, DType pt, void* grad, DType gt, float* master, float* m,
+                                      float* v, int64_t n, const AdamwArgs& a);
   // [i26: parallel]
   // [i26: train and checkpoint]
   // Staging for checkpoints and the rollback snapshot (runner/checkpoint/staging.h): the host

@@ -34,6 +34,7 @@
 
 #include "ops/backend.h"
 #include "ops/convert.h"
+#include "ops/cpu/adamw.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/dnnl_gemm.h"
 #include "ops/cpu/fused.h"  // [i29: fused]
@@ -549,56 +550,8 @@ void xent_shard_finish_rows(float* losses, float* probs, const float* logits, co
 }
 
 // =============================================================================== optimizer
-// AdamW (Loshchilov & Hutter 2019, Algorithm 2) on n contiguous elements, with Adam's bias
-// correction passed in as 1/(1 - beta^t). GCC does not vectorize a loop calling sqrt unless
-// -fno-math-errno is on (it keeps a scalar errno path for negative inputs), so the AVX-512
-// body is written with intrinsics; vsqrtps is correctly rounded like sqrtf, so both paths
-// compute the same function. The remainder (and other ISAs) run the scalar loop.
-// (GCC 12 warns "__Y may be used uninitialized" inside its own _mm512_sqrt_ps, a known false
-// positive of its _mm512_undefined_ps; silenced for this function only.)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-void adamw_range(float* __restrict param, const float* __restrict grad, float* __restrict m, float* __restrict v,
-                 int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, float inv_bc1,
-                 float inv_bc2, float grad_scale) {
-  const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 vgs = _mm512_set1_ps(grad_scale), vb1 = _mm512_set1_ps(beta1), vb2 = _mm512_set1_ps(beta2),
-               va1 = _mm512_set1_ps(a1), va2 = _mm512_set1_ps(a2), vc1 = _mm512_set1_ps(inv_bc1),
-               vc2 = _mm512_set1_ps(inv_bc2), veps = _mm512_set1_ps(eps), vlr = _mm512_set1_ps(lr),
-               vwd = _mm512_set1_ps(weight_decay);
-  for (; i + 16 <= n; i += 16) {
-    const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), vgs);
-    const __m512 mi = _mm512_fmadd_ps(vb1, _mm512_loadu_ps(m + i), _mm512_mul_ps(va1, g));
-    const __m512 vi = _mm512_fmadd_ps(vb2, _mm512_loadu_ps(v + i), _mm512_mul_ps(_mm512_mul_ps(va2, g), g));
-    _mm512_storeu_ps(m + i, mi);
-    _mm512_storeu_ps(v + i, vi);
-    const __m512 mhat = _mm512_mul_ps(mi, vc1), vhat = _mm512_mul_ps(vi, vc2);
-    const __m512 p = _mm512_loadu_ps(param + i);
-    const __m512 upd = _mm512_fmadd_ps(vwd, p, _mm512_div_ps(mhat, _mm512_add_ps(_mm512_sqrt_ps(vhat), veps)));
-    _mm512_storeu_ps(param + i, _mm512_fnmadd_ps(vlr, upd, p));
-  }
-#endif
-  for (; i < n; i++) {
-    const float g = grad[i] * grad_scale;
-    const float mi = beta1 * m[i] + a1 * g;
-    const float vi = beta2 * v[i] + a2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float mhat = mi * inv_bc1, vhat = vi * inv_bc2;
-    param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
-  }
-}
-#pragma GCC diagnostic pop
-
-// sum x^2 accumulated in double.
-double sum_squares_range(const float* __restrict x, int64_t n) {
-  double s = 0.0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; i++) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-  return s;
-}
+// adamw_range and sum_squares_range live in adamw.cpp with the fused optimizer kernels
+// (issue 29: optimizer), so that every path runs the same compiled arithmetic.
 
 // =============================================================================== the backend
 class CpuBackend final : public Backend {
@@ -910,6 +863,26 @@ class CpuBackend final : public Backend {
                   inv_bc2, grad_scale);
     });
   }
+
+  // [i29: optimizer] The optimizer phase in one threaded pass over fixed blocks (adamw.h):
+  // the same bits as the host defaults (Backend::adamw_update_typed, then mem_zero of the
+  // gradient), on any thread count.
+  void adamw_update_typed(void* param, DType pt, const void* grad, DType gt, float* master, float* m, float* v,
+                          int64_t n, const AdamwArgs& a) override {
+    // zero_grad false: the gradient is only read.
+    adamw_update_fused(param, pt, const_cast<void*>(grad), gt, master, m, v, n, a, false);
+  }
+  void adamw_update_zero_grad(void* param, DType pt, void* grad, DType gt, float* master, float* m, float* v,
+                              int64_t n, const AdamwArgs& a) override {
+    adamw_update_fused(param, pt, grad, gt, master, m, v, n, a, true);
+  }
+  // 16-bit gradients (the norm's sum of squares) widened and summed over the team in fixed
+  // blocks: the host default's bits, which widened them on one thread.
+  double sum_squares_typed(const void* x, DType t, int64_t n) override {
+    if (t == DType::BF16 || t == DType::F16) return sum_squares16(x, t, n);
+    return Backend::sum_squares_typed(x, t, n);
+  }
+  void mem_zero(void* p, size_t bytes) override { cpu::mem_zero(p, bytes); }
 
   // Per-block partials (fixed blocks of kGrainStream elements) summed in block order: the
   // same bits on any thread count.

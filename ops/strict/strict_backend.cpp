@@ -357,6 +357,13 @@ class StrictBackend final : public Backend {
       cpu_.adamw_update_typed(param, pt, grad, gt, master, m, v, n, a);
     });
   }
+  // [i29: optimizer]
+  void adamw_update_zero_grad(void* param, DType pt, void* grad, DType gt, float* master, float* m, float* v,
+                              int64_t n, const AdamwArgs& a) override {
+    submit([this, param = dev(param), pt, grad = dev(grad), gt, master = dev(master), m = dev(m), v = dev(v), n, a] {
+      cpu_.adamw_update_zero_grad(param, pt, grad, gt, master, m, v, n, a);
+    });
+  }
   // [i26: parallel]
   // [i26: train and checkpoint]
   // The strict device has one queue, so the "side queue" is that queue: a staged copy is

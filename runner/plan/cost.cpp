@@ -368,8 +368,12 @@ DpCost dp_cost(const Ctx& c, const StageCost& s, bool inter, double gbytes, doub
 
 // AdamW over the parameters this rank updates (all of its stage's, or its ZeRO-1 piece of
 // each), one fused memory-bound pass: reads the gradient, the moments (and the fp32 master),
-// writes the moments and the weights (the 16-bit cast of the master is this write). Before it
-// the gradient-norm pass reads the gradients it counts; after it the gradients are zeroed.
+// writes the moments and the weights (the 16-bit cast of the master is this write) and, issue
+// 29 ([i29: optimizer], Backend::adamw_update_zero_grad), the gradient's zeros for the next
+// step, written back from the cache in the same pass. Before it the gradient-norm pass reads
+// the gradients it counts. A separate zeroing pass remains only for the gradient elements the
+// update does not visit (outside this rank's ZeRO-1 pieces). Same bytes as before the fusion
+// (the zeros' write moved from the "zero" pass into "adamw"), one pass and its calls fewer.
 double optimizer_seconds(const Ctx& c, const StageCost& s, double gbytes, double wbytes) {
   const Plan& p = c.p;
   const PrecisionConfig& pr = p.recipe.precision;
@@ -377,16 +381,21 @@ double optimizer_seconds(const Ctx& c, const StageCost& s, double gbytes, double
   const ModelLayout& lay = *p.layout;
   const std::vector<ops::TensorDesc> shards = lay.rank_params(s.stage, 0);
   double all = 0, owned = 0;
+  size_t split = 0;  // tensors with a ZeRO-1 piece: their rest is zeroed apart
   for (size_t k = 0; k < shards.size(); ++k) {
     const double n = static_cast<double>(ops::numel_of(shards[k].shape));
     const bool sharded = p.recipe.parallel.zero >= 1 && p.dp > 1 && !lay.params()[static_cast<size_t>(lay.stage_params(s.stage)[k])].tied();
     all += n;
     owned += sharded ? n / static_cast<double>(p.dp) : n;
+    split += sharded;
   }
-  const double per_elem = gbytes + 16.0 + (master ? 8.0 + wbytes : 2.0 * wbytes);
-  // One call per parameter tensor for each of the three passes (op_seconds counts one).
-  const double calls = 3.0 * c.launch() * static_cast<double>(std::max<size_t>(1, shards.size()) - 1);
-  return c.op("adamw", owned * per_elem) + c.op("sum_squares", owned * gbytes) + c.op("zero", all * gbytes) + calls;
+  const double per_elem = 2.0 * gbytes + 16.0 + (master ? 8.0 + wbytes : 2.0 * wbytes);
+  // Per parameter tensor one call of the norm and one of the fused update, and for a split one
+  // zeroing call (op_seconds counts one of each kind).
+  const double n = static_cast<double>(std::max<size_t>(1, shards.size()));
+  const double calls = c.launch() * (2.0 * (n - 1) + static_cast<double>(split > 1 ? split - 1 : 0));
+  const double rest = all > owned ? c.op("zero", (all - owned) * gbytes) : 0.0;
+  return c.op("adamw", owned * per_elem) + c.op("sum_squares", owned * gbytes) + rest + calls;
 }
 
 // Tensor-parallel collectives outside the passes, once per step on the last micro-batch's

@@ -66,7 +66,8 @@ double clip_factor(double norm, double clip) {
   return std::min(1.0, clip / (norm + 1e-6));
 }
 
-void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, double lr, double grad_scale) {
+void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, double lr, double grad_scale,
+                bool zero_grads) {
   ParamSet& ps = st.params;
   if (st.adam_m.size() != ps.values.size()) {
     st.adam_m.clear();
@@ -93,16 +94,35 @@ void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, doub
     auto [a, e] = ps.owned_range(i);
     if (e <= a) continue;
     ops::Tensor& w = ps.values[i];
-    const ops::Tensor& g = ps.grads[i];
+    ops::Tensor& g = ps.grads[i];
     args.weight_decay = ps.decay[i] ? static_cast<float>(o.weight_decay) : 0.0f;
     // The owned range [a, e) of the parameter, its moments (and master) from their start.
-    be.adamw_update_typed(at(w, a), w.dtype(), at(g, a), g.dtype(), masters ? st.masters[i].data<float>() : nullptr,
-                          st.adam_m[i].data<float>(), st.adam_v[i].data<float>(), e - a, args);
+    float* master = masters ? st.masters[i].data<float>() : nullptr;
+    if (zero_grads)  // [i29: optimizer]
+      be.adamw_update_zero_grad(at(w, a), w.dtype(), at(g, a), g.dtype(), master, st.adam_m[i].data<float>(),
+                                st.adam_v[i].data<float>(), e - a, args);
+    else
+      be.adamw_update_typed(at(w, a), w.dtype(), at(g, a), g.dtype(), master, st.adam_m[i].data<float>(),
+                            st.adam_v[i].data<float>(), e - a, args);
   }
 }
 
 void zero_grads(ParamSet& ps) {
   for (auto& g : ps.grads) g.zero();
+}
+
+void zero_grads_rest(ops::Backend& be, ParamSet& ps) {
+  for (size_t i = 0; i < ps.grads.size(); ++i) {
+    ops::Tensor& g = ps.grads[i];
+    auto [a, e] = ps.owned_range(i);
+    if (e <= a) {  // adamw_step skipped this parameter: all of it
+      g.zero();
+      continue;
+    }
+    const size_t es = ops::dtype_size(g.dtype());
+    if (a > 0) be.mem_zero(at(g, 0), static_cast<size_t>(a) * es);
+    if (e < g.numel()) be.mem_zero(at(g, e), static_cast<size_t>(g.numel() - e) * es);
+  }
 }
 
 }  // namespace runner

@@ -39,8 +39,16 @@ double clip_factor(double norm, double clip);
 // use (optimizer account). With fp32 masters the update is applied to the masters and the
 // compute copy is their rounding to nearest even; 16-bit values without masters (`same`) are
 // widened, updated in fp32 and rounded back; 16-bit gradients are widened. Moments are fp32.
-void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, double lr, double grad_scale);
+// With zero_grads, the gradient elements the update reads are zeroed in the same pass
+// (Backend::adamw_update_zero_grad); zero_grads_rest then zeroes the others.
+void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, double lr, double grad_scale,
+                bool zero_grads = false);
 
+// Every gradient := 0 (a step that updated nothing: an fp16 overflow, a non-finite step).
 void zero_grads(ParamSet& ps);
+// [i29: optimizer] The gradient elements adamw_step(..., zero_grads = true) does not visit:
+// outside each parameter's owned range (ZeRO-1 gives this rank a piece). After that step, every
+// gradient is zero, as after zero_grads, with one pass over memory instead of two.
+void zero_grads_rest(ops::Backend& be, ParamSet& ps);
 
 }  // namespace runner

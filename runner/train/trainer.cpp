@@ -453,8 +453,11 @@ class Trainer {
     res.loss = count > 0 ? loss_part / static_cast<double>(count) : 0.0;
     res.lr = lr_at(r.optimizer, st.step, r.train.steps);
     update(res, opt, comm);
+    // [i29: optimizer] An applied update zeroed the gradients it read (adamw_step's fused
+    // pass); the rest here. A skipped step zeroes them all.
     const int64_t z0 = StepTimer::now();
-    zero_grads(st.params);
+    if (res.skipped) zero_grads(st.params);
+    else zero_grads_rest(be, st.params);
     opt += timer.phase("zero gradients", "optimizer", z0);
     metrics->measure_memory();
     st.step++;
@@ -506,7 +509,8 @@ class Trainer {
     }
     scaler.update(st.scaler, true);
     const int64_t a0 = StepTimer::now();
-    adamw_step(be, r.optimizer, st, res.lr, clip_factor(res.norm, r.optimizer.grad_clip) / res.scale);
+    adamw_step(be, r.optimizer, st, res.lr, clip_factor(res.norm, r.optimizer.grad_clip) / res.scale,
+               /*zero_grads=*/true);
     opt += timer.phase("optimizer step", "optimizer", a0);
     const int64_t a1 = StepTimer::now();
     model->gather_params();
