@@ -13,6 +13,8 @@ set(RUNNER_STRICT_TESTS
   # [i26: generate and export]
   test_generate test_generate_kv test_generate_tp test_export test_import
   # [i26: attention]
+  # [i29: native16]
+  test_ops_native16
 )
 foreach(name ${RUNNER_STRICT_TESTS})
   add_test(NAME ${name}_strict COMMAND ${name})
