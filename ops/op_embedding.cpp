@@ -84,6 +84,7 @@ void backward(OpContext& c) {
 
 constinit const OpDef kEmbeddingOp{.kind = OpKind::Embedding, .name = "embedding", .saves = embedding::saves,
                                    .scratch = embedding::scratch, .forward = embedding::forward,
-                                   .backward = embedding::backward, .native16 = true};
+                                   .backward = embedding::backward, .native16 = true,
+                                   .native16_params = 0b110};
 
 }  // namespace ops

@@ -62,9 +62,10 @@ void backward(OpContext& c) {
 
 constinit const OpDef kLayerNormOp{.kind = OpKind::LayerNorm, .name = "layernorm", .saves = layernorm::saves,
                                    .scratch = nullptr, .forward = layernorm::forward,
-                                   .backward = layernorm::backward, .native16 = true};
+                                   .backward = layernorm::backward, .native16 = true,
+                                   .native16_params = 0b110};
 constinit const OpDef kRMSNormOp{.kind = OpKind::RMSNorm, .name = "rmsnorm", .saves = rmsnorm::saves,
                                  .scratch = nullptr, .forward = rmsnorm::forward, .backward = rmsnorm::backward,
-                                 .native16 = true};
+                                 .native16 = true, .native16_params = 0b10};
 
 }  // namespace ops

@@ -137,6 +137,10 @@ struct OpDef {
   // points): where the executor finds the call eligible (OpContext::native16) it neither widens
   // the activations nor rounds the outputs, and no fp32 copy of them exists.
   bool native16 = false;
+  // The input positions (bit j: in[j]) the native kernels take as fp32 parameters (widened
+  // by the executor, as on the widened path): a norm's weight and bias, the embedding's
+  // tables. A node with a parameter elsewhere (an Add of a parameter) is widened.
+  uint8_t native16_params = 0;
 };
 
 // [i29: native16] The process's switch for OpDef::native16 (on unless the environment says
