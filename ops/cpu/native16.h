@@ -13,6 +13,11 @@
 // kernel's fixed row blocks (norm_reduce_block_rows) and fold the per-block partials in block
 // order, as that kernel does.
 //
+// The tile buffers are thread-local and outside the memory accounts: a few tiles of 32 KiB,
+// a norm block (>= 64 rows), and for RoPE one whole sequence (T x (NH + 2 NKV) HS floats per
+// buffer: the fp32 kernel's angle is a row's position in the call, so a tile cannot start
+// mid-sequence). A RoPE kernel with a position offset would shrink the last one.
+//
 // The signatures are Backend's *16 entry points (ops/backend.h) with the fp32 backend first.
 #pragma once
 #include <cstdint>
