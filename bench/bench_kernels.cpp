@@ -1,7 +1,7 @@
 // Kernel benchmark for the CPU backend: GEMM throughput at the shapes a GPT step runs (fp32
 // sgemm, and the two 16-bit paths of ops/gemm_path.h at GPT-2 124M's shapes), attention
 // forward/backward, and the pointwise kernels, at the current OpenMP thread count. Run as
-//   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE build/bench_kernels [--quick] [--attention]
+//   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE build/bench_kernels [--quick] [--attention] [--native16]
 // Each number is the best of several repetitions (the minimum is the least noisy
 // estimate on a shared machine), after one warm-up call.
 #include <cblas.h>
@@ -256,17 +256,105 @@ void bench_pointwise(ops::Backend& be) {
   if (sink < 0) std::printf("%g\n", sink);
 }
 
+// [i29: native16] Each memory-bound operator three ways, GPT-2 124M's widths (C 768, 4C)
+// at N = 2048 rows: in bf16 (or fp16) as the executor's widened path runs it (the 16-bit
+// inputs converted to fp32 copies, the fp32 kernel, the output rounded back; a backward's
+// gradient computed into a zeroed fp32 copy and accumulated into the 16-bit one), through
+// the 16-bit-native kernel (Backend::*16), and in fp32. Ratios < 1 mean native is faster.
+struct Native16Row {
+  double widened = 0, native = 0, fp32 = 0;
+};
+void native16_row(const char* name, const Native16Row& r, Native16Row& sum) {
+  std::printf("%-26s %9.3f %9.3f %9.3f   %6.2fx %6.2fx\n", name, r.widened * 1e3, r.native * 1e3, r.fp32 * 1e3,
+              r.native / r.widened, r.native / r.fp32);
+  sum.widened += r.widened;
+  sum.native += r.native;
+  sum.fp32 += r.fp32;
+}
+
+void bench_native16(ops::Backend& be, ops::DType t) {
+  using ops::DType;
+  std::printf("\n== memory-bound operators in %s: widened vs native vs fp32 (ms; native/widened, native/fp32) ==\n",
+              ops::dtype_name(t));
+  const int N = 2048, C = 768, H = 4 * C;
+  const int64_t nc = int64_t{N} * C, nh = int64_t{N} * H, n2h = 2 * nh;
+  const auto x32 = randn(n2h, 1), y32 = randn(n2h, 2), w = randn(C, 3), b = randn(C, 4);
+  const auto x16 = randn16(t, n2h, 1), y16 = randn16(t, n2h, 2);
+  std::vector<float> wa(n2h), wb(n2h), wo(n2h), f32o(n2h), mean(N), rstd(N), dw(C, 0.0f), db(C, 0.0f);
+  std::vector<uint16_t> o16(n2h), d16(n2h, 0);
+  auto cv_in = [&](std::vector<float>& dst, const std::vector<uint16_t>& src, int64_t n) {
+    be.convert(dst.data(), DType::F32, src.data(), t, n);
+  };
+  auto out16 = [&](int64_t n) { be.convert(o16.data(), t, wo.data(), DType::F32, n); };
+  auto acc16 = [&](int64_t n) {
+    be.accumulate(d16.data(), t, wo.data(), n);
+  };
+  auto zero = [&](int64_t n) { std::memset(wo.data(), 0, sizeof(float) * n); };
+  std::printf("%-26s %9s %9s %9s   %7s %7s\n", "operator", "widened", "native", "fp32", "n/w", "n/fp32");
+  Native16Row sum, r;
+  r = {best_time([&] { cv_in(wa, x16, nc); be.layernorm_forward(wo.data(), mean.data(), rstd.data(), wa.data(), w.data(), b.data(), N, C, 1e-5f); out16(nc); }),
+       best_time([&] { be.layernorm_forward16(o16.data(), mean.data(), rstd.data(), x16.data(), w.data(), b.data(), t, N, C, 1e-5f); }),
+       best_time([&] { be.layernorm_forward(f32o.data(), mean.data(), rstd.data(), x32.data(), w.data(), b.data(), N, C, 1e-5f); })};
+  native16_row("layernorm fwd", r, sum);
+  r = {best_time([&] { cv_in(wa, x16, nc); cv_in(wb, y16, nc); zero(nc); be.layernorm_backward(wo.data(), dw.data(), db.data(), wb.data(), wa.data(), w.data(), mean.data(), rstd.data(), N, C); acc16(nc); }),
+       best_time([&] { be.layernorm_backward16(d16.data(), dw.data(), db.data(), y16.data(), x16.data(), w.data(), mean.data(), rstd.data(), t, N, C); }),
+       best_time([&] { be.layernorm_backward(f32o.data(), dw.data(), db.data(), y32.data(), x32.data(), w.data(), mean.data(), rstd.data(), N, C); })};
+  native16_row("layernorm bwd", r, sum);
+  r = {best_time([&] { cv_in(wa, x16, nc); be.rmsnorm_forward(wo.data(), rstd.data(), wa.data(), w.data(), N, C, 1e-5f); out16(nc); }),
+       best_time([&] { be.rmsnorm_forward16(o16.data(), rstd.data(), x16.data(), w.data(), t, N, C, 1e-5f); }),
+       best_time([&] { be.rmsnorm_forward(f32o.data(), rstd.data(), x32.data(), w.data(), N, C, 1e-5f); })};
+  native16_row("rmsnorm fwd", r, sum);
+  r = {best_time([&] { cv_in(wa, x16, nh); be.gelu_forward(wo.data(), wa.data(), nh); out16(nh); }),
+       best_time([&] { be.gelu_forward16(o16.data(), x16.data(), t, nh); }),
+       best_time([&] { be.gelu_forward(f32o.data(), x32.data(), nh); })};
+  native16_row("gelu fwd (N x 4C)", r, sum);
+  r = {best_time([&] { cv_in(wa, x16, nh); cv_in(wb, y16, nh); zero(nh); be.gelu_backward(wo.data(), wa.data(), wb.data(), nh); acc16(nh); }),
+       best_time([&] { be.gelu_backward16(d16.data(), x16.data(), y16.data(), t, nh); }),
+       best_time([&] { be.gelu_backward(f32o.data(), x32.data(), y32.data(), nh); })};
+  native16_row("gelu bwd (N x 4C)", r, sum);
+  r = {best_time([&] { cv_in(wa, x16, n2h); be.swiglu_forward(wo.data(), wa.data(), N, H); out16(nh); }),
+       best_time([&] { be.swiglu_forward16(o16.data(), x16.data(), t, N, H); }),
+       best_time([&] { be.swiglu_forward(f32o.data(), x32.data(), N, H); })};
+  native16_row("swiglu fwd (N x 2x4C)", r, sum);
+  r = {best_time([&] { cv_in(wa, x16, nc); cv_in(wb, y16, nc); be.add_forward(wo.data(), wa.data(), wb.data(), nc); out16(nc); }),
+       best_time([&] { be.add_forward16(o16.data(), x16.data(), y16.data(), t, nc); }),
+       best_time([&] { be.add_forward(f32o.data(), x32.data(), y32.data(), nc); })};
+  native16_row("add (residual)", r, sum);
+  r = {best_time([&] { cv_in(wb, y16, nc); zero(nc); be.add_inplace(wo.data(), wb.data(), nc); acc16(nc); }),
+       best_time([&] { be.add_inplace16(d16.data(), y16.data(), t, nc); }),
+       best_time([&] { be.add_inplace(f32o.data(), y32.data(), nc); })};
+  native16_row("add bwd (one input)", r, sum);
+  const ops::DropoutSpec drop{0.1f, 3};
+  r = {best_time([&] { cv_in(wa, x16, nc); be.dropout_forward(wo.data(), wa.data(), nc, drop); out16(nc); }),
+       best_time([&] { be.dropout_forward16(o16.data(), x16.data(), t, nc, drop); }),
+       best_time([&] { be.dropout_forward(f32o.data(), x32.data(), nc, drop); })};
+  native16_row("dropout fwd p=0.1", r, sum);
+  const int B = 8, T = N / B, NH = 12;
+  const int64_t nq = int64_t{N} * 3 * C;
+  r = {best_time([&] { cv_in(wa, x16, nq); be.rope_forward(wo.data(), wa.data(), B, T, C, NH, 10000.0f); out16(nq); }),
+       best_time([&] { be.rope_forward16(o16.data(), x16.data(), t, B, T, C, NH, 10000.0f); }),
+       best_time([&] { be.rope_forward(f32o.data(), x32.data(), B, T, C, NH, 10000.0f); })};
+  native16_row("rope fwd (N x 3C)", r, sum);
+  native16_row("total", sum, sum);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool attention_only = false;
+  bool attention_only = false, native16_only = false;  // [i29: native16]
   for (int i = 1; i < argc; i++) {
     if (std::strcmp(argv[i], "--quick") == 0) g_reps = 2;
     if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;
+    if (std::strcmp(argv[i], "--native16") == 0) native16_only = true;
   }
   ops::Backend& be = ops::cpu_backend();
   std::printf("backend %s, OpenMP threads %d, OpenBLAS threads %d, %s\n", be.name(), ops::num_threads(),
               openblas_get_num_threads(), openblas_get_config());
+  if (native16_only) {
+    bench_native16(be, ops::DType::BF16);
+    bench_native16(be, ops::DType::F16);
+    return 0;
+  }
   if (!attention_only) {
     bench_gemm(be);
     bench_gemm16(be, ops::DType::BF16);

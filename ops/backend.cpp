@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "ops/convert.h"
 
@@ -153,5 +154,44 @@ void Backend::adamw_update_zero_grad(void* param, DType pt, void* grad, DType gt
   adamw_update_typed(param, pt, grad, gt, master, m, v, n, a);
   if (n > 0) mem_zero(grad, static_cast<size_t>(n) * dtype_size(gt));
 }
+
+// [i29: native16] No 16-bit-native kernels by default (native16_available is false, so the
+// executor never calls these on such a backend).
+namespace {
+[[noreturn]] void no_native16(const Backend& be, const char* what) {
+  throw std::logic_error(std::string(be.name()) + " backend: no 16-bit-native " + what);
+}
+}  // namespace
+void Backend::embedding_forward16(void*, DType, const int32_t*, const float*, const float*, int, int, int) {
+  no_native16(*this, "embedding");
+}
+void Backend::embedding_backward16(float*, float*, const void*, DType, const int32_t*, int, int, int) {
+  no_native16(*this, "embedding");
+}
+void Backend::layernorm_forward16(void*, float*, float*, const void*, const float*, const float*, DType, int, int,
+                                  float) {
+  no_native16(*this, "layernorm");
+}
+void Backend::layernorm_backward16(void*, float*, float*, const void*, const void*, const float*, const float*,
+                                   const float*, DType, int, int) {
+  no_native16(*this, "layernorm");
+}
+void Backend::rmsnorm_forward16(void*, float*, const void*, const float*, DType, int, int, float) {
+  no_native16(*this, "rmsnorm");
+}
+void Backend::rmsnorm_backward16(void*, float*, const void*, const void*, const float*, const float*, DType, int,
+                                 int) {
+  no_native16(*this, "rmsnorm");
+}
+void Backend::rope_forward16(void*, const void*, DType, int, int, int, Heads, float) { no_native16(*this, "rope"); }
+void Backend::rope_backward16(void*, const void*, DType, int, int, int, Heads, float) { no_native16(*this, "rope"); }
+void Backend::gelu_forward16(void*, const void*, DType, int64_t) { no_native16(*this, "gelu"); }
+void Backend::gelu_backward16(void*, const void*, const void*, DType, int64_t) { no_native16(*this, "gelu"); }
+void Backend::swiglu_forward16(void*, const void*, DType, int, int) { no_native16(*this, "swiglu"); }
+void Backend::swiglu_backward16(void*, const void*, const void*, DType, int, int) { no_native16(*this, "swiglu"); }
+void Backend::add_forward16(void*, const void*, const void*, DType, int64_t) { no_native16(*this, "add"); }
+void Backend::add_inplace16(void*, const void*, DType, int64_t) { no_native16(*this, "add"); }
+void Backend::dropout_forward16(void*, const void*, DType, int64_t, DropoutSpec) { no_native16(*this, "dropout"); }
+void Backend::dropout_backward16(void*, const void*, DType, int64_t, DropoutSpec) { no_native16(*this, "dropout"); }
 
 }  // namespace ops

@@ -168,6 +168,39 @@ class Backend {
   // kernels queued since; a fence is waited for once. Throws when the copies did not run.
   virtual uint64_t stage_fence() { return 0; }
   virtual void stage_wait(uint64_t fence) {}
+  // [i29: native16] 16-bit-native memory-bound kernels (ops/cpu/native16.h). The activations
+  // (inputs, outputs and their gradients) are stored in t (BF16 or F16) and read and written as
+  // such; parameters, parameter gradients and per-row statistics stay fp32. Each computes, bit
+  // for bit, what the executor's widened path computes: widen to fp32, the fp32 kernel above,
+  // round the output to t; an activation gradient d (stored in t) becomes RNE_t(d + g), g the
+  // fp32 kernel's gradient accumulated into zeros (accumulate()'s rounding). Only where
+  // native16_available(t); the executor checks it and widens otherwise.
+  virtual bool native16_available(DType t) { return false; }
+  virtual void embedding_forward16(void* out, DType t, const int32_t* tokens, const float* wte, const float* wpe,
+                                   int B, int T, int C);
+  virtual void embedding_backward16(float* dwte, float* dwpe, const void* dout, DType t, const int32_t* tokens,
+                                    int B, int T, int C);
+  virtual void layernorm_forward16(void* out, float* mean, float* rstd, const void* inp, const float* weight,
+                                   const float* bias, DType t, int N, int C, float eps);
+  virtual void layernorm_backward16(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                                    const float* weight, const float* mean, const float* rstd, DType t, int N,
+                                    int C);
+  virtual void rmsnorm_forward16(void* out, float* rstd, const void* inp, const float* weight, DType t, int N,
+                                 int C, float eps);
+  virtual void rmsnorm_backward16(void* dinp, float* dweight, const void* dout, const void* inp,
+                                  const float* weight, const float* rstd, DType t, int N, int C);
+  virtual void rope_forward16(void* out, const void* inp, DType t, int B, int T, int C, Heads heads, float theta);
+  virtual void rope_backward16(void* dinp, const void* dout, DType t, int B, int T, int C, Heads heads,
+                               float theta);
+  virtual void gelu_forward16(void* out, const void* inp, DType t, int64_t n);
+  virtual void gelu_backward16(void* dinp, const void* inp, const void* dout, DType t, int64_t n);
+  virtual void swiglu_forward16(void* out, const void* inp, DType t, int N, int H);
+  virtual void swiglu_backward16(void* dinp, const void* dout, const void* inp, DType t, int N, int H);
+  virtual void add_forward16(void* out, const void* a, const void* b, DType t, int64_t n);
+  // dst := RNE_t(dst + (0 + src)): add_inplace into a zeroed fp32 copy, then accumulated.
+  virtual void add_inplace16(void* dst, const void* src, DType t, int64_t n);
+  virtual void dropout_forward16(void* out, const void* inp, DType t, int64_t n, DropoutSpec drop);
+  virtual void dropout_backward16(void* dinp, const void* dout, DType t, int64_t n, DropoutSpec drop);
   // [i26: generate and export]
   // [i26: attention]
 

@@ -7,13 +7,16 @@
 // (ops/ops.h) through one table lookup, which runs the kernels and the collectives.
 #include "ops/executor.h"
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
 
 #include "ops/convert.h"
 #include "ops/device_timer.h"
+#include "ops/gemm_path.h"
 #include "ops/ops.h"
 
 namespace ops {
@@ -27,7 +30,21 @@ double ms_since(Clock::time_point t0) {
 using Operands = std::array<float*, kMaxOperands>;
 
 bool is16(DType t) { return t == DType::BF16 || t == DType::F16; }
+
+// [i29: native16] The switch: -1 until first read (then the environment's answer), 0 or 1.
+std::atomic<int> g_native16{-1};
 }  // namespace
+
+void set_native16(bool on) { g_native16.store(on ? 1 : 0); }
+bool native16_enabled() {
+  int v = g_native16.load();
+  if (v < 0) {
+    const char* e = std::getenv("RUNNER_NATIVE16");
+    v = (e && std::string(e) == "0") ? 0 : 1;
+    g_native16.store(v);
+  }
+  return v == 1;
+}
 
 struct Executor::Impl {
   const Graph& g;
@@ -195,13 +212,35 @@ struct Executor::Impl {
     return op.reads16 && op.reads16(g, n, backward);
   }
 
+  // [i29: native16] Whether node n runs its OpDef's 16-bit-native kernels: the op has them, the
+  // switch is on, the plan is not the GPU's, the node is plain (no tensor or sequence
+  // parallelism, no decode), its first output is 16-bit (t), every float input is an activation
+  // in t or a parameter where the op takes one (OpDef::native16_params), and the backend has the kernels for t (the dry run, without a backend,
+  // assumes the CPU's, which has them). The same answer in the dry run and the real run.
+  bool native16_call(const Node& n) const {
+    if (!op_def(n.kind).native16 || !native16_enabled() || n.tp != TpMode::None) return false;
+    if (n.gather_input || n.scatter_output || g.decode || gemm_paths_device_now()) return false;
+    const DType t = g.tensors[n.out[0]].dtype;
+    if (!is16(t)) return false;
+    for (size_t j = 0; j < n.in.size(); ++j) {
+      const TensorDesc& d = g.tensors[n.in[j]];
+      if (d.kind == TensorKind::Param) {
+        if (!((op_def(n.kind).native16_params >> j) & 1u)) return false;
+      } else if (d.dtype != DType::I32 && (d.kind != TensorKind::Activation || d.dtype != t)) {
+        return false;
+      }
+    }
+    return dry() || be->native16_available(t);
+  }
+
   // Node n's input values as its kernels read them (fp32, widened from 16 bits, or int; or as
-  // stored when `stored`).
-  std::array<void*, kMaxOperands> inputs(const Node& n, bool stored) {
+  // stored when `stored`; activations as stored when `native`, parameters widened).
+  std::array<void*, kMaxOperands> inputs(const Node& n, bool stored, bool native = false) {
     std::array<void*, kMaxOperands> v{};
     for (size_t j = 0; j < n.in.size(); ++j) {  // an activation no backward reads may be released already
       const TensorDesc& d = g.tensors[n.in[j]];
-      v[j] = stored ? value(n.in[j]) : readable(d, value(n.in[j]), d.kind != TensorKind::Activation || live[n.in[j]]);
+      const bool raw = stored || (native && d.kind == TensorKind::Activation);
+      v[j] = raw ? value(n.in[j]) : readable(d, value(n.in[j]), d.kind != TensorKind::Activation || live[n.in[j]]);
     }
     return v;
   }
@@ -221,13 +260,14 @@ struct Executor::Impl {
 
   // An output buffer for the kernel: the tensor's fp32 storage, or an fp32 copy of a 16-bit one
   // that finish_outputs rounds into it.
-  float* output_buffer(int o, void* storage) {
+  // A native call (native16_call) writes the 16-bit storage itself.
+  float* output_buffer(int o, void* storage, bool native) {
     const TensorDesc& d = g.tensors[o];
-    if (is16(d.dtype)) return wide(d, false);
+    if (is16(d.dtype) && !native) return wide(d, false);
     return static_cast<float*>(storage);
   }
-  void finish_outputs(const Node& n, const Operands& outs, const std::vector<void*>& storage) {
-    if (dry()) return;
+  void finish_outputs(const Node& n, const Operands& outs, const std::vector<void*>& storage, bool native) {
+    if (dry() || native) return;
     for (size_t j = 0; j < n.out.size(); ++j) {
       const TensorDesc& d = g.tensors[n.out[j]];
       if (is16(d.dtype) && storage[j]) be->convert(storage[j], d.dtype, outs[j], DType::F32, numel_of(d.shape));
@@ -236,15 +276,16 @@ struct Executor::Impl {
 
   // Runs node n's forward writing into `outs` (buffers by output position); widened inputs are
   // counted (dry run) or made here and released by the caller (release_wide).
-  void kernel_forward(const Node& n, const Operands& outs) {
+  void kernel_forward(const Node& n, const Operands& outs, bool native) {
     const bool stored = as_stored(n, false);
-    auto ins = inputs(n, stored);
+    auto ins = inputs(n, stored, native);
     count_scratch(n, false);
     if (dry()) return;
     if (n.tp != TpMode::None && !group)
       throw std::logic_error("node " + n.name + " is tensor-parallel: the executor needs a ReduceGroup (set_group)");
     OpContext c = context(n, ins);
     c.as_stored = stored;
+    c.native16 = native;
     for (size_t j = 0; j < n.out.size(); ++j) c.outs[j] = outs[j];
     op_def(n.kind).forward(c);
   }
@@ -260,6 +301,7 @@ struct Executor::Impl {
   void kernel_backward(const Node& n, float dloss) {
     const OpDef& op = op_def(n.kind);
     if (!op.seeds_backward && !glive[n.out[0]]) return;
+    const bool native = native16_call(n);  // activation gradients accumulated in place, in 16 bits
     Operands din{};
     std::array<int, kMaxOperands> fold;
     fold.fill(-1);
@@ -275,7 +317,8 @@ struct Executor::Impl {
       const bool needed = dry() ? d.kind != TensorKind::Input : gr != nullptr;
       // A parameter whose gradient buffer is fp32 is accumulated into directly: the kernels add
       // (+=) into their input gradients, so the buffer sums fp32 results unrounded.
-      const bool direct = d.kind == TensorKind::Param && d.grad_dtype == DType::F32;
+      const bool direct = (d.kind == TensorKind::Param && d.grad_dtype == DType::F32) ||
+                          (native && d.kind == TensorKind::Activation);
       if (needed && is16(d.dtype) && !direct) {
         din[j] = wide(d, true);
         fold[j] = x;
@@ -284,21 +327,23 @@ struct Executor::Impl {
       }
     }
     const bool stored = as_stored(n, true);
-    auto ins = inputs(n, stored);
+    auto ins = inputs(n, stored, native);
+    const bool raw_outs = stored || native;  // the outputs and their gradient as stored
     std::array<void*, kMaxOperands> outv{};
     for (size_t j = 0; j < n.out.size(); ++j) {
       void* raw = dry() ? nullptr : vals[n.out[j]].raw();
-      outv[j] = stored ? raw : readable(g.tensors[n.out[j]], raw, live[n.out[j]] != 0);
+      outv[j] = raw_outs ? raw : readable(g.tensors[n.out[j]], raw, live[n.out[j]] != 0);
     }
     const float* dout = nullptr;
     if (!op.seeds_backward) {
       void* raw = dry() ? nullptr : grads[n.out[0]].raw();
-      dout = static_cast<const float*>(stored ? raw : readable(g.tensors[n.out[0]], raw, true));
+      dout = static_cast<const float*>(raw_outs ? raw : readable(g.tensors[n.out[0]], raw, true));
     }
     count_scratch(n, true);
     if (!dry()) {
       OpContext c = context(n, ins);
       c.as_stored = stored;
+      c.native16 = native;
       c.outs = outv;
       c.dins = din;
       c.dout = dout;
@@ -324,16 +369,17 @@ struct Executor::Impl {
     const Node& n = g.nodes[i];
     Operands outs{};
     std::vector<void*> storage(n.out.size(), nullptr);
+    const bool native = native16_call(n);
     for (size_t j = 0; j < n.out.size(); ++j) {
       const int o = n.out[j];
       alloc(o, out_account(o));
       if (!dry()) storage[j] = vals[o].raw();
-      outs[j] = output_buffer(o, storage[j]);
+      outs[j] = output_buffer(o, storage[j], native);
     }
     auto t0 = Clock::now();
     const int64_t ev = dev_times.begin(static_cast<int>(n.kind), 'f', op_def(n.kind).name);
-    kernel_forward(n, outs);
-    finish_outputs(n, outs, storage);
+    kernel_forward(n, outs, native);
+    finish_outputs(n, outs, storage, native);
     release_wide();
     if (!dry() && stage_out && g.stage_output >= 0 && n.out[0] == g.stage_output)
       be->copy(stage_out, vals[n.out[0]].raw(), g.tensors[g.stage_output].nbytes());
@@ -368,33 +414,35 @@ struct Executor::Impl {
       std::vector<void*> storage(n.out.size(), nullptr);
       std::vector<int> scratch;
       std::vector<Tensor> scratch_vals;
+      const bool native = native16_call(n);
       for (size_t k = 0; k < n.out.size(); ++k) {
         const int o = n.out[k];
         const TensorDesc& d = g.tensors[o];
-        if (live[o] && is16(d.dtype)) {  // still alive from forward: recompute into an fp32 copy, dropped
+        if (live[o] && is16(d.dtype) && !native) {  // still alive from forward: recompute into an fp32 copy, dropped
           outs[k] = wide(d, false);
         } else if (live[o]) {  // still alive from forward (read outside the segment): recompute into scratch
           if (dry()) { count(Account::Workspace, static_cast<long long>(d.nbytes())); }
-          else { scratch_vals.push_back(Tensor::empty(d.shape, d.dtype, Account::Workspace)); outs[k] = scratch_vals.back().data<float>(); }
+          else { scratch_vals.push_back(Tensor::empty(d.shape, d.dtype, Account::Workspace)); outs[k] = static_cast<float*>(scratch_vals.back().raw()); }
           scratch.push_back(o);
         } else {
           alloc(o, Account::Activations);
           if (!dry()) storage[k] = vals[o].raw();
-          outs[k] = output_buffer(o, storage[k]);
+          outs[k] = output_buffer(o, storage[k], native);
         }
       }
       auto t0 = Clock::now();
       const int64_t ev = dev_times.begin(static_cast<int>(n.kind), 'r', op_def(n.kind).name);
       // The kernel's own scratch is not counted here (the known gap above), only widened operands.
       const bool stored = as_stored(n, false);
-      auto ins = inputs(n, stored);
+      auto ins = inputs(n, stored, native);
       if (!dry()) {
         OpContext c = context(n, ins);
         c.as_stored = stored;
+        c.native16 = native;
         for (size_t k = 0; k < n.out.size(); ++k) c.outs[k] = outs[k];
         op_def(n.kind).forward(c);
       }
-      finish_outputs(n, outs, storage);
+      finish_outputs(n, outs, storage, native);
       release_wide();
       if (!dev_times.end(ev)) prof[static_cast<int>(n.kind)].recompute_ms += ms_since(t0);
       traced(j, 'r', t0);

@@ -25,6 +25,11 @@
 // when ops/gemm_path.h chose oneDNN's 16-bit matmul for the dtype); then no copies of its
 // inputs, outputs or output gradient are made or counted. Its fp32 outputs and input gradients
 // are handled as above.
+// [i29: native16] A second exception: an OpDef with native16 (the memory-bound operators) whose
+// node qualifies (Impl::native16_call: the switch ops::set_native16 / RUNNER_NATIVE16, a
+// backend with the kernels, no tensor or sequence parallelism) gets its 16-bit activations,
+// outputs and activation gradients as stored; its kernels convert tile by tile with the same
+// results bit for bit, so only the copies disappear (and from the dry run's count with them).
 //
 // Host and device (issue 26, docs/invariants.md invariant 7): the widening, rounding and
 // accumulation above are backend kernels (Backend::convert, Backend::accumulate), queued with the

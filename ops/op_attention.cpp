@@ -29,10 +29,16 @@ int query_channels(const OpContext& c) { return query_channels(c.g, c.n); }
 namespace rope {
 
 void forward(OpContext& c) {
+  if (c.native16)  // [i29: native16]
+    return c.be.rope_forward16(c.outs[0], c.ins[0], c.dtype16(), c.B(), c.T(), query_channels(c), heads_of(c.n),
+                               c.n.theta);
   c.be.rope_forward(c.out(0), c.in(0), c.B(), c.T(), query_channels(c), heads_of(c.n), c.n.theta);
 }
 
 void backward(OpContext& c) {
+  if (c.native16)
+    return c.be.rope_backward16(c.dins[0], c.dout, c.dtype16(), c.B(), c.T(), query_channels(c), heads_of(c.n),
+                                c.n.theta);
   c.be.rope_backward(c.din(0), c.dout, c.B(), c.T(), query_channels(c), heads_of(c.n), c.n.theta);
 }
 
@@ -102,7 +108,7 @@ void backward(OpContext& c) {
 }  // namespace
 
 constinit const OpDef kRopeOp{.kind = OpKind::Rope, .name = "rope", .saves = saves_nothing, .scratch = nullptr,
-                              .forward = rope::forward, .backward = rope::backward};
+                              .forward = rope::forward, .backward = rope::backward, .native16 = true};
 constinit const OpDef kAttentionOp{.kind = OpKind::Attention, .name = "attention", .saves = attention::saves,
                                    .scratch = attention::scratch, .forward = attention::forward,
                                    .backward = attention::backward};

@@ -52,6 +52,8 @@ void forward(OpContext& c) {
     for (int b = 0; b < c.B(); ++b)
       c.be.embedding_forward(c.out(0) + static_cast<int64_t>(b) * C, c.in_i32(0) + b, c.in(1),
                              wpe + static_cast<int64_t>(c.kv->pos[static_cast<size_t>(b)]) * C, 1, 1, C);
+  } else if (c.native16) {  // [i29: native16] (the executor leaves decode and tensor parallelism widened)
+    c.be.embedding_forward16(c.outs[0], c.dtype16(), c.in_i32(0), c.in(1), wpe, c.B(), c.T(), C);
   } else {
     c.be.embedding_forward(c.out(0), c.in_i32(0), c.in(1), wpe, c.B(), c.T(), C);
   }
@@ -71,6 +73,8 @@ void backward(OpContext& c) {
   if (n.tp == TpMode::VocabEmbed)
     c.be.embedding_shard_backward(c.din(1), c.din(2), dout, c.in_i32(0), c.B(), c.T(), C,
                                   static_cast<int>(n.vocab_start), static_cast<int>(c.in_desc(1).shape[0]));
+  else if (c.native16)  // [i29: native16]
+    c.be.embedding_backward16(c.din(1), c.din(2), dout, c.dtype16(), c.in_i32(0), c.B(), c.T(), C);
   else
     c.be.embedding_backward(c.din(1), c.din(2), dout, c.in_i32(0), c.B(), c.T(), C);
 }
@@ -80,6 +84,7 @@ void backward(OpContext& c) {
 
 constinit const OpDef kEmbeddingOp{.kind = OpKind::Embedding, .name = "embedding", .saves = embedding::saves,
                                    .scratch = embedding::scratch, .forward = embedding::forward,
-                                   .backward = embedding::backward};
+                                   .backward = embedding::backward, .native16 = true,
+                                   .native16_params = 0b110};
 
 }  // namespace ops

@@ -16,12 +16,18 @@ std::vector<int> saves(const Node& n) { return {n.in[0], n.in[1], n.out[1], n.ou
 
 void forward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
+  if (c.native16)  // [i29: native16]
+    return c.be.layernorm_forward16(c.outs[0], c.out(1), c.out(2), c.ins[0], c.in(1), c.in(2), c.dtype16(),
+                                    static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back()), c.n.eps);
   c.be.layernorm_forward(c.out(0), c.out(1), c.out(2), c.in(0), c.in(1), c.in(2), static_cast<int>(rows_of(x)),
                          static_cast<int>(x.shape.back()), c.n.eps);
 }
 
 void backward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
+  if (c.native16)  // [i29: native16]
+    return c.be.layernorm_backward16(c.dins[0], c.din(1), c.din(2), c.dout, c.ins[0], c.in(1), c.out(1), c.out(2),
+                                     c.dtype16(), static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back()));
   c.be.layernorm_backward(c.din(0), c.din(1), c.din(2), c.dout, c.in(0), c.in(1), c.out(1), c.out(2),
                           static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back()));
 }
@@ -34,12 +40,18 @@ std::vector<int> saves(const Node& n) { return {n.in[0], n.in[1], n.out[1]}; }  
 
 void forward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
+  if (c.native16)  // [i29: native16]
+    return c.be.rmsnorm_forward16(c.outs[0], c.out(1), c.ins[0], c.in(1), c.dtype16(), static_cast<int>(rows_of(x)),
+                                  static_cast<int>(x.shape.back()), c.n.eps);
   c.be.rmsnorm_forward(c.out(0), c.out(1), c.in(0), c.in(1), static_cast<int>(rows_of(x)),
                        static_cast<int>(x.shape.back()), c.n.eps);
 }
 
 void backward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
+  if (c.native16)  // [i29: native16]
+    return c.be.rmsnorm_backward16(c.dins[0], c.din(1), c.dout, c.ins[0], c.in(1), c.out(1), c.dtype16(),
+                                   static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back()));
   c.be.rmsnorm_backward(c.din(0), c.din(1), c.dout, c.in(0), c.in(1), c.out(1), static_cast<int>(rows_of(x)),
                         static_cast<int>(x.shape.back()));
 }
@@ -50,8 +62,10 @@ void backward(OpContext& c) {
 
 constinit const OpDef kLayerNormOp{.kind = OpKind::LayerNorm, .name = "layernorm", .saves = layernorm::saves,
                                    .scratch = nullptr, .forward = layernorm::forward,
-                                   .backward = layernorm::backward};
+                                   .backward = layernorm::backward, .native16 = true,
+                                   .native16_params = 0b110};
 constinit const OpDef kRMSNormOp{.kind = OpKind::RMSNorm, .name = "rmsnorm", .saves = rmsnorm::saves,
-                                 .scratch = nullptr, .forward = rmsnorm::forward, .backward = rmsnorm::backward};
+                                 .scratch = nullptr, .forward = rmsnorm::forward, .backward = rmsnorm::backward,
+                                 .native16 = true, .native16_params = 0b10};
 
 }  // namespace ops

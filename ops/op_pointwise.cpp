@@ -17,8 +17,14 @@ int64_t numel_in(const OpContext& c) { return numel_of(c.in_desc(0).shape); }
 
 namespace gelu {
 
-void forward(OpContext& c) { c.be.gelu_forward(c.out(0), c.in(0), numel_in(c)); }
-void backward(OpContext& c) { c.be.gelu_backward(c.din(0), c.in(0), c.dout, numel_in(c)); }
+void forward(OpContext& c) {
+  if (c.native16) return c.be.gelu_forward16(c.outs[0], c.ins[0], c.dtype16(), numel_in(c));  // [i29: native16]
+  c.be.gelu_forward(c.out(0), c.in(0), numel_in(c));
+}
+void backward(OpContext& c) {
+  if (c.native16) return c.be.gelu_backward16(c.dins[0], c.ins[0], c.dout, c.dtype16(), numel_in(c));
+  c.be.gelu_backward(c.din(0), c.in(0), c.dout, numel_in(c));
+}
 
 }  // namespace gelu
 
@@ -26,19 +32,31 @@ namespace swiglu {
 
 void forward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
-  c.be.swiglu_forward(c.out(0), c.in(0), static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back() / 2));
+  const int N = static_cast<int>(rows_of(x)), H = static_cast<int>(x.shape.back() / 2);
+  if (c.native16) return c.be.swiglu_forward16(c.outs[0], c.ins[0], c.dtype16(), N, H);  // [i29: native16]
+  c.be.swiglu_forward(c.out(0), c.in(0), N, H);
 }
 void backward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
-  c.be.swiglu_backward(c.din(0), c.dout, c.in(0), static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back() / 2));
+  const int N = static_cast<int>(rows_of(x)), H = static_cast<int>(x.shape.back() / 2);
+  if (c.native16) return c.be.swiglu_backward16(c.dins[0], c.dout, c.ins[0], c.dtype16(), N, H);
+  c.be.swiglu_backward(c.din(0), c.dout, c.in(0), N, H);
 }
 
 }  // namespace swiglu
 
 namespace add {
 
-void forward(OpContext& c) { c.be.add_forward(c.out(0), c.in(0), c.in(1), numel_in(c)); }
+void forward(OpContext& c) {
+  if (c.native16) return c.be.add_forward16(c.outs[0], c.ins[0], c.ins[1], c.dtype16(), numel_in(c));  // [i29: native16]
+  c.be.add_forward(c.out(0), c.in(0), c.in(1), numel_in(c));
+}
 void backward(OpContext& c) {
+  if (c.native16) {  // [i29: native16]
+    c.be.add_inplace16(c.dins[0], c.dout, c.dtype16(), numel_in(c));
+    c.be.add_inplace16(c.dins[1], c.dout, c.dtype16(), numel_in(c));
+    return;
+  }
   c.be.add_inplace(c.din(0), c.dout, numel_in(c));
   c.be.add_inplace(c.din(1), c.dout, numel_in(c));
 }
@@ -59,10 +77,12 @@ DropoutSpec drop(const OpContext& c, int64_t numel) {
 
 void forward(OpContext& c) {
   const int64_t n = numel_in(c);
+  if (c.native16) return c.be.dropout_forward16(c.outs[0], c.ins[0], c.dtype16(), n, drop(c, n));  // [i29: native16]
   c.be.dropout_forward(c.out(0), c.in(0), n, drop(c, n));
 }
 void backward(OpContext& c) {
   const int64_t n = numel_in(c);
+  if (c.native16) return c.be.dropout_backward16(c.dins[0], c.dout, c.dtype16(), n, drop(c, n));  // [i29: native16]
   c.be.dropout_backward(c.din(0), c.dout, n, drop(c, n));
 }
 
@@ -71,12 +91,13 @@ void backward(OpContext& c) {
 }  // namespace
 
 constinit const OpDef kGeluOp{.kind = OpKind::Gelu, .name = "gelu", .saves = saves_input, .scratch = nullptr,
-                              .forward = gelu::forward, .backward = gelu::backward};
+                              .forward = gelu::forward, .backward = gelu::backward, .native16 = true};
 constinit const OpDef kSwiGLUOp{.kind = OpKind::SwiGLU, .name = "swiglu", .saves = saves_input, .scratch = nullptr,
-                                .forward = swiglu::forward, .backward = swiglu::backward};
+                                .forward = swiglu::forward, .backward = swiglu::backward, .native16 = true};
 constinit const OpDef kAddOp{.kind = OpKind::Add, .name = "add", .saves = saves_nothing, .scratch = nullptr,
-                             .forward = add::forward, .backward = add::backward};
+                             .forward = add::forward, .backward = add::backward, .native16 = true};
 constinit const OpDef kDropoutOp{.kind = OpKind::Dropout, .name = "dropout", .saves = saves_nothing,
-                                 .scratch = nullptr, .forward = dropout::forward, .backward = dropout::backward};
+                                 .scratch = nullptr, .forward = dropout::forward, .backward = dropout::backward,
+                                 .native16 = true};
 
 }  // namespace ops

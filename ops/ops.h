@@ -64,6 +64,12 @@ struct OpContext {
   // and dout point at the tensors' own dtype (16 bits), not at fp32 copies. Forward outputs
   // and input gradients are fp32 buffers as always.
   bool as_stored = false;
+  // [i29: native16] The call runs the op's 16-bit-native kernels (OpDef::native16; the
+  // executor's choice, Executor native16_call): the activations, the forward's 16-bit outputs
+  // and the activations' gradients (dins, as void*) are the tensors' own 16-bit buffers, of
+  // dtype16(); parameters and fp32 tensors (norm statistics) are as on the widened path.
+  bool native16 = false;
+  DType dtype16() const { return g.tensors[n.out[0]].dtype; }
 
   const TensorDesc& in_desc(int j) const { return g.tensors[n.in[j]]; }
   const TensorDesc& out_desc(int j) const { return g.tensors[n.out[j]]; }
@@ -134,7 +140,21 @@ struct OpDef {
   // or is an fp32 copy made for the call), so a fused backward can turn d(out) into the
   // gradient of an inner value in place instead of allocating a second buffer of its size.
   bool consumes_dout = false;
+  // [i29: native16] The kernels accept 16-bit activations as stored (Backend's *16 entry
+  // points): where the executor finds the call eligible (OpContext::native16) it neither widens
+  // the activations nor rounds the outputs, and no fp32 copy of them exists.
+  bool native16 = false;
+  // The input positions (bit j: in[j]) the native kernels take as fp32 parameters (widened
+  // by the executor, as on the widened path): a norm's weight and bias, the embedding's
+  // tables. A node with a parameter elsewhere (an Add of a parameter) is widened.
+  uint8_t native16_params = 0;
 };
+
+// [i29: native16] The process's switch for OpDef::native16 (on unless the environment says
+// RUNNER_NATIVE16=0): off, every operator takes the widened path. Set it before any executor
+// runs or dry-runs (a dry run and a real run must see the same choice).
+void set_native16(bool on);
+bool native16_enabled();
 
 // One per OpKind, each defined in its family's file.
 extern const OpDef kEmbeddingOp;                                     // op_embedding.cpp

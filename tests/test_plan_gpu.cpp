@@ -11,6 +11,7 @@
 #include "ops/cuda/cuda_workspace.h"
 #include "ops/executor.h"
 #include "ops/gemm_path.h"
+#include "ops/ops.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
 
@@ -86,6 +87,11 @@ TEST_CASE("a GPU device's plan: the dry run under cuBLASLt's paths plus the CUDA
     CAPTURE(recipe);
     const std::vector<std::string> bf16 = {"precision.compute=bf16", "checkpoint.async=false"};
     const runner::Plan h100 = plan(recipe, "h100-80gb", bf16);
+    // [i29: native16] The host's 16-bit-native memory-bound kernels widen nothing; the GPU's
+    // plan widens their operands (the CUDA backend has no such kernels). The GEMM paths are
+    // compared with the host's widened plan, and the native one must need no more than it.
+    const runner::Plan host_native = plan(recipe, "custom", bf16);
+    ops::set_native16(false);
     const runner::Plan host_paths = plan(recipe, "custom", bf16);
     runner::Plan device_paths;
     {
@@ -98,6 +104,9 @@ TEST_CASE("a GPU device's plan: the dry run under cuBLASLt's paths plus the CUDA
     // The CPU plans with the CPU's paths, as before.
     const runner::Plan on_cpu = plan(recipe, "cpu", bf16);
     CHECK(workspace(on_cpu) == workspace(host_paths));
+    ops::set_native16(true);
+    CHECK(workspace(plan(recipe, "cpu", bf16)) == workspace(host_native));
+    CHECK(workspace(host_native) <= workspace(host_paths));
     CHECK(ops::gemm_path(DType::BF16) == GemmPath::Sgemm);  // planning a GPU left the process's choice
   }
   // recipes/llama-7b-8xh100.yaml on its H100s: the GPU figure. Its workspace used to be the

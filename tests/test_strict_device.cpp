@@ -644,10 +644,100 @@ std::vector<KernelCase> kv_cache_cases() {
   return cs;
 }
 
+// [i29: native16] The 16-bit-native kernels, in bf16 and fp16 (16-bit activations, fp32
+// parameters and statistics).
+std::vector<KernelCase> native16_cases() {
+  std::vector<KernelCase> cs;
+  const ops::DropoutSpec drop{0.2f, 1234, 77};
+  for (DType t : {DType::BF16, DType::F16}) {
+    const std::string tag = std::string(" ") + ops::dtype_name(t);
+    cs.push_back({"gelu_forward16", "gelu_forward16" + tag, {{kBig, t}, {kBig, t, -6, 6}}, [=](Backend& be, const auto& p) {
+                    be.gelu_forward16(p[0], p[1], t, kBig);
+                    return 0.0;
+                  }});
+    cs.push_back({"gelu_backward16", "gelu_backward16" + tag, {{kBig, t}, {kBig, t, -6, 6}, {kBig, t}},
+                  [=](Backend& be, const auto& p) {
+                    be.gelu_backward16(p[0], p[1], p[2], t, kBig);
+                    return 0.0;
+                  }});
+    cs.push_back({"swiglu_forward16", "swiglu_forward16" + tag, {{N * H, t}, {N * 2 * H, t, -4, 4}},
+                  [=](Backend& be, const auto& p) {
+                    be.swiglu_forward16(p[0], p[1], t, N, H);
+                    return 0.0;
+                  }});
+    cs.push_back({"swiglu_backward16", "swiglu_backward16" + tag, {{N * 2 * H, t}, {N * H, t}, {N * 2 * H, t, -4, 4}},
+                  [=](Backend& be, const auto& p) {
+                    be.swiglu_backward16(p[0], p[1], p[2], t, N, H);
+                    return 0.0;
+                  }});
+    cs.push_back({"add_forward16", "add_forward16" + tag, {{kBig, t}, {kBig, t}, {kBig, t}}, [=](Backend& be, const auto& p) {
+                    be.add_forward16(p[0], p[1], p[2], t, kBig);
+                    return 0.0;
+                  }});
+    cs.push_back({"add_inplace16", "add_inplace16" + tag, {{kBig, t}, {kBig, t}}, [=](Backend& be, const auto& p) {
+                    be.add_inplace16(p[0], p[1], t, kBig);
+                    return 0.0;
+                  }});
+    cs.push_back({"dropout_forward16", "dropout_forward16" + tag, {{kBig, t}, {kBig, t}}, [=](Backend& be, const auto& p) {
+                    be.dropout_forward16(p[0], p[1], t, kBig, drop);
+                    return 0.0;
+                  }});
+    cs.push_back({"dropout_backward16", "dropout_backward16" + tag, {{kBig, t}, {kBig, t}}, [=](Backend& be, const auto& p) {
+                    be.dropout_backward16(p[0], p[1], t, kBig, drop);
+                    return 0.0;
+                  }});
+    cs.push_back({"layernorm_forward16", "layernorm_forward16" + tag,
+                  {{N * C, t}, {N, DType::F32}, {N, DType::F32}, {N * C, t, -3, 3}, {C, DType::F32}, {C, DType::F32}},
+                  [=](Backend& be, const auto& p) {
+                    be.layernorm_forward16(p[0], F(p, 1), F(p, 2), p[3], F(p, 4), F(p, 5), t, N, C, 1e-5f);
+                    return 0.0;
+                  }});
+    cs.push_back({"layernorm_backward16", "layernorm_backward16" + tag,
+                  {{N * C, t}, {C, DType::F32}, {C, DType::F32}, {N * C, t}, {N * C, t}, {C, DType::F32}, {N, DType::F32},
+                   {N, DType::F32, 0.5f, 2.0f}},
+                  [=](Backend& be, const auto& p) {
+                    be.layernorm_backward16(p[0], F(p, 1), F(p, 2), p[3], p[4], F(p, 5), F(p, 6), F(p, 7), t, N, C);
+                    return 0.0;
+                  }});
+    cs.push_back({"rmsnorm_forward16", "rmsnorm_forward16" + tag, {{N * C, t}, {N, DType::F32}, {N * C, t, -3, 3}, {C, DType::F32}},
+                  [=](Backend& be, const auto& p) {
+                    be.rmsnorm_forward16(p[0], F(p, 1), p[2], F(p, 3), t, N, C, 1e-6f);
+                    return 0.0;
+                  }});
+    cs.push_back({"rmsnorm_backward16", "rmsnorm_backward16" + tag,
+                  {{N * C, t}, {C, DType::F32}, {N * C, t}, {N * C, t}, {C, DType::F32}, {N, DType::F32, 0.5f, 2.0f}},
+                  [=](Backend& be, const auto& p) {
+                    be.rmsnorm_backward16(p[0], F(p, 1), p[2], p[3], F(p, 4), F(p, 5), t, N, C);
+                    return 0.0;
+                  }});
+    cs.push_back({"embedding_forward16", "embedding_forward16" + tag,
+                  {{N * C, t}, {N, DType::I32, 0, V - 0.01f}, {V * C, DType::F32}, {T * C, DType::F32}},
+                  [=](Backend& be, const auto& p) {
+                    be.embedding_forward16(p[0], t, I(p, 1), F(p, 2), F(p, 3), B, T, C);
+                    return 0.0;
+                  }});
+    cs.push_back({"embedding_backward16", "embedding_backward16" + tag,
+                  {{V * C, DType::F32}, {T * C, DType::F32}, {N * C, t}, {N, DType::I32, 0, V - 0.01f}},
+                  [=](Backend& be, const auto& p) {
+                    be.embedding_backward16(F(p, 0), F(p, 1), p[2], t, I(p, 3), B, T, C);
+                    return 0.0;
+                  }});
+    cs.push_back({"rope_forward16", "rope_forward16" + tag, {{N * W, t}, {N * W, t}}, [=](Backend& be, const auto& p) {
+                    be.rope_forward16(p[0], p[1], t, B, T, CQ, kGqa, 10000.0f);
+                    return 0.0;
+                  }});
+    cs.push_back({"rope_backward16", "rope_backward16" + tag, {{N * W, t}, {N * W, t}}, [=](Backend& be, const auto& p) {
+                    be.rope_backward16(p[0], p[1], t, B, T, CQ, kGqa, 10000.0f);
+                    return 0.0;
+                  }});
+  }
+  return cs;
+}
+
 std::vector<KernelCase> all_cases() {
   std::vector<KernelCase> all;
   for (auto part : {memory_and_generic_cases, pointwise_and_norm_cases, embedding_and_loss_cases, matmul_cases,
-                    attention_cases, kv_cache_cases})
+                    attention_cases, kv_cache_cases, native16_cases})
     for (KernelCase& c : part()) all.push_back(std::move(c));
   return all;
 }
@@ -681,7 +771,7 @@ TEST_CASE("strict device: every Backend kernel equals the CPU backend's, bit for
   const std::set<std::string> not_kernels = {"name",         "host_memory", "mem_alloc",   "mem_free",
                                              "copy_in",      "copy_out",    "synchronize", "matmul16_available",
                                              "alloc_pinned", "free_pinned", "stage_out",   "stage_fence",
-                                             "stage_wait"};
+                                             "stage_wait",   "native16_available"};
   std::set<std::string> covered;
   for (const KernelCase& c : cases) covered.insert(c.method);
   const std::set<std::string> declared = declared_methods();

@@ -41,6 +41,7 @@
 #include "ops/cpu/vecmath.h"
 #include "ops/rng.h"
 #include "ops/check.h"
+#include "ops/cpu/native16.h"
 
 namespace ops {
 namespace cpu {
@@ -901,6 +902,58 @@ class CpuBackend final : public Backend {
     parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1) { scale_range(x + i0, i1 - i0, s); });
   }
 
+  // [i29: native16] The 16-bit-native kernels (ops/cpu/native16.h): this backend's fp32
+  // kernels on widened tiles.
+  bool native16_available(DType t) override { return t == DType::BF16 || t == DType::F16; }
+  void embedding_forward16(void* out, DType t, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) override {
+    native16::embedding_forward(*this, out, t, tokens, wte, wpe, B, T, C);
+  }
+  void embedding_backward16(float* dwte, float* dwpe, const void* dout, DType t, const int32_t* tokens, int B, int T, int C) override {
+    native16::embedding_backward(*this, dwte, dwpe, dout, t, tokens, B, T, C);
+  }
+  void layernorm_forward16(void* out, float* mean, float* rstd, const void* inp, const float* weight, const float* bias, DType t, int N, int C, float eps) override {
+    native16::layernorm_forward(*this, out, mean, rstd, inp, weight, bias, t, N, C, eps);
+  }
+  void layernorm_backward16(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const float* weight, const float* mean, const float* rstd, DType t, int N, int C) override {
+    native16::layernorm_backward(*this, dinp, dweight, dbias, dout, inp, weight, mean, rstd, t, N, C);
+  }
+  void rmsnorm_forward16(void* out, float* rstd, const void* inp, const float* weight, DType t, int N, int C, float eps) override {
+    native16::rmsnorm_forward(*this, out, rstd, inp, weight, t, N, C, eps);
+  }
+  void rmsnorm_backward16(void* dinp, float* dweight, const void* dout, const void* inp, const float* weight, const float* rstd, DType t, int N, int C) override {
+    native16::rmsnorm_backward(*this, dinp, dweight, dout, inp, weight, rstd, t, N, C);
+  }
+  void rope_forward16(void* out, const void* inp, DType t, int B, int T, int C, Heads heads, float theta) override {
+    native16::rope_forward(*this, out, inp, t, B, T, C, heads, theta);
+  }
+  void rope_backward16(void* dinp, const void* dout, DType t, int B, int T, int C, Heads heads, float theta) override {
+    native16::rope_backward(*this, dinp, dout, t, B, T, C, heads, theta);
+  }
+  void gelu_forward16(void* out, const void* inp, DType t, int64_t n) override {
+    native16::gelu_forward(*this, out, inp, t, n);
+  }
+  void gelu_backward16(void* dinp, const void* inp, const void* dout, DType t, int64_t n) override {
+    native16::gelu_backward(*this, dinp, inp, dout, t, n);
+  }
+  void swiglu_forward16(void* out, const void* inp, DType t, int N, int H) override {
+    native16::swiglu_forward(*this, out, inp, t, N, H);
+  }
+  void swiglu_backward16(void* dinp, const void* dout, const void* inp, DType t, int N, int H) override {
+    native16::swiglu_backward(*this, dinp, dout, inp, t, N, H);
+  }
+  void add_forward16(void* out, const void* a, const void* b, DType t, int64_t n) override {
+    native16::add_forward(*this, out, a, b, t, n);
+  }
+  void add_inplace16(void* dst, const void* src, DType t, int64_t n) override {
+    native16::add_inplace(*this, dst, src, t, n);
+  }
+  void dropout_forward16(void* out, const void* inp, DType t, int64_t n, DropoutSpec drop) override {
+    native16::dropout_forward(*this, out, inp, t, n, drop);
+  }
+  void dropout_backward16(void* dinp, const void* dout, DType t, int64_t n, DropoutSpec drop) override {
+    native16::dropout_backward(*this, dinp, dout, t, n, drop);
+  }
+
  private:
   static void check_shard(int V, int Vreal) {
     OPS_CHECK(V > 0 && Vreal >= 0 && Vreal <= V, "xent_shard: need 0 <= Vreal <= V, got Vreal=" +
@@ -998,6 +1051,10 @@ void select_openblas_core() {
 }
 
 }  // namespace
+
+// [i29: native16]
+int64_t norm_reduce_block_rows(int64_t C) { return reduce_block_rows(C); }
+
 }  // namespace cpu
 
 Backend& cpu_backend() {

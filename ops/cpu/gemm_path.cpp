@@ -184,6 +184,9 @@ bool gemm_paths_on_device() {
   return g_paths && g_paths->mode == GemmMode::Device;
 }
 
+// [i29: native16]
+bool gemm_paths_device_now() { return t_scoped ? t_scoped->mode == GemmMode::Device : gemm_paths_on_device(); }
+
 const GemmPaths& gemm_paths() {
   if (t_scoped) return *t_scoped;
   std::lock_guard<std::mutex> lock(g_mu);

@@ -218,6 +218,56 @@ class StrictBackend final : public Backend {
 
   // ---- results the host waits for ----
   bool matmul16_available(DType t) override { return cpu_.matmul16_available(t); }
+  // [i29: native16] The CPU backend's 16-bit-native kernels, queued on device memory.
+  bool native16_available(DType t) override { return cpu_.native16_available(t); }
+  void embedding_forward16(void* out, DType t, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) override {
+    submit([this, out = dev(out), t, tokens = dev(tokens), wte = dev(wte), wpe = dev(wpe), B, T, C] { cpu_.embedding_forward16(out, t, tokens, wte, wpe, B, T, C); });
+  }
+  void embedding_backward16(float* dwte, float* dwpe, const void* dout, DType t, const int32_t* tokens, int B, int T, int C) override {
+    submit([this, dwte = dev(dwte), dwpe = dev(dwpe), dout = dev(dout), t, tokens = dev(tokens), B, T, C] { cpu_.embedding_backward16(dwte, dwpe, dout, t, tokens, B, T, C); });
+  }
+  void layernorm_forward16(void* out, float* mean, float* rstd, const void* inp, const float* weight, const float* bias, DType t, int N, int C, float eps) override {
+    submit([this, out = dev(out), mean = dev(mean), rstd = dev(rstd), inp = dev(inp), weight = dev(weight), bias = dev(bias), t, N, C, eps] { cpu_.layernorm_forward16(out, mean, rstd, inp, weight, bias, t, N, C, eps); });
+  }
+  void layernorm_backward16(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const float* weight, const float* mean, const float* rstd, DType t, int N, int C) override {
+    submit([this, dinp = dev(dinp), dweight = dev(dweight), dbias = dev(dbias), dout = dev(dout), inp = dev(inp), weight = dev(weight), mean = dev(mean), rstd = dev(rstd), t, N, C] { cpu_.layernorm_backward16(dinp, dweight, dbias, dout, inp, weight, mean, rstd, t, N, C); });
+  }
+  void rmsnorm_forward16(void* out, float* rstd, const void* inp, const float* weight, DType t, int N, int C, float eps) override {
+    submit([this, out = dev(out), rstd = dev(rstd), inp = dev(inp), weight = dev(weight), t, N, C, eps] { cpu_.rmsnorm_forward16(out, rstd, inp, weight, t, N, C, eps); });
+  }
+  void rmsnorm_backward16(void* dinp, float* dweight, const void* dout, const void* inp, const float* weight, const float* rstd, DType t, int N, int C) override {
+    submit([this, dinp = dev(dinp), dweight = dev(dweight), dout = dev(dout), inp = dev(inp), weight = dev(weight), rstd = dev(rstd), t, N, C] { cpu_.rmsnorm_backward16(dinp, dweight, dout, inp, weight, rstd, t, N, C); });
+  }
+  void rope_forward16(void* out, const void* inp, DType t, int B, int T, int C, Heads heads, float theta) override {
+    submit([this, out = dev(out), inp = dev(inp), t, B, T, C, heads, theta] { cpu_.rope_forward16(out, inp, t, B, T, C, heads, theta); });
+  }
+  void rope_backward16(void* dinp, const void* dout, DType t, int B, int T, int C, Heads heads, float theta) override {
+    submit([this, dinp = dev(dinp), dout = dev(dout), t, B, T, C, heads, theta] { cpu_.rope_backward16(dinp, dout, t, B, T, C, heads, theta); });
+  }
+  void gelu_forward16(void* out, const void* inp, DType t, int64_t n) override {
+    submit([this, out = dev(out), inp = dev(inp), t, n] { cpu_.gelu_forward16(out, inp, t, n); });
+  }
+  void gelu_backward16(void* dinp, const void* inp, const void* dout, DType t, int64_t n) override {
+    submit([this, dinp = dev(dinp), inp = dev(inp), dout = dev(dout), t, n] { cpu_.gelu_backward16(dinp, inp, dout, t, n); });
+  }
+  void swiglu_forward16(void* out, const void* inp, DType t, int N, int H) override {
+    submit([this, out = dev(out), inp = dev(inp), t, N, H] { cpu_.swiglu_forward16(out, inp, t, N, H); });
+  }
+  void swiglu_backward16(void* dinp, const void* dout, const void* inp, DType t, int N, int H) override {
+    submit([this, dinp = dev(dinp), dout = dev(dout), inp = dev(inp), t, N, H] { cpu_.swiglu_backward16(dinp, dout, inp, t, N, H); });
+  }
+  void add_forward16(void* out, const void* a, const void* b, DType t, int64_t n) override {
+    submit([this, out = dev(out), a = dev(a), b = dev(b), t, n] { cpu_.add_forward16(out, a, b, t, n); });
+  }
+  void add_inplace16(void* dst, const void* src, DType t, int64_t n) override {
+    submit([this, dst = dev(dst), src = dev(src), t, n] { cpu_.add_inplace16(dst, src, t, n); });
+  }
+  void dropout_forward16(void* out, const void* inp, DType t, int64_t n, DropoutSpec drop) override {
+    submit([this, out = dev(out), inp = dev(inp), t, n, drop] { cpu_.dropout_forward16(out, inp, t, n, drop); });
+  }
+  void dropout_backward16(void* dinp, const void* dout, DType t, int64_t n, DropoutSpec drop) override {
+    submit([this, dinp = dev(dinp), dout = dev(dout), t, n, drop] { cpu_.dropout_backward16(dinp, dout, t, n, drop); });
+  }
   double sum_squares(const float* x, int64_t n) override {
     double r = 0;
     submit([this, &r, x = dev(x), n] { r = cpu_.sum_squares(x, n); });

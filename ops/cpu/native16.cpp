@@ -1,0 +1,278 @@
+// [i29: native16] 16-bit-native memory-bound kernels: tiles widened into thread-local fp32
+// buffers, the backend's fp32 kernel on each tile, results rounded back (see native16.h).
+#include "ops/cpu/native16.h"
+
+#include <omp.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <vector>
+
+#include "ops/convert.h"
+#include "ops/cpu/vecmath.h"
+
+namespace ops::native16 {
+namespace {
+
+// Elements per tile of a pointwise operator (32 KiB of fp32 per buffer: a few buffers stay
+// in L2 while the fp32 kernel runs on them), and the rows of a row operator's tile.
+constexpr int64_t kTile = 1 << 13;
+int64_t tile_rows(int64_t width) { return std::max<int64_t>(1, kTile / std::max<int64_t>(width, 1)); }
+
+// Thread-local fp32 tile buffer number k (of 4), at least n floats; zeroed when asked.
+float* buf(int k, int64_t n, bool zero = false) {
+  thread_local std::vector<float> b[4];
+  if (static_cast<int64_t>(b[k].size()) < n) b[k].resize(static_cast<size_t>(n));
+  if (zero) std::fill(b[k].begin(), b[k].begin() + n, 0.0f);
+  return b[k].data();
+}
+const uint16_t* at(const void* p, int64_t i) { return static_cast<const uint16_t*>(p) + i; }
+uint16_t* at(void* p, int64_t i) { return static_cast<uint16_t*>(p) + i; }
+
+// One tile's conversions: ops/convert.h's rules (bf16: the scalar rule, vectorised; fp16:
+// VCVTPH2PS / VCVTPS2PH, as ops/cpu/convert.cpp), so the bits are to_f32's and from_f32's,
+// but without their OpenMP regions (a tile runs inside the team already; a nested region per
+// tile cost more than the conversion).
+void tile_to_f32(float* __restrict d, const uint16_t* __restrict s, DType t, int64_t n) {
+  if (t == DType::BF16) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+    return;
+  }
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
+#endif
+  for (; i < n; ++i) d[i] = f16_to_f32(s[i]);
+}
+void tile_from_f32(uint16_t* __restrict d, const float* __restrict s, DType t, int64_t n) {
+  if (t == DType::BF16) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+    return;
+  }
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) d[i] = f32_to_f16(s[i]);
+}
+
+// Elements [off, off + n) of a 16-bit tensor, widened into a tile buffer.
+float* widen(int k, const void* src, DType t, int64_t off, int64_t n) {
+  float* b = buf(k, n);
+  tile_to_f32(b, at(src, off), t, n);
+  return b;
+}
+void round_out(void* dst, DType t, int64_t off, const float* src, int64_t n) { tile_from_f32(at(dst, off), src, t, n); }
+// dst[off, off + n) := RNE(dst + g): Backend::accumulate's fold, one tile.
+void fold(void* dst, DType t, int64_t off, const float* g, int64_t n) {
+  float* tmp = buf(3, n);
+  tile_to_f32(tmp, at(dst, off), t, n);
+#pragma omp simd
+  for (int64_t k = 0; k < n; ++k) tmp[k] += g[k];
+  tile_from_f32(at(dst, off), tmp, t, n);
+}
+
+// f(first, count) on the tiles of [0, n), shared out over the OpenMP team.
+template <class F>
+void tiles(int64_t n, int64_t tile, F&& f) {
+  cpu::parallel_blocks(n, tile, [&](int64_t b, int64_t e, int) { f(b, e - b); });
+}
+
+}  // namespace
+
+void gelu_forward(Backend& be, void* out, const void* inp, DType t, int64_t n) {
+  tiles(n, kTile, [&](int64_t i0, int64_t m) {
+    float* y = buf(1, m);
+    be.gelu_forward(y, widen(0, inp, t, i0, m), m);
+    round_out(out, t, i0, y, m);
+  });
+}
+void gelu_backward(Backend& be, void* dinp, const void* inp, const void* dout, DType t, int64_t n) {
+  if (!dinp) return;
+  tiles(n, kTile, [&](int64_t i0, int64_t m) {
+    float* g = buf(2, m, true);
+    be.gelu_backward(g, widen(0, inp, t, i0, m), widen(1, dout, t, i0, m), m);
+    fold(dinp, t, i0, g, m);
+  });
+}
+
+void add_forward(Backend& be, void* out, const void* a, const void* b, DType t, int64_t n) {
+  tiles(n, kTile, [&](int64_t i0, int64_t m) {
+    float* y = buf(2, m);
+    be.add_forward(y, widen(0, a, t, i0, m), widen(1, b, t, i0, m), m);
+    round_out(out, t, i0, y, m);
+  });
+}
+void add_inplace(Backend& be, void* dst, const void* src, DType t, int64_t n) {
+  if (!dst) return;
+  tiles(n, kTile, [&](int64_t i0, int64_t m) {
+    float* g = buf(2, m, true);
+    be.add_inplace(g, widen(0, src, t, i0, m), m);
+    fold(dst, t, i0, g, m);
+  });
+}
+
+// A tile's mask counters continue from the whole tensor's: element i0 + k has counter
+// offset + i0 + k, as in the untiled kernel.
+DropoutSpec tile_drop(DropoutSpec d, int64_t i0) {
+  d.offset += static_cast<uint64_t>(i0);
+  return d;
+}
+void dropout_forward(Backend& be, void* out, const void* inp, DType t, int64_t n, DropoutSpec drop) {
+  tiles(n, kTile, [&](int64_t i0, int64_t m) {
+    float* y = buf(1, m);
+    be.dropout_forward(y, widen(0, inp, t, i0, m), m, tile_drop(drop, i0));
+    round_out(out, t, i0, y, m);
+  });
+}
+void dropout_backward(Backend& be, void* dinp, const void* dout, DType t, int64_t n, DropoutSpec drop) {
+  if (!dinp) return;
+  tiles(n, kTile, [&](int64_t i0, int64_t m) {
+    float* g = buf(2, m, true);
+    be.dropout_backward(g, widen(0, dout, t, i0, m), m, tile_drop(drop, i0));
+    fold(dinp, t, i0, g, m);
+  });
+}
+
+void swiglu_forward(Backend& be, void* out, const void* inp, DType t, int N, int H) {
+  const int64_t W = 2 * static_cast<int64_t>(H);
+  tiles(N, tile_rows(W), [&](int64_t r0, int64_t rows) {
+    float* y = buf(1, rows * H);
+    be.swiglu_forward(y, widen(0, inp, t, r0 * W, rows * W), static_cast<int>(rows), H);
+    round_out(out, t, r0 * H, y, rows * H);
+  });
+}
+void swiglu_backward(Backend& be, void* dinp, const void* dout, const void* inp, DType t, int N, int H) {
+  if (!dinp) return;
+  const int64_t W = 2 * static_cast<int64_t>(H);
+  tiles(N, tile_rows(W), [&](int64_t r0, int64_t rows) {
+    float* g = buf(2, rows * W, true);
+    be.swiglu_backward(g, widen(1, dout, t, r0 * H, rows * H), widen(0, inp, t, r0 * W, rows * W),
+                       static_cast<int>(rows), H);
+    fold(dinp, t, r0 * W, g, rows * W);
+  });
+}
+
+void layernorm_forward(Backend& be, void* out, float* mean, float* rstd, const void* inp, const float* weight,
+                       const float* bias, DType t, int N, int C, float eps) {
+  tiles(N, tile_rows(C), [&](int64_t r0, int64_t rows) {
+    float* y = buf(1, rows * C);
+    be.layernorm_forward(y, mean ? mean + r0 : nullptr, rstd ? rstd + r0 : nullptr,
+                         widen(0, inp, t, r0 * C, rows * C), weight, bias, static_cast<int>(rows), C, eps);
+    round_out(out, t, r0 * C, y, rows * C);
+  });
+}
+void rmsnorm_forward(Backend& be, void* out, float* rstd, const void* inp, const float* weight, DType t, int N,
+                     int C, float eps) {
+  tiles(N, tile_rows(C), [&](int64_t r0, int64_t rows) {
+    float* y = buf(1, rows * C);
+    be.rmsnorm_forward(y, rstd ? rstd + r0 : nullptr, widen(0, inp, t, r0 * C, rows * C), weight,
+                       static_cast<int>(rows), C, eps);
+    round_out(out, t, r0 * C, y, rows * C);
+  });
+}
+
+namespace {
+// A norm's backward over the fp32 kernel's own row blocks: `block_call(r0, rows, g, slot)` runs
+// the fp32 backward on one block (g: its zeroed dinp tile or null; slot: its zeroed partial
+// [dweight | dbias], `width` floats), then g is folded into dinp; the partials are added into
+// dweight (and dbias) in block order, as the fp32 kernel's Partials::fold adds them.
+template <class F>
+void norm_backward_blocks(void* dinp, float* dweight, float* dbias, DType t, int N, int C, F&& block_call) {
+  const int64_t block = cpu::norm_reduce_block_rows(C);
+  const int64_t nb = cpu::num_blocks(N, block), width = 2 * static_cast<int64_t>(C);
+  std::vector<float> part(static_cast<size_t>(nb * width), 0.0f);
+  float* pp = part.data();
+  cpu::parallel_blocks(N, block, [&](int64_t r0, int64_t r1, int blk) {
+    const int64_t rows = r1 - r0;
+    float* g = dinp ? buf(2, rows * C, true) : nullptr;
+    block_call(r0, rows, g, pp + blk * width);
+    if (g) fold(dinp, t, r0 * C, g, rows * C);
+  });
+  for (int k = 0; k < 2; ++k) {
+    float* dst = k == 0 ? dweight : dbias;
+    if (!dst) continue;
+    cpu::parallel_chunks(C, 256, [&](int64_t c0, int64_t c1) {
+      for (int64_t i = 0; i < nb; ++i) {
+        const float* s = pp + i * width + k * C;
+        for (int64_t j = c0; j < c1; ++j) dst[j] += s[j];
+      }
+    });
+  }
+}
+}  // namespace
+
+void layernorm_backward(Backend& be, void* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                        const float* weight, const float* mean, const float* rstd, DType t, int N, int C) {
+  if (!dinp && !dweight && !dbias) return;
+  norm_backward_blocks(dinp, dweight, dbias, t, N, C, [&](int64_t r0, int64_t rows, float* g, float* slot) {
+    be.layernorm_backward(g, dweight ? slot : nullptr, dbias ? slot + C : nullptr,
+                          widen(1, dout, t, r0 * C, rows * C), widen(0, inp, t, r0 * C, rows * C), weight,
+                          mean + r0, rstd + r0, static_cast<int>(rows), C);
+  });
+}
+void rmsnorm_backward(Backend& be, void* dinp, float* dweight, const void* dout, const void* inp,
+                      const float* weight, const float* rstd, DType t, int N, int C) {
+  if (!dinp && !dweight) return;
+  norm_backward_blocks(dinp, dweight, nullptr, t, N, C, [&](int64_t r0, int64_t rows, float* g, float* slot) {
+    be.rmsnorm_backward(g, dweight ? slot : nullptr, widen(1, dout, t, r0 * C, rows * C),
+                        widen(0, inp, t, r0 * C, rows * C), weight, rstd + r0, static_cast<int>(rows), C);
+  });
+}
+
+// Tiles of rows that never cross a sequence: a tile starting at position t0 is handed to the
+// fp32 kernel as one sequence of `rows` tokens with wpe (or dwpe) starting at row t0, so that
+// its row k reads position t0 + k as the untiled kernel's row does.
+void embedding_forward(Backend& be, void* out, DType t, const int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C) {
+  const int64_t tr = std::min<int64_t>(tile_rows(C), T), per = (T + tr - 1) / tr;
+  cpu::parallel_blocks(static_cast<int64_t>(B) * per, 1, [&](int64_t i, int64_t, int) {
+    const int64_t t0 = (i % per) * tr, rows = std::min<int64_t>(tr, T - t0), r0 = (i / per) * T + t0;
+    float* y = buf(0, rows * C);
+    be.embedding_forward(y, tokens + r0, wte, wpe ? wpe + t0 * C : nullptr, 1, static_cast<int>(rows), C);
+    round_out(out, t, r0 * C, y, rows * C);
+  });
+}
+// Sequential over tiles (rows accumulate into the same dwte rows in row order, as in the
+// fp32 kernel); the kernel splits each tile's columns over the team.
+void embedding_backward(Backend& be, float* dwte, float* dwpe, const void* dout, DType t, const int32_t* tokens,
+                        int B, int T, int C) {
+  if (!dwte && !dwpe) return;
+  const int64_t tr = std::min<int64_t>(std::max<int64_t>(1, (int64_t{1} << 16) / C), T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t0 = 0; t0 < T; t0 += tr) {
+      const int64_t rows = std::min<int64_t>(tr, T - t0), r0 = b * T + t0;
+      be.embedding_backward(dwte, dwpe ? dwpe + t0 * C : nullptr, widen(0, dout, t, r0 * C, rows * C),
+                            tokens + r0, 1, static_cast<int>(rows), C);
+    }
+}
+
+// One sequence per tile: the fp32 kernel's angle of row k is position k % T.
+void rope_forward(Backend& be, void* out, const void* inp, DType t, int B, int T, int C, Heads heads, float theta) {
+  const int64_t W = C + 2 * static_cast<int64_t>(heads.kv) * (C / heads.q), n = static_cast<int64_t>(T) * W;
+  cpu::parallel_blocks(B, 1, [&](int64_t b, int64_t, int) {
+    float* y = buf(1, n);
+    be.rope_forward(y, widen(0, inp, t, b * n, n), 1, T, C, heads, theta);
+    round_out(out, t, b * n, y, n);
+  });
+}
+void rope_backward(Backend& be, void* dinp, const void* dout, DType t, int B, int T, int C, Heads heads,
+                   float theta) {
+  if (!dinp) return;
+  const int64_t W = C + 2 * static_cast<int64_t>(heads.kv) * (C / heads.q), n = static_cast<int64_t>(T) * W;
+  cpu::parallel_blocks(B, 1, [&](int64_t b, int64_t, int) {
+    float* g = buf(2, n, true);
+    be.rope_backward(g, widen(0, dout, t, b * n, n), 1, T, C, heads, theta);
+    fold(dinp, t, b * n, g, n);
+  });
+}
+
+}  // namespace ops::native16

@@ -1,0 +1,295 @@
+// [i29: native16] The 16-bit-native memory-bound kernels (ops/cpu/native16.h) against the
+// widened path they replace, bit for bit.
+//
+// 1. Each Backend::*16 entry point against what the executor's widened path computes from the
+//    same 16-bit tensors: widen, the fp32 kernel, round the outputs; an activation gradient
+//    (prefilled with random values, so the fold is exercised) := RNE(d + g), g the fp32
+//    kernel's gradient accumulated into zeros; fp32 parameter gradients and statistics
+//    (prefilled too) compared as they are. bf16 and fp16, sizes that are not multiples of 16
+//    and span several tiles (and several of the norms' reduction blocks).
+// 2. Small models (GPT-2 style: embedding with positions, layernorm, gelu, dropout, add;
+//    Llama style: rmsnorm, swiglu, rope) trained a few steps in bf16 and fp16 with the switch on
+//    and off: identical losses and gradients, the dry run exact in both modes, and less
+//    workspace with native kernels (so a switch that silently stopped working fails here).
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "ops/backend.h"
+#include "ops/convert.h"
+#include "ops/executor.h"
+#include "ops/ops.h"
+#include "ops/rng.h"
+#include "runner/model/model.h"
+#include "tests/support/device.h"
+#include "tests/support/models.h"
+
+using ops::DType;
+using V16 = std::vector<uint16_t>;
+using VF = std::vector<float>;
+
+namespace {
+
+ops::Backend& cpu() { return ops::cpu_backend(); }
+
+VF rand_f(int64_t n, uint64_t seed, float scale = 1.0f) {
+  VF f(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) f[static_cast<size_t>(i)] = scale * (2.0f * ops::rng_uniform(seed, i) - 1.0f);
+  return f;
+}
+V16 round16(const VF& f, DType t) {
+  V16 h(f.size());
+  ops::from_f32(h.data(), t, f.data(), static_cast<int64_t>(f.size()));
+  return h;
+}
+V16 rand16(int64_t n, DType t, uint64_t seed, float scale = 1.0f) { return round16(rand_f(n, seed, scale), t); }
+VF widen(const V16& h, DType t) {
+  VF f(h.size());
+  ops::to_f32(f.data(), h.data(), t, static_cast<int64_t>(h.size()));
+  return f;
+}
+// d := RNE(d + g): the executor's fold of an fp32 kernel gradient into a 16-bit one.
+void fold(V16& d, const VF& g, DType t) { cpu().accumulate(d.data(), t, g.data(), static_cast<int64_t>(d.size())); }
+VF zeros(size_t n) { return VF(n, 0.0f); }
+
+template <class A>
+bool same_bits(const A& a, const A& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+}
+
+const DType kTypes[] = {DType::BF16, DType::F16};
+
+}  // namespace
+
+TEST_CASE("native16 pointwise kernels (gelu, add, dropout) are bit-identical to the widened path") {
+  const int64_t n = 12347;  // odd, past one tile (8192)
+  for (DType t : kTypes) {
+    CAPTURE(ops::dtype_name(t));
+    const V16 x = rand16(n, t, 1, 4.0f), y = rand16(n, t, 2), dy = rand16(n, t, 3), d0 = rand16(n, t, 4);
+    const VF wx = widen(x, t), wy = widen(y, t), wdy = widen(dy, t);
+    V16 out(n);
+    VF f(n);
+    // gelu
+    cpu().gelu_forward16(out.data(), x.data(), t, n);
+    cpu().gelu_forward(f.data(), wx.data(), n);
+    CHECK(same_bits(out, round16(f, t)));
+    V16 d = d0, dref = d0;
+    cpu().gelu_backward16(d.data(), x.data(), dy.data(), t, n);
+    VF g = zeros(n);
+    cpu().gelu_backward(g.data(), wx.data(), wdy.data(), n);
+    fold(dref, g, t);
+    CHECK(same_bits(d, dref));
+    // add, and its backward's add_inplace
+    cpu().add_forward16(out.data(), x.data(), y.data(), t, n);
+    cpu().add_forward(f.data(), wx.data(), wy.data(), n);
+    CHECK(same_bits(out, round16(f, t)));
+    d = d0, dref = d0;
+    cpu().add_inplace16(d.data(), dy.data(), t, n);
+    g = zeros(n);
+    cpu().add_inplace(g.data(), wdy.data(), n);
+    fold(dref, g, t);
+    CHECK(same_bits(d, dref));
+    // dropout, with and without dropping (the mask counters continue across tiles)
+    for (float p : {0.0f, 0.3f}) {
+      CAPTURE(p);
+      ops::DropoutSpec drop;
+      drop.p = p;
+      drop.key = 77;
+      drop.offset = 1001;
+      cpu().dropout_forward16(out.data(), x.data(), t, n, drop);
+      cpu().dropout_forward(f.data(), wx.data(), n, drop);
+      CHECK(same_bits(out, round16(f, t)));
+      d = d0, dref = d0;
+      cpu().dropout_backward16(d.data(), dy.data(), t, n, drop);
+      g = zeros(n);
+      cpu().dropout_backward(g.data(), wdy.data(), n, drop);
+      fold(dref, g, t);
+      CHECK(same_bits(d, dref));
+    }
+  }
+}
+
+TEST_CASE("native16 swiglu and rope are bit-identical to the widened path") {
+  for (DType t : kTypes) {
+    CAPTURE(ops::dtype_name(t));
+    {  // swiglu: 37 rows of [gate | up], H = 301 (several rows per tile, several tiles)
+      const int N = 37, H = 301;
+      const int64_t ni = int64_t{N} * 2 * H, no = int64_t{N} * H;
+      const V16 x = rand16(ni, t, 5, 3.0f), dy = rand16(no, t, 6), d0 = rand16(ni, t, 7);
+      V16 out(no);
+      VF f(no);
+      cpu().swiglu_forward16(out.data(), x.data(), t, N, H);
+      cpu().swiglu_forward(f.data(), widen(x, t).data(), N, H);
+      CHECK(same_bits(out, round16(f, t)));
+      V16 d = d0, dref = d0;
+      cpu().swiglu_backward16(d.data(), dy.data(), x.data(), t, N, H);
+      VF g = zeros(ni);
+      cpu().swiglu_backward(g.data(), widen(dy, t).data(), widen(x, t).data(), N, H);
+      fold(dref, g, t);
+      CHECK(same_bits(d, dref));
+    }
+    {  // rope: grouped-query heads (4 q over 2 kv), head size 10, T = 7
+      const int B = 3, T = 7, NH = 4, NKV = 2, HS = 10, C = NH * HS;
+      const ops::Heads heads = ops::Heads::grouped(NH, NKV);
+      const int64_t n = int64_t{B} * T * (C + 2 * NKV * HS);
+      const V16 x = rand16(n, t, 8), d0 = rand16(n, t, 9);
+      V16 out(n);
+      VF f(n);
+      cpu().rope_forward16(out.data(), x.data(), t, B, T, C, heads, 10000.0f);
+      cpu().rope_forward(f.data(), widen(x, t).data(), B, T, C, heads, 10000.0f);
+      CHECK(same_bits(out, round16(f, t)));
+      V16 d = d0, dref = d0;
+      cpu().rope_backward16(d.data(), x.data(), t, B, T, C, heads, 10000.0f);
+      VF g = zeros(n);
+      cpu().rope_backward(g.data(), widen(x, t).data(), B, T, C, heads, 10000.0f);
+      fold(dref, g, t);
+      CHECK(same_bits(d, dref));
+    }
+  }
+}
+
+TEST_CASE("native16 layernorm and rmsnorm are bit-identical to the widened path (several reduction blocks)") {
+  const int N = 800, C = 43;  // 43 wide: 381-row reduction blocks, three of them
+  const int64_t n = int64_t{N} * C;
+  for (DType t : kTypes) {
+    CAPTURE(ops::dtype_name(t));
+    const V16 x = rand16(n, t, 10, 2.0f), dy = rand16(n, t, 11), d0 = rand16(n, t, 12);
+    const VF w = rand_f(C, 13), b = rand_f(C, 14), dw0 = rand_f(C, 15), db0 = rand_f(C, 16);
+    const VF wx = widen(x, t), wdy = widen(dy, t);
+    V16 out(n);
+    VF f(n), mean(N), rstd(N), mref(N), rref(N);
+    cpu().layernorm_forward16(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), t, N, C, 1e-5f);
+    cpu().layernorm_forward(f.data(), mref.data(), rref.data(), wx.data(), w.data(), b.data(), N, C, 1e-5f);
+    CHECK(same_bits(out, round16(f, t)));
+    CHECK(same_bits(mean, mref));
+    CHECK(same_bits(rstd, rref));
+    V16 d = d0, dref = d0;
+    VF dw = dw0, db = db0, dwr = dw0, dbr = db0, g = zeros(n);
+    cpu().layernorm_backward16(d.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                               rstd.data(), t, N, C);
+    cpu().layernorm_backward(g.data(), dwr.data(), dbr.data(), wdy.data(), wx.data(), w.data(), mref.data(),
+                             rref.data(), N, C);
+    fold(dref, g, t);
+    CHECK(same_bits(d, dref));
+    CHECK(same_bits(dw, dwr));
+    CHECK(same_bits(db, dbr));
+
+    cpu().rmsnorm_forward16(out.data(), rstd.data(), x.data(), w.data(), t, N, C, 1e-5f);
+    cpu().rmsnorm_forward(f.data(), rref.data(), wx.data(), w.data(), N, C, 1e-5f);
+    CHECK(same_bits(out, round16(f, t)));
+    CHECK(same_bits(rstd, rref));
+    d = d0, dref = d0, dw = dw0, dwr = dw0, g = zeros(n);
+    cpu().rmsnorm_backward16(d.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), t, N, C);
+    cpu().rmsnorm_backward(g.data(), dwr.data(), wdy.data(), wx.data(), w.data(), rref.data(), N, C);
+    fold(dref, g, t);
+    CHECK(same_bits(d, dref));
+    CHECK(same_bits(dw, dwr));
+    // Only the parameter gradient (no dinp), as a first layer's norm may ask.
+    dw = dw0, dwr = dw0;
+    cpu().rmsnorm_backward16(nullptr, dw.data(), dy.data(), x.data(), w.data(), rstd.data(), t, N, C);
+    cpu().rmsnorm_backward(nullptr, dwr.data(), wdy.data(), wx.data(), w.data(), rref.data(), N, C);
+    CHECK(same_bits(dw, dwr));
+  }
+}
+
+TEST_CASE("native16 embedding is bit-identical to the widened path (tiles inside and across sequences)") {
+  const int V = 23, C = 43;
+  for (DType t : kTypes) {
+    CAPTURE(ops::dtype_name(t));
+    for (auto [B, T] : {std::pair{2, 300}, std::pair{1, 1600}}) {  // 190-row forward tiles; 1524-row backward ones
+      CAPTURE(T);
+      const int64_t n = int64_t{B} * T * C;
+      std::vector<int32_t> tok(static_cast<size_t>(B) * T);
+      for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>(ops::rng_uniform(17, i) * V) % V;
+      const VF wte = rand_f(int64_t{V} * C, 18), wpe = rand_f(int64_t{T} * C, 19);
+      V16 out(n);
+      VF f(n);
+      cpu().embedding_forward16(out.data(), t, tok.data(), wte.data(), wpe.data(), B, T, C);
+      cpu().embedding_forward(f.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+      CHECK(same_bits(out, round16(f, t)));
+      const V16 dy = rand16(n, t, 20);
+      VF dwte = rand_f(int64_t{V} * C, 21), dwpe = rand_f(int64_t{T} * C, 22), dwte_r = dwte, dwpe_r = dwpe;
+      cpu().embedding_backward16(dwte.data(), dwpe.data(), dy.data(), t, tok.data(), B, T, C);
+      cpu().embedding_backward(dwte_r.data(), dwpe_r.data(), widen(dy, t).data(), tok.data(), B, T, C);
+      CHECK(same_bits(dwte, dwte_r));
+      CHECK(same_bits(dwpe, dwpe_r));
+    }
+  }
+}
+
+namespace {
+
+struct Run {
+  std::vector<double> losses;             // per step
+  std::vector<std::vector<float>> grads;  // the last step's
+  size_t workspace_peak = 0;
+};
+
+// `steps` steps of a small model (AdamW on the 16-bit parameters, no masters), native kernels on or off.
+// Checks on the way that the dry run predicts the measured peaks in this mode.
+Run train(const runner::ModelConfig& m, DType act, bool native, int steps) {
+  ops::set_native16(native);
+  ops::Backend& be = test_support::test_device();
+  runner::GptSpec spec;
+  spec.model = m;
+  spec.B = 3;
+  spec.act_dtype = act;
+  ops::Graph g = runner::build_gpt_graph(spec);
+  runner::ParamSet ps = runner::init_params(g, m, 11);
+  ops::Executor ex(g, be);
+  runner::bind_params(ex, g, ps);
+  const ops::MemoryEstimate est = ops::Executor::simulate(g);
+  std::vector<ops::Tensor> mom, vel;
+  for (auto& p : ps.values) {
+    mom.push_back(ops::Tensor::zeros(p.shape(), DType::F32, ops::Account::Optimizer));
+    vel.push_back(ops::Tensor::zeros(p.shape(), DType::F32, ops::Account::Optimizer));
+  }
+  auto& mt = ops::MemoryTracker::instance();
+  Run r;
+  for (int s = 0; s < steps; ++s) {
+    auto [tok, tgt] = test_support::random_tokens(spec.B * m.seq_len + s, m.vocab_size);
+    const size_t ws0 = mt.current(ops::Account::Workspace);
+    mt.reset_peaks();
+    for (auto& gr : ps.grads) be.mem_zero(gr.raw(), gr.nbytes());
+    auto l = ex.forward(tok.data() + s, tgt.data() + s, true, 100 + s, 0);
+    ex.backward(1.0f / static_cast<float>(l.count));
+    CHECK(mt.peak(ops::Account::Workspace) - ws0 == est.peak[static_cast<int>(ops::Account::Workspace)]);
+    r.workspace_peak = mt.peak(ops::Account::Workspace) - ws0;
+    r.losses.push_back(l.sum / static_cast<double>(l.count));
+    ops::Backend::AdamwArgs args;
+    args.lr = 1e-2f, args.beta1 = 0.9f, args.beta2 = 0.95f, args.eps = 1e-8f, args.t = s + 1;
+    for (size_t i = 0; i < ps.values.size(); ++i)  // the parameters are in the compute dtype
+      be.adamw_update_typed(ps.values[i].raw(), ps.values[i].dtype(), ps.grads[i].raw(), ps.grads[i].dtype(),
+                            nullptr, mom[i].data<float>(), vel[i].data<float>(), ps.values[i].numel(), args);
+  }
+  for (auto& t : ps.grads) r.grads.push_back(test_support::host_values(t));
+  ops::set_native16(true);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("native16: small models train bit for bit as on the widened path, in less workspace") {
+  for (bool llama : {false, true}) {
+    CAPTURE(llama);
+    runner::ModelConfig m = test_support::small_model(61, 13, 40, 4, 2);  // C = 40, HS = 10: no multiple of 16
+    if (llama) test_support::make_llama(m);
+    m.dropout = 0.1;
+    m.mlp_ratio = 7.3;  // an odd hidden width (292), wide enough that the MLP's copies set the widened peak
+    for (DType t : kTypes) {
+      CAPTURE(ops::dtype_name(t));
+      const Run off = train(m, t, false, 3), on = train(m, t, true, 3);
+      REQUIRE(off.losses.size() == on.losses.size());
+      for (size_t s = 0; s < on.losses.size(); ++s) {
+        CAPTURE(s);
+        CHECK(std::memcmp(&on.losses[s], &off.losses[s], sizeof(double)) == 0);
+      }
+      for (size_t i = 0; i < on.grads.size(); ++i) {
+        CAPTURE(i);
+        CHECK(same_bits(on.grads[i], off.grads[i]));
+      }
+      CHECK(on.workspace_peak < off.workspace_peak);
+    }
+  }
+}
