@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "ops/backend.h"
 #include "ops/rng.h"
 
@@ -25,23 +26,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 int g_reps = 9;
 
-double best_time(const std::function<void()>& f) {
-  f();
-  double best = 1e30;
-  for (int r = 0; r < g_reps; r++) {
-    const auto t0 = Clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return best;
-}
+double best_time(const std::function<void()>& f) { return bench::best_time(f, g_reps); }
 
-std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::vector<float> v(n);
-  const uint64_t key = ops::rng_key(0xf05e, seed);
-  for (size_t i = 0; i < n; i++) v[i] = scale * ops::rng_normal(key, i);
-  return v;
-}
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) { return bench::randn(n, 0xf05e, seed, scale); }
 
 struct Shape {
   int N, C, OC;

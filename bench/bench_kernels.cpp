@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "ops/backend.h"
 #include "ops/convert.h"
 #include "ops/cpu/attention.h"
@@ -27,29 +28,13 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 int g_reps = 7;
 
-// Best wall time of f() in seconds over g_reps runs, after one warm-up.
-double best_time(const std::function<void()>& f, int reps = 0) {
-  if (reps <= 0) reps = g_reps;
-  f();
-  double best = 1e30;
-  for (int r = 0; r < reps; r++) {
-    const auto t0 = Clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return best;
-}
+// Best wall time of f() in seconds over g_reps runs (or reps), after one warm-up.
+double best_time(const std::function<void()>& f, int reps = 0) { return bench::best_time(f, reps > 0 ? reps : g_reps); }
 
-std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) {
-  std::vector<float> v(n);
-  const uint64_t key = ops::rng_key(0xbe7c, seed);
-  for (size_t i = 0; i < n; i++) v[i] = scale * ops::rng_normal(key, i);
-  return v;
-}
+std::vector<float> randn(size_t n, uint64_t seed, float scale = 1.0f) { return bench::randn(n, 0xbe7c, seed, scale); }
 
 void bench_gemm(ops::Backend& be) {
   std::printf("\n== GEMM (cblas_sgemm via matmul_forward/backward), GFLOP/s ==\n");

@@ -23,6 +23,7 @@
 
 #include "ops/check.h"
 #include "ops/convert.h"
+#include "ops/cpu/tile_convert.h"
 #include "ops/cpu/vecmath.h"
 
 // GCC 12 warns "__Y may be used uninitialized" inside its own _mm512_sqrt_ps, _mm512_cvtph_ps
@@ -83,39 +84,6 @@ namespace {
 constexpr int64_t kSub = 2048;
 static_assert(kOptBlock % kSub == 0 && kSub % 16 == 0);
 
-// dst[i] = s[i] widened (exact in both formats, so any vector split gives the same bits).
-void widen16(float* __restrict dst, const uint16_t* __restrict s, DType t, int64_t n) {
-  if (t == DType::BF16) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
-    return;
-  }
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
-#endif
-  for (; i < n; ++i) dst[i] = f16_to_f32(s[i]);
-}
-
-// d[i] = src[i] rounded to nearest even: from_f32's rules and, for fp16, its split (VCVTPS2PH
-// on whole 16-element groups from the start, the scalar rule on the tail; the two differ only
-// in a NaN's payload). bf16's rule is integer arithmetic: the same bits however vectorized.
-void round16(uint16_t* __restrict d, DType t, const float* __restrict src, int64_t n) {
-  if (t == DType::BF16) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
-    return;
-  }
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
-                        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#endif
-  for (; i < n; ++i) d[i] = f32_to_f16(src[i]);
-}
-
 // One call's operands, at the range's start, and its bias corrections.
 struct Fused {
   char* param;
@@ -152,11 +120,11 @@ struct Fused {
     for (int64_t i = i0; i < i1; i += kSub) {
       const int64_t k = std::min(kSub, i1 - i);
       float* w = master ? master + i : (pt == DType::F32 ? pf + i : wbuf);
-      if (!master && pt != DType::F32) widen16(wbuf, p16 + i, pt, k);
+      if (!master && pt != DType::F32) tile_to_f32(wbuf, p16 + i, pt, k);
       const float* g = gt == DType::F32 ? gf + i : gbuf;
-      if (gt != DType::F32) widen16(gbuf, g16 + i, gt, k);
+      if (gt != DType::F32) tile_to_f32(gbuf, g16 + i, gt, k);
       update(w, g, i, k);
-      if (pt != DType::F32) round16(p16 + i, pt, w, k);  // the compute copy
+      if (pt != DType::F32) tile_from_f32(p16 + i, w, pt, k);  // the compute copy
       zero(i, k);
     }
   }
@@ -188,7 +156,7 @@ double sum_squares16(const void* x, DType t, int64_t n) {
   const auto* s = static_cast<const uint16_t*>(x);
   parallel_blocks(n, kOptBlock, [=](int64_t i0, int64_t i1, int blk) {
     alignas(64) float buf[kOptBlock];  // 64 KiB of the thread's stack: the block widened once
-    widen16(buf, s + i0, t, i1 - i0);
+    tile_to_f32(buf, s + i0, t, i1 - i0);
     pp[blk] = sum_squares_range(buf, i1 - i0);
   });
   double total = 0.0;

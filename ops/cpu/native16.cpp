@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ops/convert.h"
+#include "ops/cpu/tile_convert.h"
 #include "ops/cpu/vecmath.h"
 
 namespace ops::native16 {
@@ -32,37 +33,9 @@ float* buf(int k, int64_t n, bool zero = false) {
 const uint16_t* at(const void* p, int64_t i) { return static_cast<const uint16_t*>(p) + i; }
 uint16_t* at(void* p, int64_t i) { return static_cast<uint16_t*>(p) + i; }
 
-// One tile's conversions: ops/convert.h's rules (bf16: the scalar rule, vectorised; fp16:
-// VCVTPH2PS / VCVTPS2PH, as ops/cpu/convert.cpp), so the bits are to_f32's and from_f32's,
-// but without their OpenMP regions (a tile runs inside the team already; a nested region per
-// tile cost more than the conversion).
-void tile_to_f32(float* __restrict d, const uint16_t* __restrict s, DType t, int64_t n) {
-  if (t == DType::BF16) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
-    return;
-  }
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
-#endif
-  for (; i < n; ++i) d[i] = f16_to_f32(s[i]);
-}
-void tile_from_f32(uint16_t* __restrict d, const float* __restrict s, DType t, int64_t n) {
-  if (t == DType::BF16) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
-    return;
-  }
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
-                        _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#endif
-  for (; i < n; ++i) d[i] = f32_to_f16(s[i]);
-}
+// A tile's conversions: ops/cpu/tile_convert.h (no OpenMP region of their own).
+using cpu::tile_to_f32;
+using cpu::tile_from_f32;
 
 // Elements [off, off + n) of a 16-bit tensor, widened into a tile buffer.
 float* widen(int k, const void* src, DType t, int64_t off, int64_t n) {
