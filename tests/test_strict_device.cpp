@@ -394,6 +394,15 @@ std::vector<KernelCase> memory_and_generic_cases() {
                     be.adamw_update_typed(p[0], pt, p[1], gt, master ? F(p, 2) : nullptr, F(p, 3), F(p, 4), kBig, a);
                     return 0.0;
                   }});
+    // [i29: optimizer] The one-pass update: the same state, and the gradient zeroed.
+    cs.push_back({"adamw_update_zero_grad",
+                  std::string("adamw_update_zero_grad ") + ops::dtype_name(pt) + " / " + ops::dtype_name(gt) + (master ? " with masters" : ""),
+                  bufs, [pt, gt, master](Backend& be, const auto& p) {
+                    Backend::AdamwArgs a;
+                    a.lr = 1e-3f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.1f, a.t = 3, a.grad_scale = 0.5f;
+                    be.adamw_update_zero_grad(p[0], pt, p[1], gt, master ? F(p, 2) : nullptr, F(p, 3), F(p, 4), kBig, a);
+                    return 0.0;
+                  }});
   }
   return cs;
 }
@@ -538,6 +547,20 @@ std::vector<KernelCase> matmul_cases() {
                 {{N * C, DType::F32}, {OC * C, DType::F32}, {OC, DType::F32}, {N * OC, DType::F32}, {N * C, DType::F32}, {OC * C, DType::F32}},
                 [](Backend& be, const auto& p) {
                   be.matmul_backward(F(p, 0), F(p, 1), F(p, 2), F(p, 3), F(p, 4), F(p, 5), N, C, OC);
+                  return 0.0;
+                }});
+  // [i29: fused] fc + GELU as one operator: out and pre; then d(pre) over d(out), dX, dW, db.
+  cs.push_back({"linear_gelu_forward", "linear_gelu_forward",
+                {{N * OC, DType::F32}, {N * OC, DType::F32}, {N * C, DType::F32}, {OC * C, DType::F32}, {OC, DType::F32}},
+                [](Backend& be, const auto& p) {
+                  be.linear_gelu_forward(F(p, 0), F(p, 1), F(p, 2), F(p, 3), F(p, 4), N, C, OC);
+                  return 0.0;
+                }});
+  cs.push_back({"linear_gelu_backward", "linear_gelu_backward",
+                {{N * C, DType::F32}, {OC * C, DType::F32}, {OC, DType::F32}, {N * OC, DType::F32}, {N * OC, DType::F32, -4, 4},
+                 {N * C, DType::F32}, {OC * C, DType::F32}},
+                [](Backend& be, const auto& p) {
+                  be.linear_gelu_backward(F(p, 0), F(p, 1), F(p, 2), F(p, 3), F(p, 4), F(p, 5), F(p, 6), N, C, OC);
                   return 0.0;
                 }});
   // 16-bit operands: where the CPU has them (the strict device delegates the answer).
