@@ -107,7 +107,8 @@ checkpoint: {{cadence: never}}
     subprocess.run(cmd, check=True, env=env)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         recs = [json.loads(l) for l in f]
-    steps = [r for r in recs if "step_ms" in r and not r.get("summary")]
+    # Per-step records only: the monitor's window records carry step_ms as statistics (a dict).
+    steps = [r for r in recs if isinstance(r.get("step_ms"), (int, float)) and not r.get("summary")]
     timed = steps[cfg["warmup"]:]
     med_ms = statistics.median(r["step_ms"] for r in timed)
     summary = [r for r in recs if r.get("summary")][-1]
