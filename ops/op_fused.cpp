@@ -34,12 +34,10 @@ void refuse_unfusable(const OpContext& c) {
   if (n.gather_input || n.scatter_output || n.tp == TpMode::Row)
     throw std::logic_error("node " + n.name + " (linear_gelu): only a plain or column-parallel Linear fuses with "
                            "its GELU; the builder keeps sequence-parallel and row-parallel ones unfused");
-  for (int id : n.in)
-    if (c.g.tensors[id].dtype != DType::F32)
-      throw std::logic_error("node " + n.name + " (linear_gelu): fp32 only; the builder keeps 16-bit fc + gelu unfused");
-  for (int id : n.out)
-    if (c.g.tensors[id].dtype != DType::F32)
-      throw std::logic_error("node " + n.name + " (linear_gelu): fp32 only; the builder keeps 16-bit fc + gelu unfused");
+  for (const std::vector<int>* ids : {&n.in, &n.out})
+    for (int id : *ids)
+      if (c.g.tensors[id].dtype != DType::F32)
+        throw std::logic_error("node " + n.name + " (linear_gelu): fp32 only; the builder keeps 16-bit fc + gelu unfused");
 }
 
 void forward(OpContext& c) {

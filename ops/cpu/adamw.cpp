@@ -10,7 +10,6 @@
 // boundaries from the range's start), so the results are bit-identical to it.
 #include "ops/cpu/adamw.h"
 
-#include <omp.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif

@@ -2,16 +2,9 @@
 // buffers, the backend's fp32 kernel on each tile, results rounded back (see native16.h).
 #include "ops/cpu/native16.h"
 
-#include <omp.h>
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <vector>
 
-#include "ops/convert.h"
 #include "ops/cpu/tile_convert.h"
 #include "ops/cpu/vecmath.h"
 

@@ -263,8 +263,10 @@ struct Builder {
     int64_t fc_out = glu ? 2 * H : H;
     int wfc = col_weight(p + ".mlp.fc.weight", fc_out, C, l, glu ? 2 : 1);
     int bfc = m.bias ? col_bias(p + ".mlp.fc.bias", fc_out, l, glu ? 2 : 1) : -1;
-    int h = fuse_fc_gelu() ? fc_gelu(p + ".mlp", mm, wfc, bfc, l) : -1;
-    if (h < 0) {
+    int h;
+    if (fuse_fc_gelu()) {
+      h = fc_gelu(p + ".mlp", mm, wfc, bfc, l);
+    } else {
       int u = linear(p + ".mlp.fc", mm, wfc, bfc, fc_out / t, l, Module::mlp, 'c');
       h = g.add_activation(p + ".mlp.act.out", {N, H / t}, l, act);
       node(glu ? OpKind::SwiGLU : OpKind::Gelu, p + ".mlp.act", {u}, {h}, l, Module::mlp);

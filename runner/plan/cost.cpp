@@ -203,8 +203,9 @@ NodeCost node_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
     // (bench/bench_fused.cpp measures the difference, a few percent of the pair).
     k = linear_cost(c, g, n);
     const double bytes = tensor_bytes(g, n.out[0]);
-    k.fwd += c.op("gelu", 2.0 * bytes);
-    k.bwd += c.op("gelu", 3.0 * bytes);
+    const ByteUnits u = byte_units(OpKind::Gelu);
+    k.fwd += c.op(ops::op_name(OpKind::Gelu), u.fwd * bytes);
+    k.bwd += c.op(ops::op_name(OpKind::Gelu), u.bwd * bytes);
   } else if (n.kind == OpKind::Attention) {
     // lse (B, heads, T): this rank's heads; the head size from the output (B*T, heads*HS).
     const int64_t B = dim(g, n.out[1], 0), heads = dim(g, n.out[1], 1), T = dim(g, n.out[1], 2);

@@ -41,6 +41,7 @@ using ops::OpKind;
 // choice, so pointwise work is a rough operation count per element (exp, tanh and rsqrt as
 // one), next to the matrix products that dominate.
 double node_flops(const ops::Graph& g, const ops::Node& n) {
+  constexpr double kGelu = 10.0;  // per element, the tanh approximation
   auto numel = [&](int id) { return static_cast<double>(ops::numel_of(g.tensors[static_cast<size_t>(id)].shape)); };
   auto dim = [&](int id, size_t k) { return static_cast<double>(g.tensors[static_cast<size_t>(id)].shape[k]); };
   switch (n.kind) {
@@ -50,8 +51,8 @@ double node_flops(const ops::Graph& g, const ops::Node& n) {
       const double rows = dim(n.in[0], 0) * (n.gather_input ? g.sp_parts : 1);
       return 2.0 * rows * dim(n.in[1], 0) * dim(n.in[1], 1);
     }
-    case OpKind::LinearGelu:  // the fc Linear's product and its GELU (ops/op_fused.cpp)
-      return 2.0 * dim(n.in[0], 0) * dim(n.in[1], 0) * dim(n.in[1], 1) + 10.0 * numel(n.out[0]);
+    case OpKind::LinearGelu:  // the fc Linear's product (never sequence-parallel) and its GELU (ops/op_fused.cpp)
+      return 2.0 * dim(n.in[0], 0) * dim(n.in[1], 0) * dim(n.in[1], 1) + kGelu * numel(n.out[0]);
     case OpKind::Attention: {
       // out (B*T, C'), lse (B, NH', T): causal, so T(T+1)/2 query-key pairs per query
       // head (grouped-query attention shares K and V, not this work); S = QK^T and O = PV are
@@ -64,7 +65,7 @@ double node_flops(const ops::Graph& g, const ops::Node& n) {
     case OpKind::LayerNorm: return 8.0 * numel(n.out[0]);   // mean, variance, normalise, scale, shift
     case OpKind::RMSNorm: return 5.0 * numel(n.out[0]);
     case OpKind::Rope: return 4.0 * numel(n.out[0]);
-    case OpKind::Gelu: return 10.0 * numel(n.out[0]);       // tanh approximation
+    case OpKind::Gelu: return kGelu * numel(n.out[0]);
     case OpKind::SwiGLU: return 6.0 * numel(n.out[0]);
     case OpKind::Add: return numel(n.out[0]);
     case OpKind::Dropout: return 3.0 * numel(n.out[0]);     // the regenerated mask and the scale
