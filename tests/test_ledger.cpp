@@ -25,6 +25,7 @@
 #include "runner/model/model.h"
 #include "runner/plan/plan.h"
 #include "tests/support/models.h"
+#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 using namespace runner;
 

@@ -9,6 +9,7 @@
 #include "runner/plan/plan.h"
 #include "runner/plan/relayout.h"
 #include "runner/recipe/recipe.h"
+#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 using namespace runner;
 

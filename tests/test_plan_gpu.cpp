@@ -14,6 +14,7 @@
 #include "ops/ops.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
+#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 namespace {
 

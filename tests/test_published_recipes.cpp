@@ -15,6 +15,7 @@
 
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
+#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 using namespace runner;
 

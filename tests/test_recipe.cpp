@@ -20,6 +20,7 @@
 
 #include "runner/recipe/fields.h"
 #include "runner/recipe/recipe.h"
+#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 using namespace runner;
 namespace fs = std::filesystem;

@@ -24,6 +24,7 @@
 #include "runner/recipe/recipe.h"
 #include "tests/support/process.h"
 #include "tests/support/temp_dir.h"
+#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 using namespace runner;
 namespace fs = std::filesystem;

@@ -24,6 +24,7 @@
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"
+#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 namespace fs = std::filesystem;
 

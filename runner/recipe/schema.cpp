@@ -36,6 +36,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "runner/recipe/document.h"
+#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 namespace runner::recipe_detail {
 
