@@ -3,10 +3,13 @@
 #include "ops/cpu/native16.h"
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
+#include "ops/check.h"
 #include "ops/cpu/tile_convert.h"
 #include "ops/cpu/vecmath.h"
+#include "ops/rng.h"
 
 namespace ops::native16 {
 namespace {
@@ -54,7 +57,30 @@ void tiles(int64_t n, int64_t tile, F&& f) {
 
 }  // namespace
 
+// ---------------------------------------------------------------------------- bf16 in registers
+// bf16's pointwise kernels convert in registers: each element is widened (a shift), the fp32
+// kernel's own formula (vecmath.h, cpu_backend.cpp's *_range loops) applied, and the result
+// rounded (ops/convert.h's integer rule) in the same vector loop, with no tile buffer between
+// (a tile pass reads and writes each element three more times, in L1). A gradient is folded
+// as the tile path folds it: RNE(d + (0 + g)), the `0 +` being the zeroed tile's, so -0.0
+// contributions come out as they do there. The bits are the tile path's (test_ops_native16).
+// fp16 keeps the tiles: its vector conversion (VCVTPH2PS/VCVTPS2PH on 16-element groups, the
+// scalar rule on a tail) is what ops/convert.h defines, and the tile path is that.
+namespace {
+OPS_INLINE float ld(const void* p, int64_t i) { return bf16_to_f32(static_cast<const uint16_t*>(p)[i]); }
+OPS_INLINE void st(void* p, int64_t i, float x) { static_cast<uint16_t*>(p)[i] = f32_to_bf16(x); }
+OPS_INLINE void fold_st(void* p, int64_t i, float g) { st(p, i, ld(p, i) + (0.0f + g)); }
+void check_p(const DropoutSpec& drop) {  // the fp32 kernel's check, which the tile path reaches
+  OPS_CHECK(drop.p >= 0.0f && drop.p < 1.0f, "dropout: p must be in [0, 1), got " + std::to_string(drop.p));
+}
+}  // namespace
+
 void gelu_forward(Backend& be, void* out, const void* inp, DType t, int64_t n) {
+  if (t == DType::BF16)
+    return tiles(n, kTile, [&](int64_t i0, int64_t m) {
+#pragma omp simd
+      for (int64_t i = i0; i < i0 + m; ++i) st(out, i, cpu::gelu_f(ld(inp, i)));
+    });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* y = buf(1, m);
     be.gelu_forward(y, widen(0, inp, t, i0, m), m);
@@ -63,6 +89,11 @@ void gelu_forward(Backend& be, void* out, const void* inp, DType t, int64_t n) {
 }
 void gelu_backward(Backend& be, void* dinp, const void* inp, const void* dout, DType t, int64_t n) {
   if (!dinp) return;
+  if (t == DType::BF16)
+    return tiles(n, kTile, [&](int64_t i0, int64_t m) {
+#pragma omp simd
+      for (int64_t i = i0; i < i0 + m; ++i) fold_st(dinp, i, ld(dout, i) * cpu::gelu_grad_f(ld(inp, i)));
+    });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* g = buf(2, m, true);
     be.gelu_backward(g, widen(0, inp, t, i0, m), widen(1, dout, t, i0, m), m);
@@ -71,6 +102,11 @@ void gelu_backward(Backend& be, void* dinp, const void* inp, const void* dout, D
 }
 
 void add_forward(Backend& be, void* out, const void* a, const void* b, DType t, int64_t n) {
+  if (t == DType::BF16)
+    return tiles(n, kTile, [&](int64_t i0, int64_t m) {
+#pragma omp simd
+      for (int64_t i = i0; i < i0 + m; ++i) st(out, i, ld(a, i) + ld(b, i));
+    });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* y = buf(2, m);
     be.add_forward(y, widen(0, a, t, i0, m), widen(1, b, t, i0, m), m);
@@ -79,6 +115,11 @@ void add_forward(Backend& be, void* out, const void* a, const void* b, DType t, 
 }
 void add_inplace(Backend& be, void* dst, const void* src, DType t, int64_t n) {
   if (!dst) return;
+  if (t == DType::BF16)
+    return tiles(n, kTile, [&](int64_t i0, int64_t m) {
+#pragma omp simd
+      for (int64_t i = i0; i < i0 + m; ++i) fold_st(dst, i, ld(src, i));
+    });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* g = buf(2, m, true);
     be.add_inplace(g, widen(0, src, t, i0, m), m);
@@ -92,7 +133,25 @@ DropoutSpec tile_drop(DropoutSpec d, int64_t i0) {
   d.offset += static_cast<uint64_t>(i0);
   return d;
 }
+// bf16: the fp32 kernel's rule, element i keeps iff rng_uniform(key, offset + i) >= p (its
+// p <= 0 case a copy, which the round trip below reproduces bit for bit, NaNs quietened).
 void dropout_forward(Backend& be, void* out, const void* inp, DType t, int64_t n, DropoutSpec drop) {
+  if (t == DType::BF16) {
+    check_p(drop);
+    const float p = drop.p, scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    return tiles(n, kTile, [&](int64_t i0, int64_t m) {
+      if (p <= 0.0f) {
+#pragma omp simd
+        for (int64_t i = i0; i < i0 + m; ++i) st(out, i, ld(inp, i));
+        return;
+      }
+#pragma omp simd
+      for (int64_t i = i0; i < i0 + m; ++i) {  // the load unconditional: a masked 16-bit load does not vectorize
+        const float x = ld(inp, i) * scale;
+        st(out, i, rng_uniform(drop.key, drop.offset + static_cast<uint64_t>(i)) >= p ? x : 0.0f);
+      }
+    });
+  }
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* y = buf(1, m);
     be.dropout_forward(y, widen(0, inp, t, i0, m), m, tile_drop(drop, i0));
@@ -101,6 +160,22 @@ void dropout_forward(Backend& be, void* out, const void* inp, DType t, int64_t n
 }
 void dropout_backward(Backend& be, void* dinp, const void* dout, DType t, int64_t n, DropoutSpec drop) {
   if (!dinp) return;
+  if (t == DType::BF16) {
+    check_p(drop);
+    const float p = drop.p, scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+    return tiles(n, kTile, [&](int64_t i0, int64_t m) {
+      if (p <= 0.0f) {
+#pragma omp simd
+        for (int64_t i = i0; i < i0 + m; ++i) fold_st(dinp, i, ld(dout, i));
+        return;
+      }
+#pragma omp simd
+      for (int64_t i = i0; i < i0 + m; ++i) {
+        const float g = ld(dout, i) * scale;
+        fold_st(dinp, i, rng_uniform(drop.key, drop.offset + static_cast<uint64_t>(i)) >= p ? g : 0.0f);
+      }
+    });
+  }
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* g = buf(2, m, true);
     be.dropout_backward(g, widen(0, dout, t, i0, m), m, tile_drop(drop, i0));
