@@ -101,6 +101,9 @@ void bench_gemm16(ops::Backend& be, ops::DType t) {
       {1024, 768, 3072, "mlp fc"},
       {1024, 3072, 768, "mlp proj"},
       {256, 768, 50304, "lm head (N=256)"},
+      {256, 768, 2304, "attn qkv (N=256)"},
+      {256, 768, 3072, "mlp fc (N=256)"},
+      {256, 3072, 768, "mlp proj (N=256)"},
   };
   const int reps = std::max(2, g_reps / 2);
   for (const Shape& s : shapes) {
@@ -326,15 +329,20 @@ void bench_native16(ops::Backend& be, ops::DType t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool attention_only = false, native16_only = false;  // [i29: native16]
+  bool attention_only = false, native16_only = false, gemm16_only = false;  // [i29: native16]
   for (int i = 1; i < argc; i++) {
     if (std::strcmp(argv[i], "--quick") == 0) g_reps = 2;
     if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;
     if (std::strcmp(argv[i], "--native16") == 0) native16_only = true;
+    if (std::strcmp(argv[i], "--gemm16") == 0) gemm16_only = true;
   }
   ops::Backend& be = ops::cpu_backend();
   std::printf("backend %s, OpenMP threads %d, OpenBLAS threads %d, %s\n", be.name(), ops::num_threads(),
               openblas_get_num_threads(), openblas_get_config());
+  if (gemm16_only) {
+    bench_gemm16(be, ops::DType::BF16);
+    return 0;
+  }
   if (native16_only) {
     bench_native16(be, ops::DType::BF16);
     bench_native16(be, ops::DType::F16);

@@ -120,6 +120,8 @@ struct Node {
   int kv_first = 0;
   bool rope = false;            // Attention in a decode graph: rotate q and k at each row's position (theta)
   bool inplace = false;         // SoftmaxXent: probs overwrite logits (in[0])
+  bool dout16 = false;          // Linear with 16-bit inputs and an fp32 output (the logits): the backward reads
+                                //   d(out) rounded to the inputs' format (precision.logits_grad: compute)
   // Sequence parallelism (Korthikanti et al. 2022): a column-parallel Linear all-gathers its
   // sequence-sharded input (and saves the shard, re-gathering in backward); a row-parallel
   // Linear reduce-scatters its output back to sequence shards.

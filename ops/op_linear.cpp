@@ -15,6 +15,12 @@
 // d(y) as stored (reads16) and write fp32 (y, rounded by the executor; gradients accumulated).
 // Otherwise, and always under sequence parallelism or with operands of mixed dtypes (the logits'
 // fp32 d(y)), the executor widens them and sgemm runs.
+//
+// [i29] dout16 (the output layer under precision.logits_grad: compute): the backward reads the
+// logits' fp32 d(y) rounded to x's 16-bit format, in every path, so that the numbers do not
+// depend on which GEMM path the dtype took: a 16-bit copy that the 16-bit GEMMs read as stored,
+// or (sgemm, sequence parallelism) an fp32 copy of the rounded values. Either copy is the
+// backward's scratch, counted by the dry run.
 #include "ops/gemm_path.h"
 #include "ops/ops.h"
 
@@ -33,21 +39,40 @@ bool reads16(const Graph& g, const Node& n, bool backward) {
   if (t != DType::BF16 && t != DType::F16) return false;
   for (int id : n.in)
     if (g.tensors[id].dtype != t) return false;
-  if (backward && g.tensors[n.out[0]].dtype != t) return false;
+  if (backward && g.tensors[n.out[0]].dtype != t && !n.dout16) return false;
   return reads_as_stored(gemm_path(t));
 }
 
 // Sequence parallelism's full-sequence temporaries. Forward: the gathered x (P shards) or
 // the whole y before its reduce-scatter. Backward: the re-gathered x, the full d(x) and this
 // rank's reduce-scattered part of it ((2P + 1) shards of x), or the gathered d(y).
+size_t dout16_bytes(const Graph& g, const Node& n, bool backward) {
+  if (!backward || !n.dout16) return 0;
+  return static_cast<size_t>(numel_of(g.tensors[n.out[0]].shape)) * (reads16(g, n, true) ? 2 : 2 + 4);
+}
 size_t scratch(const Graph& g, const Node& n, bool backward) {
-  if (g.sp_parts <= 1) return 0;
+  const size_t d16 = dout16_bytes(g, n, backward);
+  if (g.sp_parts <= 1) return d16;
   const int64_t P = g.sp_parts;
   const TensorDesc& x = g.tensors[n.in[0]];
   const TensorDesc& y = g.tensors[n.out[0]];
-  if (n.gather_input) return static_cast<size_t>(numel_of(x.shape) * (backward ? 2 * P + 1 : P)) * 4;
-  if (n.scatter_output) return static_cast<size_t>(numel_of(y.shape) * P) * 4;
-  return 0;
+  if (n.gather_input) return d16 + static_cast<size_t>(numel_of(x.shape) * (backward ? 2 * P + 1 : P)) * 4;
+  if (n.scatter_output) return d16 + static_cast<size_t>(numel_of(y.shape) * P) * 4;
+  return d16;
+}
+
+// d(y) as the backward reads it: c.dout, or under dout16 its rounding to x's format (`r16`),
+// widened back into `wide` unless the GEMMs read it as stored.
+const void* backward_dout(OpContext& c, Tensor& r16, Tensor& wide) {
+  if (!c.n.dout16) return c.dout;
+  const DType t = c.in_desc(0).dtype;
+  const TensorDesc& y = c.out_desc(0);
+  r16 = Tensor::empty(y.shape, t, Account::Workspace);
+  c.be.convert(r16.raw(), t, c.dout, DType::F32, numel_of(y.shape));
+  if (c.as_stored) return r16.raw();
+  wide = scratch_tensor(y.shape, false);
+  c.be.convert(wide.raw(), DType::F32, r16.raw(), t, numel_of(y.shape));
+  return wide.raw();
 }
 
 void forward(OpContext& c) {
@@ -92,7 +117,8 @@ void backward_seq_parallel(OpContext& c) {
   float* dx = c.din(0);
   float* db = c.din(2);
   const float* xin = c.in(0);
-  const float* dy = c.dout;
+  Tensor dy16, dyw;
+  const float* dy = static_cast<const float*>(backward_dout(c, dy16, dyw));
   int64_t nrows = rows_of(x);
   Tensor xfull, dyfull, dxfull, dxpart;
   if (n.gather_input) {  // re-gather the input (only the shard was kept)
@@ -104,10 +130,10 @@ void backward_seq_parallel(OpContext& c) {
   if (n.scatter_output) {
     const TensorDesc& y = c.out_desc(0);
     // This rank's rows' share of the bias gradient (the caller sums it over tp).
-    if (db) c.be.matmul_backward(nullptr, nullptr, db, c.dout, xin, c.in(1), static_cast<int>(rows_of(y)), IC, OC);
+    if (db) c.be.matmul_backward(nullptr, nullptr, db, dy, xin, c.in(1), static_cast<int>(rows_of(y)), IC, OC);
     db = nullptr;
     dyfull = scratch_tensor({rows_of(y) * c.g.sp_parts, OC}, false);
-    c.group->allgather(c.dout, dyfull.data<float>(), numel_of(y.shape));
+    c.group->allgather(dy, dyfull.data<float>(), numel_of(y.shape));
     dy = dyfull.data<float>();
   }
   float* dxf = dx;
@@ -130,11 +156,14 @@ void backward(OpContext& c) {
   const TensorDesc& w = c.in_desc(1);
   const int IC = static_cast<int>(w.shape[1]), OC = static_cast<int>(w.shape[0]);
   float* dx = c.din(0);
+  Tensor dy16, dyw;
+  const void* dy = backward_dout(c, dy16, dyw);
   if (c.as_stored)
-    c.be.matmul16_backward(dx, c.din(1), c.din(2), c.dout, c.ins[0], c.ins[1], x.dtype, static_cast<int>(rows_of(x)),
+    c.be.matmul16_backward(dx, c.din(1), c.din(2), dy, c.ins[0], c.ins[1], x.dtype, static_cast<int>(rows_of(x)),
                            IC, OC);
   else
-    c.be.matmul_backward(dx, c.din(1), c.din(2), c.dout, c.in(0), c.in(1), static_cast<int>(rows_of(x)), IC, OC);
+    c.be.matmul_backward(dx, c.din(1), c.din(2), static_cast<const float*>(dy), c.in(0), c.in(1),
+                         static_cast<int>(rows_of(x)), IC, OC);
   // Column-parallel: each rank holds part of d(input); the input's only reader is this
   // node (a norm's output), so its gradient buffer holds exactly this sum's terms.
   if (n.tp == TpMode::Column && dx) c.allreduce(dx, numel_of(x.shape));

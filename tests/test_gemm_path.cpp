@@ -90,8 +90,11 @@ struct LinearResult {
 
 // One Linear node as a pipeline stage: x (bf16) comes in as the stage input, y leaves as the stage
 // output; W and b are bf16 parameters with fp32 gradient buffers.
+// dy32 (fp32 y only): d(y) as given, instead of dy16 widened; dout16: the node reads it rounded
+// to bf16 (the output layer under precision.logits_grad: compute).
 LinearResult run_linear(const LinearShape& s, const std::vector<uint16_t>& x, const std::vector<uint16_t>& w,
-                        const std::vector<uint16_t>& b, const std::vector<uint16_t>& dy16) {
+                        const std::vector<uint16_t>& b, const std::vector<uint16_t>& dy16,
+                        const std::vector<float>* dy32 = nullptr, bool dout16 = false) {
   ops::Graph g;
   g.B = 1;
   g.T = s.N;
@@ -100,6 +103,7 @@ LinearResult run_linear(const LinearShape& s, const std::vector<uint16_t>& x, co
   n.name = "linear";
   n.layer = 0;
   n.module = ops::Module::none;
+  n.dout16 = dout16;
   g.stage_input = g.add_activation("x", {s.N, s.IC}, 0, DType::BF16);
   n.in.push_back(g.stage_input);
   const int wid = g.add_param("W", {s.OC, s.IC}, 0);
@@ -129,7 +133,8 @@ LinearResult run_linear(const LinearShape& s, const std::vector<uint16_t>& x, co
   std::vector<char> y(ny * ysize), dy(ny * ysize);
   if (s.out == DType::F32) {
     std::vector<float> d32(ny);
-    ops::to_f32(d32.data(), dy16.data(), DType::BF16, static_cast<int64_t>(ny));
+    if (dy32) d32 = *dy32;
+    else ops::to_f32(d32.data(), dy16.data(), DType::BF16, static_cast<int64_t>(ny));
     std::memcpy(dy.data(), d32.data(), ny * 4);
   } else {
     std::memcpy(dy.data(), dy16.data(), ny * 2);
@@ -402,5 +407,74 @@ TEST_CASE("a bf16 GPT on oneDNN's path: the ledger is exact and it trains like t
       }
       CHECK(std::sqrt(num / std::max(den, 1e-30)) < 3e-2);
     }
+  }
+}
+
+// [i29] precision.logits_grad: compute. The output layer (bf16 x and W, fp32 y: the logits)
+// reads its fp32 d(y) rounded to bf16 on both paths, so that oneDNN can read every operand as
+// stored: its backward then holds no fp32 copy of W (the vocabulary's table, on a real model),
+// and both paths give the GEMMs of the rounded d(y) within the summation bound above, while
+// the unrounded d(y)'s results are outside it (the rounding is really there).
+TEST_CASE("dout16: the logits' layer reads d(y) rounded to bf16 on the oneDNN and sgemm paths, the dry run exact") {
+  if (!onednn_bf16_here()) return;
+  for (const LinearShape& s : {LinearShape{37, 64, 301, false, DType::F32}, LinearShape{16, 96, 1000, false, DType::F32}}) {
+    CAPTURE(s.N);
+    CAPTURE(s.OC);
+    const uint64_t seed = static_cast<uint64_t>(s.N) * 7 + s.OC;
+    const auto x = random_bf16(static_cast<size_t>(s.N) * s.IC, seed, 1.0f);
+    const auto w = random_bf16(static_cast<size_t>(s.OC) * s.IC, seed + 1, 0.2f);
+    const std::vector<uint16_t> b;
+    std::vector<float> dy(static_cast<size_t>(s.N) * s.OC);  // fp32 values, most not bf16's
+    const uint64_t key = ops::rng_key(0x7e58, seed);
+    for (size_t i = 0; i < dy.size(); ++i) dy[i] = 1e-3f * ops::rng_normal(key, i);
+    std::vector<uint16_t> dyr(dy.size());
+    ops::from_f32(dyr.data(), DType::BF16, dy.data(), static_cast<int64_t>(dy.size()));
+    LinearResult sg, dnn, plain;
+    {
+      PathGuard pg(GemmMode::Sgemm);
+      sg = run_linear(s, x, w, b, {}, &dy, true);
+    }
+    {
+      PathGuard pg(GemmMode::OneDnn);
+      dnn = run_linear(s, x, w, b, {}, &dy, true);
+      plain = run_linear(s, x, w, b, {}, &dy, false);  // today's default: widened, fp32 d(y)
+    }
+    CHECK(sg.ws_predicted == sg.ws_measured);
+    CHECK(dnn.ws_predicted == dnn.ws_measured);
+    CHECK(plain.ws_predicted == plain.ws_measured);
+    // oneDNN's backward: a bf16 copy of d(y) (2 bytes per element) instead of fp32 copies of x,
+    // W and the widened d(y)'s GEMMs; the sgemm path holds the bf16 and fp32 copies of d(y).
+    CHECK(dnn.ws_measured < plain.ws_measured);
+    CHECK(sg.ws_measured > plain.ws_measured);
+    const auto xd = widen(x), wd = widen(w), dyd = widen(dyr);
+    for (const LinearResult* r : {&sg, &dnn}) {
+      int bad = 0, off = 0;
+      for (int i = 0; i < s.N; ++i)  // dx = round(dy) W, stored in bf16
+        for (int c = 0; c < s.IC; ++c) {
+          double exact = 0, S = 0;
+          for (int o = 0; o < s.OC; ++o) {
+            exact += dyd[i * s.OC + o] * wd[o * s.IC + c];
+            S += std::fabs(dyd[i * s.OC + o] * wd[o * s.IC + c]);
+          }
+          const double a = r->dx[i * s.IC + c];
+          bad += std::fabs(a - exact) > tol(a, exact, s.OC, S, true);
+        }
+      for (int o = 0; o < s.OC; ++o)  // dW = round(dy)^T x, fp32 (no final rounding)
+        for (int c = 0; c < s.IC; ++c) {
+          double exact = 0, unrounded = 0, S = 0;
+          for (int i = 0; i < s.N; ++i) {
+            exact += dyd[i * s.OC + o] * xd[i * s.IC + c];
+            unrounded += static_cast<double>(dy[i * s.OC + o]) * xd[i * s.IC + c];
+            S += std::fabs(dyd[i * s.OC + o] * xd[i * s.IC + c]);
+          }
+          const double a = r->dw[o * s.IC + c];
+          bad += std::fabs(a - exact) > tol(a, exact, s.N, S, false);
+          off += std::fabs(a - unrounded) > tol(a, unrounded, s.N, S, false);
+        }
+      CHECK_MESSAGE(bad == 0, bad << " elements of dx, dW outside the bound around round(dy)'s products");
+      CHECK_MESSAGE(off > s.OC * s.IC / 4, "dW looks computed from the unrounded d(y): " << off << " elements off it");
+    }
+    // Forward is untouched by the switch.
+    CHECK(dnn.y == plain.y);
   }
 }

@@ -309,8 +309,10 @@ struct Builder {
         ShardSpec sh{t > 1 ? 0 : -1, static_cast<int>(t), static_cast<int>(s.tp_rank), 1};
         wlm = g.add_param(m.tie_embeddings ? kEmbedding : kHead, {V / t, C}, -1, true, sh, {V, C});
       }
+      const size_t head = g.nodes.size();  // linear() adds one node: the lm_head
       g.logits = linear("lm_head", xf, wlm, -1, V / t, -1, Module::head, 'c');
       g.tensors[g.logits].dtype = DType::F32;  // the loss is always computed in fp32
+      g.nodes[head].dout16 = s.logits_grad16 && act != DType::F32;
       g.targets = g.add_input("targets", {g.B, g.T}, DType::I32);
       g.losses = g.add_activation("loss.per_position", {N}, -1, DType::F32);
       int xe = node(OpKind::SoftmaxXent, "loss", {g.logits, g.targets}, {g.losses}, -1, Module::loss);

@@ -31,6 +31,7 @@ struct GptSpec {
   int64_t vocab_padded = 0;      // 0: vocab_size rounded up to a multiple of tp
   ops::DType act_dtype = ops::DType::F32;
   ops::DType grad_dtype = ops::DType::F32;  // parameters' gradient buffers (precision.grad_accum)
+  bool logits_grad16 = false;  // the output layer reads d(logits) rounded to act_dtype (precision.logits_grad)
   // recompute[layer] = modules of that layer to recompute, closed under ops::with_parts: a node
   // is recomputed iff its layer's set has its module
   std::vector<ops::ModuleSet> recompute;

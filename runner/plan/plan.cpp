@@ -26,6 +26,7 @@ GptSpec whole_model_spec(const Recipe& r, const Plan& p) {
   s.act_dtype = plan_detail::dtype_of(to_string(r.precision.compute));
   s.grad_dtype = r.precision.compute == FloatFormat::fp32 ? ops::DType::F32
                                                           : plan_detail::dtype_of(to_string(r.precision.grad_accum));
+  s.logits_grad16 = r.precision.compute != FloatFormat::fp32 && r.precision.logits_grad == LogitsGrad::compute;
   s.recompute = recompute_sets(r.recompute, r.model.n_layers);
   return s;
 }

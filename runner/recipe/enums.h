@@ -32,6 +32,7 @@ enum class DataKind { addition, text, hdf5, bin };
 enum class PipelineSchedule { one_f_one_b, gpipe, interleaved };
 enum class FloatFormat { fp32, bf16, fp16 };     // precision.compute, precision.grad_accum
 enum class MasterWeights { fp32, same };
+enum class LogitsGrad { fp32, compute };  // precision.logits_grad
 enum class LossScaleMode { dynamic, fixed, none };
 enum class RecomputeMode { none, full, selective, automatic };  // automatic is "auto"
 using RecomputeModule = ops::Module;     // attention_core, attention, mlp, norm (its table)
@@ -67,6 +68,9 @@ constexpr EnumTable<FloatFormat, 3> enum_names(FloatFormat) {
 }
 constexpr EnumTable<MasterWeights, 2> enum_names(MasterWeights) {
   return {{{MasterWeights::fp32, "fp32"}, {MasterWeights::same, "same"}}};
+}
+constexpr EnumTable<LogitsGrad, 2> enum_names(LogitsGrad) {
+  return {{{LogitsGrad::fp32, "fp32"}, {LogitsGrad::compute, "compute"}}};
 }
 constexpr EnumTable<LossScaleMode, 3> enum_names(LossScaleMode) {
   return {{{LossScaleMode::dynamic, "dynamic"}, {LossScaleMode::fixed, "static"}, {LossScaleMode::none, "none"}}};
@@ -135,6 +139,7 @@ RUNNER_RECIPE_ENUM_JSON(DataKind)
 RUNNER_RECIPE_ENUM_JSON(PipelineSchedule)
 RUNNER_RECIPE_ENUM_JSON(FloatFormat)
 RUNNER_RECIPE_ENUM_JSON(MasterWeights)
+RUNNER_RECIPE_ENUM_JSON(LogitsGrad)
 RUNNER_RECIPE_ENUM_JSON(LossScaleMode)
 RUNNER_RECIPE_ENUM_JSON(RecomputeMode)
 RUNNER_RECIPE_ENUM_JSON(OptimizerName)

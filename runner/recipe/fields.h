@@ -99,6 +99,7 @@ void visit(V& v, Self& p) {
   v("compute", p.compute);
   v("master_weights", p.master_weights);
   v("grad_accum", p.grad_accum);
+  v("logits_grad", p.logits_grad);
   v.section("loss_scale", p.loss_scale);
   v("diagnostics", p.diagnostics);
 }

@@ -103,6 +103,9 @@ struct PrecisionConfig {
   FloatFormat compute = FloatFormat::fp32;
   MasterWeights master_weights = MasterWeights::fp32;  // same: keep no fp32 master copy
   FloatFormat grad_accum = FloatFormat::fp32;
+  // compute: the output layer's backward reads the logits' fp32 gradient rounded to the compute
+  // format, so its two GEMMs take the 16-bit path (docs/precision.md, "The logits' gradient").
+  LogitsGrad logits_grad = LogitsGrad::fp32;
   LossScaleConfig loss_scale;
   bool diagnostics = false;        // per-tensor gradient range per logged step (--diagnose-precision)
 };
