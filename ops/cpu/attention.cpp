@@ -28,9 +28,17 @@
 //   block computes (and then discards) masked entries.
 // - The products run in small_gemm.h's register-tiled kernel rather than cblas_sgemm: at
 //   these sizes (K = HS = 64) OpenBLAS spends as long packing operands as multiplying.
-//   B operands are packed once per unit of work into panels whose rows are padded to 16
-//   floats; A operands are read in place through strides (q from the (B,T,3C) tensor, P^T
-//   and dS^T by swapping strides), so no transposes are materialized for them.
+//   Q, K, V and dO are packed once per unit of work into fp32 panels whose rows are padded to
+//   16 floats (K and V also transposed); P^T and dS^T are read in place by swapping strides, so
+//   no transposes of them are materialized. small_gemm's sums do not depend on its operands'
+//   strides, so packing Q and dO (read in place through strides before issue 29) changed no bit.
+// - [i29: native16] The storage type of qkv, out, dout and dqkv is a template parameter (fp32,
+//   bf16, fp16): a 16-bit qkv and dout are widened (exactly) while their panels are packed, so
+//   no whole-tensor fp32 copy exists; out is rounded row by row from the block's fp32 Ob tile;
+//   dqkv gets one fold per element, RNE(d + (0 + g)), g the fp32 gradient the widened path
+//   accumulates into a zeroed copy (for a grouped key-value head, its group's panels summed from
+//   zero in head order), which is what Backend::accumulate then folds. Everything between the
+//   packing and the store is the fp32 kernel's code, so both paths agree bit for bit.
 // - Row-wise softmax and dropout run over rows padded to a multiple of 16 with the masked
 //   lanes selected away, so every loop is whole vectors without scalar tails.
 // - One (b, h) is one unit of work (its operands are packed once); the OpenMP team takes
