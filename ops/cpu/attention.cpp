@@ -113,25 +113,50 @@ void pack_rows(float* dst, const typename In::E* src, int64_t ld, int n, int HS,
     for (int i = HS; i < HSp; i++) d[i] = 0.0f;
   }
 }
-// Packs rows [0, n) of a (n, HS) strided view transposed into a row-major fp32 (HS, np) panel,
+// Packs rows [0, n) of a (n, HS) strided fp32 view transposed into a row-major (HS, np) panel,
 // columns [n, np) zero. In 16-row tiles, so that the 16 source rows stay in L1 while each
 // destination row gets one contiguous 64-byte write.
-template <class In>
-void pack_transposed(float* dst, const typename In::E* src, int64_t ld, int n, int HS, int np) {
+void pack_transposed_f32(float* dst, const float* src, int64_t ld, int n, int HS, int np) {
   for (int i = 0; i < HS; i++) std::fill(dst + static_cast<size_t>(i) * np + n, dst + static_cast<size_t>(i + 1) * np, 0.0f);
   int t0 = 0;
   for (; t0 + 16 <= n; t0 += 16) {
-    const typename In::E* s = src + t0 * ld;
+    const float* s = src + t0 * ld;
     for (int i = 0; i < HS; i++) {
       float* d = dst + static_cast<size_t>(i) * np + t0;
 #pragma omp simd
-      for (int tt = 0; tt < 16; tt++) d[tt] = In::w(s[tt * ld + i]);  // a 16-lane gather
+      for (int tt = 0; tt < 16; tt++) d[tt] = s[tt * ld + i];  // a 16-lane gather
     }
   }
   if (t0 < n) {
-    const typename In::E* s = src + t0 * ld;
+    const float* s = src + t0 * ld;
     for (int i = 0; i < HS; i++)
-      for (int tt = 0; tt < n - t0; tt++) dst[static_cast<size_t>(i) * np + t0 + tt] = In::w(s[tt * ld + i]);
+      for (int tt = 0; tt < n - t0; tt++) dst[static_cast<size_t>(i) * np + t0 + tt] = s[tt * ld + i];
+  }
+}
+// The same from In's storage: a 16-bit view is widened 16 rows at a time into a small fp32
+// tile (contiguous rows, vector conversions), whose columns are then gathered as above.
+template <class In>
+void pack_transposed(float* dst, const typename In::E* src, int64_t ld, int n, int HS, int np) {
+  if constexpr (In::t == DType::F32) {
+    pack_transposed_f32(dst, src, ld, n, HS, np);
+  } else {
+    thread_local std::vector<float> tile;
+    if (tile.size() < static_cast<size_t>(16) * HS) tile.resize(static_cast<size_t>(16) * HS);
+    float* w = tile.data();
+    for (int i = 0; i < HS; i++) std::fill(dst + static_cast<size_t>(i) * np + n, dst + static_cast<size_t>(i + 1) * np, 0.0f);
+    for (int t0 = 0; t0 < n; t0 += 16) {
+      const int m = std::min(16, n - t0);
+      for (int tt = 0; tt < m; tt++) tile_to_f32(w + static_cast<size_t>(tt) * HS, src + (t0 + tt) * ld, In::t, HS);
+      for (int i = 0; i < HS; i++) {
+        float* d = dst + static_cast<size_t>(i) * np + t0;
+        if (m == 16) {
+#pragma omp simd
+          for (int tt = 0; tt < 16; tt++) d[tt] = w[tt * HS + i];
+        } else {
+          for (int tt = 0; tt < m; tt++) d[tt] = w[tt * HS + i];
+        }
+      }
+    }
   }
 }
 
