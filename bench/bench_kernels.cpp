@@ -1,6 +1,7 @@
 // Kernel benchmark for the CPU backend: GEMM throughput at the shapes a GPT step runs (fp32
 // sgemm, and the two 16-bit paths of ops/gemm_path.h at GPT-2 124M's shapes), attention
-// forward/backward, and the pointwise kernels, at the current OpenMP thread count. Run as
+// forward/backward, and the pointwise kernels (--native16: 16-bit native vs widened vs fp32, attention
+// included), at the current OpenMP thread count. Run as
 //   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE build/bench_kernels [--quick] [--attention] [--native16]
 // Each number is the best of several repetitions (the minimum is the least noisy
 // estimate on a shared machine), after one warm-up call.
@@ -326,6 +327,45 @@ void bench_native16(ops::Backend& be, ops::DType t) {
   native16_row("total", sum, sum);
 }
 
+// [i29: native16] The attention three ways at GPT-2's heads (B 4, T 256, 12 heads of 64): the
+// widened path (qkv and dout converted to fp32 copies, out rounded back, dqkv computed into a
+// zeroed fp32 copy and accumulated), the native kernels (Backend::attention_*16), and fp32.
+void bench_native16_attention(ops::Backend& be, ops::DType t) {
+  using ops::DType;
+  const int B = 4, T = 256, C = 768, NH = 12, W = 3 * C;
+  const int64_t nq = int64_t{B} * T * W, nc = int64_t{B} * T * C;
+  std::printf("\n== attention in %s (B %d, T %d, %d heads of %d): widened vs native vs fp32 (ms) ==\n",
+              ops::dtype_name(t), B, T, NH, C / NH);
+  std::printf("%-26s %9s %9s %9s   %7s %7s\n", "operator", "widened", "native", "fp32", "n/w", "n/fp32");
+  const auto q32 = randn(nq, 5, 0.5f), d32 = randn(nc, 6);
+  const auto q16 = randn16(t, nq, 5, 0.5f), d16in = randn16(t, nc, 6);
+  std::vector<float> qw(nq), dw(nc), ow(nc), o32(nc), lse(int64_t{B} * NH * T), g(nq), g32(nq, 0.0f);
+  std::vector<uint16_t> o16(nc), dq16(nq, 0);
+  const ops::DropoutSpec drop{};
+  Native16Row sum, r;
+  r = {best_time([&] {
+         be.convert(qw.data(), DType::F32, q16.data(), t, nq);
+         be.attention_forward(ow.data(), lse.data(), qw.data(), B, T, C, NH, drop);
+         be.convert(o16.data(), t, ow.data(), DType::F32, nc);
+       }),
+       best_time([&] { be.attention_forward16(o16.data(), lse.data(), q16.data(), t, B, T, C, NH, drop); }),
+       best_time([&] { be.attention_forward(o32.data(), lse.data(), q32.data(), B, T, C, NH, drop); })};
+  native16_row("attention fwd", r, sum);
+  r = {best_time([&] {
+         be.convert(qw.data(), DType::F32, q16.data(), t, nq);
+         be.convert(dw.data(), DType::F32, d16in.data(), t, nc);
+         std::memset(g.data(), 0, sizeof(float) * nq);
+         be.attention_backward(g.data(), dw.data(), qw.data(), lse.data(), B, T, C, NH, drop, nullptr);
+         be.accumulate(dq16.data(), t, g.data(), nq);
+       }),
+       best_time([&] {
+         be.attention_backward16(dq16.data(), d16in.data(), q16.data(), lse.data(), t, B, T, C, NH, drop, nullptr);
+       }),
+       best_time([&] { be.attention_backward(g32.data(), d32.data(), q32.data(), lse.data(), B, T, C, NH, drop, nullptr); })};
+  native16_row("attention bwd", r, sum);
+  native16_row("total", sum, sum);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -346,6 +386,8 @@ int main(int argc, char** argv) {
   if (native16_only) {
     bench_native16(be, ops::DType::BF16);
     bench_native16(be, ops::DType::F16);
+    bench_native16_attention(be, ops::DType::BF16);
+    bench_native16_attention(be, ops::DType::F16);
     return 0;
   }
   if (!attention_only) {

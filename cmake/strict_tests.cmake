@@ -16,7 +16,7 @@ set(RUNNER_STRICT_TESTS
   # [i29: fused]
   test_ops_fused
   # [i29: native16]
-  test_ops_native16
+  test_ops_native16 test_ops_attention16
 )
 foreach(name ${RUNNER_STRICT_TESTS})
   add_test(NAME ${name}_strict COMMAND ${name})

@@ -193,5 +193,12 @@ void Backend::add_forward16(void*, const void*, const void*, DType, int64_t) { n
 void Backend::add_inplace16(void*, const void*, DType, int64_t) { no_native16(*this, "add"); }
 void Backend::dropout_forward16(void*, const void*, DType, int64_t, DropoutSpec) { no_native16(*this, "dropout"); }
 void Backend::dropout_backward16(void*, const void*, DType, int64_t, DropoutSpec) { no_native16(*this, "dropout"); }
+void Backend::attention_forward16(void*, float*, const void*, DType, int, int, int, Heads, DropoutSpec) {
+  no_native16(*this, "attention");
+}
+void Backend::attention_backward16(void*, const void*, const void*, const float*, DType, int, int, int, Heads,
+                                   DropoutSpec, float*) {
+  no_native16(*this, "attention");
+}
 
 }  // namespace ops

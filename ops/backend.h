@@ -201,6 +201,14 @@ class Backend {
   virtual void add_inplace16(void* dst, const void* src, DType t, int64_t n);
   virtual void dropout_forward16(void* out, const void* inp, DType t, int64_t n, DropoutSpec drop);
   virtual void dropout_backward16(void* dinp, const void* dout, DType t, int64_t n, DropoutSpec drop);
+  // Causal self-attention (attention_forward / attention_backward below) on a 16-bit qkv (B,T,W),
+  // out (B,T,C) and dout, dqkv in t; lse (B,NH,T) and `work` stay fp32. dqkv gets one fold per
+  // element, RNE_t(dqkv + g), g what attention_backward accumulates into a zeroed fp32 buffer
+  // (for a key-value head: its group's sum in query-head order).
+  virtual void attention_forward16(void* out, float* lse, const void* qkv, DType t, int B, int T, int C,
+                                   Heads heads, DropoutSpec drop);
+  virtual void attention_backward16(void* dqkv, const void* dout, const void* qkv, const float* lse, DType t,
+                                    int B, int T, int C, Heads heads, DropoutSpec drop, float* work);
   // [i26: generate and export]
   // [i26: attention]
 

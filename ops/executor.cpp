@@ -214,12 +214,14 @@ struct Executor::Impl {
 
   // [i29: native16] Whether node n runs its OpDef's 16-bit-native kernels: the op has them, the
   // switch is on, the plan is not the GPU's, the node is plain (no tensor or sequence
-  // parallelism, no decode), its first output is 16-bit (t), every float input is an activation
-  // in t or a parameter where the op takes one (OpDef::native16_params), and the backend has the kernels for t (the dry run, without a backend,
-  // assumes the CPU's, which has them). The same answer in the dry run and the real run.
+  // parallelism, no decode, no KV cache to fill), its first output is 16-bit (t), every float
+  // input is an activation in t or a parameter where the op takes one (OpDef::native16_params),
+  // and the backend has the kernels for t (the dry run, without a backend, assumes the CPU's,
+  // which has them). The same answer in the dry run and the real run.
   bool native16_call(const Node& n) const {
     if (!op_def(n.kind).native16 || !native16_enabled() || n.tp != TpMode::None) return false;
     if (n.gather_input || n.scatter_output || g.decode || gemm_paths_device_now()) return false;
+    if (kv && n.kind == OpKind::Attention) return false;  // prefill: kv_cache_write reads an fp32 qkv
     const DType t = g.tensors[n.out[0]].dtype;
     if (!is16(t)) return false;
     for (size_t j = 0; j < n.in.size(); ++j) {

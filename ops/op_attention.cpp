@@ -10,7 +10,11 @@
 // collective; the attention's dropout counters are those of the logical head in the whole
 // model, so a head shard draws the masks the unsharded model draws (DropoutSpec::heads_total).
 // A grouped backward takes a workspace (Backend::attention_backward_work), counted by the
-// dry run like every op's scratch.
+// dry run like every op's scratch. [i29: native16] In a bf16/fp16 run the attention reads qkv
+// and dout and writes out and dqkv as stored (Backend::attention_forward16 / _backward16), so
+// the executor makes no fp32 copy of them; lse and the grouped workspace stay fp32. A prefill
+// graph (a KV cache to fill: kv_cache_write reads fp32) keeps the widened path (the executor's
+// native16_call).
 #include "ops/ops.h"
 
 #include <stdexcept>
@@ -79,6 +83,8 @@ void forward(OpContext& c) {
                           c.n.rope ? c.n.theta : 0.0f);
     return;
   }
+  if (c.native16)  // [i29: native16] qkv and out as stored; lse fp32
+    return c.be.attention_forward16(c.outs[0], c.out(1), c.ins[0], c.dtype16(), c.B(), c.T(), C, heads, drop(c));
   c.be.attention_forward(c.out(0), c.out(1), c.in(0), c.B(), c.T(), C, heads, drop(c));
   if (c.kv) c.be.kv_cache_write(c.kv->layer(c.n.layer), c.in(0), c.B(), c.T(), C, heads);
 }
@@ -99,6 +105,9 @@ void backward(OpContext& c) {
   const int64_t nwork = work_floats(c.g, c.n);
   Tensor work;
   if (nwork > 0) work = scratch_tensor({nwork}, false);
+  if (c.native16)
+    return c.be.attention_backward16(c.dins[0], c.dout, c.ins[0], c.out(1), c.dtype16(), c.B(), c.T(), C,
+                                     heads_of(c.n), drop(c), nwork > 0 ? work.data<float>() : nullptr);
   c.be.attention_backward(c.din(0), c.dout, c.in(0), c.out(1), c.B(), c.T(), C, heads_of(c.n), drop(c),
                           nwork > 0 ? work.data<float>() : nullptr);
 }
@@ -111,6 +120,6 @@ constinit const OpDef kRopeOp{.kind = OpKind::Rope, .name = "rope", .saves = sav
                               .forward = rope::forward, .backward = rope::backward, .native16 = true};
 constinit const OpDef kAttentionOp{.kind = OpKind::Attention, .name = "attention", .saves = attention::saves,
                                    .scratch = attention::scratch, .forward = attention::forward,
-                                   .backward = attention::backward};
+                                   .backward = attention::backward, .native16 = true};
 
 }  // namespace ops

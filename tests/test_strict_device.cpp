@@ -753,6 +753,19 @@ std::vector<KernelCase> native16_cases() {
                     be.rope_backward16(p[0], p[1], t, B, T, CQ, kGqa, 10000.0f);
                     return 0.0;
                   }});
+    // Grouped-query attention with dropout: the backward's fp32 workspace and its group fold.
+    const int64_t work = Backend::attention_backward_work(B, T, CQ, kGqa);
+    cs.push_back({"attention_forward16", "attention_forward16" + tag,
+                  {{N * CQ, t}, {B * NH * T, DType::F32}, {N * W, t, -2, 2}}, [=](Backend& be, const auto& p) {
+                    be.attention_forward16(p[0], F(p, 1), p[2], t, B, T, CQ, kGqa, drop);
+                    return 0.0;
+                  }});
+    cs.push_back({"attention_backward16", "attention_backward16" + tag,
+                  {{N * W, t}, {N * CQ, t}, {N * W, t, -2, 2}, {B * NH * T, DType::F32, 0, 1}, {work, DType::F32}},
+                  [=](Backend& be, const auto& p) {
+                    be.attention_backward16(p[0], p[1], p[2], F(p, 3), t, B, T, CQ, kGqa, drop, F(p, 4));
+                    return 0.0;
+                  }});
   }
   return cs;
 }

@@ -28,9 +28,17 @@
 //   block computes (and then discards) masked entries.
 // - The products run in small_gemm.h's register-tiled kernel rather than cblas_sgemm: at
 //   these sizes (K = HS = 64) OpenBLAS spends as long packing operands as multiplying.
-//   B operands are packed once per unit of work into panels whose rows are padded to 16
-//   floats; A operands are read in place through strides (q from the (B,T,3C) tensor, P^T
-//   and dS^T by swapping strides), so no transposes are materialized for them.
+//   Q, K, V and dO are packed once per unit of work into fp32 panels whose rows are padded to
+//   16 floats (K and V also transposed); P^T and dS^T are read in place by swapping strides, so
+//   no transposes of them are materialized. small_gemm's sums do not depend on its operands'
+//   strides, so packing Q and dO (read in place through strides before issue 29) changed no bit.
+// - [i29: native16] The storage type of qkv, out, dout and dqkv is a template parameter (fp32,
+//   bf16, fp16): a 16-bit qkv and dout are widened (exactly) while their panels are packed, so
+//   no whole-tensor fp32 copy exists; out is rounded row by row from the block's fp32 Ob tile;
+//   dqkv gets one fold per element, RNE(d + (0 + g)), g the fp32 gradient the widened path
+//   accumulates into a zeroed copy (for a grouped key-value head, its group's panels summed from
+//   zero in head order), which is what Backend::accumulate then folds. Everything between the
+//   packing and the store is the fp32 kernel's code, so both paths agree bit for bit.
 // - Row-wise softmax and dropout run over rows padded to a multiple of 16 with the masked
 //   lanes selected away, so every loop is whole vectors without scalar tails.
 // - One (b, h) is one unit of work (its operands are packed once); the OpenMP team takes
@@ -52,6 +60,7 @@
 
 #include "ops/convert.h"
 #include "ops/cpu/small_gemm.h"
+#include "ops/cpu/tile_convert.h"
 #include "ops/cpu/vecmath.h"
 #include "ops/rng.h"
 #include "ops/check.h"
@@ -76,17 +85,38 @@ float* grow(int slot, size_t n) {
   return v.data();
 }
 
-// Packs rows [0, n) of a (n, HS) strided view into a row-major (n, HSp) panel, padding with 0.
-void pack_rows(float* dst, const float* src, int64_t ld, int n, int HS, int HSp) {
+// The element types qkv, out, dout and dqkv are stored in: fp32, or a 16-bit format that the
+// packing widens (exactly) and the output's store rounds (to nearest even, ops/convert.h).
+struct InF32 {
+  using E = float;
+  static constexpr DType t = DType::F32;
+  static float w(float x) { return x; }
+};
+struct InBF16 {
+  using E = uint16_t;
+  static constexpr DType t = DType::BF16;
+  static float w(uint16_t x) { return bf16_to_f32(x); }
+};
+struct InF16 {
+  using E = uint16_t;
+  static constexpr DType t = DType::F16;
+  static float w(uint16_t x) { return f16_to_f32(x); }
+};
+
+// Packs rows [0, n) of a (n, HS) strided view into a row-major fp32 (n, HSp) panel, padding with 0.
+template <class In>
+void pack_rows(float* dst, const typename In::E* src, int64_t ld, int n, int HS, int HSp) {
   for (int t = 0; t < n; t++) {
-    std::memcpy(dst + static_cast<size_t>(t) * HSp, src + t * ld, sizeof(float) * HS);
-    for (int i = HS; i < HSp; i++) dst[static_cast<size_t>(t) * HSp + i] = 0.0f;
+    float* d = dst + static_cast<size_t>(t) * HSp;
+    if constexpr (In::t == DType::F32) std::memcpy(d, src + t * ld, sizeof(float) * HS);
+    else tile_to_f32(d, src + t * ld, In::t, HS);
+    for (int i = HS; i < HSp; i++) d[i] = 0.0f;
   }
 }
-// Packs rows [0, n) of a (n, HS) strided view transposed into a row-major (HS, np) panel,
+// Packs rows [0, n) of a (n, HS) strided fp32 view transposed into a row-major (HS, np) panel,
 // columns [n, np) zero. In 16-row tiles, so that the 16 source rows stay in L1 while each
 // destination row gets one contiguous 64-byte write.
-void pack_transposed(float* dst, const float* src, int64_t ld, int n, int HS, int np) {
+void pack_transposed_f32(float* dst, const float* src, int64_t ld, int n, int HS, int np) {
   for (int i = 0; i < HS; i++) std::fill(dst + static_cast<size_t>(i) * np + n, dst + static_cast<size_t>(i + 1) * np, 0.0f);
   int t0 = 0;
   for (; t0 + 16 <= n; t0 += 16) {
@@ -101,6 +131,53 @@ void pack_transposed(float* dst, const float* src, int64_t ld, int n, int HS, in
     const float* s = src + t0 * ld;
     for (int i = 0; i < HS; i++)
       for (int tt = 0; tt < n - t0; tt++) dst[static_cast<size_t>(i) * np + t0 + tt] = s[tt * ld + i];
+  }
+}
+// The same from In's storage: a 16-bit view is widened 16 rows at a time into a small fp32
+// tile (contiguous rows, vector conversions), whose columns are then gathered as above.
+template <class In>
+void pack_transposed(float* dst, const typename In::E* src, int64_t ld, int n, int HS, int np) {
+  if constexpr (In::t == DType::F32) {
+    pack_transposed_f32(dst, src, ld, n, HS, np);
+  } else {
+    thread_local std::vector<float> tile;
+    if (tile.size() < static_cast<size_t>(16) * HS) tile.resize(static_cast<size_t>(16) * HS);
+    float* w = tile.data();
+    for (int i = 0; i < HS; i++) std::fill(dst + static_cast<size_t>(i) * np + n, dst + static_cast<size_t>(i + 1) * np, 0.0f);
+    for (int t0 = 0; t0 < n; t0 += 16) {
+      const int m = std::min(16, n - t0);
+      for (int tt = 0; tt < m; tt++) tile_to_f32(w + static_cast<size_t>(tt) * HS, src + (t0 + tt) * ld, In::t, HS);
+      for (int i = 0; i < HS; i++) {
+        float* d = dst + static_cast<size_t>(i) * np + t0;
+        if (m == 16) {
+#pragma omp simd
+          for (int tt = 0; tt < 16; tt++) d[tt] = w[tt * HS + i];
+        } else {
+          for (int tt = 0; tt < m; tt++) d[tt] = w[tt * HS + i];
+        }
+      }
+    }
+  }
+}
+
+// One output row of HS values from the fp32 block tile: copied, or rounded to In's format.
+template <class In>
+void store_row(typename In::E* dst, const float* src, int HS) {
+  if constexpr (In::t == DType::F32) std::memcpy(dst, src, sizeof(float) * HS);
+  else tile_from_f32(dst, src, In::t, HS);
+}
+
+// d[0, n) := RNE_t(d + (0 + g)): Backend::accumulate's fold of g, the value an fp32 kernel
+// leaves in a zeroed buffer (0 + g, not g: -0 in a zeroed buffer is +0), into a 16-bit row.
+void fold_row(uint16_t* d, const float* g, DType t, int n) {
+  constexpr int kPiece = 64;
+  float tmp[kPiece];
+  for (int i0 = 0; i0 < n; i0 += kPiece) {
+    const int m = std::min(kPiece, n - i0);
+    tile_to_f32(tmp, d + i0, t, m);
+#pragma omp simd
+    for (int i = 0; i < m; i++) tmp[i] += 0.0f + g[i0 + i];
+    tile_from_f32(d + i0, tmp, t, m);
   }
 }
 
@@ -151,7 +228,7 @@ OPS_INLINE void softmax_row_backward(float* ds, const float* p, int n, int nv) {
 // Scores of query rows [r0, r1) against keys [0, r1) into S (m, np), np = round16(r1), and
 // their softmax in place: S[t - r0][s] = P[t][s] for s <= t, 0 beyond (to np). The forward
 // and the backward both call this, so the backward's P is bit-identical to the forward's.
-// q: the (T, HS) query view with row stride ldq; KT: the (HS, Tp) packed K^T. lse: row
+// q: the packed (T, HSp) Q panel, row stride ldq; KT: the (HS, Tp) packed K^T. lse: row
 // r0's entry of the head's (T) log-sum-exps to write, or null.
 void softmax_block(float* S, float* lse, const float* q, int64_t ldq, const float* KT, int Tp, int HS, int r0, int r1,
                    float scale) {
@@ -169,9 +246,11 @@ void softmax_block(float* S, float* lse, const float* q, int64_t ldq, const floa
 
 // Forward of one (b, h). q, k, v: (T, HS) views with row stride W (the qkv row); o: (T, HS)
 // view with row stride C; lse: (T) this head's log-sum-exps. ctr0 = head_counter0(...) is the
-// dropout counter of (t=0, s=0).
-void forward_head(float* o, float* lse, const float* q, const float* k, const float* v, int T, int C, int W, int HS,
-                  DropoutSpec drop, uint64_t ctr0) {
+// dropout counter of (t=0, s=0). In: the storage type of q, k, v and o (widened while packing,
+// o rounded from the block's fp32 rows).
+template <class In>
+void forward_head(typename In::E* o, float* lse, const typename In::E* q, const typename In::E* k,
+                  const typename In::E* v, int T, int C, int W, int HS, DropoutSpec drop, uint64_t ctr0) {
   const int C3 = W, HSp = round16(HS), Tp = round16(T), BQ = g_block_rows, MB = std::min(BQ, T);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const bool dropout = drop.p > 0.0f;
@@ -181,12 +260,14 @@ void forward_head(float* o, float* lse, const float* q, const float* k, const fl
   float* S = grow(2, static_cast<size_t>(MB) * Tp);    // (m, np)  the block's P, then Pd
   float* Ob = grow(3, static_cast<size_t>(MB) * HSp);  // (m, HSp) output rows
   float* keep = grow(4, static_cast<size_t>(Tp));
-  pack_transposed(KT, k, C3, T, HS, Tp);
-  pack_rows(Vp, v, C3, T, HS, HSp);
+  float* Qp = grow(5, static_cast<size_t>(T) * HSp);   // (T, HSp) Q
+  pack_transposed<In>(KT, k, C3, T, HS, Tp);
+  pack_rows<In>(Vp, v, C3, T, HS, HSp);
+  pack_rows<In>(Qp, q, C3, T, HS, HSp);
   for (int r0 = 0; r0 < T; r0 += BQ) {
     const int r1 = std::min(T, r0 + BQ), m = r1 - r0, np = round16(r1);
     // P[r0:r1, 0:r1] = softmax(scale Q[r0:r1] K[0:r1]^T)                 (m, np)
-    softmax_block(S, lse + r0, q, C3, KT, Tp, HS, r0, r1, scale);
+    softmax_block(S, lse + r0, Qp, HSp, KT, Tp, HS, r0, r1, scale);
     if (dropout) {
       for (int t = r0; t < r1; t++) {
         float* pd = S + static_cast<size_t>(t - r0) * np;
@@ -199,37 +280,54 @@ void forward_head(float* o, float* lse, const float* q, const float* k, const fl
     // O[r0:r1] = Pd[r0:r1, 0:r1] V[0:r1]                              (m, HSp)
     small_gemm(m, HSp, r1, 1.0f, S, np, 1, Vp, HSp, Ob, HSp, false);
     for (int t = r0; t < r1; t++)
-      std::memcpy(o + static_cast<int64_t>(t) * C, Ob + static_cast<size_t>(t - r0) * HSp, sizeof(float) * HS);
+      store_row<In>(o + static_cast<int64_t>(t) * C, Ob + static_cast<size_t>(t - r0) * HSp, HS);
   }
 }
 
-// dq += this head's dQ; dk, dv += (add_kv) or = its dK, dV (see backward_head).
-void add_head_gradients(float* dq, float* dk, float* dv, int ldkv, bool add_kv, const float* dQp, const float* dKp,
-                        const float* dVp, int T, int C3, int HS, int HSp) {
+// dq += this head's dQ; dk, dv += (add_kv) or = its dK, dV (see backward_head). For a 16-bit
+// In, "+=" is one fold per element (fold_row); dk, dv written (not added) are the fp32
+// workspace's, whatever In.
+template <class In>
+void add_head_gradients(typename In::E* dq, void* dk_, void* dv_, int ldkv, bool add_kv, const float* dQp,
+                        const float* dKp, const float* dVp, int T, int C3, int HS, int HSp) {
+  using E = typename In::E;
   for (int t = 0; t < T; t++) {
     const size_t src = static_cast<size_t>(t) * HSp;
     const int64_t dst = static_cast<int64_t>(t) * C3, kdst = static_cast<int64_t>(t) * ldkv;
+    if constexpr (In::t == DType::F32) {
 #pragma omp simd
-    for (int i = 0; i < HS; i++) dq[dst + i] += dQp[src + i];
+      for (int i = 0; i < HS; i++) dq[dst + i] += dQp[src + i];
+    } else {
+      fold_row(dq + dst, dQp + src, In::t, HS);
+    }
     if (add_kv) {
+      E* dk = static_cast<E*>(dk_);
+      E* dv = static_cast<E*>(dv_);
+      if constexpr (In::t == DType::F32) {
 #pragma omp simd
-      for (int i = 0; i < HS; i++) {
-        dk[kdst + i] += dKp[src + i];
-        dv[kdst + i] += dVp[src + i];
+        for (int i = 0; i < HS; i++) {
+          dk[kdst + i] += dKp[src + i];
+          dv[kdst + i] += dVp[src + i];
+        }
+      } else {
+        fold_row(dk + kdst, dKp + src, In::t, HS);
+        fold_row(dv + kdst, dVp + src, In::t, HS);
       }
     } else {
-      std::memcpy(dk + kdst, dKp + src, sizeof(float) * HS);
-      std::memcpy(dv + kdst, dVp + src, sizeof(float) * HS);
+      std::memcpy(static_cast<float*>(dk_) + kdst, dKp + src, sizeof(float) * HS);
+      std::memcpy(static_cast<float*>(dv_) + kdst, dVp + src, sizeof(float) * HS);
     }
   }
 }
 
 // Backward of one (b, h). dq, dk, dv: views into dqkv (row stride W = ldkv), or dk, dv into
-// a group's workspace (row stride ldkv = 2HS, written, not added); dO: view into dout (row
-// stride C), q, k, v: views into qkv (row stride W). P is recomputed block by block
-// (softmax_block), as the forward computed it.
-void backward_head(float* dq, float* dk, float* dv, int ldkv, bool add_kv, const float* dO, const float* q,
-                   const float* k, const float* v, int T, int C, int W, int HS, DropoutSpec drop, uint64_t ctr0) {
+// a group's fp32 workspace (row stride ldkv = 2HS, written, not added); dO: view into dout (row
+// stride C), q, k, v: views into qkv (row stride W), all of storage type In, widened while
+// packing. P is recomputed block by block (softmax_block), as the forward computed it.
+template <class In>
+void backward_head(typename In::E* dq, void* dk, void* dv, int ldkv, bool add_kv, const typename In::E* dO,
+                   const typename In::E* q, const typename In::E* k, const typename In::E* v, int T, int C, int W,
+                   int HS, DropoutSpec drop, uint64_t ctr0) {
   const int C3 = W, HSp = round16(HS), Tp = round16(T), BQ = g_block_rows, MB = std::min(BQ, T);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   const bool dropout = drop.p > 0.0f;
@@ -248,16 +346,16 @@ void backward_head(float* dq, float* dk, float* dv, int ldkv, bool add_kv, const
   float* Mk = grow(9, static_cast<size_t>(MB) * Tp);   // (m, np) M / (1-p)
   float* KT = grow(10, static_cast<size_t>(HS) * Tp);  // (HS, Tp) K^T, for the scores
   float* Pb = grow(11, static_cast<size_t>(MB) * Tp);  // (m, np) the block's P, recomputed
-  pack_transposed(VT, v, C3, T, HS, Tp);
-  pack_transposed(KT, k, C3, T, HS, Tp);
-  pack_rows(Kp, k, C3, T, HS, HSp);
-  pack_rows(Qp, q, C3, T, HS, HSp);
-  pack_rows(dOp, dO, C, T, HS, HSp);
+  pack_transposed<In>(VT, v, C3, T, HS, Tp);
+  pack_transposed<In>(KT, k, C3, T, HS, Tp);
+  pack_rows<In>(Kp, k, C3, T, HS, HSp);
+  pack_rows<In>(Qp, q, C3, T, HS, HSp);
+  pack_rows<In>(dOp, dO, C, T, HS, HSp);
   std::memset(dKp, 0, sizeof(float) * panel);
   std::memset(dVp, 0, sizeof(float) * panel);
   for (int r0 = 0; r0 < T; r0 += BQ) {
     const int r1 = std::min(T, r0 + BQ), m = r1 - r0, np = round16(r1);
-    softmax_block(Pb, nullptr, q, C3, KT, Tp, HS, r0, r1, scale);  // P[r0:r1, 0:r1] (m, np)
+    softmax_block(Pb, nullptr, Qp, HSp, KT, Tp, HS, r0, r1, scale);  // P[r0:r1, 0:r1] (m, np)
     // A = Pd[r0:r1, 0:r1] as (m, r1): P, or P * M / (1-p).
     const float* A = Pb;
     if (dropout) {
@@ -276,7 +374,7 @@ void backward_head(float* dq, float* dk, float* dv, int ldkv, bool add_kv, const
     // dV[0:r1] += Pd[r0:r1, 0:r1]^T dO[r0:r1]                        (r1, HSp)
     small_gemm(r1, HSp, m, 1.0f, A, 1, np, dOp + static_cast<size_t>(r0) * HSp, HSp, dVp, HSp, true);
     // dPd[r0:r1, 0:r1] = dO[r0:r1] V[0:r1]^T                           (m, np)
-    small_gemm(m, np, HS, 1.0f, dO + static_cast<int64_t>(r0) * C, C, 1, VT, Tp, dS, np, false);
+    small_gemm(m, np, HS, 1.0f, dOp + static_cast<size_t>(r0) * HSp, HSp, 1, VT, Tp, dS, np, false);
     // dS = P * (dP - rowsum(dP * P)), dP = dPd * M / (1-p); 0 beyond the diagonal.
     for (int t = r0; t < r1; t++) {
       float* ds = dS + static_cast<size_t>(t - r0) * np;
@@ -295,7 +393,7 @@ void backward_head(float* dq, float* dk, float* dv, int ldkv, bool add_kv, const
     // dK[0:r1] += scale dS^T Q[r0:r1]                                  (r1, HSp)
     small_gemm(r1, HSp, m, scale, dS, 1, np, Qp + static_cast<size_t>(r0) * HSp, HSp, dKp, HSp, true);
   }
-  add_head_gradients(dq, dk, dv, ldkv, add_kv, dQp, dKp, dVp, T, C3, HS, HSp);
+  add_head_gradients<In>(dq, dk, dv, ldkv, add_kv, dQp, dKp, dVp, T, C3, HS, HSp);
 }
 
 void check_shapes(int B, int T, int C, Heads hd, DropoutSpec drop) {
@@ -325,50 +423,68 @@ uint64_t head_counter0(const DropoutSpec& drop, int b, int h, int T, int NH) {
 int attention_block_rows() { return g_block_rows; }
 void set_attention_block_rows(int rows) { g_block_rows = rows > 0 ? rows : 64; }
 
-// out: (B,T,C), lse: (B,NH,T), qkv: (B,T,W), W = C + 2 NKV HS
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, Heads hd, DropoutSpec drop) {
+namespace {
+
+// out: (B,T,C), lse: (B,NH,T), qkv: (B,T,W), W = C + 2 NKV HS; out and qkv of storage type In.
+template <class In>
+void forward_all(typename In::E* out, float* lse, const typename In::E* qkv, int B, int T, int C, Heads hd,
+                 DropoutSpec drop) {
   check_shapes(B, T, C, hd, drop);
   const int NH = hd.q, HS = C / NH, W = C + 2 * hd.kv * HS, BH = B * NH;
   const bool par = BH > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
 #pragma omp parallel for schedule(dynamic, 1) if (par)
   for (int bh = 0; bh < BH; bh++) {
     const int b = bh / NH, h = bh % NH;
-    const float* row = qkv + static_cast<size_t>(b) * T * W;
-    const float* k = row + C + static_cast<size_t>(hd.kv_of(h)) * HS;
-    float* o = out + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
-    forward_head(o, lse + static_cast<size_t>(bh) * T, row + static_cast<size_t>(h) * HS, k, k + hd.kv * HS, T, C, W, HS, drop,
-                 head_counter0(drop, b, h, T, NH));
+    const typename In::E* row = qkv + static_cast<size_t>(b) * T * W;
+    const typename In::E* k = row + C + static_cast<size_t>(hd.kv_of(h)) * HS;
+    typename In::E* o = out + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
+    forward_head<In>(o, lse + static_cast<size_t>(bh) * T, row + static_cast<size_t>(h) * HS, k, k + hd.kv * HS, T, C,
+                     W, HS, drop, head_counter0(drop, b, h, T, NH));
   }
 }
 
-namespace {
 // dK and dV of key-value head j of row b: += the group's panels in the workspace, in query
 // head order (a fixed order: the sum does not depend on the thread count). work: (B,NH,T,2HS).
-void sum_group(float* dqkv, const float* work, int b, int j, int T, int C, int W, int HS, Heads hd) {
-  float* dk = dqkv + static_cast<size_t>(b) * T * W + C + static_cast<size_t>(j) * HS;
-  float* dv = dk + hd.kv * HS;
-  for (int h = hd.q_begin(j); h < hd.q_end(j); h++) {
-    const float* w = work + (static_cast<size_t>(b) * hd.q + h) * T * 2 * HS;
-    for (int t = 0; t < T; t++) {
-      const float* wk = w + static_cast<size_t>(t) * 2 * HS;
-      float* k = dk + static_cast<size_t>(t) * W;
-      float* v = dv + static_cast<size_t>(t) * W;
+// For a 16-bit In the group's sum is made in fp32 from zero, in the same order, and folded
+// once per element (fold_row): the fp32 path's sum into a zeroed copy, then its fold.
+template <class In>
+void sum_group(typename In::E* dqkv, const float* work, int b, int j, int T, int C, int W, int HS, Heads hd) {
+  typename In::E* dk = dqkv + static_cast<size_t>(b) * T * W + C + static_cast<size_t>(j) * HS;
+  typename In::E* dv = dk + hd.kv * HS;
+  if constexpr (In::t == DType::F32) {
+    for (int h = hd.q_begin(j); h < hd.q_end(j); h++) {
+      const float* w = work + (static_cast<size_t>(b) * hd.q + h) * T * 2 * HS;
+      for (int t = 0; t < T; t++) {
+        const float* wk = w + static_cast<size_t>(t) * 2 * HS;
+        float* k = dk + static_cast<size_t>(t) * W;
+        float* v = dv + static_cast<size_t>(t) * W;
 #pragma omp simd
-      for (int i = 0; i < HS; i++) {
-        k[i] += wk[i];
-        v[i] += wk[HS + i];
+        for (int i = 0; i < HS; i++) {
+          k[i] += wk[i];
+          v[i] += wk[HS + i];
+        }
       }
+    }
+  } else {
+    float* acc = grow(0, static_cast<size_t>(2) * HS);  // [dK row | dV row], from zero
+    for (int t = 0; t < T; t++) {
+      std::fill(acc, acc + 2 * HS, 0.0f);
+      for (int h = hd.q_begin(j); h < hd.q_end(j); h++) {
+        const float* wk = work + ((static_cast<size_t>(b) * hd.q + h) * T + t) * 2 * HS;
+#pragma omp simd
+        for (int i = 0; i < 2 * HS; i++) acc[i] += wk[i];
+      }
+      fold_row(dk + static_cast<size_t>(t) * W, acc, In::t, HS);
+      fold_row(dv + static_cast<size_t>(t) * W, acc + HS, In::t, HS);
     }
   }
 }
-}  // namespace
 
-// dqkv: (B,T,W) +=, dout: (B,T,C), qkv: (B,T,W); work (B,NH,T,2HS) when hd.group > 1. lse
-// (B,NH,T), the forward's, is not read: the CPU recomputes each row's statistics exactly as
-// its forward did (ops/backend.h).
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* /*lse*/, int B, int T, int C,
-                        Heads hd, DropoutSpec drop, float* work) {
-  if (!dqkv) return;
+// dqkv: (B,T,W) +=, dout: (B,T,C), qkv: (B,T,W), of storage type In; work (B,NH,T,2HS) fp32
+// when hd.group > 1.
+template <class In>
+void backward_all(typename In::E* dqkv, const typename In::E* dout, const typename In::E* qkv, int B, int T, int C,
+                  Heads hd, DropoutSpec drop, float* work) {
   check_shapes(B, T, C, hd, drop);
   const int NH = hd.q, HS = C / NH, W = C + 2 * hd.kv * HS, BH = B * NH;
   const bool grouped = hd.group > 1;
@@ -379,18 +495,52 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     const int b = bh / NH, h = bh % NH;
     const size_t qoff = static_cast<size_t>(b) * T * W + static_cast<size_t>(h) * HS;
     const size_t koff = static_cast<size_t>(b) * T * W + C + static_cast<size_t>(hd.kv_of(h)) * HS;
-    const float* dO = dout + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
+    const typename In::E* dO = dout + static_cast<size_t>(b) * T * C + static_cast<size_t>(h) * HS;
     const uint64_t ctr0 = head_counter0(drop, b, h, T, NH);
-    float* dk = grouped ? work + static_cast<size_t>(bh) * T * 2 * HS : dqkv + koff;
-    float* dv = grouped ? dk + HS : dk + hd.kv * HS;
-    backward_head(dqkv + qoff, dk, dv, grouped ? 2 * HS : W, !grouped, dO, qkv + qoff, qkv + koff,
-                  qkv + koff + static_cast<size_t>(hd.kv) * HS, T, C, W, HS, drop, ctr0);
+    void* dk = grouped ? static_cast<void*>(work + static_cast<size_t>(bh) * T * 2 * HS) : dqkv + koff;
+    void* dv = grouped ? static_cast<void*>(static_cast<float*>(dk) + HS) : dqkv + koff + static_cast<size_t>(hd.kv) * HS;
+    backward_head<In>(dqkv + qoff, dk, dv, grouped ? 2 * HS : W, !grouped, dO, qkv + qoff, qkv + koff,
+                      qkv + koff + static_cast<size_t>(hd.kv) * HS, T, C, W, HS, drop, ctr0);
   }
   if (!grouped) return;
   const int BK = B * hd.kv;
   const bool par2 = BK > 1 && omp_get_max_threads() > 1 && !omp_in_parallel();
 #pragma omp parallel for schedule(static) if (par2)
-  for (int bj = 0; bj < BK; bj++) sum_group(dqkv, work, bj / hd.kv, bj % hd.kv, T, C, W, HS, hd);
+  for (int bj = 0; bj < BK; bj++) sum_group<In>(dqkv, work, bj / hd.kv, bj % hd.kv, T, C, W, HS, hd);
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, Heads hd, DropoutSpec drop) {
+  forward_all<InF32>(out, lse, qkv, B, T, C, hd, drop);
+}
+
+// lse (B,NH,T), the forward's, is not read: the CPU recomputes each row's statistics exactly as
+// its forward did (ops/backend.h).
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* /*lse*/, int B, int T, int C,
+                        Heads hd, DropoutSpec drop, float* work) {
+  if (!dqkv) return;
+  backward_all<InF32>(dqkv, dout, qkv, B, T, C, hd, drop, work);
+}
+
+// [i29: native16] The same kernels on 16-bit storage (t: BF16 or F16).
+void attention_forward16(void* out, float* lse, const void* qkv, DType t, int B, int T, int C, Heads hd,
+                         DropoutSpec drop) {
+  OPS_CHECK(t == DType::BF16 || t == DType::F16, std::string("attention_forward16: no ") + dtype_name(t));
+  auto* o = static_cast<uint16_t*>(out);
+  const auto* x = static_cast<const uint16_t*>(qkv);
+  if (t == DType::BF16) forward_all<InBF16>(o, lse, x, B, T, C, hd, drop);
+  else forward_all<InF16>(o, lse, x, B, T, C, hd, drop);
+}
+void attention_backward16(void* dqkv, const void* dout, const void* qkv, const float* /*lse*/, DType t, int B, int T,
+                          int C, Heads hd, DropoutSpec drop, float* work) {
+  if (!dqkv) return;
+  OPS_CHECK(t == DType::BF16 || t == DType::F16, std::string("attention_backward16: no ") + dtype_name(t));
+  auto* d = static_cast<uint16_t*>(dqkv);
+  const auto* dO = static_cast<const uint16_t*>(dout);
+  const auto* x = static_cast<const uint16_t*>(qkv);
+  if (t == DType::BF16) backward_all<InBF16>(d, dO, x, B, T, C, hd, drop, work);
+  else backward_all<InF16>(d, dO, x, B, T, C, hd, drop, work);
 }
 
 // ============================================================================ the KV cache

@@ -953,6 +953,15 @@ class CpuBackend final : public Backend {
   void dropout_backward16(void* dinp, const void* dout, DType t, int64_t n, DropoutSpec drop) override {
     native16::dropout_backward(*this, dinp, dout, t, n, drop);
   }
+  // The attention widens while it packs its per-head panels (ops/cpu/attention.cpp).
+  void attention_forward16(void* out, float* lse, const void* qkv, DType t, int B, int T, int C, Heads heads,
+                           DropoutSpec drop) override {
+    cpu::attention_forward16(out, lse, qkv, t, B, T, C, heads, drop);
+  }
+  void attention_backward16(void* dqkv, const void* dout, const void* qkv, const float* lse, DType t, int B, int T,
+                            int C, Heads heads, DropoutSpec drop, float* work) override {
+    cpu::attention_backward16(dqkv, dout, qkv, lse, t, B, T, C, heads, drop, work);
+  }
 
  private:
   static void check_shard(int V, int Vreal) {

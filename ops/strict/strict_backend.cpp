@@ -268,6 +268,12 @@ class StrictBackend final : public Backend {
   void dropout_backward16(void* dinp, const void* dout, DType t, int64_t n, DropoutSpec drop) override {
     submit([this, dinp = dev(dinp), dout = dev(dout), t, n, drop] { cpu_.dropout_backward16(dinp, dout, t, n, drop); });
   }
+  void attention_forward16(void* out, float* lse, const void* qkv, DType t, int B, int T, int C, Heads heads, DropoutSpec drop) override {
+    submit([this, out = dev(out), lse = dev(lse), qkv = dev(qkv), t, B, T, C, heads, drop] { cpu_.attention_forward16(out, lse, qkv, t, B, T, C, heads, drop); });
+  }
+  void attention_backward16(void* dqkv, const void* dout, const void* qkv, const float* lse, DType t, int B, int T, int C, Heads heads, DropoutSpec drop, float* work) override {
+    submit([this, dqkv = dev(dqkv), dout = dev(dout), qkv = dev(qkv), lse = dev(lse), t, B, T, C, heads, drop, work = dev(work)] { cpu_.attention_backward16(dqkv, dout, qkv, lse, t, B, T, C, heads, drop, work); });
+  }
   double sum_squares(const float* x, int64_t n) override {
     double r = 0;
     submit([this, &r, x = dev(x), n] { r = cpu_.sum_squares(x, n); });
