@@ -162,7 +162,7 @@ namespace {
   throw std::logic_error(std::string(be.name()) + " backend: no 16-bit-native " + what);
 }
 }  // namespace
-void Backend::embedding_forward16(void*, DType, const int32_t*, const float*, const float*, int, int, int) {
+void Backend::embedding_forward16(void*, DType, const int32_t*, const void*, const void*, int, int, int) {
   no_native16(*this, "embedding");
 }
 void Backend::embedding_backward16(float*, float*, const void*, DType, const int32_t*, int, int, int) {

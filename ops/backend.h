@@ -170,13 +170,17 @@ class Backend {
   virtual void stage_wait(uint64_t fence) {}
   // [i29: native16] 16-bit-native memory-bound kernels (ops/cpu/native16.h). The activations
   // (inputs, outputs and their gradients) are stored in t (BF16 or F16) and read and written as
-  // such; parameters, parameter gradients and per-row statistics stay fp32. Each computes, bit
-  // for bit, what the executor's widened path computes: widen to fp32, the fp32 kernel above,
-  // round the output to t; an activation gradient d (stored in t) becomes RNE_t(d + g), g the
-  // fp32 kernel's gradient accumulated into zeros (accumulate()'s rounding). Only where
-  // native16_available(t); the executor checks it and widens otherwise.
+  // such; parameters, parameter gradients and per-row statistics stay fp32, except the
+  // parameters an entry point takes as `const void*` (stored in t: OpDef::native16_stored).
+  // Each computes, bit for bit, what the executor's widened path computes: widen to fp32, the
+  // fp32 kernel above, round the output to t; an activation gradient d (stored in t) becomes
+  // RNE_t(d + g), g the fp32 kernel's gradient accumulated into zeros (accumulate()'s
+  // rounding). Only where native16_available(t); the executor checks it and widens otherwise.
   virtual bool native16_available(DType t) { return false; }
-  virtual void embedding_forward16(void* out, DType t, const int32_t* tokens, const float* wte, const float* wpe,
+  // wte (V,C) and wpe (maxT,C) or null are stored in t: only the rows the tokens and positions
+  // name are read and widened (out = RNE_t(wte[token] + wpe[t]) summed in fp32, as the widened
+  // path does).
+  virtual void embedding_forward16(void* out, DType t, const int32_t* tokens, const void* wte, const void* wpe,
                                    int B, int T, int C);
   virtual void embedding_backward16(float* dwte, float* dwpe, const void* dout, DType t, const int32_t* tokens,
                                     int B, int T, int C);

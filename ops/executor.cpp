@@ -215,11 +215,13 @@ struct Executor::Impl {
   // [i29: native16] Whether node n runs its OpDef's 16-bit-native kernels: the op has them, the
   // switch is on, the plan is not the GPU's, the node is plain (no tensor or sequence
   // parallelism, no decode, no KV cache to fill), its first output is 16-bit (t), every float
-  // input is an activation in t or a parameter where the op takes one (OpDef::native16_params),
-  // and the backend has the kernels for t (the dry run, without a backend, assumes the CPU's,
-  // which has them). The same answer in the dry run and the real run.
+  // input is an activation in t or a parameter where the op takes one (OpDef::native16_params;
+  // in t where the op reads it as stored, OpDef::native16_stored), and the backend has the
+  // kernels for t (the dry run, without a backend, assumes the CPU's, which has them). The same
+  // answer in the dry run and the real run.
   bool native16_call(const Node& n) const {
-    if (!op_def(n.kind).native16 || !native16_enabled() || n.tp != TpMode::None) return false;
+    const OpDef& op = op_def(n.kind);
+    if (!op.native16 || !native16_enabled() || n.tp != TpMode::None) return false;
     if (n.gather_input || n.scatter_output || g.decode || gemm_paths_device_now()) return false;
     if (kv && n.kind == OpKind::Attention) return false;  // prefill: kv_cache_write reads an fp32 qkv
     const DType t = g.tensors[n.out[0]].dtype;
@@ -227,7 +229,8 @@ struct Executor::Impl {
     for (size_t j = 0; j < n.in.size(); ++j) {
       const TensorDesc& d = g.tensors[n.in[j]];
       if (d.kind == TensorKind::Param) {
-        if (!((op_def(n.kind).native16_params >> j) & 1u)) return false;
+        if (!((op.native16_params >> j) & 1u)) return false;
+        if (((op.native16_stored >> j) & 1u) && d.dtype != t) return false;
       } else if (d.dtype != DType::I32 && (d.kind != TensorKind::Activation || d.dtype != t)) {
         return false;
       }
@@ -236,12 +239,16 @@ struct Executor::Impl {
   }
 
   // Node n's input values as its kernels read them (fp32, widened from 16 bits, or int; or as
-  // stored when `stored`; activations as stored when `native`, parameters widened).
+  // stored when `stored`; when `native`, activations and the parameters the op reads as stored
+  // (OpDef::native16_stored) as stored, other parameters widened). The dry run counts exactly
+  // the copies made here.
   std::array<void*, kMaxOperands> inputs(const Node& n, bool stored, bool native = false) {
     std::array<void*, kMaxOperands> v{};
+    const unsigned param_stored = native ? op_def(n.kind).native16_stored : 0u;
     for (size_t j = 0; j < n.in.size(); ++j) {  // an activation no backward reads may be released already
       const TensorDesc& d = g.tensors[n.in[j]];
-      const bool raw = stored || (native && d.kind == TensorKind::Activation);
+      const bool raw = stored || (native && d.kind == TensorKind::Activation) ||
+                       (d.kind == TensorKind::Param && ((param_stored >> j) & 1u));
       v[j] = raw ? value(n.in[j]) : readable(d, value(n.in[j]), d.kind != TensorKind::Activation || live[n.in[j]]);
     }
     return v;

@@ -53,7 +53,8 @@ void forward(OpContext& c) {
       c.be.embedding_forward(c.out(0) + static_cast<int64_t>(b) * C, c.in_i32(0) + b, c.in(1),
                              wpe + static_cast<int64_t>(c.kv->pos[static_cast<size_t>(b)]) * C, 1, 1, C);
   } else if (c.native16) {  // [i29: native16] (the executor leaves decode and tensor parallelism widened)
-    c.be.embedding_forward16(c.outs[0], c.dtype16(), c.in_i32(0), c.in(1), wpe, c.B(), c.T(), C);
+    // The tables as stored, in 16 bits (native16_stored): the kernel widens the rows it reads.
+    c.be.embedding_forward16(c.outs[0], c.dtype16(), c.in_i32(0), c.ins[1], c.ins[2], c.B(), c.T(), C);
   } else {
     c.be.embedding_forward(c.out(0), c.in_i32(0), c.in(1), wpe, c.B(), c.T(), C);
   }
@@ -85,6 +86,6 @@ void backward(OpContext& c) {
 constinit const OpDef kEmbeddingOp{.kind = OpKind::Embedding, .name = "embedding", .saves = embedding::saves,
                                    .scratch = embedding::scratch, .forward = embedding::forward,
                                    .backward = embedding::backward, .native16 = true,
-                                   .native16_params = 0b110};
+                                   .native16_params = 0b110, .native16_stored = 0b110};
 
 }  // namespace ops

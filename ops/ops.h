@@ -144,10 +144,20 @@ struct OpDef {
   // points): where the executor finds the call eligible (OpContext::native16) it neither widens
   // the activations nor rounds the outputs, and no fp32 copy of them exists.
   bool native16 = false;
-  // The input positions (bit j: in[j]) the native kernels take as fp32 parameters (widened
-  // by the executor, as on the widened path): a norm's weight and bias, the embedding's
-  // tables. A node with a parameter elsewhere (an Add of a parameter) is widened.
+  // The input positions (bit j: in[j]) where the native kernels take a parameter: a norm's
+  // weight and bias, the embedding's tables. A node with a parameter elsewhere (an Add of a
+  // parameter) is widened.
   uint8_t native16_params = 0;
+  // Of those, the positions the native kernels read as stored (bit j: in[j], a subset of
+  // native16_params): the executor hands the parameter's own 16-bit buffer (in the node's
+  // activation dtype; a parameter of another dtype leaves the node widened), so neither the
+  // real run nor the dry run makes an fp32 copy of it, forward or backward. The others are
+  // widened into fp32 workspace copies per call, as on the widened path. For a large table
+  // (the embedding's wte: GPT-2's is 147 MiB in fp32) the kernel gathers the rows it needs
+  // instead; a norm's weight (C values) is cheap to widen and its kernels stay fp32.
+  // Parameter gradients are unchanged: fp32 buffers accumulated directly, 16-bit ones through
+  // the executor's widened fold.
+  uint8_t native16_stored = 0;
 };
 
 // [i29: native16] The process's switch for OpDef::native16 (on unless the environment says

@@ -13,7 +13,9 @@
 //    workspace with native kernels (so a switch that silently stopped working fails here).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "ops/backend.h"
@@ -193,29 +195,45 @@ TEST_CASE("native16 layernorm and rmsnorm are bit-identical to the widened path 
   }
 }
 
+// The tables are stored in t (OpDef::native16_stored): the kernel gathers and widens the rows
+// it needs; the reference is the fp32 kernel on the whole tables widened, as the executor's
+// widened path runs it. An odd vocabulary and width, a token outside the table (no row: zeros
+// plus the position), with and without learned positions, at 1, 2 and 3 threads (the tiles are
+// shared out over the team).
 TEST_CASE("native16 embedding is bit-identical to the widened path (tiles inside and across sequences)") {
   const int V = 23, C = 43;
-  for (DType t : kTypes) {
-    CAPTURE(ops::dtype_name(t));
-    for (auto [B, T] : {std::pair{2, 300}, std::pair{1, 1600}}) {  // 190-row forward tiles; 1524-row backward ones
-      CAPTURE(T);
-      const int64_t n = int64_t{B} * T * C;
-      std::vector<int32_t> tok(static_cast<size_t>(B) * T);
-      for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>(ops::rng_uniform(17, i) * V) % V;
-      const VF wte = rand_f(int64_t{V} * C, 18), wpe = rand_f(int64_t{T} * C, 19);
-      V16 out(n);
-      VF f(n);
-      cpu().embedding_forward16(out.data(), t, tok.data(), wte.data(), wpe.data(), B, T, C);
-      cpu().embedding_forward(f.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
-      CHECK(same_bits(out, round16(f, t)));
-      const V16 dy = rand16(n, t, 20);
-      VF dwte = rand_f(int64_t{V} * C, 21), dwpe = rand_f(int64_t{T} * C, 22), dwte_r = dwte, dwpe_r = dwpe;
-      cpu().embedding_backward16(dwte.data(), dwpe.data(), dy.data(), t, tok.data(), B, T, C);
-      cpu().embedding_backward(dwte_r.data(), dwpe_r.data(), widen(dy, t).data(), tok.data(), B, T, C);
-      CHECK(same_bits(dwte, dwte_r));
-      CHECK(same_bits(dwpe, dwpe_r));
+  const int threads = ops::num_threads();
+  for (int nt : {1, 2, 3}) {
+    ops::set_num_threads(nt);
+    CAPTURE(nt);
+    for (DType t : kTypes) {
+      CAPTURE(ops::dtype_name(t));
+      for (auto [B, T] : {std::pair{2, 300}, std::pair{1, 1600}}) {  // 190-row forward tiles; 1524-row backward ones
+        CAPTURE(T);
+        const int64_t n = int64_t{B} * T * C;
+        std::vector<int32_t> tok(static_cast<size_t>(B) * T);
+        for (size_t i = 0; i < tok.size(); ++i) tok[i] = static_cast<int32_t>(ops::rng_uniform(17, i) * V) % V;
+        tok[5] = -1;
+        const V16 wte = rand16(int64_t{V} * C, t, 18), wpe = rand16(int64_t{T} * C, t, 19);
+        const VF wte_f = widen(wte, t), wpe_f = widen(wpe, t);
+        for (bool positions : {true, false}) {
+          CAPTURE(positions);
+          V16 out(n);
+          VF f(n);
+          cpu().embedding_forward16(out.data(), t, tok.data(), wte.data(), positions ? wpe.data() : nullptr, B, T, C);
+          cpu().embedding_forward(f.data(), tok.data(), wte_f.data(), positions ? wpe_f.data() : nullptr, B, T, C);
+          CHECK(same_bits(out, round16(f, t)));
+        }
+        const V16 dy = rand16(n, t, 20);
+        VF dwte = rand_f(int64_t{V} * C, 21), dwpe = rand_f(int64_t{T} * C, 22), dwte_r = dwte, dwpe_r = dwpe;
+        cpu().embedding_backward16(dwte.data(), dwpe.data(), dy.data(), t, tok.data(), B, T, C);
+        cpu().embedding_backward(dwte_r.data(), dwpe_r.data(), widen(dy, t).data(), tok.data(), B, T, C);
+        CHECK(same_bits(dwte, dwte_r));
+        CHECK(same_bits(dwpe, dwpe_r));
+      }
     }
   }
+  ops::set_num_threads(threads);
 }
 
 namespace {
@@ -228,13 +246,16 @@ struct Run {
 
 // `steps` steps of a small model (AdamW on the 16-bit parameters, no masters), native kernels on or off.
 // Checks on the way that the dry run predicts the measured peaks in this mode.
-Run train(const runner::ModelConfig& m, DType act, bool native, int steps) {
+// `grad` is the parameters' gradient dtype (precision.grad_accum): fp32 buffers are
+// accumulated into directly, 16-bit ones through the executor's widened fold.
+Run train(const runner::ModelConfig& m, DType act, bool native, int steps, DType grad = DType::F32) {
   ops::set_native16(native);
   ops::Backend& be = test_support::test_device();
   runner::GptSpec spec;
   spec.model = m;
   spec.B = 3;
   spec.act_dtype = act;
+  spec.grad_dtype = grad;
   ops::Graph g = runner::build_gpt_graph(spec);
   runner::ParamSet ps = runner::init_params(g, m, 11);
   ops::Executor ex(g, be);
@@ -290,6 +311,112 @@ TEST_CASE("native16: small models train bit for bit as on the widened path, in l
         CHECK(same_bits(on.grads[i], off.grads[i]));
       }
       CHECK(on.workspace_peak < off.workspace_peak);
+    }
+  }
+}
+
+// [i29: native16] The embedding reads its 16-bit tables as stored (OpDef::native16_stored): with
+// a large vocabulary the widened path's fp32 copy of wte (V x C x 4 bytes, made by every forward
+// and backward call) dominates the workspace. A first pipeline stage (embedding and blocks, no
+// head: a tied head on the sgemm path widens the same table for its own GEMM, which would set
+// the peak in both modes) trained 3 steps, native on and off: the same stage outputs and
+// gradients bit for bit, the dry run exact at every step in both modes, and no table-sized
+// fp32 buffer with native on (the blocks set that peak); the stage of the embedding alone
+// (layers [0, 0)) holds at least the widened table less. Also with 16-bit gradient buffers, whose
+// table gradient still goes through the executor's widened fold (a zeroed fp32 copy of dwte,
+// rounded into the buffer once), so that the peaks there differ by the forward's copy only.
+namespace {
+
+struct StageRun {
+  std::vector<std::vector<char>> outs;    // the stage output, per step, as stored
+  std::vector<std::vector<float>> grads;  // the last step's parameter gradients
+  size_t workspace_peak = 0;              // the largest step's
+};
+
+// The first stage's layers are [0, layers).
+StageRun train_first_stage(const runner::ModelConfig& m, DType act, DType grad, bool native, int steps,
+                           int64_t layers) {
+  ops::set_native16(native);
+  ops::Backend& be = test_support::test_device();
+  runner::GptSpec spec;
+  spec.model = m;
+  spec.B = 3;
+  spec.act_dtype = act;
+  spec.grad_dtype = grad;
+  spec.last_stage = false;
+  spec.last_layer = layers;
+  ops::Graph g = runner::build_gpt_graph(spec);
+  REQUIRE(g.stage_output >= 0);
+  runner::ParamSet ps = runner::init_params(g, m, 11);
+  ops::Executor ex(g, be);
+  runner::bind_params(ex, g, ps);
+  const ops::MemoryEstimate est = ops::Executor::simulate(g);
+  const ops::TensorDesc& od = g.tensors[static_cast<size_t>(g.stage_output)];
+  // The pipeline's buffers (outside the workspace account, as the pipeline's own are).
+  ops::Tensor out(od.shape, od.dtype, ops::Account::Communication), dout(od.shape, od.dtype, ops::Account::Communication);
+  std::vector<ops::Tensor> mom, vel;
+  for (auto& p : ps.values) {
+    mom.push_back(ops::Tensor::zeros(p.shape(), DType::F32, ops::Account::Optimizer));
+    vel.push_back(ops::Tensor::zeros(p.shape(), DType::F32, ops::Account::Optimizer));
+  }
+  auto& mt = ops::MemoryTracker::instance();
+  StageRun r;
+  for (int s = 0; s < steps; ++s) {
+    auto [tok, tgt] = test_support::random_tokens(spec.B * m.seq_len + s, m.vocab_size);
+    test_support::set_values(dout, rand_f(dout.numel(), 40 + s, 1e-2f));
+    for (auto& gr : ps.grads) be.mem_zero(gr.raw(), gr.nbytes());
+    const size_t ws0 = mt.current(ops::Account::Workspace);
+    mt.reset_peaks();
+    ex.forward(tok.data() + s, nullptr, true, 100 + s, 0, nullptr, out.raw());
+    ex.backward(1.0f, dout.raw(), nullptr);
+    const size_t peak = mt.peak(ops::Account::Workspace) - ws0;
+    CHECK(peak == est.peak[static_cast<int>(ops::Account::Workspace)]);
+    r.workspace_peak = std::max(r.workspace_peak, peak);
+    r.outs.push_back(test_support::host_bytes(out));
+    ops::Backend::AdamwArgs args;  // the next step reads the updated 16-bit tables
+    args.lr = 1e-2f, args.beta1 = 0.9f, args.beta2 = 0.95f, args.eps = 1e-8f, args.t = s + 1;
+    for (size_t i = 0; i < ps.values.size(); ++i)
+      be.adamw_update_typed(ps.values[i].raw(), ps.values[i].dtype(), ps.grads[i].raw(), ps.grads[i].dtype(),
+                            nullptr, mom[i].data<float>(), vel[i].data<float>(), ps.values[i].numel(), args);
+  }
+  for (auto& t : ps.grads) r.grads.push_back(test_support::host_values(t));
+  ops::set_native16(true);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("native16: a large-vocabulary GPT reads its token table as stored") {
+  const int64_t V = 5000, C = 64;
+  const runner::ModelConfig m = test_support::small_model(V, 13, C, 4, 2);
+  const size_t table = static_cast<size_t>(V * C) * sizeof(float);
+  for (DType t : kTypes) {
+    for (DType grad : {DType::F32, t}) {
+      CAPTURE(std::string(ops::dtype_name(t)));
+      CAPTURE(std::string(ops::dtype_name(grad)));
+      for (int64_t layers : {int64_t{2}, int64_t{0}}) {
+        CAPTURE(layers);
+        const StageRun off = train_first_stage(m, t, grad, false, 3, layers),
+                       on = train_first_stage(m, t, grad, true, 3, layers);
+        REQUIRE(off.outs.size() == on.outs.size());
+        for (size_t s = 0; s < on.outs.size(); ++s) {
+          CAPTURE(s);
+          CHECK(same_bits(on.outs[s], off.outs[s]));
+        }
+        REQUIRE(on.grads.size() == off.grads.size());
+        for (size_t i = 0; i < on.grads.size(); ++i) {
+          CAPTURE(i);
+          CHECK(same_bits(on.grads[i], off.grads[i]));
+        }
+        CAPTURE(on.workspace_peak);
+        CAPTURE(off.workspace_peak);
+        if (layers == 0) {  // the embedding alone: its copies are the whole difference
+          CHECK(on.workspace_peak + table <= off.workspace_peak);
+        } else {  // with fp32 gradients no table-sized buffer at all; the blocks may set the native peak
+          CHECK(off.workspace_peak >= table);
+          if (grad == DType::F32) CHECK(on.workspace_peak < table);
+        }
+      }
     }
   }
 }

@@ -668,7 +668,7 @@ std::vector<KernelCase> kv_cache_cases() {
 }
 
 // [i29: native16] The 16-bit-native kernels, in bf16 and fp16 (16-bit activations, fp32
-// parameters and statistics).
+// parameters and statistics, except the embedding's tables, read as stored in 16 bits).
 std::vector<KernelCase> native16_cases() {
   std::vector<KernelCase> cs;
   const ops::DropoutSpec drop{0.2f, 1234, 77};
@@ -734,9 +734,9 @@ std::vector<KernelCase> native16_cases() {
                     return 0.0;
                   }});
     cs.push_back({"embedding_forward16", "embedding_forward16" + tag,
-                  {{N * C, t}, {N, DType::I32, 0, V - 0.01f}, {V * C, DType::F32}, {T * C, DType::F32}},
+                  {{N * C, t}, {N, DType::I32, 0, V - 0.01f}, {V * C, t}, {T * C, t}},  // tables stored in t
                   [=](Backend& be, const auto& p) {
-                    be.embedding_forward16(p[0], t, I(p, 1), F(p, 2), F(p, 3), B, T, C);
+                    be.embedding_forward16(p[0], t, I(p, 1), p[2], p[3], B, T, C);
                     return 0.0;
                   }});
     cs.push_back({"embedding_backward16", "embedding_backward16" + tag,

@@ -905,7 +905,7 @@ class CpuBackend final : public Backend {
   // [i29: native16] The 16-bit-native kernels (ops/cpu/native16.h): this backend's fp32
   // kernels on widened tiles.
   bool native16_available(DType t) override { return t == DType::BF16 || t == DType::F16; }
-  void embedding_forward16(void* out, DType t, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) override {
+  void embedding_forward16(void* out, DType t, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C) override {
     native16::embedding_forward(*this, out, t, tokens, wte, wpe, B, T, C);
   }
   void embedding_backward16(float* dwte, float* dwpe, const void* dout, DType t, const int32_t* tokens, int B, int T, int C) override {

@@ -269,16 +269,36 @@ void rmsnorm_backward(Backend& be, void* dinp, float* dweight, const void* dout,
   });
 }
 
-// Tiles of rows that never cross a sequence: a tile starting at position t0 is handed to the
-// fp32 kernel as one sequence of `rows` tokens with wpe (or dwpe) starting at row t0, so that
-// its row k reads position t0 + k as the untiled kernel's row does.
-void embedding_forward(Backend& be, void* out, DType t, const int32_t* tokens, const float* wte, const float* wpe,
+// Tiles of rows that never cross a sequence, as the widened path's kernel sees them: the
+// table is stored in t and never widened whole (for GPT-2's 50257 x 768 wte that copy was a
+// 147 MiB write and read per call). A tile widens only the rows it reads: wpe's rows t0 ..
+// t0 + rows - 1 (one contiguous run, positions of one sequence) and each token's wte row,
+// straight into the output tile, then adds in fp32 and rounds once. Widening is exact, so the
+// tile holds the fp32 kernel's w + p (or w, or p, or 0: a token outside [0, V) has no row, as
+// wte_row says), and the result is bit-identical to the widened path's.
+void embedding_forward(Backend&, void* out, DType t, const int32_t* tokens, const void* wte, const void* wpe,
                        int B, int T, int C) {
   const int64_t tr = std::min<int64_t>(tile_rows(C), T), per = (T + tr - 1) / tr;
   cpu::parallel_blocks(static_cast<int64_t>(B) * per, 1, [&](int64_t i, int64_t, int) {
     const int64_t t0 = (i % per) * tr, rows = std::min<int64_t>(tr, T - t0), r0 = (i / per) * T + t0;
     float* y = buf(0, rows * C);
-    be.embedding_forward(y, tokens + r0, wte, wpe ? wpe + t0 * C : nullptr, 1, static_cast<int>(rows), C);
+    const float* p = wpe ? widen(1, wpe, t, t0 * C, rows * C) : nullptr;
+    for (int64_t k = 0; k < rows; ++k) {
+      float* o = y + k * C;
+      const float* pk = p ? p + k * C : nullptr;
+      const int32_t tok = tokens[r0 + k];
+      if (tok >= 0) {
+        tile_to_f32(o, at(wte, static_cast<int64_t>(tok) * C), t, C);
+        if (pk) {
+#pragma omp simd
+          for (int64_t j = 0; j < C; ++j) o[j] += pk[j];
+        }
+      } else if (pk) {
+        std::copy(pk, pk + C, o);
+      } else {
+        std::fill(o, o + C, 0.0f);
+      }
+    }
     round_out(out, t, r0 * C, y, rows * C);
   });
 }

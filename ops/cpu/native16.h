@@ -26,7 +26,7 @@
 
 namespace ops::native16 {
 
-void embedding_forward(Backend& be, void* out, DType t, const int32_t* tokens, const float* wte, const float* wpe,
+void embedding_forward(Backend& be, void* out, DType t, const int32_t* tokens, const void* wte, const void* wpe,
                        int B, int T, int C);
 void embedding_backward(Backend& be, float* dwte, float* dwpe, const void* dout, DType t, const int32_t* tokens,
                         int B, int T, int C);

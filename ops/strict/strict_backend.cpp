@@ -220,7 +220,7 @@ class StrictBackend final : public Backend {
   bool matmul16_available(DType t) override { return cpu_.matmul16_available(t); }
   // [i29: native16] The CPU backend's 16-bit-native kernels, queued on device memory.
   bool native16_available(DType t) override { return cpu_.native16_available(t); }
-  void embedding_forward16(void* out, DType t, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) override {
+  void embedding_forward16(void* out, DType t, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C) override {
     submit([this, out = dev(out), t, tokens = dev(tokens), wte = dev(wte), wpe = dev(wpe), B, T, C] { cpu_.embedding_forward16(out, t, tokens, wte, wpe, B, T, C); });
   }
   void embedding_backward16(float* dwte, float* dwpe, const void* dout, DType t, const int32_t* tokens, int B, int T, int C) override {
