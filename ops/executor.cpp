@@ -300,7 +300,14 @@ struct Executor::Impl {
   // gradient buffer in that buffer's dtype.
   void kernel_backward(const Node& n, float dloss) {
     const OpDef& op = op_def(n.kind);
-    if (!op.seeds_backward && !glive[n.out[0]]) return;
+    // [i29: fused] A node that reads both outputs' gradients runs when either is live; the
+    // other is then a zeroed buffer (grad()), counted in the dry run as in the real run.
+    const bool dout1 = op.reads_dout1 && n.out.size() > 1;
+    if (!op.seeds_backward && !glive[n.out[0]] && !(dout1 && glive[n.out[1]])) return;
+    if (dout1) {
+      grad(n.out[0]);
+      grad(n.out[1]);
+    }
     const bool native = native16_call(n);  // activation gradients accumulated in place, in 16 bits
     Operands din{};
     std::array<int, kMaxOperands> fold;
@@ -339,6 +346,11 @@ struct Executor::Impl {
       void* raw = dry() ? nullptr : grads[n.out[0]].raw();
       dout = static_cast<const float*>(raw_outs ? raw : readable(g.tensors[n.out[0]], raw, true));
     }
+    const float* dout_1 = nullptr;
+    if (dout1) {
+      void* raw = dry() ? nullptr : grads[n.out[1]].raw();
+      dout_1 = static_cast<const float*>(raw_outs ? raw : readable(g.tensors[n.out[1]], raw, true));
+    }
     count_scratch(n, true);
     if (!dry()) {
       OpContext c = context(n, ins);
@@ -347,6 +359,7 @@ struct Executor::Impl {
       c.outs = outv;
       c.dins = din;
       c.dout = dout;
+      c.dout1 = dout_1;
       // [i29: fused] d(out[0]) is this node's to overwrite: the executor's own buffer (or an
       // fp32 copy of a 16-bit one), released right after this call.
       if (op.consumes_dout && !stored) c.dout_own = const_cast<float*>(dout);
