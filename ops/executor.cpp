@@ -394,8 +394,10 @@ struct Executor::Impl {
     kernel_forward(n, outs, native);
     finish_outputs(n, outs, storage, native);
     release_wide();
-    if (!dry() && stage_out && g.stage_output >= 0 && n.out[0] == g.stage_output)
-      be->copy(stage_out, vals[n.out[0]].raw(), g.tensors[g.stage_output].nbytes());
+    // The stage output may be any output of its node (a fused add + norm's normalized out[1]
+    // in tests/test_ops_table.cpp's one-node graph).
+    for (int o : n.out)
+      if (!dry() && stage_out && o == g.stage_output) be->copy(stage_out, vals[o].raw(), g.tensors[o].nbytes());
     auto& p = prof[static_cast<int>(n.kind)];
     if (!dev_times.end(ev)) p.forward_ms += ms_since(t0);
     traced(i, 'f', t0);
