@@ -1,5 +1,6 @@
 // Fused operators (issue 29, ops/op_fused.cpp): LinearGelu, the MLP's fc Linear and its GELU
-// in one node. What fusing must not change, checked bit for bit (the fused kernels run the
+// in one node; and, in the second half, AddLayerNorm / AddRMSNorm, the block's first residual
+// add and its second norm in one node. What fusing must not change, checked bit for bit (the fused kernels run the
 // unfused pair's operations in the same order, so equality is exact, not a tolerance):
 //   1. the kernels against the unfused pair (matmul + gelu), forward and backward;
 //   2. the backward at 1, 2 and 3 threads (the bias gradient is a reduction over rows);
