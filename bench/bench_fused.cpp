@@ -8,6 +8,7 @@
 //   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE build/bench_fused [--quick | --reps N]
 // Each number is the best of several repetitions after one warm-up (the least noisy estimate
 // on a shared machine), the two paths timed alternately; the ratio is fused / unfused.
+// Then the residual add + norm (AddLayerNorm, AddRMSNorm) at GPT-2's width, fp32 and bf16.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -82,6 +83,69 @@ void bench_shape(ops::Backend& be, const Shape& s) {
               bf * 1e3, bf / bu);
 }
 
+// [i29: fused] The residual add and the norm of its sum (AddLayerNorm / AddRMSNorm) against the
+// unfused Add + norm, at GPT-2's width (N rows x C), activations in t (F32, or BF16 through the
+// 16-bit-native kernels). Each path runs what its executor nodes run: unfused, add_forward then
+// the norm's forward; backward, the norm's backward accumulating into d(sum) then d(sum) added
+// into d(a) and d(b); fused, the two add_*norm calls. The executor's zeroing of d(a) and d(b)
+// is the same for both and left out (so repetitions keep accumulating: the work is the same).
+void bench_add_norm(ops::Backend& be, int N, int C, bool rms, ops::DType t, const char* what) {
+  const size_t n = size_t(N) * C, es = t == ops::DType::F32 ? 4 : 2;
+  auto stored = [&](const std::vector<float>& v) {
+    std::vector<char> b(v.size() * es);
+    be.convert(b.data(), t, v.data(), ops::DType::F32, static_cast<int64_t>(v.size()));
+    return b;
+  };
+  std::vector<char> a = stored(randn(n, 11)), b = stored(randn(n, 12)), dy = stored(randn(n, 13)),
+                    ds = stored(randn(n, 14)), da = stored(std::vector<float>(n, 0.0f)), db = da, sum = da, y = da;
+  const std::vector<float> w = randn(C, 15, 0.1f), bias = randn(C, 16, 0.1f);
+  std::vector<float> mean(N), rstd(N), dw(C), dbias(C);
+  const bool f32 = t == ops::DType::F32;
+  const auto [fu, ff] = best_pair(
+      [&] {
+        if (f32) be.add_forward(reinterpret_cast<float*>(sum.data()), reinterpret_cast<const float*>(a.data()),
+                                reinterpret_cast<const float*>(b.data()), static_cast<int64_t>(n));
+        else be.add_forward16(sum.data(), a.data(), b.data(), t, static_cast<int64_t>(n));
+        if (rms && f32) be.rmsnorm_forward(reinterpret_cast<float*>(y.data()), rstd.data(),
+                                           reinterpret_cast<const float*>(sum.data()), w.data(), N, C, 1e-5f);
+        else if (rms) be.rmsnorm_forward16(y.data(), rstd.data(), sum.data(), w.data(), t, N, C, 1e-5f);
+        else if (f32) be.layernorm_forward(reinterpret_cast<float*>(y.data()), mean.data(), rstd.data(),
+                                           reinterpret_cast<const float*>(sum.data()), w.data(), bias.data(), N, C, 1e-5f);
+        else be.layernorm_forward16(y.data(), mean.data(), rstd.data(), sum.data(), w.data(), bias.data(), t, N, C, 1e-5f);
+      },
+      [&] {
+        if (rms) be.add_rmsnorm_forward(sum.data(), y.data(), rstd.data(), a.data(), b.data(), w.data(), t, N, C, 1e-5f);
+        else be.add_layernorm_forward(sum.data(), y.data(), mean.data(), rstd.data(), a.data(), b.data(), w.data(),
+                                      bias.data(), t, N, C, 1e-5f);
+      });
+  const auto [bu, bf] = best_pair(
+      [&] {
+        if (rms && f32) be.rmsnorm_backward(reinterpret_cast<float*>(ds.data()), dw.data(),
+                                            reinterpret_cast<const float*>(dy.data()),
+                                            reinterpret_cast<const float*>(sum.data()), w.data(), rstd.data(), N, C);
+        else if (rms) be.rmsnorm_backward16(ds.data(), dw.data(), dy.data(), sum.data(), w.data(), rstd.data(), t, N, C);
+        else if (f32) be.layernorm_backward(reinterpret_cast<float*>(ds.data()), dw.data(), dbias.data(),
+                                            reinterpret_cast<const float*>(dy.data()),
+                                            reinterpret_cast<const float*>(sum.data()), w.data(), mean.data(),
+                                            rstd.data(), N, C);
+        else be.layernorm_backward16(ds.data(), dw.data(), dbias.data(), dy.data(), sum.data(), w.data(), mean.data(),
+                                     rstd.data(), t, N, C);
+        for (std::vector<char>* d : {&da, &db}) {
+          if (f32) be.add_inplace(reinterpret_cast<float*>(d->data()), reinterpret_cast<const float*>(ds.data()),
+                                  static_cast<int64_t>(n));
+          else be.add_inplace16(d->data(), ds.data(), t, static_cast<int64_t>(n));
+        }
+      },
+      [&] {
+        if (rms) be.add_rmsnorm_backward(da.data(), db.data(), dw.data(), ds.data(), dy.data(), sum.data(), w.data(),
+                                         rstd.data(), t, N, C);
+        else be.add_layernorm_backward(da.data(), db.data(), dw.data(), dbias.data(), ds.data(), dy.data(),
+                                       sum.data(), w.data(), mean.data(), rstd.data(), t, N, C);
+      });
+  std::printf("%-30s %9.3f %9.3f %7.3fx   %9.3f %9.3f %7.3fx\n", what, fu * 1e3, ff * 1e3, ff / fu, bu * 1e3,
+              bf * 1e3, bf / bu);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -98,5 +162,13 @@ int main(int argc, char** argv) {
                          Shape{256, 768, 3072, "gpt2 fused_runs 256x768->3072"},
                          Shape{2048, 192, 768, "small 2048x192->768"}})
     bench_shape(be, s);
+  std::printf("\nresidual add + norm, fused (add_layernorm / add_rmsnorm) vs unfused, ms (best of %d), %d threads\n",
+              g_reps, ops::num_threads());
+  std::printf("%-30s %9s %9s %8s   %9s %9s %8s\n", "shape (N x C), activations", "fwd", "fwd fused", "ratio", "bwd",
+              "bwd fused", "ratio");
+  bench_add_norm(be, 1024, 768, false, ops::DType::F32, "layernorm 1024x768 fp32");
+  bench_add_norm(be, 1024, 768, false, ops::DType::BF16, "layernorm 1024x768 bf16");
+  bench_add_norm(be, 1024, 768, true, ops::DType::F32, "rmsnorm 1024x768 fp32");
+  bench_add_norm(be, 1024, 768, true, ops::DType::BF16, "rmsnorm 1024x768 bf16");
   return 0;
 }

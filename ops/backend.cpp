@@ -157,6 +157,61 @@ void Backend::adamw_update_zero_grad(void* param, DType pt, void* grad, DType gt
 
 // [i29: native16] No 16-bit-native kernels by default (native16_available is false, so the
 // executor never calls these on such a backend).
+// [i29: fused] AddNorm's composed defaults (backend.h): the unfused Add and norm calls in the
+// executor's order, so any backend that has those has these, and the CPU's fused kernels must
+// equal them bit for bit. F32 runs the fp32 kernels, BF16/F16 the 16-bit-native ones.
+void Backend::add_layernorm_forward(void* sum, void* out, float* mean, float* rstd, const void* a, const void* b,
+                                    const float* weight, const float* bias, DType t, int N, int C, float eps) {
+  const int64_t n = static_cast<int64_t>(N) * C;
+  if (t == DType::F32) {
+    add_forward(static_cast<float*>(sum), static_cast<const float*>(a), static_cast<const float*>(b), n);
+    layernorm_forward(static_cast<float*>(out), mean, rstd, static_cast<const float*>(sum), weight, bias, N, C, eps);
+    return;
+  }
+  add_forward16(sum, a, b, t, n);
+  layernorm_forward16(out, mean, rstd, sum, weight, bias, t, N, C, eps);
+}
+void Backend::add_layernorm_backward(void* da, void* db, float* dweight, float* dbias, void* dsum, const void* dout,
+                                     const void* sum, const float* weight, const float* mean, const float* rstd,
+                                     DType t, int N, int C) {
+  const int64_t n = static_cast<int64_t>(N) * C;
+  if (t == DType::F32) {
+    layernorm_backward(static_cast<float*>(dsum), dweight, dbias, static_cast<const float*>(dout),
+                       static_cast<const float*>(sum), weight, mean, rstd, N, C);
+    for (void* d : {da, db})
+      if (d) add_inplace(static_cast<float*>(d), static_cast<const float*>(dsum), n);
+    return;
+  }
+  layernorm_backward16(dsum, dweight, dbias, dout, sum, weight, mean, rstd, t, N, C);
+  for (void* d : {da, db})
+    if (d) add_inplace16(d, dsum, t, n);
+}
+void Backend::add_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a, const void* b,
+                                  const float* weight, DType t, int N, int C, float eps) {
+  const int64_t n = static_cast<int64_t>(N) * C;
+  if (t == DType::F32) {
+    add_forward(static_cast<float*>(sum), static_cast<const float*>(a), static_cast<const float*>(b), n);
+    rmsnorm_forward(static_cast<float*>(out), rstd, static_cast<const float*>(sum), weight, N, C, eps);
+    return;
+  }
+  add_forward16(sum, a, b, t, n);
+  rmsnorm_forward16(out, rstd, sum, weight, t, N, C, eps);
+}
+void Backend::add_rmsnorm_backward(void* da, void* db, float* dweight, void* dsum, const void* dout, const void* sum,
+                                   const float* weight, const float* rstd, DType t, int N, int C) {
+  const int64_t n = static_cast<int64_t>(N) * C;
+  if (t == DType::F32) {
+    rmsnorm_backward(static_cast<float*>(dsum), dweight, static_cast<const float*>(dout),
+                     static_cast<const float*>(sum), weight, rstd, N, C);
+    for (void* d : {da, db})
+      if (d) add_inplace(static_cast<float*>(d), static_cast<const float*>(dsum), n);
+    return;
+  }
+  rmsnorm_backward16(dsum, dweight, dout, sum, weight, rstd, t, N, C);
+  for (void* d : {da, db})
+    if (d) add_inplace16(d, dsum, t, n);
+}
+
 namespace {
 [[noreturn]] void no_native16(const Backend& be, const char* what) {
   throw std::logic_error(std::string(be.name()) + " backend: no 16-bit-native " + what);

@@ -18,7 +18,8 @@
 //   xent_shard_backward     (the vocabulary-parallel one)
 // A null gradient pointer means "not needed": skip that work. [i29: fused] One kernel writes
 // over an input: linear_gelu_backward turns its d(out) into d(pre) in place (the caller's
-// d(out) is dead after it; ops/ops.h, OpDef::consumes_dout).
+// d(out) is dead after it; ops/ops.h, OpDef::consumes_dout), and add_layernorm_backward /
+// add_rmsnorm_backward turn their d(sum) into the total d(sum) in place the same way.
 #pragma once
 #include <cstdint>
 #include <stdexcept>
@@ -336,6 +337,26 @@ class Backend {
   // buffer the ledger does not count: a backend overrides it (the CPU's, the strict device's).
   virtual void linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre,
                                     const float* inp, const float* weight, int N, int C, int OC);
+
+  // [i29: fused] A residual add and the norm of its sum in one call (AddNorm, ops/op_fused.cpp).
+  // Activations (a, b, sum, out and their gradients) are stored in t: F32, or BF16/F16 as on
+  // the 16-bit-native path (native16_available(t)); weight, bias, their gradients, mean and
+  // rstd are fp32 as always. sum (N,C) = a + b (rounded to t), out (N,C) = the norm of the
+  // stored (rounded) sum, mean/rstd (N) saved: the bits of add_forward then layernorm_forward
+  // (or their *16 forms). Backward: dsum (N,C) holds d(sum) from downstream on entry and the
+  // total d(sum) + norm-backward(dout) on return (OVERWRITTEN in place: the caller's buffer is
+  // dead after the call); da, db (N,C) += that total (null: skip); dweight, dbias +=. The bits
+  // of layernorm_backward accumulating into dsum then two add_inplace (or their *16 forms).
+  // These host defaults are those compositions; the CPU fuses them into one pass over rows.
+  virtual void add_layernorm_forward(void* sum, void* out, float* mean, float* rstd, const void* a, const void* b,
+                                     const float* weight, const float* bias, DType t, int N, int C, float eps);
+  virtual void add_layernorm_backward(void* da, void* db, float* dweight, float* dbias, void* dsum, const void* dout,
+                                      const void* sum, const float* weight, const float* mean, const float* rstd,
+                                      DType t, int N, int C);
+  virtual void add_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a, const void* b,
+                                   const float* weight, DType t, int N, int C, float eps);
+  virtual void add_rmsnorm_backward(void* da, void* db, float* dweight, void* dsum, const void* dout, const void* sum,
+                                    const float* weight, const float* rstd, DType t, int N, int C);
 
   // SwiGLU: inp (N, 2H) = [gate | up]; out (N,H) = silu(gate) * up.
   virtual void swiglu_forward(float* out, const float* inp, int N, int H) = 0;

@@ -309,7 +309,14 @@ struct Executor::Impl {
   // gradient buffer in that buffer's dtype.
   void kernel_backward(const Node& n, float dloss) {
     const OpDef& op = op_def(n.kind);
-    if (!op.seeds_backward && !glive[n.out[0]]) return;
+    // [i29: fused] A node that reads both outputs' gradients runs when either is live; the
+    // other is then a zeroed buffer (grad()), counted in the dry run as in the real run.
+    const bool dout1 = op.reads_dout1 && n.out.size() > 1;
+    if (!op.seeds_backward && !glive[n.out[0]] && !(dout1 && glive[n.out[1]])) return;
+    if (dout1) {
+      grad(n.out[0]);
+      grad(n.out[1]);
+    }
     const bool native = native16_call(n);  // activation gradients accumulated in place, in 16 bits
     Operands din{};
     std::array<int, kMaxOperands> fold;
@@ -348,6 +355,11 @@ struct Executor::Impl {
       void* raw = dry() ? nullptr : grads[n.out[0]].raw();
       dout = static_cast<const float*>(raw_outs ? raw : readable(g.tensors[n.out[0]], raw, true));
     }
+    const float* dout_1 = nullptr;
+    if (dout1) {
+      void* raw = dry() ? nullptr : grads[n.out[1]].raw();
+      dout_1 = static_cast<const float*>(raw_outs ? raw : readable(g.tensors[n.out[1]], raw, true));
+    }
     count_scratch(n, true);
     if (!dry()) {
       OpContext c = context(n, ins);
@@ -356,6 +368,7 @@ struct Executor::Impl {
       c.outs = outv;
       c.dins = din;
       c.dout = dout;
+      c.dout1 = dout_1;
       // [i29: fused] d(out[0]) is this node's to overwrite: the executor's own buffer (or an
       // fp32 copy of a 16-bit one), released right after this call.
       if (op.consumes_dout && !stored) c.dout_own = const_cast<float*>(dout);
@@ -390,8 +403,10 @@ struct Executor::Impl {
     kernel_forward(n, outs, native);
     finish_outputs(n, outs, storage, native);
     release_wide();
-    if (!dry() && stage_out && g.stage_output >= 0 && n.out[0] == g.stage_output)
-      be->copy(stage_out, vals[n.out[0]].raw(), g.tensors[g.stage_output].nbytes());
+    // The stage output may be any output of its node (a fused add + norm's normalized out[1]
+    // in tests/test_ops_table.cpp's one-node graph).
+    for (int o : n.out)
+      if (!dry() && stage_out && o == g.stage_output) be->copy(stage_out, vals[o].raw(), g.tensors[o].nbytes());
     auto& p = prof[static_cast<int>(n.kind)];
     if (!dev_times.end(ev)) p.forward_ms += ms_since(t0);
     traced(i, 'f', t0);

@@ -24,9 +24,11 @@
 namespace ops {
 
 // One OpDef per kind (ops/ops.h: its forward, backward, saves and scratch), in this order.
-// LinearGelu (issue 29) is Linear + Gelu fused (the MLP's fc and its activation, ops/op_fused.cpp).
+// LinearGelu (issue 29) is Linear + Gelu fused (the MLP's fc and its activation, ops/op_fused.cpp);
+// AddLayerNorm and AddRMSNorm (issue 29) are a residual Add and the norm that reads its sum.
 enum class OpKind : uint8_t {
-  Embedding, LayerNorm, RMSNorm, Linear, Rope, Attention, Gelu, SwiGLU, Add, Dropout, SoftmaxXent, LinearGelu, Count
+  Embedding, LayerNorm, RMSNorm, Linear, Rope, Attention, Gelu, SwiGLU, Add, Dropout, SoftmaxXent, LinearGelu,
+  AddLayerNorm, AddRMSNorm, Count
 };
 constexpr int kOpKinds = static_cast<int>(OpKind::Count);
 const char* op_name(OpKind k);

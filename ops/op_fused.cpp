@@ -16,6 +16,24 @@
 // (runner/model/gpt.cpp, recipe key model.fuse): a 16-bit pre would be rounded before the
 // unfused GELU reads it, and the 16-bit GEMMs and sequence parallelism's collectives live in
 // the unfused Linear. Column tensor parallelism is supported (d(x) all-reduced, Megatron's f).
+//
+// AddLayerNorm, AddRMSNorm: a residual Add and the norm that reads its sum, in one node.
+//   in: a (N,C), b (N,C), weight (C), bias (C) (LayerNorm, optional).
+//   out: sum (N,C) = a + b (the residual stream: the next residual add reads it), y (N,C) = the
+//   norm of sum, then the norm's statistics: mean (N), rstd (N) (LayerNorm) or rstd (N).
+//   saves sum, weight and the statistics: what the unfused norm saves (the Add saves nothing).
+// Forward: one pass over rows adds a and b, stores the sum (rounded to its dtype) and norms
+// the stored sum, as the unfused norm reads it. Backward: both outputs have readers, so the
+// node reads both gradients (OpDef::reads_dout1): the norm's backward adds into d(sum) in place
+// (OpDef::consumes_dout: d(sum) is dead after this node; unfused, the norm accumulates into the
+// same buffer) and the total is added into d(a) and d(b), in one pass over rows. Bit-identical
+// to the unfused Add + norm in fp32 and, on the 16-bit-native path, in bf16 and fp16
+// (tests/test_ops_fused.cpp).
+//
+// The builder (runner/model/gpt.cpp) emits it for the block's first residual add and the
+// second norm, without tensor or sequence parallelism, with fp32 activations or 16-bit ones on
+// the native path (a 16-bit sum widened by the executor would reach the kernel unrounded), and
+// only where the layer's recompute set treats the residual and norm modules alike.
 #include <stdexcept>
 
 #include "ops/ops.h"
@@ -62,10 +80,73 @@ void backward(OpContext& c) {
 }
 
 }  // namespace linear_gelu
+
+namespace add_norm {
+
+// What the fused node does not do: tensor parallelism (none of its tensors is sharded; the
+// builder keeps tp and sp graphs unfused) and the widened 16-bit path, where the executor
+// would hand the kernel fp32 copies and the sum would be normed before its rounding.
+void refuse_unfusable(const OpContext& c) {
+  const Node& n = c.n;
+  if (n.tp != TpMode::None || n.gather_input || n.scatter_output)
+    throw std::logic_error("node " + n.name + " (" + op_name(n.kind) + "): no tensor or sequence parallelism; "
+                           "the builder keeps those graphs' add + norm unfused");
+  if (!c.native16 && c.out_desc(0).dtype != DType::F32)
+    throw std::logic_error("node " + n.name + " (" + op_name(n.kind) + "): 16-bit activations only on the "
+                           "16-bit-native path (RUNNER_NATIVE16, a backend with native16_available); the builder "
+                           "keeps the pair unfused elsewhere");
+}
+DType dtype_of(const OpContext& c) { return c.native16 ? c.dtype16() : DType::F32; }
+int rows(const OpContext& c) { return static_cast<int>(rows_of(c.in_desc(0))); }
+int width(const OpContext& c) { return static_cast<int>(c.in_desc(0).shape.back()); }
+// The backward's d(sum) (written over) and d(y): the executor's buffers, or fp32 copies.
+void* dsum_of(const OpContext& c) {
+  if (!c.dout_own || !c.dout1) throw std::logic_error("node " + c.n.name + ": add + norm's backward needs both outputs' gradients");
+  return c.dout_own;
+}
+
+std::vector<int> saves_layernorm(const Node& n) { return {n.out[0], n.in[2], n.out[2], n.out[3]}; }  // sum, w, mean, rstd
+std::vector<int> saves_rmsnorm(const Node& n) { return {n.out[0], n.in[2], n.out[2]}; }               // sum, w, rstd
+
+void forward_layernorm(OpContext& c) {
+  refuse_unfusable(c);
+  c.be.add_layernorm_forward(c.outs[0], c.outs[1], c.out(2), c.out(3), c.ins[0], c.ins[1], c.in(2), c.in(3),
+                             dtype_of(c), rows(c), width(c), c.n.eps);
+}
+void backward_layernorm(OpContext& c) {
+  refuse_unfusable(c);
+  c.be.add_layernorm_backward(c.dins[0], c.dins[1], c.din(2), c.din(3), dsum_of(c), c.dout1, c.outs[0], c.in(2),
+                              c.out(2), c.out(3), dtype_of(c), rows(c), width(c));
+}
+void forward_rmsnorm(OpContext& c) {
+  refuse_unfusable(c);
+  c.be.add_rmsnorm_forward(c.outs[0], c.outs[1], c.out(2), c.ins[0], c.ins[1], c.in(2), dtype_of(c), rows(c),
+                           width(c), c.n.eps);
+}
+void backward_rmsnorm(OpContext& c) {
+  refuse_unfusable(c);
+  c.be.add_rmsnorm_backward(c.dins[0], c.dins[1], c.din(2), dsum_of(c), c.dout1, c.outs[0], c.in(2), c.out(2),
+                            dtype_of(c), rows(c), width(c));
+}
+
+}  // namespace add_norm
 }  // namespace
 
 constinit const OpDef kLinearGeluOp{.kind = OpKind::LinearGelu, .name = "linear_gelu", .saves = linear_gelu::saves,
                                     .scratch = nullptr, .forward = linear_gelu::forward,
                                     .backward = linear_gelu::backward, .consumes_dout = true};
 
+}  // namespace ops
+
+namespace ops {
+constinit const OpDef kAddLayerNormOp{.kind = OpKind::AddLayerNorm, .name = "add_layernorm",
+                                      .saves = add_norm::saves_layernorm, .scratch = nullptr,
+                                      .forward = add_norm::forward_layernorm, .backward = add_norm::backward_layernorm,
+                                      .consumes_dout = true, .reads_dout1 = true, .native16 = true,
+                                      .native16_params = 0b1100};
+constinit const OpDef kAddRMSNormOp{.kind = OpKind::AddRMSNorm, .name = "add_rmsnorm",
+                                    .saves = add_norm::saves_rmsnorm, .scratch = nullptr,
+                                    .forward = add_norm::forward_rmsnorm, .backward = add_norm::backward_rmsnorm,
+                                    .consumes_dout = true, .reads_dout1 = true, .native16 = true,
+                                    .native16_params = 0b100};
 }  // namespace ops

@@ -7,7 +7,8 @@
 //   op_attention.cpp  Rope, Attention
 //   op_pointwise.cpp  Gelu, SwiGLU, Add, Dropout
 //   op_loss.cpp       SoftmaxXent (vocabulary-parallel)
-//   op_fused.cpp      LinearGelu (Linear + bias + GELU in one node, fp32, no sequence parallelism)
+//   op_fused.cpp      LinearGelu (Linear + bias + GELU in one node, fp32, no sequence parallelism),
+//                     AddLayerNorm, AddRMSNorm (a residual Add and the norm of its sum in one node)
 // and gathered in kOpTable below, indexed by OpKind, which Graph::add_node (saves) and the
 // Executor (everything else) consult. Neither has a per-kind switch.
 //
@@ -60,6 +61,7 @@ struct OpContext {
   const float* dout = nullptr;   // gradient of out[0] (null for a kind that seeds the backward)
   float dloss = 0.0f;            // d(total loss)/d(each position's loss)
   float* dout_own = nullptr;     // [i29: fused] dout, writable: set only for OpDef::consumes_dout
+  const float* dout1 = nullptr;  // [i29: fused] gradient of out[1]: set only for OpDef::reads_dout1
   // The call reads its operands as stored (OpDef::reads16 said so): ins, the backward's outs
   // and dout point at the tensors' own dtype (16 bits), not at fp32 copies. Forward outputs
   // and input gradients are fp32 buffers as always.
@@ -140,6 +142,11 @@ struct OpDef {
   // or is an fp32 copy made for the call), so a fused backward can turn d(out) into the
   // gradient of an inner value in place instead of allocating a second buffer of its size.
   bool consumes_dout = false;
+  // [i29: fused] The backward also reads the gradient of out[1] (OpContext::dout1): a node
+  // whose two outputs both have readers downstream (AddNorm: the residual sum and its norm).
+  // The executor runs its backward when either gradient is live and hands it both (a missing
+  // one as a zeroed buffer), as the same dtype and layout as dout.
+  bool reads_dout1 = false;
   // [i29: native16] The kernels accept 16-bit activations as stored (Backend's *16 entry
   // points): where the executor finds the call eligible (OpContext::native16) it neither widens
   // the activations nor rounds the outputs, and no fp32 copy of them exists.
@@ -173,13 +180,14 @@ extern const OpDef kLinearOp;                                        // op_linea
 extern const OpDef kRopeOp, kAttentionOp;                            // op_attention.cpp
 extern const OpDef kGeluOp, kSwiGLUOp, kAddOp, kDropoutOp;           // op_pointwise.cpp
 extern const OpDef kSoftmaxXentOp;                                   // op_loss.cpp
-extern const OpDef kLinearGeluOp;                                    // op_fused.cpp
+extern const OpDef kLinearGeluOp, kAddLayerNormOp, kAddRMSNormOp;    // op_fused.cpp
 
 // The table, in OpKind order (a missing entry fails to compile; tests/test_ops_table.cpp
 // checks that each entry sits at its own kind's index).
 inline constexpr std::array<const OpDef*, kOpKinds> kOpTable = {
     &kEmbeddingOp, &kLayerNormOp, &kRMSNormOp, &kLinearOp, &kRopeOp, &kAttentionOp,
     &kGeluOp,      &kSwiGLUOp,    &kAddOp,     &kDropoutOp, &kSoftmaxXentOp, &kLinearGeluOp,
+    &kAddLayerNormOp, &kAddRMSNormOp,
 };
 
 constexpr bool every_kind_has_an_op() {

@@ -1,5 +1,6 @@
 // Fused operators (issue 29, ops/op_fused.cpp): LinearGelu, the MLP's fc Linear and its GELU
-// in one node. What fusing must not change, checked bit for bit (the fused kernels run the
+// in one node; and, in the second half, AddLayerNorm / AddRMSNorm, the block's first residual
+// add and its second norm in one node. What fusing must not change, checked bit for bit (the fused kernels run the
 // unfused pair's operations in the same order, so equality is exact, not a tolerance):
 //   1. the kernels against the unfused pair (matmul + gelu), forward and backward;
 //   2. the backward at 1, 2 and 3 threads (the bias gradient is a reduction over rows);
@@ -9,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -283,4 +285,337 @@ TEST_CASE("linear_gelu refuses 16-bit tensors (the builder keeps 16-bit fc + gel
   ex.bind_param(w, &wv, &wg);
   std::vector<uint16_t> in(12, 0), out(20, 0);
   CHECK_THROWS_AS(ex.forward(nullptr, nullptr, true, 1, 0, in.data(), out.data()), std::logic_error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// AddLayerNorm, AddRMSNorm (issue 29): the block's first residual add and its second norm in
+// one node. The same promises, bit for bit: the kernels against the unfused Add + norm calls
+// (fp32, and bf16 and fp16 on the 16-bit-native path, where the sum is rounded before the
+// norm reads it), at 1, 2 and 3 threads; and training with model.fuse on and off (GPT-style
+// LayerNorm and Llama-style RMSNorm models, fp32 and bf16), with and without recompute of the
+// norm and residual modules, the dry run equal to the measured peaks in each.
+
+namespace {
+
+using ops::DType;
+
+// An activation buffer of n values stored in t (fp32 values rounded to t when 16-bit).
+struct Act {
+  DType t;
+  std::vector<uint16_t> h;
+  Vec f;
+  Act(DType t_, const Vec& v) : t(t_) {
+    if (t == DType::F32) {
+      f = v;
+    } else {
+      h.resize(v.size());
+      ops::cpu_backend().convert(h.data(), t, v.data(), DType::F32, static_cast<int64_t>(v.size()));
+    }
+  }
+  void* p() { return t == DType::F32 ? static_cast<void*>(f.data()) : static_cast<void*>(h.data()); }
+  bool operator==(const Act& o) const {
+    return t == o.t && (t == DType::F32 ? same_bits(f, o.f) : h == o.h);
+  }
+};
+
+// One add + norm problem: a, b (N,C), weight and bias (C), d(y) and d(sum from downstream)
+// (N,C), and gradients that start non-zero (backwards accumulate), with signed zeros where
+// the unfused path's `0 +` matters.
+struct NormProblem {
+  int N, C;
+  bool rms, bias;
+  DType t;
+  Vec a, b, w, bi, dy, ds, da0, db0, dw0, dbi0;
+  NormProblem(int N_, int C_, bool rms_, bool bias_, DType t_) : N(N_), C(C_), rms(rms_), bias(bias_), t(t_) {
+    const size_t n = size_t(N) * C;
+    a = gc::randn(n, 21);
+    b = gc::randn(n, 22, 0.5f);
+    w = gc::randn(size_t(C), 23, 0.3f);
+    for (float& x : w) x += 1.0f;
+    bi = gc::randn(size_t(C), 24, 0.2f);
+    dy = gc::randn(n, 25);
+    ds = gc::randn(n, 26);
+    ds[3] = -0.0f;
+    dy[3] = 0.0f;
+    da0 = gc::randn(n, 27, 0.1f);
+    da0[3] = -0.0f;
+    db0 = gc::randn(n, 28, 0.1f);
+    dw0 = gc::randn(size_t(C), 29, 0.1f);
+    dbi0 = gc::randn(size_t(C), 30, 0.1f);
+  }
+};
+
+// Everything both paths produce.
+struct NormResult {
+  Act sum, y, dsum, da, db;
+  Vec mean, rstd, dw, dbi;
+};
+
+NormResult norm_run(const NormProblem& p, bool fused) {
+  ops::Backend& be = ops::cpu_backend();
+  const int64_t n = int64_t(p.N) * p.C;
+  Act a(p.t, p.a), b(p.t, p.b), dy(p.t, p.dy);
+  NormResult r{Act(p.t, Vec(size_t(n), 0.0f)), Act(p.t, Vec(size_t(n), 0.0f)), Act(p.t, p.ds), Act(p.t, p.da0),
+               Act(p.t, p.db0), Vec(size_t(p.N)), Vec(size_t(p.N)), p.dw0, p.dbi0};
+  const float* bias = p.bias ? p.bi.data() : nullptr;
+  float* dbias = p.bias ? r.dbi.data() : nullptr;
+  const float eps = 1e-5f;
+  if (fused) {
+    if (p.rms) {
+      be.add_rmsnorm_forward(r.sum.p(), r.y.p(), r.rstd.data(), a.p(), b.p(), p.w.data(), p.t, p.N, p.C, eps);
+      be.add_rmsnorm_backward(r.da.p(), r.db.p(), r.dw.data(), r.dsum.p(), dy.p(), r.sum.p(), p.w.data(),
+                              r.rstd.data(), p.t, p.N, p.C);
+    } else {
+      be.add_layernorm_forward(r.sum.p(), r.y.p(), r.mean.data(), r.rstd.data(), a.p(), b.p(), p.w.data(), bias, p.t,
+                               p.N, p.C, eps);
+      be.add_layernorm_backward(r.da.p(), r.db.p(), r.dw.data(), dbias, r.dsum.p(), dy.p(), r.sum.p(), p.w.data(),
+                                r.mean.data(), r.rstd.data(), p.t, p.N, p.C);
+    }
+    return r;
+  }
+  // Unfused: what the executor runs for the Add node and the norm node (fp32 kernels, or the
+  // 16-bit-native ones), in the backward's order: the norm accumulates into d(sum), then the
+  // Add adds d(sum) into d(a) and d(b).
+  if (p.t == DType::F32) {
+    be.add_forward(r.sum.f.data(), a.f.data(), b.f.data(), n);
+    if (p.rms) {
+      be.rmsnorm_forward(r.y.f.data(), r.rstd.data(), r.sum.f.data(), p.w.data(), p.N, p.C, eps);
+      be.rmsnorm_backward(r.dsum.f.data(), r.dw.data(), dy.f.data(), r.sum.f.data(), p.w.data(), r.rstd.data(), p.N,
+                          p.C);
+    } else {
+      be.layernorm_forward(r.y.f.data(), r.mean.data(), r.rstd.data(), r.sum.f.data(), p.w.data(), bias, p.N, p.C,
+                           eps);
+      be.layernorm_backward(r.dsum.f.data(), r.dw.data(), dbias, dy.f.data(), r.sum.f.data(), p.w.data(),
+                            r.mean.data(), r.rstd.data(), p.N, p.C);
+    }
+    be.add_inplace(r.da.f.data(), r.dsum.f.data(), n);
+    be.add_inplace(r.db.f.data(), r.dsum.f.data(), n);
+    return r;
+  }
+  be.add_forward16(r.sum.p(), a.p(), b.p(), p.t, n);
+  if (p.rms) {
+    be.rmsnorm_forward16(r.y.p(), r.rstd.data(), r.sum.p(), p.w.data(), p.t, p.N, p.C, eps);
+    be.rmsnorm_backward16(r.dsum.p(), r.dw.data(), dy.p(), r.sum.p(), p.w.data(), r.rstd.data(), p.t, p.N, p.C);
+  } else {
+    be.layernorm_forward16(r.y.p(), r.mean.data(), r.rstd.data(), r.sum.p(), p.w.data(), bias, p.t, p.N, p.C, eps);
+    be.layernorm_backward16(r.dsum.p(), r.dw.data(), dbias, dy.p(), r.sum.p(), p.w.data(), r.mean.data(),
+                            r.rstd.data(), p.t, p.N, p.C);
+  }
+  be.add_inplace16(r.da.p(), r.dsum.p(), p.t, n);
+  be.add_inplace16(r.db.p(), r.dsum.p(), p.t, n);
+  return r;
+}
+
+void check_same(const NormResult& u, const NormResult& f, bool rms) {
+  CHECK(f.sum == u.sum);
+  CHECK(f.y == u.y);
+  if (!rms) CHECK(same_bits(f.mean, u.mean));
+  CHECK(same_bits(f.rstd, u.rstd));
+  CHECK(f.dsum == u.dsum);
+  CHECK(f.da == u.da);
+  CHECK(f.db == u.db);
+  CHECK(same_bits(f.dw, u.dw));
+  CHECK(same_bits(f.dbi, u.dbi));
+}
+
+struct ThreadScope {
+  int saved = ops::num_threads();
+  explicit ThreadScope(int n) { ops::set_num_threads(n); }
+  ~ThreadScope() { ops::set_num_threads(saved); }
+};
+
+}  // namespace
+
+TEST_CASE("add + norm kernels equal the unfused add + norm bit for bit (fp32, bf16, fp16; 1, 2, 3 threads)") {
+  // Shapes: odd widths, one row, and enough rows for several of the norms' reduction blocks
+  // (64 rows at C = 773), a GPT-2 width.
+  const int shapes[][2] = {{1, 5}, {7, 37}, {150, 773}, {130, 768}};
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (bool rms : {false, true})
+      for (bool bias : {false, true}) {
+        if (rms && bias) continue;
+        for (const auto& s : shapes) {
+          CAPTURE(ops::dtype_name(t));
+          CAPTURE(rms);
+          CAPTURE(bias);
+          CAPTURE(s[0]);
+          CAPTURE(s[1]);
+          const NormProblem p(s[0], s[1], rms, bias, t);
+          NormResult ref = [&] { ThreadScope one(1); return norm_run(p, false); }();
+          for (int threads : {1, 2, 3}) {
+            CAPTURE(threads);
+            ThreadScope ts(threads);
+            check_same(ref, norm_run(p, true), rms);
+            check_same(ref, norm_run(p, false), rms);  // the unfused pair is thread-count independent too
+          }
+        }
+      }
+}
+
+TEST_CASE("the Backend's composed add + norm default is the unfused pair (what other backends run)") {
+  // The defaults live on Backend itself (ops/cuda/ runs them): called non-virtually on the CPU
+  // backend, they compose its unfused kernels.
+  ops::Backend& be = ops::cpu_backend();
+  for (DType t : {DType::F32, DType::BF16})
+    for (bool rms : {false, true}) {
+      CAPTURE(ops::dtype_name(t));
+      CAPTURE(rms);
+      const NormProblem p(70, 45, rms, !rms, t);
+      const NormResult u = norm_run(p, false);
+      NormResult f = norm_run(p, false);  // shapes and starting values
+      Act a(t, p.a), b(t, p.b), dy(t, p.dy);
+      f.dsum = Act(t, p.ds), f.da = Act(t, p.da0), f.db = Act(t, p.db0), f.dw = p.dw0, f.dbi = p.dbi0;
+      if (rms) {
+        be.ops::Backend::add_rmsnorm_forward(f.sum.p(), f.y.p(), f.rstd.data(), a.p(), b.p(), p.w.data(), t, p.N, p.C,
+                                            1e-5f);
+        be.ops::Backend::add_rmsnorm_backward(f.da.p(), f.db.p(), f.dw.data(), f.dsum.p(), dy.p(), f.sum.p(),
+                                             p.w.data(), f.rstd.data(), t, p.N, p.C);
+      } else {
+        be.ops::Backend::add_layernorm_forward(f.sum.p(), f.y.p(), f.mean.data(), f.rstd.data(), a.p(), b.p(),
+                                              p.w.data(), p.bi.data(), t, p.N, p.C, 1e-5f);
+        be.ops::Backend::add_layernorm_backward(f.da.p(), f.db.p(), f.dw.data(), f.dbi.data(), f.dsum.p(), dy.p(),
+                                               f.sum.p(), p.w.data(), f.mean.data(), f.rstd.data(), t, p.N, p.C);
+      }
+      check_same(u, f, rms);
+    }
+}
+
+namespace {
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> weights, grads;
+  int fused = 0, fused_recomputed = 0;
+};
+
+// `steps` AdamW steps of a small model (dropout on), model.fuse on or off, activations in
+// `act`, recompute per `rc`; checks on the way that the dry run equals the measured peaks.
+TrainRun train_addnorm(runner::ModelConfig m, DType act, bool fuse, const runner::RecomputeConfig& rc, int steps) {
+  m.fuse = fuse;
+  ops::Backend& be = test_support::test_device();
+  runner::GptSpec spec;
+  spec.model = m;
+  spec.B = 3;
+  spec.act_dtype = act;
+  spec.recompute = runner::recompute_sets(rc, m.n_layers);
+  ops::Graph g = runner::build_gpt_graph(spec);
+  TrainRun r;
+  for (const ops::Node& n : g.nodes)
+    if (n.kind == ops::OpKind::AddLayerNorm || n.kind == ops::OpKind::AddRMSNorm) {
+      r.fused++;
+      r.fused_recomputed += n.recompute;
+    }
+  runner::ParamSet ps = runner::init_params(g, m, 11);
+  ops::Executor ex(g, be);
+  runner::bind_params(ex, g, ps);
+  const ops::MemoryEstimate est = ops::Executor::simulate(g);
+  std::vector<ops::Tensor> mom, vel;
+  for (auto& p : ps.values) {
+    mom.push_back(ops::Tensor::zeros(p.shape(), DType::F32, ops::Account::Optimizer));
+    vel.push_back(ops::Tensor::zeros(p.shape(), DType::F32, ops::Account::Optimizer));
+  }
+  auto& mt = ops::MemoryTracker::instance();
+  for (int s = 0; s < steps; ++s) {
+    auto [tok, tgt] = test_support::random_tokens(spec.B * m.seq_len + s, m.vocab_size);
+    const size_t act0 = mt.current(ops::Account::Activations), ws0 = mt.current(ops::Account::Workspace);
+    mt.reset_peaks();
+    for (auto& gr : ps.grads) be.mem_zero(gr.raw(), gr.nbytes());
+    auto l = ex.forward(tok.data() + s, tgt.data() + s, true, 100 + s, 0);
+    ex.backward(1.0f / static_cast<float>(l.count));
+    CHECK(mt.peak(ops::Account::Activations) - act0 == est.peak[static_cast<int>(ops::Account::Activations)]);
+    CHECK(mt.peak(ops::Account::Workspace) - ws0 == est.peak[static_cast<int>(ops::Account::Workspace)]);
+    r.losses.push_back(l.sum / static_cast<double>(l.count));
+    ops::Backend::AdamwArgs args;
+    args.lr = 1e-2f, args.beta1 = 0.9f, args.beta2 = 0.95f, args.eps = 1e-8f, args.t = s + 1;
+    for (size_t i = 0; i < ps.values.size(); ++i)
+      be.adamw_update_typed(ps.values[i].raw(), ps.values[i].dtype(), ps.grads[i].raw(), ps.grads[i].dtype(),
+                            nullptr, mom[i].data<float>(), vel[i].data<float>(), ps.values[i].numel(), args);
+  }
+  for (auto& t : ps.grads) r.grads.push_back(test_support::host_values(t));
+  for (auto& t : ps.values) r.weights.push_back(test_support::host_values(t));
+  return r;
+}
+
+runner::RecomputeConfig recompute_of(std::vector<ops::Module> mods, bool full = false) {
+  runner::RecomputeConfig rc;
+  if (full) rc.mode = runner::RecomputeMode::full;
+  else if (!mods.empty()) { rc.mode = runner::RecomputeMode::selective; rc.modules = mods; }
+  return rc;
+}
+
+}  // namespace
+
+TEST_CASE("training with model.fuse on and off: add + norm fused, the same losses, weights and dry run") {
+  struct Policy {
+    const char* name;
+    runner::RecomputeConfig rc;
+    bool fuses;  // whether the layer's policy lets the pair fuse
+    bool recomputed;
+  };
+  const Policy policies[] = {
+      {"none", recompute_of({}), true, false},
+      {"norm + residual", recompute_of({ops::Module::norm, ops::Module::residual}), true, true},
+      {"norm alone (kept unfused)", recompute_of({ops::Module::norm}), false, false},
+      {"mlp", recompute_of({ops::Module::mlp}), true, false},
+      {"full", recompute_of({}, true), true, true},
+  };
+  for (bool llama : {false, true})
+    for (DType act : {DType::F32, DType::BF16}) {
+      runner::ModelConfig m = test_support::small_model(61, 13, 40, 4, 2);  // C = 40: no multiple of 16
+      if (llama) test_support::make_llama(m);
+      m.dropout = 0.1;
+      for (const Policy& pol : policies) {
+        CAPTURE(llama);
+        CAPTURE(ops::dtype_name(act));
+        CAPTURE(pol.name);
+        const TrainRun off = train_addnorm(m, act, false, pol.rc, 3), on = train_addnorm(m, act, true, pol.rc, 3);
+        CHECK(off.fused == 0);
+        CHECK(on.fused == (pol.fuses ? 2 : 0));
+        CHECK(on.fused_recomputed == (pol.fuses && pol.recomputed ? 2 : 0));
+        REQUIRE(on.losses.size() == off.losses.size());
+        for (size_t s = 0; s < on.losses.size(); ++s) {
+          CAPTURE(s);
+          CHECK(std::memcmp(&on.losses[s], &off.losses[s], sizeof(double)) == 0);
+        }
+        for (size_t i = 0; i < on.grads.size(); ++i) {
+          CAPTURE(i);
+          CHECK(same_bits(on.grads[i], off.grads[i]));
+          CHECK(same_bits(on.weights[i], off.weights[i]));
+        }
+      }
+    }
+}
+
+TEST_CASE("model.fuse: the builder fuses add + norm only where the graph allows it") {
+  test_support::test_device();
+  auto count = [](ModelConfig m, ops::DType act, int64_t tp, bool sp) {
+    runner::GptSpec s;
+    s.model = m;
+    s.act_dtype = act;
+    s.tp = tp;
+    s.sequence_parallel = sp;
+    const ops::Graph g = runner::build_gpt_graph(s);
+    return count_kind(g, ops::OpKind::AddLayerNorm) + count_kind(g, ops::OpKind::AddRMSNorm);
+  };
+  const ModelConfig on = small_gpt(true), off = small_gpt(false);
+  CHECK(count(on, ops::DType::F32, 1, false) == 2);
+  CHECK(count(on, ops::DType::BF16, 1, false) == 2);
+  CHECK(count(off, ops::DType::F32, 1, false) == 0);
+  CHECK(count(on, ops::DType::F32, 2, false) == 0);
+  CHECK(count(on, ops::DType::F32, 2, true) == 0);
+  ops::set_native16(false);  // the widened 16-bit path would norm an unrounded sum
+  CHECK(count(on, ops::DType::BF16, 1, false) == 0);
+  CHECK(count(on, ops::DType::F32, 1, false) == 2);
+  ops::set_native16(true);
+  ModelConfig llama = on;
+  test_support::make_llama(llama);
+  runner::GptSpec s;
+  s.model = llama;
+  const ops::Graph g = runner::build_gpt_graph(s);
+  CHECK(count_kind(g, ops::OpKind::AddRMSNorm) == 2);
+  CHECK(count_kind(g, ops::OpKind::RMSNorm) == 2 + 1);  // each layer's ln1, and ln_f
+  // The fused graph keeps the unfused tensors' names and ids.
+  const ops::Graph u = [&] { runner::GptSpec su = s; su.model.fuse = false; return runner::build_gpt_graph(su); }();
+  REQUIRE(u.tensors.size() == g.tensors.size());
+  for (size_t i = 0; i < g.tensors.size(); ++i) CHECK(g.tensors[i].name == u.tensors[i].name);
 }

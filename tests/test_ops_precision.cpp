@@ -1164,6 +1164,11 @@ TEST_CASE("16-bit precision: every operator kind has a case above") {
   // results equal those of the two cases above bit for bit (tests/test_ops_fused.cpp, which
   // also checks the refusal).
   const OpKind fp32_only[] = {OpKind::LinearGelu};
-  CHECK(sizeof(covered) / sizeof(covered[0]) + sizeof(fp32_only) / sizeof(fp32_only[0]) ==
+  // Fused kinds that run in 16 bits as the composition of kinds above: AddLayerNorm and
+  // AddRMSNorm (issue 29) are the residual add and the norm of its rounded sum, bit for bit
+  // the Add and LayerNorm / RMSNorm cases' kernels in bf16 and fp16 (tests/test_ops_fused.cpp).
+  const OpKind composed[] = {OpKind::AddLayerNorm, OpKind::AddRMSNorm};
+  CHECK(sizeof(covered) / sizeof(covered[0]) + sizeof(fp32_only) / sizeof(fp32_only[0]) +
+            sizeof(composed) / sizeof(composed[0]) ==
         static_cast<size_t>(ops::kOpKinds));
 }

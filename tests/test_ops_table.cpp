@@ -93,6 +93,9 @@ struct Case {
     const int first_out = n.out[0];
     g.add_node(n);
     if (n.kind == OpKind::SoftmaxXent) g.losses = first_out;
+    // A fused add + norm: its norm leaves (out[1]), and the sum, which nothing reads here, gets
+    // a zeroed gradient from the executor (OpDef::reads_dout1).
+    else if (n.kind == OpKind::AddLayerNorm || n.kind == OpKind::AddRMSNorm) g.stage_output = n.out[1];
     else g.stage_output = first_out;
     g.finalize();
     return *this;
@@ -162,6 +165,17 @@ std::vector<Case> cases() {
   cs.push_back(Case("linear_gelu (column-parallel)", OpKind::LinearGelu)
                    .x({kN, C}).param("W", {H, C}).param("b", {H}).out("y", {kN, H}).out("pre", {kN, H})
                    .with([](ops::Node& n) { n.tp = TpMode::Column; })
+                   .done());
+  // Issue 29: a residual add and the norm of its sum fused; out = (sum, y, statistics).
+  cs.push_back(Case("add_layernorm", OpKind::AddLayerNorm)
+                   .x({kN, C}).param("b", {kN, C}).param("w", {C}).param("bias", {C}).out("sum", {kN, C})
+                   .out("y", {kN, C}).out("mean", {kN}).out("rstd", {kN})
+                   .with([](ops::Node& n) { n.eps = 1e-5f; })
+                   .done());
+  cs.push_back(Case("add_rmsnorm", OpKind::AddRMSNorm)
+                   .x({kN, C}).param("b", {kN, C}).param("w", {C}).out("sum", {kN, C}).out("y", {kN, C})
+                   .out("rstd", {kN})
+                   .with([](ops::Node& n) { n.eps = 1e-6f; })
                    .done());
   cs.push_back(Case("swiglu", OpKind::SwiGLU).x({kN, 2 * H}).out("y", {kN, H}).done());
   cs.push_back(Case("add", OpKind::Add).x({kN, C}).param("b", {kN, C}).out("y", {kN, C}).done());

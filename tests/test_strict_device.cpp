@@ -462,6 +462,38 @@ std::vector<KernelCase> pointwise_and_norm_cases() {
                   be.rmsnorm_backward(F(p, 0), F(p, 1), F(p, 2), F(p, 3), F(p, 4), F(p, 5), N, C);
                   return 0.0;
                 }});
+  // [i29: fused] A residual add and its norm: sum, y, statistics; then d(a), d(b), the weight
+  // gradients, d(sum) turned into the total in place, from d(y), the sum and the statistics.
+  cs.push_back({"add_layernorm_forward", "add_layernorm_forward",
+                {{N * C, DType::F32}, {N * C, DType::F32}, {N, DType::F32}, {N, DType::F32}, {N * C, DType::F32, -3, 3},
+                 {N * C, DType::F32, -3, 3}, {C, DType::F32}, {C, DType::F32}},
+                [](Backend& be, const auto& p) {
+                  be.add_layernorm_forward(p[0], p[1], F(p, 2), F(p, 3), p[4], p[5], F(p, 6), F(p, 7), DType::F32, N, C,
+                                           1e-5f);
+                  return 0.0;
+                }});
+  cs.push_back({"add_layernorm_backward", "add_layernorm_backward",
+                {{N * C, DType::F32}, {N * C, DType::F32}, {C, DType::F32}, {C, DType::F32}, {N * C, DType::F32},
+                 {N * C, DType::F32}, {N * C, DType::F32}, {C, DType::F32}, {N, DType::F32}, {N, DType::F32, 0.5f, 2.0f}},
+                [](Backend& be, const auto& p) {
+                  be.add_layernorm_backward(p[0], p[1], F(p, 2), F(p, 3), p[4], p[5], p[6], F(p, 7), F(p, 8), F(p, 9),
+                                            DType::F32, N, C);
+                  return 0.0;
+                }});
+  cs.push_back({"add_rmsnorm_forward", "add_rmsnorm_forward",
+                {{N * C, DType::F32}, {N * C, DType::F32}, {N, DType::F32}, {N * C, DType::F32, -3, 3},
+                 {N * C, DType::F32, -3, 3}, {C, DType::F32}},
+                [](Backend& be, const auto& p) {
+                  be.add_rmsnorm_forward(p[0], p[1], F(p, 2), p[3], p[4], F(p, 5), DType::F32, N, C, 1e-6f);
+                  return 0.0;
+                }});
+  cs.push_back({"add_rmsnorm_backward", "add_rmsnorm_backward",
+                {{N * C, DType::F32}, {N * C, DType::F32}, {C, DType::F32}, {N * C, DType::F32}, {N * C, DType::F32},
+                 {N * C, DType::F32}, {C, DType::F32}, {N, DType::F32, 0.5f, 2.0f}},
+                [](Backend& be, const auto& p) {
+                  be.add_rmsnorm_backward(p[0], p[1], F(p, 2), p[3], p[4], p[5], F(p, 6), F(p, 7), DType::F32, N, C);
+                  return 0.0;
+                }});
   return cs;
 }
 
@@ -731,6 +763,34 @@ std::vector<KernelCase> native16_cases() {
                   {{N * C, t}, {C, DType::F32}, {N * C, t}, {N * C, t}, {C, DType::F32}, {N, DType::F32, 0.5f, 2.0f}},
                   [=](Backend& be, const auto& p) {
                     be.rmsnorm_backward16(p[0], F(p, 1), p[2], p[3], F(p, 4), F(p, 5), t, N, C);
+                    return 0.0;
+                  }});
+    cs.push_back({"add_layernorm_forward", "add_layernorm_forward" + tag,
+                  {{N * C, t}, {N * C, t}, {N, DType::F32}, {N, DType::F32}, {N * C, t, -3, 3}, {N * C, t, -3, 3},
+                   {C, DType::F32}, {C, DType::F32}},
+                  [=](Backend& be, const auto& p) {
+                    be.add_layernorm_forward(p[0], p[1], F(p, 2), F(p, 3), p[4], p[5], F(p, 6), F(p, 7), t, N, C, 1e-5f);
+                    return 0.0;
+                  }});
+    cs.push_back({"add_layernorm_backward", "add_layernorm_backward" + tag,
+                  {{N * C, t}, {N * C, t}, {C, DType::F32}, {C, DType::F32}, {N * C, t}, {N * C, t}, {N * C, t},
+                   {C, DType::F32}, {N, DType::F32}, {N, DType::F32, 0.5f, 2.0f}},
+                  [=](Backend& be, const auto& p) {
+                    be.add_layernorm_backward(p[0], p[1], F(p, 2), F(p, 3), p[4], p[5], p[6], F(p, 7), F(p, 8), F(p, 9), t,
+                                              N, C);
+                    return 0.0;
+                  }});
+    cs.push_back({"add_rmsnorm_forward", "add_rmsnorm_forward" + tag,
+                  {{N * C, t}, {N * C, t}, {N, DType::F32}, {N * C, t, -3, 3}, {N * C, t, -3, 3}, {C, DType::F32}},
+                  [=](Backend& be, const auto& p) {
+                    be.add_rmsnorm_forward(p[0], p[1], F(p, 2), p[3], p[4], F(p, 5), t, N, C, 1e-6f);
+                    return 0.0;
+                  }});
+    cs.push_back({"add_rmsnorm_backward", "add_rmsnorm_backward" + tag,
+                  {{N * C, t}, {N * C, t}, {C, DType::F32}, {N * C, t}, {N * C, t}, {N * C, t}, {C, DType::F32},
+                   {N, DType::F32, 0.5f, 2.0f}},
+                  [=](Backend& be, const auto& p) {
+                    be.add_rmsnorm_backward(p[0], p[1], F(p, 2), p[3], p[4], p[5], F(p, 6), F(p, 7), t, N, C);
                     return 0.0;
                   }});
     cs.push_back({"embedding_forward16", "embedding_forward16" + tag,

@@ -427,6 +427,12 @@ void add_inplace_range(float* __restrict dst, const float* __restrict src, int64
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) dst[i] += src[i];
 }
+// [i29: fused] AddNorm's backward on elements [off, off + n): the total d(sum) into d(a) and
+// d(b) (either may be null), add_inplace's arithmetic.
+void add_total_rows(float* da, float* db, const float* dsum, int64_t off, int64_t n) {
+  if (da) add_inplace_range(da + off, dsum + off, n);
+  if (db) add_inplace_range(db + off, dsum + off, n);
+}
 void scale_range(float* x, int64_t n, float s) {
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) x[i] *= s;
@@ -760,6 +766,88 @@ class CpuBackend final : public Backend {
                             const float* inp, const float* weight, int N, int C, int OC) override {
     gelu_backward_bias(dpre, dbias, pre, N, OC);
     matmul_backward(dinp, dweight, nullptr, dpre, inp, weight, N, C, OC);
+  }
+
+  // [i29: fused] AddNorm (backend.h). Forward: per chunk of rows the Add's pass, then the
+  // norm's rows over the sum just written (still in cache). Backward: per fixed reduction block
+  // (reduce_block_rows, never the thread count) the norm's rows accumulating into dsum, then
+  // dsum added into da and db while the block is in cache, and the weight partials folded in
+  // block order. The unfused kernels' row functions, blocks and order: their bits. 16-bit:
+  // native16.cpp, the same over widened tiles.
+  void add_layernorm_forward(void* sum, void* out, float* mean, float* rstd, const void* a, const void* b,
+                             const float* weight, const float* bias, DType t, int N, int C, float eps) override {
+    if (t != DType::F32)
+      return native16::add_layernorm_forward(*this, sum, out, mean, rstd, a, b, weight, bias, t, N, C, eps);
+    std::vector<float> ones, zeros;
+    if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
+    if (!bias) bias = (zeros.assign(C, 0.0f), zeros.data());
+    float* s = static_cast<float*>(sum);
+    float* o = static_cast<float*>(out);
+    const float* pa = static_cast<const float*>(a);
+    const float* pb = static_cast<const float*>(b);
+    parallel_chunks(N, row_grain(C, kGrainStream), [=](int64_t r0, int64_t r1) {
+      add_range(s + r0 * C, pa + r0 * C, pb + r0 * C, (r1 - r0) * C);
+      layernorm_forward_rows(o, mean, rstd, s, weight, bias, r0, r1, C, eps);
+    }, 1);
+  }
+  void add_layernorm_backward(void* da, void* db, float* dweight, float* dbias, void* dsum, const void* dout,
+                              const void* sum, const float* weight, const float* mean, const float* rstd, DType t,
+                              int N, int C) override {
+    if (t != DType::F32)
+      return native16::add_layernorm_backward(*this, da, db, dweight, dbias, dsum, dout, sum, weight, mean, rstd, t,
+                                              N, C);
+    std::vector<float> ones;
+    if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
+    float* ds = static_cast<float*>(dsum);
+    float* pa = static_cast<float*>(da);
+    float* pb = static_cast<float*>(db);
+    const float* dy = static_cast<const float*>(dout);
+    const float* x = static_cast<const float*>(sum);
+    const int64_t block = reduce_block_rows(C);
+    Partials part(static_cast<int>(num_blocks(N, block)), 2 * static_cast<int64_t>(C));  // [dweight | dbias] per block
+    Partials* pp = &part;
+    parallel_blocks(N, block, [=](int64_t r0, int64_t r1, int blk) {
+      float* pw = pp->slot(blk);
+      layernorm_backward_rows(ds, dweight ? pw : nullptr, dbias ? pw + C : nullptr, dy, x, weight, mean, rstd, r0,
+                              r1, C);
+      add_total_rows(pa, pb, ds, r0 * C, (r1 - r0) * C);
+    });
+    part.fold(dweight, 0, C);
+    part.fold(dbias, C, C);
+  }
+  void add_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a, const void* b, const float* weight,
+                           DType t, int N, int C, float eps) override {
+    if (t != DType::F32) return native16::add_rmsnorm_forward(*this, sum, out, rstd, a, b, weight, t, N, C, eps);
+    std::vector<float> ones;
+    if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
+    float* s = static_cast<float*>(sum);
+    float* o = static_cast<float*>(out);
+    const float* pa = static_cast<const float*>(a);
+    const float* pb = static_cast<const float*>(b);
+    parallel_chunks(N, row_grain(C, kGrainStream), [=](int64_t r0, int64_t r1) {
+      add_range(s + r0 * C, pa + r0 * C, pb + r0 * C, (r1 - r0) * C);
+      rmsnorm_forward_rows(o, rstd, s, weight, r0, r1, C, eps);
+    }, 1);
+  }
+  void add_rmsnorm_backward(void* da, void* db, float* dweight, void* dsum, const void* dout, const void* sum,
+                            const float* weight, const float* rstd, DType t, int N, int C) override {
+    if (t != DType::F32)
+      return native16::add_rmsnorm_backward(*this, da, db, dweight, dsum, dout, sum, weight, rstd, t, N, C);
+    std::vector<float> ones;
+    if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
+    float* ds = static_cast<float*>(dsum);
+    float* pa = static_cast<float*>(da);
+    float* pb = static_cast<float*>(db);
+    const float* dy = static_cast<const float*>(dout);
+    const float* x = static_cast<const float*>(sum);
+    const int64_t block = reduce_block_rows(C);
+    Partials part(static_cast<int>(num_blocks(N, block)), C);
+    Partials* pp = &part;
+    parallel_blocks(N, block, [=](int64_t r0, int64_t r1, int blk) {
+      rmsnorm_backward_rows(ds, dweight ? pp->slot(blk) : nullptr, dy, x, weight, rstd, r0, r1, C);
+      add_total_rows(pa, pb, ds, r0 * C, (r1 - r0) * C);
+    });
+    part.fold(dweight, 0, C);
   }
 
   void swiglu_forward(float* out, const float* inp, int N, int H) override {

@@ -226,8 +226,10 @@ namespace {
 // the fp32 backward on one block (g: its zeroed dinp tile or null; slot: its zeroed partial
 // [dweight | dbias], `width` floats), then g is folded into dinp; the partials are added into
 // dweight (and dbias) in block order, as the fp32 kernel's Partials::fold adds them.
-template <class F>
-void norm_backward_blocks(void* dinp, float* dweight, float* dbias, DType t, int N, int C, F&& block_call) {
+// `after(r0, rows)` runs on the block once g is folded ([i29: fused]: AddNorm adds the block's
+// total d(sum) into d(a) and d(b) there, while it is in cache).
+template <class F, class A>
+void norm_backward_blocks(void* dinp, float* dweight, float* dbias, DType t, int N, int C, F&& block_call, A&& after) {
   const int64_t block = cpu::norm_reduce_block_rows(C);
   const int64_t nb = cpu::num_blocks(N, block), width = 2 * static_cast<int64_t>(C);
   std::vector<float> part(static_cast<size_t>(nb * width), 0.0f);
@@ -237,6 +239,7 @@ void norm_backward_blocks(void* dinp, float* dweight, float* dbias, DType t, int
     float* g = dinp ? buf(2, rows * C, true) : nullptr;
     block_call(r0, rows, g, pp + blk * width);
     if (g) fold(dinp, t, r0 * C, g, rows * C);
+    after(r0, rows);
   });
   for (int k = 0; k < 2; ++k) {
     float* dst = k == 0 ? dweight : dbias;
@@ -248,6 +251,40 @@ void norm_backward_blocks(void* dinp, float* dweight, float* dbias, DType t, int
       }
     });
   }
+}
+template <class F>
+void norm_backward_blocks(void* dinp, float* dweight, float* dbias, DType t, int N, int C, F&& block_call) {
+  norm_backward_blocks(dinp, dweight, dbias, t, N, C, block_call, [](int64_t, int64_t) {});
+}
+
+// [i29: fused] AddNorm's forward per tile of rows: add_forward's tile (widen a and b, the fp32
+// add, round into sum), then the norm's tile over the stored sum widened back, as the unfused
+// norm reads it: the same buffers and calls as the two unfused kernels, one pass over the rows.
+template <class F>
+void add_norm_forward_tiles(Backend& be, void* sum, void* out, const void* a, const void* b, DType t, int N, int C,
+                            F&& norm_call) {
+  tiles(N, tile_rows(C), [&](int64_t r0, int64_t rows) {
+    const int64_t off = r0 * C, n = rows * C;
+    float* s = buf(2, n);
+    be.add_forward(s, widen(0, a, t, off, n), widen(1, b, t, off, n), n);
+    round_out(sum, t, off, s, n);
+    float* y = buf(1, n);
+    norm_call(y, widen(0, sum, t, off, n), r0, rows);
+    round_out(out, t, off, y, n);
+  });
+}
+// [i29: fused] The backward's second half on one block, once its norm gradient is folded into
+// dsum: add_inplace's tile (0 + dsum into a zeroed buffer, folded) into da and db.
+auto add_total(Backend& be, void* da, void* db, const void* dsum, DType t, int C) {
+  return [&be, da, db, dsum, t, C](int64_t r0, int64_t rows) {
+    const int64_t off = r0 * C, n = rows * C;
+    for (void* d : {da, db}) {
+      if (!d) continue;
+      float* g = buf(2, n, true);
+      be.add_inplace(g, widen(0, dsum, t, off, n), n);
+      fold(d, t, off, g, n);
+    }
+  };
 }
 }  // namespace
 
@@ -267,6 +304,36 @@ void rmsnorm_backward(Backend& be, void* dinp, float* dweight, const void* dout,
     be.rmsnorm_backward(g, dweight ? slot : nullptr, widen(1, dout, t, r0 * C, rows * C),
                         widen(0, inp, t, r0 * C, rows * C), weight, rstd + r0, static_cast<int>(rows), C);
   });
+}
+
+void add_layernorm_forward(Backend& be, void* sum, void* out, float* mean, float* rstd, const void* a, const void* b,
+                           const float* weight, const float* bias, DType t, int N, int C, float eps) {
+  add_norm_forward_tiles(be, sum, out, a, b, t, N, C, [&](float* y, const float* x, int64_t r0, int64_t rows) {
+    be.layernorm_forward(y, mean ? mean + r0 : nullptr, rstd ? rstd + r0 : nullptr, x, weight, bias,
+                         static_cast<int>(rows), C, eps);
+  });
+}
+void add_layernorm_backward(Backend& be, void* da, void* db, float* dweight, float* dbias, void* dsum,
+                            const void* dout, const void* sum, const float* weight, const float* mean,
+                            const float* rstd, DType t, int N, int C) {
+  norm_backward_blocks(dsum, dweight, dbias, t, N, C, [&](int64_t r0, int64_t rows, float* g, float* slot) {
+    be.layernorm_backward(g, dweight ? slot : nullptr, dbias ? slot + C : nullptr,
+                          widen(1, dout, t, r0 * C, rows * C), widen(0, sum, t, r0 * C, rows * C), weight,
+                          mean + r0, rstd + r0, static_cast<int>(rows), C);
+  }, add_total(be, da, db, dsum, t, C));
+}
+void add_rmsnorm_forward(Backend& be, void* sum, void* out, float* rstd, const void* a, const void* b,
+                         const float* weight, DType t, int N, int C, float eps) {
+  add_norm_forward_tiles(be, sum, out, a, b, t, N, C, [&](float* y, const float* x, int64_t r0, int64_t rows) {
+    be.rmsnorm_forward(y, rstd ? rstd + r0 : nullptr, x, weight, static_cast<int>(rows), C, eps);
+  });
+}
+void add_rmsnorm_backward(Backend& be, void* da, void* db, float* dweight, void* dsum, const void* dout,
+                          const void* sum, const float* weight, const float* rstd, DType t, int N, int C) {
+  norm_backward_blocks(dsum, dweight, nullptr, t, N, C, [&](int64_t r0, int64_t rows, float* g, float* slot) {
+    be.rmsnorm_backward(g, dweight ? slot : nullptr, widen(1, dout, t, r0 * C, rows * C),
+                        widen(0, sum, t, r0 * C, rows * C), weight, rstd + r0, static_cast<int>(rows), C);
+  }, add_total(be, da, db, dsum, t, C));
 }
 
 // Tiles of rows that never cross a sequence, as the widened path's kernel sees them: the

@@ -364,6 +364,18 @@ class StrictBackend final : public Backend {
   void linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre, const float* inp, const float* weight, int N, int C, int OC) override {
     submit([this, dinp = dev(dinp), dweight = dev(dweight), dbias = dev(dbias), dpre = dev(dpre), pre = dev(pre), inp = dev(inp), weight = dev(weight), N, C, OC] { cpu_.linear_gelu_backward(dinp, dweight, dbias, dpre, pre, inp, weight, N, C, OC); });
   }
+  void add_layernorm_forward(void* sum, void* out, float* mean, float* rstd, const void* a, const void* b, const float* weight, const float* bias, DType t, int N, int C, float eps) override {
+    submit([this, sum = dev(sum), out = dev(out), mean = dev(mean), rstd = dev(rstd), a = dev(a), b = dev(b), weight = dev(weight), bias = dev(bias), t, N, C, eps] { cpu_.add_layernorm_forward(sum, out, mean, rstd, a, b, weight, bias, t, N, C, eps); });
+  }
+  void add_layernorm_backward(void* da, void* db, float* dweight, float* dbias, void* dsum, const void* dout, const void* sum, const float* weight, const float* mean, const float* rstd, DType t, int N, int C) override {
+    submit([this, da = dev(da), db = dev(db), dweight = dev(dweight), dbias = dev(dbias), dsum = dev(dsum), dout = dev(dout), sum = dev(sum), weight = dev(weight), mean = dev(mean), rstd = dev(rstd), t, N, C] { cpu_.add_layernorm_backward(da, db, dweight, dbias, dsum, dout, sum, weight, mean, rstd, t, N, C); });
+  }
+  void add_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a, const void* b, const float* weight, DType t, int N, int C, float eps) override {
+    submit([this, sum = dev(sum), out = dev(out), rstd = dev(rstd), a = dev(a), b = dev(b), weight = dev(weight), t, N, C, eps] { cpu_.add_rmsnorm_forward(sum, out, rstd, a, b, weight, t, N, C, eps); });
+  }
+  void add_rmsnorm_backward(void* da, void* db, float* dweight, void* dsum, const void* dout, const void* sum, const float* weight, const float* rstd, DType t, int N, int C) override {
+    submit([this, da = dev(da), db = dev(db), dweight = dev(dweight), dsum = dev(dsum), dout = dev(dout), sum = dev(sum), weight = dev(weight), rstd = dev(rstd), t, N, C] { cpu_.add_rmsnorm_backward(da, db, dweight, dsum, dout, sum, weight, rstd, t, N, C); });
+  }
   void swiglu_forward(float* out, const float* inp, int N, int H) override {
     submit([this, out = dev(out), inp = dev(inp), N, H] { cpu_.swiglu_forward(out, inp, N, H); });
   }

@@ -8,8 +8,12 @@
 #include <atomic>
 #include <cmath>
 #include <stdexcept>
+#include <tuple>
+#include <utility>
 
+#include "ops/gemm_path.h"
 #include "ops/kv_cache.h"
+#include "ops/ops.h"
 #include "ops/rng.h"
 
 namespace runner {
@@ -226,6 +230,46 @@ struct Builder {
     return y;
   }
 
+  // Issue 29: the block's first residual add and the norm that reads its sum as one node,
+  // AddLayerNorm or AddRMSNorm (ops/op_fused.cpp), where the recipe allows it (model.fuse) and
+  // the graph does: no tensor or sequence parallelism (the norm's rows and partial weight
+  // gradients differ there); 16-bit activations only on the 16-bit-native path (the executor's
+  // widened path would hand the kernel an unrounded fp32 sum; ops::native16_enabled, not on a
+  // GPU plan, not in a decode graph); and only where the layer's recompute set treats the
+  // residual and norm modules alike (a set recomputing the norm alone must keep the sum and
+  // recompute the norm from it, which one node cannot do). Within the layer only: the second
+  // add with the next layer's first norm (or ln_f) would be a node of two layers, which a
+  // pipeline stage cut, a per-layer recompute segment and the per-layer activation accounting
+  // (recompute auto's probe layer, TensorDesc::layer) would each have to split again.
+  bool fuse_add_norm(int layer) const {
+    if (!s.model.fuse || sp || t > 1) return false;
+    if (act != DType::F32 && (s.decode || !ops::native16_enabled() || ops::gemm_paths_device_now())) return false;
+    return recomputes(layer, Module::residual) == recomputes(layer, Module::norm);
+  }
+  // sum = a + b and y = norm(sum): the unfused Add's and norm's tensors under their names and
+  // in their creation order (so tensor and parameter ids match the unfused graph's), one node
+  // tagged Module::norm (the node is recomputed with the layer's norms, which fuse_add_norm
+  // made the same as its residual adds). Returns {sum, y}.
+  std::pair<int, int> add_norm(const std::string& add_name, const std::string& prefix, int a, int b, int layer) {
+    const ModelConfig& m = s.model;
+    int sum = g.add_activation(add_name + ".out", {Ns, C}, layer, act);
+    int w = seq_param(prefix + ".weight", C, layer);
+    int y = g.add_activation(prefix + ".out", {Ns, C}, layer, act);
+    if (m.norm == Norm::rmsnorm) {
+      int rstd = g.add_activation(prefix + ".rstd", {Ns}, layer, DType::F32);
+      node(OpKind::AddRMSNorm, add_name + "_" + prefix.substr(prefix.rfind('.') + 1), {a, b, w}, {sum, y, rstd},
+           layer, Module::norm);
+    } else {
+      std::vector<int> in{a, b, w};
+      if (m.bias) in.push_back(seq_param(prefix + ".bias", C, layer));
+      int mean = g.add_activation(prefix + ".mean", {Ns}, layer, DType::F32);
+      int rstd = g.add_activation(prefix + ".rstd", {Ns}, layer, DType::F32);
+      node(OpKind::AddLayerNorm, add_name + "_" + prefix.substr(prefix.rfind('.') + 1), in, {sum, y, mean, rstd},
+           layer, Module::norm);
+    }
+    return {sum, y};
+  }
+
   int block(int x, int l) {
     const ModelConfig& m = s.model;
     std::string p = "h." + std::to_string(l);
@@ -256,9 +300,14 @@ struct Builder {
     int bo = m.bias ? seq_param(p + ".attn.proj.bias", C, l) : -1;
     int o = linear(p + ".attn.proj", y, wo, bo, C, l, Module::attention, 'r');
     o = dropout(p + ".attn.drop", o, l, Module::attention, site + 2);
-    int x1 = add(p + ".res1", x, o, l);
+    int x1, mm;
+    if (fuse_add_norm(l)) {
+      std::tie(x1, mm) = add_norm(p + ".res1", p + ".ln2", x, o, l);
+    } else {
+      x1 = add(p + ".res1", x, o, l);
+      mm = norm(p + ".ln2", x1, l, Module::norm);
+    }
     // MLP.
-    int mm = norm(p + ".ln2", x1, l, Module::norm);
     bool glu = m.activation == Activation::swiglu;
     int64_t fc_out = glu ? 2 * H : H;
     int wfc = col_weight(p + ".mlp.fc.weight", fc_out, C, l, glu ? 2 : 1);

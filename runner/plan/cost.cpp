@@ -206,6 +206,18 @@ NodeCost node_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
     const ByteUnits u = byte_units(OpKind::Gelu);
     k.fwd += c.op(ops::op_name(OpKind::Gelu), u.fwd * bytes);
     k.bwd += c.op(ops::op_name(OpKind::Gelu), u.bwd * bytes);
+  } else if (n.kind == OpKind::AddLayerNorm || n.kind == OpKind::AddRMSNorm) {
+    // Priced as the unfused Add and norm it replaces, each with its own calibrated bandwidth
+    // and byte units over the (N,C) sum: the fused pass saves the norm's re-read of the sum and
+    // one call, within the calibration's noise (bench/bench_fused.cpp measures it), so a plan
+    // prices the fused and unfused graphs alike.
+    const double bytes = tensor_bytes(g, n.out[0]);
+    const OpKind norm = n.kind == OpKind::AddLayerNorm ? OpKind::LayerNorm : OpKind::RMSNorm;
+    for (OpKind part : {OpKind::Add, norm}) {
+      const ByteUnits u = byte_units(part);
+      k.fwd += c.op(ops::op_name(part), u.fwd * bytes);
+      k.bwd += c.op(ops::op_name(part), u.bwd * bytes);
+    }
   } else if (n.kind == OpKind::Attention) {
     // lse (B, heads, T): this rank's heads; the head size from the output (B*T, heads*HS).
     const int64_t B = dim(g, n.out[1], 0), heads = dim(g, n.out[1], 1), T = dim(g, n.out[1], 2);

@@ -64,6 +64,9 @@ double node_flops(const ops::Graph& g, const ops::Node& n) {
     }
     case OpKind::LayerNorm: return 8.0 * numel(n.out[0]);   // mean, variance, normalise, scale, shift
     case OpKind::RMSNorm: return 5.0 * numel(n.out[0]);
+    // The fused residual add and norm (ops/op_fused.cpp): the Add's and the norm's counts.
+    case OpKind::AddLayerNorm: return (1.0 + 8.0) * numel(n.out[0]);
+    case OpKind::AddRMSNorm: return (1.0 + 5.0) * numel(n.out[0]);
     case OpKind::Rope: return 4.0 * numel(n.out[0]);
     case OpKind::Gelu: return kGelu * numel(n.out[0]);
     case OpKind::SwiGLU: return 6.0 * numel(n.out[0]);
@@ -184,6 +187,16 @@ std::vector<double> stage_totals(const Recipe& r, const Plan& p, const GptSpec& 
   return t;
 }
 
+// The module a held tensor counts under: its producer's, except the residual sum of a fused
+// add + norm (ops/op_fused.cpp, out[0]), which is the residual add's as in the unfused graph,
+// so that the shares below do not depend on model.fuse.
+ops::Module held_module(const ops::Graph& g, const ops::TensorDesc& t) {
+  const ops::Node& n = g.nodes[static_cast<size_t>(t.producer)];
+  const bool fused_sum = (n.kind == OpKind::AddLayerNorm || n.kind == OpKind::AddRMSNorm) &&
+                         &g.tensors[static_cast<size_t>(n.out[0])] == &t;
+  return fused_sum ? ops::Module::residual : n.module;
+}
+
 // The rule of thumb beside the choice, on one probe layer: each step kind's share of what the
 // layer holds for backward with nothing recomputed (by the module of the node that wrote each
 // held tensor), and what recomputing it alone would save and cost.
@@ -192,7 +205,7 @@ void rule_of_thumb(LayerPrices& lp, RecomputeAuto& a) {
   std::map<ops::Module, double> held;
   for (const ops::TensorDesc& t : g.tensors) {
     if (t.kind != ops::TensorKind::Activation || !t.saved || t.layer != lp.layer() || t.producer < 0) continue;
-    held[g.nodes[static_cast<size_t>(t.producer)].module] += static_cast<double>(t.nbytes());
+    held[held_module(g, t)] += static_cast<double>(t.nbytes());
     a.layer_activation_bytes += static_cast<double>(t.nbytes());
   }
   for (const StepKind& st : kSteps) {
