@@ -28,6 +28,7 @@
 #include "runner/model/model.h"
 #include "tests/support/device.h"
 #include "tests/support/models.h"
+#include "tests/support/train_steps.h"
 
 using ops::DType;
 using V16 = std::vector<uint16_t>;
@@ -145,51 +146,18 @@ TEST_CASE("native16 attention: a null dqkv is skipped") {
 
 namespace {
 
-struct Run {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> grads;
-  size_t workspace_peak = 0;
-};
+using Run = test_support::TrainSteps;
 
-// `steps` steps of a small model (AdamW on the 16-bit parameters, no masters), native kernels on
-// or off. Checks on the way that the dry run predicts the measured workspace peak in this mode.
+// `steps` steps of a small model (tests/support/train_steps.h), native kernels on or off; the
+// dry run checked at every step in this mode.
 Run train(const runner::ModelConfig& m, DType act, bool native, int steps, int64_t B) {
   ops::set_native16(native);
-  ops::Backend& be = test_support::test_device();
   runner::GptSpec spec;
   spec.model = m;
   spec.B = B;
   spec.act_dtype = act;
-  ops::Graph g = runner::build_gpt_graph(spec);
-  runner::ParamSet ps = runner::init_params(g, m, 11);
-  ops::Executor ex(g, be);
-  runner::bind_params(ex, g, ps);
-  const ops::MemoryEstimate est = ops::Executor::simulate(g);
-  std::vector<ops::Tensor> mom, vel;
-  for (auto& p : ps.values) {
-    mom.push_back(ops::Tensor::zeros(p.shape(), DType::F32, ops::Account::Optimizer));
-    vel.push_back(ops::Tensor::zeros(p.shape(), DType::F32, ops::Account::Optimizer));
-  }
-  auto& mt = ops::MemoryTracker::instance();
-  Run r;
-  for (int s = 0; s < steps; ++s) {
-    auto [tok, tgt] = test_support::random_tokens(B * m.seq_len + s, m.vocab_size);
-    const size_t ws0 = mt.current(ops::Account::Workspace), act0 = mt.current(ops::Account::Activations);
-    mt.reset_peaks();
-    for (auto& gr : ps.grads) be.mem_zero(gr.raw(), gr.nbytes());
-    auto l = ex.forward(tok.data() + s, tgt.data() + s, true, 100 + s, 0);
-    ex.backward(1.0f / static_cast<float>(l.count));
-    CHECK(mt.peak(ops::Account::Workspace) - ws0 == est.peak[static_cast<int>(ops::Account::Workspace)]);
-    CHECK(mt.peak(ops::Account::Activations) - act0 == est.peak[static_cast<int>(ops::Account::Activations)]);
-    r.workspace_peak = mt.peak(ops::Account::Workspace) - ws0;
-    r.losses.push_back(l.sum / static_cast<double>(l.count));
-    ops::Backend::AdamwArgs args;
-    args.lr = 1e-2f, args.beta1 = 0.9f, args.beta2 = 0.95f, args.eps = 1e-8f, args.t = s + 1;
-    for (size_t i = 0; i < ps.values.size(); ++i)
-      be.adamw_update_typed(ps.values[i].raw(), ps.values[i].dtype(), ps.grads[i].raw(), ps.grads[i].dtype(),
-                            nullptr, mom[i].data<float>(), vel[i].data<float>(), ps.values[i].numel(), args);
-  }
-  for (auto& t : ps.grads) r.grads.push_back(test_support::host_values(t));
+  Run r = test_support::train_steps(spec, steps);
+  CHECK(r.dry_run_exact);
   ops::set_native16(true);
   return r;
 }

@@ -22,6 +22,7 @@
 #include "tests/gradcheck.h"
 #include "tests/support/device.h"
 #include "tests/support/models.h"
+#include "tests/support/train_steps.h"
 
 using gc::Vec;
 using runner::ModelConfig;
@@ -482,57 +483,27 @@ TEST_CASE("the Backend's composed add + norm default is the unfused pair (what o
 
 namespace {
 
-struct TrainRun {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> weights, grads;
+struct TrainRun : test_support::TrainSteps {
   int fused = 0, fused_recomputed = 0;
 };
 
-// `steps` AdamW steps of a small model (dropout on), model.fuse on or off, activations in
-// `act`, recompute per `rc`; checks on the way that the dry run equals the measured peaks.
+// `steps` AdamW steps of a small model (tests/support/train_steps.h; dropout on), model.fuse on
+// or off, activations in `act`, recompute per `rc`; the dry run checked at every step.
 TrainRun train_addnorm(runner::ModelConfig m, DType act, bool fuse, const runner::RecomputeConfig& rc, int steps) {
   m.fuse = fuse;
-  ops::Backend& be = test_support::test_device();
   runner::GptSpec spec;
   spec.model = m;
   spec.B = 3;
   spec.act_dtype = act;
   spec.recompute = runner::recompute_sets(rc, m.n_layers);
-  ops::Graph g = runner::build_gpt_graph(spec);
   TrainRun r;
-  for (const ops::Node& n : g.nodes)
+  for (const ops::Node& n : runner::build_gpt_graph(spec).nodes)
     if (n.kind == ops::OpKind::AddLayerNorm || n.kind == ops::OpKind::AddRMSNorm) {
       r.fused++;
       r.fused_recomputed += n.recompute;
     }
-  runner::ParamSet ps = runner::init_params(g, m, 11);
-  ops::Executor ex(g, be);
-  runner::bind_params(ex, g, ps);
-  const ops::MemoryEstimate est = ops::Executor::simulate(g);
-  std::vector<ops::Tensor> mom, vel;
-  for (auto& p : ps.values) {
-    mom.push_back(ops::Tensor::zeros(p.shape(), DType::F32, ops::Account::Optimizer));
-    vel.push_back(ops::Tensor::zeros(p.shape(), DType::F32, ops::Account::Optimizer));
-  }
-  auto& mt = ops::MemoryTracker::instance();
-  for (int s = 0; s < steps; ++s) {
-    auto [tok, tgt] = test_support::random_tokens(spec.B * m.seq_len + s, m.vocab_size);
-    const size_t act0 = mt.current(ops::Account::Activations), ws0 = mt.current(ops::Account::Workspace);
-    mt.reset_peaks();
-    for (auto& gr : ps.grads) be.mem_zero(gr.raw(), gr.nbytes());
-    auto l = ex.forward(tok.data() + s, tgt.data() + s, true, 100 + s, 0);
-    ex.backward(1.0f / static_cast<float>(l.count));
-    CHECK(mt.peak(ops::Account::Activations) - act0 == est.peak[static_cast<int>(ops::Account::Activations)]);
-    CHECK(mt.peak(ops::Account::Workspace) - ws0 == est.peak[static_cast<int>(ops::Account::Workspace)]);
-    r.losses.push_back(l.sum / static_cast<double>(l.count));
-    ops::Backend::AdamwArgs args;
-    args.lr = 1e-2f, args.beta1 = 0.9f, args.beta2 = 0.95f, args.eps = 1e-8f, args.t = s + 1;
-    for (size_t i = 0; i < ps.values.size(); ++i)
-      be.adamw_update_typed(ps.values[i].raw(), ps.values[i].dtype(), ps.grads[i].raw(), ps.grads[i].dtype(),
-                            nullptr, mom[i].data<float>(), vel[i].data<float>(), ps.values[i].numel(), args);
-  }
-  for (auto& t : ps.grads) r.grads.push_back(test_support::host_values(t));
-  for (auto& t : ps.values) r.weights.push_back(test_support::host_values(t));
+  static_cast<test_support::TrainSteps&>(r) = test_support::train_steps(spec, steps);
+  CHECK(r.dry_run_exact);
   return r;
 }
 
