@@ -212,16 +212,30 @@ void Watchdog::step_done(double step_ms) {
   append_run_event(run_dir_, {{"event", "watchdog"}, {"timeout_s", c.seconds}, {"source", c.source}});
 }
 
+// A tick that comes much later than its period means this process itself was frozen (SIGSTOP,
+// a paused VM): by the rule that calls another rank's heartbeat stale, it was the stopped one.
+// Its own waits then look as long as the freeze, and a record of them would blame a hang on the
+// ranks that were waiting for it (and, written when Slurm's teardown sends SIGCONT, would come
+// after theirs). So its timers start over at that tick instead; the others name it.
 void Watchdog::loop() {
   std::unique_lock<std::mutex> lk(mu_);
+  int64_t last_tick = parallel::watch_now_ns();
   while (!stopping_) {
     const auto period = std::chrono::duration<double>(heartbeat_interval(timeout_s()));
     cv_.wait_for(lk, period, [this] { return stopping_; });
     if (stopping_) break;
     lk.unlock();
     const int64_t now = parallel::watch_now_ns();
+    const double gap_s = (now - last_tick) / 1e9;
+    last_tick = now;
     beat(now);
-    check(now);
+    if (gap_s > heartbeat_stale_after(timeout_s())) {
+      last_exempt_ns_ = now;
+      last_progress_ns_ = now;
+      if (log_) log_->warn("watchdog: this process was frozen for {:.1f} s (stopped or paused); its own waits start over", gap_s);
+    } else {
+      check(now);
+    }
     lk.lock();
   }
 }
