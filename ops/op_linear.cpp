@@ -43,13 +43,14 @@ bool reads16(const Graph& g, const Node& n, bool backward) {
   return reads_as_stored(gemm_path(t));
 }
 
-// Sequence parallelism's full-sequence temporaries. Forward: the gathered x (P shards) or
-// the whole y before its reduce-scatter. Backward: the re-gathered x, the full d(x) and this
-// rank's reduce-scattered part of it ((2P + 1) shards of x), or the gathered d(y).
+// dout16's copies of d(y) (backward_dout): 16 bits, and on a widening path an fp32 copy too.
 size_t dout16_bytes(const Graph& g, const Node& n, bool backward) {
   if (!backward || !n.dout16) return 0;
   return static_cast<size_t>(numel_of(g.tensors[n.out[0]].shape)) * (reads16(g, n, true) ? 2 : 2 + 4);
 }
+// dout16's copies, and sequence parallelism's full-sequence temporaries. Forward: the gathered
+// x (P shards) or the whole y before its reduce-scatter. Backward: the re-gathered x, the full
+// d(x) and this rank's reduce-scattered part of it ((2P + 1) shards of x), or the gathered d(y).
 size_t scratch(const Graph& g, const Node& n, bool backward) {
   const size_t d16 = dout16_bytes(g, n, backward);
   if (g.sp_parts <= 1) return d16;
