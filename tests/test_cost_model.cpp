@@ -113,6 +113,26 @@ TEST_CASE("compute is the hand-counted GEMMs, attention and memory-bound bytes o
   }
 }
 
+TEST_CASE("bf16: the output layer's backward is priced at fp32's rate unless precision.logits_grad rounds d(logits)") {
+  // bf16 GEMMs four times as fast as fp32's. The logits are fp32: under logits_grad fp32 the
+  // executor widens the output layer's backward (dX and dW) and runs sgemm; under compute both
+  // read bf16. Every other node is priced alike in the two plans.
+  HardwareProfile hw = hand_profile();
+  for (ComputeProfile& c : hw.compute) {
+    c.gemm["bf16"] = {GemmRate{64, 64, 64, 4 * c.threads * kGemmRate}};
+    c.attention["bf16"] = c.attention["fp32"];
+  }
+  hw.peak_flops_bf16 = 4e10;
+  const StepCost wide = predict_step(plan_of({"precision.compute=bf16"}), hw);
+  const StepCost lg = predict_step(plan_of({"precision.compute=bf16", "precision.logits_grad=compute"}), hw);
+  const double head_bwd = 2 * kHeadGemmFlops;  // dX and dW
+  CHECK(wide.compute - lg.compute == doctest::Approx(head_bwd / kGemmRate - head_bwd / (4 * kGemmRate)).epsilon(1e-9));
+  // The layers' GEMMs and the head's forward at bf16's rate in both.
+  const StepCost f32 = predict_step(plan_of({}), hw);
+  const double gemm32 = 3 * (kLayers * kLayerGemmFlops + kHeadGemmFlops) / kGemmRate;
+  CHECK(f32.compute - lg.compute > 0.7 * gemm32);
+}
+
 TEST_CASE("recompute full adds exactly the layers' forward; selective adds its modules' forward") {
   const HardwareProfile hw = hand_profile();
   const StepCost none = predict_step(plan_of({}), hw);

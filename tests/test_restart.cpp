@@ -322,7 +322,7 @@ TEST_CASE("the sbatch script asks the runner after a failure, requeues with Star
   CAPTURE(res.out);
   CHECK(res.code == 1);
   CHECK(calls.find("requeue 41\nupdate JobId=41 StartTime=now+7\n") != std::string::npos);
-  CHECK(res.out.find("restart 1 of 2 after 7 s: a rank or srun failed (exit 1) (step 13, checkpoint -1)") !=
+  CHECK(res.out.find("restart 1 of 2 after 7 s: a rank or srun failed (exit 1) (step 13, no checkpoint yet)") !=
         std::string::npos);
   // Exit 2 of rank 0 behind srun's 143 (its peer SIGTERMed), and scancel: recorded, not requeued.
   for (auto [rc, rank, term] : {std::tuple{"143", "2", "0"}, std::tuple{"143", "", "1"}}) {
@@ -493,4 +493,23 @@ TEST_CASE("--elastic: the batch script's grow-back check signals the ranks once 
       CHECK(calls.empty());
     }
   }
+}
+
+TEST_CASE("runner status: a restart before the first checkpoint says the run started over, not 'step -1'") {
+  const fs::path d = test_support::fresh_dir("restart", "status_nockpt");
+  std::ofstream(d / "recipe.yaml") << "name: slurm-tiny\ntrain:\n  steps: 600\n";
+  const RestartDecision r1 = decide_at_start(history({start_record("8", 0, "n[1-2]", 2, -1)}, 20, -1), RestartPolicy{},
+                                             job("8", 1, "n1", 1), 0);
+  REQUIRE(r1.action == A::restart);
+  CHECK(r1.message.find("(step 20, no checkpoint yet)") != std::string::npos);
+  CHECK(r1.record["checkpoint"] == -1);  // the record keeps the number
+  std::ofstream(d / "events.jsonl") << start_record("8", 0, "n[1-2]", 2, -1).dump() << "\n"
+                                    << r1.record.dump() << "\n"
+                                    << start_record("8", 1, "n1", 1, -1).dump() << "\n";
+  Result st = runner_cmd("status " + d.string());
+  CAPTURE(st.out);
+  CHECK(st.out.find("started over from step 0 (no checkpoint yet) at") != std::string::npos);
+  CHECK(st.out.find("step 20 reached, no checkpoint yet; nodes had: n1 n2; lost: n2") != std::string::npos);
+  CHECK(st.out.find("step -1") == std::string::npos);
+  CHECK(st.out.find("checkpoint -1") == std::string::npos);
 }

@@ -433,6 +433,24 @@ void add_total_rows(float* da, float* db, const float* dsum, int64_t off, int64_
   if (da) add_inplace_range(da + off, dsum + off, n);
   if (db) add_inplace_range(db + off, dsum + off, n);
 }
+// [i29: fused] The fp32 backward of AddLayerNorm and AddRMSNorm over fixed row blocks:
+// NORM_ROWS(dsum, slot, r0, r1) writes d(sum) of rows [r0, r1) and the block's parameter
+// gradients into its slot (SLOT_ROWS x C floats), then the add passes d(sum) on to d(a) and
+// d(b). The caller folds the slots in block order: thread-independent.
+template <class NormRows>
+Partials add_norm_backward_blocks(void* da, void* db, void* dsum, int N, int C, int slot_rows, NormRows norm_rows) {
+  float* ds = static_cast<float*>(dsum);
+  float* pa = static_cast<float*>(da);
+  float* pb = static_cast<float*>(db);
+  const int64_t block = reduce_block_rows(C);
+  Partials part(static_cast<int>(num_blocks(N, block)), static_cast<int64_t>(slot_rows) * C);
+  Partials* pp = &part;
+  parallel_blocks(N, block, [=](int64_t r0, int64_t r1, int blk) {
+    norm_rows(ds, pp->slot(blk), r0, r1);
+    add_total_rows(pa, pb, ds, r0 * C, (r1 - r0) * C);
+  });
+  return part;
+}
 void scale_range(float* x, int64_t n, float s) {
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) x[i] *= s;
@@ -798,19 +816,11 @@ class CpuBackend final : public Backend {
                                               N, C);
     std::vector<float> ones;
     if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
-    float* ds = static_cast<float*>(dsum);
-    float* pa = static_cast<float*>(da);
-    float* pb = static_cast<float*>(db);
     const float* dy = static_cast<const float*>(dout);
     const float* x = static_cast<const float*>(sum);
-    const int64_t block = reduce_block_rows(C);
-    Partials part(static_cast<int>(num_blocks(N, block)), 2 * static_cast<int64_t>(C));  // [dweight | dbias] per block
-    Partials* pp = &part;
-    parallel_blocks(N, block, [=](int64_t r0, int64_t r1, int blk) {
-      float* pw = pp->slot(blk);
+    Partials part = add_norm_backward_blocks(da, db, dsum, N, C, 2, [=](float* ds, float* pw, int64_t r0, int64_t r1) {
       layernorm_backward_rows(ds, dweight ? pw : nullptr, dbias ? pw + C : nullptr, dy, x, weight, mean, rstd, r0,
                               r1, C);
-      add_total_rows(pa, pb, ds, r0 * C, (r1 - r0) * C);
     });
     part.fold(dweight, 0, C);
     part.fold(dbias, C, C);
@@ -835,17 +845,10 @@ class CpuBackend final : public Backend {
       return native16::add_rmsnorm_backward(*this, da, db, dweight, dsum, dout, sum, weight, rstd, t, N, C);
     std::vector<float> ones;
     if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
-    float* ds = static_cast<float*>(dsum);
-    float* pa = static_cast<float*>(da);
-    float* pb = static_cast<float*>(db);
     const float* dy = static_cast<const float*>(dout);
     const float* x = static_cast<const float*>(sum);
-    const int64_t block = reduce_block_rows(C);
-    Partials part(static_cast<int>(num_blocks(N, block)), C);
-    Partials* pp = &part;
-    parallel_blocks(N, block, [=](int64_t r0, int64_t r1, int blk) {
-      rmsnorm_backward_rows(ds, dweight ? pp->slot(blk) : nullptr, dy, x, weight, rstd, r0, r1, C);
-      add_total_rows(pa, pb, ds, r0 * C, (r1 - r0) * C);
+    Partials part = add_norm_backward_blocks(da, db, dsum, N, C, 1, [=](float* ds, float* pw, int64_t r0, int64_t r1) {
+      rmsnorm_backward_rows(ds, dweight ? pw : nullptr, dy, x, weight, rstd, r0, r1, C);
     });
     part.fold(dweight, 0, C);
   }

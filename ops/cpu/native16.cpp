@@ -135,23 +135,28 @@ DropoutSpec tile_drop(DropoutSpec d, int64_t i0) {
 }
 // bf16: the fp32 kernel's rule, element i keeps iff rng_uniform(key, offset + i) >= p (its
 // p <= 0 case a copy, which the round trip below reproduces bit for bit, NaNs quietened).
+// bf16's dropout in one vector loop over SRC, forward and backward: EMIT(i, v) stores (forward)
+// or folds (backward) element i's v = SRC[i] * scale where its mask keeps it, else 0 (p <= 0:
+// SRC[i] itself).
+template <class Emit>
+void dropout_bf16(const void* src, int64_t n, DropoutSpec drop, Emit emit) {
+  check_p(drop);
+  const float p = drop.p, scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
+  tiles(n, kTile, [&](int64_t i0, int64_t m) {
+    if (p <= 0.0f) {
+#pragma omp simd
+      for (int64_t i = i0; i < i0 + m; ++i) emit(i, ld(src, i));
+      return;
+    }
+#pragma omp simd
+    for (int64_t i = i0; i < i0 + m; ++i) {  // the load unconditional: a masked 16-bit load does not vectorize
+      const float x = ld(src, i) * scale;
+      emit(i, rng_uniform(drop.key, drop.offset + static_cast<uint64_t>(i)) >= p ? x : 0.0f);
+    }
+  });
+}
 void dropout_forward(Backend& be, void* out, const void* inp, DType t, int64_t n, DropoutSpec drop) {
-  if (t == DType::BF16) {
-    check_p(drop);
-    const float p = drop.p, scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-    return tiles(n, kTile, [&](int64_t i0, int64_t m) {
-      if (p <= 0.0f) {
-#pragma omp simd
-        for (int64_t i = i0; i < i0 + m; ++i) st(out, i, ld(inp, i));
-        return;
-      }
-#pragma omp simd
-      for (int64_t i = i0; i < i0 + m; ++i) {  // the load unconditional: a masked 16-bit load does not vectorize
-        const float x = ld(inp, i) * scale;
-        st(out, i, rng_uniform(drop.key, drop.offset + static_cast<uint64_t>(i)) >= p ? x : 0.0f);
-      }
-    });
-  }
+  if (t == DType::BF16) return dropout_bf16(inp, n, drop, [out](int64_t i, float v) { st(out, i, v); });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* y = buf(1, m);
     be.dropout_forward(y, widen(0, inp, t, i0, m), m, tile_drop(drop, i0));
@@ -160,22 +165,7 @@ void dropout_forward(Backend& be, void* out, const void* inp, DType t, int64_t n
 }
 void dropout_backward(Backend& be, void* dinp, const void* dout, DType t, int64_t n, DropoutSpec drop) {
   if (!dinp) return;
-  if (t == DType::BF16) {
-    check_p(drop);
-    const float p = drop.p, scale = p > 0.0f ? 1.0f / (1.0f - p) : 1.0f;
-    return tiles(n, kTile, [&](int64_t i0, int64_t m) {
-      if (p <= 0.0f) {
-#pragma omp simd
-        for (int64_t i = i0; i < i0 + m; ++i) fold_st(dinp, i, ld(dout, i));
-        return;
-      }
-#pragma omp simd
-      for (int64_t i = i0; i < i0 + m; ++i) {
-        const float g = ld(dout, i) * scale;
-        fold_st(dinp, i, rng_uniform(drop.key, drop.offset + static_cast<uint64_t>(i)) >= p ? g : 0.0f);
-      }
-    });
-  }
+  if (t == DType::BF16) return dropout_bf16(dout, n, drop, [dinp](int64_t i, float v) { fold_st(dinp, i, v); });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* g = buf(2, m, true);
     be.dropout_backward(g, widen(0, dout, t, i0, m), m, tile_drop(drop, i0));

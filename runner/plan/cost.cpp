@@ -97,8 +97,9 @@ struct Ctx {
   // 1.10-1.12x one rank on 2 threads; the calibration measures each thread count alone).
   double oversubscribed = 1;
   template <class F> double shared(F f) const { return oversubscribed * f(threads); }
-  double gemm(int64_t m, int64_t n, int64_t k) const {
-    return shared([&](int t) { return hw.gemm_seconds(dtype, m, n, k, t); });
+  double gemm(int64_t m, int64_t n, int64_t k) const { return gemm_as(dtype, m, n, k); }
+  double gemm_as(const std::string& dt, int64_t m, int64_t n, int64_t k) const {
+    return shared([&](int t) { return hw.gemm_seconds(dt, m, n, k, t); });
   }
   double op(const std::string& kind, double bytes) const {
     return shared([&](int t) { return hw.op_seconds(kind, bytes, t); });
@@ -125,8 +126,15 @@ NodeCost linear_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
   NodeCost k;
   const int64_t rows = dim(g, n.in[0], 0) * (n.gather_input ? g.sp_parts : 1);
   const int64_t oc = dim(g, n.in[1], 0), ic = dim(g, n.in[1], 1);
-  k.fwd = c.gemm(rows, oc, ic);
-  k.bwd = c.gemm(rows, ic, oc) + c.gemm(oc, ic, rows);
+  // The executor widens a 16-bit Linear to fp32 and runs sgemm where its operands do not share
+  // one 16-bit dtype or sequence parallelism gathers them (ops/op_linear.cpp, reads16); in the
+  // backward also where d(y) is fp32: the logits' under precision.logits_grad: fp32.
+  bool as16 = c.dtype != "fp32" && !n.gather_input && !n.scatter_output;
+  for (int id : n.in) as16 = as16 && g.tensors[static_cast<size_t>(id)].dtype == g.tensors[static_cast<size_t>(n.in[0])].dtype;
+  const bool bwd16 = as16 && (n.dout16 || g.tensors[static_cast<size_t>(n.out[0])].dtype == g.tensors[static_cast<size_t>(n.in[0])].dtype);
+  const std::string fwd_dt = as16 ? c.dtype : "fp32", bwd_dt = bwd16 ? c.dtype : "fp32";
+  k.fwd = c.gemm_as(fwd_dt, rows, oc, ic);
+  k.bwd = c.gemm_as(bwd_dt, rows, ic, oc) + c.gemm_as(bwd_dt, oc, ic, rows);
   const double y_bytes = static_cast<double>(rows * oc) * 4.0, x_bytes = static_cast<double>(rows * ic) * 4.0;
   if (n.in.size() > 2) {  // the bias: added in forward, its gradient summed in backward (one op call each)
     k.fwd += c.op("linear", 2.0 * y_bytes);

@@ -95,11 +95,11 @@ RestartDecision judge(const RunHistory& h, const RestartPolicy& p, const SlurmEn
     rec["reason"] = "limit";
   } else if (previous && previous->value("step", int64_t{-2}) == h.step_reached &&
              previous->value("checkpoint", int64_t{-2}) == h.checkpoint) {
-    why = fmt::format("it failed again at step {} with no progress since the previous failure (checkpoint {}): a "
-                      "restart would repeat it", h.step_reached, h.checkpoint);
+    why = fmt::format("it failed again at step {} with no progress since the previous failure ({}): a "
+                      "restart would repeat it", h.step_reached, checkpoint_phrase(h.checkpoint));
     rec["reason"] = "same step";
   }
-  const std::string where = fmt::format("step {}, checkpoint {}{}", h.step_reached, h.checkpoint,
+  const std::string where = fmt::format("step {}, {}{}", h.step_reached, checkpoint_phrase(h.checkpoint),
                                         lost.empty() ? "" : fmt::format(", nodes lost: {}", fmt::join(lost, " ")));
   if (!why.empty()) {
     rec["event"] = "no_restart";
@@ -222,9 +222,9 @@ RestartDecision decide_at_start(const RunHistory& h, const RestartPolicy& p, con
     d.record["backoff_s"] = left;
     d.record["backoff_full_s"] = d.backoff_s;
     d.backoff_s = left;
-    d.message = fmt::format("restart {} of {} ({:g} s of the {:g} s backoff left to wait): {} (step {}, checkpoint {})",
+    d.message = fmt::format("restart {} of {} ({:g} s of the {:g} s backoff left to wait): {} (step {}, {})",
                             d.record["attempt"].get<int64_t>(), p.max_restarts, left, d.record["backoff_full_s"].get<double>(),
-                            cause, h.step_reached, h.checkpoint);
+                            cause, h.step_reached, checkpoint_phrase(h.checkpoint));
   }
   return d;
 }

@@ -33,6 +33,14 @@ std::string source_run_dir(const std::string& src) {
   return (dir.filename() == "checkpoints" ? dir.parent_path() : dir).string();
 }
 
+std::string checkpoint_phrase(int64_t step) {
+  return step >= 0 ? fmt::format("checkpoint {}", step) : std::string("no checkpoint yet");
+}
+
+std::string resumed_phrase(int64_t step) {
+  return step >= 0 ? fmt::format("resumed from step {}", step) : std::string("started over from step 0 (no checkpoint yet)");
+}
+
 std::string run_tokenizer_dir(const std::string& run_dir) { return (fs::path(run_dir) / "tokenizer").string(); }
 
 ResumeRequest prepare_resume(const std::string& run_dir, const std::vector<std::string>& overrides, int64_t step,

@@ -28,6 +28,12 @@ RunPaths run_paths(const Recipe& r, const std::string& cli_run_dir = "");
 // torn by a kill is skipped, a missing file gives none.
 std::vector<nlohmann::json> read_jsonl(const std::string& path);
 
+// How the run's messages name the checkpoint a restart continues from: "checkpoint 40", or "no
+// checkpoint yet" for -1 (the run failed before its first checkpoint and starts over at step 0).
+std::string checkpoint_phrase(int64_t step);
+// "resumed from step 40", or "started over from step 0 (no checkpoint yet)" for -1.
+std::string resumed_phrase(int64_t step);
+
 // The run directory a checkpoint source belongs to: SOURCE itself when it is a directory (a run
 // directory, or `runner import`'s output); for a checkpoint file, the directory above its
 // checkpoints/ folder (its own folder when that is not called checkpoints).

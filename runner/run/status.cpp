@@ -253,13 +253,13 @@ void print_restarts(std::ostringstream& o, const nlohmann::json& s) {
   o << fmt::format("restarts    {}\n", s["restarts"].size());
   int k = 0;
   for (const auto& r : s["restarts"]) {
-    o << fmt::format("  {:>3}. {}; resumed from step {} at {}\n", ++k, r["cause"].get<std::string>(),
-                     r["resumed_from"].get<int64_t>(), r["restarted_at"].get<std::string>());
+    o << fmt::format("  {:>3}. {}; {} at {}\n", ++k, r["cause"].get<std::string>(),
+                     resumed_phrase(r["resumed_from"].get<int64_t>()), r["restarted_at"].get<std::string>());
     if (r.value("automatic", false))
-      o << fmt::format("       automatic restart {} of {} after {:g} s backoff ({}): step {} reached, checkpoint {}; "
+      o << fmt::format("       automatic restart {} of {} after {:g} s backoff ({}): step {} reached, {}; "
                        "nodes had: {}; lost: {}\n", r.value("attempt", int64_t{0}), r.value("max_restarts", int64_t{0}),
                        r.value("backoff_s", 0.0), r.value("detected", ""), r.value("step", int64_t{-1}),
-                       r.value("checkpoint", int64_t{-1}), join_nodes(r.value("nodes", nlohmann::json())),
+                       checkpoint_phrase(r.value("checkpoint", int64_t{-1})), join_nodes(r.value("nodes", nlohmann::json())),
                        join_nodes(r.value("nodes_lost", nlohmann::json())));
     if (r.contains("node_change")) {
       const auto& c = r["node_change"];

@@ -1,6 +1,15 @@
 # The scenarios of the two-node group (sourced by tests/slurm/nodes.sh, which defines the
 # helpers, WORK, STEPS, EVERY, TIMEOUT and the seeds). Each reports through fail().
 
+# A restart after a stop or loss at step AT continues from the last checkpoint written by then:
+# at most EVERY steps back (the checkpoint at AT may have been cut off while being written). Before
+# the first checkpoint the run starts over: resumed_from is -1, the state of step 0.
+resumed_within_cadence() {  # resumed_within_cadence RESUMED_FROM AT
+  local r=$1
+  [ "$r" -eq -1 ] && r=0
+  [ "$r" -ge 0 ] && [ "$r" -le "$2" ] && [ $(($2 - r)) -le "$EVERY" ]
+}
+
 # stop: a rank stopped with SIGSTOP, N_STOPS times. A stopped process holds its sockets open, so
 # MPI on the other rank just waits: only the watchdog can notice. It must name the stopped rank
 # and its node within train.collective_timeout + 10 s; the job then restarts by itself from the
@@ -24,7 +33,7 @@ stop_one() {  # stop_one JOB I SLOT_START SLOT
   wait_until 90 starts_at_least stop $((i + 1)) || { fail "stop: no restart after the hang at step $at"; return 1; }
   st=$(nth_event stop start $((i + 1)))
   r=$(field "$st" resumed_from)
-  [ "$r" -le "$at" ] && [ $((at - r)) -le "$EVERY" ] || fail "stop: stopped at step $at, resumed from $r"
+  resumed_within_cadence "$r" "$at" || fail "stop: stopped at step $at, resumed from $r"
   log "stop $i: rank $rank on n$node stopped at step $at; named within $t0 s: $(field "$h" message); restarted from step $r"
 }
 
@@ -83,7 +92,7 @@ lose_one() {  # lose_one I SLOT_START SLOT
     { fail "nodeloss: no restart on one node within 120 s of losing n$node ($kind) at step $at: $(squeue -h -o '%i %T %r %N')"; return 1; }
   st=$(latest_start); r=$(field "$st" resumed_from)
   [ "$(field "$st" slurm.node_list)" = "n$((3 - node))" ] || fail "nodeloss: restarted on $(field "$st" slurm.node_list), not n$((3 - node))"
-  [ "$r" -le "$at" ] && [ $((at - r)) -le "$EVERY" ] || fail "nodeloss: lost n$node at step $at, resumed from $r"
+  resumed_within_cadence "$r" "$at" || fail "nodeloss: lost n$node at step $at, resumed from $r"
   log "nodeloss $i: n$node lost ($kind) at step $at; after $(( $(date +%s) - t0 )) s running on n$((3 - node)) alone (dp 1) from step $r"
   wait_until 60 step_at_least nodeloss $((r + 5)) || { fail "nodeloss: no progress on one node after loss $i"; return 1; }
   pace "$PACE_SLOW"
