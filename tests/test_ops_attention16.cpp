@@ -54,10 +54,7 @@ VF widen(const V16& h, DType t) {
   ops::to_f32(f.data(), h.data(), t, static_cast<int64_t>(h.size()));
   return f;
 }
-template <class A>
-bool same_bits(const A& a, const A& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
-}
+using test_support::same_bits;
 
 const DType kTypes[] = {DType::BF16, DType::F16};
 
@@ -186,15 +183,7 @@ TEST_CASE("native16 attention: small models train bit for bit as on the widened 
     for (DType t : kTypes) {
       CAPTURE(ops::dtype_name(t));
       const Run off = train(m, t, false, 3, B), on = train(m, t, true, 3, B);
-      REQUIRE(off.losses.size() == on.losses.size());
-      for (size_t s = 0; s < on.losses.size(); ++s) {
-        CAPTURE(s);
-        CHECK(std::memcmp(&on.losses[s], &off.losses[s], sizeof(double)) == 0);
-      }
-      for (size_t i = 0; i < on.grads.size(); ++i) {
-        CAPTURE(i);
-        CHECK(same_bits(on.grads[i], off.grads[i]));
-      }
+      test_support::check_same_bits(on, off);
       CHECK(on.workspace_peak <= off.workspace_peak);
       if (!ops::reads_as_stored(paths.of(t).path)) continue;  // a widened Linear may set both peaks
       // The widened attention's backward holds fp32 copies of qkv, dout and dqkv at once; the

@@ -29,9 +29,7 @@ using runner::ModelConfig;
 
 namespace {
 
-bool same_bits(const Vec& a, const Vec& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using test_support::same_bits;
 
 // One fc + GELU problem: x (N,C), W (OC,C), b (OC), d(out) (N,OC), and gradients that start
 // non-zero (backwards accumulate).
@@ -543,16 +541,7 @@ TEST_CASE("training with model.fuse on and off: add + norm fused, the same losse
         CHECK(off.fused == 0);
         CHECK(on.fused == (pol.fuses ? 2 : 0));
         CHECK(on.fused_recomputed == (pol.fuses && pol.recomputed ? 2 : 0));
-        REQUIRE(on.losses.size() == off.losses.size());
-        for (size_t s = 0; s < on.losses.size(); ++s) {
-          CAPTURE(s);
-          CHECK(std::memcmp(&on.losses[s], &off.losses[s], sizeof(double)) == 0);
-        }
-        for (size_t i = 0; i < on.grads.size(); ++i) {
-          CAPTURE(i);
-          CHECK(same_bits(on.grads[i], off.grads[i]));
-          CHECK(same_bits(on.weights[i], off.weights[i]));
-        }
+        test_support::check_same_bits(on, off, true);
       }
     }
 }

@@ -56,10 +56,7 @@ VF widen(const V16& h, DType t) {
 void fold(V16& d, const VF& g, DType t) { cpu().accumulate(d.data(), t, g.data(), static_cast<int64_t>(d.size())); }
 VF zeros(size_t n) { return VF(n, 0.0f); }
 
-template <class A>
-bool same_bits(const A& a, const A& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
-}
+using test_support::same_bits;
 
 const DType kTypes[] = {DType::BF16, DType::F16};
 
@@ -270,15 +267,7 @@ TEST_CASE("native16: small models train bit for bit as on the widened path, in l
     for (DType t : kTypes) {
       CAPTURE(ops::dtype_name(t));
       const Run off = train(m, t, false, 3), on = train(m, t, true, 3);
-      REQUIRE(off.losses.size() == on.losses.size());
-      for (size_t s = 0; s < on.losses.size(); ++s) {
-        CAPTURE(s);
-        CHECK(std::memcmp(&on.losses[s], &off.losses[s], sizeof(double)) == 0);
-      }
-      for (size_t i = 0; i < on.grads.size(); ++i) {
-        CAPTURE(i);
-        CHECK(same_bits(on.grads[i], off.grads[i]));
-      }
+      test_support::check_same_bits(on, off);
       CHECK(on.workspace_peak < off.workspace_peak);
     }
   }

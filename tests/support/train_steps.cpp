@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include <doctest/doctest.h>
+
 #include "ops/executor.h"
 #include "tests/support/device.h"
 #include "tests/support/models.h"
@@ -46,6 +48,20 @@ TrainSteps train_steps(const runner::GptSpec& spec, int steps) {
   for (auto& t : ps.grads) r.grads.push_back(host_values(t));
   for (auto& t : ps.values) r.weights.push_back(host_values(t));
   return r;
+}
+
+void check_same_bits(const TrainSteps& a, const TrainSteps& b, bool weights) {
+  REQUIRE(a.losses.size() == b.losses.size());
+  for (size_t s = 0; s < a.losses.size(); ++s) {
+    CAPTURE(s);
+    CHECK(std::memcmp(&a.losses[s], &b.losses[s], sizeof(double)) == 0);
+  }
+  REQUIRE(a.grads.size() == b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i) {
+    CAPTURE(i);
+    CHECK(same_bits(a.grads[i], b.grads[i]));
+    if (weights) CHECK(same_bits(a.weights[i], b.weights[i]));
+  }
 }
 
 }  // namespace test_support

@@ -5,6 +5,7 @@
 // (Executor::simulate), which must agree byte for byte.
 #pragma once
 #include <cstddef>
+#include <cstring>
 #include <vector>
 
 #include "runner/model/model.h"
@@ -21,5 +22,15 @@ struct TrainSteps {
 // `steps` steps on the test device (tests/support/device.h): step s reads tokens s.. of
 // random_tokens, dropout key 100 + s; AdamW lr 1e-2, betas (0.9, 0.95), eps 1e-8.
 TrainSteps train_steps(const runner::GptSpec& spec, int steps);
+
+// Two containers of the same element type hold the same bytes.
+template <class A>
+bool same_bits(const A& a, const A& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
+}
+
+// CHECKs that two runs are the same bit for bit: every step's loss and, after the last step,
+// every gradient (with `weights`, every parameter too), naming the step or parameter that differs.
+void check_same_bits(const TrainSteps& a, const TrainSteps& b, bool weights = false);
 
 }  // namespace test_support
