@@ -433,6 +433,18 @@ void add_total_rows(float* da, float* db, const float* dsum, int64_t off, int64_
   if (da) add_inplace_range(da + off, dsum + off, n);
   if (db) add_inplace_range(db + off, dsum + off, n);
 }
+// [i29: fused] The fp32 forward of AddLayerNorm and AddRMSNorm: per chunk of rows the Add's
+// pass into SUM, then NORM_ROWS(sum, r0, r1) over the rows just written (still in cache).
+template <class NormRows>
+void add_norm_forward_chunks(void* sum, const void* a, const void* b, int N, int C, NormRows norm_rows) {
+  float* s = static_cast<float*>(sum);
+  const float* pa = static_cast<const float*>(a);
+  const float* pb = static_cast<const float*>(b);
+  parallel_chunks(N, row_grain(C, kGrainStream), [=](int64_t r0, int64_t r1) {
+    add_range(s + r0 * C, pa + r0 * C, pb + r0 * C, (r1 - r0) * C);
+    norm_rows(s, r0, r1);
+  }, 1);
+}
 // [i29: fused] The fp32 backward of AddLayerNorm and AddRMSNorm over fixed row blocks:
 // NORM_ROWS(dsum, slot, r0, r1) writes d(sum) of rows [r0, r1) and the block's parameter
 // gradients into its slot (SLOT_ROWS x C floats), then the add passes d(sum) on to d(a) and
@@ -799,14 +811,10 @@ class CpuBackend final : public Backend {
     std::vector<float> ones, zeros;
     if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
     if (!bias) bias = (zeros.assign(C, 0.0f), zeros.data());
-    float* s = static_cast<float*>(sum);
     float* o = static_cast<float*>(out);
-    const float* pa = static_cast<const float*>(a);
-    const float* pb = static_cast<const float*>(b);
-    parallel_chunks(N, row_grain(C, kGrainStream), [=](int64_t r0, int64_t r1) {
-      add_range(s + r0 * C, pa + r0 * C, pb + r0 * C, (r1 - r0) * C);
+    add_norm_forward_chunks(sum, a, b, N, C, [=](const float* s, int64_t r0, int64_t r1) {
       layernorm_forward_rows(o, mean, rstd, s, weight, bias, r0, r1, C, eps);
-    }, 1);
+    });
   }
   void add_layernorm_backward(void* da, void* db, float* dweight, float* dbias, void* dsum, const void* dout,
                               const void* sum, const float* weight, const float* mean, const float* rstd, DType t,
@@ -830,14 +838,10 @@ class CpuBackend final : public Backend {
     if (t != DType::F32) return native16::add_rmsnorm_forward(*this, sum, out, rstd, a, b, weight, t, N, C, eps);
     std::vector<float> ones;
     if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
-    float* s = static_cast<float*>(sum);
     float* o = static_cast<float*>(out);
-    const float* pa = static_cast<const float*>(a);
-    const float* pb = static_cast<const float*>(b);
-    parallel_chunks(N, row_grain(C, kGrainStream), [=](int64_t r0, int64_t r1) {
-      add_range(s + r0 * C, pa + r0 * C, pb + r0 * C, (r1 - r0) * C);
+    add_norm_forward_chunks(sum, a, b, N, C, [=](const float* s, int64_t r0, int64_t r1) {
       rmsnorm_forward_rows(o, rstd, s, weight, r0, r1, C, eps);
-    }, 1);
+    });
   }
   void add_rmsnorm_backward(void* da, void* db, float* dweight, void* dsum, const void* dout, const void* sum,
                             const float* weight, const float* rstd, DType t, int N, int C) override {
