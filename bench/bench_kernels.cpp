@@ -1,8 +1,10 @@
 // Kernel benchmark for the CPU backend: GEMM throughput at the shapes a GPT step runs (fp32
 // sgemm, and the two 16-bit paths of ops/gemm_path.h at GPT-2 124M's shapes), attention
 // forward/backward, and the pointwise kernels (--native16: 16-bit native vs widened vs fp32, attention
-// included), at the current OpenMP thread count. Run as
+// included; --gemm16: the 16-bit GEMM paths alone; --dweight: what the thread-independent 16-bit
+// weight gradient costs against oneDNN's own split), at the current OpenMP thread count. Run as
 //   OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE build/bench_kernels [--quick] [--attention] [--native16]
+//       [--gemm16] [--dweight]
 // Each number is the best of several repetitions (the minimum is the least noisy
 // estimate on a shared machine), after one warm-up call.
 #include <cblas.h>
@@ -144,6 +146,70 @@ void bench_gemm16(ops::Backend& be, ops::DType t) {
   const ops::GemmPaths p = ops::choose_gemm_paths(ops::GemmMode::Auto);
   std::printf("chooser (start-up probe %d x %d -> %d): %s\n", p.probe_N, p.probe_C, p.probe_OC,
               p.of(t).summary().c_str());
+}
+
+// [i29] What the thread-count independence costs the 16-bit weight gradient: Backend::
+// matmul16_backward's dW (dnnl_dweight_fixed: fixed tiles, one thread inside each) against one
+// oneDNN call on the whole team (oneDNN's own split along the rows, whose sums depend on the
+// thread count: what ran before the fixed blocking). Per shape, then per training step of
+// bench/train_vs_torch.py's two configurations (each Linear's dW once per micro-batch), and a
+// last line of JSON for bench/thread_cost.py --dweight.
+void bench_dweight(ops::Backend& be, ops::DType t) {
+  std::printf("\n== 16-bit weight gradient (%s): fixed tiles vs oneDNN's own split, ms ==\n", ops::dtype_name(t));
+  if (!be.matmul16_available(t)) {
+    std::printf("oneDNN unavailable: %s\n", ops::cpu::dnnl_gemm_info(t).c_str());
+    return;
+  }
+  struct Shape {
+    int N, C, OC, per_step;
+    const char* what;
+  };
+  struct Config {
+    const char* name;
+    std::vector<Shape> shapes;
+  };
+  // small: vocab 256, d 384, 6 layers, batch 8 x seq 256; gpt2: vocab 50257, d 768, 12 layers, batch 4 x seq 64.
+  const Config configs[] = {
+      {"small", {{2048, 384, 1152, 6, "qkv"}, {2048, 384, 384, 6, "attn proj"}, {2048, 384, 1536, 6, "mlp fc"},
+                 {2048, 1536, 384, 6, "mlp proj"}, {2048, 384, 256, 1, "lm head"}}},
+      {"gpt2", {{256, 768, 2304, 12, "qkv"}, {256, 768, 768, 12, "attn proj"}, {256, 768, 3072, 12, "mlp fc"},
+                {256, 3072, 768, 12, "mlp proj"}, {256, 768, 50257, 1, "lm head"}}},
+  };
+  const int reps = std::max(3, g_reps);
+  std::printf("%-8s %-10s %-22s %10s %10s %7s\n", "config", "layer", "N x C -> OC", "fixed", "split", "ratio");
+  std::string json = "{";
+  for (const Config& cfg : configs) {
+    double fixed_step = 0, split_step = 0;
+    for (const Shape& s : cfg.shapes) {
+      const size_t nx = static_cast<size_t>(s.N) * s.C, nw = static_cast<size_t>(s.OC) * s.C,
+                   ny = static_cast<size_t>(s.N) * s.OC;
+      const auto x16 = randn16(t, nx, 1), w16 = randn16(t, nw, 2, 0.02f), dy16 = randn16(t, ny, 4);
+      std::vector<float> dw(nw, 0.0f);
+      double fixed = 1e30, split = 1e30;
+      for (int r = 0; r < reps; ++r) {  // alternated, so that the machine's noise hits both alike
+        fixed = std::min(fixed, best_time([&] {
+          be.matmul16_backward(nullptr, dw.data(), nullptr, dy16.data(), x16.data(), w16.data(), t, s.N, s.C, s.OC);
+        }, 1));
+        split = std::min(split, best_time([&] {
+          ops::cpu::dnnl_gemm(t, true, false, s.OC, s.C, s.N, dy16.data(), s.OC, x16.data(), s.C, nullptr, true,
+                              dw.data(), s.C);
+        }, 1));
+      }
+      char shape[48];
+      std::snprintf(shape, sizeof shape, "%d x %d -> %d", s.N, s.C, s.OC);
+      std::printf("%-8s %-10s %-22s %10.3f %10.3f %6.2fx\n", cfg.name, s.what, shape, fixed * 1e3, split * 1e3,
+                  fixed / split);
+      fixed_step += s.per_step * fixed;
+      split_step += s.per_step * split;
+    }
+    std::printf("%-8s %-10s %-22s %10.3f %10.3f %6.2fx   per step: +%.2f ms\n", cfg.name, "step", "(all Linears)",
+                fixed_step * 1e3, split_step * 1e3, fixed_step / split_step, (fixed_step - split_step) * 1e3);
+    char item[128];
+    std::snprintf(item, sizeof item, "%s\"%s\": {\"fixed_ms\": %.4f, \"split_ms\": %.4f}", json.size() > 1 ? ", " : "",
+                  cfg.name, fixed_step * 1e3, split_step * 1e3);
+    json += item;
+  }
+  std::printf("DWEIGHT_JSON %s}\n", json.c_str());
 }
 
 // Attention forward/backward at one shape, for each block-row size. `saved` floats per
@@ -369,18 +435,23 @@ void bench_native16_attention(ops::Backend& be, ops::DType t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool attention_only = false, native16_only = false, gemm16_only = false;  // [i29: native16]
+  bool attention_only = false, native16_only = false, gemm16_only = false, dweight_only = false;  // [i29]
   for (int i = 1; i < argc; i++) {
     if (std::strcmp(argv[i], "--quick") == 0) g_reps = 2;
     if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;
     if (std::strcmp(argv[i], "--native16") == 0) native16_only = true;
     if (std::strcmp(argv[i], "--gemm16") == 0) gemm16_only = true;
+    if (std::strcmp(argv[i], "--dweight") == 0) dweight_only = true;
   }
   ops::Backend& be = ops::cpu_backend();
   std::printf("backend %s, OpenMP threads %d, OpenBLAS threads %d, %s\n", be.name(), ops::num_threads(),
               openblas_get_num_threads(), openblas_get_config());
   if (gemm16_only) {
     bench_gemm16(be, ops::DType::BF16);
+    return 0;
+  }
+  if (dweight_only) {
+    bench_dweight(be, ops::DType::BF16);
     return 0;
   }
   if (native16_only) {

@@ -67,11 +67,12 @@ TEST_CASE("norm backward: weight and bias gradients do not depend on the thread 
 }
 
 TEST_CASE("matmul backward (fp32 sgemm and the 16-bit GEMMs): dweight and dbias do not depend on the thread count") {
-  // (C, OC): the quickstart's and a GPT-2-ish block's shapes, an odd OC, and a vocabulary-sized
-  // OC (the 16-bit dweight's wider tiles); small C * OC against a long K = N is where a GEMM
-  // library splits K across threads.
+  // (C, OC): the quickstart's and a GPT-2-ish block's shapes, an odd OC, a vocabulary-sized OC
+  // (the 16-bit dweight's 12 or more row tiles), and weights wide enough that the 16-bit dweight
+  // tiles their columns too (C 384 and 400: 2 and 3 column groups, odd last tiles); small C * OC
+  // against a long K = N is where a GEMM library splits K across threads.
   for (auto [C, OC] : {std::pair{128, 128}, std::pair{128, 512}, std::pair{192, 576}, std::pair{192, 773},
-                       std::pair{64, 5003}}) {
+                       std::pair{64, 5003}, std::pair{384, 1100}, std::pair{400, 300}}) {
     CAPTURE(C);
     CAPTURE(OC);
     Vec x = gc::randn(size_t(N) * C, 4), dout = gc::randn(size_t(N) * OC, 5), w = gc::randn(size_t(OC) * C, 6);

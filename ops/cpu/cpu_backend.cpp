@@ -112,41 +112,40 @@ void sgemm_fixed_k(bool ta, bool tb, int M, int N, int K, const float* A, int ld
 // dweight (M,C) += dout^T @ inp, the 16-bit weight gradient through oneDNN, with the same bits
 // on any thread count. oneDNN's matmul splits a GEMM whose M x N is small against its long K
 // (here K = the rows, M x N the weight) across threads along K and sums the threads' partials:
-// the result depends on the thread count (tests/test_ops_threads.cpp). So the split is ours
-// and fixed by the shape alone: tiles of 256 weight rows (at most 16 tiles: a vocabulary-sized
-// weight gets wider ones, since each tile repacks the whole inp), and when that gives under four
-// tiles, K cut into up to four panels (multiples of 64 rows) summed in panel order. Each tile is
-// one single-threaded oneDNN call (a thread count of 1 inside the tile), the tiles shared out
-// across the team. dout: (K,M) stored, inp: (K,C), both of dtype t.
+// the result depends on the thread count (tests/test_ops_threads.cpp). So the split is ours and
+// fixed by the shape alone: 2-D tiles of the weight, each one single-threaded oneDNN call over
+// the whole K (a thread count of 1 inside the tile: no split, no partials to fold), the tiles
+// shared out across the team. kTiles = 12 tiles where the weight allows (an even share for 1, 2,
+// 3, 4, 6 or 12 threads): weight rows in the fewest of 1, 2, 3, 4, 6 or 12 groups that keeps
+// them at most 256 rows, then columns in groups of at least 128 to make up 12; a weight too
+// tall for 12 groups of 256 rows (a vocabulary) gets 12, 24, 36 or 48 row groups, each tile
+// repacking the whole inp. Measured (bench_kernels --dweight, bench/thread_cost.py, 2 threads):
+// as fast as oneDNN's own split on bench/train_vs_torch.py's small configuration and faster
+// on GPT-2 124M (the lm head's 50257 rows: 48 vs 65 ms); the 1-D tiles of 256 rows this
+// replaces (K cut into summed panels when fewer than four) cost 3% of a bf16 step.
+// dout: (K,M) stored, inp: (K,C), both of dtype t.
 void dnnl_dweight_fixed(float* dweight, const void* dout, const void* inp, DType t, int K, int C, int M) {
-  constexpr int kMinTiles = 4, kMaxTiles = 16;
-  const int kRows = std::max(256, ((M + kMaxTiles - 1) / kMaxTiles + 63) / 64 * 64);
-  const int nm = (M + kRows - 1) / kRows;
-  int nk = nm >= kMinTiles ? 1 : std::min((kMinTiles + nm - 1) / nm, std::max(1, K / 256));
-  const int kb = ((K + nk - 1) / nk + 63) / 64 * 64;  // panel rows, a multiple of 64
-  nk = std::max(1, (K + kb - 1) / kb);
+  constexpr int kTiles = 12, kMaxRows = 256, kMinCols = 128, kMaxRowGroups = 4 * kTiles;
+  if (M <= 0 || C <= 0 || K <= 0) return;  // nothing to add
+  int nm = 0;
+  for (int d = 1; d <= kTiles && !nm; ++d)
+    if (kTiles % d == 0 && (M + d - 1) / d <= kMaxRows) nm = d;
+  if (!nm) nm = std::min((M + kMaxRows - 1) / kMaxRows, kMaxRowGroups) / kTiles * kTiles;
+  const int mr = ((M + nm - 1) / nm + 15) / 16 * 16;  // rows per tile, a multiple of 16
+  nm = (M + mr - 1) / mr;
+  int nc = nm >= kTiles ? 1 : std::max(1, std::min((kTiles + nm - 1) / nm, C / kMinCols));
+  const int cw = ((C + nc - 1) / nc + 15) / 16 * 16;  // columns per tile
+  nc = (C + cw - 1) / cw;
   const auto* d16 = static_cast<const uint16_t*>(dout);
   const auto* x16 = static_cast<const uint16_t*>(inp);
-  std::vector<float> part(nk > 1 ? static_cast<size_t>(nk) * M * C : 0);  // (nk, M, C) panel partials
-  float* pp = part.data();
-  parallel_blocks(int64_t{nm} * nk, 1, [=](int64_t u, int64_t, int) {
-    const int mi = static_cast<int>(u / nk), ki = static_cast<int>(u % nk);
-    const int m0 = mi * kRows, m1 = std::min(M, m0 + kRows), k0 = ki * kb, k1 = std::min(K, k0 + kb);
+  parallel_blocks(int64_t{nm} * nc, 1, [=](int64_t u, int64_t, int) {
+    const int mi = static_cast<int>(u / nc), ci = static_cast<int>(u % nc);
+    const int m0 = mi * mr, m1 = std::min(M, m0 + mr), c0 = ci * cw, c1 = std::min(C, c0 + cw);
     const int saved = omp_get_max_threads();
     omp_set_num_threads(1);  // oneDNN fixes its split for the count it sees: one thread, no split
-    float* c = nk > 1 ? pp + (static_cast<size_t>(ki) * M + m0) * C : dweight + static_cast<size_t>(m0) * C;
-    dnnl_gemm(t, true, false, m1 - m0, C, k1 - k0, d16 + static_cast<size_t>(k0) * M + m0, M,
-              x16 + static_cast<size_t>(k0) * C, C, nullptr, nk == 1, c, C);
+    dnnl_gemm(t, true, false, m1 - m0, c1 - c0, K, d16 + m0, M, x16 + c0, C, nullptr, true,
+              dweight + static_cast<size_t>(m0) * C + c0, C);
     omp_set_num_threads(saved);
-  });
-  if (nk == 1) return;
-  const size_t n = static_cast<size_t>(M) * C;
-  parallel_chunks(static_cast<int64_t>(n), kGrainStream, [=](int64_t i0, int64_t i1) {
-    for (int ki = 0; ki < nk; ki++) {
-      const float* s = pp + ki * n;
-#pragma omp simd
-      for (int64_t i = i0; i < i1; i++) dweight[i] += s[i];
-    }
   });
 }
 
