@@ -501,6 +501,12 @@ __global__ void gelu_fwd_k(float* out, const float* inp, int64_t n) { GRID_STRID
 __global__ void gelu_bwd_k(float* dinp, const float* inp, const float* dout, int64_t n) {
   GRID_STRIDE(i, n) dinp[i] += dout[i] * gelu_grad_d(inp[i]);
 }
+// [i29: fused] LinearGelu's backward: d(pre) = d(out) * gelu'(pre), in place over d(out). The
+// composed default's bits (Backend::linear_gelu_backward: 0 + d(out) * gelu'(pre) into a zeroed
+// temporary, then copied back) without its (N, OC) temporary, which no ledger counts.
+__global__ void gelu_bwd_inplace_k(float* d, const float* pre, int64_t n) {
+  GRID_STRIDE(i, n) d[i] = 0.0f + d[i] * gelu_grad_d(pre[i]);
+}
 __global__ void swiglu_fwd_k(float* out, const float* inp, int64_t N, int H) {
   GRID_STRIDE(idx, N * H) {
     const int64_t r = idx / H, i = idx % H;
@@ -961,6 +967,15 @@ class CudaBackend final : public Backend {
     if (!dinp || n == 0) return;
     gelu_bwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, inp, dout, n);
     LAUNCH_CHECK();
+  }
+  void linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre, const float* inp,
+                            const float* weight, int N, int C, int OC) override {
+    const int64_t n = static_cast<int64_t>(N) * OC;
+    if (n > 0) {
+      gelu_bwd_inplace_k<<<blocks_for(n), kThreads, 0, stream_>>>(dpre, pre, n);
+      LAUNCH_CHECK();
+    }
+    matmul_backward(dinp, dweight, dbias, dpre, inp, weight, N, C, OC);
   }
   void swiglu_forward(float* out, const float* inp, int N, int H) override {
     const int64_t n = static_cast<int64_t>(N) * H;

@@ -216,6 +216,28 @@ TEST_CASE("matmul + bias + GELU epilogue matches matmul_forward then gelu_forwar
   check_close(gout.host(), out, 1e-3f, 1e-3f, "gelu out (cuBLASLt's tanh GELU vs ours)");
 }
 
+TEST_CASE("linear_gelu_backward: in place, the composed default's bits") {
+  const int N = 64, C = 128, OC = 256;
+  auto x = randn(N * C, 33), w = randn(OC * C, 34, 0.1f), pre = randn(N * OC, 35), dout = randn(N * OC, 36);
+  auto dx0 = randn(N * C, 37), dw0 = randn(OC * C, 38), db0 = randn(OC, 39);
+  DevF gx(x), gw(w), gpre(pre);
+  DevF a_dpre(dout), a_dx(dx0), a_dw(dw0), a_db(db0), b_dpre(dout), b_dx(dx0), b_dw(dw0), b_db(db0);
+  gpu().linear_gelu_backward(a_dx.p(), a_dw.p(), a_db.p(), a_dpre.p(), gpre.p(), gx.p(), gw.p(), N, C, OC);
+  gpu().ops::Backend::linear_gelu_backward(b_dx.p(), b_dw.p(), b_db.p(), b_dpre.p(), gpre.p(), gx.p(), gw.p(), N, C, OC);
+  cu::synchronize();
+  CHECK(a_dpre.host() == b_dpre.host());
+  CHECK(a_dx.host() == b_dx.host());
+  CHECK(a_dw.host() == b_dw.host());
+  CHECK(a_db.host() == b_db.host());
+  // Against the CPU's fused kernel.
+  std::vector<float> dpre = dout, dx = dx0, dw = dw0, db = db0;
+  cpu().linear_gelu_backward(dx.data(), dw.data(), db.data(), dpre.data(), pre.data(), x.data(), w.data(), N, C, OC);
+  check_close(a_dpre.host(), dpre, 1e-5f, 1e-5f, "d(pre)");
+  check_close(a_dx.host(), dx, 1e-4f, 1e-4f, "dx");
+  check_close(a_dw.host(), dw, 1e-4f, 1e-4f, "dw");
+  check_close(a_db.host(), db, 1e-4f, 1e-4f, "db");
+}
+
 TEST_CASE("16-bit matmul (bf16, fp16 operands, fp32 accumulation and outputs)") {
   const int N = 64, C = 128, OC = 96;
   for (DType t : {DType::BF16, DType::F16}) {
