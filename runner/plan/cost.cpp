@@ -129,9 +129,10 @@ NodeCost linear_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
   // The executor widens a 16-bit Linear to fp32 and runs sgemm where its operands do not share
   // one 16-bit dtype or sequence parallelism gathers them (ops/op_linear.cpp, reads16); in the
   // backward also where d(y) is fp32: the logits' under precision.logits_grad: fp32.
+  auto dtype_of = [&](int id) { return g.tensors[static_cast<size_t>(id)].dtype; };
   bool as16 = c.dtype != "fp32" && !n.gather_input && !n.scatter_output;
-  for (int id : n.in) as16 = as16 && g.tensors[static_cast<size_t>(id)].dtype == g.tensors[static_cast<size_t>(n.in[0])].dtype;
-  const bool bwd16 = as16 && (n.dout16 || g.tensors[static_cast<size_t>(n.out[0])].dtype == g.tensors[static_cast<size_t>(n.in[0])].dtype);
+  for (int id : n.in) as16 = as16 && dtype_of(id) == dtype_of(n.in[0]);
+  const bool bwd16 = as16 && (n.dout16 || dtype_of(n.out[0]) == dtype_of(n.in[0]));
   const std::string fwd_dt = as16 ? c.dtype : "fp32", bwd_dt = bwd16 ? c.dtype : "fp32";
   k.fwd = c.gemm_as(fwd_dt, rows, oc, ic);
   k.bwd = c.gemm_as(bwd_dt, rows, ic, oc) + c.gemm_as(bwd_dt, oc, ic, rows);
