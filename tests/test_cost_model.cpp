@@ -131,6 +131,12 @@ TEST_CASE("bf16: the output layer's backward is priced at fp32's rate unless pre
   const StepCost f32 = predict_step(plan_of({}), hw);
   const double gemm32 = 3 * (kLayers * kLayerGemmFlops + kHeadGemmFlops) / kGemmRate;
   CHECK(f32.compute - lg.compute > 0.7 * gemm32);
+  // A GPU's profile models published runs (16-bit GEMMs throughout): the head at bf16's rate
+  // either way.
+  const StepCost gpu_wide = predict_step(plan_of({"precision.compute=bf16", "hardware.device=h100-80gb"}), hw);
+  const StepCost gpu_lg = predict_step(
+      plan_of({"precision.compute=bf16", "hardware.device=h100-80gb", "precision.logits_grad=compute"}), hw);
+  CHECK(gpu_wide.compute == doctest::Approx(gpu_lg.compute).epsilon(1e-12));
 }
 
 TEST_CASE("recompute full adds exactly the layers' forward; selective adds its modules' forward") {

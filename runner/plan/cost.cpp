@@ -84,6 +84,7 @@ struct Ctx {
   int threads = 0;
   std::string dtype;      // GEMM and attention dtype: precision.compute
   bool tp_inter = false;  // the tensor-parallel group crosses nodes
+  bool host = false;      // a host (CPU) device: its profile measured this executor's kernels
   double coll(Collective op, int64_t ranks, double bytes, bool inter) const {
     return ranks > 1 ? hw.collective_seconds(op, static_cast<int>(ranks), bytes, inter) : 0.0;
   }
@@ -126,14 +127,20 @@ NodeCost linear_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
   NodeCost k;
   const int64_t rows = dim(g, n.in[0], 0) * (n.gather_input ? g.sp_parts : 1);
   const int64_t oc = dim(g, n.in[1], 0), ic = dim(g, n.in[1], 1);
-  // The executor widens a 16-bit Linear to fp32 and runs sgemm where its operands do not share
-  // one 16-bit dtype or sequence parallelism gathers them (ops/op_linear.cpp, reads16); in the
-  // backward also where d(y) is fp32: the logits' under precision.logits_grad: fp32.
+  // On a host device the executor widens a 16-bit Linear to fp32 and runs sgemm where its
+  // operands do not share one 16-bit dtype (ops/op_linear.cpp, reads16), in the backward also
+  // where d(y) is fp32: the logits' under precision.logits_grad: fp32. Priced at fp32's GEMM
+  // rate there: the CPU profile measured these kernels. Not priced: the widening under sequence
+  // parallelism (its collectives run on fp32 copies), and anything on a GPU, whose profile
+  // models the published runs it was fitted to (16-bit GEMMs throughout) rather than this
+  // executor: its CUDA path widens the same GEMMs (unmeasured; docs/search.md).
   auto dtype_of = [&](int id) { return g.tensors[static_cast<size_t>(id)].dtype; };
-  bool as16 = c.dtype != "fp32" && !n.gather_input && !n.scatter_output;
-  for (int id : n.in) as16 = as16 && dtype_of(id) == dtype_of(n.in[0]);
-  const bool bwd16 = as16 && (n.dout16 || dtype_of(n.out[0]) == dtype_of(n.in[0]));
-  const std::string fwd_dt = as16 ? c.dtype : "fp32", bwd_dt = bwd16 ? c.dtype : "fp32";
+  bool wide_fwd = false, wide_bwd = false;
+  if (c.host && c.dtype != "fp32") {
+    for (int id : n.in) wide_fwd = wide_fwd || dtype_of(id) != dtype_of(n.in[0]);
+    wide_bwd = wide_fwd || (!n.dout16 && dtype_of(n.out[0]) != dtype_of(n.in[0]));
+  }
+  const std::string fwd_dt = wide_fwd ? "fp32" : c.dtype, bwd_dt = wide_bwd ? "fp32" : c.dtype;
   k.fwd = c.gemm_as(fwd_dt, rows, oc, ic);
   k.bwd = c.gemm_as(bwd_dt, rows, ic, oc) + c.gemm_as(bwd_dt, oc, ic, rows);
   const double y_bytes = static_cast<double>(rows * oc) * 4.0, x_bytes = static_cast<double>(rows * ic) * 4.0;
@@ -482,6 +489,7 @@ StepCost predict_step(const Plan& p, const HardwareProfile& hw) {
   StepCost sc;
   sc.threads = threads_per_rank(p, hw);
   Ctx c{p, hw, sc.threads, to_string(p.recipe.precision.compute)};
+  c.host = device_kind(p.recipe.hardware).host;
   const int64_t node = ranks_per_node(p, hw);
   if (device_kind(p.recipe.hardware).host && hw.cores > 0) {
     const double busy = static_cast<double>(std::min<int64_t>(p.world, node)) * std::max(1, sc.threads);
