@@ -167,19 +167,6 @@ void store_row(typename In::E* dst, const float* src, int HS) {
   else tile_from_f32(dst, src, In::t, HS);
 }
 
-// d[0, n) := RNE_t(d + (0 + g)): Backend::accumulate's fold of g, the value an fp32 kernel
-// leaves in a zeroed buffer (0 + g, not g: -0 in a zeroed buffer is +0), into a 16-bit row.
-void fold_row(uint16_t* d, const float* g, DType t, int n) {
-  constexpr int kPiece = 64;
-  float tmp[kPiece];
-  for (int i0 = 0; i0 < n; i0 += kPiece) {
-    const int m = std::min(kPiece, n - i0);
-    tile_to_f32(tmp, d + i0, t, m);
-#pragma omp simd
-    for (int i = 0; i < m; i++) tmp[i] += 0.0f + g[i0 + i];
-    tile_from_f32(d + i0, tmp, t, m);
-  }
-}
 
 // keep[s] = 1/(1-p) if rng_uniform(key, counter0 + s) >= p else 0, s in [0, n) (n a multiple of 16).
 OPS_INLINE void dropout_factors(float* keep, int n, uint64_t key, uint64_t counter0, float p, float kscale) {
@@ -285,7 +272,7 @@ void forward_head(typename In::E* o, float* lse, const typename In::E* q, const 
 }
 
 // dq += this head's dQ; dk, dv += (add_kv) or = its dK, dV (see backward_head). For a 16-bit
-// In, "+=" is one fold per element (fold_row); dk, dv written (not added) are the fp32
+// In, "+=" is one fold per element (tile_fold); dk, dv written (not added) are the fp32
 // workspace's, whatever In.
 template <class In>
 void add_head_gradients(typename In::E* dq, void* dk_, void* dv_, int ldkv, bool add_kv, const float* dQp,
@@ -298,7 +285,7 @@ void add_head_gradients(typename In::E* dq, void* dk_, void* dv_, int ldkv, bool
 #pragma omp simd
       for (int i = 0; i < HS; i++) dq[dst + i] += dQp[src + i];
     } else {
-      fold_row(dq + dst, dQp + src, In::t, HS);
+      tile_fold(dq + dst, dQp + src, In::t, HS);
     }
     if (add_kv) {
       E* dk = static_cast<E*>(dk_);
@@ -310,8 +297,8 @@ void add_head_gradients(typename In::E* dq, void* dk_, void* dv_, int ldkv, bool
           dv[kdst + i] += dVp[src + i];
         }
       } else {
-        fold_row(dk + kdst, dKp + src, In::t, HS);
-        fold_row(dv + kdst, dVp + src, In::t, HS);
+        tile_fold(dk + kdst, dKp + src, In::t, HS);
+        tile_fold(dv + kdst, dVp + src, In::t, HS);
       }
     } else {
       std::memcpy(static_cast<float*>(dk_) + kdst, dKp + src, sizeof(float) * HS);
@@ -446,7 +433,7 @@ void forward_all(typename In::E* out, float* lse, const typename In::E* qkv, int
 // dK and dV of key-value head j of row b: += the group's panels in the workspace, in query
 // head order (a fixed order: the sum does not depend on the thread count). work: (B,NH,T,2HS).
 // For a 16-bit In the group's sum is made in fp32 from zero, in the same order, and folded
-// once per element (fold_row): the fp32 path's sum into a zeroed copy, then its fold.
+// once per element (tile_fold): the fp32 path's sum into a zeroed copy, then its fold.
 template <class In>
 void sum_group(typename In::E* dqkv, const float* work, int b, int j, int T, int C, int W, int HS, Heads hd) {
   typename In::E* dk = dqkv + static_cast<size_t>(b) * T * W + C + static_cast<size_t>(j) * HS;
@@ -474,8 +461,8 @@ void sum_group(typename In::E* dqkv, const float* work, int b, int j, int T, int
 #pragma omp simd
         for (int i = 0; i < 2 * HS; i++) acc[i] += wk[i];
       }
-      fold_row(dk + static_cast<size_t>(t) * W, acc, In::t, HS);
-      fold_row(dv + static_cast<size_t>(t) * W, acc + HS, In::t, HS);
+      tile_fold(dk + static_cast<size_t>(t) * W, acc, In::t, HS);
+      tile_fold(dv + static_cast<size_t>(t) * W, acc + HS, In::t, HS);
     }
   }
 }

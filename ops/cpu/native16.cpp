@@ -19,9 +19,9 @@ namespace {
 constexpr int64_t kTile = 1 << 13;
 int64_t tile_rows(int64_t width) { return std::max<int64_t>(1, kTile / std::max<int64_t>(width, 1)); }
 
-// Thread-local fp32 tile buffer number k (of 4), at least n floats; zeroed when asked.
+// Thread-local fp32 tile buffer number k (of 3), at least n floats; zeroed when asked.
 float* buf(int k, int64_t n, bool zero = false) {
-  thread_local std::vector<float> b[4];
+  thread_local std::vector<float> b[3];
   if (static_cast<int64_t>(b[k].size()) < n) b[k].resize(static_cast<size_t>(n));
   if (zero) std::fill(b[k].begin(), b[k].begin() + n, 0.0f);
   return b[k].data();
@@ -40,14 +40,9 @@ float* widen(int k, const void* src, DType t, int64_t off, int64_t n) {
   return b;
 }
 void round_out(void* dst, DType t, int64_t off, const float* src, int64_t n) { tile_from_f32(at(dst, off), src, t, n); }
-// dst[off, off + n) := RNE(dst + g): Backend::accumulate's fold, one tile.
-void fold(void* dst, DType t, int64_t off, const float* g, int64_t n) {
-  float* tmp = buf(3, n);
-  tile_to_f32(tmp, at(dst, off), t, n);
-#pragma omp simd
-  for (int64_t k = 0; k < n; ++k) tmp[k] += g[k];
-  tile_from_f32(at(dst, off), tmp, t, n);
-}
+// dst[off, off + n) := RNE(dst + g): Backend::accumulate's fold, one tile (g accumulated into
+// a zeroed tile buffer, as on the widened path).
+void fold(void* dst, DType t, int64_t off, const float* g, int64_t n) { cpu::tile_fold(at(dst, off), g, t, n); }
 
 // f(first, count) on the tiles of [0, n), shared out over the OpenMP team.
 template <class F>

@@ -48,4 +48,20 @@ inline void tile_from_f32(uint16_t* __restrict d, const float* __restrict s, DTy
   for (; i < n; ++i) d[i] = f32_to_f16(s[i]);
 }
 
+// d[i] := RNE_t(d[i] + (0 + g[i])), i in [0, n): Backend::accumulate's fold of an fp32 gradient
+// into a 16-bit one, in pieces of 64 through a stack buffer. The `0 +` is the zeroed fp32 buffer
+// the widened path accumulates into (a -0 contribution there is +0), so g may be a kernel's
+// written result as well as one accumulated into zeros (where adding 0 again changes nothing).
+inline void tile_fold(uint16_t* d, const float* g, DType t, int64_t n) {
+  constexpr int64_t kPiece = 64;
+  float tmp[kPiece];
+  for (int64_t i0 = 0; i0 < n; i0 += kPiece) {
+    const int64_t m = n - i0 < kPiece ? n - i0 : kPiece;
+    tile_to_f32(tmp, d + i0, t, m);
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) tmp[i] += 0.0f + g[i0 + i];
+    tile_from_f32(d + i0, tmp, t, m);
+  }
+}
+
 }  // namespace ops::cpu
