@@ -145,18 +145,13 @@ namespace {
 
 using Run = test_support::TrainSteps;
 
-// `steps` steps of a small model (tests/support/train_steps.h), native kernels on or off; the
-// dry run checked at every step in this mode.
+// `steps` steps of a small model, native kernels on or off (tests/support/train_steps.h).
 Run train(const runner::ModelConfig& m, DType act, bool native, int steps, int64_t B) {
-  ops::set_native16(native);
   runner::GptSpec spec;
   spec.model = m;
   spec.B = B;
   spec.act_dtype = act;
-  Run r = test_support::train_steps(spec, steps);
-  CHECK(r.dry_run_exact);
-  ops::set_native16(true);
-  return r;
+  return test_support::train_steps_native16(spec, native, steps);
 }
 
 }  // namespace

@@ -196,18 +196,21 @@ struct Model {
   }
 };
 
+// The graph the builder makes of m in dtype act under tp ranks, with or without sequence parallelism.
+ops::Graph graph_of(const ModelConfig& m, ops::DType act, int64_t tp, bool sp) {
+  runner::GptSpec s;
+  s.model = m;
+  s.act_dtype = act;
+  s.tp = tp;
+  s.sequence_parallel = sp;
+  return runner::build_gpt_graph(s);
+}
+
 }  // namespace
 
 TEST_CASE("model.fuse: the builder fuses fc + gelu only where the graph allows it") {
   test_support::test_device();
-  auto kinds = [](ModelConfig m, ops::DType act, int64_t tp, bool sp) {
-    runner::GptSpec s;
-    s.model = m;
-    s.act_dtype = act;
-    s.tp = tp;
-    s.sequence_parallel = sp;
-    return runner::build_gpt_graph(s);
-  };
+  auto kinds = graph_of;
   const ModelConfig on = small_gpt(true), off = small_gpt(false);
   CHECK(count_kind(kinds(on, ops::DType::F32, 1, false), ops::OpKind::LinearGelu) == 2);
   CHECK(count_kind(kinds(on, ops::DType::F32, 1, false), ops::OpKind::Gelu) == 0);
@@ -548,13 +551,8 @@ TEST_CASE("training with model.fuse on and off: add + norm fused, the same losse
 
 TEST_CASE("model.fuse: the builder fuses add + norm only where the graph allows it") {
   test_support::test_device();
-  auto count = [](ModelConfig m, ops::DType act, int64_t tp, bool sp) {
-    runner::GptSpec s;
-    s.model = m;
-    s.act_dtype = act;
-    s.tp = tp;
-    s.sequence_parallel = sp;
-    const ops::Graph g = runner::build_gpt_graph(s);
+  auto count = [](const ModelConfig& m, ops::DType act, int64_t tp, bool sp) {
+    const ops::Graph g = graph_of(m, act, tp, sp);
     return count_kind(g, ops::OpKind::AddLayerNorm) + count_kind(g, ops::OpKind::AddRMSNorm);
   };
   const ModelConfig on = small_gpt(true), off = small_gpt(false);

@@ -238,21 +238,16 @@ namespace {
 
 using Run = test_support::TrainSteps;
 
-// `steps` steps of a small model (tests/support/train_steps.h), native kernels on or off; the
-// dry run checked at every step in this mode. `grad` is the parameters' gradient dtype
-// (precision.grad_accum): fp32 buffers are accumulated into directly, 16-bit ones through the
-// executor's widened fold.
+// `steps` steps of a small model, native kernels on or off (tests/support/train_steps.h).
+// `grad` is the parameters' gradient dtype (precision.grad_accum): fp32 buffers are accumulated
+// into directly, 16-bit ones through the executor's widened fold.
 Run train(const runner::ModelConfig& m, DType act, bool native, int steps, DType grad = DType::F32) {
-  ops::set_native16(native);
   runner::GptSpec spec;
   spec.model = m;
   spec.B = 3;
   spec.act_dtype = act;
   spec.grad_dtype = grad;
-  Run r = test_support::train_steps(spec, steps);
-  CHECK(r.dry_run_exact);
-  ops::set_native16(true);
-  return r;
+  return test_support::train_steps_native16(spec, native, steps);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include "ops/executor.h"
+#include "ops/ops.h"
 #include "tests/support/device.h"
 #include "tests/support/models.h"
 
@@ -47,6 +48,14 @@ TrainSteps train_steps(const runner::GptSpec& spec, int steps) {
   }
   for (auto& t : ps.grads) r.grads.push_back(host_values(t));
   for (auto& t : ps.values) r.weights.push_back(host_values(t));
+  return r;
+}
+
+TrainSteps train_steps_native16(const runner::GptSpec& spec, bool native, int steps) {
+  ops::set_native16(native);
+  TrainSteps r = train_steps(spec, steps);
+  ops::set_native16(true);
+  CHECK(r.dry_run_exact);
   return r;
 }
 

@@ -22,6 +22,9 @@ struct TrainSteps {
 // `steps` steps on the test device (tests/support/device.h): step s reads tokens s.. of
 // random_tokens, dropout key 100 + s; AdamW lr 1e-2, betas (0.9, 0.95), eps 1e-8.
 TrainSteps train_steps(const runner::GptSpec& spec, int steps);
+// The same with the 16-bit-native kernels switched on or off (ops::set_native16; on again
+// after), CHECKing that the dry run was exact in that mode.
+TrainSteps train_steps_native16(const runner::GptSpec& spec, bool native, int steps);
 
 // Two containers of the same element type hold the same bytes.
 template <class A>
