@@ -18,7 +18,7 @@
 #include "runner/errors.h"
 #include "runner/run/restart.h"
 #include "runner/signals.h"
-#include "runner/train/launch.h"
+#include "runner/train/mpi_job.h"
 
 using namespace runner;
 

@@ -11,7 +11,7 @@
 
 #include "ops/tensor.h"
 #include "runner/data/data.h"
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 
 namespace runner {
 

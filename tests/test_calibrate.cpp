@@ -1,4 +1,4 @@
-// `runner calibrate` (runner/device/calibrate.h): --quick writes a profile that hardware.profile
+// `runner calibrate` (runner/perf/calibrate.h): --quick writes a profile that hardware.profile
 // loads, with GEMM rates per dtype and thread count measured, attention, the memory-bound ops'
 // bandwidths and the launch cost; under mpirun with 2 ranks it records the collectives' fits for
 // a group of 2 and takes the intra-node link from the measured send_recv; bad options exit 2.
@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "runner/device/calibrate.h"
-#include "runner/device/profile.h"
+#include "runner/perf/calibrate.h"
+#include "runner/perf/hardware_profile.h"
 #include "runner/recipe/recipe.h"
 #include "tests/support/process.h"
 #include "tests/support/temp_dir.h"

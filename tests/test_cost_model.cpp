@@ -1,4 +1,4 @@
-// The cost model (runner/plan/cost.h) against hand-computed cases.
+// The cost model (runner/perf/cost.h) against hand-computed cases.
 //
 // A hardware profile built by hand (one GEMM rate, so a GEMM of m x n x k takes 2mnk / rate;
 // one bandwidth for the memory-bound operators; known links) and a tiny GPT (vocab 64, seq 16,
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "runner/plan/cost.h"
+#include "runner/perf/cost.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
 

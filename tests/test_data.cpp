@@ -17,9 +17,9 @@
 
 #include "ops/rng.h"
 #include "runner/data/data.h"
-#include "runner/data/internal.h"
-#include "runner/hdf5/hdf5.h"
+#include "runner/data/data_internal.h"
 #include "runner/errors.h"
+#include "runner/hdf5/hdf5.h"
 #include "tests/support/temp_dir.h"
 
 using namespace runner;

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "runner/data/data.h"
-#include "runner/data/internal.h"
+#include "runner/data/data_internal.h"
 #include "runner/errors.h"
 #include "runner/recipe/recipe.h"
 #include "tests/support/a_runs.h"

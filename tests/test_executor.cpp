@@ -7,7 +7,7 @@
 #include "ops/backend.h"
 #include "ops/executor.h"
 #include "ops/rng.h"
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 #include "runner/train/optimizer.h"
 #include "tests/support/device.h"
 #include "tests/support/models.h"

@@ -18,7 +18,7 @@
 #include "ops/gemm_path.h"
 #include "ops/ops.h"
 #include "ops/rng.h"
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 #include "tests/support/models.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// The hardware profile (runner/device/profile.h) the layout search prices layouts with: its JSON
+// The hardware profile (runner/perf/hardware_profile.h) the layout search prices layouts with: its JSON
 // file round-trips exactly; GEMM and attention rates interpolate between measured shapes (exact
 // at them, between neighbours between them, never above the peak); the collective model matches
 // the ring/tree formulas computed by hand and prefers measured fits; the recipe's links override
@@ -11,8 +11,9 @@
 #include <string>
 
 #include "ops/gemm_path.h"
-#include "runner/device/profile.h"
+#include "runner/device/devices.h"
 #include "runner/errors.h"
+#include "runner/perf/hardware_profile.h"
 #include "runner/recipe/recipe.h"
 #include "tests/support/temp_dir.h"
 
@@ -237,11 +238,33 @@ TEST_CASE("built-in GPU profiles give figures in the published range") {
   // Attention below the GEMM's efficiency, the backward slower than the forward.
   const double fwd = a.attention_seconds("bf16", 64, 4096, 128, false, 0);
   CHECK(a.attention_seconds("bf16", 64, 4096, 128, true, 0) > 2 * fwd);
-  // The kinds without a data sheet need a peak or a profile.
-  hw.device = "cuda";
-  CHECK_THROWS_AS(builtin_profile(hw), UserError);
-  hw.peak_tflops = 100;
-  CHECK(builtin_profile(hw).peak_flops_bf16 == 100e12);
+  // The kinds that are no one model (`cuda`: whichever GPU is found; `custom`) have no built-in
+  // profile, even with a peak: another GPU's figures would price every layout wrongly.
+  for (const char* d : {"cuda", "custom"}) {
+    hw.device = d;
+    hw.peak_tflops = 0;
+    CHECK_THROWS_AS(builtin_profile(hw), UserError);
+    hw.peak_tflops = 100;
+    try {
+      builtin_profile(hw);
+      FAIL("hardware.device " << d << " got a built-in profile");
+    } catch (const UserError& e) {
+      CHECK(std::string(e.what()).find("no built-in hardware profile") != std::string::npos);
+      CHECK(e.fix().find("runner calibrate") != std::string::npos);
+      CHECK(e.fix().find("h100-80gb") != std::string::npos);
+    }
+  }
+  hw.peak_tflops = 0;
+  // Every GPU model the device table names has the figures its built-in profile is made of.
+  for (const DeviceKind& k : device_kinds()) {
+    if (!k.gpu || k.name == "cuda") continue;
+    CAPTURE(k.name);
+    CHECK(k.figures.known());
+    hw.device = std::string(k.name);
+    const HardwareProfile g = builtin_profile(hw);
+    CHECK(g.peak_flops_bf16 == k.peak_tflops_bf16 * 1e12);
+    CHECK(g.intra_node.bandwidth == doctest::Approx(k.figures.link_gbps * 1e9 * 0.75));
+  }
 }
 
 TEST_CASE("the built-in CPU profile: this host's peak, an entry per thread count") {

@@ -14,9 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/gemm_path.h"
-#include "runner/device/gemm_report.h"
-#include "runner/device/peak.h"
 #include "runner/errors.h"
+#include "runner/perf/gemm_report.h"
+#include "runner/perf/peak.h"
 #include "runner/recipe/recipe.h"
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"

@@ -22,10 +22,10 @@
 #include <algorithm>
 
 #include "ops/executor.h"
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 #include "runner/plan/plan.h"
-#include "tests/support/models.h"
 #include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
+#include "tests/support/models.h"
 
 using namespace runner;
 

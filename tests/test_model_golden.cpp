@@ -15,7 +15,7 @@
 
 #include "ops/backend.h"
 #include "ops/executor.h"
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 #include "runner/train/optimizer.h"
 
 #include "tests/support/device.h"

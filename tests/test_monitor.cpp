@@ -19,14 +19,14 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/graph.h"
-#include "runner/model/model.h"
-#include "runner/plan/internal.h"
+#include "runner/model/gpt.h"
 #include "runner/plan/plan.h"
+#include "runner/plan/plan_internal.h"
 #include "runner/recipe/recipe.h"
+#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"
-#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 namespace fs = std::filesystem;
 using test_support::kLayoutRecipe;

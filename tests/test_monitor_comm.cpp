@@ -19,8 +19,8 @@
 
 #include "parallel/comm.h"
 #include "parallel/grid.h"
-#include "runner/observe/layout_advice.h"
 #include "runner/observe/metrics.h"
+#include "runner/perf/layout_advice.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
 #include "tests/support/process.h"

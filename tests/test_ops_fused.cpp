@@ -18,7 +18,7 @@
 #include "ops/backend.h"
 #include "ops/executor.h"
 #include "ops/ops.h"
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 #include "tests/gradcheck.h"
 #include "tests/support/device.h"
 #include "tests/support/models.h"

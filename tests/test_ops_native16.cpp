@@ -23,7 +23,7 @@
 #include "ops/executor.h"
 #include "ops/ops.h"
 #include "ops/rng.h"
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 #include "tests/support/device.h"
 #include "tests/support/models.h"
 #include "tests/support/train_steps.h"

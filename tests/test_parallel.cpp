@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/checkpoint/checkpoint.h"
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
 #include "tests/support/process.h"

@@ -10,7 +10,7 @@
 #include "ops/convert.h"
 #include "ops/executor.h"
 #include "ops/rng.h"
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 #include "tests/support/device.h"
 #include "tests/support/models.h"
 

@@ -18,13 +18,13 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/executor.h"
-#include "runner/model/model.h"
-#include "runner/plan/internal.h"
+#include "runner/model/gpt.h"
 #include "runner/plan/plan.h"
+#include "runner/plan/plan_internal.h"
 #include "runner/recipe/recipe.h"
+#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 #include "tests/support/process.h"
 #include "tests/support/temp_dir.h"
-#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 using namespace runner;
 namespace fs = std::filesystem;

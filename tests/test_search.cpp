@@ -1,4 +1,4 @@
-// The layout search (runner/plan/search.h, `runner plan --search`, `parallel: auto`).
+// The layout search (runner/perf/search.h, `runner plan --search`, `parallel: auto`).
 //
 // On the layout tests' model (2 layers, 4 heads, 2-digit addition): constraints hold in every
 // candidate; the counts add up and the pruned search finds exactly what the exhaustive one
@@ -20,8 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runner/perf/search.h"
 #include "runner/plan/plan.h"
-#include "runner/plan/search.h"
 #include "runner/recipe/recipe.h"
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"

@@ -1,4 +1,4 @@
-// `plan --search --verify K` (runner/run/verify.h): the top K candidates run for a few steps each
+// `plan --search --verify K` (runner/perf/verify.h): the top K candidates run for a few steps each
 // under mpirun at the search's world size (2 ranks here), get a measured median step time, and are
 // re-ranked by it, predicted beside measured; a candidate that cannot run is reported and ranked
 // last; the trials' directory goes unless the user named it. Built on hand-made SearchResults (the
@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/errors.h"
+#include "runner/perf/verify.h"
 #include "runner/recipe/recipe.h"
-#include "runner/run/verify.h"
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"

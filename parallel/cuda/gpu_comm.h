@@ -14,7 +14,7 @@
 //                     stages device buffers through host memory (parallel/tensor_comm.cpp), so
 //                     several ranks may share one GPU (the layouts are testable on a one-GPU
 //                     machine), at host-memory speed.
-//   gpu_world         the run's choice (runner/train/launch.cpp, for a GPU device): host-staged
+//   gpu_world         the run's choice (runner/train/mpi_job.cpp, for a GPU device): host-staged
 //                     when RUNNER_HOST_STAGED_COMM=1 or when two ranks use the same GPU (checked
 //                     across the job, collectively), else NCCL. *how says which.
 //

@@ -7,7 +7,7 @@
 #include <stdexcept>
 
 #include "runner/checkpoint/checkpoint.h"
-#include "runner/checkpoint/internal.h"
+#include "runner/checkpoint/checkpoint_internal.h"
 
 namespace runner::ckpt {
 

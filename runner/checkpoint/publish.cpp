@@ -17,7 +17,7 @@
 #include <fmt/format.h>
 
 #include "runner/checkpoint/checkpoint.h"
-#include "runner/checkpoint/internal.h"
+#include "runner/checkpoint/checkpoint_internal.h"
 #include "runner/errors.h"
 
 namespace runner {

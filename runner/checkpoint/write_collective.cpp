@@ -23,9 +23,9 @@
 
 #include "parallel/comm.h"
 #include "runner/checkpoint/checkpoint.h"
+#include "runner/checkpoint/checkpoint_internal.h"
 #include "runner/checkpoint/file_layout.h"
 #include "runner/checkpoint/file_writer.h"
-#include "runner/checkpoint/internal.h"
 #include "runner/errors.h"
 #include "runner/hdf5/hdf5.h"
 

@@ -10,9 +10,9 @@
 #include <fmt/format.h>
 
 #include "runner/checkpoint/checkpoint.h"
+#include "runner/checkpoint/checkpoint_internal.h"
 #include "runner/checkpoint/file_layout.h"
 #include "runner/checkpoint/file_writer.h"
-#include "runner/checkpoint/internal.h"
 #include "runner/checkpoint/staging.h"
 #include "runner/errors.h"
 

@@ -12,7 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "runner/train/launch.h"
+#include "runner/train/mpi_job.h"
 
 namespace runner::cli {
 
@@ -39,20 +39,20 @@ class Command {
 };
 
 // Each adds its subcommand to `app`; main calls them in this order (the help's order).
-std::unique_ptr<Command> plan_command(CLI::App& app);               // plan.cpp
-std::unique_ptr<Command> calibrate_command(CLI::App& app);          // calibrate.cpp
-std::unique_ptr<Command> train_command(CLI::App& app);              // train.cpp
-std::unique_ptr<Command> resume_command(CLI::App& app);             // train.cpp
-std::unique_ptr<Command> inspect_command(CLI::App& app);            // inspect.cpp
-std::unique_ptr<Command> verify_checkpoint_command(CLI::App& app);  // inspect.cpp (hidden)
-std::unique_ptr<Command> data_command(CLI::App& app);               // data.cpp
-std::unique_ptr<Command> tokenizer_command(CLI::App& app);          // tokenizer.cpp (under data)
-std::unique_ptr<Command> report_command(CLI::App& app);             // report.cpp
-std::unique_ptr<Command> export_command(CLI::App& app);             // export.cpp
-std::unique_ptr<Command> import_command(CLI::App& app);             // import.cpp
-std::unique_ptr<Command> generate_command(CLI::App& app);           // generate.cpp
-std::unique_ptr<Command> launch_command(CLI::App& app);             // launch.cpp
-std::unique_ptr<Command> status_command(CLI::App& app);             // launch.cpp
-std::unique_ptr<Command> restart_check_command(CLI::App& app);      // launch.cpp (hidden)
+std::unique_ptr<Command> plan_command(CLI::App& app);               // cmd_plan.cpp
+std::unique_ptr<Command> calibrate_command(CLI::App& app);          // cmd_calibrate.cpp
+std::unique_ptr<Command> train_command(CLI::App& app);              // cmd_train.cpp
+std::unique_ptr<Command> resume_command(CLI::App& app);             // cmd_train.cpp
+std::unique_ptr<Command> inspect_command(CLI::App& app);            // cmd_inspect.cpp
+std::unique_ptr<Command> verify_checkpoint_command(CLI::App& app);  // cmd_inspect.cpp (hidden)
+std::unique_ptr<Command> data_command(CLI::App& app);               // cmd_data.cpp
+std::unique_ptr<Command> tokenizer_command(CLI::App& app);          // cmd_tokenizer.cpp (under data)
+std::unique_ptr<Command> report_command(CLI::App& app);             // cmd_report.cpp
+std::unique_ptr<Command> export_command(CLI::App& app);             // cmd_export.cpp
+std::unique_ptr<Command> import_command(CLI::App& app);             // cmd_import.cpp
+std::unique_ptr<Command> generate_command(CLI::App& app);           // cmd_generate.cpp
+std::unique_ptr<Command> launch_command(CLI::App& app);             // cmd_launch.cpp
+std::unique_ptr<Command> status_command(CLI::App& app);             // cmd_launch.cpp
+std::unique_ptr<Command> restart_check_command(CLI::App& app);      // cmd_launch.cpp (hidden)
 
 }  // namespace runner::cli

@@ -1,6 +1,5 @@
-// `runner plan RECIPE --search` (plan_search.h): the search (runner/plan/search.h), its table
-// or JSON, and --write; and the search `parallel: auto` runs at plan and train start.
-// [i27: S owns this file; V adds the --verify call]
+// `runner plan RECIPE --search` (plan_search.h): the search (runner/perf/search.h), its table
+// or JSON, --verify and --write.
 #include "runner/cli/plan_search.h"
 
 #include <fmt/format.h>
@@ -11,8 +10,8 @@
 #include <optional>
 
 #include "runner/errors.h"
-#include "runner/plan/search.h"
-#include "runner/run/verify.h"
+#include "runner/perf/search.h"
+#include "runner/perf/verify.h"
 
 namespace runner::cli {
 
@@ -66,23 +65,6 @@ int run_plan_search(const PlanSearchOptions& o) {
     if (!o.write.empty()) std::cout << fmt::format("wrote {} (layout 1: {}; {})\n", o.write, res.candidates.front().describe(), wrote);
   }
   return 0;
-}
-
-Recipe searched_recipe(const Recipe& r, int64_t world, const std::string& world_from, std::string* note,
-                       std::string* search_json) {
-  SearchOptions so;
-  so.world = world;
-  so.top = 1;
-  SearchResult res = search_layouts(r, so);
-  if (world > 0) res.world_source = world_from;
-  const SearchCandidate& best = res.candidates.front();
-  if (note)
-    *note = fmt::format("layout searched (parallel: auto): {} | best of {} that fit among {} searched on {} devices ({}), "
-                        "predicted {:.4g} s per step, {:.2f} s to search",
-                        best.describe(), res.feasible, res.searched, res.world, res.world_source, best.predicted.step_s,
-                        res.seconds);
-  if (search_json) *search_json = res.to_json().dump(2) + "\n";
-  return best.recipe;
 }
 
 }  // namespace runner::cli

@@ -1,6 +1,5 @@
 // `runner plan RECIPE --search ...`: the layout search's command-line part (plan.cpp parses the
 // options; plan_search.cpp runs the search, --verify and --write and prints the result).
-// [i27: S owns plan_search.cpp; V adds the --verify call inside it]
 #pragma once
 #include <cstdint>
 #include <string>
@@ -25,14 +24,5 @@ struct PlanSearchOptions {
 
 // Returns the exit code (0, or 2 for a user error thrown as UserError).
 int run_plan_search(const PlanSearchOptions& o);
-
-// `parallel: auto` at `runner plan` and `runner train` start: the layout searched at `world`
-// (0: the recipe's hardware, else the Slurm allocation, else 1) and the recipe with the winner filled
-// in (parallel.auto off, so a run directory's recipe.yaml holds a fixed layout). `note` gets
-// "layout searched: ..."; `search_json`, when given, the search's JSON (the run's search.json).
-// Deterministic: every rank of a job that calls it gets the same layout.
-// `world_from` names where a nonzero `world` came from ("--world", "the job's ranks").
-Recipe searched_recipe(const Recipe& r, int64_t world, const std::string& world_from, std::string* note,
-                       std::string* search_json = nullptr);
 
 }  // namespace runner::cli

@@ -18,7 +18,7 @@
 
 #include "ops/rng.h"
 #include "runner/data/data.h"
-#include "runner/data/internal.h"
+#include "runner/data/data_internal.h"
 #include "runner/errors.h"
 
 namespace runner {

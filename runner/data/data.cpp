@@ -25,7 +25,7 @@
 #include <thread>
 
 #include "ops/rng.h"
-#include "runner/data/internal.h"
+#include "runner/data/data_internal.h"
 #include "runner/errors.h"
 
 namespace runner {

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "runner/data/data.h"
-#include "runner/data/internal.h"
+#include "runner/data/data_internal.h"
 #include "runner/errors.h"
 
 namespace runner::data_detail {

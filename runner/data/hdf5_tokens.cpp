@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "runner/data/data.h"
-#include "runner/data/internal.h"
+#include "runner/data/data_internal.h"
 #include "runner/errors.h"
 #include "runner/hdf5/hdf5.h"
 

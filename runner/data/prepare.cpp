@@ -26,7 +26,7 @@
 #include <thread>
 
 #include "runner/data/data.h"
-#include "runner/data/internal.h"
+#include "runner/data/data_internal.h"
 #include "runner/errors.h"
 
 namespace runner {

@@ -27,6 +27,20 @@ struct DeviceKind {
   // (SXM parts, no sparsity; fp32 without TF32, as the runner's fp32 GEMMs are exact fp32);
   // 0: unknown, measured on the host at start (ops/peak.h).
   double peak_tflops_fp32 = 0, peak_tflops_bf16 = 0, peak_tflops_fp16 = 0;
+  // What the layout search's built-in hardware profile (runner/perf/hardware_profile.h) needs
+  // beyond the peak, from published measurements (sources in devices.cpp); all 0 for a kind
+  // without them (the host's profile is measured; `cuda` and `custom` are no one model, so a
+  // search on them needs a calibrated profile and is refused without one).
+  struct Figures {
+    double mem_tbps = 0;        // memory bandwidth, data sheet, TB/s
+    double link_gbps = 0;       // GPU-to-GPU link inside a node (NVLink, PCIe), per direction, GB/s
+    double nic_gbps = 0;        // inter-node, one NIC per GPU, per direction, GB/s
+    double intra_lat_us = 0, inter_lat_us = 0;  // collective latency inside a node and across nodes
+    double gemm_eff[6] = {};    // bf16 GEMM efficiency at square 256, 512, ..., 8192 (and beyond)
+    double attn_eff = 0;        // attention forward efficiency at seq >= 4096, head_dim 128
+    constexpr bool known() const { return mem_tbps > 0; }
+  };
+  Figures figures{};
 };
 
 // Every kind, in the schema's order.

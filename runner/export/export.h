@@ -1,7 +1,7 @@
 // `runner export`: a trained model in the files other tools read.
 //
 // safetensors: DIR/model.safetensors and DIR/config.json in the Hugging Face layout of the
-// model's style (runner/model/model.h: hf_style, hf_tensors): GPT-2 (GPT2LMHeadModel: Conv1D
+// model's style (runner/model/gpt.h: hf_style, hf_tensors): GPT-2 (GPT2LMHeadModel: Conv1D
 // weights stored (in, out), tanh gelu "gelu_new", tied embeddings) or Llama (LlamaForCausalLM:
 // q/k/v and gate/up split out of the fused weights, rotate-half rope). The file is the format's
 // own: an 8-byte little-endian header length, the JSON header (dtype, shape, data_offsets per

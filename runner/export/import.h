@@ -5,7 +5,7 @@
 // Design: the checkpoint is the runner's own file, written by the checkpoint room's writer
 // (write_checkpoint_atomic) into OUT/checkpoints/ at step 0, so OUT reads like a run directory
 // (its LATEST checkpoint; OUT/tokenizer/ as RUN_DIR/tokenizer/). The names are the inverse of
-// runner/model/model.h's hf_tensors(), the table export writes through: every Hugging Face
+// runner/model/gpt.h's hf_tensors(), the table export writes through: every Hugging Face
 // tensor lands on the rows of the logical parameter it was cut from (transposed back for
 // GPT-2's Conv1D), so import then export gives the same bytes. F16 and BF16 widen to fp32
 // exactly (a checkpoint stores fp32 parameters), so `export --dtype bf16` of a bf16 import is
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 #include "runner/recipe/recipe.h"
 
 namespace runner {

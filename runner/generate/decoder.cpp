@@ -4,7 +4,7 @@
 
 #include "ops/backend.h"
 #include "runner/errors.h"
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 
 namespace runner {
 

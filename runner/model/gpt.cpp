@@ -1,6 +1,6 @@
 // The gpt family: a pre-norm decoder (GPT-2 with layernorm + gelu + learned positions,
 // LLaMA-style with rmsnorm + swiglu + rope) expanded into one graph per rank.
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 
 #include "ops/convert.h"
 

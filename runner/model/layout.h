@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "ops/graph.h"
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 
 namespace runner {
 

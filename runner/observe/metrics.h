@@ -18,9 +18,9 @@
 #include "ops/executor.h"
 #include "ops/tensor.h"
 #include "parallel/grid.h"
-#include "runner/plan/cost.h"
-#include "runner/plan/plan.h"
 #include "runner/observe/records.h"
+#include "runner/perf/cost.h"
+#include "runner/plan/plan.h"
 #include "runner/state.h"
 
 namespace spdlog {
@@ -61,7 +61,7 @@ class RunMetrics {
   // keeps only what happened up to that step, so the file reads as one uninterrupted run.
   void open(const std::string& run_dir, int64_t resumed_from);
   // The job's peak FLOP/s for MFU, its kind ("recipe", "device table", "measured", "cached")
-  // and where it came from (runner/device/peak.h), for the start-up line and the summary.
+  // and where it came from (runner/perf/peak.h), for the start-up line and the summary.
   void set_peak_flops(double flops, std::string kind = "", std::string source = "") {
     peak_flops_ = flops;
     peak_kind_ = std::move(kind);
@@ -70,10 +70,10 @@ class RunMetrics {
   double peak_flops() const { return peak_flops_; }
   const std::string& peak_source() const { return peak_source_; }
 
-  // The plan's predicted step (runner/plan/cost.h): each monitor record and line then carries
+  // The plan's predicted step (runner/perf/cost.h): each monitor record and line then carries
   // the measured exposed-communication share beside the predicted one, and past the rule of
   // thumb of 30% the "communication" alert names `advise(measured share)`: the layout change
-  // the search would make (runner/observe/layout_advice.h), asked once, only then.
+  // the search would make (runner/perf/layout_advice.h), asked once, only then.
   void set_prediction(const StepCost& predicted, std::function<std::string(double measured_share)> advise) {
     predicted_ = predicted;
     advise_ = std::move(advise);

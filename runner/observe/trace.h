@@ -3,7 +3,7 @@
 // communicators' call counts), adds up the steps' operator times, and after the window's last
 // step writes profile.rankR.json (and rank 0's profile.json) and trace.rankR.json, which rank 0
 // merges into trace.json. The step loop calls it at every step; outside the window each call
-// returns at once, so the loop carries no `if (profiled)`. Formatting lives in profile.h.
+// returns at once, so the loop carries no `if (profiled)`. Formatting lives in op_profile.h.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -15,7 +15,7 @@
 #include "ops/trace.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
-#include "runner/observe/profile.h"
+#include "runner/observe/op_profile.h"
 #include "runner/observe/step_timer.h"
 
 namespace spdlog {

@@ -13,7 +13,7 @@
 #include "ops/cuda/cuda_workspace.h"
 #include "ops/executor.h"
 #include "runner/device/devices.h"
-#include "runner/plan/internal.h"
+#include "runner/plan/plan_internal.h"
 
 namespace runner::plan_detail {
 

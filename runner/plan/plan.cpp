@@ -8,7 +8,7 @@
 
 #include "ops/gemm_path.h"
 #include "runner/device/devices.h"
-#include "runner/plan/internal.h"
+#include "runner/plan/plan_internal.h"
 
 namespace runner {
 

@@ -20,8 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "parallel/pipeline.h"
+#include "runner/model/gpt.h"
 #include "runner/model/layout.h"
-#include "runner/model/model.h"
 #include "runner/recipe/recipe.h"
 
 namespace runner {
@@ -123,6 +123,17 @@ struct Plan {
 // world_size 0: take it from the recipe (dp x tp x pp when dp is given, else hardware
 // nodes x devices_per_node). A nonzero world_size (the MPI world) must match the recipe.
 Plan make_plan(const Recipe& r, int64_t world_size = 0);
+
+// The pieces of make_plan the layout search (runner/perf/search.cpp) re-plans its candidates
+// with, cheaper than the whole: the grid alone, the batch equation and layout rules on a plan
+// whose grid is set, and a plan without the suggestions a misfit would get.
+namespace plan_detail {
+void resolve_grid(const Recipe& r, int64_t world_size, Plan& p);
+void resolve_and_check(const Recipe& r, Plan& p);
+Plan make_plan(const Recipe& r, int64_t world_size, bool with_suggestions);
+size_t dtype_bytes(const std::string& name);      // fp32 4, int8 1, bf16/fp16 2
+std::string join(const std::vector<int64_t>& v);  // "1, 2, 3"
+}  // namespace plan_detail
 
 std::string format_bytes(double bytes);  // "3.21 GiB"
 

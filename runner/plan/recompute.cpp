@@ -31,7 +31,7 @@
 
 #include "ops/executor.h"
 #include "ops/module.h"
-#include "runner/plan/internal.h"
+#include "runner/plan/plan_internal.h"
 
 namespace runner::plan_detail {
 

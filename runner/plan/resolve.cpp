@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "runner/device/devices.h"
-#include "runner/plan/internal.h"
+#include "runner/plan/plan_internal.h"
 
 namespace runner::plan_detail {
 
@@ -169,7 +169,7 @@ namespace {
 
 // Tensor parallelism: heads, the MLP width and (with sequence parallelism) seq_len divide by
 // tp; the vocabulary is padded to a multiple of it. Key-value heads split over tp when it
-// divides them and are replicated otherwise (runner/model/model.h, kv_replicated).
+// divides them and are replicated otherwise (runner/model/gpt.h, kv_replicated).
 void check_tensor_parallel(const Recipe& r, Plan& p) {
   const ModelConfig& m = r.model;
   const int64_t tp = p.tp;

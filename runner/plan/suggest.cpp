@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "runner/plan/internal.h"
+#include "runner/plan/plan_internal.h"
 
 namespace runner::plan_detail {
 

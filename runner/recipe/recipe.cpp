@@ -301,7 +301,7 @@ Recipe load_recipe_text(const std::string& text, const std::string& display_name
                         const std::vector<std::string>& overrides) {
   Doc doc = parse_document(text, display_name);
   for (const std::string& o : overrides) apply_override(doc, o);
-  // `parallel: auto` is parallel.auto: true with nothing else fixed (runner/plan/search.h).
+  // `parallel: auto` is parallel.auto: true with nothing else fixed (runner/perf/search.h).
   if (doc.root.contains("parallel") && doc.root["parallel"] == "auto") {
     doc.root["parallel"] = json{{"auto", true}};
     doc.nodes["parallel.auto"] = doc.nodes["parallel"];

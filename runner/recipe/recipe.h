@@ -79,7 +79,7 @@ struct ParallelConfig {
   std::vector<int64_t> stage_layers;  // explicit split of n_layers over pp stages (empty: even)
   double bucket_mb = 25.0;
   // `parallel: auto` (or auto: true beside fixed fields): the layout is searched at plan and
-  // train start (runner/plan/search.h); the fields written beside it are constraints.
+  // train start (runner/perf/search.h); the fields written beside it are constraints.
   bool search = false;
 };
 
@@ -152,7 +152,7 @@ struct HardwareConfig {
   int64_t devices_per_node = 1;
   int64_t nodes = 1;
   double peak_tflops = 0.0;        // for MFU (0: from device kind; cpu: measured)
-  // The topology the layout search prices communication with (runner/device/profile.h);
+  // The topology the layout search prices communication with (runner/perf/hardware_profile.h);
   // 0: the device kind's (or the calibrated profile's) figure.
   double intra_node_gbps = 0.0;    // GB/s per direction between devices of one node
   double inter_node_gbps = 0.0;    // GB/s per direction between nodes (per device)
@@ -177,7 +177,7 @@ struct TrainConfig {
   double collective_timeout = 0.0; // seconds a collective/send/recv or a step may take; 0: from the model
 };
 
-// Medium-depth profiling (runner/observe/profile.h); `runner train --profile` overrides it.
+// Medium-depth profiling (runner/observe/op_profile.h); `runner train --profile` overrides it.
 struct ProfileConfig {
   std::string steps;               // "FROM:TO" or one step; empty: off
 };

@@ -12,9 +12,8 @@
 #include <sentencepiece_trainer.h>
 
 #include "runner/errors.h"
-#include "runner/tokenize/pipeline.h"
 #include "runner/tokenize/sentencepiece.h"
-#include "runner/tokenize/train.h"
+#include "runner/tokenize/stages.h"
 
 namespace runner::tok {
 

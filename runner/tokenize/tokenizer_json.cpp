@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/errors.h"
-#include "runner/tokenize/pipeline.h"
+#include "runner/tokenize/stages.h"
 
 namespace runner::tok {
 

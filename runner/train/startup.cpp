@@ -17,7 +17,7 @@
 
 #include "ops/backend.h"
 #include "ops/gemm_path.h"
-#include "runner/device/gemm_report.h"
+#include "runner/perf/gemm_report.h"
 #include "runner/run/slurm.h"
 #include "runner/signals.h"
 #include "runner/train/optimizer.h"
@@ -46,7 +46,7 @@ void share_cores_between_local_ranks() {
 }
 
 // Which GEMM path each format of the run takes, and a warning when 16-bit compute is slower
-// than fp32 here (runner/device/gemm_report.h).
+// than fp32 here (runner/perf/gemm_report.h).
 void print_gemm_paths(spdlog::logger& log, FloatFormat compute) {
   const GemmReport g = gemm_report(compute);
   for (size_t i = 0; i < g.lines.size(); ++i)

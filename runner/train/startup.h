@@ -33,7 +33,7 @@ struct StartupFacts {
   int64_t buckets = 0;       // data-parallel gradient buckets
   bool zero1 = false;
   double peak_flops = 0;     // the job's peak, for MFU (all ranks together)
-  std::string peak_source;   // where it came from (runner/device/peak.h)
+  std::string peak_source;   // where it came from (runner/perf/peak.h)
   std::string precision;     // precision_line()
 };
 

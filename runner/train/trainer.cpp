@@ -6,7 +6,7 @@
 // test fault hook (fault_hook.h), the banner and run files (startup.h).
 // Everything a user can get wrong is checked before the run directory is touched
 // (docs/invariants.md, invariant 6), and every rank agrees on such an error before any rank stops.
-#include "runner/train/train.h"
+#include "runner/train/trainer.h"
 
 #include <cmath>
 #include <filesystem>
@@ -25,16 +25,16 @@
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/resume.h"
 #include "runner/checkpoint/saver.h"
-#include "runner/run/run_dir.h"
 #include "runner/data/data.h"
-#include "runner/device/peak.h"
-#include "runner/device/profile.h"
-#include "runner/observe/layout_advice.h"
 #include "runner/observe/metrics.h"
-#include "runner/observe/profile.h"
+#include "runner/observe/op_profile.h"
 #include "runner/observe/step_timer.h"
 #include "runner/observe/trace.h"
-#include "runner/plan/cost.h"
+#include "runner/perf/cost.h"
+#include "runner/perf/hardware_profile.h"
+#include "runner/perf/layout_advice.h"
+#include "runner/perf/peak.h"
+#include "runner/run/run_dir.h"
 #include "runner/run/run_lock.h"
 #include "runner/run/slurm.h"
 #include "runner/signals.h"
@@ -262,7 +262,7 @@ class Trainer {
     warn_always(history->said());
   }
 
-  // MFU is against the peak of all ranks together (runner/device/peak.h: the recipe's, the
+  // MFU is against the peak of all ranks together (runner/perf/peak.h: the recipe's, the
   // device table's, or this CPU's, cached); a profiled run also measures its roofline.
   // The monitor's communication check (metrics.h set_prediction): this layout's predicted step
   // on the recipe's hardware profile, and the layout search it asks, once, for a better layout

@@ -23,8 +23,8 @@
 
 #include "ops/executor.h"
 #include "parallel/grid.h"
+#include "runner/model/gpt.h"
 #include "runner/model/layout.h"
-#include "runner/model/model.h"
 #include "runner/plan/plan.h"
 #include "runner/state.h"
 

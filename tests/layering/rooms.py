@@ -25,12 +25,15 @@ ROOMS = {
     "device": {"recipe"},
     "model": {"recipe"},
     "plan": {"model", "recipe", "device"},
+    # The performance model: hardware profiles, calibration, peaks, the cost model, the layout
+    # search, its verification and the run's layout advice. Above the plan (it prices plans).
+    "perf": {"plan", "model", "recipe", "device"},
     "data": {"recipe", "hdf5", "tokenize"},
     "state": {"data", "model"},
     "checkpoint": {"state", "plan", "model", "recipe", "data", "hdf5"},
     "run": {"checkpoint", "state", "plan", "model", "recipe", "data", "device", "hdf5"},
-    "observe": {"state", "plan", "model", "recipe"},
-    "train": {"observe", "run", "checkpoint", "state", "plan", "model", "recipe", "data", "device", "hdf5", "tokenize"},
+    "observe": {"perf", "state", "plan", "model", "recipe"},
+    "train": {"perf", "observe", "run", "checkpoint", "state", "plan", "model", "recipe", "data", "device", "hdf5", "tokenize"},
     "trained": {"checkpoint", "run", "state", "plan", "model", "recipe", "data", "device", "tokenize"},
     "generate": {"trained", "checkpoint", "state", "plan", "model", "recipe", "data", "device", "tokenize"},
     "export": {"trained", "checkpoint", "state", "plan", "model", "recipe", "device", "hdf5", "tokenize"},

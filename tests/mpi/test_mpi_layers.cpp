@@ -43,14 +43,14 @@
 #include <string>
 #include <vector>
 
+#include "mpi_doctest.h"
 #include "ops/backend.h"
 #include "ops/executor.h"
 #include "ops/graph.h"
 #include "ops/rng.h"
-#include "mpi_doctest.h"
 #include "parallel/comm.h"
 #include "parallel/grid.h"
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 #include "tests/support/models.h"
 
 using ops::DType;

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "runner/model/model.h"
+#include "runner/model/gpt.h"
 
 namespace test_support {
 

@@ -13,8 +13,8 @@
 
 #include "runner/cli/command.h"
 #include "runner/errors.h"
+#include "runner/tokenize/sentencepiece.h"
 #include "runner/tokenize/tokenizer.h"
-#include "runner/tokenize/train.h"
 
 namespace runner::cli {
 

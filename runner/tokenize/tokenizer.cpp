@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/errors.h"
-#include "runner/tokenize/pipeline.h"
 #include "runner/tokenize/sentencepiece.h"
+#include "runner/tokenize/stages.h"
 #include "runner/tokenize/tokenizer.h"
 
 namespace runner::tok {

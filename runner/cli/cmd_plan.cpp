@@ -19,10 +19,11 @@
 #include "ops/gemm_path.h"
 #include "runner/cli/command.h"
 #include "runner/cli/plan_search.h"
-#include "runner/device/devices.h"
-#include "runner/device/gemm_report.h"
 #include "runner/data/data.h"
+#include "runner/device/devices.h"
 #include "runner/errors.h"
+#include "runner/perf/gemm_report.h"
+#include "runner/perf/search.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
 
@@ -31,7 +32,7 @@ namespace runner::cli {
 namespace {
 
 // Which GEMM path each format takes on this machine, and whether 16-bit compute is slower than
-// fp32 here (runner/device/gemm_report.h): before a run, not an hour into it.
+// fp32 here (runner/perf/gemm_report.h): before a run, not an hour into it.
 std::string gemm_text(FloatFormat compute) {
   const GemmReport g = gemm_report(compute);
   std::string s;

@@ -1,15 +1,15 @@
 // The layout change the search would make for a running job whose exposed communication is past
 // the rule of thumb (30% of the step): the monitor's "communication" alert names it, so the user
 // reads "parallel.tp: 2 -> 1, parallel.dp: 1 -> 2: predicted comm share 4% (now 38%)" rather
-// than a list of things to try. The search (runner/plan/search.h) runs at the run's world with
+// than a list of things to try. The search (runner/perf/search.h) runs at the run's world with
 // the recipe's constraints; a layout the user wrote by hand is what the alert questions, so its
 // fields are searched again (the global batch stays: the run trains the same), while the fields
 // written beside `parallel: auto` stay constraints.
 #pragma once
 #include <string>
 
+#include "runner/perf/search.h"
 #include "runner/plan/plan.h"
-#include "runner/plan/search.h"
 
 namespace runner {
 

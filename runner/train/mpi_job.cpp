@@ -1,5 +1,5 @@
-// A training job's processes (see launch.h).
-#include "runner/train/launch.h"
+// A training job's processes (see mpi_job.h).
+#include "runner/train/mpi_job.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -18,8 +18,12 @@
 #include "parallel/cuda/gpu_comm.h"
 #endif
 #include "runner/agree.h"
+#include "runner/device/device.h"
 #include "runner/errors.h"
+#include "runner/perf/search.h"
 #include "runner/run/restart.h"
+#include "runner/run/run_dir.h"
+#include "runner/run/slurm.h"
 
 namespace runner {
 
@@ -137,6 +141,34 @@ int Launch::train(const Plan& p, const TrainOptions& opts, ops::Backend& be) {
   } catch (const std::exception& e) {
     fail_job(grid, std::string("error: ") + e.what(), 1);
   }
+}
+
+int Launch::train_recipe(Recipe recipe, TrainOptions opts, bool elastic) {
+  std::string search_json;
+  if (recipe.parallel.search) {
+    opts.resume_notes.emplace_back();
+    recipe = searched_recipe(recipe, world_size(), "the job's ranks", &opts.resume_notes.back(), &search_json);
+  }
+  recipe = fit_allocation(recipe, world_size(), elastic, &opts.resume_notes);
+  ops::Backend& be = select_backend(recipe);
+  const std::string run_dir = run_paths(recipe, opts.run_dir).run_dir;
+  if (!search_json.empty() && rank() == 0) {
+    std::filesystem::create_directories(run_dir);
+    std::ofstream(std::filesystem::path(run_dir) / "search.json") << search_json;
+  }
+  if (recipe.precision.compute != FloatFormat::fp32) agree_gemm_paths(run_dir);
+  return train(make_plan(recipe, world_size()), opts, be);
+}
+
+int Launch::resume_run(const std::string& run_dir, const std::vector<std::string>& sets, TrainOptions opts) {
+  ResumeRequest req = prepare_resume(run_dir, sets, opts.resume_step, opts.strict);
+  ops::Backend& be = select_backend(req.recipe);
+  opts.run_dir = run_dir;
+  opts.resume = true;
+  opts.resume_point = req.point;
+  opts.resume_notes = req.notes;
+  if (req.recipe.precision.compute != FloatFormat::fp32) agree_gemm_paths(run_dir);
+  return train(make_plan(req.recipe, world_size()), opts, be);
 }
 
 }  // namespace runner

@@ -1,5 +1,5 @@
-// Medium-depth profiling (see profile.h).
-#include "runner/observe/profile.h"
+// Medium-depth profiling (see op_profile.h).
+#include "runner/observe/op_profile.h"
 
 #include <algorithm>
 #include <map>
@@ -8,7 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runner/errors.h"
-#include "runner/plan/internal.h"
+#include "runner/plan/plan_internal.h"
 
 namespace runner {
 

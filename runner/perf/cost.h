@@ -1,4 +1,4 @@
-// The cost model: a plan's predicted step time on a hardware profile (runner/device/profile.h).
+// The cost model: a plan's predicted step time on a hardware profile (runner/perf/hardware_profile.h).
 //
 // Per operator from the plan's own graphs (the layout's per-stage graphs, as the ledger reads
 // them): GEMMs from the calibrated throughput for their shape, memory-bound operators from
@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runner/device/profile.h"
+#include "runner/perf/hardware_profile.h"
 #include "runner/plan/plan.h"
 
 namespace runner {

@@ -1,5 +1,5 @@
 // `runner calibrate`: measures this machine with the runner's own code paths and returns the
-// hardware profile (profile.h) the layout search prices layouts with.
+// hardware profile (hardware_profile.h) the layout search prices layouts with.
 //
 // Why through the runner's own paths: the search must predict what the runner does, not what
 // the hardware could do. So every compute figure comes from a one-node graph run by ops'
@@ -21,7 +21,7 @@
 // - under mpirun/srun with N ranks: for each group size 2..N (the first g ranks) an alpha-beta
 //   fit (time = latency + bytes / bandwidth, least squares in relative error) of all_reduce,
 //   all_gather, reduce_scatter and broadcast over messages of 4 KiB..64 MiB (the full buffer,
-//   profile.h's convention), each time the slowest rank's mean, best of three chunks; send_recv
+//   hardware_profile.h's convention), each time the slowest rank's mean, best of three chunks; send_recv
 //   between ranks 0 and 1 (half a ping-pong). A group spanning several hostnames is recorded as
 //   inter_node.
 //   Rank 0 measures the compute alone while the others wait without spinning.
@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "parallel/comm.h"
-#include "runner/device/profile.h"
+#include "runner/perf/hardware_profile.h"
 
 namespace runner {
 

@@ -6,10 +6,13 @@
 // with the failing rank's message, named by its grid coordinates.
 #pragma once
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "parallel/comm.h"
 #include "runner/plan/plan.h"
-#include "runner/train/train.h"
+#include "runner/recipe/recipe.h"
+#include "runner/train/trainer.h"
 
 namespace runner {
 
@@ -34,6 +37,16 @@ class Launch {
   // Trains `plan` on this process's rank on backend `be` (the run's choice, select_backend)
   // and returns the process exit code.
   int train(const Plan& plan, const TrainOptions& opts, ops::Backend& be);
+
+  // `runner train`: the start-up decisions, in this order, then train(). parallel: auto
+  // searches the layout at the job's size (every rank gets the same one; search.json goes
+  // beside plan.json); the recipe is fitted to the Slurm allocation (`elastic`: another world
+  // size keeps the global batch); the backend is chosen (a GPU device without a usable GPU is
+  // exit 2 before anything is written); the ranks agree on the GEMM paths of a 16-bit run.
+  int train_recipe(Recipe recipe, TrainOptions opts, bool elastic);
+  // `runner resume RUN_DIR`: the stored recipe with `sets` applied and the checkpoint chosen
+  // (prepare_resume), then the same backend and GEMM decisions and train().
+  int resume_run(const std::string& run_dir, const std::vector<std::string>& sets, TrainOptions opts);
 
  private:
   std::unique_ptr<parallel::Communicator> world_;

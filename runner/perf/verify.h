@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runner/plan/search.h"
+#include "runner/perf/search.h"
 
 namespace runner {
 

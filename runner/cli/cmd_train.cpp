@@ -1,19 +1,10 @@
-// `runner train RECIPE` and `runner resume RUN_DIR`: a run on this process's rank of the job.
-// Both choose the backend once, from the recipe's hardware.device, before anything is written
-// or any GEMM runs, and pass it to the trainer (runner/device/device.h).
-#include <filesystem>
-#include <fstream>
-
-#include "ops/backend.h"
-#include "runner/run/run_dir.h"
+// `runner train RECIPE` and `runner resume RUN_DIR`: the options; the start-up decisions
+// (layout search, allocation, backend, GEMM paths) are the train side's (Launch::train_recipe
+// and Launch::resume_run in runner/train/mpi_job.h).
 #include "runner/cli/command.h"
-#include "runner/cli/plan_search.h"
-#include "runner/device/device.h"
-#include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
-#include "runner/run/slurm.h"
-#include "runner/train/launch.h"
-#include "runner/train/train.h"
+#include "runner/train/mpi_job.h"
+#include "runner/train/trainer.h"
 
 namespace runner::cli {
 
@@ -46,24 +37,7 @@ class TrainCommand final : public Command {
   Start start() const override { return Start::ranks; }
 
   int run(std::optional<Launch>& launch) override {
-    Recipe recipe = load_recipe(recipe_path_, sets_);
-    // parallel: auto: every rank searches at the job's size and gets the same layout; it is
-    // logged, and the run directory's recipe.yaml holds it (resume sees a fixed layout).
-    std::string search_json;
-    if (recipe.parallel.search) {
-      topts_.resume_notes.emplace_back();
-      recipe = searched_recipe(recipe, launch->world_size(), "the job's ranks", &topts_.resume_notes.back(),
-                               &search_json);
-    }
-    recipe = fit_allocation(recipe, launch->world_size(), elastic_, &topts_.resume_notes);
-    ops::Backend& be = select_backend(recipe);  // a GPU device without a usable GPU: exit 2 before anything is written
-    if (!search_json.empty() && launch->rank() == 0) {  // search.json beside plan.json
-      const std::filesystem::path dir = run_paths(recipe, topts_.run_dir).run_dir;
-      std::filesystem::create_directories(dir);
-      std::ofstream(dir / "search.json") << search_json;
-    }
-    if (recipe.precision.compute != FloatFormat::fp32) launch->agree_gemm_paths(run_paths(recipe, topts_.run_dir).run_dir);
-    return launch->train(make_plan(recipe, launch->world_size()), topts_, be);
+    return launch->train_recipe(load_recipe(recipe_path_, sets_), topts_, elastic_);
   }
 
  private:
@@ -93,14 +67,7 @@ class ResumeCommand final : public Command {
   Start start() const override { return Start::ranks; }
 
   int run(std::optional<Launch>& launch) override {
-    ResumeRequest req = prepare_resume(resume_dir_, sets_, topts_.resume_step, topts_.strict);
-    ops::Backend& be = select_backend(req.recipe);
-    topts_.run_dir = resume_dir_;
-    topts_.resume = true;
-    topts_.resume_point = req.point;
-    topts_.resume_notes = req.notes;
-    if (req.recipe.precision.compute != FloatFormat::fp32) launch->agree_gemm_paths(resume_dir_);
-    return launch->train(make_plan(req.recipe, launch->world_size()), topts_, be);
+    return launch->resume_run(resume_dir_, sets_, topts_);
   }
 
  private:

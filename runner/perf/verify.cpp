@@ -3,7 +3,7 @@
 // step time (warm-up dropped) re-ranks the candidates. The trials are separate processes under
 // the launcher the user would use (srun in a Slurm allocation, mpirun elsewhere), so what is
 // measured is the layout as `runner train` would run it, not an in-process approximation.
-#include "runner/run/verify.h"
+#include "runner/perf/verify.h"
 
 #include <fcntl.h>
 #include <signal.h>

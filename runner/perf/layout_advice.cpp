@@ -1,5 +1,5 @@
 // The layout change the search would make (layout_advice.h).
-#include "runner/observe/layout_advice.h"
+#include "runner/perf/layout_advice.h"
 
 #include <fmt/format.h>
 

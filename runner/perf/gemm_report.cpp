@@ -1,5 +1,5 @@
 // The GEMM path of a run's compute format, in words (see gemm_report.h).
-#include "runner/device/gemm_report.h"
+#include "runner/perf/gemm_report.h"
 
 #include <fmt/format.h>
 

@@ -11,19 +11,16 @@
 
 namespace runner::plan_detail {
 
-size_t dtype_bytes(const std::string& name);       // fp32 4, int8 1, bf16/fp16 2
 ops::DType dtype_of(const std::string& name);
-std::string join(const std::vector<int64_t>& v);   // "1, 2, 3"
 std::string or_list(const std::vector<int64_t>& v);  // "1, 2 or 3"
 // Divisors of n near x, for "nearest valid choices".
 std::vector<int64_t> nearest_divisors(int64_t n, int64_t x, int count = 2);
 
 // Resolution (resolve.cpp), in this order: the grid (dp from the world size or the
 // hardware), then the batch equation and the layout rules (divisibility, stage split,
-// schedule), whose independent problems are thrown together as one UserError.
-void resolve_grid(const Recipe& r, int64_t world_size, Plan& p);
+// schedule), whose independent problems are thrown together as one UserError; resolve_grid and
+// resolve_and_check are declared in plan.h.
 void resolve_batch(const Recipe& r, Plan& p);
-void resolve_and_check(const Recipe& r, Plan& p);
 
 // The per-rank memory ledger from the layout's graphs (ledger.cpp), and inference sizing.
 void compute_ledger(const Recipe& r, Plan& p);
@@ -38,6 +35,5 @@ double node_flops(const ops::Graph& g, const ops::Node& n);
 
 // What would fit (suggest.cpp): candidates re-planned with make_plan(.., false).
 void suggest(const Recipe& r, Plan& p);
-Plan make_plan(const Recipe& r, int64_t world_size, bool with_suggestions);
 
 }  // namespace runner::plan_detail

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runner/errors.h"
-#include "runner/tokenize/pipeline.h"
+#include "runner/tokenize/stages.h"
 #include "runner/tokenize/unicode.h"
 
 namespace runner::tok {

@@ -3,7 +3,7 @@
 // The cache is one small JSON file per CPU model and thread count, written to a temporary name
 // and renamed, so ranks on one node that measure at once never read half a file; the last
 // writer wins, and they all measured the same machine under the same load.
-#include "runner/device/peak.h"
+#include "runner/perf/peak.h"
 
 #include <unistd.h>
 

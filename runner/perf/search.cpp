@@ -9,7 +9,7 @@
 // (GPipe holds every micro-batch, so its chains are planned whole). test_search checks the
 // pruned search against the exhaustive one. Chains are independent and run on every core;
 // the merge and the ranking are in a fixed order, so every rank of a job gets the same answer.
-#include "runner/plan/search.h"
+#include "runner/perf/search.h"
 
 #include <algorithm>
 #include <atomic>
@@ -25,7 +25,6 @@
 #include <fmt/format.h>
 
 #include "runner/device/devices.h"
-#include "runner/plan/internal.h"
 #include "runner/recipe/paths.h"
 
 namespace runner {
@@ -690,6 +689,23 @@ std::string write_candidate_yaml(const Recipe& r, const SearchCandidate& c) {
   } catch (const UserError&) {
   }
   return resolved_with_header(c, "its rewritten text does not read back as the layout");
+}
+
+Recipe searched_recipe(const Recipe& r, int64_t world, const std::string& world_from, std::string* note,
+                       std::string* search_json) {
+  SearchOptions so;
+  so.world = world;
+  so.top = 1;
+  SearchResult res = search_layouts(r, so);
+  if (world > 0) res.world_source = world_from;
+  const SearchCandidate& best = res.candidates.front();
+  if (note)
+    *note = fmt::format("layout searched (parallel: auto): {} | best of {} that fit among {} searched on {} devices ({}), "
+                        "predicted {:.4g} s per step, {:.2f} s to search",
+                        best.describe(), res.feasible, res.searched, res.world, res.world_source, best.predicted.step_s,
+                        res.seconds);
+  if (search_json) *search_json = res.to_json().dump(2) + "\n";
+  return best.recipe;
 }
 
 }  // namespace runner

@@ -8,7 +8,7 @@
 // shown never runs out of memory. Nothing fits: a UserError naming the constraints and the
 // nearest layouts that would fit.
 // [i27: S owns search.cpp and runner/cli/plan_search.cpp; V fills SearchResult::measured via
-// runner/run/verify.h]
+// runner/perf/verify.h]
 #pragma once
 #include <cstdint>
 #include <map>
@@ -18,8 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runner/device/profile.h"
-#include "runner/plan/cost.h"
+#include "runner/perf/cost.h"
+#include "runner/perf/hardware_profile.h"
 #include "runner/plan/plan.h"
 
 namespace runner {
@@ -66,5 +66,14 @@ SearchResult search_layouts(const Recipe& r, const SearchOptions& opt);
 // the candidate's recipe; else (--set overrides, a recipe not read from text) the resolved
 // recipe (recipe_to_yaml) under a comment saying so.
 std::string write_candidate_yaml(const Recipe& r, const SearchCandidate& c);
+
+// `parallel: auto` at `runner plan` and `runner train` start: the layout searched at `world`
+// (0: the recipe's hardware, else the Slurm allocation, else 1) and the recipe with the winner filled
+// in (parallel.auto off, so a run directory's recipe.yaml holds a fixed layout). `note` gets
+// "layout searched: ..."; `search_json`, when given, the search's JSON (the run's search.json).
+// Deterministic: every rank of a job that calls it gets the same layout.
+// `world_from` names where a nonzero `world` came from ("--world", "the job's ranks").
+Recipe searched_recipe(const Recipe& r, int64_t world, const std::string& world_from, std::string* note,
+                       std::string* search_json = nullptr);
 
 }  // namespace runner

@@ -7,7 +7,7 @@
 // them (blocking, so exposed). The data-parallel gradient buckets are rebuilt exactly as
 // parallel/grad_sync.cpp builds them and replayed against the backward of the last
 // micro-batch, as the runner overlaps them. docs/search.md ("The cost model") has the formulas.
-#include "runner/plan/cost.h"
+#include "runner/perf/cost.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,7 +21,6 @@
 #include "parallel/grid.h"
 #include "runner/device/devices.h"
 #include "runner/errors.h"
-#include "runner/plan/internal.h"
 
 namespace runner {
 
@@ -167,7 +166,7 @@ NodeCost linear_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
 
 // Memory-bound nodes: the bytes their forward and backward move, in units of the node's
 // output (n elements of its dtype), counted as `runner calibrate` counts them when it measures
-// each kind's bandwidth (runner/device/calibrate.cpp, op_probes), so that a node of the
+// each kind's bandwidth (runner/perf/calibrate.cpp, op_probes), so that a node of the
 // calibrated shape is priced at exactly its measured forward + backward time:
 //   norms, gelu, embedding, dropout: forward reads x and writes y (2n), backward reads x and
 //     dy and writes dx (3n; an embedding's gathers and scatters its rows);

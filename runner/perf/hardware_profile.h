@@ -1,4 +1,4 @@
-// The hardware profile: what the layout search's cost model (runner/plan/cost.h) knows about
+// The hardware profile: what the layout search's cost model (runner/perf/cost.h) knows about
 // the machines a recipe runs on. Compute throughput measured against shape and dtype (GEMMs),
 // memory bandwidth per operator kind, attention throughput, and the links between devices
 // inside a node and across nodes, with measured collectives where calibrated.
@@ -7,7 +7,7 @@
 // - built in: from the device table (devices.h) for the GPU kinds (A100, H100, H200, ...) and
 //   conservative defaults for the CPU, with the recipe's hardware topology (devices_per_node,
 //   nodes, intra/inter-node bandwidth and latency) on top;
-// - calibrated: `runner calibrate [--out FILE]` measures this machine (runner/device/calibrate.h)
+// - calibrated: `runner calibrate [--out FILE]` measures this machine (runner/perf/calibrate.h)
 //   and writes a JSON profile; hardware.profile (or `plan --profile FILE`) names it.
 // The search and the monitor read only this struct; the cost model's tests build one by hand.
 // [i27: H owns profile.cpp and calibrate.*; the API below is shared: change it only together]

@@ -26,7 +26,7 @@ struct TrainOptions {
   bool strict = false;       // a corrupt checkpoint is an error instead of a fallback
   bool quiet = false;        // no progress lines on stdout (the log file still gets them)
   bool diagnose_precision = false;  // per-tensor gradient range per logged step (precision.diagnostics)
-  std::string profile;       // --profile FROM:TO: per-operator profile of those steps (runner/observe/profile.h)
+  std::string profile;       // --profile FROM:TO: per-operator profile of those steps (runner/observe/op_profile.h)
   // The checkpoint to continue from, when already chosen (`runner resume` chooses it to read
   // its recipe); otherwise the trainer asks the resume chooser.
   std::optional<ResumePoint> resume_point;

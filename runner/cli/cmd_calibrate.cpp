@@ -1,14 +1,14 @@
 // `runner calibrate [--out FILE] [--quick] [--threads LIST] [--device KIND]`: measures this
-// machine for the layout search (runner/device/calibrate.h) and writes a hardware profile
-// (runner/device/profile.h). Under mpirun/srun it also measures the collectives over the job's
+// machine for the layout search (runner/perf/calibrate.h) and writes a hardware profile
+// (runner/perf/hardware_profile.h). Under mpirun/srun it also measures the collectives over the job's
 // ranks; rank 0 writes the file and prints the summary.
 #include <fstream>
 #include <iostream>
 
 #include "runner/cli/command.h"
-#include "runner/device/calibrate.h"
 #include "runner/device/devices.h"
 #include "runner/errors.h"
+#include "runner/perf/calibrate.h"
 
 namespace runner::cli {
 

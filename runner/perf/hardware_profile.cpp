@@ -1,4 +1,4 @@
-// The hardware profile (profile.h): interpolation of measured rates, the collective model, the
+// The hardware profile (hardware_profile.h): interpolation of measured rates, the collective model, the
 // JSON file `runner calibrate` writes, and the built-in profiles of the device table's kinds.
 //
 // Interpolation: inverse-distance weighting in log space. A GEMM shape is the point
@@ -11,7 +11,7 @@
 // and, for a GEMM with a dimension below the grid's smallest, never faster than moving its
 // operands through memory (the roofline) -- what keeps a tiny shape from borrowing the smallest
 // measured shape's rate.
-#include "runner/device/profile.h"
+#include "runner/perf/hardware_profile.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,8 +24,8 @@
 #include "ops/backend.h"
 #include "ops/gemm_path.h"
 #include "runner/device/devices.h"
-#include "runner/device/peak.h"
 #include "runner/errors.h"
+#include "runner/perf/peak.h"
 
 namespace runner {
 
@@ -173,7 +173,7 @@ double HardwareProfile::attention_seconds(const std::string& dtype, int64_t batc
 
 namespace {
 
-// The link model of profile.h: `bytes` is the full buffer (see collective_seconds there).
+// The link model of hardware_profile.h: `bytes` is the full buffer (see collective_seconds there).
 double link_seconds(Collective op, int n, double bytes, const Link& l) {
   const double bw = l.bandwidth > 0 ? l.bandwidth : std::numeric_limits<double>::infinity();
   const double a = l.latency_s, f = double(n - 1) / n, steps = std::ceil(std::log2(double(n)));
@@ -345,57 +345,26 @@ HardwareProfile HardwareProfile::from_json(const nlohmann::json& j, const std::s
 
 namespace {
 
-// What the device table (devices.h) does not hold: memory bandwidth, links and how close a
-// GEMM of each size comes to the data-sheet peak.
-//
-// GEMM efficiency (bf16/fp16, square m = n = k, fraction of the dense peak) from published
-// cuBLAS measurements: NVIDIA's "Matrix Multiplication Background" guide (A100: large fp16/bf16
-// GEMMs at ~250-280 of 312 TFLOP/s), and the "maximum achievable matmul FLOPS" survey of
-// S. Bekman's ml-engineering book (A100 SXM bf16 best ~271 TFLOP/s = 87%; H100 SXM best ~795 =
-// 80% over a shape search, ~650-720 = 65-73% at ordinary shapes such as 8192^3); small shapes
-// do not fill the SMs (a 512^3 GEMM is a few microseconds of launch and tail). fp32 without TF32
-// runs on the CUDA cores, which a GEMM fills sooner and to ~90%.
-// Memory bandwidth: the data sheets (A100-40 1.555 TB/s, A100-80 2.039, H100 SXM 3.35, H200
-// 4.8, V100 0.9, L40S 0.864), of which a streaming kernel achieves ~88%.
-// Links, per direction: NVLink 3 on A100 300 GB/s, NVLink 4 on H100/H200 450 GB/s, NVLink 2 on
-// V100 SXM2 150 GB/s, PCIe 4 x16 on L40S ~25 GB/s; inter-node one NIC per GPU: HDR 200 Gb/s =
-// 25 GB/s (A100), NDR 400 Gb/s = 50 GB/s (H100/H200), EDR 100 Gb/s = 12.5 GB/s (V100). NCCL's
-// bus bandwidth reaches ~75% of a link (nccl-tests on DGX systems), so the links below are 75% of
-// those figures; latencies: NCCL's few microseconds inside a node, ~6-8 across InfiniBand.
-// Attention: FlashAttention-2's published forward ~70% of the A100's peak at long sequences
-// (head_dim 128; ~60% for the backward, less at head_dim 64), ~35% (forward) on H100 without
-// Hopper-specific kernels (the FlashAttention-2 and -3 papers); the runner's kernel is
-// flash-style, so these are optimistic until `runner calibrate --device cuda` measures it.
-struct GpuFigures {
-  const char* name;
-  double mem_tbps, nvlink_gbps, nic_gbps, intra_lat_us, inter_lat_us;
-  double eff[6];       // bf16 GEMM efficiency at 256, 512, 1024, 2048, 4096, 8192 (and beyond)
-  double attn_eff;     // attention forward efficiency at seq >= 4096, head_dim 128
-};
-constexpr GpuFigures kGpus[] = {
-    {"a100-40gb", 1.555, 300, 25, 3, 6, {0.06, 0.25, 0.55, 0.78, 0.84, 0.86}, 0.70},
-    {"a100-80gb", 2.039, 300, 25, 3, 6, {0.06, 0.25, 0.55, 0.78, 0.85, 0.87}, 0.70},
-    {"h100-80gb", 3.35, 450, 50, 3, 5, {0.03, 0.12, 0.35, 0.58, 0.68, 0.72}, 0.35},
-    {"h200", 4.8, 450, 50, 3, 5, {0.03, 0.12, 0.36, 0.60, 0.70, 0.74}, 0.37},
-    {"v100-32gb", 0.9, 150, 12.5, 4, 8, {0.10, 0.35, 0.65, 0.80, 0.85, 0.86}, 0.50},
-    {"l40s", 0.864, 25, 25, 8, 8, {0.05, 0.20, 0.45, 0.62, 0.68, 0.70}, 0.40},
-};
+// The GPU kinds' figures are the device table's (devices.h, with their sources). A streaming
+// kernel achieves ~88% of the data sheet's memory bandwidth, and NCCL's bus bandwidth reaches
+// ~75% of a link (nccl-tests on DGX systems). fp32 without TF32 runs on the CUDA cores, which a
+// GEMM fills sooner and to ~90%.
 constexpr double kAchievedMemory = 0.88, kNcclBus = 0.75;
 
 std::string builtin_fix(const std::string& device) {
-  return "run `runner calibrate --device cuda --out FILE` on a " + device +
-         " and name FILE in hardware.profile, or set hardware.peak_tflops";
+  return "name the GPU model in hardware.device (a100-40gb, a100-80gb, h100-80gb, h200, v100-32gb, l40s), or run "
+         "`runner calibrate --device cuda --out FILE` on the " + device + " and name FILE in hardware.profile";
 }
 
-ComputeProfile gpu_compute(const GpuFigures& g, const HardwareProfile& p) {
+ComputeProfile gpu_compute(const DeviceKind::Figures& g, const HardwareProfile& p) {
   ComputeProfile c;
   c.memory_bandwidth = g.mem_tbps * 1e12 * kAchievedMemory;
   c.launch_s = 5e-6;  // a kernel launch and its tail: a few microseconds
   const double fp32_eff[6] = {0.2, 0.5, 0.8, 0.9, 0.9, 0.9};
   for (int i = 0; i < 6; ++i) {
     const int64_t s = int64_t{256} << i;
-    c.gemm["bf16"].push_back({s, s, s, g.eff[i] * p.peak_flops_bf16});
-    c.gemm["fp16"].push_back({s, s, s, g.eff[i] * p.peak_flops_fp16});
+    c.gemm["bf16"].push_back({s, s, s, g.gemm_eff[i] * p.peak_flops_bf16});
+    c.gemm["fp16"].push_back({s, s, s, g.gemm_eff[i] * p.peak_flops_fp16});
     c.gemm["fp32"].push_back({s, s, s, fp32_eff[i] * p.peak_flops_fp32});
   }
   for (const char* dt : {"bf16", "fp16"}) {
@@ -409,13 +378,13 @@ ComputeProfile gpu_compute(const GpuFigures& g, const HardwareProfile& p) {
   return c;
 }
 
-HardwareProfile gpu_builtin(const HardwareConfig& hw, const GpuFigures& g) {
+HardwareProfile gpu_builtin(const HardwareConfig& hw, const DeviceKind::Figures& g) {
   HardwareProfile p;
   p.peak_flops_fp32 = device_peak_flops(hw, FloatFormat::fp32);
   p.peak_flops_bf16 = device_peak_flops(hw, FloatFormat::bf16);
   p.peak_flops_fp16 = device_peak_flops(hw, FloatFormat::fp16);
   p.compute.push_back(gpu_compute(g, p));
-  p.intra_node = {g.intra_lat_us * 1e-6, g.nvlink_gbps * 1e9 * kNcclBus};
+  p.intra_node = {g.intra_lat_us * 1e-6, g.link_gbps * 1e9 * kNcclBus};
   p.inter_node = {g.inter_lat_us * 1e-6, g.nic_gbps * 1e9 * kNcclBus};
   return p;
 }
@@ -429,7 +398,7 @@ double cpu_16bit_ratio(DType t) {
   return chosen > 0 && c.fp32_gflops > 0 ? chosen / c.fp32_gflops : 1.0;
 }
 
-// The CPU: this host's sgemm peak (measured once and cached, runner/device/peak.h) at all its
+// The CPU: this host's sgemm peak (measured once and cached, runner/perf/peak.h) at all its
 // cores, shared by the threads in proportion, at a flat 90% for every shape (the roofline bound
 // slows the small ones), 16-bit GEMMs scaled by their path's measured speed against fp32's; a
 // modest memory bandwidth; ranks talk through shared memory.
@@ -494,17 +463,13 @@ HardwareProfile builtin_profile(const HardwareConfig& hw) {
   if (kind.host) {
     p = cpu_builtin(hw);
   } else {
-    const GpuFigures* g = nullptr;
-    for (const GpuFigures& f : kGpus)
-      if (hw.device == f.name) g = &f;
-    if (!g) {
-      // cuda / custom: no data sheet; a recipe that gives the peak gets A100-80GB-like figures.
-      if (!(hw.peak_tflops > 0))
-        throw UserError(SourceLoc{}, "hardware.device " + hw.device + " has no built-in hardware profile (its peak "
-                                     "and links are unknown)", builtin_fix(hw.device));
-      g = &kGpus[1];
-    }
-    p = gpu_builtin(hw, *g);
+    // `cuda` and `custom` are no one model: a profile from another device's figures would price
+    // every layout wrongly without a word, so they need a calibrated one.
+    if (!kind.figures.known())
+      throw UserError(SourceLoc{}, "hardware.device " + hw.device + " has no built-in hardware profile (the device "
+                                   "table has no figures for it: memory bandwidth, links, GEMM efficiency)",
+                      builtin_fix(hw.device));
+    p = gpu_builtin(hw, kind.figures);
   }
   p.device = hw.device;
   p.source = "built-in (device table): run `runner calibrate` for measured figures";

@@ -1,6 +1,6 @@
 // `runner calibrate` (calibrate.h): one-node graphs through ops' Executor for the compute
 // figures, the Communicator's tensor calls for the collectives.
-#include "runner/device/calibrate.h"
+#include "runner/perf/calibrate.h"
 
 #include <unistd.h>
 
@@ -21,8 +21,8 @@
 #include "ops/peak.h"
 #include "runner/device/device.h"
 #include "runner/device/devices.h"
-#include "runner/device/peak.h"
 #include "runner/errors.h"
+#include "runner/perf/peak.h"
 
 namespace runner {
 
