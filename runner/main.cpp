@@ -61,7 +61,7 @@ int run_command(cli::Command& cmd, int* argc, char*** argv) {
     std::cout.flush();
     if (!quiet_rank) std::fprintf(stderr, "%s\n", e.what());
     return kExitUserError;
-  } catch (const std::filesystem::filesystem_error& e) {  // issue 13: no exception reaches terminate
+  } catch (const std::filesystem::filesystem_error& e) {  // no exception reaches terminate (a clean message, not an abort)
     std::cout.flush();
     std::fprintf(stderr, "%s: %s (%s)\n", e.path1().c_str(), e.code().message().c_str(), e.what());
     return kExitUserError;

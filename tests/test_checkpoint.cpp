@@ -1025,7 +1025,7 @@ TEST_CASE("the HDF5 lock: one process-wide lock (the data loader's), re-entrant 
   h5::mutex().unlock();
 }
 
-// Issue 26: the crossing between device tensors and checkpoints, on the strict device whatever
+// The crossing between device tensors and checkpoints, on the strict device whatever
 // RUNNER_STRICT says (its memory faults on any host access, so reaching the end proves that no
 // save, load or snapshot path dereferenced a device tensor).
 TEST_CASE("a state on the strict device: saves write the host state's bytes, async saves stage out, loads copy in") {

@@ -410,7 +410,7 @@ TEST_CASE("a bf16 GPT on oneDNN's path: the ledger is exact and it trains like t
   }
 }
 
-// [i29] precision.logits_grad: compute. The output layer (bf16 x and W, fp32 y: the logits)
+// precision.logits_grad: compute. The output layer (bf16 x and W, fp32 y: the logits)
 // reads its fp32 d(y) rounded to bf16 on both paths, so that oneDNN can read every operand as
 // stored: its backward then holds no fp32 copy of W (the vocabulary's table, on a real model),
 // and both paths give the GEMMs of the rounded d(y) within the summation bound above, while

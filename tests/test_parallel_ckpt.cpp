@@ -331,7 +331,7 @@ TEST_CASE("on one rank write_sharded writes the tensors the serial writer writes
   }
 }
 
-// Issue 26: a rank's state on the strict device (memory host code cannot touch). The paths
+// A rank's state on the strict device (memory host code cannot touch). The paths
 // between shards and logical tensors read it only through crossings, so these files and the
 // state loaded back equal a host state's, bit for bit.
 TrainState on_strict(const TrainState& h) {

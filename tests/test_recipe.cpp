@@ -590,7 +590,7 @@ TEST_CASE("RUNNER_SCHEMA names the schema; a missing one is a clear error") {
 }
 
 // ---------------------------------------------------------------------------------------
-// Issue 24: every independent mistake in one pass, hints for other tools' key names, no
+// Every independent mistake in one pass, hints for other tools' key names, no
 // default on a required key, no empty example, device suggestions by what the name says.
 
 namespace {

@@ -1,4 +1,4 @@
-// Automatic restart under Slurm (issue 28), without a cluster: the policy's decisions (each
+// Automatic restart under Slurm, without a cluster: the policy's decisions (each
 // cause, the limit, the same-step rule, scancel, exit 2, exit 3 not counted, the backoff
 // doubling), the start-up judging of an attempt Slurm requeued by itself, node changes, host
 // lists, the --elastic node range from the memory ledger, the generated script's restart call

@@ -1,4 +1,4 @@
-// `runner generate` and `runner export` on the strict CPU device (ops/strict/, issue 26): the
+// `runner generate` and `runner export` on the strict CPU device (ops/strict/): the
 // model's weights copied in, the KV cache in device memory, the logits out row by row, export
 // staging every weight out. The strict device runs the CPU's kernels behind a GPU's rules, so
 // everything it produces must be the plain CPU's bits: the same tokens, the same logits (the

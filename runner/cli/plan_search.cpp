@@ -1,6 +1,5 @@
 // `runner plan RECIPE --search` (plan_search.h): the search (runner/plan/search.h), its table
 // or JSON, and --write; and the search `parallel: auto` runs at plan and train start.
-// [i27: S owns this file; V adds the --verify call]
 #include "runner/cli/plan_search.h"
 
 #include <fmt/format.h>

@@ -1,6 +1,5 @@
 // `runner plan RECIPE --search ...`: the layout search's command-line part (plan.cpp parses the
 // options; plan_search.cpp runs the search, --verify and --write and prints the result).
-// [i27: S owns plan_search.cpp; V adds the --verify call inside it]
 #pragma once
 #include <cstdint>
 #include <string>

@@ -307,7 +307,7 @@ Recipe load_recipe_text(const std::string& text, const std::string& display_name
     doc.nodes["parallel.auto"] = doc.nodes["parallel"];
   }
   std::vector<Problem> problems = doc.problems;
-  // Every independent problem in one pass (issue 24): the values with a problem are dropped
+  // Every independent problem in one pass, so a user fixes them all at once: the values with a problem are dropped
   // so that the structs can still be filled (with defaults there), and the cross-field rules
   // that read them stay quiet.
   std::set<std::string> tainted;

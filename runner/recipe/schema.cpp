@@ -101,7 +101,7 @@ std::string quoted_or(const std::vector<std::string>& words) {
 
 // The words of an enum a mistyped value most likely meant. A word the value names as one of
 // its parts wins over spelling: h100 is the h100-80gb, not the h200 one letter away, and a100
-// is either a100 (issue 24). The schema's "x-aliases" maps other names (gpu) to a word.
+// is either a100. The schema's "x-aliases" maps other names (gpu) to a word.
 std::vector<std::string> suggest_words(const std::string& value, const json& sub) {
   std::vector<std::string> options;
   for (const json& e : sub["enum"]) options.push_back(format_json_scalar(e));
@@ -216,7 +216,7 @@ std::string example_of(const json& sub, const json& value) {
       return format_number(std::max(lo, static_cast<double>(std::llround(d))));
     }
   }
-  // An empty string is no example ("like ", issue 24): the next source is tried instead.
+  // An empty string is no example (it would print "like "): the next source is tried instead.
   const auto usable = [](const json& v) { return !v.is_string() || !v.get<std::string>().empty(); };
   if (sub.contains("examples") && sub["examples"].is_array() && !sub["examples"].empty() && usable(sub["examples"][0]))
     return format_json_scalar(sub["examples"][0]);

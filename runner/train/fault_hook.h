@@ -23,7 +23,7 @@
 //   RUNNER_DEBUG_STALL_RANK=R, RUNNER_DEBUG_STALL_EVERY=N, RUNNER_DEBUG_STALL_MS=T: world rank R
 //     sleeps T ms at the start of every N-th step, as a rank sharing its cores with another job
 //     would stall (a straggler, for the monitoring's tests). With T longer than
-//     train.collective_timeout it is a stuck data loader, which the watchdog reports (issue 28).
+//     train.collective_timeout it is a stuck data loader, which the watchdog reports.
 //   RUNNER_FAULT_CKPT_SLEEP_MS=T (and RUNNER_FAULT_CKPT_SLEEP_RANK=R, default every rank): each
 //     checkpoint save takes T ms longer on rank R, as a slow shared file system would make it
 //     (the watchdog's tests: a slow checkpoint is not a hang).
