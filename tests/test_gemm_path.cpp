@@ -19,6 +19,7 @@
 #include "ops/ops.h"
 #include "ops/rng.h"
 #include "runner/model/model.h"
+#include "tests/support/env.h"
 #include "tests/support/models.h"
 
 namespace {
@@ -27,21 +28,9 @@ using ops::DType;
 using ops::GemmMode;
 using ops::GemmPath;
 
-// Sets RUNNER_GEMM_PATH for one scope and restores what was there.
-struct EnvGuard {
-  std::string old;
-  bool had;
-  explicit EnvGuard(const char* v) {
-    const char* o = std::getenv("RUNNER_GEMM_PATH");
-    had = o != nullptr;
-    if (had) old = o;
-    if (v) setenv("RUNNER_GEMM_PATH", v, 1);
-    else unsetenv("RUNNER_GEMM_PATH");
-  }
-  ~EnvGuard() {
-    if (had) setenv("RUNNER_GEMM_PATH", old.c_str(), 1);
-    else unsetenv("RUNNER_GEMM_PATH");
-  }
+// Sets RUNNER_GEMM_PATH for one scope (nullptr: unset) and restores what was there.
+struct EnvGuard : test_support::ScopedEnv {
+  explicit EnvGuard(const char* v) : ScopedEnv("RUNNER_GEMM_PATH", v) {}
 };
 
 // Forces this process's GEMM paths for one scope (executors built inside see them).

@@ -35,6 +35,7 @@
 #include <vector>
 #include <yaml-cpp/yaml.h>
 
+#include "ops/knobs.h"
 #include "runner/recipe/document.h"
 #include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
@@ -146,7 +147,7 @@ struct SchemaStore {
 std::string find_schema_path() {
   namespace fs = std::filesystem;
   const std::string fix = "set RUNNER_SCHEMA=/path/to/recipe.schema.json, or reinstall runner (share/runner/schemas)";
-  if (const char* env = std::getenv("RUNNER_SCHEMA"); env && *env) {
+  if (const std::string& env = ops::knobs().schema; !env.empty()) {
     std::error_code ec;
     if (!fs::is_regular_file(env, ec))
       throw UserError(SourceLoc{env}, "the recipe schema named by RUNNER_SCHEMA does not exist", fix);
