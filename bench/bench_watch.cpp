@@ -1,4 +1,4 @@
-// The cost of the watchdog's wait marks (parallel/watch.h, issue 28), against the calls they
+// The cost of the watchdog's wait marks (parallel/watch.h), against the calls they
 // mark: one mark (begin + end, a clock read and a dozen relaxed stores) with the watchdog on
 // and with it off, and a one-element MPI_Allreduce on one rank (the cheapest collective there
 // is; real ones cost microseconds to seconds). Prints nanoseconds per call and the mark's

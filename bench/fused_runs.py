@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Whole training runs with model.fuse on and off (issue 29, ops/op_fused.cpp): CPU time.
+"""Whole training runs with model.fuse on and off (ops/op_fused.cpp): CPU time.
 
     /usr/bin/python3 bench/fused_runs.py [--configs small,gpt2] [--steps N] [--pairs P] [--runner BIN]
 

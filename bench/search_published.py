@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The layout search at scale, against published measurements (issue 27).
+"""The layout search at scale, against published measurements.
 
 For each plan-only recipe in bench/published/ (one published large GPT run: its model, cluster,
 layout and measured throughput, the source in the recipe's comments and a `# published:` line):
@@ -9,7 +9,7 @@ layout and measured throughput, the source in the recipe's comments and a `# pub
   (b) the free search: a copy of the recipe without parallel.*, batch.micro/accum and recompute.*,
       with `--set parallel.auto=true`: the layout the search chooses and its predicted throughput.
 Then the table: published TFLOP/s per GPU (as published, and in our counting), predicted for their
-layout, the error, our layout, its prediction, the search's time. Last, the issue's speed goal:
+layout, the error, our layout, its prediction, the search's time. Last, the search's speed goal:
 the 70B recipe (recipes/llama-70b-64gpu.yaml) searched on 1,024 GPUs, against 30 s.
 
 Like for like: sources count FLOPs differently (Megatron-LM 2021 and BLOOM include the recompute
@@ -221,7 +221,7 @@ def fmt_table(rows, markdown):
 
 
 def speed_goal(runner, tmpdir):
-    """The issue's goal: the 70B recipe searched on 1,024 GPUs in under 30 s."""
+    """The speed goal: the 70B recipe searched on 1,024 GPUs in under 30 s."""
     recipe = yaml.safe_load(open(os.path.join(ROOT, "recipes", "llama-70b-64gpu.yaml")))
     path = free_copy(recipe, tmpdir, "llama-70b-1024gpu", nodes=128)
     res, wall, err = run_search(runner, path, ["parallel.auto=true"])

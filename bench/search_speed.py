@@ -5,7 +5,7 @@ searched by `runner plan --search` at 64, 256 and 1,024 GPUs.
 
 Prints per world size the search's own seconds (as it reports them, and the process's wall
 and CPU time: on a loaded machine the CPU time is the steadier figure), the layouts searched and how many fit, layouts per second, the winner, and the ratio to
-issue 27's goal (a 70B recipe on 1,024 GPUs in under 30 s on this machine). Each world size
+the search's speed goal (a 70B recipe on 1,024 GPUs in under 30 s on this machine). Each world size
 runs --repeats times and the median is shown (the machine's load drifts).
 
     /usr/bin/python3 bench/search_speed.py [--worlds 64,256,1024] [--repeats 1] [--runner build/runner]
@@ -70,7 +70,7 @@ def main():
                       f"{c['predicted']['step_s']:.2f} s/step, MFU {100 * c['predicted']['mfu']:.1f}%")
             print(f"{world:>6} {secs:>9.2f} {wall:>8.2f} {cpu:>7.2f} {s['searched']:>9} {s['feasible']:>6} "
                   f"{s['searched'] / secs:>10.0f} {secs / GOAL_S:>10.2f}  {winner}")
-    print(f"goal ratio: the search's seconds / {GOAL_S:.0f} s (issue 27: under 1 at 1,024 GPUs); cpu s: the process's "
+    print(f"goal ratio: the search's seconds / {GOAL_S:.0f} s (the goal: under 1 at 1,024 GPUs); cpu s: the process's "
           "CPU time over all its threads (what a quiet machine's cores share; the search uses every core)")
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The layout search's cost model against measurement on this machine (issue 27's judgement).
+"""The layout search's cost model against measurement on this machine: does it rank layouts as measurement does?
 
 Every configuration below is predicted by the search itself, with every layout field fixed as a
 constraint (`runner plan --search --world W --top 1 --json --set ...` must return exactly that
@@ -12,7 +12,7 @@ shortened to seq_len 128 and global batch 4 in fp32 so that it runs in minutes o
 world sizes 1 and 2 (dp2, tp2, tp2 + sequence parallelism, pp2 with 1F1B, GPipe and
 interleaved), crossed with micro-batch, recompute (none, selective, full) and ZeRO-1.
 
-Prints a table (config, predicted, measured, error) and against the issue's goals: Spearman rank
+Prints a table (config, predicted, measured, error) and against the accuracy goals: Spearman rank
 correlation of predicted against measured step time (>= 0.8), median absolute relative error
 (<= 15%), and how far the predicted best layout's measured time is from the measured best
 (<= 10%), per model and world size (the choice the search makes) and over all configurations.

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""What thread-count independence costs (issue 29): step time of this build's runner against
+"""What thread-count independence costs: step time of this build's runner against
 another build (--base, e.g. one built from the commit before the fixed blocking), same recipes,
 same threads, runs alternated so that machine noise hits both alike.
 

@@ -3,12 +3,15 @@
 
 Runs, in one invocation and on the same machine state, `runner train` on a synthetic
 token file, bench/torch_gpt.py (PyTorch's own tuned training loop) and, on GPT-2 124M,
-llm.c's CPU trainer (bench/llmc: train_gpt2.c vendored unchanged, built here with gcc
--Ofast -march=native -fopenmp as llm.c's Makefile does, fed a random-init checkpoint and a
-token file written here in its formats), then prints tokens/s of each, the ratios, MFU
-against the runner's measured sgemm peak and the CPU's flags.
+llm.c's CPU trainer (from a checkout of https://github.com/karpathy/llm.c given with --llmc DIR
+or RUNNER_LLMC_DIR: its train_gpt2.c, driven by bench/bench_llmc.c, built in a temporary folder
+with gcc -Ofast -march=native -fopenmp as llm.c's Makefile does, fed a random-init checkpoint
+and a token file written here in its formats), then prints tokens/s of each, the ratios, MFU
+against the runner's measured sgemm peak and the CPU's flags. Without a checkout the llm.c
+column is skipped and the script says how to get one.
 
-    /usr/bin/python3 bench/train_vs_torch.py [--configs small,gpt2] [--steps N] [--threads 2] [--llmc-steps 4] [--runner BIN]
+    /usr/bin/python3 bench/train_vs_torch.py [--configs small,gpt2] [--steps N] [--threads 2]
+        [--llmc DIR] [--llmc-steps 4] [--runner BIN]
 """
 import argparse
 import json
@@ -64,12 +67,28 @@ def run_torch(cfg, steps, threads):
     return json.loads(line)["tokens_per_s"]
 
 
-def build_llmc(work):
-    """llm.c's trainer with the flags of its own Makefile (-Ofast, OpenMP) plus -march=native."""
+LLMC_HOWTO = ("llm.c is not part of this repository; to time it, get a checkout "
+               "(git clone https://github.com/karpathy/llm.c) and pass --llmc DIR (or set RUNNER_LLMC_DIR=DIR)")
+
+
+def llmc_checkout(given):
+    """The llm.c checkout to build from (--llmc, else RUNNER_LLMC_DIR), or None when none is given.
+    A directory without llm.c's CPU trainer in it is an error, not a skip: the user asked for it."""
+    d = given or os.environ.get("RUNNER_LLMC_DIR") or None
+    if d is None:
+        return None
+    d = os.path.abspath(os.path.expanduser(d))
+    if not os.path.isfile(os.path.join(d, "train_gpt2.c")) or not os.path.isdir(os.path.join(d, "llmc")):
+        raise SystemExit(f"{d}: not an llm.c checkout (no train_gpt2.c and llmc/ there); {LLMC_HOWTO}")
+    return d
+
+
+def build_llmc(work, llmc_dir):
+    """llm.c's trainer from the checkout llmc_dir, built into work with the flags of its own
+    Makefile (-Ofast, OpenMP) plus -march=native; the driver is bench/bench_llmc.c."""
     exe = os.path.join(work, "llmc_train")
-    src = os.path.join(ROOT, "bench", "llmc")
-    subprocess.run(["gcc", "-Ofast", "-march=native", "-fopenmp", "-DOMP", "-Wno-unused-result", "-I", src,
-                    os.path.join(src, "bench_llmc.c"), "-lm", "-o", exe], check=True)
+    subprocess.run(["gcc", "-Ofast", "-march=native", "-fopenmp", "-DOMP", "-Wno-unused-result", "-I", llmc_dir,
+                    os.path.join(ROOT, "bench", "bench_llmc.c"), "-lm", "-o", exe], check=True)
     return exe
 
 
@@ -103,8 +122,8 @@ def write_llmc_inputs(cfg, work):
     return ckpt, data
 
 
-def run_llmc(cfg, steps, threads, work):
-    exe = build_llmc(work)
+def run_llmc(cfg, steps, threads, work, llmc_dir):
+    exe = build_llmc(work, llmc_dir)
     ckpt, data = write_llmc_inputs(cfg, work)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
     out = subprocess.run([exe, ckpt, data, str(cfg["batch"]), str(cfg["seq"]), str(steps)], check=True, env=env,
@@ -138,8 +157,14 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="timed steps (0: per-config default)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runner", default=os.path.join(ROOT, "build", "runner"), help="the runner binary to time")
+    ap.add_argument("--llmc", metavar="DIR", default=None,
+                    help="a checkout of github.com/karpathy/llm.c to build the llm.c peer from (default: $RUNNER_LLMC_DIR; "
+                         "none: the llm.c peer is skipped)")
     ap.add_argument("--llmc-steps", type=int, default=4, help="llm.c steps on gpt2 (0: skip llm.c)")
     args = ap.parse_args()
+    llmc_dir = llmc_checkout(args.llmc) if args.llmc_steps > 0 else None
+    if args.llmc_steps > 0 and llmc_dir is None and "gpt2" in args.configs.split(","):
+        print(f"llm.c peer skipped: {LLMC_HOWTO}", flush=True)
     print(f"CPU: {cpu_flags()}", flush=True)
     rows = []
     for name in args.configs.split(","):
@@ -149,9 +174,9 @@ def main():
             ours, peak = run_runner(cfg, steps + 2, args.threads, work, args.runner)
         theirs = run_torch(cfg, steps, args.threads)
         llmc = 0.0
-        if name == "gpt2" and args.llmc_steps > 0:  # llm.c's trainer is GPT-2's architecture at GPT-2's shapes
+        if name == "gpt2" and llmc_dir is not None:  # llm.c's trainer is GPT-2's architecture at GPT-2's shapes
             with tempfile.TemporaryDirectory() as work:
-                llmc = run_llmc(cfg, args.llmc_steps + 1, args.threads, work)
+                llmc = run_llmc(cfg, args.llmc_steps + 1, args.threads, work, llmc_dir)
         fpt = flops_per_token(cfg)
         rows.append((name, ours, theirs, llmc, fpt * ours / peak, fpt * theirs / peak, peak))
         extra = f" | llm.c {llmc:,.0f} tok/s | ratio {ours / llmc:.2f}x" if llmc else ""

@@ -30,7 +30,7 @@ if(RUNNER_HAVE_NCCL AND RUNNER_PARALLEL_CUDA_SOURCES)
   target_link_libraries(runner_parallel_cuda PUBLIC runner_parallel runner_cuda PRIVATE CUDA::cudart ${NCCL_LIB} MPI::MPI_C)
 endif()
 target_link_libraries(runner_core PUBLIC runner_cuda)
-# [i26: parallel] The run's communicator on a GPU device (runner/train/mpi_job.cpp): NCCL, or the
+# The run's communicator on a GPU device (runner/train/mpi_job.cpp): NCCL, or the
 # host-staged MPI path (parallel/cuda/gpu_comm.h).
 if(TARGET runner_parallel_cuda)
   target_link_libraries(runner_core PUBLIC runner_parallel_cuda)

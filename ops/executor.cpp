@@ -17,6 +17,7 @@
 #include "ops/convert.h"
 #include "ops/device_timer.h"
 #include "ops/gemm_path.h"
+#include "ops/knobs.h"
 #include "ops/ops.h"
 
 namespace ops {
@@ -39,8 +40,7 @@ void set_native16(bool on) { g_native16.store(on ? 1 : 0); }
 bool native16_enabled() {
   int v = g_native16.load();
   if (v < 0) {
-    const char* e = std::getenv("RUNNER_NATIVE16");
-    v = (e && std::string(e) == "0") ? 0 : 1;
+    v = knobs().native16 ? 1 : 0;
     g_native16.store(v);
   }
   return v == 1;

@@ -10,7 +10,7 @@
 // rule). Results of reductions are bit-identical on every member. Counts above INT_MAX are
 // split internally.
 //
-// Host memory and tensor memory (issue 26). A Communicator's own calls take HOST memory:
+// Host memory and tensor memory. A Communicator's own calls take HOST memory:
 // scalars, metrics, counters, checkpoint staging buffers. Tensor memory (gradient buckets,
 // the tensor-parallel collectives of the executor, pipeline activations) goes through its
 // tensors() face, which takes pointers into the run's device memory: the device is set once

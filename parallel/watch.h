@@ -1,5 +1,5 @@
 // What this process's communicating thread is blocked on right now, for the watchdog
-// (runner/train/watchdog.h, issue 28).
+// (runner/train/watchdog.h).
 //
 // The communicators mark every blocking MPI call (allreduce, broadcast, send, recv, barrier,
 // allgather) and every wait on a non-blocking one (Request::wait, and an unfinished request's

@@ -27,7 +27,7 @@ class UserError : public std::runtime_error {
   };
   UserError(SourceLoc loc, std::string what, std::string fix = "")
       : std::runtime_error(format(loc, what, fix)), loc_(std::move(loc)), what_(std::move(what)), fix_(std::move(fix)) {}
-  // Several independent problems found in one pass (a recipe's, issue 24): loc(), problem()
+  // Several independent problems found in one pass (a recipe's): loc(), problem()
   // and fix() are the first one's; what() is one `file:line:col: what; fix` line per problem,
   // in the given order, then a count. `all` must not be empty.
   explicit UserError(std::vector<Entry> all);

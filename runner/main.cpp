@@ -12,12 +12,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "ops/knobs.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/isolated.h"
 #include "runner/cli/command.h"
 #include "runner/errors.h"
 #include "runner/run/restart.h"
 #include "runner/signals.h"
+#include "runner/train/fault_hook.h"
 #include "runner/train/mpi_job.h"
 
 using namespace runner;
@@ -61,7 +63,7 @@ int run_command(cli::Command& cmd, int* argc, char*** argv) {
     std::cout.flush();
     if (!quiet_rank) std::fprintf(stderr, "%s\n", e.what());
     return kExitUserError;
-  } catch (const std::filesystem::filesystem_error& e) {  // issue 13: no exception reaches terminate
+  } catch (const std::filesystem::filesystem_error& e) {  // no exception reaches terminate (a clean message, not an abort)
     std::cout.flush();
     std::fprintf(stderr, "%s: %s (%s)\n", e.path1().c_str(), e.code().message().c_str(), e.what());
     return kExitUserError;
@@ -93,6 +95,15 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : kExitUserError;
+  }
+  // The RUNNER_* knobs, read once (a malformed one exits 2 before anything is written), and the
+  // fault points they arm below the trainer, in every command: the checkpoint verifier's
+  // process too (RUNNER_CKPT_FAULT_VERIFY_ABORT).
+  try {
+    arm_fault_points(ops::knobs().faults);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return kExitUserError;
   }
   for (auto& cmd : commands) {
     if (!cmd->chosen()) continue;

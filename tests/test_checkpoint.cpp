@@ -3,8 +3,9 @@
 //
 // The state is built by hand (a few named fp32 tensors with random bits, moments, cursor,
 // RNG, scaler), so these tests need no model, recipe or data. Crashes are real: a forked
-// child writes with RUNNER_CKPT_FAULT_EXIT=1 and dies with _exit(137) partway, leaving
-// whatever a killed process leaves; the parent then checks what a resume would see.
+// child writes with set_write_fault_exit(true) (what RUNNER_CKPT_FAULT_EXIT=1 arms in the
+// runner) and dies with _exit(137) partway, leaving whatever a killed process leaves; the
+// parent then checks what a resume would see.
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <hdf5.h>
@@ -22,6 +23,7 @@
 #include <thread>
 
 #include "ops/backend.h"
+#include "ops/knobs.h"
 #include "ops/rng.h"
 #include "ops/strict/strict_backend.h"
 #include "runner/checkpoint/checkpoint.h"
@@ -53,8 +55,7 @@ Shapes default_shapes() {
 // every save, load and snapshot below then crosses to and from device memory that host code
 // cannot touch), host memory otherwise.
 ops::Backend* test_device() {
-  const char* e = std::getenv("RUNNER_STRICT");
-  return e && std::string(e) == "1" ? &ops::strict::strict_backend() : nullptr;
+  return ops::knobs().strict ? &ops::strict::strict_backend() : nullptr;
 }
 
 // A tensor's bytes in host memory (a crossing for a device tensor).
@@ -464,7 +465,7 @@ TEST_CASE("a crash at any point of a save leaves the previous checkpoint and LAT
     pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      setenv("RUNNER_CKPT_FAULT_EXIT", "1", 1);
+      set_write_fault_exit(true);  // what RUNNER_CKPT_FAULT_EXIT=1 arms in the runner
       set_write_fault_after_bytes(after_bytes);
       set_write_fault_at(stage);
       try {
@@ -1025,7 +1026,7 @@ TEST_CASE("the HDF5 lock: one process-wide lock (the data loader's), re-entrant 
   h5::mutex().unlock();
 }
 
-// Issue 26: the crossing between device tensors and checkpoints, on the strict device whatever
+// The crossing between device tensors and checkpoints, on the strict device whatever
 // RUNNER_STRICT says (its memory faults on any host access, so reaching the end proves that no
 // save, load or snapshot path dereferenced a device tensor).
 TEST_CASE("a state on the strict device: saves write the host state's bytes, async saves stage out, loads copy in") {

@@ -44,7 +44,7 @@ TEST_CASE("runner plan prints the table for every shipped recipe, quickly") {
     // Their data files are placeholders: planned without reading them (test_plan_gate checks that part).
     Result r = run("plan " + kRecipes + name + ".yaml --no-data-check");
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    CHECK(r.code == (std::string(name) == "does-not-fit" ? 2 : 0));  // issue 24: plan gates on fit
+    CHECK(r.code == (std::string(name) == "does-not-fit" ? 2 : 0));  // plan gates on fit
     CHECK(r.out.find("memory per rank") != std::string::npos);
     CHECK(r.out.find("verdict") != std::string::npos);
     CHECK(s < 5.0);  // generous bound for a loaded CI machine; measured ~0.05 s (0.5 s for does-not-fit)

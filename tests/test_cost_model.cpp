@@ -342,7 +342,7 @@ TEST_CASE("the optimizer step: AdamW, the gradient norm and zeroing, by bytes") 
   // bf16 with fp32 masters and fp32 gradients: 4 + 16 + 8 + 2 bytes an element for AdamW.
   const StepCost b = predict_step(plan_of({"precision.compute=bf16"}), hw);
   CHECK(b.optimizer == doctest::Approx((30 + 4 + 4) * params / hw.compute[0].memory_bandwidth).epsilon(1e-9));
-  // [i29: optimizer] The zeros are written inside AdamW's pass (Backend::adamw_update_zero_grad):
+  // The zeros are written inside AdamW's pass (Backend::adamw_update_zero_grad):
   // per parameter tensor two calls (the norm's, the fused update), not a third zeroing pass.
   HardwareProfile slow = hw;
   for (ComputeProfile& k : slow.compute) k.launch_s = 1e-3;

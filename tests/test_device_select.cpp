@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ops/knobs.h"
 #include "runner/device/device.h"
 #include "runner/device/devices.h"
 #include "runner/plan/plan.h"
@@ -100,18 +101,24 @@ TEST_CASE("the plan takes device memory and the MFU peak from the table unless t
   CHECK(plan({"hardware.device=custom", "hardware.memory_gb=8"}).peak_flops == 0);
 }
 
+// select_backend takes the CUDA backend exactly for the device table's kinds marked gpu.
 TEST_CASE("GPU device names want the CUDA backend, cpu and custom do not") {
+  auto kind = [](const char* d) {
+    const runner::DeviceKind* k = runner::find_device_kind(d);
+    REQUIRE(k != nullptr);
+    return *k;
+  };
   for (const char* d : {"cuda", "a100-40gb", "a100-80gb", "h100-80gb", "h200", "v100-32gb", "l40s"}) {
     CAPTURE(d);
-    CHECK(runner::wants_gpu(d));
+    CHECK(kind(d).gpu);
   }
-  CHECK_FALSE(runner::wants_gpu("cpu"));
-  CHECK_FALSE(runner::wants_gpu("custom"));
-  for (const runner::DeviceKind& d : runner::device_kinds()) CHECK(runner::wants_gpu(std::string(d.name)) == d.gpu);
+  CHECK_FALSE(kind("cpu").gpu);
+  CHECK_FALSE(kind("custom").gpu);
+  for (const runner::DeviceKind& d : runner::device_kinds()) CHECK(runner::find_device_kind(d.name) == &d);
 }
 
 TEST_CASE("runner train on a GPU recipe without a GPU exits 2 and writes nothing") {
-  if (getenv("RUNNER_EXPECT_GPU")) {
+  if (ops::knobs().expect_gpu) {
     MESSAGE("RUNNER_EXPECT_GPU is set: this machine has a GPU, the no-GPU path is not checked here");
     return;
   }
@@ -134,7 +141,7 @@ TEST_CASE("runner train on a GPU recipe without a GPU exits 2 and writes nothing
 // With a GPU (scripts/gpu-check.sh sets RUNNER_EXPECT_GPU): the GPU kinds train there, on
 // device memory, with cuBLASLt's GEMM paths; the old refusal is gone.
 TEST_CASE("runner train on a GPU recipe with a GPU trains on it") {
-  if (!getenv("RUNNER_EXPECT_GPU")) {
+  if (!ops::knobs().expect_gpu) {
     MESSAGE("no GPU here (RUNNER_EXPECT_GPU unset): the GPU path is checked by scripts/gpu-check.sh");
     return;
   }
@@ -149,7 +156,7 @@ TEST_CASE("runner train on a GPU recipe with a GPU trains on it") {
 }
 
 TEST_CASE("runner resume of a GPU recipe without a GPU exits 2") {
-  if (getenv("RUNNER_EXPECT_GPU")) return;
+  if (ops::knobs().expect_gpu) return;
   fs::path cwd = temp_dir("resume");
   Result t = run("train " + kQuickstart + " --quiet --set train.steps=2 --set train.eval_every=0 --set checkpoint.every_steps=2 --run-dir run",
                  cwd.string());

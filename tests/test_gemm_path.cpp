@@ -19,6 +19,7 @@
 #include "ops/ops.h"
 #include "ops/rng.h"
 #include "runner/model/gpt.h"
+#include "tests/support/env.h"
 #include "tests/support/models.h"
 
 namespace {
@@ -27,21 +28,9 @@ using ops::DType;
 using ops::GemmMode;
 using ops::GemmPath;
 
-// Sets RUNNER_GEMM_PATH for one scope and restores what was there.
-struct EnvGuard {
-  std::string old;
-  bool had;
-  explicit EnvGuard(const char* v) {
-    const char* o = std::getenv("RUNNER_GEMM_PATH");
-    had = o != nullptr;
-    if (had) old = o;
-    if (v) setenv("RUNNER_GEMM_PATH", v, 1);
-    else unsetenv("RUNNER_GEMM_PATH");
-  }
-  ~EnvGuard() {
-    if (had) setenv("RUNNER_GEMM_PATH", old.c_str(), 1);
-    else unsetenv("RUNNER_GEMM_PATH");
-  }
+// Sets RUNNER_GEMM_PATH for one scope (nullptr: unset) and restores what was there.
+struct EnvGuard : test_support::ScopedEnv {
+  explicit EnvGuard(const char* v) : ScopedEnv("RUNNER_GEMM_PATH", v) {}
 };
 
 // Forces this process's GEMM paths for one scope (executors built inside see them).
@@ -410,7 +399,7 @@ TEST_CASE("a bf16 GPT on oneDNN's path: the ledger is exact and it trains like t
   }
 }
 
-// [i29] precision.logits_grad: compute. The output layer (bf16 x and W, fp32 y: the logits)
+// precision.logits_grad: compute. The output layer (bf16 x and W, fp32 y: the logits)
 // reads its fp32 d(y) rounded to bf16 on both paths, so that oneDNN can read every operand as
 // stored: its backward then holds no fp32 copy of W (the vocabulary's table, on a real model),
 // and both paths give the GEMMs of the rounded d(y) within the summation bound above, while

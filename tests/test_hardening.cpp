@@ -1,4 +1,4 @@
-// Issue 13, through the real binary: one owner per run directory, clean exits on every fault
+// Hardening, through the real binary: one owner per run directory, clean exits on every fault
 // (disk full during sync and async checkpoint writes, a bad --run-dir), a checkpoint inspector
 // that a corrupt file cannot crash, bounded recipe parsing, a run killed before its first
 // checkpoint, and the smaller command-line and recipe refusals. Every check here failed
@@ -256,7 +256,7 @@ TEST_CASE("an unknown key answers before YAML aliases are expanded, at its file:
       {"extra:\n  x: " + nested_alias_bomb(9) + "\n", ":" + std::to_string(n + 1) + ":1: unknown key 'extra' at the top level",
        false},
       // The bomb first, under a known key, and the unknown key after it in the file, nested:
-      // two independent problems, both reported (issue 24), the bomb stopped by the cap.
+      // two independent problems, both reported in one pass, the bomb stopped by the cap.
       {"inference: " + nested_alias_bomb(9) + "\nprofile:\n  bogus_key: 1\n",
        ":" + std::to_string(n + 3) + ":3: unknown key 'bogus_key' in profile", true},
   };
@@ -340,7 +340,7 @@ TEST_CASE("smaller refusals: an under-determined batch, a huge accum, seq_len 1 
   fs::remove_all(dir);
 }
 
-TEST_CASE("a checkpoint records its OpenMP thread count; a resume with another count continues silently (issue 29: the "
+TEST_CASE("a checkpoint records its OpenMP thread count; a resume with another count continues silently (the "
           "results do not depend on it), an older file without it loads") {
   fs::path dir = temp_dir("threads");
   const std::string args = kQuick + "--set checkpoint.every_steps=4 --set checkpoint.keep_last=5 --run-dir " + dir.string();

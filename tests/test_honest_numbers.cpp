@@ -18,6 +18,7 @@
 #include "runner/perf/gemm_report.h"
 #include "runner/perf/peak.h"
 #include "runner/recipe/recipe.h"
+#include "tests/support/env.h"
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"
@@ -30,12 +31,8 @@ namespace {
 
 fs::path temp_dir(const std::string& name) { return test_support::fresh_dir("numbers", name); }
 
-// An environment variable for one scope (unset again after).
-struct EnvGuard {
-  std::string name;
-  EnvGuard(const char* n, const std::string& v) : name(n) { setenv(n, v.c_str(), 1); }
-  ~EnvGuard() { unsetenv(name.c_str()); }
-};
+// An environment variable for one scope (restored after; the knobs re-read both times).
+using EnvGuard = test_support::ScopedEnv;
 
 // The cache file mfu_peak uses for this machine at `threads` under `dir` (XDG_CACHE_HOME).
 fs::path only_cache_file(const fs::path& dir) {

@@ -10,7 +10,7 @@
 // numbers as (Megatron's) - (what we do not store) + (what we store in addition):
 //  - dropout masks are regenerated from the counter-based RNG, never stored: -2sbh for the
 //    two residual dropouts, -as^2b for the attention-probability dropout;
-//  - attention keeps no (T,T) tensor at all (issue 26, flash-style: ops/backend.h): neither the
+//  - attention keeps no (T,T) tensor at all (flash-style: ops/backend.h): neither the
 //    softmax output (2as^2b, Megatron's) nor the dropped probabilities (2as^2b), only each
 //    query row's fp32 log-sum-exp, +4asb; the backward recomputes the scores by blocks and
 //    regenerates the dropout mask. So all of 5as^2b goes, and 4asb comes back;
@@ -172,7 +172,7 @@ TEST_CASE("recompute transient: one layer's internals are rebuilt at a time") {
   r.model.n_layers = 4;
   r.model.seq_len = 512;
   // A small vocabulary: the backward frees the head's fp32 logits before it rebuilds the last
-  // layer, and since attention keeps no (T,T) probabilities (issue 26) a 32000-token head's
+  // layer, and since attention keeps no (T,T) probabilities a 32000-token head's
   // logits outweigh one layer's internals at this length, which would hide the transient.
   r.model.vocab_size = 4096;
   r.recompute.mode = RecomputeMode::full;

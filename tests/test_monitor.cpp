@@ -344,7 +344,7 @@ TEST_CASE("--profile FROM:TO: per operator forward/backward/recompute, FLOPs fro
     if (name == "add") CHECK(op["bound"] == "memory");
     profile_fwd_flops += op["forward"]["flops"].get<double>();
     share += op["share"].get<double>();
-    // linear_gelu: the MLP's fc product fused with its GELU (issue 29), whose few flops per
+    // linear_gelu: the MLP's fc product fused with its GELU, whose few flops per
     // element ride along.
     if (name == "linear" || name == "linear_gelu" || name == "attention") matmul_flops += op["flops"].get<double>();
   }

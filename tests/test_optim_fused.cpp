@@ -1,4 +1,4 @@
-// The fused optimizer phase (issue 29: optimizer; ops/cpu/adamw.h): the CPU's
+// The fused optimizer phase (ops/cpu/adamw.h): the CPU's
 // adamw_update_zero_grad must give the bytes of the path it replaced (the host default
 // Backend::adamw_update_typed, then a zeroing of the gradient) for fp32 parameters and for
 // bf16 / fp16 ones with and without fp32 masters, at sizes that are not multiples of the

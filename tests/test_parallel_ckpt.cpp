@@ -34,6 +34,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ops/knobs.h"
 #include "ops/rng.h"
 #include "ops/strict/strict_backend.h"
 #include "parallel/comm.h"
@@ -287,9 +288,9 @@ void run_child(const ChildSpec& c) {
 }  // namespace
 
 TEST_CASE("child: one rank of a multi-rank save (run under mpirun by the tests below; a no-op otherwise)") {
-  const char* env = std::getenv("RUNNER_PCKPT_CHILD");
-  if (!env) return;
-  run_child(parse_child(env));
+  const std::string& env = ops::knobs().pckpt_child;
+  if (env.empty()) return;
+  run_child(parse_child(env.c_str()));
 }
 
 TEST_CASE("on one rank write_sharded writes the tensors the serial writer writes") {
@@ -331,7 +332,7 @@ TEST_CASE("on one rank write_sharded writes the tensors the serial writer writes
   }
 }
 
-// Issue 26: a rank's state on the strict device (memory host code cannot touch). The paths
+// A rank's state on the strict device (memory host code cannot touch). The paths
 // between shards and logical tensors read it only through crossings, so these files and the
 // state loaded back equal a host state's, bit for bit.
 TrainState on_strict(const TrainState& h) {

@@ -166,7 +166,7 @@ TEST_CASE("a plan that does not fit suggests changes that were verified to fit")
   CHECK_FALSE(p.fits);
   REQUIRE(!p.suggestions.empty());
   CHECK(p.suggestions[0].find(" -> ") != std::string::npos);
-  // Each states the batch equation it implies, with the global batch kept (issue 24).
+  // Each states the batch equation it implies, with the global batch kept.
   const std::regex eq(R"(-> global (\d+) = micro (\d+) x dp (\d+) x accum (\d+), )");
   for (const std::string& s : p.suggestions) {
     if (s.rfind("more devices", 0) == 0) continue;

@@ -1,4 +1,4 @@
-// `runner plan` as a gate for a job script (issue 24): it refuses what `train` would refuse,
+// `runner plan` as a gate for a job script: it refuses what `train` would refuse,
 // with the same message (a missing data file, text data pointed at an HDF5 or token file, a
 // token beyond the vocabulary), exits 2 on a recipe that does not fit after printing the plan
 // and what would fit (each with the batch equation it implies), reports every recipe mistake

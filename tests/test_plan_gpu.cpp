@@ -1,4 +1,4 @@
-// The plan of a GPU device kind prices the GPU's memory (issue 26): its dry runs take
+// The plan of a GPU device kind prices the GPU's memory: its dry runs take
 // cuBLASLt's GEMM paths (16-bit operands read as stored, ops::device_gemm_paths()) whatever
 // this CPU measured, and its workspace adds the CUDA backend's own buffers
 // (ops/cuda/cuda_workspace.h), which the backend allocates and counts when it starts. The CPU's
@@ -88,7 +88,7 @@ TEST_CASE("a GPU device's plan: the dry run under cuBLASLt's paths plus the CUDA
     CAPTURE(recipe);
     const std::vector<std::string> bf16 = {"precision.compute=bf16", "checkpoint.async=false"};
     const runner::Plan h100 = plan(recipe, "h100-80gb", bf16);
-    // [i29: native16] The host's 16-bit-native memory-bound kernels widen nothing; the GPU's
+    // The host's 16-bit-native memory-bound kernels widen nothing; the GPU's
     // plan widens their operands (the CUDA backend has no such kernels). The GEMM paths are
     // compared with the host's widened plan, and the native one must need no more than it.
     const runner::Plan host_native = plan(recipe, "custom", bf16);
@@ -115,7 +115,7 @@ TEST_CASE("a GPU device's plan: the dry run under cuBLASLt's paths plus the CUDA
   // bf16); the flash-style attention keeps a (B, NH, T) log-sum-exp instead: the workspace
   // falls from 2.69 GiB to about 1.3 GiB. What is left (the fp32 logits, the widened operands
   // of the fp32-only kernels, and a share that still grows faster than T between 2048 and 4096)
-  // is above the ~290 MiB planned before the precision work: the issue-29 16-bit kernels.
+  // is above the ~290 MiB planned before the precision work: the 16-bit-native kernels.
   const runner::Plan p7 = plan("llama-7b-8xh100.yaml", "h100-80gb", {});
   const runner::Plan p7_2k = plan("llama-7b-8xh100.yaml", "h100-80gb", {"model.seq_len=2048"});
   const runner::Plan p7_1k = plan("llama-7b-8xh100.yaml", "h100-80gb", {"model.seq_len=1024"});

@@ -20,6 +20,7 @@
 
 #include "runner/recipe/fields.h"
 #include "runner/recipe/recipe.h"
+#include "tests/support/env.h"
 #include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 using namespace runner;
@@ -582,15 +583,16 @@ TEST_CASE("garbage never crashes and always gets a located message with a fix") 
 }
 
 TEST_CASE("RUNNER_SCHEMA names the schema; a missing one is a clear error") {
-  ::setenv("RUNNER_SCHEMA", "/no/such/recipe.schema.json", 1);
-  const UserError e = expect_error([] { load_recipe_text(kMinimal, "min.yaml"); });
-  ::unsetenv("RUNNER_SCHEMA");
+  const UserError e = [] {
+    test_support::ScopedEnv schema("RUNNER_SCHEMA", "/no/such/recipe.schema.json");
+    return expect_error([] { load_recipe_text(kMinimal, "min.yaml"); });
+  }();
   CHECK(std::string(e.what()).find("RUNNER_SCHEMA") != std::string::npos);
   CHECK_NOTHROW(load_recipe_text(kMinimal, "min.yaml"));
 }
 
 // ---------------------------------------------------------------------------------------
-// Issue 24: every independent mistake in one pass, hints for other tools' key names, no
+// Every independent mistake in one pass, hints for other tools' key names, no
 // default on a required key, no empty example, device suggestions by what the name says.
 
 namespace {

@@ -313,7 +313,7 @@ TEST_CASE("recompute.modules or recompute.layers beside mode auto is a recipe er
         CHECK(e.loc().line == 16);
         CHECK(e.loc().col == 3);
       } else {  // the override that set modules: its own line, after the text's layers problem
-        // (both are reported in one pass, issue 24)
+        // (both are reported in one pass)
         CHECK(e.all().size() == 2);
         CHECK(msg.rfind("t.yaml:16:3: ", 0) == 0);
         CHECK(msg.find("\n--set: recompute mode " + want) != std::string::npos);

@@ -1,4 +1,4 @@
-// Automatic restart under Slurm (issue 28), without a cluster: the policy's decisions (each
+// Automatic restart under Slurm, without a cluster: the policy's decisions (each
 // cause, the limit, the same-step rule, scancel, exit 2, exit 3 not counted, the backoff
 // doubling), the start-up judging of an attempt Slurm requeued by itself, node changes, host
 // lists, the --elastic node range from the memory ledger, the generated script's restart call
@@ -19,6 +19,7 @@
 #include "runner/recipe/recipe.h"
 #include "runner/run/restart.h"
 #include "runner/run/slurm.h"
+#include "tests/support/env.h"
 #include "tests/support/process.h"
 #include "tests/support/temp_dir.h"
 
@@ -231,12 +232,12 @@ TEST_CASE("host lists, node states and the ranks' exit records") {
   CHECK(down_nodes("a idle\nb down\nc mixed*\nd drained\ne allocated\n") == std::vector<std::string>{"b", "c", "d"});
   const fs::path d = test_support::fresh_dir("restart", "exits");
   const std::string f = (d / "exits").string();
-  setenv("RUNNER_EXIT_RECORD", f.c_str(), 1);
-  setenv("SLURM_PROCID", "1", 1);
-  record_rank_exit(0);  // success leaves no line
-  record_rank_exit(5);
-  unsetenv("RUNNER_EXIT_RECORD");
-  unsetenv("SLURM_PROCID");
+  {
+    test_support::ScopedEnv record("RUNNER_EXIT_RECORD", f);
+    test_support::ScopedEnv rank("SLURM_PROCID", "1");
+    record_rank_exit(0);  // success leaves no line
+    record_rank_exit(5);
+  }
   record_rank_exit(2);  // without the script's variable: nothing
   CHECK(read_rank_exits(f) == std::vector<int>{5});
 }

@@ -25,6 +25,7 @@
 #include "runner/observe/trace.h"
 #include "runner/train/fault_hook.h"
 #include "tests/support/device.h"
+#include "tests/support/env.h"
 #include "tests/support/temp_dir.h"
 
 namespace fs = std::filesystem;
@@ -146,17 +147,17 @@ TEST_CASE("fault hook: inactive without its variables; each fault at its step on
                         "RUNNER_FAULT_INF_COUNT", "RUNNER_FAULT_NOISE_STEP", "RUNNER_FAULT_STEP_SLEEP_MS",
                         "RUNNER_DEBUG_STALL_RANK", "RUNNER_DEBUG_STALL_EVERY", "RUNNER_DEBUG_STALL_MS"})
     ::unsetenv(v);
+  test_support::reload_knobs();
   CHECK(!FaultHook(0).active());
 
-  ::setenv("RUNNER_FAULT_FAIL_RANK", "1", 1);
-  ::setenv("RUNNER_FAULT_FAIL_STEP", "7", 1);
-  ::setenv("RUNNER_FAULT_NAN_STEP", "3", 1);
-  ::setenv("RUNNER_FAULT_NOISE_STEP", "4", 1);
-  FaultHook rank0(0), rank1(1);
-  ::unsetenv("RUNNER_FAULT_FAIL_RANK");
-  ::unsetenv("RUNNER_FAULT_FAIL_STEP");
-  ::unsetenv("RUNNER_FAULT_NAN_STEP");
-  ::unsetenv("RUNNER_FAULT_NOISE_STEP");
+  auto hooks = [] {
+    test_support::ScopedEnv fail_rank("RUNNER_FAULT_FAIL_RANK", "1");
+    test_support::ScopedEnv fail_step("RUNNER_FAULT_FAIL_STEP", "7");
+    test_support::ScopedEnv nan_step("RUNNER_FAULT_NAN_STEP", "3");
+    test_support::ScopedEnv noise_step("RUNNER_FAULT_NOISE_STEP", "4");
+    return std::make_pair(FaultHook(0), FaultHook(1));
+  };
+  auto [rank0, rank1] = hooks();
   CHECK(rank1.active());
   CHECK_NOTHROW(rank0.before_passes(7));
   CHECK_NOTHROW(rank1.before_passes(6));
@@ -192,11 +193,11 @@ TEST_CASE("fault hook: inactive without its variables; each fault at its step on
 TEST_CASE("fault hook: RUNNER_FAULT_STEP_SLEEP_FILE sets each step's extra time as the file says at that step") {
   test_support::TempDir dir("pace");
   const std::string pace = dir.file("pace");
-  ::setenv("RUNNER_FAULT_STEP_SLEEP_FILE", pace.c_str(), 1);
-  ::setenv("RUNNER_FAULT_STEP_SLEEP_MS", "120", 1);
-  FaultHook hook(0);
-  ::unsetenv("RUNNER_FAULT_STEP_SLEEP_FILE");
-  ::unsetenv("RUNNER_FAULT_STEP_SLEEP_MS");
+  FaultHook hook = [&] {
+    test_support::ScopedEnv file("RUNNER_FAULT_STEP_SLEEP_FILE", pace);
+    test_support::ScopedEnv ms("RUNNER_FAULT_STEP_SLEEP_MS", "120");
+    return FaultHook(0);
+  }();
   CHECK(hook.active());
   auto step_ms = [&] {
     const auto t0 = std::chrono::steady_clock::now();

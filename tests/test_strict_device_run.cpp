@@ -1,4 +1,4 @@
-// The strict device proves the data movement (issue 26): the same recipe trained on `cpu` and on
+// The strict device proves the data movement: the same recipe trained on `cpu` and on
 // `cpu-strict` (tensor memory host code cannot touch, kernels queued asynchronously, copies out
 // poisoned until waited for) gives the same loss at every step, bit for bit, and the same
 // checkpoint datasets, in fp32 and in bf16 with fp32 masters. The strict runs are killed with

@@ -1,4 +1,4 @@
-// `runner generate` and `runner export` on the strict CPU device (ops/strict/, issue 26): the
+// `runner generate` and `runner export` on the strict CPU device (ops/strict/): the
 // model's weights copied in, the KV cache in device memory, the logits out row by row, export
 // staging every weight out. The strict device runs the CPU's kernels behind a GPU's rules, so
 // everything it produces must be the plain CPU's bits: the same tokens, the same logits (the
@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ops/knobs.h"
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
 
@@ -101,7 +102,7 @@ TEST_CASE("export on cpu-strict: every file the cpu writes, byte for byte") {
 }
 
 TEST_CASE("generate and export of a GPU recipe without a GPU exit 2 before anything runs") {
-  if (getenv("RUNNER_EXPECT_GPU")) {
+  if (ops::knobs().expect_gpu) {
     MESSAGE("RUNNER_EXPECT_GPU is set: this machine has a GPU, the no-GPU path is not checked here");
     return;
   }

@@ -1,4 +1,4 @@
-// Every kind of layout on the strict device equals its run on the CPU, bit for bit (issue 26).
+// Every kind of layout on the strict device equals its run on the CPU, bit for bit.
 //
 // The layout recipe (tests/support/recipes.h: a 2-layer GPT with dropout, a vocabulary tensor
 // parallelism must pad) is trained for a few steps under mpirun on `cpu` and on `cpu-strict`

@@ -1,4 +1,4 @@
-// The single-rank training step on the strict device (issue 26, docs/invariants.md invariant 7):
+// The single-rank training step on the strict device (docs/invariants.md invariant 7):
 // the quickstart trained a few steps on `cpu` and on `cpu-strict` gives bit-identical step
 // records (loss, gradient norm, loss scale, measured peak memory) and evaluation, in fp32, bf16
 // and fp16 (with an overflowed step skipped). On the strict device any host access to a

@@ -1,4 +1,4 @@
-// The same numbers on any thread count (issue 29), through the real binary: training at 1, 2
+// The same numbers on any thread count, through the real binary: training at 1, 2
 // and 3 OpenMP threads gives bit-identical losses and checkpoints (fp32 and bf16, with dropout),
 // and a run resumed at another thread count continues bit for bit. The kernels' side of it
 // (fixed blocking of every reduction) is tests/test_ops_threads.cpp.

@@ -1,4 +1,4 @@
-// The watchdog (runner/train/watchdog.h, issue 28) end to end, on two ranks under mpirun with a
+// The watchdog (runner/train/watchdog.h) end to end, on two ranks under mpirun with a
 // 4 s collective timeout: a rank stopped with SIGSTOP is named by the other (rank, host,
 // operation, group) and the job exits 5 within the timeout + 10 s, and the same command then
 // resumes to the losses of an uninterrupted run; a rank stuck in its data loader is reported;

@@ -1,4 +1,4 @@
-// Work is never lost or overwritten (issue 24, part A), through the real binary: Ctrl-C stops
+// Work is never lost or overwritten, through the real binary: Ctrl-C stops
 // like SIGTERM and a second one exits at once; a finished run stays as it is on resume and on
 // train; relative recipe paths are read beside the recipe and stored absolute, so a run
 // resumes from any directory; a changed recipe is listed, recorded and the earlier one kept

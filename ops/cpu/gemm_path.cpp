@@ -18,6 +18,7 @@
 #include "ops/backend.h"
 #include "ops/convert.h"
 #include "ops/cpu/dnnl_gemm.h"
+#include "ops/knobs.h"
 #include "ops/rng.h"
 
 namespace ops {
@@ -109,9 +110,8 @@ const char* gemm_mode_name(GemmMode m) {
 }
 
 GemmMode gemm_mode_from_env() {
-  const char* v = std::getenv("RUNNER_GEMM_PATH");
-  if (!v || !*v) return GemmMode::Auto;
-  const std::string s = v;
+  const std::string s = knobs().gemm_path;
+  if (s.empty()) return GemmMode::Auto;
   if (s == "auto") return GemmMode::Auto;
   if (s == "onednn") return GemmMode::OneDnn;
   if (s == "sgemm") return GemmMode::Sgemm;

@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "ops/knobs.h"
+
 namespace ops::strict {
 
 namespace {
@@ -48,7 +50,7 @@ class Arena {
  public:
   Arena() {
     size_t cap = host_memory_bytes();
-    if (const char* e = std::getenv("RUNNER_STRICT_ARENA_GIB")) cap = static_cast<size_t>(std::atof(e) * (1ull << 30));
+    if (const auto gib = ops::knobs().strict_arena_gib) cap = static_cast<size_t>(*gib * (1ull << 30));
     cap = rounded(cap);
     fd_ = memfd_create("runner-strict-device", 0);
     if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(cap)) != 0)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ops/cuda/cuda_backend.h"
+#include "ops/knobs.h"
 
 namespace parallel {
 namespace {
@@ -259,8 +260,7 @@ std::unique_ptr<Communicator> host_staged_comm(std::unique_ptr<Communicator> boo
 }
 
 std::unique_ptr<Communicator> gpu_world(std::unique_ptr<Communicator> world, std::string* how) {
-  const char* env = std::getenv("RUNNER_HOST_STAGED_COMM");
-  const bool forced = env && std::string(env) == "1";
+  const bool forced = ops::knobs().host_staged_comm;
   if (forced || ranks_share_a_gpu(*world)) {
     if (how) *how = forced ? "host-staged (RUNNER_HOST_STAGED_COMM=1)" : "host-staged (ranks share a GPU)";
     return host_staged_comm(std::move(world));

@@ -177,13 +177,24 @@ std::string inspect_checkpoint(const std::string& path, bool* ok = nullptr);
 void disable_hdf5_exit_cleanup();
 
 // ---- fault injection (tests) ----
+// The checkpoint's fault points. Tests set them directly; in the runner the fault hook
+// (runner/train/fault_hook.h) arms them from the RUNNER_CKPT_FAULT_* knobs at start. All off
+// by default.
 // A write that reaches `n` bytes of tensor data (n >= 0) stops: it throws CheckpointFault, or,
-// when the environment has RUNNER_CKPT_FAULT_EXIT=1, calls _exit(137) to simulate a crash.
-// n < 0 disables. Without a call, RUNNER_CKPT_FAULT_AFTER_BYTES from the environment is used.
+// after set_write_fault_exit(true), calls _exit(137) to simulate a crash. n < 0 disables.
 void set_write_fault_after_bytes(int64_t n);
 // Faults at a stage of the atomic protocol instead (same throw / _exit behaviour).
 enum class WriteFault { None, BeforeClose, BeforeRename, BeforeLatest, BeforeLatestRename };
 void set_write_fault_at(WriteFault where);
+// Whether a due write fault ends the process with _exit(137) (a crash mid-write) instead of
+// throwing CheckpointFault.
+void set_write_fault_exit(bool exit);
+// Each save takes `ms` longer before its rename (a slow file system), so a test can signal
+// while a checkpoint is being written; 0 disables.
+void set_write_slow_ms(int64_t ms);
+// Verifying a file whose path contains `substring` aborts, standing in for a crash inside
+// libhdf5 on a damaged file; empty disables.
+void set_verify_fault_abort(const std::string& substring);
 struct CheckpointFault : std::runtime_error {
   using std::runtime_error::runtime_error;
 };

@@ -181,7 +181,7 @@ StateScalars FileReader::state() const {
   if (stored != computed)
     bad(path_, fmt::format("/state attributes fail their checksum (stored crc32c {:#010x}, computed {:#010x})", stored, computed),
         kCorruptFix);
-  if (H5Aexists(g, kThreadsAttr) > 0) s.omp_threads = attr_i64(g, where, kThreadsAttr);  // optional (issue 13)
+  if (H5Aexists(g, kThreadsAttr) > 0) s.omp_threads = attr_i64(g, where, kThreadsAttr);  // optional: older checkpoints lack it
   h5::clear_errors();
   if (s.step < 0 || s.tokens < 0 || s.world_size < 1)
     bad(path_, fmt::format("/state holds step {}, tokens {}, world_size {}", s.step, s.tokens, s.world_size), kCorruptFix);

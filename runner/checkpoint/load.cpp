@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <set>
 
 #include "runner/checkpoint/checkpoint.h"
@@ -135,9 +136,23 @@ void load_checkpoint_file(const std::string& path, TrainState& s, bool subset) {
   s.recipe_yaml = std::move(recipe);
 }
 
+namespace {
+// set_verify_fault_abort's substring (checkpoint.h); empty: off.
+std::mutex g_verify_abort_mu;
+std::string g_verify_abort;
+}  // namespace
+
+void set_verify_fault_abort(const std::string& substring) {
+  std::lock_guard<std::mutex> lock(g_verify_abort_mu);
+  g_verify_abort = substring;
+}
+
 void verify_checkpoint_file(const std::string& path) {
   // Fault injection (tests): a crash inside the reader, as libhdf5 crashes on some damaged files.
-  if (const char* e = std::getenv("RUNNER_CKPT_FAULT_VERIFY_ABORT"); e && *e && path.find(e) != std::string::npos) std::abort();
+  {
+    std::lock_guard<std::mutex> lock(g_verify_abort_mu);
+    if (!g_verify_abort.empty() && path.find(g_verify_abort) != std::string::npos) std::abort();
+  }
   FileReader rd(path);
   rd.state();
   for (auto& p : structure_problems(rd)) bad(path, p, kCorruptFix);

@@ -28,20 +28,16 @@ namespace ckpt {
 
 namespace {
 
-// Fault injection.
-std::atomic<int64_t> g_fault_bytes{-2};  // -2: not set by a call (use the environment); -1: off
+// Fault injection (checkpoint.h's fault points; all off until set).
+std::atomic<int64_t> g_fault_bytes{-1};  // -1: off
 std::atomic<int> g_fault_stage{static_cast<int>(WriteFault::None)};
+std::atomic<bool> g_fault_exit{false};
+std::atomic<int64_t> g_slow_ms{0};
 
-int64_t fault_limit() {
-  int64_t v = g_fault_bytes.load();
-  if (v != -2) return v;
-  const char* e = std::getenv("RUNNER_CKPT_FAULT_AFTER_BYTES");
-  return e && *e ? std::strtoll(e, nullptr, 10) : -1;
-}
+int64_t fault_limit() { return g_fault_bytes.load(); }
 
 [[noreturn]] void trigger_fault(const std::string& where) {
-  const char* e = std::getenv("RUNNER_CKPT_FAULT_EXIT");
-  if (e && std::strcmp(e, "1") == 0) ::_exit(137);
+  if (g_fault_exit.load()) ::_exit(137);
   throw CheckpointFault("injected checkpoint write fault " + where);
 }
 
@@ -108,10 +104,9 @@ void publish(const std::string& tmp, const std::string& dir, const std::string& 
     throw std::runtime_error(std::string("checkpoint: the file just written does not verify: ") + e.what());
   }
   fsync_path(tmp, false);
-  // RUNNER_CKPT_FAULT_SLOW_MS=N: the write takes N ms longer before its rename (a slow file
-  // system), so a test can signal while a checkpoint is being written (tests/slurm/run.sh).
-  if (const char* slow = std::getenv("RUNNER_CKPT_FAULT_SLOW_MS"); slow && *slow)
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::strtoll(slow, nullptr, 10)));
+  // A slow file system (set_write_slow_ms): the write takes longer before its rename, so a
+  // test can signal while a checkpoint is being written (tests/slurm/run.sh).
+  if (const int64_t slow = g_slow_ms.load(); slow > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow));
   fault_check_stage(WriteFault::BeforeRename);
   rename_or_throw(tmp, (fs::path(dir) / name).string());
   *renamed = true;
@@ -126,6 +121,8 @@ void publish(const std::string& tmp, const std::string& dir, const std::string& 
 
 void set_write_fault_after_bytes(int64_t n) { ckpt::g_fault_bytes.store(n < 0 ? -1 : n); }
 void set_write_fault_at(WriteFault where) { ckpt::g_fault_stage.store(static_cast<int>(where)); }
+void set_write_fault_exit(bool exit) { ckpt::g_fault_exit.store(exit); }
+void set_write_slow_ms(int64_t ms) { ckpt::g_slow_ms.store(ms > 0 ? ms : 0); }
 
 std::string checkpoint_file_name(int64_t step) { return fmt::format("step_{:08d}.h5", step); }
 

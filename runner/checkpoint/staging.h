@@ -1,6 +1,6 @@
 // Staging the training state out of the device and back in: the named crossing between the
 // tensors a run trains on (device memory on a GPU or on the strict device, ops/strict/) and the
-// host memory a checkpoint is written from and a rollback snapshot is kept in (issue 26).
+// host memory a checkpoint is written from and a rollback snapshot is kept in.
 //
 // Design: nothing in checkpoint/ reads a device tensor. A save builds a StagedState: the copies
 // out of every tensor a checkpoint holds are queued on the device's side queue

@@ -42,7 +42,7 @@ class DataCommand final : public Command {
   int run(std::optional<Launch>&) override {
     install_signal_handlers(StopWork::data_prepare);
     const std::string out = paths_.back();
-    if (legacy()) {  // `data prepare TEXT OUT.h5`: one byte-level HDF5 file, as before issue 25
+    if (legacy()) {  // `data prepare TEXT OUT.h5`: one byte-level HDF5 file (the original form, kept for old scripts)
       int64_t n = prepare_text_to_hdf5(paths_[0], out, &stop_flag(), opt_.binary_ok);
       std::cout << "wrote " << n << " tokens to " << out << "\n";
       return 0;

@@ -1,7 +1,7 @@
 // `runner plan RECIPE`: the recipe checked and its plan printed, as the table or as JSON (the
 // run directory's plan.json). Nothing runs and nothing is written.
 //
-// A gate for a job script (`runner plan r.yaml && sbatch ...`, issue 24): plan refuses what
+// A gate for a job script (`runner plan r.yaml && sbatch ...`): plan refuses what
 // train would refuse. After printing the plan it opens the data train will read, through the
 // same open_source as the trainer (a missing file, text data pointed at an HDF5 or token file,
 // a token beyond the vocabulary: the same messages), and refuses a plan that does not fit the

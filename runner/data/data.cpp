@@ -15,6 +15,7 @@
 #include "runner/data/data.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <condition_variable>
@@ -202,7 +203,10 @@ std::string byte_detokenize(const std::vector<int32_t>& tokens) {
 
 namespace {
 constexpr uint64_t kShuffleSalt = 0x5348'5546'464c'4521ull;
-}
+std::atomic<int64_t> g_build_delay_ms{0};  // set_batch_build_delay_ms
+}  // namespace
+
+void set_batch_build_delay_ms(int64_t ms) { g_build_delay_ms.store(ms > 0 ? ms : 0); }
 
 struct DataLoader::Impl {
   struct Slot {
@@ -228,9 +232,9 @@ struct DataLoader::Impl {
   std::vector<Slot> ring;
   std::vector<std::thread> threads;
   double wait_ms = 0.0;
-  // RUNNER_DEBUG_DATA_DELAY_MS=T: each micro-batch takes T ms longer to build, as a slow file
-  // system or tokenizer would (a slow data source, for the monitoring's tests).
-  int64_t delay_ms = std::getenv("RUNNER_DEBUG_DATA_DELAY_MS") ? std::atoll(std::getenv("RUNNER_DEBUG_DATA_DELAY_MS")) : 0;
+  // The injected slow data source (set_batch_build_delay_ms): each micro-batch takes this many
+  // ms longer to build.
+  int64_t delay_ms = g_build_delay_ms.load();
 
   // First global position of rank-local micro-batch m.
   int64_t first_position(int64_t m) const {

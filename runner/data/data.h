@@ -102,6 +102,12 @@ class DataLoader {
   std::unique_ptr<Impl> impl_;
 };
 
+// Fault injection (tests): each micro-batch a loader made after this call builds takes `ms`
+// longer, as a slow file system or tokenizer would make it (a slow data source, for the
+// monitoring's tests); 0 disables. The fault hook (runner/train/fault_hook.h) sets it from
+// RUNNER_DEBUG_DATA_DELAY_MS.
+void set_batch_build_delay_ms(int64_t ms);
+
 // The built-in task: multi-digit addition, a skill with a measurable score.
 // A sample is packed problems "ddd+ddd=" followed by the sum's digits (reversed, most
 // significant last, fixed width) and '\n', byte-tokenized; loss only on answer tokens.

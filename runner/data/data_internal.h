@@ -134,7 +134,7 @@ class MixSchedule {
   size_t rest_ = 0;                               // the dataset that takes each block's remainder
 };
 
-// Whether bytes meant as text are something else (issue 24: text data pointed at an HDF5 or
+// Whether bytes meant as text are something else (text data pointed at an HDF5 or
 // token file, `runner data prepare` given a binary file). Looks at the first kNotTextSample
 // bytes: the HDF5 signature, the llm.c token-file magic, a NUL byte (no UTF-8 text holds one;
 // uint16 token files are full of them), or mostly invalid UTF-8. `what` says which, with the

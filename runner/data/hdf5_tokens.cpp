@@ -311,7 +311,7 @@ std::ifstream open_prepare_paths(const std::string& text_path, const std::string
 }
 
 // A binary file (an HDF5 or token file, a tarball) tokenized byte by byte trains on noise:
-// refused unless asked for (issue 24). Reads the first kNotTextSample bytes, then rewinds.
+// refused unless asked for. Reads the first kNotTextSample bytes, then rewinds.
 void refuse_binary(std::ifstream& in, const std::string& text_path) {
   std::vector<unsigned char> head(static_cast<size_t>(kNotTextSample));
   in.read(reinterpret_cast<char*>(head.data()), static_cast<std::streamsize>(head.size()));

@@ -11,9 +11,6 @@
 
 namespace runner {
 
-// Whether `device` (a kind of the device table) selects the CUDA backend.
-bool wants_gpu(const std::string& device);
-
 // The backend for a run of the recipe (`runner train`, `runner resume`). Throws UserError
 // (exit 2, at hardware.device) when the recipe names a GPU and this runner has no usable one:
 // built without CUDA, or no CUDA device found (the CUDA runtime's reason). With one, the CUDA
@@ -22,9 +19,5 @@ bool wants_gpu(const std::string& device);
 // strict device. Call before anything is written and before any GEMM runs: the CPU backend
 // selects OpenBLAS's kernels when first taken.
 ops::Backend& select_backend(const Recipe& r);
-
-// The host's backend, for the commands that run where they are started whatever the stored
-// recipe names: `runner generate` and `runner export` read a checkpoint into host memory.
-ops::Backend& host_backend();
 
 }  // namespace runner

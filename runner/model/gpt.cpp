@@ -195,7 +195,7 @@ struct Builder {
     return y;
   }
 
-  // Issue 29: the fc Linear and its GELU as one LinearGelu node (ops/op_fused.cpp), where the
+  // The fc Linear and its GELU as one LinearGelu node (ops/op_fused.cpp), where the
   // recipe allows it (model.fuse) and the graph does: fp32 activations (a 16-bit pre-activation
   // is rounded before the unfused GELU reads it, and the 16-bit GEMMs are the Linear's) and no
   // sequence parallelism (its gathers are the Linear's).
@@ -230,7 +230,7 @@ struct Builder {
     return y;
   }
 
-  // Issue 29: the block's first residual add and the norm that reads its sum as one node,
+  // The block's first residual add and the norm that reads its sum as one node,
   // AddLayerNorm or AddRMSNorm (ops/op_fused.cpp), where the recipe allows it (model.fuse) and
   // the graph does: no tensor or sequence parallelism (the norm's rows and partial weight
   // gradients differ there); 16-bit activations only on the 16-bit-native path (the executor's
@@ -463,8 +463,8 @@ void init_param_values(const ops::TensorDesc& d, const ModelConfig& m, uint64_t 
   }
 }
 
-// The values are computed on the host and cross into the parameter's memory once (issue 26:
-// on a device, host code never writes a tensor's storage itself).
+// The values are computed on the host and cross into the parameter's memory once (on a
+// device, host code never writes a tensor's storage itself).
 ParamSet init_params(const std::vector<ops::TensorDesc>& params, const ModelConfig& m, uint64_t seed) {
   ParamSet ps;
   std::vector<float> tmp;

@@ -8,7 +8,7 @@
 // nodes); the data-parallel all-reduce (reduce-scatter + all-gather under ZeRO-1) per bucket,
 // overlapped with the backward as the runner overlaps it; pipeline sends and the bubble of the
 // plan's schedule; the optimizer step; the data loader. docs/search.md has the formulas.
-// [i27: C owns cost.cpp; the API below is shared with the search (S) and the monitor (V)]
+// The API below is shared by the search and the monitor: change it together with them.
 #pragma once
 #include <map>
 #include <string>

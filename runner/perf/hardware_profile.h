@@ -10,7 +10,7 @@
 // - calibrated: `runner calibrate [--out FILE]` measures this machine (runner/perf/calibrate.h)
 //   and writes a JSON profile; hardware.profile (or `plan --profile FILE`) names it.
 // The search and the monitor read only this struct; the cost model's tests build one by hand.
-// [i27: H owns profile.cpp and calibrate.*; the API below is shared: change it only together]
+// The API below is shared by the search, the monitor and calibrate: change it only together.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "ops/knobs.h"
 #include "ops/peak.h"
 #include "runner/device/devices.h"
 #include "runner/errors.h"
@@ -33,8 +34,7 @@ constexpr int kRounds = 3;  // each the best of >= 0.4 s of 1024^3 sgemms (ops/p
 enum class CacheMode { On, Off, Refresh };
 
 CacheMode cache_mode() {
-  const char* v = std::getenv("RUNNER_PEAK_CACHE");
-  const std::string s = v ? v : "";
+  const std::string& s = ops::knobs().peak_cache;
   if (s.empty() || s == "on") return CacheMode::On;
   if (s == "off") return CacheMode::Off;
   if (s == "refresh") return CacheMode::Refresh;

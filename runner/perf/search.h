@@ -7,8 +7,7 @@
 // the rest is searched. Every candidate goes through make_plan, the exact ledger, so a layout
 // shown never runs out of memory. Nothing fits: a UserError naming the constraints and the
 // nearest layouts that would fit.
-// [i27: S owns search.cpp and runner/cli/plan_search.cpp; V fills SearchResult::measured via
-// runner/perf/verify.h]
+// SearchResult::measured is filled by `--verify` (runner/perf/verify.h).
 #pragma once
 #include <cstdint>
 #include <map>

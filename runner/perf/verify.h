@@ -1,7 +1,6 @@
 // `runner plan --search --verify K`: the top K layouts run for a few steps each (under mpirun,
 // or srun inside a Slurm allocation, at the search's world size) and re-ranked by measured
 // step time, predicted printed beside measured: model-based pruning, then a short measurement.
-// [i27: V owns verify.cpp]
 #pragma once
 #include <optional>
 #include <string>

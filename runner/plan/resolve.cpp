@@ -285,7 +285,7 @@ void layout_notes(const Recipe& r, Plan& p) {
 }  // namespace
 
 void resolve_and_check(const Recipe& r, Plan& p) {
-  // Every independent problem in one pass (issue 24): the batch equation, tensor parallelism
+  // Every independent problem in one pass, so a user fixes them all at once: the batch equation, tensor parallelism
   // and the stage split do not depend on each other; the schedule needs the batch's accum and
   // the split, so it is judged only when both resolved.
   std::vector<UserError::Entry> problems;

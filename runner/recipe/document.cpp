@@ -484,7 +484,7 @@ Doc parse_document(const std::string& text, const std::string& file) {
   NodeInfo ri;
   ri.key_line = ri.val_line = top_loc.line;
   ri.key_col = ri.val_col = top_loc.col;
-  doc.problems = unknown_key_problems(top, file);  // before any alias is expanded (issue 13)
+  doc.problems = unknown_key_problems(top, file);  // before any alias is expanded: the user's own spelling is reported
   for (const Problem& p : doc.problems) doc.skipped.insert(p.path);
   try {
     g_values = 0;

@@ -44,7 +44,7 @@ std::string item_path(const std::string& parent, size_t i);
 std::string describe_path(const std::string& path);  // "the recipe" for the root
 bool is_index(const std::string& s);
 
-// ---- problems: every independent one is collected, then all are thrown together (issue 24)
+// ---- problems: every independent one is collected, then all are thrown together (a user fixes them in one pass)
 struct Problem {
   int rank = 0;  // 0: a problem with a value or key; 1: a missing key (reported after the others)
   SourceLoc loc;

@@ -307,7 +307,7 @@ Recipe load_recipe_text(const std::string& text, const std::string& display_name
     doc.nodes["parallel.auto"] = doc.nodes["parallel"];
   }
   std::vector<Problem> problems = doc.problems;
-  // Every independent problem in one pass (issue 24): the values with a problem are dropped
+  // Every independent problem in one pass, so a user fixes them all at once: the values with a problem are dropped
   // so that the structs can still be filled (with defaults there), and the cross-field rules
   // that read them stay quiet.
   std::set<std::string> tainted;
@@ -332,10 +332,6 @@ Recipe load_recipe_text(const std::string& text, const std::string& display_name
     for (const std::string& o : overrides) r.source_text += "# --set " + o + "\n";
   }
   fill(doc, r);
-  // RUNNER_STRICT=1: every recipe on the host's CPU runs on the strict checking device instead
-  // (ops/strict/strict_backend.h), the way the test suite runs its device tests on it.
-  if (const char* strict = std::getenv("RUNNER_STRICT"); strict && std::string(strict) == "1" && r.hardware.device == "cpu")
-    r.hardware.device = "cpu-strict";
   for (Problem& p : cross_field_problems(r, tainted)) problems.push_back(std::move(p));
   if (!problems.empty()) throw_problems(std::move(problems));
   resolve_recipe_paths(r, "");  // the --set paths (the text's own are resolved by load_recipe)

@@ -171,7 +171,7 @@ struct TrainConfig {
   int64_t threads = 0;             // 0: OMP_NUM_THREADS or all cores
   std::string run_dir;             // default runs/<name>
   bool elastic = false;            // continue at another world size, same global batch (runner/run/slurm.h)
-  // Failures (issue 28, docs/slurm.md): restarts after a node or rank failure, and the watchdog.
+  // Failures (docs/slurm.md): restarts after a node or rank failure, and the watchdog.
   int64_t max_restarts = 3;        // automatic restarts after a failure (not a preemption); 0: none
   double restart_backoff = 30.0;   // seconds before the first restart; doubled for each further one
   double collective_timeout = 0.0; // seconds a collective/send/recv or a step may take; 0: from the model

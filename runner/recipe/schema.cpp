@@ -35,6 +35,7 @@
 #include <vector>
 #include <yaml-cpp/yaml.h>
 
+#include "ops/knobs.h"
 #include "runner/recipe/document.h"
 #include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
@@ -101,7 +102,7 @@ std::string quoted_or(const std::vector<std::string>& words) {
 
 // The words of an enum a mistyped value most likely meant. A word the value names as one of
 // its parts wins over spelling: h100 is the h100-80gb, not the h200 one letter away, and a100
-// is either a100 (issue 24). The schema's "x-aliases" maps other names (gpu) to a word.
+// is either a100. The schema's "x-aliases" maps other names (gpu) to a word.
 std::vector<std::string> suggest_words(const std::string& value, const json& sub) {
   std::vector<std::string> options;
   for (const json& e : sub["enum"]) options.push_back(format_json_scalar(e));
@@ -146,7 +147,7 @@ struct SchemaStore {
 std::string find_schema_path() {
   namespace fs = std::filesystem;
   const std::string fix = "set RUNNER_SCHEMA=/path/to/recipe.schema.json, or reinstall runner (share/runner/schemas)";
-  if (const char* env = std::getenv("RUNNER_SCHEMA"); env && *env) {
+  if (const std::string& env = ops::knobs().schema; !env.empty()) {
     std::error_code ec;
     if (!fs::is_regular_file(env, ec))
       throw UserError(SourceLoc{env}, "the recipe schema named by RUNNER_SCHEMA does not exist", fix);
@@ -216,7 +217,7 @@ std::string example_of(const json& sub, const json& value) {
       return format_number(std::max(lo, static_cast<double>(std::llround(d))));
     }
   }
-  // An empty string is no example ("like ", issue 24): the next source is tried instead.
+  // An empty string is no example (it would print "like "): the next source is tried instead.
   const auto usable = [](const json& v) { return !v.is_string() || !v.get<std::string>().empty(); };
   if (sub.contains("examples") && sub["examples"].is_array() && !sub["examples"].empty() && usable(sub["examples"][0]))
     return format_json_scalar(sub["examples"][0]);

@@ -4,7 +4,7 @@
 // inference context). Each failure names the field's Recipe::loc and says how to fix it,
 // with numbers.
 //
-// Every rule runs and every failure is collected (issue 24: all mistakes in one pass). A
+// Every rule runs and every failure is collected (all mistakes in one pass, not one per run). A
 // rule names the fields it reads; it stays quiet when one of them already has a problem
 // (their values are defaults then, and the rule would only echo that problem), and a rule
 // that follows from another one's failure is skipped by the check that holds both.

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "ops/knobs.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/errors.h"
 #include "runner/run/run_dir.h"
@@ -300,8 +301,8 @@ std::vector<std::string> down_nodes(const std::string& sinfo_lines) {
 }
 
 void record_rank_exit(int code) {
-  const char* path = std::getenv("RUNNER_EXIT_RECORD");
-  if (!path || !*path || code == 0) return;
+  const std::string& path = ops::knobs().exit_record;
+  if (path.empty() || code == 0) return;
   const char* rank = std::getenv("SLURM_PROCID");
   std::ofstream f(path, std::ios::app);
   f << (rank ? rank : "?") << " " << code << "\n";  // one short line: appends from the ranks do not interleave

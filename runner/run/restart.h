@@ -1,4 +1,4 @@
-// Automatic restart after a failure under Slurm (issue 28): whether a job whose ranks failed
+// Automatic restart after a failure under Slurm: whether a job whose ranks failed
 // is requeued, and the records of every restart, refusal, shrink and growth in events.jsonl.
 //
 // The decision is the runner's, the requeue the batch script's. The script runs

@@ -12,12 +12,11 @@
 #include <fmt/format.h>
 
 #include "ops/convert.h"
+#include "runner/checkpoint/checkpoint.h"
 
 namespace runner {
 
 namespace {
-
-int64_t env(const char* name) { return std::getenv(name) ? std::atoll(std::getenv(name)) : -1; }
 
 // Element i := v in t's dtype, written through the crossing in (t may be device memory).
 void set_element(ops::Tensor& t, int64_t i, float v) {
@@ -28,27 +27,33 @@ void set_element(ops::Tensor& t, int64_t i, float v) {
 
 }  // namespace
 
-FaultHook::FaultHook(int world_rank)
+void arm_fault_points(const ops::Knobs::Faults& f) {
+  if (f.data_delay_ms) set_batch_build_delay_ms(*f.data_delay_ms);
+  if (f.ckpt_after_bytes) set_write_fault_after_bytes(*f.ckpt_after_bytes);
+  if (f.ckpt_exit) set_write_fault_exit(true);
+  if (f.ckpt_slow_ms) set_write_slow_ms(*f.ckpt_slow_ms);
+  if (!f.ckpt_verify_abort.empty()) set_verify_fault_abort(f.ckpt_verify_abort);
+}
+
+// -1: the knob is unset (no rank or step is -1).
+FaultHook::FaultHook(int world_rank, const ops::Knobs::Faults& f)
     : rank_(world_rank),
-      fail_rank_(env("RUNNER_FAULT_FAIL_RANK")),
-      fail_step_(env("RUNNER_FAULT_FAIL_STEP")),
-      nan_step_(env("RUNNER_FAULT_NAN_STEP")),
-      inf_step_(env("RUNNER_FAULT_INF_STEP")),
-      inf_count_(std::max<int64_t>(1, env("RUNNER_FAULT_INF_COUNT"))),
-      noise_step_(env("RUNNER_FAULT_NOISE_STEP")),
-      step_sleep_ms_(env("RUNNER_FAULT_STEP_SLEEP_MS")),
-      stall_rank_(env("RUNNER_DEBUG_STALL_RANK")),
-      stall_every_(env("RUNNER_DEBUG_STALL_EVERY")),
-      stall_ms_(env("RUNNER_DEBUG_STALL_MS")),
-      ckpt_sleep_ms_(env("RUNNER_FAULT_CKPT_SLEEP_MS")),
-      ckpt_sleep_rank_(env("RUNNER_FAULT_CKPT_SLEEP_RANK")),
-      step_sleep_rank_(env("RUNNER_FAULT_STEP_SLEEP_RANK")),
-      step_sleep_file_(std::getenv("RUNNER_FAULT_STEP_SLEEP_FILE") ? std::getenv("RUNNER_FAULT_STEP_SLEEP_FILE") : "") {
-  for (const char* v : {"RUNNER_FAULT_FAIL_RANK", "RUNNER_FAULT_FAIL_STEP", "RUNNER_FAULT_NAN_STEP", "RUNNER_FAULT_INF_STEP",
-                        "RUNNER_FAULT_INF_COUNT", "RUNNER_FAULT_NOISE_STEP", "RUNNER_FAULT_STEP_SLEEP_MS",
-                        "RUNNER_DEBUG_STALL_RANK", "RUNNER_DEBUG_STALL_EVERY", "RUNNER_DEBUG_STALL_MS",
-                        "RUNNER_FAULT_CKPT_SLEEP_MS", "RUNNER_FAULT_STEP_SLEEP_FILE"})
-    active_ = active_ || std::getenv(v) != nullptr;
+      fail_rank_(f.fail_rank.value_or(-1)),
+      fail_step_(f.fail_step.value_or(-1)),
+      nan_step_(f.nan_step.value_or(-1)),
+      inf_step_(f.inf_step.value_or(-1)),
+      inf_count_(std::max<int64_t>(1, f.inf_count.value_or(-1))),
+      noise_step_(f.noise_step.value_or(-1)),
+      step_sleep_ms_(f.step_sleep_ms.value_or(-1)),
+      stall_rank_(f.stall_rank.value_or(-1)),
+      stall_every_(f.stall_every.value_or(-1)),
+      stall_ms_(f.stall_ms.value_or(-1)),
+      ckpt_sleep_ms_(f.ckpt_sleep_ms.value_or(-1)),
+      ckpt_sleep_rank_(f.ckpt_sleep_rank.value_or(-1)),
+      step_sleep_rank_(f.step_sleep_rank.value_or(-1)),
+      step_sleep_file_(f.step_sleep_file),
+      active_(f.any_step_fault()) {
+  arm_fault_points(f);
 }
 
 void FaultHook::corrupt_batches(int64_t step, std::vector<Batch>& mbs, int64_t vocab_size) const {

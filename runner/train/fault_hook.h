@@ -1,8 +1,10 @@
-// Fault injection for tests: one hook compiled into every build, read once from the environment
-// when the trainer starts, called at named points of the step. Unless a RUNNER_FAULT_* or
-// RUNNER_DEBUG_STALL_* variable is set it is inactive and every point returns at once; the loop
-// never reads the environment. The variables (their names and meaning are the tests' contract:
-// tests/test_resume, test_parallel, test_monitor, test_train_precision, tests/slurm/):
+// Fault injection for tests: one hook compiled into every build, configured from the knobs
+// (ops/knobs.h, read once from the environment), called at named points of the step. Unless a
+// RUNNER_FAULT_* or RUNNER_DEBUG_STALL_* variable is set it is inactive and every point returns
+// at once. It is the only thing that turns the fault knobs into faults: the step's below, and,
+// through arm_fault_points, the checkpoint's and the data loader's. The variables (their names
+// and meaning are the tests' contract: tests/test_resume, test_parallel, test_monitor,
+// test_train_precision, test_checkpoint, test_hardening, tests/slurm/; docs/knobs.md):
 //   RUNNER_FAULT_FAIL_RANK=R, RUNNER_FAULT_FAIL_STEP=N: world rank R fails in the middle of step N,
 //     as a crashed kernel or a lost node would.
 //   RUNNER_FAULT_NAN_STEP=N: the first time step N runs, its loss and gradients become NaN, as a
@@ -23,24 +25,41 @@
 //   RUNNER_DEBUG_STALL_RANK=R, RUNNER_DEBUG_STALL_EVERY=N, RUNNER_DEBUG_STALL_MS=T: world rank R
 //     sleeps T ms at the start of every N-th step, as a rank sharing its cores with another job
 //     would stall (a straggler, for the monitoring's tests). With T longer than
-//     train.collective_timeout it is a stuck data loader, which the watchdog reports (issue 28).
+//     train.collective_timeout it is a stuck data loader, which the watchdog reports.
 //   RUNNER_FAULT_CKPT_SLEEP_MS=T (and RUNNER_FAULT_CKPT_SLEEP_RANK=R, default every rank): each
 //     checkpoint save takes T ms longer on rank R, as a slow shared file system would make it
 //     (the watchdog's tests: a slow checkpoint is not a hang).
+// The fault points of the rooms below the trainer, armed by arm_fault_points in every command
+// (runner/main.cpp) and when a trainer starts:
+//   RUNNER_DEBUG_DATA_DELAY_MS=T: each micro-batch takes T ms longer to build, as a slow file
+//     system or tokenizer would (a slow data source, for the monitoring's tests).
+//   RUNNER_CKPT_FAULT_AFTER_BYTES=N: a checkpoint write stops after N bytes of tensor data, with
+//     a CheckpointFault, or with RUNNER_CKPT_FAULT_EXIT=1 by _exit(137), as a crash would.
+//   RUNNER_CKPT_FAULT_SLOW_MS=N: each save takes N ms longer before its rename (a slow file
+//     system), so a test can signal while a checkpoint is being written (tests/slurm/run.sh).
+//   RUNNER_CKPT_FAULT_VERIFY_ABORT=SUBSTRING: verifying a checkpoint whose path contains it
+//     aborts, as libhdf5 crashes on some damaged files.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "ops/knobs.h"
 #include "runner/data/data.h"
 #include "runner/state.h"
 
 namespace runner {
 
+// Arms the checkpoint's and the data loader's fault points (checkpoint.h, data.h) from the
+// knobs set; a point whose knob is unset is left as it is (a test may have set it itself).
+void arm_fault_points(const ops::Knobs::Faults& f = ops::knobs().faults);
+
 class FaultHook {
  public:
-  // Reads the variables; `world_rank` is this process's rank.
-  explicit FaultHook(int world_rank);
+  // `world_rank` is this process's rank; the faults are the knobs' (ops::knobs()). Also arms
+  // the fault points below the trainer (arm_fault_points).
+  explicit FaultHook(int world_rank) : FaultHook(world_rank, ops::knobs().faults) {}
+  FaultHook(int world_rank, const ops::Knobs::Faults& f);
   bool active() const { return active_; }
 
   // The points of step `step` (1-based), in the order the step reaches them.

@@ -98,7 +98,7 @@ void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, doub
     args.weight_decay = ps.decay[i] ? static_cast<float>(o.weight_decay) : 0.0f;
     // The owned range [a, e) of the parameter, its moments (and master) from their start.
     float* master = masters ? st.masters[i].data<float>() : nullptr;
-    if (zero_grads)  // [i29: optimizer]
+    if (zero_grads)  // one pass: the update zeroes the gradient it read
       be.adamw_update_zero_grad(at(w, a), w.dtype(), at(g, a), g.dtype(), master, st.adam_m[i].data<float>(),
                                 st.adam_v[i].data<float>(), e - a, args);
     else

@@ -46,7 +46,7 @@ void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, doub
 
 // Every gradient := 0 (a step that updated nothing: an fp16 overflow, a non-finite step).
 void zero_grads(ParamSet& ps);
-// [i29: optimizer] The gradient elements adamw_step(..., zero_grads = true) does not visit:
+// The gradient elements adamw_step(..., zero_grads = true) does not visit:
 // outside each parameter's owned range (ZeRO-1 gives this rank a piece). After that step, every
 // gradient is zero, as after zero_grads, with one pass over memory instead of two.
 void zero_grads_rest(ops::Backend& be, ParamSet& ps);

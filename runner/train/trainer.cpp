@@ -369,7 +369,7 @@ class Trainer {
     st.recipe_yaml = resolved_recipe_yaml(plan);
     ckpt->resumed_at(resumed_from);
     // A single-rank load copies the checkpoint's scalars; the count is this run's. Another count
-    // than the writer's continues bit for bit: the kernels' reductions use fixed blocks (issue 29).
+    // than the writer's continues bit for bit: the kernels' reductions use fixed blocks.
     st.omp_threads = ops::num_threads();
     loader->restore(st.loader);
   }
@@ -453,7 +453,7 @@ class Trainer {
     res.loss = count > 0 ? loss_part / static_cast<double>(count) : 0.0;
     res.lr = lr_at(r.optimizer, st.step, r.train.steps);
     update(res, opt, comm);
-    // [i29: optimizer] An applied update zeroed the gradients it read (adamw_step's fused
+    // An applied update zeroed the gradients it read (adamw_step's fused
     // pass); the rest here. A skipped step zeroes them all.
     const int64_t z0 = StepTimer::now();
     if (res.skipped) zero_grads(st.params);

@@ -1,4 +1,4 @@
-// The watchdog (issue 28): no silent hangs. A thread per rank that
+// The watchdog: no silent hangs. A thread per rank that
 //   - writes this rank's heartbeat, RUN_DIR/.ranks/rank-N.json (rank, host, pid, step, phase,
 //     the communication it waits on), atomically, every heartbeat_interval();
 //   - stops the job when a collective, send or receive has waited longer than the timeout

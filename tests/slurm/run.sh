@@ -113,7 +113,7 @@ scenario_small() {
 
 # hardkill: SIGKILL to the ranks without warning (as the OOM killer or a lost node would): the
 # script asks `runner restart-check`, which records a restart; the job is requeued and starts
-# again after the backoff by itself, from the last published checkpoint (issue 28).
+# again after the backoff by itself, from the last published checkpoint.
 scenario_hardkill() {
   RANDOM=$SEED_KILL
   local job kt killed_at ck st lost rs

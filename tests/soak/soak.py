@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The hardening soak (issue 13): tries the runner from outside, as a careless user and a
+"""The hardening soak: tries the runner from outside, as a careless user and a
 hostile machine would, and prints a pass table. Exit 1 when any trial fails.
 
   kill     kill -9 at a random instant (half of them within 30 ms of a checkpoint's temporary

@@ -7,14 +7,14 @@
 #include <string>
 
 #include "ops/convert.h"
+#include "ops/knobs.h"
 #include "ops/strict/strict_backend.h"
 
 namespace test_support {
 
 ops::Backend& test_device() {
   static ops::Backend* be = [] {
-    const char* s = std::getenv("RUNNER_STRICT");
-    if (!s || std::string(s) != "1") return &ops::cpu_backend();
+    if (!ops::knobs().strict) return &ops::cpu_backend();
     ops::Backend* strict = &ops::strict::strict_backend();
     ops::set_tensor_device(strict);
     return strict;

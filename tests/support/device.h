@@ -1,4 +1,4 @@
-// The device the graph-level tests run on (issue 26): the strict CPU device when RUNNER_STRICT=1
+// The device the graph-level tests run on: the strict CPU device when RUNNER_STRICT=1
 // (the NAME_strict variants of cmake/strict_tests.cmake), the CPU backend otherwise. Design: a
 // test takes it once, before it makes any tensor, and hands it to its executors, as the runner's
 // select_backend does; it reads and writes tensors only through the crossings below, so one

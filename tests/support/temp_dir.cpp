@@ -10,11 +10,13 @@
 #include <stdexcept>
 #include <vector>
 
+#include "ops/knobs.h"
+
 namespace test_support {
 
 namespace {
 
-bool keep_dirs() { return std::getenv("RUNNER_KEEP_TEST_DIRS") != nullptr; }
+bool keep_dirs() { return ops::knobs().keep_test_dirs; }
 
 void remove_dir(const fs::path& p, pid_t owner) {
   if (keep_dirs() || ::getpid() != owner) return;

@@ -1,8 +1,9 @@
-// llm.c's CPU trainer timed as a benchmark peer (bench/train_vs_torch.py).
-// train_gpt2.c and llmc/*.h are vendored unchanged from github.com/karpathy/llm.c (MIT, LICENSE
-// beside them). Its main() reads fixed paths and samples text, so this driver includes it with
-// TESTING defined (as llm.c's own test_gpt2.c does) and runs only its training step: forward,
-// zero_grad, backward, AdamW update, exactly the calls and order of llm.c's main loop.
+// llm.c's CPU trainer timed as a benchmark peer (bench/train_vs_torch.py --llmc DIR).
+// llm.c is not part of this repository: the bench compiles this driver with -I DIR, a checkout
+// of github.com/karpathy/llm.c the user provides, so that `train_gpt2.c` and its `llmc/*.h`
+// come from there. Its main() reads fixed paths and samples text, so this driver includes it
+// with TESTING defined (as llm.c's own test_gpt2.c does) and runs only its training step:
+// forward, zero_grad, backward, AdamW update, exactly the calls and order of llm.c's main loop.
 //   bench_llmc CHECKPOINT TOKENS B T STEPS  ->  one JSON line: tokens/s from the median step
 #define TESTING
 #include "train_gpt2.c"
