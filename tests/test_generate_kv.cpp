@@ -47,6 +47,28 @@ const std::vector<int64_t> kPrompt = {5, 11, 1};  // prefill lengths: three diff
 // Max |cached - full| over every position of every row and the real vocabulary: rows are
 // prefilled together to their prompt lengths (padded to the longest), then decoded one token
 // per step, each row at its own position, fed its own text (teacher forcing).
+// Four prompts of different lengths (one of a single token), 12 new tokens each.
+GenerateRequest four_prompts() {
+  GenerateRequest req;
+  req.prompts = {"12+34=", "7+8=", "100+900=", "5"};
+  req.max_new_tokens = 12;
+  return req;
+}
+
+// CHECKs that `m` completes `req` with the KV cache exactly as without it: the same tokens,
+// stopped for the same reason.
+void check_cache_matches_full(TrainedModel& m, GenerateRequest req) {
+  req.kv_cache = false;
+  const auto ref = generate(m, req);
+  req.kv_cache = true;
+  const auto got = generate(m, req);
+  REQUIRE(got.size() == ref.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i].tokens == ref[i].tokens);
+    CHECK(got[i].finish == ref[i].finish);
+  }
+}
+
 struct Diff {
   double abs = 0;        // max |cached - full| over every position and vocabulary entry
   double rel = 0;        // max over positions of (max |cached - full|) / (max |full logit|) at that position
@@ -145,25 +167,12 @@ TEST_CASE("KV cache: greedy completions equal those without a cache (prompts of 
   for (const bool llama : {false, true}) {
     CAPTURE(llama);
     TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string());
-    GenerateRequest req;
-    req.prompts = {"12+34=", "7+8=", "100+900=", "5"};
-    req.max_new_tokens = 12;
-    req.kv_cache = false;
-    auto ref = generate(m, req);
-    req.kv_cache = true;
-    auto got = generate(m, req);
-    REQUIRE(got.size() == ref.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      CHECK(got[i].tokens == ref[i].tokens);
-      CHECK(got[i].finish == ref[i].finish);
-    }
+    GenerateRequest req = four_prompts();
+    check_cache_matches_full(m, req);
     // Sampling draws the same tokens too (same logits to rounding, same draws).
     req.sampling.temperature = 0.8;
     req.sampling.seed = 3;
-    auto s_cache = generate(m, req);
-    req.kv_cache = false;
-    auto s_ref = generate(m, req);
-    for (size_t i = 0; i < got.size(); ++i) CHECK(s_cache[i].tokens == s_ref[i].tokens);
+    check_cache_matches_full(m, req);
   }
 }
 
@@ -216,15 +225,7 @@ TEST_CASE("KV cache with grouped-query attention: cached logits equal a full for
                                         {"inference.kv_dtype=fp32", "inference.batch=3"});
   CHECK(m.plan.inference->kv_per_sequence * 2 == mha.plan.inference->kv_per_sequence);  // 2 of 4 heads vs 2 of 2 (d_model 32)
   TrainedModel g = load_trained_model(gqa_fixture().run.string());  // no inference sizing
-  GenerateRequest req;
-  req.prompts = {"12+34=", "7+8=", "100+900=", "5"};
-  req.max_new_tokens = 12;
-  req.kv_cache = false;
-  auto ref = generate(g, req);
-  req.kv_cache = true;
-  auto got = generate(g, req);
-  REQUIRE(got.size() == ref.size());
-  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].tokens == ref[i].tokens);
+  check_cache_matches_full(g, four_prompts());
 }
 
 TEST_CASE("KV cache: a request over the plan's batch or context is refused before allocating, with the numbers") {
