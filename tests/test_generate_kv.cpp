@@ -22,6 +22,7 @@
 #include "runner/errors.h"
 #include "runner/generate/decoder.h"
 #include "runner/generate/generate.h"
+#include "tests/support/errors.h"
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
 
@@ -240,23 +241,13 @@ TEST_CASE("KV cache: a request over the plan's batch or context is refused befor
   GenerateRequest req;
   req.prompts = {"1+1=", "2+2=", "3+3="};
   req.max_new_tokens = 4;
-  try {
-    generate(m, req);
-    FAIL("three prompts in a cache of two were accepted");
-  } catch (const UserError& e) {
-    const std::string s = e.what();
-    CHECK(s.find("3 prompts are more than the KV cache's 2 sequences (inference.batch 2") != std::string::npos);
-    CHECK(s.find("--set inference.batch=3") != std::string::npos);
-  }
+  std::string s = test_support::expect_user_error([&] { generate(m, req); }, "three prompts in a cache of two were accepted").what();
+  CHECK(s.find("3 prompts are more than the KV cache's 2 sequences (inference.batch 2") != std::string::npos);
+  CHECK(s.find("--set inference.batch=3") != std::string::npos);
   req.prompts = {"123+456=", "1"};
   req.max_new_tokens = 10;  // 18 tokens, over the cache's 16
-  try {
-    generate(m, req);
-    FAIL("18 tokens in a context of 16 were accepted");
-  } catch (const UserError& e) {
-    const std::string s = e.what();
-    CHECK(s.find("is 18 tokens, over the KV cache's context of 16") != std::string::npos);
-  }
+  s = test_support::expect_user_error([&] { generate(m, req); }, "18 tokens in a context of 16 were accepted").what();
+  CHECK(s.find("is 18 tokens, over the KV cache's context of 16") != std::string::npos);
   CHECK(mt.peak(ops::Account::KvCache) == 0);  // nothing was allocated
   req.max_new_tokens = 8;  // 16: fits
   CHECK(generate(m, req)[0].tokens.size() == 8);

@@ -3,8 +3,9 @@
 # files and Slurm's queue. Sourced by both after `set -uo pipefail`; the group defines
 # script_for and job_gone itself (they differ per cluster).
 #
+#   slurm_group_start NAME "$@" -> slurm_group_lock, then slurm_group_init NAME with the script's $1
 #   slurm_group_lock "$@"      -> re-runs the calling script under /tmp/runner-slurm.lock
-#   slurm_group_init NAME      -> RUNNER (from $1 given to it), HERE, SEED, RANDOM, WORK, T0, PY
+#   slurm_group_init NAME BIN  -> RUNNER (BIN), HERE, SEED, RANDOM, WORK (runner_NAME.XXXXXX), T0, PY
 #   slurm_group_finish         -> keeps WORK when anything failed (or RUNNER_SLURM_KEEP=1), else removes it
 
 # One Slurm test cluster per machine (ports 6817/6818): every cluster start holds this lock.
@@ -27,6 +28,12 @@ slurm_group_init() {
   T0=$(date +%s)
   # Debian's python3 (python3-h5py, python3-numpy from scripts/setup.sh), not one earlier on PATH without them.
   PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3 )
+}
+
+slurm_group_start() {
+  local name=$1; shift
+  slurm_group_lock "$@"
+  slurm_group_init "$name" "$1"
 }
 
 failure_count() { wc -l <"$WORK/failures" 2>/dev/null || echo 0; }

@@ -20,8 +20,7 @@
 set -uo pipefail
 # shellcheck source=harness.sh
 source "$(dirname "$0")/harness.sh"
-slurm_group_lock "$@"
-slurm_group_init nodes "$1"
+slurm_group_start nodes "$@"
 RECIPE=$HERE/nodes.yaml
 N_LOSSES=${N_LOSSES:-5}
 N_STOPS=${N_STOPS:-3}

@@ -18,8 +18,7 @@
 set -uo pipefail
 # shellcheck source=harness.sh
 source "$(dirname "$0")/harness.sh"
-slurm_group_lock "$@"
-slurm_group_init slurm "$1"
+slurm_group_start slurm "$@"
 RECIPE=$HERE/tiny.yaml
 N_SIGNALS=${N_SIGNALS:-10}
 STEPS=600  # train.steps of tiny.yaml

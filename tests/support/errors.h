@@ -8,15 +8,15 @@
 
 namespace test_support {
 
-// Runs `f`, which must throw runner::UserError; returns it.
+// Runs `f`, which must throw runner::UserError; returns it. `otherwise` is the failure's message.
 template <class F>
-runner::UserError expect_user_error(F&& f) {
+runner::UserError expect_user_error(F&& f, const char* otherwise = "expected a UserError") {
   try {
     f();
   } catch (const runner::UserError& e) {
     return e;
   }
-  FAIL("expected a UserError");
+  FAIL(otherwise);
   return runner::UserError(runner::SourceLoc{}, "");
 }
 
