@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # What the two test clusters (tests/slurm/cluster.sh: one node on loopback; cluster2.sh: two
 # nodes in network namespaces) start and stop alike: munged with its key and socket under
 # DIR/munge, the ports check, the slurm.conf lines both clusters use, and stopping a daemon by

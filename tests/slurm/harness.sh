@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # What the two Slurm test groups (tests/slurm/run.sh on one node, nodes.sh on two) share: the
 # machine-wide lock, the work directory and the failure log, and the helpers that read a run's
 # files and Slurm's queue. Sourced by both after `set -uo pipefail`; the group defines
