@@ -35,13 +35,7 @@ namespace {
 const std::string kTiny = std::string(RUNNER_TEST_DIR) + "/slurm/tiny.yaml";
 
 SlurmEnv job(const std::string& id, int64_t restart_count = 0, const std::string& nodes = "n[1-2]", int64_t nnodes = 2) {
-  SlurmEnv e;
-  e.in_job = true;
-  e.job_id = id;
-  e.restart_count = restart_count;
-  e.node_list = nodes;
-  e.nnodes = nnodes;
-  return e;
+  return SlurmEnv{.in_job = true, .job_id = id, .node_list = nodes, .restart_count = restart_count, .nnodes = nnodes};
 }
 
 json start_record(const std::string& id, int64_t restart_count, const std::string& nodes, int64_t nnodes,
