@@ -27,13 +27,12 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 
-from torch_env import openblas_coretype
+from common import read_safetensors as read_f32_safetensors, reexec_with_torch_env
 
 
 def parse_args():
@@ -54,17 +53,7 @@ def parse_args():
 ARGS = parse_args()
 
 
-_env = dict(os.environ)
-if _env.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
-    _env["OMP_WAIT_POLICY"] = "PASSIVE"
-_env.setdefault("OMP_NUM_THREADS", str(ARGS.threads))
-if "OPENBLAS_CORETYPE" not in _env and not _env.get("GENERATE_BENCH_REEXECED"):
-    _ct = openblas_coretype()
-    if _ct:
-        _env["OPENBLAS_CORETYPE"] = _ct
-if _env != dict(os.environ):
-    _env["GENERATE_BENCH_REEXECED"] = "1"
-    os.execve(sys.executable, [sys.executable] + sys.argv, _env)
+reexec_with_torch_env(ARGS.threads, "GENERATE_BENCH_REEXECED")
 
 import math  # noqa: E402
 
@@ -83,19 +72,7 @@ def run(cmd, check=True):
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n].decode("utf-8"))
-    data = blob[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        assert info["dtype"] == "F32"
-        b, e = info["data_offsets"]
-        out[name] = torch.from_numpy(np.frombuffer(data[b:e], dtype="<f4").reshape(info["shape"]).copy())
-    return out
+    return {k: torch.from_numpy(v) for k, v in read_f32_safetensors(path, dtypes=("F32",)).items()}
 
 
 class TorchGpt2:

@@ -10,14 +10,13 @@ behind the backward pass (from the runner's own step records).
     /usr/bin/python3 bench/parallel_layouts.py [--steps N] [--layouts 1x2,dp2,tp2,tp2sp,pp2,pp2i]
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 
-import numpy as np
+from common import omp_env, run_summary, write_bench_recipe, write_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIRUN = shutil.which("mpirun") or "mpirun"
@@ -42,22 +41,12 @@ def main():
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="runner_bench_parallel_")
-    tokens = np.random.default_rng(0).integers(0, MODEL["vocab"], size=2_000_000, dtype=np.uint16)
-    data = os.path.join(work, "tokens.bin")
-    tokens.tofile(data)
-    recipe = os.path.join(work, "bench.yaml")
-    with open(recipe, "w") as f:
-        f.write(f"""name: bench_parallel
-model: {{vocab_size: {MODEL['vocab']}, seq_len: {MODEL['seq']}, d_model: {MODEL['d_model']}, n_layers: {MODEL['layers']}, n_heads: {MODEL['heads']}, dropout: 0.0}}
-data: {{kind: bin, path: {data}}}
-batch: {{global: {GLOBAL}, micro: {MICRO}}}
-optimizer: {{lr: 3.0e-4}}
-parallel: {{bucket_mb: {args.bucket_mb}}}
-train: {{steps: {args.steps}, log_every: 1000, eval_every: 0, eval_batches: 1}}
-checkpoint: {{cadence: never}}
-""")
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
+    data = write_tokens(os.path.join(work, "tokens.bin"), MODEL["vocab"])
+    recipe = write_bench_recipe(os.path.join(work, "bench.yaml"), "bench_parallel", MODEL, data,
+                                batch=f"global: {GLOBAL}, micro: {MICRO}",
+                                train=f"steps: {args.steps}, log_every: 1000, eval_every: 0, eval_batches: 1",
+                                extra=[f"parallel: {{bucket_mb: {args.bucket_mb}}}"])
+    env = omp_env(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
     results = {}
     for name in args.layouts.split(","):
         ranks, threads, sets = LAYOUTS[name]
@@ -69,10 +58,7 @@ checkpoint: {{cadence: never}}
         if ranks > 1:
             cmd = [MPIRUN, "-np", str(ranks), "--bind-to", "core", "-x", f"OMP_NUM_THREADS={threads}"] + cmd
         subprocess.run(cmd, check=True, env=dict(env, OMP_NUM_THREADS=str(threads)))
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            recs = [json.loads(l) for l in f]
-        summary = [r for r in recs if r.get("summary")][-1]
-        results[name] = summary
+        results[name] = run_summary(run_dir)
     base = results.get("1x2", {}).get("tokens_per_s")
     print(f"global batch {GLOBAL} x {MODEL['seq']} tokens, micro {MICRO}, {args.steps} steps "
           f"(model: vocab {MODEL['vocab']}, d {MODEL['d_model']}, {MODEL['layers']} layers)")

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
+from common import metrics_records, omp_env, write_bench_recipe, write_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The "small" model of bench/train_vs_torch.py, one micro-batch of 8 sequences of 256 tokens per step.
@@ -49,20 +49,11 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="runner_bench_recompute_")
-    tokens = np.random.default_rng(0).integers(0, MODEL["vocab"], size=1_000_000, dtype=np.uint16)
-    data = os.path.join(work, "tokens.bin")
-    tokens.tofile(data)
-    recipe = os.path.join(work, "bench.yaml")
-    with open(recipe, "w") as f:
-        f.write(f"""name: bench_recompute
-model: {{vocab_size: {MODEL['vocab']}, seq_len: {MODEL['seq']}, d_model: {MODEL['d_model']}, n_layers: {MODEL['layers']}, n_heads: {MODEL['heads']}, dropout: 0.0}}
-data: {{kind: bin, path: {data}}}
-batch: {{global: {MICRO}, micro: {MICRO}}}
-optimizer: {{lr: 3.0e-4}}
-train: {{steps: {args.steps}, log_every: 1000, eval_every: 0, eval_batches: 1, threads: {args.threads}}}
-checkpoint: {{cadence: never}}
-""")
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMP_WAIT_POLICY="PASSIVE")
+    data = write_tokens(os.path.join(work, "tokens.bin"), MODEL["vocab"], n=1_000_000)
+    recipe = write_bench_recipe(os.path.join(work, "bench.yaml"), "bench_recompute", MODEL, data,
+                                batch=f"global: {MICRO}, micro: {MICRO}",
+                                train=f"steps: {args.steps}, log_every: 1000, eval_every: 0, eval_batches: 1, threads: {args.threads}")
+    env = omp_env(args.threads)
 
     def plan(sets):
         cmd = [args.runner, "plan", recipe, "--json"]
@@ -85,8 +76,7 @@ checkpoint: {{cadence: never}}
             for s in sets:
                 cmd += ["--set", s]
             subprocess.run(cmd, check=True, env=env)
-            with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-                recs = [json.loads(l) for l in f]
+            recs = metrics_records(run_dir)
             steps = [r for r in recs if "step" in r and "loss" in r and not r.get("summary")]
             steps_ms[mode] += [r["step_ms"] for r in steps[1:]]
             summary[mode] = [r for r in recs if r.get("summary")][-1]

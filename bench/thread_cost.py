@@ -26,45 +26,33 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
+from common import metrics_records, omp_env, write_bench_recipe, write_tokens  # noqa: E402
 from train_vs_torch import CONFIGS  # noqa: E402
 
 
 def write_recipe(cfg, steps, threads, prec, work):
-    data = os.path.join(work, f"tokens_{cfg['vocab']}.bin")
-    if not os.path.exists(data):
-        np.random.default_rng(0).integers(0, cfg["vocab"], size=2_000_000, dtype=np.uint16).tofile(data)
-    recipe = os.path.join(work, "bench.yaml")
-    with open(recipe, "w") as f:
-        f.write(f"""name: bench
-model: {{vocab_size: {cfg['vocab']}, seq_len: {cfg['seq']}, d_model: {cfg['d_model']}, n_layers: {cfg['layers']}, n_heads: {cfg['heads']}, dropout: 0.0}}
-data: {{kind: bin, path: {data}}}
-batch: {{micro: {cfg['batch']}, accum: 1}}
-optimizer: {{lr: 3.0e-4}}
-precision: {{compute: {prec}}}
-train: {{steps: {steps}, log_every: 1000, eval_batches: 1, eval_every: 0, threads: {threads}}}
-checkpoint: {{cadence: never}}
-""")
-    return recipe
+    data = write_tokens(os.path.join(work, f"tokens_{cfg['vocab']}.bin"), cfg["vocab"])
+    return write_bench_recipe(os.path.join(work, "bench.yaml"), "bench", cfg, data,
+                              batch=f"micro: {cfg['batch']}, accum: 1",
+                              train=f"steps: {steps}, log_every: 1000, eval_batches: 1, eval_every: 0, threads: {threads}",
+                              extra=[f"precision: {{compute: {prec}}}"])
 
 
 def step_ms(binary, recipe, threads, work):
     run_dir = os.path.join(work, "run")
     subprocess.run(["rm", "-rf", run_dir], check=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
-    subprocess.run([binary, "train", recipe, "--quiet", "--run-dir", run_dir], check=True, env=env)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        recs = [json.loads(line) for line in f]
+    subprocess.run([binary, "train", recipe, "--quiet", "--run-dir", run_dir], check=True, env=omp_env(threads))
+    recs = metrics_records(run_dir)
     ms = [r["step_ms"] for r in recs if isinstance(r.get("step_ms"), (int, float)) and not r.get("summary")
           and not r.get("eval") and r.get("step", 0) > 2]
     return statistics.median(ms)
 
 
 def dweight_cost(a):
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OMP_WAIT_POLICY="PASSIVE")
+    env = omp_env(a.threads)
     this = os.path.join(ROOT, "build", "runner")
     with tempfile.TemporaryDirectory() as work:
         for name in a.configs.split(","):

@@ -37,17 +37,12 @@ import json
 import os
 import sys
 
-from torch_env import openblas_coretype
+from common import add_model_args, reexec_with_torch_env
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--d-model", type=int, default=384)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--batch", type=int, default=8)
+    add_model_args(p, vocab=256, seq=256, d_model=384, layers=6, heads=6, batch=8)
     p.add_argument("--steps", type=int, default=30, help="timed steps (after warm-up)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--threads", type=int, default=2)
@@ -67,17 +62,7 @@ ARGS = parse_args()
 
 # Re-exec with the OpenMP/OpenBLAS settings in place before anything loads those runtimes.
 # Values the caller set explicitly are kept (OMP_WAIT_POLICY is forced to PASSIVE).
-_env = dict(os.environ)
-if _env.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE":
-    _env["OMP_WAIT_POLICY"] = "PASSIVE"
-    _env.setdefault("OMP_NUM_THREADS", str(ARGS.threads))
-if "OPENBLAS_CORETYPE" not in _env and not _env.get("TORCH_GPT_REEXECED"):
-    _ct = openblas_coretype()
-    if _ct:
-        _env["OPENBLAS_CORETYPE"] = _ct
-if _env != dict(os.environ):
-    _env["TORCH_GPT_REEXECED"] = "1"
-    os.execve(sys.executable, [sys.executable] + sys.argv, _env)
+reexec_with_torch_env(ARGS.threads, "TORCH_GPT_REEXECED")
 
 import math  # noqa: E402
 import statistics  # noqa: E402

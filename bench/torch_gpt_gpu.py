@@ -26,6 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from common import add_model_args
+
 
 def causal_attention(q, k, v):
     if hasattr(F, "scaled_dot_product_attention"):  # torch >= 2.0: flash / memory-efficient kernels
@@ -97,12 +99,7 @@ def main():
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
     p.add_argument("--compile", type=int, choices=[0, 1], default=0)
     p.add_argument("--recompute", type=int, choices=[0, 1], default=0)
-    p.add_argument("--vocab", type=int, default=50257)
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--d-model", type=int, default=768)
-    p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--heads", type=int, default=12)
-    p.add_argument("--batch", type=int, default=8)
+    add_model_args(p, vocab=50257, seq=1024, d_model=768, layers=12, heads=12, batch=8)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--peak-tflops", type=float, default=0.0)

@@ -22,6 +22,8 @@ import tempfile
 
 import numpy as np
 
+from common import omp_env, run_summary, write_bench_recipe, write_tokens
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
     # name: vocab, seq, d_model, layers, heads, batch, steps
@@ -31,29 +33,17 @@ CONFIGS = {
 
 
 def run_runner(cfg, steps, threads, work, runner):
-    tokens = np.random.default_rng(0).integers(0, cfg["vocab"], size=2_000_000, dtype=np.uint16)
-    data = os.path.join(work, "tokens.bin")
-    tokens.tofile(data)  # nanoGPT's raw uint16 format
-    recipe = os.path.join(work, "bench.yaml")
-    with open(recipe, "w") as f:
-        f.write(f"""name: bench
-model: {{vocab_size: {cfg['vocab']}, seq_len: {cfg['seq']}, d_model: {cfg['d_model']}, n_layers: {cfg['layers']}, n_heads: {cfg['heads']}, dropout: 0.0}}
-data: {{kind: bin, path: {data}}}
-batch: {{micro: {cfg['batch']}, accum: 1}}
-optimizer: {{lr: 3.0e-4}}
-train: {{steps: {steps}, log_every: 1000, eval_batches: 1, threads: {threads}}}
-checkpoint: {{cadence: never}}
-""")
+    data = write_tokens(os.path.join(work, f"tokens_{cfg['vocab']}.bin"), cfg["vocab"])
+    recipe = write_bench_recipe(os.path.join(work, "bench.yaml"), "bench", cfg, data,
+                                batch=f"micro: {cfg['batch']}, accum: 1",
+                                train=f"steps: {steps}, log_every: 1000, eval_batches: 1, threads: {threads}")
     run_dir = os.path.join(work, "run")
     # The MFU columns divide by the sgemm peak measured in this run (RUNNER_PEAK_CACHE=off): a
     # per-machine cached peak measured once under other load (74 GFLOP/s at 2 threads was seen
     # cached against 88 at 1 thread) would move both MFU columns by the cache's error.
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE", RUNNER_PEAK_CACHE="off")
     subprocess.run([runner, "train", recipe, "--quiet", "--run-dir", run_dir],
-                   check=True, env=env)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        recs = [json.loads(l) for l in f]
-    summary = [r for r in recs if r.get("summary")][-1]
+                   check=True, env=omp_env(threads, RUNNER_PEAK_CACHE="off"))
+    summary = run_summary(run_dir)
     return summary["tokens_per_s"], summary["peak_flops"]
 
 

@@ -35,6 +35,11 @@ std::string first_line(const fs::path& f) {
 
 const std::string kRecipes = std::string(RUNNER_SOURCE_DIR) + "/recipes/";
 
+// `runner train` of recipes/quickstart.yaml with `args`, in `cwd`.
+Result train_quickstart(const fs::path& cwd, const std::string& args) {
+  return run("train " + kRecipes + "quickstart.yaml " + args, cwd.string());
+}
+
 }  // namespace
 
 TEST_CASE("runner plan prints the table for every shipped recipe, quickly") {
@@ -131,10 +136,7 @@ TEST_CASE("a bf16 run says which GEMM path each 16-bit dtype takes, and records 
 
 TEST_CASE("a short training run leaves the run directory and learns") {
   fs::path cwd = temp_dir("train");
-  Result r = run("train " + kRecipes +
-                     "quickstart.yaml --set train.steps=60 --set train.log_every=20 --set train.eval_every=0 "
-                     "--run-dir run",
-                 cwd.string());
+  Result r = train_quickstart(cwd, "--set train.steps=60 --set train.log_every=20 --set train.eval_every=0 --run-dir run");
   INFO(r.out);
   REQUIRE(r.code == 0);
   fs::path run_dir = cwd / "run";
@@ -177,15 +179,11 @@ TEST_CASE("data prepare turns a text file into an HDF5 token dataset that trains
     std::ofstream t(cwd / "corpus.txt");
     for (int i = 0; i < 400; ++i) t << "the quick brown fox jumps over the lazy dog " << i << "\n";
   }
-  Result p = run("data prepare corpus.txt corpus.h5", cwd.string());
-  INFO(p.out);
-  REQUIRE(p.code == 0);
+  Result p = test_support::runner_ok("data prepare corpus.txt corpus.h5", cwd.string());
   CHECK(p.out.find("wrote") != std::string::npos);
   REQUIRE(fs::exists(cwd / "corpus.h5"));
-  Result t = run("train " + kRecipes +
-                     "quickstart.yaml --quiet --set data.kind=hdf5 --set data.path=corpus.h5 --set train.steps=5 "
-                     "--set checkpoint.every_steps=5 --run-dir run",
-                 cwd.string());
+  Result t = train_quickstart(cwd, "--quiet --set data.kind=hdf5 --set data.path=corpus.h5 --set train.steps=5 "
+                                   "--set checkpoint.every_steps=5 --run-dir run");
   INFO(t.out);
   CHECK(t.code == 0);
   CHECK(fs::exists(cwd / "run" / "checkpoints" / "step_00000005.h5"));

@@ -23,6 +23,7 @@
 #include "runner/errors.h"
 #include "runner/recipe/recipe.h"
 #include "tests/support/a_runs.h"
+#include "tests/support/errors.h"
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"
@@ -108,16 +109,7 @@ std::vector<int32_t> bytes_eod(const std::vector<std::string>& docs) {
   return out;
 }
 
-template <class F>
-UserError expect_user_error(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e;
-  }
-  FAIL("expected a UserError");
-  return UserError(SourceLoc{}, "");
-}
+using test_support::expect_user_error;
 
 }  // namespace
 

@@ -28,6 +28,7 @@ namespace {
 
 using test_support::Result;
 using test_support::runner_cmd;
+using test_support::runner_ok;
 
 fs::path temp_dir(const std::string& name) { return test_support::fresh_dir("export", name); }
 
@@ -156,12 +157,9 @@ TEST_CASE("export: bad requests exit 2 and say why") {
 TEST_CASE("export: config.json carries the training's dropout and initializer range") {
   fs::path dir = temp_dir("config");
   fs::path gpt = dir / "gpt";
-  Result t = runner_cmd(test_support::tiny_quickstart_args(gpt, 2, 24) + " model.dropout=0.1 model.init_std=0.03");
-  INFO(t.out);
-  REQUIRE(t.code == 0);
-  Result e = runner_cmd("export " + gpt.string() + " --out " + (dir / "st").string());
+  runner_ok(test_support::tiny_quickstart_args(gpt, 2, 24) + " model.dropout=0.1 model.init_std=0.03");
+  Result e = runner_ok("export " + gpt.string() + " --out " + (dir / "st").string());
   INFO(e.out);
-  REQUIRE(e.code == 0);
   CHECK(e.out.find(" KiB) to ") != std::string::npos);  // the size in units, not a byte count
   CHECK(e.out.find("note:") == std::string::npos);
   CHECK(e.out.find("load: transformers.AutoModelForCausalLM.from_pretrained(\"" + (dir / "st").string() + "\")") != std::string::npos);
@@ -178,12 +176,8 @@ TEST_CASE("export: config.json carries the training's dropout and initializer ra
   CHECK(ncfg["model"]["init_std"] == 0.03);
 
   fs::path llama = dir / "llama";
-  t = runner_cmd(test_support::tiny_quickstart_args(llama, 2, 24) + " model.dropout=0.1 model.init_std=0.04 " + test_support::kLlamaSets);
-  INFO(t.out);
-  REQUIRE(t.code == 0);
-  e = runner_cmd("export " + llama.string() + " --out " + (dir / "ll").string());
-  INFO(e.out);
-  REQUIRE(e.code == 0);
+  runner_ok(test_support::tiny_quickstart_args(llama, 2, 24) + " model.dropout=0.1 model.init_std=0.04 " + test_support::kLlamaSets);
+  e = runner_ok("export " + llama.string() + " --out " + (dir / "ll").string());
   CHECK(e.out.find("note: training dropped out at 0.1 on the embeddings and residual branches too") != std::string::npos);
   cfg = nlohmann::json::parse(test_support::slurp(dir / "ll" / "config.json"));
   CHECK(cfg["attention_dropout"] == 0.1);

@@ -22,6 +22,7 @@
 #include "runner/errors.h"
 #include "runner/generate/decoder.h"
 #include "runner/generate/generate.h"
+#include "tests/support/errors.h"
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
 
@@ -47,6 +48,28 @@ const std::vector<int64_t> kPrompt = {5, 11, 1};  // prefill lengths: three diff
 // Max |cached - full| over every position of every row and the real vocabulary: rows are
 // prefilled together to their prompt lengths (padded to the longest), then decoded one token
 // per step, each row at its own position, fed its own text (teacher forcing).
+// Four prompts of different lengths (one of a single token), 12 new tokens each.
+GenerateRequest four_prompts() {
+  GenerateRequest req;
+  req.prompts = {"12+34=", "7+8=", "100+900=", "5"};
+  req.max_new_tokens = 12;
+  return req;
+}
+
+// CHECKs that `m` completes `req` with the KV cache exactly as without it: the same tokens,
+// stopped for the same reason.
+void check_cache_matches_full(TrainedModel& m, GenerateRequest req) {
+  req.kv_cache = false;
+  const auto ref = generate(m, req);
+  req.kv_cache = true;
+  const auto got = generate(m, req);
+  REQUIRE(got.size() == ref.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i].tokens == ref[i].tokens);
+    CHECK(got[i].finish == ref[i].finish);
+  }
+}
+
 struct Diff {
   double abs = 0;        // max |cached - full| over every position and vocabulary entry
   double rel = 0;        // max over positions of (max |cached - full|) / (max |full logit|) at that position
@@ -145,25 +168,12 @@ TEST_CASE("KV cache: greedy completions equal those without a cache (prompts of 
   for (const bool llama : {false, true}) {
     CAPTURE(llama);
     TrainedModel m = load_trained_model((llama ? llama_fixture() : gpt_fixture()).run.string());
-    GenerateRequest req;
-    req.prompts = {"12+34=", "7+8=", "100+900=", "5"};
-    req.max_new_tokens = 12;
-    req.kv_cache = false;
-    auto ref = generate(m, req);
-    req.kv_cache = true;
-    auto got = generate(m, req);
-    REQUIRE(got.size() == ref.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      CHECK(got[i].tokens == ref[i].tokens);
-      CHECK(got[i].finish == ref[i].finish);
-    }
+    GenerateRequest req = four_prompts();
+    check_cache_matches_full(m, req);
     // Sampling draws the same tokens too (same logits to rounding, same draws).
     req.sampling.temperature = 0.8;
     req.sampling.seed = 3;
-    auto s_cache = generate(m, req);
-    req.kv_cache = false;
-    auto s_ref = generate(m, req);
-    for (size_t i = 0; i < got.size(); ++i) CHECK(s_cache[i].tokens == s_ref[i].tokens);
+    check_cache_matches_full(m, req);
   }
 }
 
@@ -216,15 +226,7 @@ TEST_CASE("KV cache with grouped-query attention: cached logits equal a full for
                                         {"inference.kv_dtype=fp32", "inference.batch=3"});
   CHECK(m.plan.inference->kv_per_sequence * 2 == mha.plan.inference->kv_per_sequence);  // 2 of 4 heads vs 2 of 2 (d_model 32)
   TrainedModel g = load_trained_model(gqa_fixture().run.string());  // no inference sizing
-  GenerateRequest req;
-  req.prompts = {"12+34=", "7+8=", "100+900=", "5"};
-  req.max_new_tokens = 12;
-  req.kv_cache = false;
-  auto ref = generate(g, req);
-  req.kv_cache = true;
-  auto got = generate(g, req);
-  REQUIRE(got.size() == ref.size());
-  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].tokens == ref[i].tokens);
+  check_cache_matches_full(g, four_prompts());
 }
 
 TEST_CASE("KV cache: a request over the plan's batch or context is refused before allocating, with the numbers") {
@@ -239,23 +241,13 @@ TEST_CASE("KV cache: a request over the plan's batch or context is refused befor
   GenerateRequest req;
   req.prompts = {"1+1=", "2+2=", "3+3="};
   req.max_new_tokens = 4;
-  try {
-    generate(m, req);
-    FAIL("three prompts in a cache of two were accepted");
-  } catch (const UserError& e) {
-    const std::string s = e.what();
-    CHECK(s.find("3 prompts are more than the KV cache's 2 sequences (inference.batch 2") != std::string::npos);
-    CHECK(s.find("--set inference.batch=3") != std::string::npos);
-  }
+  std::string s = test_support::expect_user_error([&] { generate(m, req); }, "three prompts in a cache of two were accepted").what();
+  CHECK(s.find("3 prompts are more than the KV cache's 2 sequences (inference.batch 2") != std::string::npos);
+  CHECK(s.find("--set inference.batch=3") != std::string::npos);
   req.prompts = {"123+456=", "1"};
   req.max_new_tokens = 10;  // 18 tokens, over the cache's 16
-  try {
-    generate(m, req);
-    FAIL("18 tokens in a context of 16 were accepted");
-  } catch (const UserError& e) {
-    const std::string s = e.what();
-    CHECK(s.find("is 18 tokens, over the KV cache's context of 16") != std::string::npos);
-  }
+  s = test_support::expect_user_error([&] { generate(m, req); }, "18 tokens in a context of 16 were accepted").what();
+  CHECK(s.find("is 18 tokens, over the KV cache's context of 16") != std::string::npos);
   CHECK(mt.peak(ops::Account::KvCache) == 0);  // nothing was allocated
   req.max_new_tokens = 8;  // 16: fits
   CHECK(generate(m, req)[0].tokens.size() == 8);

@@ -59,6 +59,26 @@ const fs::path& tp2_run() {
 
 const char* kOneRank = "OMP_NUM_THREADS=1 ";
 
+// Trains kDir/NAME from the layout recipe on two ranks with `sets` (after tp2_run(), which
+// writes the recipe and the prompts).
+fs::path train_two_ranks(const std::string& name, const std::string& sets) {
+  tp2_run();
+  const fs::path rd = kDir / name;
+  test_support::Result r = test_support::sh(test_support::mpirun(2) + RUNNER_BINARY + " train " +
+                                            (kDir / "layout.yaml").string() + " --quiet --run-dir " + rd.string() +
+                                            " " + sets);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  return rd;
+}
+
+// The "kv_cache_bytes" of a --stats line on stderr.
+long long kv_cache_bytes(const std::string& err) {
+  const size_t k = err.find("\"kv_cache_bytes\":");
+  REQUIRE(k != std::string::npos);
+  return std::stoll(err.substr(k + 17));
+}
+
 // Max over the chosen tokens' logits rows of max|a - b| / max|a|.
 double worst_relative(const std::vector<float>& a, const std::vector<float>& b, int64_t V) {
   double worst = 0;
@@ -73,34 +93,42 @@ double worst_relative(const std::vector<float>& a, const std::vector<float>& b, 
   return worst;
 }
 
+// `generate RD` of the prompts, 8 new tokens, on one rank and on two under mpirun, `extra`
+// added: CHECKs that both succeed and print the same tokens, and that the logits of the chosen
+// tokens agree within 1e-5 relative (`label` names the pair in the message).
+struct OneVsTwo {
+  Out one, two;
+  size_t logits = 0;  // floats written by the one-rank run
+};
+OneVsTwo one_vs_two_ranks(const fs::path& rd, const std::string& extra, const std::string& label) {
+  const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() +
+                           " --max-new-tokens 8 --json --stats --logits-out ";
+  OneVsTwo c{run(kOneRank, args + (kDir / "one.bin").string() + extra),
+             run(test_support::mpirun(2), args + (kDir / "two.bin").string() + extra)};
+  INFO(c.one.err << c.two.err);
+  REQUIRE(c.one.code == 0);
+  REQUIRE(c.two.code == 0);
+  CHECK(c.two.out == c.one.out);  // the same greedy tokens, printed once
+  const std::vector<float> a = read_floats(kDir / "one.bin"), b = read_floats(kDir / "two.bin");
+  REQUIRE(a.size() == b.size());
+  c.logits = a.size();
+  const double rel = worst_relative(a, b, 63);
+  MESSAGE(label << ": worst relative logit difference " << rel);
+  CHECK(rel <= 1e-5);
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("generate on tp2 under mpirun: the one-rank tokens, logits within 1e-5 relative, cache / tp") {
   const fs::path& rd = tp2_run();
-  const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() +
-                           " --max-new-tokens 8 --json --stats --logits-out ";
   for (const std::string cache : {"", " --no-kv-cache"}) {
     CAPTURE(cache);
-    Out one = run(kOneRank, args + (kDir / "one.bin").string() + cache);
-    Out tp = run(test_support::mpirun(2), args + (kDir / "tp.bin").string() + cache);
-    INFO(one.err << tp.err);
-    REQUIRE(one.code == 0);
-    REQUIRE(tp.code == 0);
-    CHECK(!one.out.empty());
-    CHECK(tp.out == one.out);  // the same greedy tokens, printed once
-    const std::vector<float> a = read_floats(kDir / "one.bin"), b = read_floats(kDir / "tp.bin");
-    REQUIRE(a.size() == b.size());
-    REQUIRE(a.size() == 3u * 8u * 63u);  // 3 prompts x 8 tokens x the real vocabulary
-    const double rel = worst_relative(a, b, 63);
-    MESSAGE("tp2 vs one rank" << (cache.empty() ? " (KV cache)" : cache) << ": worst relative logit difference " << rel);
-    CHECK(rel <= 1e-5);
+    const OneVsTwo c = one_vs_two_ranks(rd, cache, "tp2 vs one rank" + (cache.empty() ? " (KV cache)" : cache));
+    CHECK(!c.one.out.empty());
+    CHECK(c.logits == 3u * 8u * 63u);  // 3 prompts x 8 tokens x the real vocabulary
     if (cache.empty()) {  // each tp rank caches its own heads: the cache is the one-rank cache / 2
-      auto bytes = [](const std::string& err) {
-        const size_t k = err.find("\"kv_cache_bytes\":");
-        REQUIRE(k != std::string::npos);
-        return std::stoll(err.substr(k + 17));
-      };
-      const long long b1 = bytes(one.err), b2 = bytes(tp.err);
+      const long long b1 = kv_cache_bytes(c.one.err), b2 = kv_cache_bytes(c.two.err);
       MESSAGE("KV cache bytes: one rank " << b1 << ", per tp2 rank " << b2);
       CHECK(b1 > 0);
       CHECK(b2 * 2 == b1);
@@ -111,34 +139,12 @@ TEST_CASE("generate on tp2 under mpirun: the one-rank tokens, logits within 1e-5
 // Grouped-query attention: with 2 key-value heads each tp2 rank caches one (half the one-rank
 // cache); with one (multi-query) both ranks hold and cache it (replicated: the one-rank cache).
 TEST_CASE("generate with grouped-query attention on tp2: key-value heads split or replicated, the one-rank tokens and logits") {
-  tp2_run();  // writes the recipe and the prompts
   for (int kv : {2, 1}) {
     CAPTURE(kv);
-    const fs::path rd = kDir / ("tp2_kv" + std::to_string(kv));
-    test_support::Result r = test_support::sh(test_support::mpirun(2) + RUNNER_BINARY + " train " + (kDir / "layout.yaml").string() +
-                                            " --quiet --run-dir " + rd.string() + " --set parallel.tp=2 model.n_kv_heads=" +
-                                            std::to_string(kv));
-    INFO(r.out);
-    REQUIRE(r.code == 0);
-    const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() +
-                             " --max-new-tokens 8 --json --stats --logits-out ";
-    Out one = run(kOneRank, args + (kDir / "one.bin").string());
-    Out tp = run(test_support::mpirun(2), args + (kDir / "tp.bin").string());
-    INFO(one.err << tp.err);
-    REQUIRE(one.code == 0);
-    REQUIRE(tp.code == 0);
-    CHECK(tp.out == one.out);
-    const std::vector<float> a = read_floats(kDir / "one.bin"), b = read_floats(kDir / "tp.bin");
-    REQUIRE(a.size() == b.size());
-    const double rel = worst_relative(a, b, 63);
-    MESSAGE("gqa kv " << kv << ", tp2 vs one rank: worst relative logit difference " << rel);
-    CHECK(rel <= 1e-5);
-    auto bytes = [](const std::string& err) {
-      const size_t k = err.find("\"kv_cache_bytes\":");
-      REQUIRE(k != std::string::npos);
-      return std::stoll(err.substr(k + 17));
-    };
-    const long long b1 = bytes(one.err), b2 = bytes(tp.err);
+    const fs::path rd = train_two_ranks("tp2_kv" + std::to_string(kv),
+                                        "--set parallel.tp=2 model.n_kv_heads=" + std::to_string(kv));
+    const OneVsTwo c = one_vs_two_ranks(rd, "", "gqa kv " + std::to_string(kv) + ", tp2 vs one rank");
+    const long long b1 = kv_cache_bytes(c.one.err), b2 = kv_cache_bytes(c.two.err);
     CHECK(b1 > 0);
     CHECK(b2 * (kv == 2 ? 2 : 1) == b1);
   }
@@ -156,37 +162,14 @@ TEST_CASE("generate on tp2 x dp2: the replicas generate the same, rank 0 prints"
 }
 
 TEST_CASE("generate on pp2 under mpirun: each stage its layers' cache, the one-rank tokens, logits within 1e-5 relative") {
-  tp2_run();  // writes the recipe and the prompts
-  const fs::path rd = kDir / "pp2";
-  test_support::Result r = test_support::sh(test_support::mpirun(2) + RUNNER_BINARY + " train " +
-                                            (kDir / "layout.yaml").string() + " --quiet --run-dir " + rd.string() +
-                                            " --set parallel.pp=2");
-  INFO(r.out);
-  REQUIRE(r.code == 0);
-  const std::string args = "generate " + rd.string() + " --prompts " + (kDir / "prompts.txt").string() +
-                           " --max-new-tokens 8 --json --stats --logits-out ";
+  const fs::path rd = train_two_ranks("pp2", "--set parallel.pp=2");
   for (const std::string cache : {"", " --no-kv-cache"}) {
     CAPTURE(cache);
-    Out one = run(kOneRank, args + (kDir / "one.bin").string() + cache);
-    Out pp = run(test_support::mpirun(2), args + (kDir / "pp.bin").string() + cache);
-    INFO(one.err << pp.err);
-    REQUIRE(one.code == 0);
-    REQUIRE(pp.code == 0);
-    CHECK(!one.out.empty());
-    CHECK(pp.out == one.out);
-    const std::vector<float> a = read_floats(kDir / "one.bin"), b = read_floats(kDir / "pp.bin");
-    REQUIRE(a.size() == 3u * 8u * 63u);
-    REQUIRE(a.size() == b.size());
-    const double rel = worst_relative(a, b, 63);
-    MESSAGE("pp2 vs one rank" << (cache.empty() ? " (KV cache)" : cache) << ": worst relative logit difference " << rel);
-    CHECK(rel <= 1e-5);
+    const OneVsTwo c = one_vs_two_ranks(rd, cache, "pp2 vs one rank" + (cache.empty() ? " (KV cache)" : cache));
+    CHECK(!c.one.out.empty());
+    CHECK(c.logits == 3u * 8u * 63u);
     if (cache.empty()) {  // rank 0 (stage 0) caches its layer only: half the one-rank cache (2 layers)
-      auto bytes = [](const std::string& err) {
-        const size_t k = err.find("\"kv_cache_bytes\":");
-        REQUIRE(k != std::string::npos);
-        return std::stoll(err.substr(k + 17));
-      };
-      const long long b1 = bytes(one.err), b2 = bytes(pp.err);
+      const long long b1 = kv_cache_bytes(c.one.err), b2 = kv_cache_bytes(c.two.err);
       MESSAGE("KV cache bytes: one rank " << b1 << ", pp2 stage 0 " << b2);
       CHECK(b2 * 2 == b1);
     }

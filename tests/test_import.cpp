@@ -120,6 +120,13 @@ void import_check_export(const fs::path& dir, const fs::path& hf, const std::str
   }
 }
 
+// A Hugging Face Llama with `opts` made in DIR/hf and put through import_check_export in
+// `dtype`: the imported model.
+TrainedModel llama_imported(const fs::path& dir, const std::string& opts, const std::string& dtype) {
+  import_check_export(dir, make_hf(dir / "hf", "llama", opts), dtype, "llama");
+  return load_trained_model((dir / "imp").string());
+}
+
 }  // namespace
 
 TEST_CASE("import gpt2: PyTorch's logits, export bit-exact (fp32 and fp16)") {
@@ -139,10 +146,8 @@ TEST_CASE("import gpt2: PyTorch's logits, export bit-exact (fp32 and fp16)") {
 
 TEST_CASE("import llama: sharded bf16 with biases and an untied head; PyTorch's logits, export --dtype bf16 bit-exact") {
   fs::path dir = temp_dir("llama");
-  fs::path hf = make_hf(dir / "hf", "llama", "dtype=BF16 shards=3 bias=1 inner=80 seed=5");
-  import_check_export(dir, hf, "bf16", "llama");
   // The stored recipe has the config's model: rms_norm_eps, rope_theta, intermediate_size.
-  TrainedModel m = load_trained_model((dir / "imp").string());
+  TrainedModel m = llama_imported(dir, "dtype=BF16 shards=3 bias=1 inner=80 seed=5", "bf16");
   CHECK(m.model().norm_eps == 1e-6);
   CHECK(m.model().rope_theta == 500000.0);
   CHECK(m.model().mlp_hidden() == 80);
@@ -155,9 +160,7 @@ TEST_CASE("import llama: sharded bf16 with biases and an untied head; PyTorch's 
 // q | k | v with k and v of kv_heads * head_size rows (hf_tensors).
 TEST_CASE("import llama gqa") {
   fs::path dir = temp_dir("gqa");
-  fs::path hf = make_hf(dir / "hf", "llama", "kv_heads=2 heads=4 seed=7");
-  import_check_export(dir, hf, "fp32", "llama");
-  TrainedModel m = load_trained_model((dir / "imp").string());
+  TrainedModel m = llama_imported(dir, "kv_heads=2 heads=4 seed=7", "fp32");
   CHECK(m.model().kv_heads() == 2);
   fs::remove_all(dir);
 }

@@ -37,8 +37,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const test_support::TempDir kScratch("test_parallel");
-const fs::path& kDir = kScratch.path;
+const test_support::LayoutScratch kScratch("test_parallel");
+const fs::path& kDir = kScratch.path();
 
 using test_support::mpirun;
 using test_support::Result;
@@ -46,10 +46,7 @@ using test_support::sh;
 
 
 
-std::string recipe_path() {
-  static const fs::path p = test_support::write_layout_recipe(kDir);
-  return p.string();
-}
+std::string recipe_path() { return kScratch.recipe(); }
 
 
 std::vector<nlohmann::json> records(const fs::path& run) { return test_support::metrics_records(run); }
@@ -161,12 +158,7 @@ TEST_CASE("every dp x tp x pp layout reproduces the single-rank run") {
   const auto& base = serial();
   REQUIRE(base.size() == 10);
   auto base_params = params_of(kDir / "serial" / "checkpoints" / "step_00000010.h5");
-  struct Layout {
-    const char* name;
-    int np;
-    const char* sets;
-  };
-  const Layout layouts[] = {
+  const test_support::Layout layouts[] = {
       {"dp2", 2, "--set parallel.dp=2"},
       {"tp2", 2, "--set parallel.tp=2"},
       {"pp2", 2, "--set parallel.pp=2"},
@@ -183,7 +175,7 @@ TEST_CASE("every dp x tp x pp layout reproduces the single-rank run") {
       {"dp2tp2sp_zero1", 4, "--set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.zero=1"},
       {"tp2sp_recompute", 2, "--set parallel.tp=2 --set parallel.sequence_parallel=true --set recompute.mode=full"},
   };
-  for (const Layout& l : layouts) {
+  for (const test_support::Layout& l : layouts) {
     CAPTURE(l.name);
     auto losses = train(l.name, l.np, l.sets);
     CHECK(losses.size() == base.size());
@@ -198,11 +190,6 @@ TEST_CASE("every dp x tp x pp layout reproduces the single-rank run") {
 // all of them and the replicated rows' gradients are summed over tp (and counted once in the
 // clipping norm, which grad_clip 1.0 makes matter). Each against its own single-rank run.
 TEST_CASE("grouped-query attention: key-value heads split over tp or replicated reproduce the single-rank run") {
-  struct Layout {
-    const char* name;
-    int np;
-    const char* sets;
-  };
   for (int kv : {2, 1}) {
     CAPTURE(kv);
     const std::string gqa = "--set model.n_kv_heads=" + std::to_string(kv);
@@ -211,12 +198,12 @@ TEST_CASE("grouped-query attention: key-value heads split over tp or replicated 
     REQUIRE(base.size() == 10);
     const std::vector<std::string> sets = {"model.n_kv_heads=" + std::to_string(kv)};
     auto base_params = params_of(kDir / (pre + "serial") / "checkpoints" / "step_00000010.h5", sets);
-    const Layout layouts[] = {
+    const test_support::Layout layouts[] = {
         {"tp2", 2, "--set parallel.tp=2"},
         {"tp2sp", 2, "--set parallel.tp=2 --set parallel.sequence_parallel=true"},
         {"dp2tp2zero1", 4, "--set parallel.tp=2 --set parallel.zero=1 --set parallel.bucket_mb=0.01"},
     };
-    for (const Layout& l : layouts) {
+    for (const test_support::Layout& l : layouts) {
       if (kv == 2 && l.np == 4) continue;  // the split case's ZeRO path is the plain one's
       CAPTURE(l.name);
       const std::string name = pre + l.name;

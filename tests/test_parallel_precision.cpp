@@ -38,13 +38,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const test_support::TempDir kScratch("test_parallel_precision");
-const fs::path& kDir = kScratch.path;
+const test_support::LayoutScratch kScratch("test_parallel_precision");
+const fs::path& kDir = kScratch.path();
 
-std::string recipe_path() {
-  static const fs::path p = test_support::write_layout_recipe(kDir);
-  return p.string();
-}
+std::string recipe_path() { return kScratch.recipe(); }
 
 std::map<int64_t, double> losses_of(const fs::path& run) { return test_support::step_losses(run, /*skip_summary=*/true); }
 

@@ -9,6 +9,7 @@
 #include "runner/plan/plan.h"
 #include "runner/plan/relayout.h"
 #include "runner/recipe/recipe.h"
+#include "tests/support/errors.h"
 #include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 using namespace runner;
@@ -79,24 +80,14 @@ TEST_CASE("batch equation: inconsistent numbers name the equation, the numbers a
 TEST_CASE("batch equation: indivisible derivations suggest the nearest valid choices") {
   Recipe r = load_recipe_text(kBase, "t.yaml", {"batch.micro=3"});
   r.batch.accum = 0;
-  try {
-    make_plan(r);
-    FAIL("expected an error");
-  } catch (const UserError& e) {
-    std::string s = e.what();
-    CHECK(s.find("global batch 64 is not divisible by micro 3 x dp 4 = 12") != std::string::npos);
-    CHECK(s.find("try micro 2 or 4") != std::string::npos);
-  }
+  std::string s = test_support::expect_user_error([&] { make_plan(r); }).what();
+  CHECK(s.find("global batch 64 is not divisible by micro 3 x dp 4 = 12") != std::string::npos);
+  CHECK(s.find("try micro 2 or 4") != std::string::npos);
   r = load_recipe_text(kBase, "t.yaml", {"batch.accum=3"});
   r.batch.micro = 0;
-  try {
-    make_plan(r);
-    FAIL("expected an error");
-  } catch (const UserError& e) {
-    std::string s = e.what();
-    CHECK(s.find("not divisible by accum 3 x dp 4 = 12") != std::string::npos);
-    CHECK(s.find("try accum 2 or 4") != std::string::npos);
-  }
+  s = test_support::expect_user_error([&] { make_plan(r); }).what();
+  CHECK(s.find("not divisible by accum 3 x dp 4 = 12") != std::string::npos);
+  CHECK(s.find("try accum 2 or 4") != std::string::npos);
   r = load_recipe_text(kBase, "t.yaml", {"batch.global=66"});
   r.batch.micro = 0;
   CHECK_THROWS_WITH_AS(make_plan(r), doctest::Contains("global must be a multiple of dp 4: try global 68"), UserError);

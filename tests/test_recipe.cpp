@@ -21,6 +21,7 @@
 #include "runner/recipe/fields.h"
 #include "runner/recipe/recipe.h"
 #include "tests/support/env.h"
+#include "tests/support/errors.h"
 #include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 
 using namespace runner;
@@ -44,17 +45,7 @@ std::string read(const fs::path& p) {
   return ss.str();
 }
 
-// Runs f, which must throw UserError; returns it.
-template <class F>
-UserError expect_error(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e;
-  }
-  FAIL("expected a UserError");
-  return UserError(SourceLoc{}, "");
-}
+using test_support::expect_user_error;
 
 // What a message must never show: C++ or library internals.
 void check_clean(const std::string& msg) {
@@ -225,7 +216,7 @@ TEST_CASE("every bad recipe fails where its '# expect:' header says, with a fix"
     const int line = std::stoi(m[1]), col = std::stoi(m[2]);
     const std::string want = m[3];
 
-    const UserError e = expect_error([&] { load_recipe(f.string()); });
+    const UserError e = expect_user_error([&] { load_recipe(f.string()); });
     const std::string msg = e.what();
     INFO("message: " << msg);
     CHECK(e.loc().file == f.string());
@@ -441,24 +432,24 @@ TEST_CASE("--set overrides") {
     CHECK(r.parallel.stage_layers == std::vector<int64_t>{1, 2});
   }
   SUBCASE("a wrong value is reported at --set") {
-    const UserError e = expect_error([] { load_recipe_text(kMinimal, "min.yaml", {"batch.micro=eight"}); });
+    const UserError e = expect_user_error([] { load_recipe_text(kMinimal, "min.yaml", {"batch.micro=eight"}); });
     CHECK(e.loc().file == "--set");
     CHECK(std::string(e.what()).find("batch.micro must be an integer, got 'eight'") != std::string::npos);
   }
   SUBCASE("an unknown path is caught by the schema") {
-    const UserError e = expect_error([] { load_recipe_text(kMinimal, "min.yaml", {"batch.micr=8"}); });
+    const UserError e = expect_user_error([] { load_recipe_text(kMinimal, "min.yaml", {"batch.micr=8"}); });
     CHECK(e.loc().file == "--set");
     CHECK(std::string(e.what()).find("unknown key 'micr' in batch; did you mean 'micro'?") != std::string::npos);
   }
   SUBCASE("a cross-field problem from --set") {
-    const UserError e = expect_error([] { load_recipe_text(kMinimal, "min.yaml", {"model.n_heads=3"}); });
+    const UserError e = expect_user_error([] { load_recipe_text(kMinimal, "min.yaml", {"model.n_heads=3"}); });
     CHECK(e.loc().file == "--set");
     CHECK(std::string(e.what()).find("not divisible") != std::string::npos);
   }
   SUBCASE("malformed overrides") {
     for (const char* bad : {"batch.micro", "=8", "batch..micro=8", "batch.micro=[1,2", "model.d_model.x=1", "bat ch=1"}) {
       INFO("override: " << bad);
-      const UserError e = expect_error([&] { load_recipe_text(kMinimal, "min.yaml", {bad}); });
+      const UserError e = expect_user_error([&] { load_recipe_text(kMinimal, "min.yaml", {bad}); });
       CHECK(e.loc().file == "--set");
       CHECK(e.loc().line == 0);
       CHECK(std::string(e.what()).rfind("--set: ", 0) == 0);
@@ -517,16 +508,16 @@ TEST_CASE("validate_recipe checks a recipe edited in code") {
   Recipe r = load_recipe_text(kMinimal, "min.yaml");
   CHECK_NOTHROW(validate_recipe(r));
   r.model.n_heads = 3;
-  const UserError e = expect_error([&] { validate_recipe(r); });
+  const UserError e = expect_user_error([&] { validate_recipe(r); });
   CHECK(e.loc().file == "min.yaml");
   CHECK(e.loc().line == 7);  // model.n_heads
 }
 
 TEST_CASE("file problems name the path") {
-  const UserError missing = expect_error([] { load_recipe("/no/such/recipe.yaml"); });
+  const UserError missing = expect_user_error([] { load_recipe("/no/such/recipe.yaml"); });
   CHECK(missing.loc().file == "/no/such/recipe.yaml");
   CHECK(std::string(missing.what()).find("not found") != std::string::npos);
-  const UserError dir = expect_error([] { load_recipe(RUNNER_TEST_DIR); });
+  const UserError dir = expect_user_error([] { load_recipe(RUNNER_TEST_DIR); });
   CHECK(dir.loc().file == RUNNER_TEST_DIR);
 }
 
@@ -585,7 +576,7 @@ TEST_CASE("garbage never crashes and always gets a located message with a fix") 
 TEST_CASE("RUNNER_SCHEMA names the schema; a missing one is a clear error") {
   const UserError e = [] {
     test_support::ScopedEnv schema("RUNNER_SCHEMA", "/no/such/recipe.schema.json");
-    return expect_error([] { load_recipe_text(kMinimal, "min.yaml"); });
+    return expect_user_error([] { load_recipe_text(kMinimal, "min.yaml"); });
   }();
   CHECK(std::string(e.what()).find("RUNNER_SCHEMA") != std::string::npos);
   CHECK_NOTHROW(load_recipe_text(kMinimal, "min.yaml"));
@@ -651,7 +642,7 @@ TEST_CASE("every independent mistake is reported in one pass, in file order, eac
   CHECK_FALSE(any_has(ps, "not divisible"));
 
   // The message: one located line per problem, then the count.
-  const UserError e = expect_error([&] { load_recipe_text(text, "r.yaml"); });
+  const UserError e = expect_user_error([&] { load_recipe_text(text, "r.yaml"); });
   const std::string msg = e.what();
   CHECK(msg.rfind("r.yaml:5:3: unknown key 'n_layer'", 0) == 0);
   CHECK(msg.find("\nr.yaml:13:20: hardware.device") != std::string::npos);
@@ -660,7 +651,7 @@ TEST_CASE("every independent mistake is reported in one pass, in file order, eac
   check_clean(msg);
 
   // One problem still reads as before: one line, no count.
-  const UserError one = expect_error([] { load_recipe_text(kMinimal + "batch: {micro: -1}\n", "r.yaml"); });
+  const UserError one = expect_user_error([] { load_recipe_text(kMinimal + "batch: {micro: -1}\n", "r.yaml"); });
   CHECK(std::string(one.what()).find('\n') == std::string::npos);
   CHECK(one.all().size() == 1);
 }
@@ -809,7 +800,7 @@ TEST_CASE("device names: a suggestion by what the name says, not by spelling alo
 TEST_CASE("a recipe with very many problems prints a screenful, then how many more") {
   std::string text = kMinimal;
   for (int i = 0; i < 50; ++i) text += "junk_key_" + std::to_string(i) + ": 1\n";
-  const UserError e = expect_error([&] { load_recipe_text(text, "r.yaml"); });
+  const UserError e = expect_user_error([&] { load_recipe_text(text, "r.yaml"); });
   CHECK(e.all().size() == 50);
   const std::string msg = e.what();
   CHECK(msg.find("unknown key 'junk_key_39'") != std::string::npos);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
 #include <fstream>
 #include <map>
 #include <set>
@@ -67,6 +68,16 @@ void no_external_references(const std::string& h) {
   CHECK(h.find("<link") == std::string::npos);
   CHECK(h.find("url(") == std::string::npos);
   CHECK(h.find("@import") == std::string::npos);
+}
+
+// A fresh kDir/NAME with `files` copied from the profiled run (the rest a test writes itself).
+fs::path copy_of_profiled_run(const std::string& name, std::initializer_list<const char*> files) {
+  const fs::path& src = profiled_run();
+  const fs::path dir = kDir / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : files) fs::copy_file(src / f, dir / f);
+  return dir;
 }
 
 }  // namespace
@@ -133,10 +144,7 @@ TEST_CASE("report: a profiled run has every plot as inline SVG and nothing exter
 
 TEST_CASE("report: a run in progress (no summary, a cut last line)") {
   const fs::path& src = profiled_run();
-  const fs::path dir = kDir / "partial";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  for (const char* f : {"plan.json", "recipe.yaml"}) fs::copy_file(src / f, dir / f);
+  const fs::path dir = copy_of_profiled_run("partial", {"plan.json", "recipe.yaml"});
   std::ifstream in(src / "metrics.jsonl");
   std::ofstream out(dir / "metrics.jsonl");
   int steps = 0;
@@ -500,10 +508,7 @@ TEST_CASE("report: an fp16 run on text data has the loss-scale chart and its dat
 // report does not know, shown by its fields.
 TEST_CASE("report: the run history from events.jsonl") {
   const fs::path& src = profiled_run();
-  const fs::path dir = kDir / "history";
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  for (const char* f : {"plan.json", "recipe.yaml", "metrics.jsonl"}) fs::copy_file(src / f, dir / f);
+  const fs::path dir = copy_of_profiled_run("history", {"plan.json", "recipe.yaml", "metrics.jsonl"});
   {
     std::ofstream ev(dir / "events.jsonl");
     ev << R"({"accum":1,"dp":1,"event":"start","global":16,"host":"vm","micro":16,"notes":[],"pp":1,"resumed_from":-1,"time":"2026-12-03T12:14:12Z","tp":1,"world":1})" "\n"

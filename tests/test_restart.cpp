@@ -36,13 +36,7 @@ namespace {
 const std::string kTiny = std::string(RUNNER_TEST_DIR) + "/slurm/tiny.yaml";
 
 SlurmEnv job(const std::string& id, int64_t restart_count = 0, const std::string& nodes = "n[1-2]", int64_t nnodes = 2) {
-  SlurmEnv e;
-  e.in_job = true;
-  e.job_id = id;
-  e.restart_count = restart_count;
-  e.node_list = nodes;
-  e.nnodes = nnodes;
-  return e;
+  return SlurmEnv{.in_job = true, .job_id = id, .node_list = nodes, .restart_count = restart_count, .nnodes = nnodes};
 }
 
 json start_record(const std::string& id, int64_t restart_count, const std::string& nodes, int64_t nnodes,
@@ -282,6 +276,18 @@ TEST_CASE("--elastic: --nodes=MIN-MAX with MIN from the memory ledger and tp x p
   CHECK(h.last_activity > 0);
 }
 
+// The job script `runner launch --slurm --dry-run` writes for tiny.yaml with `sets` and the run
+// directory D/run, saved as D/job.sbatch; D/bin (for the fake Slurm commands) and D/run made.
+// Returns the script's text.
+std::string write_job_script(const fs::path& d, const std::string& sets) {
+  Result r = runner_cmd("launch " + kTiny + " --slurm --dry-run --run-dir " + (d / "run").string() + " " + sets);
+  REQUIRE(r.code == 0);
+  std::ofstream(d / "job.sbatch") << r.out;
+  fs::create_directories(d / "bin");
+  fs::create_directories(d / "run");
+  return r.out;
+}
+
 // The fake scontrol (logs its calls to $FAKE_LOG; the job RUNNING) and sinfo (one mixed node)
 // beside a test's own fake srun in BIN, all executable.
 void write_fake_scontrol_sinfo(const fs::path& bin) {
@@ -297,15 +303,10 @@ void write_fake_scontrol_sinfo(const fs::path& bin) {
 TEST_CASE("the sbatch script asks the runner after a failure, requeues with StartTime=now+backoff, and records it") {
   const fs::path d = test_support::fresh_dir("restart", "script");
   const fs::path run = d / "run";
-  Result r = runner_cmd("launch " + kTiny + " --slurm --dry-run --run-dir " + run.string() +
-                        " --set train.restart_backoff=7 --set train.max_restarts=2");
-  REQUIRE(r.code == 0);
-  CHECK(r.out.find("restart-check \"$RECIPE\" --run-dir \"$RUN_DIR\" --set train.restart_backoff=7 --set "
-                   "train.max_restarts=2 --exit-code \"$rc\"") != std::string::npos);
+  const std::string text = write_job_script(d, "--set train.restart_backoff=7 --set train.max_restarts=2");
+  CHECK(text.find("restart-check \"$RECIPE\" --run-dir \"$RUN_DIR\" --set train.restart_backoff=7 --set "
+                  "train.max_restarts=2 --exit-code \"$rc\"") != std::string::npos);
   const fs::path script = d / "job.sbatch", bin = d / "bin";
-  std::ofstream(script) << r.out;
-  fs::create_directories(bin);
-  fs::create_directories(run);
   std::ofstream(bin / "srun") << "#!/bin/bash\n[ \"$FAKE_TERM\" = 1 ] && kill -TERM $PPID\n"
                                  "[ -n \"$FAKE_RANK\" ] && echo \"0 $FAKE_RANK\" >>\"$RUNNER_EXIT_RECORD\"\nexit \"$FAKE_RC\"\n";
   write_fake_scontrol_sinfo(bin);
@@ -355,13 +356,8 @@ TEST_CASE("the sbatch script asks the runner after a failure, requeues with Star
 TEST_CASE("the sbatch script tries a launch again that failed because the previous step was still ending") {
   const fs::path d = test_support::fresh_dir("restart", "relaunch");
   const fs::path run = d / "run";
-  Result r = runner_cmd("launch " + kTiny + " --slurm --dry-run --run-dir " + run.string() +
-                        " --set train.restart_backoff=5");
-  REQUIRE(r.code == 0);
+  write_job_script(d, "--set train.restart_backoff=5");
   const fs::path script = d / "job.sbatch", bin = d / "bin", count = d / "launches";
-  std::ofstream(script) << r.out;
-  fs::create_directories(bin);
-  fs::create_directories(run);
   // Each call counts itself; the first FAKE_FAILS write srun's launch error to the job's output.
   std::ofstream(bin / "srun") << "#!/bin/bash\necho x >>\"$FAKE_COUNT\"\n"
                                  "if [ \"$(wc -l <\"$FAKE_COUNT\")\" -le \"$FAKE_FAILS\" ]; then\n"

@@ -22,13 +22,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const test_support::TempDir kScratch("test_strict_layouts");
-const fs::path& kDir = kScratch.path;
+const test_support::LayoutScratch kScratch("test_strict_layouts");
+const fs::path& kDir = kScratch.path();
 
-std::string recipe_path() {
-  static const fs::path p = test_support::write_layout_recipe(kDir);
-  return p.string();
-}
+std::string recipe_path() { return kScratch.recipe(); }
 
 // Four steps with held-out evaluations after steps 2 and 4, stopped by the fault hook at the
 // start of step 5, before the final checkpoint: checkpoints on the strict device are another
@@ -63,12 +60,7 @@ std::vector<std::string> numbers(const fs::path& run) {
 }  // namespace
 
 TEST_CASE("dp, tp, pp and ZeRO on cpu-strict give the cpu run's losses bit for bit") {
-  struct Layout {
-    const char* name;
-    int np;
-    const char* sets;
-  };
-  const Layout layouts[] = {
+  const test_support::Layout layouts[] = {
       {"dp2", 2, "--set parallel.dp=2"},
       {"tp2sp", 2, "--set parallel.tp=2 --set parallel.sequence_parallel=true"},
       {"pp2", 2, "--set parallel.pp=2 --set parallel.schedule=1f1b"},
@@ -77,7 +69,7 @@ TEST_CASE("dp, tp, pp and ZeRO on cpu-strict give the cpu run's losses bit for b
       // 16-bit buckets through the staging buffers, summed by MPI's bf16 operation.
       {"dp2zero1_bf16", 2, "--set parallel.zero=1 --set parallel.bucket_mb=0.01 --set precision.compute=bf16"},
   };
-  for (const Layout& l : layouts) {
+  for (const test_support::Layout& l : layouts) {
     const std::string layout = l.name;
     CAPTURE(layout);
     train(std::string(l.name) + "_cpu", l.np, "cpu", l.sets);

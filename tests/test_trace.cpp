@@ -184,6 +184,14 @@ void check_merged(const fs::path& dir, int ranks) {
   CHECK(pids.size() == static_cast<size_t>(ranks));
 }
 
+// The number of gradient buckets rank 0's log says the run's layout has.
+int gradient_buckets(const fs::path& dir) {
+  const std::string log = slurp(dir / "log.rank0.txt");
+  std::smatch m;
+  REQUIRE(std::regex_search(log, m, std::regex("(\\d+) gradient bucket\\(s\\)")));
+  return std::stoi(m[1]);
+}
+
 }  // namespace
 
 TEST_CASE("trace: one rank has the loop's phases and no communication") {
@@ -228,10 +236,7 @@ TEST_CASE("top operators: the table sums to at most the measured pass time") {
 
 TEST_CASE("trace: dp2 has every gradient bucket's all-reduce, hidden behind the backward") {
   const fs::path dir = run("dp2", 2, "--set parallel.dp=2 --set parallel.bucket_mb=0.1");
-  const std::string log = slurp(dir / "log.rank0.txt");
-  std::smatch m;
-  REQUIRE(std::regex_search(log, m, std::regex("(\\d+) gradient bucket\\(s\\)")));
-  const int buckets = std::stoi(m[1]);
+  const int buckets = gradient_buckets(dir);
   CHECK(buckets > 1);
   for (int r = 0; r < 2; ++r) {
     CAPTURE(r);
@@ -257,10 +262,7 @@ TEST_CASE("trace: dp2 has every gradient bucket's all-reduce, hidden behind the 
 
 TEST_CASE("trace: dp2 with ZeRO-1 has a reduce-scatter and an all-gather per bucket") {
   const fs::path dir = run("zero1", 2, "--set parallel.dp=2 --set parallel.zero=1 --set parallel.bucket_mb=0.1");
-  const std::string log = slurp(dir / "log.rank0.txt");
-  std::smatch m;
-  REQUIRE(std::regex_search(log, m, std::regex("(\\d+) gradient bucket\\(s\\)")));
-  const int buckets = std::stoi(m[1]);
+  const int buckets = gradient_buckets(dir);
   RankTrace t = load(dir, 1);
   check_common(t, true);
   for (int step = kFrom; step <= kTo; ++step) {

@@ -81,13 +81,9 @@ TEST_CASE("bf16 and fp16: SIGKILL after the step-20 checkpoint, `runner resume` 
     REQUIRE(killed);
     CHECK(wait_exit(pid) == 128 + SIGKILL);
     REQUIRE(run("resume " + dir.string() + " --quiet") == 0);
-    auto ta = tensors(ref / "checkpoints" / "step_00000030.h5"), tb = tensors(dir / "checkpoints" / "step_00000030.h5");
-    REQUIRE(ta.size() > 10);
-    REQUIRE(ta.size() == tb.size());
-    for (auto& [name, t] : ta) {
+    for (auto& [name, t] :
+         test_support::check_same_datasets(ref / "checkpoints" / "step_00000030.h5", dir / "checkpoints" / "step_00000030.h5")) {
       CAPTURE(name);
-      REQUIRE(tb.count(name));
-      CHECK(t.first == tb[name].first);
       if (name.rfind("/params/", 0) == 0) CHECK(t.second == 4);  // the fp32 masters are what is stored
     }
     auto sa = steps_of(ref), sb = steps_of(dir);

@@ -64,6 +64,17 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// two_ranks(dir, env, sets) run to its end: what it printed and returned, and the seconds it took.
+struct Timed {
+  test_support::Result r;
+  double took = 0;
+};
+Timed two_ranks_timed(const fs::path& dir, const std::string& env, const std::string& sets) {
+  const auto t0 = std::chrono::steady_clock::now();
+  test_support::Result r = test_support::sh(two_ranks(dir, env, sets));
+  return {r, seconds_since(t0)};
+}
+
 // Starts `cmd` on another thread, waits for rank 1's heartbeat to satisfy `when`, stops rank 1
 // with SIGSTOP and waits for the job: its result, rank 1's pid and the seconds from the stop to
 // the job's end.
@@ -226,12 +237,12 @@ TEST_CASE("a rank stopped inside its checkpoint write is named too: a stale hear
 TEST_CASE("a rank stuck in its data loader is reported: exit 5, rank 1 named") {
   const fs::path dir = kScratch.path / "stall";
   // Rank 1 sleeps 60 s after its data wait at step 6 (the other rank waits for it in the step's first collective).
-  const auto t0 = std::chrono::steady_clock::now();
-  test_support::Result r = test_support::sh(
-      two_ranks(dir, "RUNNER_DEBUG_STALL_RANK=1 RUNNER_DEBUG_STALL_EVERY=6 RUNNER_DEBUG_STALL_MS=60000", "--set train.steps=8"));
+  const Timed t =
+      two_ranks_timed(dir, "RUNNER_DEBUG_STALL_RANK=1 RUNNER_DEBUG_STALL_EVERY=6 RUNNER_DEBUG_STALL_MS=60000", "--set train.steps=8");
+  const test_support::Result& r = t.r;
   INFO(r.out);
   CHECK(r.code == runner::kExitHang);
-  CHECK(seconds_since(t0) < 40);  // not the 60 s stall
+  CHECK(t.took < 40);  // not the 60 s stall
   const std::vector<json> hangs = events(dir, "hang");
   REQUIRE(!hangs.empty());
   for (const json& h : hangs) {  // rank 0 names rank 1 as elsewhere, or rank 1 reports itself stalled
@@ -249,12 +260,11 @@ TEST_CASE("a rank stuck in its data loader is reported: exit 5, rank 1 named") {
 TEST_CASE("a checkpoint slower than the timeout is not a hang: the run finishes") {
   const fs::path dir = kScratch.path / "slow_checkpoint";
   // Rank 1's step-5 save takes 5 s longer; rank 0 waits for it in the next collective meanwhile.
-  const auto t0 = std::chrono::steady_clock::now();
-  test_support::Result r = test_support::sh(
-      two_ranks(dir, "RUNNER_FAULT_CKPT_SLEEP_MS=5000 RUNNER_FAULT_CKPT_SLEEP_RANK=1", "--set train.steps=6"));
+  const Timed t = two_ranks_timed(dir, "RUNNER_FAULT_CKPT_SLEEP_MS=5000 RUNNER_FAULT_CKPT_SLEEP_RANK=1", "--set train.steps=6");
+  const test_support::Result& r = t.r;
   INFO(r.out);
   CHECK(r.code == 0);
-  CHECK(seconds_since(t0) > 5);  // the slow save happened
+  CHECK(t.took > 5);  // the slow save happened
   CHECK(events(dir, "hang").empty());
   REQUIRE(!events(dir, "end").empty());
   CHECK(events(dir, "end").back()["cause"] == "done");

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -63,14 +64,19 @@ pid_t started_long_run(const fs::path& run, size_t steps, const std::vector<std:
   return pid;
 }
 
+// Waits for a run started by started_long_run in DIR: its exit status and what it printed.
+std::pair<int, std::string> ended(pid_t pid, const fs::path& dir) {
+  const int code = test_support::wait_exit(pid);
+  return {code, slurp(dir / "out.txt")};
+}
+
 }  // namespace
 
 TEST_CASE("Ctrl-C: a message, a checkpoint at the next step boundary, exit 3; status calls it no crash") {
   const fs::path dir = fresh("sigint"), run = dir / "run";
   const pid_t pid = started_long_run(run, 3);
   ::kill(pid, SIGINT);
-  const int code = test_support::wait_exit(pid);
-  const std::string out = slurp(dir / "out.txt");
+  const auto [code, out] = ended(pid, dir);
   INFO(out);
   REQUIRE(code == 3);
   CHECK(has(out, "Ctrl-C (SIGINT): finishing the step, then writing a checkpoint"));
@@ -104,8 +110,7 @@ TEST_CASE("a second Ctrl-C exits at once (130), saying so") {
   ::kill(pid, SIGINT);
   CHECK(test_support::wait_until([&] { return has(slurp(dir / "out.txt"), "Ctrl-C (SIGINT)"); }, 10s));
   ::kill(pid, SIGINT);
-  const int code = test_support::wait_exit(pid);
-  const std::string out = slurp(dir / "out.txt");
+  const auto [code, out] = ended(pid, dir);
   INFO(out);
   CHECK(code == 130);
   CHECK(has(out, "second Ctrl-C (SIGINT): exiting now, without a checkpoint"));

@@ -296,26 +296,20 @@ void CheckpointSaver::remove_stale_files() {
 
 // ---- measurements ----
 
+namespace {
+// A field the writer thread also writes, read under its mutex.
+template <class T>
+T read_locked(std::mutex& mu, const T& field) {
+  std::lock_guard<std::mutex> lk(mu);
+  return field;
+}
+}  // namespace
+
 double CheckpointSaver::last_stall_ms() const { return lead() ? last_stall_seconds() * 1e3 : 0.0; }
-double CheckpointSaver::last_stall_seconds() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return last_stall_;
-}
-double CheckpointSaver::last_write_seconds() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return last_write_;
-}
-double CheckpointSaver::auto_interval_seconds() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return auto_interval_;
-}
-int64_t CheckpointSaver::last_saved_step() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return last_saved_step_;
-}
-int64_t CheckpointSaver::saves_completed() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return saves_;
-}
+double CheckpointSaver::last_stall_seconds() const { return read_locked(mu_, last_stall_); }
+double CheckpointSaver::last_write_seconds() const { return read_locked(mu_, last_write_); }
+double CheckpointSaver::auto_interval_seconds() const { return read_locked(mu_, auto_interval_); }
+int64_t CheckpointSaver::last_saved_step() const { return read_locked(mu_, last_saved_step_); }
+int64_t CheckpointSaver::saves_completed() const { return read_locked(mu_, saves_); }
 
 }  // namespace runner

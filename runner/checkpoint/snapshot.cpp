@@ -47,12 +47,7 @@ std::vector<ops::Tensor> host_like(const std::vector<ops::Tensor>& ts) {
 
 TrainState clone_state(const TrainState& s, ops::Account account) {
   TrainState c;
-  c.copy_scalars_from(s);
-  c.recipe_yaml = s.recipe_yaml;
-  c.world_rank = s.world_rank;
-  c.world_size = s.world_size;
-  c.params.names = s.params.names;
-  c.params.decay = s.params.decay;
+  copy_state_meta(c, s);
   for (auto& t : s.params.values) c.params.values.push_back(deep_copy(t, account));
   for (auto& t : s.adam_m) c.adam_m.push_back(deep_copy(t, account));
   for (auto& t : s.adam_v) c.adam_v.push_back(deep_copy(t, account));

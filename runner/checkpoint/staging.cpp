@@ -71,13 +71,17 @@ const void* host_bytes(const ops::Tensor& t, std::vector<char>& buf) {
   return buf.data();
 }
 
+void copy_state_meta(TrainState& to, const TrainState& from) {
+  to.copy_scalars_from(from);
+  to.recipe_yaml = from.recipe_yaml;
+  to.world_rank = from.world_rank;
+  to.world_size = from.world_size;
+  to.params.names = from.params.names;
+  to.params.decay = from.params.decay;
+}
+
 StagedState::StagedState(const TrainState& s, bool copy) {
-  meta_.copy_scalars_from(s);
-  meta_.recipe_yaml = s.recipe_yaml;
-  meta_.world_rank = s.world_rank;
-  meta_.world_size = s.world_size;
-  meta_.params.names = s.params.names;
-  meta_.params.decay = s.params.decay;
+  copy_state_meta(meta_, s);
   for (const ops::Tensor& t : s.params.values) params_.push_back(stage(t, copy));
   for (const ops::Tensor& t : s.adam_m) m_.push_back(stage(t, copy));
   for (const ops::Tensor& t : s.adam_v) v_.push_back(stage(t, copy));

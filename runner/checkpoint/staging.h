@@ -21,6 +21,11 @@
 
 namespace runner {
 
+// Everything of `from` but its tensors into `to`: the step-boundary scalars, the recipe, the
+// rank, and the parameters' names and decay flags. What a copy, a view or a staging of the
+// state starts from before it takes the tensors its own way.
+void copy_state_meta(TrainState& to, const TrainState& from);
+
 // One tensor of a staged state: its shape and dtype, and its bytes in host memory once the
 // state has been waited for (nullptr: zeros, e.g. moments before the first update).
 struct StagedTensor {

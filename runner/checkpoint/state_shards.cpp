@@ -266,12 +266,7 @@ SaveResult write_sharded(const ModelLayout& layout, parallel::Grid& grid, const 
 
 TrainState fp32_weights_view(const TrainState& s) {
   TrainState v;
-  v.copy_scalars_from(s);
-  v.recipe_yaml = s.recipe_yaml;
-  v.world_rank = s.world_rank;
-  v.world_size = s.world_size;
-  v.params.names = s.params.names;
-  v.params.decay = s.params.decay;
+  copy_state_meta(v, s);
   v.adam_m = s.adam_m;  // shared, not copied
   v.adam_v = s.adam_v;
   for (size_t i = 0; i < s.params.values.size(); ++i) {

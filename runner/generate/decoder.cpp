@@ -23,6 +23,19 @@ KvCacheShape kv_cache_shape(const TrainedModel& m, int64_t batch) {
   return s;
 }
 
+namespace {
+// The graph of `spec` in `g` and an executor on it in `ex` (an earlier one goes first: it
+// refers to the graph it replaces), bound to the model's weights and reading and writing `cache`.
+void build_cached(TrainedModel& m, const GptSpec& spec, ops::KvCache* cache, std::unique_ptr<ops::Graph>& g,
+                  std::unique_ptr<ops::Executor>& ex) {
+  ex.reset();
+  g = std::make_unique<ops::Graph>(build_gpt_graph(spec));
+  ex = std::make_unique<ops::Executor>(*g, *m.backend);
+  m.bind(*ex, *g);
+  ex->set_kv_cache(cache);
+}
+}  // namespace
+
 CachedDecoder::CachedDecoder(TrainedModel& m, int64_t batch, int64_t longest) : m_(m), B_(batch) {
   const ModelConfig& mc = m.model();
   const KvCacheShape s = kv_cache_shape(m, batch);
@@ -61,10 +74,7 @@ CachedDecoder::CachedDecoder(TrainedModel& m, int64_t batch, int64_t longest) : 
                                           s.context, nkv * (mc.d_model / mc.n_heads), nkv, s.dtype);
   spec.B = B_;
   spec.decode = true;
-  decode_g_ = std::make_unique<ops::Graph>(build_gpt_graph(spec));
-  decode_ex_ = std::make_unique<ops::Executor>(*decode_g_, *m.backend);
-  m.bind(*decode_ex_, *decode_g_);
-  decode_ex_->set_kv_cache(cache_.get());
+  build_cached(m, spec, cache_.get(), decode_g_, decode_ex_);
 }
 
 CachedDecoder::~CachedDecoder() = default;
@@ -72,14 +82,10 @@ CachedDecoder::~CachedDecoder() = default;
 const ops::Tensor& CachedDecoder::prefill(const std::vector<int32_t>& tokens, int64_t T) {
   RUNNER_CHECK(static_cast<int64_t>(tokens.size()) == B_ * T, "prefill: tokens are not B x T");
   RUNNER_CHECK(T >= 1 && T <= cache_->context(), "prefill: more positions than the KV cache's context");
-  prefill_ex_.reset();
   GptSpec spec = m_.spec();
   spec.B = B_;
   spec.T = T;
-  prefill_g_ = std::make_unique<ops::Graph>(build_gpt_graph(spec));
-  prefill_ex_ = std::make_unique<ops::Executor>(*prefill_g_, *m_.backend);
-  m_.bind(*prefill_ex_, *prefill_g_);
-  prefill_ex_->set_kv_cache(cache_.get());
+  build_cached(m_, spec, cache_.get(), prefill_g_, prefill_ex_);
   return m_.logits(*prefill_ex_, *prefill_g_, tokens.data());
 }
 

@@ -46,6 +46,8 @@ if "OPENBLAS_CORETYPE" not in os.environ and openblas_coretype():
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import numpy as np  # noqa: E402
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+from common import read_safetensors as read_safetensors_np  # noqa: E402  (the reader bench/generate.py uses too)
 if sys.argv[1:2] == ["make"]:  # writing files needs no torch (whose import takes seconds)
     torch = None
 else:
@@ -54,23 +56,7 @@ else:
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n].decode("utf-8"))
-    data = blob[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = info["data_offsets"]
-        if info["dtype"] == "BF16":  # numpy has no bfloat16: the upper half of an fp32
-            h = np.frombuffer(data[b:e], dtype="<u2").astype(np.uint32) << 16
-            arr = h.view(np.float32)
-        else:
-            arr = np.frombuffer(data[b:e], dtype={"F32": "<f4", "F16": "<f2"}[info["dtype"]]).astype(np.float32)
-        out[name] = torch.from_numpy(arr.reshape(info["shape"]).copy())
-    return out
+    return {k: torch.from_numpy(v) for k, v in read_safetensors_np(path).items()}
 
 
 def read_model(model_dir):

@@ -16,6 +16,9 @@
 #   node_restart N            -> starts node N's slurmd again (after node_kill)
 #   node_state N              -> Slurm's state of node N (idle, allocated, down*, ...)
 
+# shellcheck source=daemons.sh
+source "$(dirname "${BASH_SOURCE[0]}")/daemons.sh"
+
 C2_BR=rnrt-br
 C2_NET=10.99.0
 declare -A C2_SLURMD_PID=()
@@ -52,42 +55,20 @@ c2_make_links() {
 }
 
 c2_write_conf() {
-  local d=$1 m=$1/munge host
+  local d=$1 host
   host=$(hostname -s)  # slurmctld starts only under this machine's own name
-  cat >"$d/slurm.conf" <<CONF
-ClusterName=runnertest2
-SlurmctldHost=$host($C2_NET.1)
-SlurmctldPort=6817
-SlurmdPort=6818
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket=$m/munge.socket.2,cred_expire=5
-StateSaveLocation=$d/state
+  {
+    echo "ClusterName=runnertest2"
+    echo "SlurmctldHost=$host($C2_NET.1)"
+    slurm_conf_common "$d"
+    cat <<CONF
 SlurmdSpoolDir=$d/spool%n
-SlurmctldPidFile=$d/slurmctld.pid
 SlurmdPidFile=$d/slurmd.%n.pid
-SlurmctldLogFile=$d/log/slurmctld.log
 SlurmdLogFile=$d/log/slurmd.%n.log
 # PMIx makes its directory under TmpFS: one per node, or the second node's step finds it there.
 TmpFS=$d/tmp%n
-SlurmdParameters=config_overrides
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-MpiDefault=pmix
-JobRequeue=1
-ReturnToService=2
-MailProg=/bin/true
-SchedulerParameters=bf_interval=1,sched_interval=2
-SchedulerType=sched/backfill
 KillWait=3
-MinJobAge=600
-InactiveLimit=0
 # A lost node: slurmctld pings every SlurmdTimeout/3 s and marks it DOWN after SlurmdTimeout.
-SlurmctldTimeout=10
 SlurmdTimeout=6
 MessageTimeout=3
 TCPTimeout=2
@@ -97,6 +78,7 @@ NodeName=n1 NodeAddr=$(c2_addr 1) CPUs=${SLURM_TEST_CPUS:-4} RealMemory=1024 Sta
 NodeName=n2 NodeAddr=$(c2_addr 2) CPUs=${SLURM_TEST_CPUS:-4} RealMemory=1024 State=UNKNOWN
 PartitionName=test Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
+  } >"$d/slurm.conf"
 }
 
 c2_start_slurmd() {
@@ -114,25 +96,20 @@ cluster2_start() {
   for bin in ip nsenter munged mungekey slurmctld slurmd sbatch scontrol squeue scancel sinfo; do
     command -v "$bin" >/dev/null || { c2_fail "$bin not found: install iproute2, util-linux, slurm-wlm and munge (bash scripts/setup.sh)"; return 1; }
   done
-  if ss -ltn 2>/dev/null | grep -qE ':(6817|6818)\b'; then
+  if slurm_ports_taken; then
     c2_fail "port 6817 or 6818 is taken (another slurmctld/slurmd on this machine?)"; return 1
   fi
   mkdir -p "$SLURM_TEST_DIR"/{state,spool,log,munge,tmpn1,tmpn2}
-  chmod 0755 "$SLURM_TEST_DIR" "$SLURM_TEST_DIR/munge"  # munged refuses a group/other-writable socket directory
+  chmod 0755 "$SLURM_TEST_DIR"
   c2_remove_links
   C2_LINKS=1
   c2_make_links || return 1
-  local m=$SLURM_TEST_DIR/munge
-  mungekey --create --keyfile="$m/munge.key" --force >/dev/null 2>&1 || dd if=/dev/urandom of="$m/munge.key" bs=1024 count=1 2>/dev/null
-  chmod 0400 "$m/munge.key"
-  munged -F --key-file="$m/munge.key" --socket="$m/munge.socket.2" --pid-file="$m/munged.pid" \
-    --log-file="$m/munged.log" --seed-file="$m/munge.seed" >"$m/munged.out" 2>&1 &
-  C2_MUNGED_PID=$!
+  munge_start "$SLURM_TEST_DIR"
+  C2_MUNGED_PID=$MUNGED_PID
   c2_write_conf "$SLURM_TEST_DIR"
   export SLURM_CONF=$SLURM_TEST_DIR/slurm.conf
-  local i
-  for i in $(seq 50); do [ -S "$m/munge.socket.2" ] && break; sleep 0.1; done
-  [ -S "$m/munge.socket.2" ] || { c2_fail "munged did not start: $(tail -q -n 5 "$m/munged.out" "$m/munged.log" 2>/dev/null)"; return 1; }
+  local i why
+  why=$(munge_wait "$SLURM_TEST_DIR") || { c2_fail "$why"; return 1; }
   slurmctld -D -i -f "$SLURM_CONF" >"$SLURM_TEST_DIR/log/slurmctld.out" 2>&1 &
   C2_SLURMCTLD_PID=$!
   c2_start_slurmd 1
@@ -148,31 +125,17 @@ cluster2_start() {
   c2_fail "the nodes did not become idle in 30 s: $(sinfo -N 2>&1 | tail -n 3); $(tail -q -n 5 "$SLURM_TEST_DIR/log/slurmctld.log")"
 }
 
-c2_stop_pid() {
-  local p=$1 i
-  [ -n "$p" ] || return 0
-  kill "$p" 2>/dev/null
-  for i in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "$p" 2>/dev/null
-  wait "$p" 2>/dev/null
-  return 0
-}
-
 cluster2_stop() {
-  local i n
+  local n
   if [ -n "${SLURM_CONF:-}" ] && [ -n "${C2_SLURMCTLD_PID:-}" ]; then
     for n in 1 2; do ip link set "$(c2_veth "$n")" up; done 2>/dev/null  # a cut node cannot hear the cancel
-    scancel --user="$(id -un)" >/dev/null 2>&1
-    for i in $(seq 50); do
-      [ -z "$(squeue -h -t running,completing 2>/dev/null)" ] && break
-      sleep 0.2
-    done
+    slurm_cancel_all
   fi
   # Ranks left on a node whose slurmd was killed have no one to end them.
   for n in 1 2; do c2_kill_ranks "$n"; done
-  for n in 1 2; do c2_stop_pid "${C2_SLURMD_PID[$n]:-}"; done
-  c2_stop_pid "${C2_SLURMCTLD_PID:-}"
-  c2_stop_pid "${C2_MUNGED_PID:-}"
+  for n in 1 2; do stop_pid "${C2_SLURMD_PID[$n]:-}"; done
+  stop_pid "${C2_SLURMCTLD_PID:-}"
+  stop_pid "${C2_MUNGED_PID:-}"
   C2_SLURMD_PID=() C2_SLURMCTLD_PID= C2_MUNGED_PID=
   [ -n "${C2_LINKS:-}" ] && c2_remove_links
   C2_LINKS=

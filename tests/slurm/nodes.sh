@@ -18,27 +18,18 @@
 # Usage: nodes.sh RUNNER_BINARY
 #   env: RUNNER_SLURM_SEED, N_LOSSES, N_STOPS, NODES_PARTS (e.g. "stop"), RUNNER_SLURM_KEEP=1 keeps the work dir
 set -uo pipefail
-# One Slurm test cluster per machine (ports 6817/6818): every cluster start holds this lock.
-if [ -z "${RUNNER_SLURM_LOCKED:-}" ]; then
-  exec env RUNNER_SLURM_LOCKED=1 flock /tmp/runner-slurm.lock bash "$0" "$@"
-fi
-RUNNER=$(readlink -f "$1")
-HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=harness.sh
+source "$(dirname "$0")/harness.sh"
+slurm_group_start nodes "$@"
 RECIPE=$HERE/nodes.yaml
-SEED=${RUNNER_SLURM_SEED:-$(( $(date +%s) % 100000 ))}
 N_LOSSES=${N_LOSSES:-5}
 N_STOPS=${N_STOPS:-3}
 PARTS=${NODES_PARTS:-stop repeat nodeloss}  # a subset, to look at one scenario
-RANDOM=$SEED
-WORK=$(mktemp -d "$( [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo /tmp )/runner_nodes.XXXXXX")
-: >"$WORK/failures"
-chmod 0755 "$WORK"  # munged needs every directory above its socket searchable by all
-T0=$(date +%s)
 STEPS=600   # train.steps of nodes.yaml
 LOSS_STEPS=900   # the node-loss run's: 5 losses use up to 200 steps each (nodes_scenarios.sh)
 EVERY=20    # checkpoint.every_steps of nodes.yaml
 TIMEOUT=5   # train.collective_timeout of the stop scenario
-PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3 )
+WAIT_POLL_S=0.1  # wait_until's polling (rank_pid and the scenarios' checks read /proc)
 
 # shellcheck source=cluster2.sh
 source "$HERE/cluster2.sh"
@@ -47,15 +38,9 @@ finish() {
   for p in ${SCENARIOS:-}; do kill "$p" 2>/dev/null; done
   for p in $(pgrep -f "$WORK/stop" 2>/dev/null); do kill -CONT "$p" 2>/dev/null; done
   cluster2_stop
-  local n
-  n=$(wc -l <"$WORK/failures" 2>/dev/null || echo 0)
-  if [ "$n" -ne 0 ] || [ "${RUNNER_SLURM_KEEP:-0}" = 1 ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
+  slurm_group_finish
 }
 trap finish EXIT
-
-log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-fail() { echo "FAIL: $*"; echo "$*" >>"$WORK/failures"; }
-die() { echo "FAIL: $*"; echo "$*" >>"$WORK/failures"; exit 1; }
 
 log "seed $SEED (RUNNER_SLURM_SEED=$SEED reproduces the moments and the kinds of loss), work dir $WORK"
 cluster2_start "$WORK/cluster" || die "cannot start the two-node Slurm cluster (see above); tests/slurm/cluster2.sh says why"
@@ -67,26 +52,12 @@ export OMPI_MCA_mpi_yield_when_idle=1
 # The elastic job looks for idle nodes to grow back onto every second (the default is 60 s).
 export RUNNER_GROW_POLL=1
 
-# ---- helpers ----
+# ---- helpers (the shared ones are harness.sh's) ----
 script_for() {  # script_for NAME [launch flags...] -> $WORK/NAME/slurm.sbatch
   local name=$1; shift
   "$RUNNER" launch "$RECIPE" --slurm --run-dir "$WORK/$name" --time 00:15:00 --warn 60 --node-cpus 4 "$@" >"$WORK/$name.launch" 2>&1 ||
     die "runner launch failed for $name: $(cat "$WORK/$name.launch")"
 }
-submit() { local name=$1; shift; sbatch --parsable "$@" "$WORK/$name/slurm.sbatch" | cut -d';' -f1; }
-last_step() { grep -o '"step":[0-9]*' "$WORK/$1/metrics.jsonl" 2>/dev/null | tail -n 1 | cut -d: -f2; }
-count() { local c; c=$(grep -c "\"event\":\"$2\"" "$WORK/$1/events.jsonl" 2>/dev/null); echo "${c:-0}"; }
-nth_event() { grep "\"event\":\"$2\"" "$WORK/$1/events.jsonl" | sed -n "${3}p"; }
-field() { "$PY" -c 'import json,sys; v=json.loads(sys.argv[1])
-for k in sys.argv[2].split("."): v=v[int(k)] if isinstance(v, list) else v[k]
-print(v)' "$1" "$2" 2>/dev/null; }
-job_state() { squeue -h -j "$1" -o %T 2>/dev/null; }
-wait_until() {  # wait_until SECONDS CMD...
-  local end=$(( $(date +%s) + $1 )); shift
-  while ! "$@"; do [ "$(date +%s)" -ge "$end" ] && return 1; sleep 0.1; done
-}
-starts_at_least() { [ "$(count "$1" start)" -ge "$2" ]; }
-step_at_least() { local s; s=$(last_step "$1"); [ -n "$s" ] && [ "$s" -ge "$2" ]; }
 # Over for good: a final state (MinJobAge keeps the record); squeue can come back empty for a
 # moment while a job is being requeued.
 job_gone() {
@@ -154,6 +125,6 @@ if [[ " $PARTS " == *" nodeloss "* ]]; then
   "$RUNNER" status "$WORK/nodeloss" 2>&1 | sed 's/^/  status: /'
 fi
 
-n=$(wc -l <"$WORK/failures")
+n=$(failure_count)
 log "done: $n failure(s)"
 [ "$n" -eq 0 ]

@@ -16,26 +16,13 @@
 #
 # Usage: run.sh RUNNER_BINARY   (env: RUNNER_SLURM_SEED, N_SIGNALS, RUNNER_SLURM_KEEP=1 keeps the work dir)
 set -uo pipefail
-# One Slurm test cluster per machine (ports 6817/6818): every cluster start holds this lock.
-if [ -z "${RUNNER_SLURM_LOCKED:-}" ]; then
-  exec env RUNNER_SLURM_LOCKED=1 flock /tmp/runner-slurm.lock bash "$0" "$@"
-fi
-RUNNER=$(readlink -f "$1")
-HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=harness.sh
+source "$(dirname "$0")/harness.sh"
+slurm_group_start slurm "$@"
 RECIPE=$HERE/tiny.yaml
-SEED=${RUNNER_SLURM_SEED:-$(( $(date +%s) % 100000 ))}
 N_SIGNALS=${N_SIGNALS:-10}
-RANDOM=$SEED
-# On tmpfs when there is one: fsync there costs nothing (on a busy disk a 1.4 MB checkpoint took seconds).
-WORK=$(mktemp -d "$( [ -d /dev/shm ] && [ -w /dev/shm ] && echo /dev/shm || echo /tmp )/runner_slurm.XXXXXX")
-: >"$WORK/failures"
-chmod 0755 "$WORK"  # munged needs every directory above its socket searchable by all
-T0=$(date +%s)
 STEPS=600  # train.steps of tiny.yaml
 EVERY=20   # checkpoint.every_steps of tiny.yaml
-FAILURES=0
-# Debian's python3 (python3-h5py, python3-numpy from scripts/setup.sh), not one earlier on PATH without them.
-PY=$( [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || command -v python3 )
 
 # shellcheck source=cluster.sh
 source "$HERE/cluster.sh"
@@ -43,14 +30,9 @@ finish() {
   local p
   for p in ${SCENARIOS:-}; do kill "$p" 2>/dev/null; done  # scenarios still running (a failure or a timeout)
   cluster_stop
-  FAILURES=$(( FAILURES + $(wc -l <"$WORK/failures" 2>/dev/null || echo 0) ))
-  if [ "$FAILURES" -ne 0 ] || [ "${RUNNER_SLURM_KEEP:-0}" = 1 ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
+  slurm_group_finish
 }
 trap finish EXIT
-
-log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-fail() { echo "FAIL: $*"; echo "$*" >>"$WORK/failures"; }  # also from the scenarios run in the background
-die() { echo "FAIL: $*"; FAILURES=$((FAILURES + 1)); exit 1; }
 
 log "seed $SEED (RUNNER_SLURM_SEED=$SEED reproduces the signal moments), work dir $WORK"
 cluster_start "$WORK/cluster" || die "cannot start the Slurm cluster (see above); tests/slurm/cluster.sh says why"
@@ -59,34 +41,13 @@ log "cluster up: $(sinfo -h -o '%P %T %c CPUs %N')"
 # Ranks waiting in MPI yield their core (2 cores, several 2-rank jobs at once).
 export OMPI_MCA_mpi_yield_when_idle=1
 
-# ---- helpers ----
+# ---- helpers (the shared ones are harness.sh's) ----
 script_for() {  # script_for NAME [launch flags...] -> writes $WORK/NAME/slurm.sbatch
   local name=$1; shift
   # A 1 s restart backoff for every job (the recipes stay alike: the checkpoints compare bit for bit).
   "$RUNNER" launch "$RECIPE" --slurm --run-dir "$WORK/$name" --time 00:15:00 --warn 60 --set train.restart_backoff=1 "$@" >/dev/null ||
     die "runner launch failed for $name"
 }
-submit() {  # submit NAME [sbatch flags...] -> job id
-  local name=$1; shift
-  sbatch --parsable "$@" "$WORK/$name/slurm.sbatch" | cut -d';' -f1
-}
-last_step() { grep -o '"step":[0-9]*' "$WORK/$1/metrics.jsonl" 2>/dev/null | tail -n 1 | cut -d: -f2; }
-count() { local c; c=$(grep -c "\"event\":\"$2\"" "$WORK/$1/events.jsonl" 2>/dev/null); echo "${c:-0}"; }
-nth_event() {  # nth_event NAME start|end N -> that record's JSON line
-  grep "\"event\":\"$2\"" "$WORK/$1/events.jsonl" | sed -n "${3}p"
-}
-field() { "$PY" -c 'import json,sys; j=json.loads(sys.argv[1]); v=j
-for k in sys.argv[2].split("."): v=v[k]
-print(v)' "$1" "$2"; }
-job_state() { squeue -h -j "$1" -o %T 2>/dev/null; }
-wait_until() {  # wait_until SECONDS CMD...: polls CMD every 0.05 s
-  local limit=$1; shift
-  local end=$(( $(date +%s) + limit ))
-  while ! "$@"; do [ "$(date +%s)" -ge "$end" ] && return 1; sleep 0.05; done
-}
-starts_at_least() { [ "$(count "$1" start)" -ge "$2" ]; }
-ends_at_least() { [ "$(count "$1" end)" -ge "$2" ]; }
-step_at_least() { local s; s=$(last_step "$1"); [ -n "$s" ] && [ "$s" -ge "$2" ]; }
 job_gone() { [ -z "$(job_state "$1")" ]; }
 requeued() { grep -q "requeueing job $1" "$WORK"/*/slurm-"$1".out 2>/dev/null && [ "$(job_state "$1")" = PENDING ]; }
 stop_job_gone() { scancel "$1" 2>/dev/null; wait_until 30 job_gone "$1"; }
@@ -244,6 +205,6 @@ r=$("$PY" "$HERE/compare.py" close "$WORK/reference" "$WORK/elastic" 1e-5 2>&1) 
 "$RUNNER" status "$WORK/preempt" --json | "$PY" -c "import json,sys; s=json.load(sys.stdin); assert len(s['restarts'])==$N_SIGNALS and s['state']=='finished', s" ||
   fail "runner status does not show $N_SIGNALS restarts and finished"
 
-n=$(wc -l <"$WORK/failures" 2>/dev/null || echo 0)
+n=$(failure_count)
 log "done: $n failure(s)"
 [ "$n" -eq 0 ]

@@ -37,4 +37,17 @@ std::map<std::string, std::pair<std::vector<char>, size_t>> checkpoint_datasets(
   return out;
 }
 
+std::map<std::string, std::pair<std::vector<char>, size_t>> check_same_datasets(const std::filesystem::path& a,
+                                                                                const std::filesystem::path& b) {
+  auto ta = checkpoint_datasets(a), tb = checkpoint_datasets(b);
+  REQUIRE(ta.size() > 10);
+  REQUIRE(ta.size() == tb.size());
+  for (auto& [name, t] : ta) {
+    CAPTURE(name);
+    REQUIRE(tb.count(name));
+    CHECK(t.first == tb[name].first);
+  }
+  return ta;
+}
+
 }  // namespace test_support

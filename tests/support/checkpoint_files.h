@@ -16,4 +16,9 @@ namespace test_support {
 // and the size of its stored HDF5 type).
 std::map<std::string, std::pair<std::vector<char>, size_t>> checkpoint_datasets(const std::filesystem::path& file);
 
+// CHECKs that files `a` and `b` hold the same datasets (more than 10), byte for byte, naming
+// any that differs; returns a's (for checks of the caller's own on them).
+std::map<std::string, std::pair<std::vector<char>, size_t>> check_same_datasets(const std::filesystem::path& a,
+                                                                                const std::filesystem::path& b);
+
 }  // namespace test_support

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <thread>
 
+#include <doctest/doctest.h>
+
 #include "tests/support/temp_dir.h"
 
 namespace test_support {
@@ -40,6 +42,12 @@ Result sh(const std::string& cmd) {
 
 Result runner_cmd(const std::string& args, const std::string& cwd) {
   return sh((cwd.empty() ? "" : "cd '" + cwd + "' && ") + binary() + " " + args);
+}
+
+Result runner_ok(const std::string& args, const std::string& cwd) {
+  Result r = runner_cmd(args, cwd);
+  REQUIRE_MESSAGE(r.code == 0, "runner " << args << "\n" << r.out);
+  return r;
 }
 
 SplitResult runner_split(const std::string& args, const std::filesystem::path& dir, const std::string& prefix) {

@@ -33,6 +33,9 @@ Result sh(const std::string& cmd);
 // The runner binary with `args`, run in `cwd` when one is given.
 Result runner_cmd(const std::string& args, const std::string& cwd = "");
 
+// runner_cmd(args, cwd) REQUIRE-d to exit 0, its command and output in the failure message.
+Result runner_ok(const std::string& args, const std::string& cwd = "");
+
 // `prefix runner ARGS` with stdout and stderr kept apart (stderr through `dir`/stderr.txt);
 // `prefix` is an environment assignment or a launcher such as mpirun(2).
 SplitResult runner_split(const std::string& args, const std::filesystem::path& dir, const std::string& prefix = "");

@@ -21,6 +21,11 @@ fs::path write_layout_recipe(const fs::path& dir, const std::string& file) {
   return p;
 }
 
+std::string LayoutScratch::recipe() const {
+  if (recipe_.empty()) recipe_ = write_layout_recipe(dir_.path);
+  return recipe_.string();
+}
+
 std::string quickstart_recipe() { return std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml"; }
 std::string quickstart_llama_recipe() { return std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart-llama.yaml"; }
 

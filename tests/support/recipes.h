@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/support/temp_dir.h"
+
 namespace test_support {
 
 namespace fs = std::filesystem;
@@ -61,6 +63,28 @@ hardware:
 
 // kLayoutRecipe written to `dir`/`file` (`dir` made if missing); returns that file.
 fs::path write_layout_recipe(const fs::path& dir, const std::string& file = "layout.yaml");
+
+// A test binary's scratch directory <tmp>/runner_<name>_XXXXXX (removed with the object) with
+// kLayoutRecipe written into it as layout.yaml at the first call of recipe(): the multi-rank
+// tests train their runs in its subdirectories.
+class LayoutScratch {
+ public:
+  explicit LayoutScratch(const std::string& name) : dir_(name) {}
+  const fs::path& path() const { return dir_.path; }
+  std::string recipe() const;
+
+ private:
+  TempDir dir_;
+  mutable fs::path recipe_;
+};
+
+// One layout of the layout recipe, as the multi-rank tests list them: a name for its run
+// directory, the ranks it takes and its --set overrides.
+struct Layout {
+  const char* name;
+  int np;
+  const char* sets;
+};
 
 // recipes/quickstart.yaml in the source tree.
 std::string quickstart_recipe();
