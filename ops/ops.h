@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "ops/backend.h"
+#include "ops/check.h"
 #include "ops/graph.h"
 #include "ops/group.h"
 #include "ops/kv_cache.h"
@@ -291,6 +292,7 @@ inline OpTrafficParts traffic_of(const char* kind, double unit_bytes, double fwd
 }
 // The parts of `a` followed by those of `b` (a fused node priced as the pair it replaces).
 inline OpTrafficParts traffic_then(OpTrafficParts a, const OpTrafficParts& b) {
+  OPS_CHECK(a.count + b.count <= static_cast<int>(a.parts.size()), "OpTrafficParts: more parts than it holds");
   for (int i = 0; i < b.count; ++i) a.parts[static_cast<size_t>(a.count++)] = b.parts[static_cast<size_t>(i)];
   return a;
 }

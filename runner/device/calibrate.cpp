@@ -213,7 +213,7 @@ void measure_gemms(ComputeProfile& c, const Plan& plan, ops::Backend& be, const 
       NodeGraph ng(OpKind::Linear, 1, m, dtype_of(dt));
       ng.x({m, k}).param("W", {n, k}).out("y", {m, n}).done();
       const NodeTimes t = time_node(ng.g, be, plan.target_s);
-      const double flops = ops::op_def(OpKind::Linear).flops(ng.g, ng.g.nodes[0], false);  // 2mnk
+      const double flops = ops::op_def(ng.g.nodes[0].kind).flops(ng.g, ng.g.nodes[0], false);  // 2mnk
       for (auto [shape, s_per_flop] : {std::pair{std::array{m, n, k}, t.forward_s / flops},
                                        {std::array{m, k, n}, t.backward_s / (2 * flops)},
                                        {std::array{n, k, m}, t.backward_s / (2 * flops)}}) {
