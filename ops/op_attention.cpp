@@ -114,12 +114,47 @@ void backward(OpContext& c) {
 
 }  // namespace attention
 
+// Figures (ops.h).
+namespace attention_figures {
+
+// Rope: a rotation of q and k, about 4 operations per element either way (the backward rotates
+// back); it reads and writes the (B*T, W) tensor once each way (2n bytes-units).
+double rope_flops(const Graph& g, const Node& n, bool) { return 4.0 * numel_f(g, n.out[0]); }
+OpTrafficParts rope_traffic(const Graph& g, const Node& n) { return traffic_of("rope", nbytes_f(g, n.out[0]), 2, 2); }
+
+// Attention: out (B*T, C'), lse (B, NH', T). Causal, so T(T+1)/2 query-key pairs per query head
+// (grouped-query attention shares K and V, not this work). Forward: S = QK^T and O = PV, 2 HS
+// each per pair, the softmax about 5. Backward: S again from lse, then dV, dP, dQ and dK, 2 HS
+// each, the softmax's gradient about 5.
+double flops(const Graph& g, const Node& n, bool backward) {
+  const double NHl = dim_f(g, n.out[1], 1), T = dim_f(g, n.out[1], 2), B = dim_f(g, n.out[1], 0);
+  const double HS = dim_f(g, n.out[0], 1) / NHl;
+  const double pairs = B * NHl * T * (T + 1) / 2.0;
+  return pairs * ((backward ? 10.0 : 4.0) * HS + 5.0);
+}
+// This rank's heads (from lse), the head size from the output.
+AttentionShape shape(const Graph& g, const Node& n) {
+  const std::vector<int64_t>& lse = g.tensors[static_cast<size_t>(n.out[1])].shape;
+  const int64_t heads = lse[1];
+  return {lse[0] * heads, lse[2], g.tensors[static_cast<size_t>(n.out[0])].shape[1] / heads};
+}
+// Its time is the attention rate's; the call's launch on top.
+OpTrafficParts traffic(const Graph&, const Node&) {
+  OpTrafficParts t;
+  t.count = 1;
+  return t;
+}
+
+}  // namespace attention_figures
 }  // namespace
 
 constinit const OpDef kRopeOp{.kind = OpKind::Rope, .name = "rope", .saves = saves_nothing, .scratch = nullptr,
-                              .forward = rope::forward, .backward = rope::backward, .native16 = true};
+                              .forward = rope::forward, .backward = rope::backward, .native16 = true,
+                              .flops = attention_figures::rope_flops, .traffic = attention_figures::rope_traffic};
 constinit const OpDef kAttentionOp{.kind = OpKind::Attention, .name = "attention", .saves = attention::saves,
                                    .scratch = attention::scratch, .forward = attention::forward,
-                                   .backward = attention::backward, .native16 = true};
+                                   .backward = attention::backward, .native16 = true,
+                                   .flops = attention_figures::flops, .attention = attention_figures::shape,
+                                   .traffic = attention_figures::traffic};
 
 }  // namespace ops

@@ -81,11 +81,29 @@ void backward(OpContext& c) {
 }
 
 }  // namespace embedding
+
+// Figures (ops.h), per element of the output (n of them): one add (wte row + wpe row) forward,
+// one scatter-add backward; the forward gathers its rows and writes them (2n), the backward
+// reads d(out) and scatters into the tables' gradients (3n, as the probe measures it).
+namespace embedding_figures {
+
+double flops(const Graph& g, const Node& n, bool) { return numel_f(g, n.out[0]); }
+OpTrafficParts traffic(const Graph& g, const Node& n) { return traffic_of("embedding", nbytes_f(g, n.out[0]), 2, 3); }
+// A vocabulary of 4C.
+void probe(ProbeBuilder& p, int64_t N, int64_t C) {
+  p.tokens();
+  p.param("wte", {4 * C, C});
+  p.out("y", {N, C}, false);
+}
+
+}  // namespace embedding_figures
 }  // namespace
 
 constinit const OpDef kEmbeddingOp{.kind = OpKind::Embedding, .name = "embedding", .saves = embedding::saves,
                                    .scratch = embedding::scratch, .forward = embedding::forward,
                                    .backward = embedding::backward, .native16 = true,
-                                   .native16_params = 0b110, .native16_stored = 0b110};
+                                   .native16_params = 0b110, .native16_stored = 0b110,
+                                   .flops = embedding_figures::flops, .traffic = embedding_figures::traffic,
+                                   .probe = embedding_figures::probe};
 
 }  // namespace ops

@@ -130,11 +130,47 @@ void backward_rmsnorm(OpContext& c) {
 }
 
 }  // namespace add_norm
+
+// Figures (ops.h): each fused node counts, moves and is priced as the unfused kinds it
+// replaces. The passes it merges are memory-bound ones their calibrated bandwidths price within
+// noise (bench/bench_fused.cpp measures the difference, a few percent of the pair), so a plan
+// prices the fused and unfused graphs alike. The parts read the fused node's own tensors, laid
+// out as theirs: LinearGelu's in (x, W, b) and out[0] (h, of the GELU's shape); AddNorm's out[0]
+// (the (N,C) sum, the Add's output and the norm's input, of the norm's output's shape).
+namespace fused_figures {
+
+double linear_gelu_flops(const Graph& g, const Node& n, bool backward) {
+  return kLinearOp.flops(g, n, backward) + kGeluOp.flops(g, n, backward);
+}
+OpTrafficParts linear_gelu_traffic(const Graph& g, const Node& n) {
+  return traffic_then(kLinearOp.traffic(g, n), kGeluOp.traffic(g, n));
+}
+
+double add_layernorm_flops(const Graph& g, const Node& n, bool backward) {
+  return kAddOp.flops(g, n, backward) + kLayerNormOp.flops(g, n, backward);
+}
+OpTrafficParts add_layernorm_traffic(const Graph& g, const Node& n) {
+  return traffic_then(kAddOp.traffic(g, n), kLayerNormOp.traffic(g, n));
+}
+double add_rmsnorm_flops(const Graph& g, const Node& n, bool backward) {
+  return kAddOp.flops(g, n, backward) + kRMSNormOp.flops(g, n, backward);
+}
+OpTrafficParts add_rmsnorm_traffic(const Graph& g, const Node& n) {
+  return traffic_then(kAddOp.traffic(g, n), kRMSNormOp.traffic(g, n));
+}
+
+// The fc Linear's GEMMs (never sequence-parallel here).
+OpGemms linear_gelu_gemms(const Graph& g, const Node& n, bool backward) { return kLinearOp.gemms(g, n, backward); }
+
+}  // namespace fused_figures
 }  // namespace
 
 constinit const OpDef kLinearGeluOp{.kind = OpKind::LinearGelu, .name = "linear_gelu", .saves = linear_gelu::saves,
                                     .scratch = nullptr, .forward = linear_gelu::forward,
-                                    .backward = linear_gelu::backward, .consumes_dout = true};
+                                    .backward = linear_gelu::backward, .consumes_dout = true,
+                                    .flops = fused_figures::linear_gelu_flops,
+                                    .gemms = fused_figures::linear_gelu_gemms,
+                                    .traffic = fused_figures::linear_gelu_traffic};
 
 }  // namespace ops
 
@@ -143,10 +179,12 @@ constinit const OpDef kAddLayerNormOp{.kind = OpKind::AddLayerNorm, .name = "add
                                       .saves = add_norm::saves_layernorm, .scratch = nullptr,
                                       .forward = add_norm::forward_layernorm, .backward = add_norm::backward_layernorm,
                                       .consumes_dout = true, .reads_dout1 = true, .native16 = true,
-                                      .native16_params = 0b1100};
+                                      .native16_params = 0b1100, .flops = fused_figures::add_layernorm_flops,
+                                      .traffic = fused_figures::add_layernorm_traffic, .residual_outputs = 0b1};
 constinit const OpDef kAddRMSNormOp{.kind = OpKind::AddRMSNorm, .name = "add_rmsnorm",
                                     .saves = add_norm::saves_rmsnorm, .scratch = nullptr,
                                     .forward = add_norm::forward_rmsnorm, .backward = add_norm::backward_rmsnorm,
                                     .consumes_dout = true, .reads_dout1 = true, .native16 = true,
-                                    .native16_params = 0b100};
+                                    .native16_params = 0b100, .flops = fused_figures::add_rmsnorm_flops,
+                                    .traffic = fused_figures::add_rmsnorm_traffic, .residual_outputs = 0b1};
 }  // namespace ops

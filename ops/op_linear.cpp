@@ -171,10 +171,57 @@ void backward(OpContext& c) {
 }
 
 }  // namespace linear
+
+// Figures (ops.h). y (rows, OC) = x (rows, IC) W^T with W (OC, IC); under sequence parallelism
+// x is gathered first, so the products run over the whole micro-batch's rows.
+namespace linear_figures {
+
+int64_t rows(const Graph& g, const Node& n) {
+  return g.tensors[static_cast<size_t>(n.in[0])].shape[0] * (n.gather_input ? g.sp_parts : 1);
+}
+
+// Forward: one product; backward: d(x) = d(y) W and d(W) = d(y)^T x, each as large.
+double flops(const Graph& g, const Node& n, bool backward) {
+  const double r = dim_f(g, n.in[0], 0) * (n.gather_input ? g.sp_parts : 1);
+  const double fwd = 2.0 * r * dim_f(g, n.in[1], 0) * dim_f(g, n.in[1], 1);
+  return backward ? 2.0 * fwd : fwd;
+}
+
+// Forward (rows, OC, IC); backward d(x) (rows, IC, OC) and d(W) (OC, IC, rows).
+OpGemms gemms(const Graph& g, const Node& n, bool backward) {
+  const int64_t m = rows(g, n);
+  const int64_t oc = g.tensors[static_cast<size_t>(n.in[1])].shape[0], ic = g.tensors[static_cast<size_t>(n.in[1])].shape[1];
+  OpGemms r;
+  if (!backward) {
+    r.shapes[0] = {m, oc, ic};
+    r.count = 1;
+  } else {
+    r.shapes[0] = {m, ic, oc};
+    r.shapes[1] = {oc, ic, m};
+    r.count = 2;
+  }
+  return r;
+}
+
+// The bias: added to y (fp32: read and written) in the forward, its gradient a column sum of
+// d(y) in the backward, one call each at the "linear" bandwidth. Without it the GEMM's call is
+// a launch.
+OpTrafficParts traffic(const Graph& g, const Node& n) {
+  OpTrafficParts t;
+  t.count = 1;
+  if (n.in.size() > 2) {
+    const double y_bytes = static_cast<double>(rows(g, n) * g.tensors[static_cast<size_t>(n.in[1])].shape[0]) * 4.0;
+    t.parts[0] = {"linear", 2.0 * y_bytes, y_bytes};
+  }
+  return t;
+}
+
+}  // namespace linear_figures
 }  // namespace
 
 constinit const OpDef kLinearOp{.kind = OpKind::Linear, .name = "linear", .saves = linear::saves,
                                 .scratch = linear::scratch, .forward = linear::forward, .backward = linear::backward,
-                                .reads16 = linear::reads16};
+                                .reads16 = linear::reads16, .flops = linear_figures::flops,
+                                .gemms = linear_figures::gemms, .traffic = linear_figures::traffic};
 
 }  // namespace ops

@@ -57,11 +57,30 @@ void backward(OpContext& c) {
 }
 
 }  // namespace softmax_xent
+
+// Figures (ops.h), over the (rows, V) fp32 logits (n elements), not its small output. FLOPs,
+// rough: max, exp, sum, log and the target's pick (5) forward; p minus the one-hot and the
+// scale (2) backward. Bytes: two reads or writes of the logits each way.
+namespace loss_figures {
+
+double flops(const Graph& g, const Node& n, bool backward) { return (backward ? 2.0 : 5.0) * numel_f(g, n.in[0]); }
+OpTrafficParts traffic(const Graph& g, const Node& n) { return traffic_of("softmax_xent", nbytes_f(g, n.in[0]), 2, 2); }
+// A vocabulary of 4C, the probabilities over the logits.
+void probe(ProbeBuilder& p, int64_t N, int64_t C) {
+  p.x({N, 4 * C});
+  p.targets();
+  p.out("losses", {N}, true);
+  p.node().inplace = true;
+  p.node().vocab_real = 4 * C;
+}
+
+}  // namespace loss_figures
 }  // namespace
 
 constinit const OpDef kSoftmaxXentOp{.kind = OpKind::SoftmaxXent, .name = "softmax_xent",
                                      .saves = softmax_xent::saves, .scratch = softmax_xent::scratch,
                                      .forward = softmax_xent::forward, .backward = softmax_xent::backward,
-                                     .seeds_backward = true};
+                                     .seeds_backward = true, .flops = loss_figures::flops,
+                                     .traffic = loss_figures::traffic, .probe = loss_figures::probe};
 
 }  // namespace ops

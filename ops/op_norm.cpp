@@ -58,14 +58,52 @@ void backward(OpContext& c) {
 
 }  // namespace rmsnorm
 
+// Figures (ops.h), per element of y (n of them). FLOPs, a rough count: LayerNorm's mean,
+// variance, normalise, scale and shift (8); RMSNorm's square, mean, rsqrt, normalise and scale
+// (5); the backward about twice (the row reductions of d(y), the weight gradients). Bytes: the
+// forward reads x and writes y (2n), the backward reads x and d(y) and writes d(x) (3n); the
+// weights and per-row statistics are small beside them.
+namespace norm_figures {
+
+double layernorm_flops(const Graph& g, const Node& n, bool backward) {
+  return (backward ? 16.0 : 8.0) * numel_f(g, n.out[0]);
+}
+double rmsnorm_flops(const Graph& g, const Node& n, bool backward) {
+  return (backward ? 10.0 : 5.0) * numel_f(g, n.out[0]);
+}
+OpTrafficParts layernorm_traffic(const Graph& g, const Node& n) {
+  return traffic_of("layernorm", nbytes_f(g, n.out[0]), 2, 3);
+}
+OpTrafficParts rmsnorm_traffic(const Graph& g, const Node& n) { return traffic_of("rmsnorm", nbytes_f(g, n.out[0]), 2, 3); }
+
+void layernorm_probe(ProbeBuilder& p, int64_t N, int64_t C) {
+  p.x({N, C});
+  p.param("w", {C});
+  p.param("b", {C});
+  p.out("y", {N, C}, false);
+  p.out("mean", {N}, true);
+  p.out("rstd", {N}, true);
+  p.node().eps = 1e-5f;
+}
+void rmsnorm_probe(ProbeBuilder& p, int64_t N, int64_t C) {
+  p.x({N, C});
+  p.param("w", {C});
+  p.out("y", {N, C}, false);
+  p.out("rstd", {N}, true);
+  p.node().eps = 1e-6f;
+}
+
+}  // namespace norm_figures
 }  // namespace
 
 constinit const OpDef kLayerNormOp{.kind = OpKind::LayerNorm, .name = "layernorm", .saves = layernorm::saves,
                                    .scratch = nullptr, .forward = layernorm::forward,
                                    .backward = layernorm::backward, .native16 = true,
-                                   .native16_params = 0b110};
+                                   .native16_params = 0b110, .flops = norm_figures::layernorm_flops,
+                                   .traffic = norm_figures::layernorm_traffic, .probe = norm_figures::layernorm_probe};
 constinit const OpDef kRMSNormOp{.kind = OpKind::RMSNorm, .name = "rmsnorm", .saves = rmsnorm::saves,
                                  .scratch = nullptr, .forward = rmsnorm::forward, .backward = rmsnorm::backward,
-                                 .native16 = true, .native16_params = 0b10};
+                                 .native16 = true, .native16_params = 0b10, .flops = norm_figures::rmsnorm_flops,
+                                 .traffic = norm_figures::rmsnorm_traffic, .probe = norm_figures::rmsnorm_probe};
 
 }  // namespace ops

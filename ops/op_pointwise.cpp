@@ -88,16 +88,66 @@ void backward(OpContext& c) {
 
 }  // namespace dropout
 
+// Figures (ops.h), per element of the output (n of them). FLOPs: a rough operation count, the
+// backward about twice the forward where it recomputes the forward's intermediates and chains
+// d(out) through them. Bytes: in units of the output's bytes, as the probes below move them
+// (`runner calibrate` measures each kind's bandwidth on its probe): gelu reads x and writes y
+// (2n) forward, reads x and d(y) and writes d(x) (3n) backward; swiglu's x is 2n: 3n forward,
+// 5n backward; add: 3n each way; dropout like gelu (its mask is regenerated, not read).
+namespace pointwise_figures {
+
+constexpr double kGelu = 10.0;  // per element, the tanh approximation
+
+double gelu_flops(const Graph& g, const Node& n, bool backward) {
+  return (backward ? 2.0 * kGelu : kGelu) * numel_f(g, n.out[0]);
+}
+double swiglu_flops(const Graph& g, const Node& n, bool backward) {
+  return (backward ? 12.0 : 6.0) * numel_f(g, n.out[0]);
+}
+// Backward: d(out) added into both inputs' gradients.
+double add_flops(const Graph& g, const Node& n, bool backward) {
+  return backward ? 2.0 * numel_f(g, n.out[0]) : numel_f(g, n.out[0]);
+}
+// The regenerated mask and the scale, both ways.
+double dropout_flops(const Graph& g, const Node& n, bool) { return 3.0 * numel_f(g, n.out[0]); }
+
+OpTrafficParts gelu_traffic(const Graph& g, const Node& n) { return traffic_of("gelu", nbytes_f(g, n.out[0]), 2, 3); }
+OpTrafficParts swiglu_traffic(const Graph& g, const Node& n) { return traffic_of("swiglu", nbytes_f(g, n.out[0]), 3, 5); }
+OpTrafficParts add_traffic(const Graph& g, const Node& n) { return traffic_of("add", nbytes_f(g, n.out[0]), 3, 3); }
+OpTrafficParts dropout_traffic(const Graph& g, const Node& n) { return traffic_of("dropout", nbytes_f(g, n.out[0]), 2, 3); }
+
+void gelu_probe(ProbeBuilder& p, int64_t N, int64_t C) {
+  p.x({N, C});
+  p.out("y", {N, C}, false);
+}
+void swiglu_probe(ProbeBuilder& p, int64_t N, int64_t C) {
+  p.x({N, 2 * C});
+  p.out("y", {N, C}, false);
+}
+void add_probe(ProbeBuilder& p, int64_t N, int64_t C) {
+  p.x({N, C});
+  p.param("b", {N, C});
+  p.out("y", {N, C}, false);
+}
+
+}  // namespace pointwise_figures
 }  // namespace
 
 constinit const OpDef kGeluOp{.kind = OpKind::Gelu, .name = "gelu", .saves = saves_input, .scratch = nullptr,
-                              .forward = gelu::forward, .backward = gelu::backward, .native16 = true};
+                              .forward = gelu::forward, .backward = gelu::backward, .native16 = true,
+                              .flops = pointwise_figures::gelu_flops, .traffic = pointwise_figures::gelu_traffic,
+                              .probe = pointwise_figures::gelu_probe};
 constinit const OpDef kSwiGLUOp{.kind = OpKind::SwiGLU, .name = "swiglu", .saves = saves_input, .scratch = nullptr,
-                                .forward = swiglu::forward, .backward = swiglu::backward, .native16 = true};
+                                .forward = swiglu::forward, .backward = swiglu::backward, .native16 = true,
+                                .flops = pointwise_figures::swiglu_flops, .traffic = pointwise_figures::swiglu_traffic,
+                                .probe = pointwise_figures::swiglu_probe};
 constinit const OpDef kAddOp{.kind = OpKind::Add, .name = "add", .saves = saves_nothing, .scratch = nullptr,
-                             .forward = add::forward, .backward = add::backward, .native16 = true};
+                             .forward = add::forward, .backward = add::backward, .native16 = true,
+                             .flops = pointwise_figures::add_flops, .traffic = pointwise_figures::add_traffic,
+                             .probe = pointwise_figures::add_probe};
 constinit const OpDef kDropoutOp{.kind = OpKind::Dropout, .name = "dropout", .saves = saves_nothing,
                                  .scratch = nullptr, .forward = dropout::forward, .backward = dropout::backward,
-                                 .native16 = true};
+                                 .native16 = true, .flops = pointwise_figures::dropout_flops,
+                                 .traffic = pointwise_figures::dropout_traffic};
 
 }  // namespace ops

@@ -19,16 +19,20 @@
 // indirect call per node; no kernel's inner loop sees it.
 //
 // Adding an operator: an OpKind entry (graph.h), its OpDef in its family's file with a line
-// here (declaration + table row), its kernels (backend.h, cpu/), and cases in its family's
-// test table (tests/test_ops_*.cpp) and one in tests/test_ops_table.cpp, which runs every
-// OpDef through the executor and fails for a kind without a case.
+// here (declaration + table row), its figures in that OpDef (FLOPs, GEMMs, bytes moved, the
+// calibration probe: what the planner, the cost model and `runner calibrate` read instead of
+// switching on the kind), its kernels (backend.h, cpu/), and cases in its family's test table
+// (tests/test_ops_*.cpp) and one in tests/test_ops_table.cpp, which runs every OpDef through
+// the executor and fails for a kind without a case. docs/architecture.md has the checklist.
 #pragma once
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "ops/backend.h"
+#include "ops/check.h"
 #include "ops/graph.h"
 #include "ops/group.h"
 #include "ops/kv_cache.h"
@@ -114,6 +118,53 @@ inline Tensor scratch_tensor(std::vector<int64_t> shape, bool zero) {
               : Tensor::empty(std::move(shape), DType::F32, Account::Workspace);
 }
 
+// ---- Figures: what the planner, the cost model and `runner calibrate` know of a kind ----
+// Each OpDef states them beside its kernels (OpDef::flops, gemms, attention, traffic,
+// residual_outputs, probe), so that runner/perf/cost.cpp, runner/plan/recompute.cpp and
+// runner/perf/calibrate.cpp price and measure every kind from its OpDef alone.
+
+// One GEMM: (m x k) times (k x n), 2mnk FLOPs.
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;
+};
+// The GEMMs of one call (a Linear's backward runs two: d(input) and d(weight)).
+struct OpGemms {
+  std::array<GemmShape, 2> shapes{};
+  int count = 0;
+};
+
+// Causal attention's work as the hardware profile's attention rate takes it.
+struct AttentionShape {
+  int64_t batch_heads = 0, seq = 0, head_dim = 0;
+};
+
+// Bytes one forward and one backward call move through memory (reads + writes), priced at the
+// calibrated bandwidth of `kind` (a name in the profile's op_bandwidth: the kind whose probe
+// measured it; a missing one falls back to the memory bandwidth). A part with no kind is a
+// call whose time is not its bytes (a bare GEMM, attention): only its launch is priced.
+struct OpTraffic {
+  const char* kind = nullptr;
+  double forward = 0, backward = 0;
+};
+// The memory-bound parts of one node (a fused node: those of the kinds it replaces).
+struct OpTrafficParts {
+  std::array<OpTraffic, 3> parts{};
+  int count = 0;
+};
+
+// A calibration probe's one-node graph (runner calibrate implements it): `rows` rows of the
+// float input x, parameters, the token ids or targets, and the outputs (the first one leaves the
+// graph: the stage output, or the losses of a kind that seeds_backward).
+struct ProbeBuilder {
+  virtual ~ProbeBuilder() = default;
+  virtual void x(std::vector<int64_t> shape) = 0;
+  virtual void param(const std::string& name, std::vector<int64_t> shape) = 0;
+  virtual void tokens() = 0;   // (1, rows) int32
+  virtual void targets() = 0;  // (1, rows) int32
+  virtual void out(const std::string& name, std::vector<int64_t> shape, bool f32) = 0;
+  virtual Node& node() = 0;    // the node itself, for its attributes (eps, ...)
+};
+
 struct OpDef {
   OpKind kind;
   const char* name;  // the profiler's name of the kind
@@ -165,6 +216,28 @@ struct OpDef {
   // Parameter gradients are unchanged: fp32 buffers accumulated directly, 16-bit ones through
   // the executor's widened fold.
   uint8_t native16_stored = 0;
+
+  // Figures (see above). FLOPs of one forward (backward = false) or backward call, multiply
+  // and add counted as two: exact for the matrix products, a rough operation count per element
+  // for pointwise work (exp, tanh and rsqrt as one). The recompute planner ranks its steps by
+  // the forward figure (only ratios matter there); the cost model does not read FLOPs.
+  double (*flops)(const Graph&, const Node&, bool backward) = nullptr;
+  // The GEMMs one forward or backward call runs, priced by shape at the profile's GEMM rates
+  // (with the node's tensor-parallel collectives of a Linear). Null: none.
+  OpGemms (*gemms)(const Graph&, const Node&, bool backward) = nullptr;
+  // Causal attention's shape, priced at the profile's attention rate. Null: none.
+  AttentionShape (*attention)(const Graph&, const Node&) = nullptr;
+  // The bytes it moves (cost model) in the units `runner calibrate` measured them in, so that
+  // a node of the calibrated shape is priced at exactly its measured forward + backward time.
+  OpTrafficParts (*traffic)(const Graph&, const Node&) = nullptr;
+  // The outputs (bit j: out[j]) that hold the residual stream's sum: the recompute planner's
+  // accounting counts them under the residual add's module whatever the node's module (a fused
+  // add + norm), so that its shares do not depend on model.fuse.
+  uint8_t residual_outputs = 0;
+  // Null, or the kind's bandwidth probe for `runner calibrate`: its one-node graph at (rows,
+  // cols), whose measured forward + backward time over traffic's bytes is the kind's bandwidth
+  // in the profile (op_bandwidth[name]).
+  void (*probe)(ProbeBuilder&, int64_t rows, int64_t cols) = nullptr;
 };
 
 // [i29: native16] The process's switch for OpDef::native16 (on unless the environment says
@@ -201,5 +274,27 @@ inline const OpDef& op_def(OpKind k) { return *kOpTable[static_cast<int>(k)]; }
 
 // For OpDef::saves of a kind whose backward reads nothing.
 inline std::vector<int> saves_nothing(const Node&) { return {}; }
+
+// Figure helpers for the op files.
+inline double numel_f(const Graph& g, int id) {
+  return static_cast<double>(numel_of(g.tensors[static_cast<size_t>(id)].shape));
+}
+inline double dim_f(const Graph& g, int id, size_t k) {
+  return static_cast<double>(g.tensors[static_cast<size_t>(id)].shape[k]);
+}
+inline double nbytes_f(const Graph& g, int id) { return static_cast<double>(g.tensors[static_cast<size_t>(id)].nbytes()); }
+// One memory-bound part over `unit`'s bytes: `fwd` and `bwd` times them, at `kind`'s bandwidth.
+inline OpTrafficParts traffic_of(const char* kind, double unit_bytes, double fwd, double bwd) {
+  OpTrafficParts t;
+  t.parts[0] = {kind, fwd * unit_bytes, bwd * unit_bytes};
+  t.count = 1;
+  return t;
+}
+// The parts of `a` followed by those of `b` (a fused node priced as the pair it replaces).
+inline OpTrafficParts traffic_then(OpTrafficParts a, const OpTrafficParts& b) {
+  OPS_CHECK(a.count + b.count <= static_cast<int>(a.parts.size()), "OpTrafficParts: more parts than it holds");
+  for (int i = 0; i < b.count; ++i) a.parts[static_cast<size_t>(a.count++)] = b.parts[static_cast<size_t>(i)];
+  return a;
+}
 
 }  // namespace ops

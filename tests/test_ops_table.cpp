@@ -304,6 +304,113 @@ TEST_CASE("operator table: every OpKind has a case below") {
   }
 }
 
+// The figures (ops.h) the planner, the cost model and `runner calibrate` read from each OpDef
+// instead of knowing the kind: a kind without them could not be priced or ranked.
+TEST_CASE("operator table: every OpDef states its figures, and they are consistent") {
+  for (const Case& c : cases()) {
+    CAPTURE(c.name);
+    const ops::Node& n = c.g.nodes[0];
+    const ops::OpDef& op = ops::op_def(n.kind);
+    REQUIRE(bool(op.flops));
+    REQUIRE(bool(op.traffic));
+    CHECK(op.flops(c.g, n, false) > 0);
+    CHECK(op.flops(c.g, n, true) > 0);
+    const ops::OpTrafficParts t = op.traffic(c.g, n);
+    REQUIRE(t.count >= 1);
+    REQUIRE(t.count <= static_cast<int>(t.parts.size()));
+    for (int i = 0; i < t.count; ++i) {
+      const ops::OpTraffic& part = t.parts[static_cast<size_t>(i)];
+      CHECK(part.forward >= 0);
+      CHECK(part.backward >= 0);
+      if (!part.kind) CHECK((part.forward == 0 && part.backward == 0));  // a launch only
+    }
+    // GEMMs: a Linear's FLOPs are its products', 2mnk each, the backward's two as large as
+    // the forward's one.
+    if (op.gemms) {
+      for (bool backward : {false, true}) {
+        const ops::OpGemms gm = op.gemms(c.g, n, backward);
+        CHECK(gm.count == (backward ? 2 : 1));
+        double f = 0;
+        for (int i = 0; i < gm.count; ++i) {
+          const ops::GemmShape& s = gm.shapes[static_cast<size_t>(i)];
+          f += 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
+        }
+        if (n.kind == OpKind::Linear) CHECK(op.flops(c.g, n, backward) == f);
+        else CHECK(op.flops(c.g, n, backward) > f);  // the fused GELU's work on top
+      }
+    }
+    if (op.attention) {
+      const ops::AttentionShape a = op.attention(c.g, n);
+      CHECK(a.batch_heads % kB == 0);
+      CHECK(a.seq == kT);
+      CHECK(a.head_dim > 0);
+    }
+  }
+}
+
+// A fused node is priced and counted as the unfused kinds it replaces, so that a plan does not
+// depend on model.fuse.
+TEST_CASE("operator table: a fused add + norm's figures are the Add's and the norm's") {
+  for (const Case& c : cases()) {
+    const ops::Node& n = c.g.nodes[0];
+    if (n.kind != OpKind::AddLayerNorm && n.kind != OpKind::AddRMSNorm) continue;
+    CAPTURE(c.name);
+    const ops::OpDef& op = ops::op_def(n.kind);
+    const ops::OpDef& norm = ops::op_def(n.kind == OpKind::AddLayerNorm ? OpKind::LayerNorm : OpKind::RMSNorm);
+    const double numel = static_cast<double>(ops::numel_of(c.g.tensors[static_cast<size_t>(n.out[0])].shape));
+    CHECK(op.flops(c.g, n, false) == (n.kind == OpKind::AddLayerNorm ? 9.0 : 6.0) * numel);
+    const ops::OpTrafficParts t = op.traffic(c.g, n);
+    REQUIRE(t.count == 2);
+    CHECK(std::string(t.parts[0].kind) == "add");
+    CHECK(std::string(t.parts[1].kind) == norm.name);
+    CHECK(op.residual_outputs == 0b1);  // the sum counts under the residual add's module
+  }
+  for (int k = 0; k < ops::kOpKinds; ++k) {
+    const auto kind = static_cast<OpKind>(k);
+    if (kind != OpKind::AddLayerNorm && kind != OpKind::AddRMSNorm) CHECK(ops::op_def(kind).residual_outputs == 0);
+  }
+}
+
+// `runner calibrate` measures a kind's bandwidth on its probe over the bytes its traffic
+// states, and the cost model prices the kind's nodes at that bandwidth over the same figure:
+// the probe's traffic must name the kind itself.
+TEST_CASE("operator table: each bandwidth probe builds a node whose traffic is its own kind's") {
+  struct Builder final : ops::ProbeBuilder {
+    ops::Graph g;
+    ops::Node n;
+    void x(std::vector<int64_t> shape) override { n.in.push_back(g.add_activation("x", std::move(shape), 0)); }
+    void param(const std::string& name, std::vector<int64_t> shape) override {
+      n.in.push_back(g.add_param(name, std::move(shape), 0));
+    }
+    void tokens() override { n.in.push_back(g.add_input("tokens", {g.B, g.T}, ops::DType::I32)); }
+    void targets() override { n.in.push_back(g.add_input("targets", {g.B, g.T}, ops::DType::I32)); }
+    void out(const std::string& name, std::vector<int64_t> shape, bool) override {  // fp32 throughout here
+      n.out.push_back(g.add_activation(name, std::move(shape), 0));
+    }
+    ops::Node& node() override { return n; }
+  };
+  int probes = 0;
+  for (const ops::OpDef* op : ops::kOpTable) {
+    if (!op->probe) continue;
+    CAPTURE(op->name);
+    ++probes;
+    Builder b;
+    b.g.B = 1;
+    b.g.T = 16;
+    b.n.kind = op->kind;
+    b.n.name = op->name;
+    op->probe(b, 16, 8);
+    REQUIRE(!b.n.out.empty());
+    const ops::OpTrafficParts t = op->traffic(b.g, b.n);
+    REQUIRE(t.count == 1);
+    REQUIRE(t.parts[0].kind != nullptr);
+    CHECK(std::string(t.parts[0].kind) == op->name);
+    CHECK(t.parts[0].forward > 0);
+    CHECK(t.parts[0].backward > 0);
+  }
+  CHECK(probes == 7);  // embedding, the norms, gelu, swiglu, add, the loss
+}
+
 TEST_CASE("Graph::add_node refuses a node with more operands than an OpContext carries") {
   ops::Graph g;
   ops::Node n;

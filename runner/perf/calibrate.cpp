@@ -88,11 +88,23 @@ struct NodeGraph {
   NodeGraph& done() {
     const int first = n.out[0];
     g.add_node(n);
-    if (n.kind == OpKind::SoftmaxXent) g.losses = first;
+    if (ops::op_def(n.kind).seeds_backward) g.losses = first;
     else g.stage_output = first;
     g.finalize();
     return *this;
   }
+};
+
+// A kind's bandwidth probe (OpDef::probe) builds its node through this.
+struct ProbeGraph final : ops::ProbeBuilder {
+  NodeGraph& ng;
+  explicit ProbeGraph(NodeGraph& g) : ng(g) {}
+  void x(std::vector<int64_t> shape) override { ng.x(std::move(shape)); }
+  void param(const std::string& name, std::vector<int64_t> shape) override { ng.param(name, std::move(shape)); }
+  void tokens() override { ng.tokens(); }
+  void targets() override { ng.targets(); }
+  void out(const std::string& name, std::vector<int64_t> shape, bool f32) override { ng.out(name, std::move(shape), f32); }
+  ops::Node& node() override { return ng.n; }
 };
 
 // Measurements are split in chunks and the best kept: on a shared machine a neighbour's burst
@@ -201,7 +213,7 @@ void measure_gemms(ComputeProfile& c, const Plan& plan, ops::Backend& be, const 
       NodeGraph ng(OpKind::Linear, 1, m, dtype_of(dt));
       ng.x({m, k}).param("W", {n, k}).out("y", {m, n}).done();
       const NodeTimes t = time_node(ng.g, be, plan.target_s);
-      const double flops = 2.0 * m * n * k;
+      const double flops = ops::op_def(ng.g.nodes[0].kind).flops(ng.g, ng.g.nodes[0], false);  // 2mnk
       for (auto [shape, s_per_flop] : {std::pair{std::array{m, n, k}, t.forward_s / flops},
                                        {std::array{m, k, n}, t.backward_s / (2 * flops)},
                                        {std::array{n, k, m}, t.backward_s / (2 * flops)}}) {
@@ -229,52 +241,26 @@ void measure_attention(ComputeProfile& c, const Plan& plan, ops::Backend& be, co
     }
 }
 
-// One memory-bound kind at (N rows, C features): its graph and the bytes its forward and
-// backward move (reads + writes, elements of `e` bytes; fp32 statistics and losses).
-struct OpProbe {
-  std::string name;
-  std::function<void(NodeGraph&)> build;
-  double bytes = 0;
-};
-
-std::vector<OpProbe> op_probes(int64_t N, int64_t C, double e) {
-  const double n = double(N) * C, V = 4.0 * C;  // the loss over a vocabulary of 4C
-  return {
-      {"layernorm", [=](NodeGraph& g) {
-         g.x({N, C}).param("w", {C}).param("b", {C}).out("y", {N, C}).out("mean", {N}, true).out("rstd", {N}, true);
-         g.n.eps = 1e-5f;
-       }, e * (2 * n + 3 * n)},
-      {"rmsnorm", [=](NodeGraph& g) {
-         g.x({N, C}).param("w", {C}).out("y", {N, C}).out("rstd", {N}, true);
-         g.n.eps = 1e-6f;
-       }, e * (2 * n + 3 * n)},
-      {"gelu", [=](NodeGraph& g) { g.x({N, C}).out("y", {N, C}); }, e * (2 * n + 3 * n)},
-      {"swiglu", [=](NodeGraph& g) { g.x({N, 2 * C}).out("y", {N, C}); }, e * (3 * n + 5 * n)},
-      {"add", [=](NodeGraph& g) { g.x({N, C}).param("b", {N, C}).out("y", {N, C}); }, e * (3 * n + 3 * n)},
-      {"embedding", [=](NodeGraph& g) {
-         g.tokens().param("wte", {int64_t(V), C}).out("y", {N, C});
-       }, e * (2 * n + 3 * n)},
-      {"softmax_xent", [=](NodeGraph& g) {
-         g.x({N, int64_t(V)}).targets().out("losses", {N}, true);
-         g.n.inplace = true;
-         g.n.vocab_real = int64_t(V);
-       }, 4.0 * (2 * N * V + 2 * N * V)},
-  };
-}
-
+// Each memory-bound kind with a probe (OpDef::probe), at (N rows, C features) in fp32: its
+// bandwidth is the bytes its forward and backward move (OpDef::traffic, the units the cost
+// model prices them in) over their measured time.
 void measure_ops(ComputeProfile& c, const Plan& plan, ops::Backend& be, const CalibrateOptions& o) {
   const int64_t N = plan.op_rows, C = plan.op_cols;
-  for (OpProbe& p : op_probes(N, C, 4.0)) {
-    if (o.progress) o.progress(fmt::format("op {} {} threads ({} x {})", p.name, c.threads, N, C));
-    const bool loss = p.name == "softmax_xent", emb = p.name == "embedding";
-    NodeGraph ng(emb ? OpKind::Embedding : loss ? OpKind::SoftmaxXent
-                 : p.name == "layernorm" ? OpKind::LayerNorm : p.name == "rmsnorm" ? OpKind::RMSNorm
-                 : p.name == "gelu" ? OpKind::Gelu : p.name == "swiglu" ? OpKind::SwiGLU : OpKind::Add,
-                 1, N, DType::F32);
-    p.build(ng);
+  for (const ops::OpDef* op : ops::kOpTable) {
+    if (!op->probe || !op->traffic) continue;
+    if (o.progress) o.progress(fmt::format("op {} {} threads ({} x {})", op->name, c.threads, N, C));
+    NodeGraph ng(op->kind, 1, N, DType::F32);
+    ProbeGraph probe(ng);
+    op->probe(probe, N, C);
     ng.done();
-    const NodeTimes t = time_node(ng.g, be, plan.target_s);
-    c.op_bandwidth[p.name] = p.bytes / (t.forward_s + t.backward_s);
+    const ops::OpTrafficParts t = op->traffic(ng.g, ng.g.nodes[0]);
+    double bytes = 0;
+    for (int i = 0; i < t.count; ++i) {
+      const ops::OpTraffic& part = t.parts[static_cast<size_t>(i)];
+      if (part.kind && std::string(part.kind) == op->name) bytes += part.forward + part.backward;
+    }
+    const NodeTimes tm = time_node(ng.g, be, plan.target_s);
+    c.op_bandwidth[op->name] = bytes / (tm.forward_s + tm.backward_s);
   }
 }
 

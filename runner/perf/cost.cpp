@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ops/ops.h"
 #include "parallel/grid.h"
 #include "runner/device/devices.h"
 #include "runner/errors.h"
@@ -52,8 +53,6 @@ nlohmann::json StepCost::to_json() const {
 }
 
 namespace {
-
-using ops::OpKind;
 
 // Ranks on one node: the device kind's devices_per_node on a GPU; on the CPU a "device" is a
 // rank, and mpirun on one machine packs the world onto hardware.nodes machines.
@@ -118,14 +117,12 @@ struct NodeCost {
 double tensor_bytes(const ops::Graph& g, int id) { return static_cast<double>(g.tensors[static_cast<size_t>(id)].nbytes()); }
 int64_t dim(const ops::Graph& g, int id, size_t k) { return g.tensors[static_cast<size_t>(id)].shape[k]; }
 
-// Linear: y (rows, OC) = x (rows, IC) W^T. Backward: dX = dY W (rows x IC, inner OC) and
-// dW = dY^T X (OC x IC, inner rows); the bias gradient is a column sum of dY. Sequence
-// parallelism gathers x to the whole micro-batch first (forward, and again in backward) and
-// reduce-scatters dX; its row side reduce-scatters y and gathers dY. Collectives run in fp32.
-NodeCost linear_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
+// A node's GEMMs (OpDef::gemms), and a Linear's tensor-parallel collectives: y (rows, OC) =
+// x (rows, IC) W^T, the forward GEMM's (m, n, k). Sequence parallelism gathers x to the whole
+// micro-batch first (forward, and again in backward) and reduce-scatters dX; its row side
+// reduce-scatters y and gathers dY. Collectives run in fp32.
+NodeCost gemm_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n, const ops::OpDef& op) {
   NodeCost k;
-  const int64_t rows = dim(g, n.in[0], 0) * (n.gather_input ? g.sp_parts : 1);
-  const int64_t oc = dim(g, n.in[1], 0), ic = dim(g, n.in[1], 1);
   // On a host device the executor widens a 16-bit Linear to fp32 and runs sgemm where its
   // operands do not share one 16-bit dtype (ops/op_linear.cpp, reads16), in the backward also
   // where d(y) is fp32: the logits' under precision.logits_grad: fp32. Priced at fp32's GEMM
@@ -140,17 +137,18 @@ NodeCost linear_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
     wide_bwd = wide_fwd || (!n.dout16 && dtype_of(n.out[0]) != dtype_of(n.in[0]));
   }
   const std::string fwd_dt = wide_fwd ? "fp32" : c.dtype, bwd_dt = wide_bwd ? "fp32" : c.dtype;
-  k.fwd = c.gemm_as(fwd_dt, rows, oc, ic);
-  k.bwd = c.gemm_as(bwd_dt, rows, ic, oc) + c.gemm_as(bwd_dt, oc, ic, rows);
-  const double y_bytes = static_cast<double>(rows * oc) * 4.0, x_bytes = static_cast<double>(rows * ic) * 4.0;
-  if (n.in.size() > 2) {  // the bias: added in forward, its gradient summed in backward (one op call each)
-    k.fwd += c.op("linear", 2.0 * y_bytes);
-    k.bwd += c.op("linear", y_bytes);
-  } else {
-    k.fwd += c.launch();
-    k.bwd += c.launch();
+  const ops::OpGemms fwd = op.gemms(g, n, false), bwd = op.gemms(g, n, true);
+  for (int i = 0; i < fwd.count; ++i) {
+    const ops::GemmShape& s = fwd.shapes[static_cast<size_t>(i)];
+    k.fwd += c.gemm_as(fwd_dt, s.m, s.n, s.k);
   }
-  if (c.p.tp <= 1) return k;
+  for (int i = 0; i < bwd.count; ++i) {
+    const ops::GemmShape& s = bwd.shapes[static_cast<size_t>(i)];
+    k.bwd += c.gemm_as(bwd_dt, s.m, s.n, s.k);
+  }
+  if (c.p.tp <= 1 || fwd.count == 0) return k;
+  const ops::GemmShape& f = fwd.shapes[0];
+  const double y_bytes = static_cast<double>(f.m * f.n) * 4.0, x_bytes = static_cast<double>(f.m * f.k) * 4.0;
   if (n.gather_input) {
     k.tp_fwd += c.tp(Collective::all_gather, x_bytes);
     k.tp_bwd += c.tp(Collective::all_gather, x_bytes) + c.tp(Collective::reduce_scatter, x_bytes);
@@ -164,36 +162,9 @@ NodeCost linear_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
   return k;
 }
 
-// Memory-bound nodes: the bytes their forward and backward move, in units of the node's
-// output (n elements of its dtype), counted as `runner calibrate` counts them when it measures
-// each kind's bandwidth (runner/perf/calibrate.cpp, op_probes), so that a node of the
-// calibrated shape is priced at exactly its measured forward + backward time:
-//   norms, gelu, embedding, dropout: forward reads x and writes y (2n), backward reads x and
-//     dy and writes dx (3n; an embedding's gathers and scatters its rows);
-//   add: 3n each way; swiglu (x of 2n): 3n forward, 5n backward; rope 2n each way;
-//   the loss over (rows, V) fp32 logits: 2 reads/writes of the logits each way.
-struct ByteUnits {
-  double fwd = 2, bwd = 3;
-};
-ByteUnits byte_units(OpKind k) {
-  switch (k) {
-    case OpKind::Add: return {3, 3};
-    case OpKind::SwiGLU: return {3, 5};
-    case OpKind::Rope: return {2, 2};
-    case OpKind::SoftmaxXent: return {2, 2};
-    default: return {2, 3};
-  }
-}
-
-NodeCost pointwise_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
-  NodeCost k;
-  const int unit = n.kind == OpKind::SoftmaxXent ? n.in[0] : n.out[0];  // the loss: its logits
-  const double bytes = tensor_bytes(g, unit);
-  const ByteUnits u = byte_units(n.kind);
-  const char* op = ops::op_name(n.kind);
-  k.fwd = c.op(op, u.fwd * bytes);
-  k.bwd = c.op(op, u.bwd * bytes);
-  if (c.p.tp <= 1) return k;
+// The vocabulary-parallel embedding's and loss's collectives.
+void vocab_collectives(const Ctx& c, const ops::Graph& g, const ops::Node& n, NodeCost& k) {
+  if (c.p.tp <= 1) return;
   const double out_fp32 = static_cast<double>(ops::numel_of(g.tensors[static_cast<size_t>(n.out[0])].shape)) * 4.0;
   if (n.tp == ops::TpMode::VocabEmbed) {
     // Each rank's partial embedding of the whole micro-batch: summed (or reduce-scattered).
@@ -205,43 +176,33 @@ NodeCost pointwise_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
     const double rows = static_cast<double>(dim(g, n.in[0], 0));
     k.tp_fwd += c.tp(Collective::all_reduce, rows * 4.0) + c.tp(Collective::all_reduce, rows * 8.0);
   }
-  return k;
 }
 
+// One node from its OpDef's figures: its GEMMs by shape, attention at the profile's attention
+// rate, then the bytes each memory-bound part moves at its kind's calibrated bandwidth
+// (op_seconds counts the op call's launch; a part without a kind is a call priced as its launch
+// alone, as GEMMs and attention do not include it). The byte units are those `runner calibrate`
+// measured each kind's bandwidth in (its probes, the OpDef's), so that a node of the calibrated
+// shape is priced at exactly its measured forward + backward time. A fused node's parts are
+// those of the unfused kinds it replaces.
 NodeCost node_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
+  const ops::OpDef& op = ops::op_def(n.kind);
   NodeCost k;
-  if (n.kind == OpKind::Linear) {
-    k = linear_cost(c, g, n);
-  } else if (n.kind == OpKind::LinearGelu) {
-    // Priced as the unfused Linear and Gelu it replaces: the same GEMMs, and the passes it
-    // merges are memory-bound ones the calibrated "gelu" bandwidth prices within noise
-    // (bench/bench_fused.cpp measures the difference, a few percent of the pair).
-    k = linear_cost(c, g, n);
-    const double bytes = tensor_bytes(g, n.out[0]);
-    const ByteUnits u = byte_units(OpKind::Gelu);
-    k.fwd += c.op(ops::op_name(OpKind::Gelu), u.fwd * bytes);
-    k.bwd += c.op(ops::op_name(OpKind::Gelu), u.bwd * bytes);
-  } else if (n.kind == OpKind::AddLayerNorm || n.kind == OpKind::AddRMSNorm) {
-    // Priced as the unfused Add and norm it replaces, each with its own calibrated bandwidth
-    // and byte units over the (N,C) sum: the fused pass saves the norm's re-read of the sum and
-    // one call, within the calibration's noise (bench/bench_fused.cpp measures it), so a plan
-    // prices the fused and unfused graphs alike.
-    const double bytes = tensor_bytes(g, n.out[0]);
-    const OpKind norm = n.kind == OpKind::AddLayerNorm ? OpKind::LayerNorm : OpKind::RMSNorm;
-    for (OpKind part : {OpKind::Add, norm}) {
-      const ByteUnits u = byte_units(part);
-      k.fwd += c.op(ops::op_name(part), u.fwd * bytes);
-      k.bwd += c.op(ops::op_name(part), u.bwd * bytes);
-    }
-  } else if (n.kind == OpKind::Attention) {
-    // lse (B, heads, T): this rank's heads; the head size from the output (B*T, heads*HS).
-    const int64_t B = dim(g, n.out[1], 0), heads = dim(g, n.out[1], 1), T = dim(g, n.out[1], 2);
-    const int64_t hs = dim(g, n.out[0], 1) / heads;
-    k.fwd = c.attention(B * heads, T, hs, false) + c.launch();
-    k.bwd = c.attention(B * heads, T, hs, true) + c.launch();
-  } else {
-    k = pointwise_cost(c, g, n);  // op_seconds counts the op call's launch
+  if (op.gemms) k = gemm_cost(c, g, n, op);
+  if (op.attention) {
+    const ops::AttentionShape a = op.attention(g, n);
+    k.fwd += c.attention(a.batch_heads, a.seq, a.head_dim, false);
+    k.bwd += c.attention(a.batch_heads, a.seq, a.head_dim, true);
   }
+  if (op.traffic) {
+    const ops::OpTrafficParts t = op.traffic(g, n);
+    for (int i = 0; i < t.count; ++i) {
+      const ops::OpTraffic& part = t.parts[static_cast<size_t>(i)];
+      k.fwd += part.kind ? c.op(part.kind, part.forward) : c.launch();
+      k.bwd += part.kind ? c.op(part.kind, part.backward) : c.launch();
+    }
+  }
+  vocab_collectives(c, g, n, k);
   return k;
 }
 

@@ -31,52 +31,17 @@
 
 #include "ops/executor.h"
 #include "ops/module.h"
+#include "ops/ops.h"
 #include "runner/plan/plan_internal.h"
 
 namespace runner::plan_detail {
 
-using ops::OpKind;
-
-// Forward FLOPs, multiply and add counted as two. Only ratios between steps matter to the
-// choice, so pointwise work is a rough operation count per element (exp, tanh and rsqrt as
-// one), next to the matrix products that dominate.
+// Forward FLOPs, as the node's OpDef counts them (OpDef::flops): only ratios between steps
+// matter to the choice, so pointwise work is a rough operation count per element next to the
+// matrix products that dominate.
 double node_flops(const ops::Graph& g, const ops::Node& n) {
-  constexpr double kGelu = 10.0;  // per element, the tanh approximation
-  auto numel = [&](int id) { return static_cast<double>(ops::numel_of(g.tensors[static_cast<size_t>(id)].shape)); };
-  auto dim = [&](int id, size_t k) { return static_cast<double>(g.tensors[static_cast<size_t>(id)].shape[k]); };
-  switch (n.kind) {
-    case OpKind::Linear: {
-      // out (rows, OC') = in (rows, IC) W^T with W (OC', IC); under sequence parallelism the
-      // input is gathered first, so the product runs over the whole micro-batch's rows.
-      const double rows = dim(n.in[0], 0) * (n.gather_input ? g.sp_parts : 1);
-      return 2.0 * rows * dim(n.in[1], 0) * dim(n.in[1], 1);
-    }
-    case OpKind::LinearGelu:  // the fc Linear's product (never sequence-parallel) and its GELU (ops/op_fused.cpp)
-      return 2.0 * dim(n.in[0], 0) * dim(n.in[1], 0) * dim(n.in[1], 1) + kGelu * numel(n.out[0]);
-    case OpKind::Attention: {
-      // out (B*T, C'), lse (B, NH', T): causal, so T(T+1)/2 query-key pairs per query
-      // head (grouped-query attention shares K and V, not this work); S = QK^T and O = PV are
-      // 2*HS each per pair, the softmax ~5 per pair.
-      const double NHl = dim(n.out[1], 1), T = dim(n.out[1], 2), B = dim(n.out[1], 0);
-      const double HS = dim(n.out[0], 1) / NHl;
-      const double pairs = B * NHl * T * (T + 1) / 2.0;
-      return pairs * (4.0 * HS + 5.0);
-    }
-    case OpKind::LayerNorm: return 8.0 * numel(n.out[0]);   // mean, variance, normalise, scale, shift
-    case OpKind::RMSNorm: return 5.0 * numel(n.out[0]);
-    // The fused residual add and norm (ops/op_fused.cpp): the Add's and the norm's counts.
-    case OpKind::AddLayerNorm: return (1.0 + 8.0) * numel(n.out[0]);
-    case OpKind::AddRMSNorm: return (1.0 + 5.0) * numel(n.out[0]);
-    case OpKind::Rope: return 4.0 * numel(n.out[0]);
-    case OpKind::Gelu: return kGelu * numel(n.out[0]);
-    case OpKind::SwiGLU: return 6.0 * numel(n.out[0]);
-    case OpKind::Add: return numel(n.out[0]);
-    case OpKind::Dropout: return 3.0 * numel(n.out[0]);     // the regenerated mask and the scale
-    case OpKind::Embedding: return numel(n.out[0]);
-    case OpKind::SoftmaxXent: return 5.0 * numel(n.in[0]);
-    case OpKind::Count: break;
-  }
-  return 0;
+  const ops::OpDef& op = ops::op_def(n.kind);
+  return op.flops ? op.flops(g, n, false) : 0;
 }
 
 namespace {
@@ -187,14 +152,15 @@ std::vector<double> stage_totals(const Recipe& r, const Plan& p, const GptSpec& 
   return t;
 }
 
-// The module a held tensor counts under: its producer's, except the residual sum of a fused
-// add + norm (ops/op_fused.cpp, out[0]), which is the residual add's as in the unfused graph,
-// so that the shares below do not depend on model.fuse.
+// The module a held tensor counts under: its producer's, except an output its OpDef marks as
+// the residual stream's sum (OpDef::residual_outputs: a fused add + norm's), which is the
+// residual add's as in the unfused graph, so that the shares below do not depend on model.fuse.
 ops::Module held_module(const ops::Graph& g, const ops::TensorDesc& t) {
   const ops::Node& n = g.nodes[static_cast<size_t>(t.producer)];
-  const bool fused_sum = (n.kind == OpKind::AddLayerNorm || n.kind == OpKind::AddRMSNorm) &&
-                         &g.tensors[static_cast<size_t>(n.out[0])] == &t;
-  return fused_sum ? ops::Module::residual : n.module;
+  const uint8_t residual = ops::op_def(n.kind).residual_outputs;
+  for (size_t j = 0; j < n.out.size(); ++j)
+    if ((residual >> j & 1u) && &g.tensors[static_cast<size_t>(n.out[j])] == &t) return ops::Module::residual;
+  return n.module;
 }
 
 // The rule of thumb beside the choice, on one probe layer: each step kind's share of what the
