@@ -57,7 +57,7 @@ bool onednn_bf16_here() {
   MESSAGE("skipped: built without oneDNN (install libdnnl-dev: scripts/setup.sh)");
   return false;
 #else
-  if (ops::cpu_backend().matmul16_available(DType::BF16)) return true;
+  if (ops::cpu_backend().has(ops::Kernel::MatmulForward, DType::BF16)) return true;
   MESSAGE("skipped: built with oneDNN, but this CPU has no bf16 matmul: " << ops::cpu::dnnl_gemm_info(DType::BF16));
   return false;
 #endif
@@ -257,7 +257,7 @@ TEST_CASE("bf16 Linear forward and backward on oneDNN match the sgemm path; the 
   // This build has oneDNN; on a CPU with AVX512-BF16 or AMX (this project's machines) its bf16
   // matmul must be there, so a broken probe does not pass as a skip.
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) REQUIRE_MESSAGE(ops::cpu_backend().matmul16_available(DType::BF16),
+  if (__builtin_cpu_supports("avx512f")) REQUIRE_MESSAGE(ops::cpu_backend().has(ops::Kernel::MatmulForward, DType::BF16),
                                                          ops::cpu::dnnl_gemm_info(DType::BF16));
 #endif
   if (!onednn_bf16_here()) return;
@@ -410,7 +410,7 @@ TEST_CASE("a bf16 GPT on oneDNN's path: the ledger is exact and it trains like t
   }
 }
 
-// [i29] precision.logits_grad: compute. The output layer (bf16 x and W, fp32 y: the logits)
+// precision.logits_grad: compute. The output layer (bf16 x and W, fp32 y: the logits)
 // reads its fp32 d(y) rounded to bf16 on both paths, so that oneDNN can read every operand as
 // stored: its backward then holds no fp32 copy of W (the vocabulary's table, on a real model),
 // and both paths give the GEMMs of the rounded d(y) within the summation bound above, while
