@@ -1,4 +1,4 @@
-// Fused operators (issue 29, ops/op_fused.cpp): LinearGelu against the unfused Linear + Gelu
+// Fused operators (ops/op_fused.cpp): LinearGelu against the unfused Linear + Gelu
 // pair, forward and backward, at GPT-2 124M's MLP shape (N = 1024 rows, C = 768, 4C = 3072)
 // and the quickstart's small config (N = 2048, C = 192, 768), and the GPT-2 rows of
 // bench/fused_runs.py's runs (N = 256: micro-batch 4 x seq 64), at the current OpenMP thread
@@ -59,10 +59,10 @@ void bench_shape(ops::Backend& be, const Shape& s) {
   std::vector<float> pre(ny), out(ny), dpre(ny), dx(nx), dw(nw), db(s.OC);
   const auto [fu, ff] = best_pair(
       [&] {
-        be.matmul_forward(pre.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC);
-        be.gelu_forward(out.data(), pre.data(), static_cast<int64_t>(ny));
+        be.run(ops::k::MatmulForward(pre.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC));
+        be.run(ops::k::GeluForward(out.data(), pre.data(), static_cast<int64_t>(ny)));
       },
-      [&] { be.linear_gelu_forward(out.data(), pre.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC); });
+      [&] { be.run(ops::k::LinearGeluForward(out.data(), pre.data(), x.data(), w.data(), b.data(), s.N, s.C, s.OC)); });
   // Unfused: the executor zeroes a fresh d(pre) buffer for the GELU's backward to accumulate
   // into, so the memset is part of its work. Fused: d(out) is consumed in place, so each
   // repetition refreshes it with a copy the executor never makes; its best time is subtracted.
@@ -70,20 +70,20 @@ void bench_shape(ops::Backend& be, const Shape& s) {
   const auto [bu, bf_copy] = best_pair(
       [&] {
         std::memset(dpre.data(), 0, ny * sizeof(float));
-        be.gelu_backward(dpre.data(), pre.data(), dout.data(), static_cast<int64_t>(ny));
-        be.matmul_backward(dx.data(), dw.data(), db.data(), dpre.data(), x.data(), w.data(), s.N, s.C, s.OC);
+        be.run(ops::k::GeluBackward(dpre.data(), pre.data(), dout.data(), static_cast<int64_t>(ny)));
+        be.run(ops::k::MatmulBackward(dx.data(), dw.data(), db.data(), dpre.data(), x.data(), w.data(), s.N, s.C, s.OC));
       },
       [&] {
         std::memcpy(dpre.data(), dout.data(), ny * sizeof(float));
-        be.linear_gelu_backward(dx.data(), dw.data(), db.data(), dpre.data(), pre.data(), x.data(), w.data(), s.N,
-                                s.C, s.OC);
+        be.run(ops::k::LinearGeluBackward(dx.data(), dw.data(), db.data(), dpre.data(), pre.data(), x.data(), w.data(), s.N,
+                                s.C, s.OC));
       });
   const double bf = bf_copy - copy;
   std::printf("%-30s %9.3f %9.3f %7.3fx   %9.3f %9.3f %7.3fx\n", s.what, fu * 1e3, ff * 1e3, ff / fu, bu * 1e3,
               bf * 1e3, bf / bu);
 }
 
-// [i29: fused] The residual add and the norm of its sum (AddLayerNorm / AddRMSNorm) against the
+// The residual add and the norm of its sum (AddLayerNorm / AddRMSNorm) against the
 // unfused Add + norm, at GPT-2's width (N rows x C), activations in t (F32, or BF16 through the
 // 16-bit-native kernels). Each path runs what its executor nodes run: unfused, add_forward then
 // the norm's forward; backward, the norm's backward accumulating into d(sum) then d(sum) added
@@ -93,7 +93,7 @@ void bench_add_norm(ops::Backend& be, int N, int C, bool rms, ops::DType t, cons
   const size_t n = size_t(N) * C, es = t == ops::DType::F32 ? 4 : 2;
   auto stored = [&](const std::vector<float>& v) {
     std::vector<char> b(v.size() * es);
-    be.convert(b.data(), t, v.data(), ops::DType::F32, static_cast<int64_t>(v.size()));
+    be.run(ops::k::Convert(b.data(), t, v.data(), ops::DType::F32, static_cast<int64_t>(v.size())));
     return b;
   };
   std::vector<char> a = stored(randn(n, 11)), b = stored(randn(n, 12)), dy = stored(randn(n, 13)),
@@ -103,44 +103,44 @@ void bench_add_norm(ops::Backend& be, int N, int C, bool rms, ops::DType t, cons
   const bool f32 = t == ops::DType::F32;
   const auto [fu, ff] = best_pair(
       [&] {
-        if (f32) be.add_forward(reinterpret_cast<float*>(sum.data()), reinterpret_cast<const float*>(a.data()),
-                                reinterpret_cast<const float*>(b.data()), static_cast<int64_t>(n));
-        else be.add_forward16(sum.data(), a.data(), b.data(), t, static_cast<int64_t>(n));
-        if (rms && f32) be.rmsnorm_forward(reinterpret_cast<float*>(y.data()), rstd.data(),
-                                           reinterpret_cast<const float*>(sum.data()), w.data(), N, C, 1e-5f);
-        else if (rms) be.rmsnorm_forward16(y.data(), rstd.data(), sum.data(), w.data(), t, N, C, 1e-5f);
-        else if (f32) be.layernorm_forward(reinterpret_cast<float*>(y.data()), mean.data(), rstd.data(),
-                                           reinterpret_cast<const float*>(sum.data()), w.data(), bias.data(), N, C, 1e-5f);
-        else be.layernorm_forward16(y.data(), mean.data(), rstd.data(), sum.data(), w.data(), bias.data(), t, N, C, 1e-5f);
+        if (f32) be.run(ops::k::AddForward(reinterpret_cast<float*>(sum.data()), reinterpret_cast<const float*>(a.data()),
+                                reinterpret_cast<const float*>(b.data()), static_cast<int64_t>(n)));
+        else be.run(ops::k::AddForward(sum.data(), a.data(), b.data(), static_cast<int64_t>(n)), t);
+        if (rms && f32) be.run(ops::k::RmsNormForward(reinterpret_cast<float*>(y.data()), rstd.data(),
+                                           reinterpret_cast<const float*>(sum.data()), w.data(), N, C, 1e-5f));
+        else if (rms) be.run(ops::k::RmsNormForward(y.data(), rstd.data(), sum.data(), w.data(), N, C, 1e-5f), t);
+        else if (f32) be.run(ops::k::LayerNormForward(reinterpret_cast<float*>(y.data()), mean.data(), rstd.data(),
+                                           reinterpret_cast<const float*>(sum.data()), w.data(), bias.data(), N, C, 1e-5f));
+        else be.run(ops::k::LayerNormForward(y.data(), mean.data(), rstd.data(), sum.data(), w.data(), bias.data(), N, C, 1e-5f), t);
       },
       [&] {
-        if (rms) be.add_rmsnorm_forward(sum.data(), y.data(), rstd.data(), a.data(), b.data(), w.data(), t, N, C, 1e-5f);
-        else be.add_layernorm_forward(sum.data(), y.data(), mean.data(), rstd.data(), a.data(), b.data(), w.data(),
-                                      bias.data(), t, N, C, 1e-5f);
+        if (rms) be.run(ops::k::AddRmsNormForward(sum.data(), y.data(), rstd.data(), a.data(), b.data(), w.data(), N, C, 1e-5f), t);
+        else be.run(ops::k::AddLayerNormForward(sum.data(), y.data(), mean.data(), rstd.data(), a.data(), b.data(), w.data(),
+                                      bias.data(), N, C, 1e-5f), t);
       });
   const auto [bu, bf] = best_pair(
       [&] {
-        if (rms && f32) be.rmsnorm_backward(reinterpret_cast<float*>(ds.data()), dw.data(),
+        if (rms && f32) be.run(ops::k::RmsNormBackward(reinterpret_cast<float*>(ds.data()), dw.data(),
                                             reinterpret_cast<const float*>(dy.data()),
-                                            reinterpret_cast<const float*>(sum.data()), w.data(), rstd.data(), N, C);
-        else if (rms) be.rmsnorm_backward16(ds.data(), dw.data(), dy.data(), sum.data(), w.data(), rstd.data(), t, N, C);
-        else if (f32) be.layernorm_backward(reinterpret_cast<float*>(ds.data()), dw.data(), dbias.data(),
+                                            reinterpret_cast<const float*>(sum.data()), w.data(), rstd.data(), N, C));
+        else if (rms) be.run(ops::k::RmsNormBackward(ds.data(), dw.data(), dy.data(), sum.data(), w.data(), rstd.data(), N, C), t);
+        else if (f32) be.run(ops::k::LayerNormBackward(reinterpret_cast<float*>(ds.data()), dw.data(), dbias.data(),
                                             reinterpret_cast<const float*>(dy.data()),
                                             reinterpret_cast<const float*>(sum.data()), w.data(), mean.data(),
-                                            rstd.data(), N, C);
-        else be.layernorm_backward16(ds.data(), dw.data(), dbias.data(), dy.data(), sum.data(), w.data(), mean.data(),
-                                     rstd.data(), t, N, C);
+                                            rstd.data(), N, C));
+        else be.run(ops::k::LayerNormBackward(ds.data(), dw.data(), dbias.data(), dy.data(), sum.data(), w.data(), mean.data(),
+                                     rstd.data(), N, C), t);
         for (std::vector<char>* d : {&da, &db}) {
-          if (f32) be.add_inplace(reinterpret_cast<float*>(d->data()), reinterpret_cast<const float*>(ds.data()),
-                                  static_cast<int64_t>(n));
-          else be.add_inplace16(d->data(), ds.data(), t, static_cast<int64_t>(n));
+          if (f32) be.run(ops::k::AddInplace(reinterpret_cast<float*>(d->data()), reinterpret_cast<const float*>(ds.data()),
+                                  static_cast<int64_t>(n)));
+          else be.run(ops::k::AddInplace(d->data(), ds.data(), static_cast<int64_t>(n)), t);
         }
       },
       [&] {
-        if (rms) be.add_rmsnorm_backward(da.data(), db.data(), dw.data(), ds.data(), dy.data(), sum.data(), w.data(),
-                                         rstd.data(), t, N, C);
-        else be.add_layernorm_backward(da.data(), db.data(), dw.data(), dbias.data(), ds.data(), dy.data(),
-                                       sum.data(), w.data(), mean.data(), rstd.data(), t, N, C);
+        if (rms) be.run(ops::k::AddRmsNormBackward(da.data(), db.data(), dw.data(), ds.data(), dy.data(), sum.data(), w.data(),
+                                         rstd.data(), N, C), t);
+        else be.run(ops::k::AddLayerNormBackward(da.data(), db.data(), dw.data(), dbias.data(), ds.data(), dy.data(),
+                                       sum.data(), w.data(), mean.data(), rstd.data(), N, C), t);
       });
   std::printf("%-30s %9.3f %9.3f %7.3fx   %9.3f %9.3f %7.3fx\n", what, fu * 1e3, ff * 1e3, ff / fu, bu * 1e3,
               bf * 1e3, bf / bu);

@@ -59,12 +59,12 @@ void bench_gemm(ops::Backend& be) {
                b = randn(s.OC, 3), dout = randn(static_cast<size_t>(s.N) * s.OC, 4);
     std::vector<float> out(static_cast<size_t>(s.N) * s.OC), dinp(inp.size()), dw(w.size());
     const double flops = 2.0 * s.N * s.C * s.OC;
-    const double tf = best_time([&] { be.matmul_forward(out.data(), inp.data(), w.data(), b.data(), s.N, s.C, s.OC); });
+    const double tf = best_time([&] { be.run(ops::k::MatmulForward(out.data(), inp.data(), w.data(), b.data(), s.N, s.C, s.OC)); });
     const double ti = best_time([&] {
-      be.matmul_backward(dinp.data(), nullptr, nullptr, dout.data(), inp.data(), w.data(), s.N, s.C, s.OC);
+      be.run(ops::k::MatmulBackward(dinp.data(), nullptr, nullptr, dout.data(), inp.data(), w.data(), s.N, s.C, s.OC));
     });
     const double tw = best_time([&] {
-      be.matmul_backward(nullptr, dw.data(), nullptr, dout.data(), inp.data(), w.data(), s.N, s.C, s.OC);
+      be.run(ops::k::MatmulBackward(nullptr, dw.data(), nullptr, dout.data(), inp.data(), w.data(), s.N, s.C, s.OC));
     });
     char name[64];
     std::snprintf(name, sizeof name, "%d x %d -> %d", s.N, s.C, s.OC);
@@ -87,7 +87,7 @@ void bench_gemm16(ops::Backend& be, ops::DType t) {
   const std::string dn = ops::gemm_path_name(ops::GemmPath::OneDnn, t);
   std::printf("\n== 16-bit GEMM paths (%s): widen + sgemm vs %s, GFLOP/s, GPT-2 124M shapes ==\n",
               ops::dtype_name(t), dn.c_str());
-  if (!be.matmul16_available(t)) {
+  if (!be.has(ops::Kernel::MatmulForward, t)) {
     std::printf("%s unavailable: %s\n", dn.c_str(), ops::cpu::dnnl_gemm_info(t).c_str());
     return;
   }
@@ -118,24 +118,24 @@ void bench_gemm16(ops::Backend& be, ops::DType t) {
     const double fs = best_time([&] {
       ops::to_f32(x.data(), x16.data(), t, static_cast<int64_t>(nx));
       ops::to_f32(w.data(), w16.data(), t, static_cast<int64_t>(nw));
-      be.matmul_forward(out.data(), x.data(), w.data(), nullptr, s.N, s.C, s.OC);
+      be.run(ops::k::MatmulForward(out.data(), x.data(), w.data(), nullptr, s.N, s.C, s.OC));
     }, reps);
-    const double fd = best_time([&] { be.matmul16_forward(out.data(), x16.data(), w16.data(), nullptr, t, s.N, s.C, s.OC); }, reps);
+    const double fd = best_time([&] { be.run(ops::k::MatmulForward(out.data(), x16.data(), w16.data(), nullptr, s.N, s.C, s.OC), t); }, reps);
     const double is = best_time([&] {
       ops::to_f32(dy.data(), dy16.data(), t, static_cast<int64_t>(ny));
       ops::to_f32(w.data(), w16.data(), t, static_cast<int64_t>(nw));
-      be.matmul_backward(dinp.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), s.N, s.C, s.OC);
+      be.run(ops::k::MatmulBackward(dinp.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), s.N, s.C, s.OC));
     }, reps);
     const double id = best_time([&] {
-      be.matmul16_backward(dinp.data(), nullptr, nullptr, dy16.data(), x16.data(), w16.data(), t, s.N, s.C, s.OC);
+      be.run(ops::k::MatmulBackward(dinp.data(), nullptr, nullptr, dy16.data(), x16.data(), w16.data(), s.N, s.C, s.OC), t);
     }, reps);
     const double ws = best_time([&] {
       ops::to_f32(dy.data(), dy16.data(), t, static_cast<int64_t>(ny));
       ops::to_f32(x.data(), x16.data(), t, static_cast<int64_t>(nx));
-      be.matmul_backward(nullptr, dw.data(), nullptr, dy.data(), x.data(), w.data(), s.N, s.C, s.OC);
+      be.run(ops::k::MatmulBackward(nullptr, dw.data(), nullptr, dy.data(), x.data(), w.data(), s.N, s.C, s.OC));
     }, reps);
     const double wd = best_time([&] {
-      be.matmul16_backward(nullptr, dw.data(), nullptr, dy16.data(), x16.data(), w16.data(), t, s.N, s.C, s.OC);
+      be.run(ops::k::MatmulBackward(nullptr, dw.data(), nullptr, dy16.data(), x16.data(), w16.data(), s.N, s.C, s.OC), t);
     }, reps);
     char name[64];
     std::snprintf(name, sizeof name, "%d x %d -> %d", s.N, s.C, s.OC);
@@ -148,7 +148,7 @@ void bench_gemm16(ops::Backend& be, ops::DType t) {
               p.of(t).summary().c_str());
 }
 
-// [i29] What the thread-count independence costs the 16-bit weight gradient: Backend::
+// What the thread-count independence costs the 16-bit weight gradient: Backend::
 // matmul16_backward's dW (dnnl_dweight_fixed: fixed tiles, one thread inside each) against one
 // oneDNN call on the whole team (oneDNN's own split along the rows, whose sums depend on the
 // thread count: what ran before the fixed blocking). Per shape, then per training step of
@@ -156,7 +156,7 @@ void bench_gemm16(ops::Backend& be, ops::DType t) {
 // last line of JSON for bench/thread_cost.py --dweight.
 void bench_dweight(ops::Backend& be, ops::DType t) {
   std::printf("\n== 16-bit weight gradient (%s): fixed tiles vs oneDNN's own split, ms ==\n", ops::dtype_name(t));
-  if (!be.matmul16_available(t)) {
+  if (!be.has(ops::Kernel::MatmulForward, t)) {
     std::printf("oneDNN unavailable: %s\n", ops::cpu::dnnl_gemm_info(t).c_str());
     return;
   }
@@ -188,7 +188,7 @@ void bench_dweight(ops::Backend& be, ops::DType t) {
       double fixed = 1e30, split = 1e30;
       for (int r = 0; r < reps; ++r) {  // alternated, so that the machine's noise hits both alike
         fixed = std::min(fixed, best_time([&] {
-          be.matmul16_backward(nullptr, dw.data(), nullptr, dy16.data(), x16.data(), w16.data(), t, s.N, s.C, s.OC);
+          be.run(ops::k::MatmulBackward(nullptr, dw.data(), nullptr, dy16.data(), x16.data(), w16.data(), s.N, s.C, s.OC), t);
         }, 1));
         split = std::min(split, best_time([&] {
           ops::cpu::dnnl_gemm(t, true, false, s.OC, s.C, s.N, dy16.data(), s.OC, x16.data(), s.C, nullptr, true,
@@ -213,8 +213,8 @@ void bench_dweight(ops::Backend& be, ops::DType t) {
 }
 
 // Attention forward/backward at one shape, for each block-row size. `saved` floats per
-// (b, h) of what the forward keeps for the backward (T*T probabilities before issue 26, T
-// log-sum-exps after).
+// (b, h) of what the forward keeps for the backward (T*T probabilities in a kernel that stores them, T
+// log-sum-exps in the flash-style ones).
 void bench_attention(ops::Backend& be, int B, int T, int C, int NH, std::initializer_list<int> blocks) {
   const int HS = C / NH;
   std::printf("\n== attention B=%d T=%d C=%d NH=%d (causal) ==\n", B, T, C, NH);
@@ -229,14 +229,14 @@ void bench_attention(ops::Backend& be, int B, int T, int C, int NH, std::initial
               "fwd GFLOP/s", "f+b GFLOP/s");
   for (int block : blocks) {
     ops::cpu::set_attention_block_rows(block);
-    const double tf = best_time([&] { be.attention_forward(out.data(), saved.data(), qkv.data(), B, T, C, NH, {}); });
+    const double tf = best_time([&] { be.run(ops::k::AttentionForward(out.data(), saved.data(), qkv.data(), B, T, C, NH, {})); });
     const double tb = best_time([&] {
-      be.attention_backward(dqkv.data(), dout.data(), qkv.data(), saved.data(), B, T, C, NH, {});
+      be.run(ops::k::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), saved.data(), B, T, C, NH, {}));
     });
     const ops::DropoutSpec drop{0.1f, 42};
-    const double tfd = best_time([&] { be.attention_forward(out.data(), saved.data(), qkv.data(), B, T, C, NH, drop); });
+    const double tfd = best_time([&] { be.run(ops::k::AttentionForward(out.data(), saved.data(), qkv.data(), B, T, C, NH, drop)); });
     const double tbd = best_time([&] {
-      be.attention_backward(dqkv.data(), dout.data(), qkv.data(), saved.data(), B, T, C, NH, drop);
+      be.run(ops::k::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), saved.data(), B, T, C, NH, drop));
     });
     std::printf("%-12d %10.3f %10.3f %10.3f %10.3f %12.1f %12.1f\n", block, tf * 1e3, tb * 1e3, tfd * 1e3, tbd * 1e3,
                 fwd_flops / tf * 1e-9, (fwd_flops + bwd_flops) / (tf + tb) * 1e-9);
@@ -255,20 +255,20 @@ void bench_pointwise(ops::Backend& be) {
   };
   const double nc = static_cast<double>(N) * C * 4;
   row("layernorm fwd (2048 x 384)",
-      best_time([&] { be.layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f); }),
+      best_time([&] { be.run(ops::k::LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f)); }),
       2 * nc);
   row("layernorm bwd (2048 x 384)", best_time([&] {
-        be.layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(),
-                              N, C);
+        be.run(ops::k::LayerNormBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(),
+                              N, C));
       }),
       4 * nc);
   const auto h = randn(static_cast<size_t>(N) * H, 11, 2.0f), dh = randn(h.size(), 12);
   std::vector<float> ho(h.size()), dhi(h.size());
   const double nh = static_cast<double>(N) * H * 4;
-  row("gelu fwd (2048 x 1536)", best_time([&] { be.gelu_forward(ho.data(), h.data(), static_cast<int64_t>(h.size())); }),
+  row("gelu fwd (2048 x 1536)", best_time([&] { be.run(ops::k::GeluForward(ho.data(), h.data(), static_cast<int64_t>(h.size()))); }),
       2 * nh);
   row("gelu bwd (2048 x 1536)",
-      best_time([&] { be.gelu_backward(dhi.data(), h.data(), dh.data(), static_cast<int64_t>(h.size())); }), 3 * nh);
+      best_time([&] { be.run(ops::k::GeluBackward(dhi.data(), h.data(), dh.data(), static_cast<int64_t>(h.size()))); }), 3 * nh);
   // The exact-libm alternative, for comparison: scalar tanhf, single thread.
   row("  gelu fwd with libm tanhf (1 thread)", best_time([&] {
         const float k = 0.7978845608f;
@@ -279,9 +279,9 @@ void bench_pointwise(ops::Backend& be) {
       }),
       2 * nh);
   row("add_inplace (2048 x 1536)",
-      best_time([&] { be.add_inplace(dhi.data(), dh.data(), static_cast<int64_t>(h.size())); }), 3 * nh);
+      best_time([&] { be.run(ops::k::AddInplace(dhi.data(), dh.data(), static_cast<int64_t>(h.size()))); }), 3 * nh);
   row("dropout fwd p=0.1 (2048 x 384)",
-      best_time([&] { be.dropout_forward(out.data(), x.data(), static_cast<int64_t>(x.size()), {0.1f, 3}); }), 2 * nc);
+      best_time([&] { be.run(ops::k::DropoutForward(out.data(), x.data(), static_cast<int64_t>(x.size()), {0.1f, 3})); }), 2 * nc);
 
   const int NV = 256, V = 50304, Vreal = 50257;
   const auto logits = randn(static_cast<size_t>(NV) * V, 13, 2.0f);
@@ -290,11 +290,11 @@ void bench_pointwise(ops::Backend& be) {
   for (int i = 0; i < NV; i++) tgt[i] = (i * 7919) % Vreal;
   const double nv = static_cast<double>(NV) * V * 4;
   row("softmax_xent fwd (256 x 50304)", best_time([&] {
-        be.softmax_xent_forward(losses.data(), probs.data(), logits.data(), tgt.data(), NV, V, Vreal);
+        be.run(ops::k::SoftmaxXentForward(losses.data(), probs.data(), logits.data(), tgt.data(), NV, V, Vreal));
       }),
       2 * nv);
   row("softmax_xent bwd (256 x 50304, in place)", best_time([&] {
-        be.softmax_xent_backward(probs.data(), probs.data(), tgt.data(), 1.0f / NV, NV, V, Vreal);
+        be.run(ops::k::SoftmaxXentBackward(probs.data(), probs.data(), tgt.data(), 1.0f / NV, NV, V, Vreal));
       }),
       2 * nv);
 
@@ -303,15 +303,15 @@ void bench_pointwise(ops::Backend& be) {
   std::vector<float> m(np, 0.0f), v(np, 0.0f);
   int64_t t = 1;
   row("adamw (30M params)", best_time([&] {
-        be.adamw_update(p.data(), g.data(), m.data(), v.data(), np, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t++, 1.0f);
+        be.run(ops::k::AdamwUpdate(p.data(), g.data(), m.data(), v.data(), np, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t++, 1.0f));
       }, 3),
       7.0 * np * 4);
   double sink = 0;
-  row("sum_squares (30M)", best_time([&] { sink += be.sum_squares(g.data(), np); }, 3), 1.0 * np * 4);
+  row("sum_squares (30M)", best_time([&] { sink += ops::sum_squares(be, g.data(), np); }, 3), 1.0 * np * 4);
   if (sink < 0) std::printf("%g\n", sink);
 }
 
-// [i29: native16] Each memory-bound operator three ways, GPT-2 124M's widths (C 768, 4C)
+// Each memory-bound operator three ways, GPT-2 124M's widths (C 768, 4C)
 // at N = 2048 rows: in bf16 (or fp16) as the executor's widened path runs it (the 16-bit
 // inputs converted to fp32 copies, the fp32 kernel, the output rounded back; a backward's
 // gradient computed into a zeroed fp32 copy and accumulated into the 16-bit one), through
@@ -338,62 +338,62 @@ void bench_native16(ops::Backend& be, ops::DType t) {
   std::vector<float> wa(n2h), wb(n2h), wo(n2h), f32o(n2h), mean(N), rstd(N), dw(C, 0.0f), db(C, 0.0f);
   std::vector<uint16_t> o16(n2h), d16(n2h, 0);
   auto cv_in = [&](std::vector<float>& dst, const std::vector<uint16_t>& src, int64_t n) {
-    be.convert(dst.data(), DType::F32, src.data(), t, n);
+    be.run(ops::k::Convert(dst.data(), DType::F32, src.data(), t, n));
   };
-  auto out16 = [&](int64_t n) { be.convert(o16.data(), t, wo.data(), DType::F32, n); };
+  auto out16 = [&](int64_t n) { be.run(ops::k::Convert(o16.data(), t, wo.data(), DType::F32, n)); };
   auto acc16 = [&](int64_t n) {
-    be.accumulate(d16.data(), t, wo.data(), n);
+    be.run(ops::k::Accumulate(d16.data(), t, wo.data(), n));
   };
   auto zero = [&](int64_t n) { std::memset(wo.data(), 0, sizeof(float) * n); };
   std::printf("%-26s %9s %9s %9s   %7s %7s\n", "operator", "widened", "native", "fp32", "n/w", "n/fp32");
   Native16Row sum, r;
-  r = {best_time([&] { cv_in(wa, x16, nc); be.layernorm_forward(wo.data(), mean.data(), rstd.data(), wa.data(), w.data(), b.data(), N, C, 1e-5f); out16(nc); }),
-       best_time([&] { be.layernorm_forward16(o16.data(), mean.data(), rstd.data(), x16.data(), w.data(), b.data(), t, N, C, 1e-5f); }),
-       best_time([&] { be.layernorm_forward(f32o.data(), mean.data(), rstd.data(), x32.data(), w.data(), b.data(), N, C, 1e-5f); })};
+  r = {best_time([&] { cv_in(wa, x16, nc); be.run(ops::k::LayerNormForward(wo.data(), mean.data(), rstd.data(), wa.data(), w.data(), b.data(), N, C, 1e-5f)); out16(nc); }),
+       best_time([&] { be.run(ops::k::LayerNormForward(o16.data(), mean.data(), rstd.data(), x16.data(), w.data(), b.data(), N, C, 1e-5f), t); }),
+       best_time([&] { be.run(ops::k::LayerNormForward(f32o.data(), mean.data(), rstd.data(), x32.data(), w.data(), b.data(), N, C, 1e-5f)); })};
   native16_row("layernorm fwd", r, sum);
-  r = {best_time([&] { cv_in(wa, x16, nc); cv_in(wb, y16, nc); zero(nc); be.layernorm_backward(wo.data(), dw.data(), db.data(), wb.data(), wa.data(), w.data(), mean.data(), rstd.data(), N, C); acc16(nc); }),
-       best_time([&] { be.layernorm_backward16(d16.data(), dw.data(), db.data(), y16.data(), x16.data(), w.data(), mean.data(), rstd.data(), t, N, C); }),
-       best_time([&] { be.layernorm_backward(f32o.data(), dw.data(), db.data(), y32.data(), x32.data(), w.data(), mean.data(), rstd.data(), N, C); })};
+  r = {best_time([&] { cv_in(wa, x16, nc); cv_in(wb, y16, nc); zero(nc); be.run(ops::k::LayerNormBackward(wo.data(), dw.data(), db.data(), wb.data(), wa.data(), w.data(), mean.data(), rstd.data(), N, C)); acc16(nc); }),
+       best_time([&] { be.run(ops::k::LayerNormBackward(d16.data(), dw.data(), db.data(), y16.data(), x16.data(), w.data(), mean.data(), rstd.data(), N, C), t); }),
+       best_time([&] { be.run(ops::k::LayerNormBackward(f32o.data(), dw.data(), db.data(), y32.data(), x32.data(), w.data(), mean.data(), rstd.data(), N, C)); })};
   native16_row("layernorm bwd", r, sum);
-  r = {best_time([&] { cv_in(wa, x16, nc); be.rmsnorm_forward(wo.data(), rstd.data(), wa.data(), w.data(), N, C, 1e-5f); out16(nc); }),
-       best_time([&] { be.rmsnorm_forward16(o16.data(), rstd.data(), x16.data(), w.data(), t, N, C, 1e-5f); }),
-       best_time([&] { be.rmsnorm_forward(f32o.data(), rstd.data(), x32.data(), w.data(), N, C, 1e-5f); })};
+  r = {best_time([&] { cv_in(wa, x16, nc); be.run(ops::k::RmsNormForward(wo.data(), rstd.data(), wa.data(), w.data(), N, C, 1e-5f)); out16(nc); }),
+       best_time([&] { be.run(ops::k::RmsNormForward(o16.data(), rstd.data(), x16.data(), w.data(), N, C, 1e-5f), t); }),
+       best_time([&] { be.run(ops::k::RmsNormForward(f32o.data(), rstd.data(), x32.data(), w.data(), N, C, 1e-5f)); })};
   native16_row("rmsnorm fwd", r, sum);
-  r = {best_time([&] { cv_in(wa, x16, nh); be.gelu_forward(wo.data(), wa.data(), nh); out16(nh); }),
-       best_time([&] { be.gelu_forward16(o16.data(), x16.data(), t, nh); }),
-       best_time([&] { be.gelu_forward(f32o.data(), x32.data(), nh); })};
+  r = {best_time([&] { cv_in(wa, x16, nh); be.run(ops::k::GeluForward(wo.data(), wa.data(), nh)); out16(nh); }),
+       best_time([&] { be.run(ops::k::GeluForward(o16.data(), x16.data(), nh), t); }),
+       best_time([&] { be.run(ops::k::GeluForward(f32o.data(), x32.data(), nh)); })};
   native16_row("gelu fwd (N x 4C)", r, sum);
-  r = {best_time([&] { cv_in(wa, x16, nh); cv_in(wb, y16, nh); zero(nh); be.gelu_backward(wo.data(), wa.data(), wb.data(), nh); acc16(nh); }),
-       best_time([&] { be.gelu_backward16(d16.data(), x16.data(), y16.data(), t, nh); }),
-       best_time([&] { be.gelu_backward(f32o.data(), x32.data(), y32.data(), nh); })};
+  r = {best_time([&] { cv_in(wa, x16, nh); cv_in(wb, y16, nh); zero(nh); be.run(ops::k::GeluBackward(wo.data(), wa.data(), wb.data(), nh)); acc16(nh); }),
+       best_time([&] { be.run(ops::k::GeluBackward(d16.data(), x16.data(), y16.data(), nh), t); }),
+       best_time([&] { be.run(ops::k::GeluBackward(f32o.data(), x32.data(), y32.data(), nh)); })};
   native16_row("gelu bwd (N x 4C)", r, sum);
-  r = {best_time([&] { cv_in(wa, x16, n2h); be.swiglu_forward(wo.data(), wa.data(), N, H); out16(nh); }),
-       best_time([&] { be.swiglu_forward16(o16.data(), x16.data(), t, N, H); }),
-       best_time([&] { be.swiglu_forward(f32o.data(), x32.data(), N, H); })};
+  r = {best_time([&] { cv_in(wa, x16, n2h); be.run(ops::k::SwigluForward(wo.data(), wa.data(), N, H)); out16(nh); }),
+       best_time([&] { be.run(ops::k::SwigluForward(o16.data(), x16.data(), N, H), t); }),
+       best_time([&] { be.run(ops::k::SwigluForward(f32o.data(), x32.data(), N, H)); })};
   native16_row("swiglu fwd (N x 2x4C)", r, sum);
-  r = {best_time([&] { cv_in(wa, x16, nc); cv_in(wb, y16, nc); be.add_forward(wo.data(), wa.data(), wb.data(), nc); out16(nc); }),
-       best_time([&] { be.add_forward16(o16.data(), x16.data(), y16.data(), t, nc); }),
-       best_time([&] { be.add_forward(f32o.data(), x32.data(), y32.data(), nc); })};
+  r = {best_time([&] { cv_in(wa, x16, nc); cv_in(wb, y16, nc); be.run(ops::k::AddForward(wo.data(), wa.data(), wb.data(), nc)); out16(nc); }),
+       best_time([&] { be.run(ops::k::AddForward(o16.data(), x16.data(), y16.data(), nc), t); }),
+       best_time([&] { be.run(ops::k::AddForward(f32o.data(), x32.data(), y32.data(), nc)); })};
   native16_row("add (residual)", r, sum);
-  r = {best_time([&] { cv_in(wb, y16, nc); zero(nc); be.add_inplace(wo.data(), wb.data(), nc); acc16(nc); }),
-       best_time([&] { be.add_inplace16(d16.data(), y16.data(), t, nc); }),
-       best_time([&] { be.add_inplace(f32o.data(), y32.data(), nc); })};
+  r = {best_time([&] { cv_in(wb, y16, nc); zero(nc); be.run(ops::k::AddInplace(wo.data(), wb.data(), nc)); acc16(nc); }),
+       best_time([&] { be.run(ops::k::AddInplace(d16.data(), y16.data(), nc), t); }),
+       best_time([&] { be.run(ops::k::AddInplace(f32o.data(), y32.data(), nc)); })};
   native16_row("add bwd (one input)", r, sum);
   const ops::DropoutSpec drop{0.1f, 3};
-  r = {best_time([&] { cv_in(wa, x16, nc); be.dropout_forward(wo.data(), wa.data(), nc, drop); out16(nc); }),
-       best_time([&] { be.dropout_forward16(o16.data(), x16.data(), t, nc, drop); }),
-       best_time([&] { be.dropout_forward(f32o.data(), x32.data(), nc, drop); })};
+  r = {best_time([&] { cv_in(wa, x16, nc); be.run(ops::k::DropoutForward(wo.data(), wa.data(), nc, drop)); out16(nc); }),
+       best_time([&] { be.run(ops::k::DropoutForward(o16.data(), x16.data(), nc, drop), t); }),
+       best_time([&] { be.run(ops::k::DropoutForward(f32o.data(), x32.data(), nc, drop)); })};
   native16_row("dropout fwd p=0.1", r, sum);
   const int B = 8, T = N / B, NH = 12;
   const int64_t nq = int64_t{N} * 3 * C;
-  r = {best_time([&] { cv_in(wa, x16, nq); be.rope_forward(wo.data(), wa.data(), B, T, C, NH, 10000.0f); out16(nq); }),
-       best_time([&] { be.rope_forward16(o16.data(), x16.data(), t, B, T, C, NH, 10000.0f); }),
-       best_time([&] { be.rope_forward(f32o.data(), x32.data(), B, T, C, NH, 10000.0f); })};
+  r = {best_time([&] { cv_in(wa, x16, nq); be.run(ops::k::RopeForward(wo.data(), wa.data(), B, T, C, NH, 10000.0f)); out16(nq); }),
+       best_time([&] { be.run(ops::k::RopeForward(o16.data(), x16.data(), B, T, C, NH, 10000.0f), t); }),
+       best_time([&] { be.run(ops::k::RopeForward(f32o.data(), x32.data(), B, T, C, NH, 10000.0f)); })};
   native16_row("rope fwd (N x 3C)", r, sum);
   native16_row("total", sum, sum);
 }
 
-// [i29: native16] The attention three ways at GPT-2's heads (B 4, T 256, 12 heads of 64): the
+// The attention three ways at GPT-2's heads (B 4, T 256, 12 heads of 64): the
 // widened path (qkv and dout converted to fp32 copies, out rounded back, dqkv computed into a
 // zeroed fp32 copy and accumulated), the native kernels (Backend::attention_*16), and fp32.
 void bench_native16_attention(ops::Backend& be, ops::DType t) {
@@ -410,24 +410,24 @@ void bench_native16_attention(ops::Backend& be, ops::DType t) {
   const ops::DropoutSpec drop{};
   Native16Row sum, r;
   r = {best_time([&] {
-         be.convert(qw.data(), DType::F32, q16.data(), t, nq);
-         be.attention_forward(ow.data(), lse.data(), qw.data(), B, T, C, NH, drop);
-         be.convert(o16.data(), t, ow.data(), DType::F32, nc);
+         be.run(ops::k::Convert(qw.data(), DType::F32, q16.data(), t, nq));
+         be.run(ops::k::AttentionForward(ow.data(), lse.data(), qw.data(), B, T, C, NH, drop));
+         be.run(ops::k::Convert(o16.data(), t, ow.data(), DType::F32, nc));
        }),
-       best_time([&] { be.attention_forward16(o16.data(), lse.data(), q16.data(), t, B, T, C, NH, drop); }),
-       best_time([&] { be.attention_forward(o32.data(), lse.data(), q32.data(), B, T, C, NH, drop); })};
+       best_time([&] { be.run(ops::k::AttentionForward(o16.data(), lse.data(), q16.data(), B, T, C, NH, drop), t); }),
+       best_time([&] { be.run(ops::k::AttentionForward(o32.data(), lse.data(), q32.data(), B, T, C, NH, drop)); })};
   native16_row("attention fwd", r, sum);
   r = {best_time([&] {
-         be.convert(qw.data(), DType::F32, q16.data(), t, nq);
-         be.convert(dw.data(), DType::F32, d16in.data(), t, nc);
+         be.run(ops::k::Convert(qw.data(), DType::F32, q16.data(), t, nq));
+         be.run(ops::k::Convert(dw.data(), DType::F32, d16in.data(), t, nc));
          std::memset(g.data(), 0, sizeof(float) * nq);
-         be.attention_backward(g.data(), dw.data(), qw.data(), lse.data(), B, T, C, NH, drop, nullptr);
-         be.accumulate(dq16.data(), t, g.data(), nq);
+         be.run(ops::k::AttentionBackward(g.data(), dw.data(), qw.data(), lse.data(), B, T, C, NH, drop, nullptr));
+         be.run(ops::k::Accumulate(dq16.data(), t, g.data(), nq));
        }),
        best_time([&] {
-         be.attention_backward16(dq16.data(), d16in.data(), q16.data(), lse.data(), t, B, T, C, NH, drop, nullptr);
+         be.run(ops::k::AttentionBackward(dq16.data(), d16in.data(), q16.data(), lse.data(), B, T, C, NH, drop, nullptr), t);
        }),
-       best_time([&] { be.attention_backward(g32.data(), d32.data(), q32.data(), lse.data(), B, T, C, NH, drop, nullptr); })};
+       best_time([&] { be.run(ops::k::AttentionBackward(g32.data(), d32.data(), q32.data(), lse.data(), B, T, C, NH, drop, nullptr)); })};
   native16_row("attention bwd", r, sum);
   native16_row("total", sum, sum);
 }
@@ -435,7 +435,7 @@ void bench_native16_attention(ops::Backend& be, ops::DType t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool attention_only = false, native16_only = false, gemm16_only = false, dweight_only = false;  // [i29]
+  bool attention_only = false, native16_only = false, gemm16_only = false, dweight_only = false;
   for (int i = 1; i < argc; i++) {
     if (std::strcmp(argv[i], "--quick") == 0) g_reps = 2;
     if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;

@@ -1,4 +1,4 @@
-// The optimizer phase at GPT-2 124M's parameter shapes (issue 29: optimizer): the gradient
+// The optimizer phase at GPT-2 124M's parameter shapes: the gradient
 // norm's sum of squares, the AdamW update (with the 16-bit copy) and the gradient zeroing,
 // timed the old way (the host defaults Backend::sum_squares_typed, Backend::adamw_update_typed
 // and Backend::mem_zero, as the trainer called them before the fusion) and the new way (the
@@ -85,16 +85,20 @@ Times step(ops::Backend& be, Model& md, bool fused, int64_t t) {
   double ss = 0;
   auto t0 = Clock::now();
   for (size_t i = 0; i < md.sizes.size(); ++i)
-    ss += fused ? be.sum_squares_typed(md.g(i), md.gt, md.sizes[i]) : be.Backend::sum_squares_typed(md.g(i), md.gt, md.sizes[i]);
+    ss += fused ? ops::sum_squares_typed(be, md.g(i), md.gt, md.sizes[i]) : [&] {
+        double r = 0;
+        ops::sum_squares_typed_composed(be, ops::k::SumSquaresTyped(md.g(i), md.gt, md.sizes[i], &r));
+        return r;
+      }();
   r.norm = seconds_since(t0);
   t0 = Clock::now();
   for (size_t i = 0; i < md.sizes.size(); ++i) {
     if (fused)
-      be.adamw_update_zero_grad(md.p(i), md.pt, md.g(i), md.gt, md.w(i), md.m.data() + md.off[i], md.v.data() + md.off[i],
-                                md.sizes[i], a);
+      be.run(ops::k::AdamwUpdateZeroGrad(md.p(i), md.pt, md.g(i), md.gt, md.w(i), md.m.data() + md.off[i], md.v.data() + md.off[i],
+                                md.sizes[i], a));
     else
-      be.Backend::adamw_update_typed(md.p(i), md.pt, md.g(i), md.gt, md.w(i), md.m.data() + md.off[i],
-                                     md.v.data() + md.off[i], md.sizes[i], a);
+      ops::adamw_update_typed_composed(be, ops::k::AdamwUpdateTyped(md.p(i), md.pt, md.g(i), md.gt, md.w(i), md.m.data() + md.off[i],
+                                     md.v.data() + md.off[i], md.sizes[i], a));
   }
   r.update = seconds_since(t0);
   if (!fused) {

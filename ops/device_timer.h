@@ -1,4 +1,4 @@
-// Timing on the device's queue (issue 26: profiling on the GPU). On a GPU a kernel call returns
+// Timing on the device's queue. On a GPU a kernel call returns
 // when it is queued, so a host clock around an operator measures its launch, not its work. A
 // device with an asynchronous queue installs a DeviceTimer (runner/device/device.cpp: the CUDA
 // backend's, events on the compute stream and NVTX ranges); the executor then times each node

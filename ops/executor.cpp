@@ -6,6 +6,7 @@
 // scratch counts, releases, recompute, timing) and hands each node to its kind's OpDef
 // (ops/ops.h) through one table lookup, which runs the kernels and the collectives.
 #include "ops/executor.h"
+#include "ops/kernel_check.h"
 
 #include <atomic>
 #include <chrono>
@@ -32,7 +33,7 @@ using Operands = std::array<float*, kMaxOperands>;
 
 bool is16(DType t) { return t == DType::BF16 || t == DType::F16; }
 
-// [i29: native16] The switch: -1 until first read (then the environment's answer), 0 or 1.
+// The switch: -1 until first read (then the environment's answer), 0 or 1.
 std::atomic<int> g_native16{-1};
 }  // namespace
 
@@ -96,7 +97,7 @@ struct Executor::Impl {
   void* readable(const TensorDesc& d, void* raw, bool present) {
     if (!present || !is16(d.dtype)) return raw;
     float* w = wide(d, false);
-    if (!dry()) be->convert(w, DType::F32, raw, d.dtype, numel_of(d.shape));
+    if (!dry()) be->run(k::Convert(w, DType::F32, raw, d.dtype, numel_of(d.shape)));
     return w;
   }
   void release_wide() {
@@ -212,7 +213,7 @@ struct Executor::Impl {
     return op.reads16 && op.reads16(g, n, backward);
   }
 
-  // [i29: native16] Whether node n runs its OpDef's 16-bit-native kernels: the op has them, the
+  // Whether node n runs its OpDef's 16-bit-native kernels: the op has them, the
   // switch is on, the plan is not the GPU's, the node is plain (no tensor or sequence
   // parallelism, no decode, no KV cache to fill), its first output is 16-bit (t), every float
   // input is an activation in t or a parameter where the op takes one (OpDef::native16_params;
@@ -235,7 +236,7 @@ struct Executor::Impl {
         return false;
       }
     }
-    return dry() || be->native16_available(t);
+    return dry() || native16_available(*be, t);
   }
 
   // Node n's input values as its kernels read them (fp32, widened from 16 bits, or int; or as
@@ -279,7 +280,7 @@ struct Executor::Impl {
     if (dry() || native) return;
     for (size_t j = 0; j < n.out.size(); ++j) {
       const TensorDesc& d = g.tensors[n.out[j]];
-      if (is16(d.dtype) && storage[j]) be->convert(storage[j], d.dtype, outs[j], DType::F32, numel_of(d.shape));
+      if (is16(d.dtype) && storage[j]) be->run(k::Convert(storage[j], d.dtype, outs[j], DType::F32, numel_of(d.shape)));
     }
   }
 
@@ -309,7 +310,7 @@ struct Executor::Impl {
   // gradient buffer in that buffer's dtype.
   void kernel_backward(const Node& n, float dloss) {
     const OpDef& op = op_def(n.kind);
-    // [i29: fused] A node that reads both outputs' gradients runs when either is live; the
+    // A node that reads both outputs' gradients runs when either is live; the
     // other is then a zeroed buffer (grad()), counted in the dry run as in the real run.
     const bool dout1 = op.reads_dout1 && n.out.size() > 1;
     if (!op.seeds_backward && !glive[n.out[0]] && !(dout1 && glive[n.out[1]])) return;
@@ -369,7 +370,7 @@ struct Executor::Impl {
       c.dins = din;
       c.dout = dout;
       c.dout1 = dout_1;
-      // [i29: fused] d(out[0]) is this node's to overwrite: the executor's own buffer (or an
+      // d(out[0]) is this node's to overwrite: the executor's own buffer (or an
       // fp32 copy of a 16-bit one), released right after this call.
       if (op.consumes_dout && !stored) c.dout_own = const_cast<float*>(dout);
       c.dloss = dloss;
@@ -380,7 +381,7 @@ struct Executor::Impl {
         const TensorDesc& d = g.tensors[x];
         // A parameter's 16-bit buffer gets the sum rounded once; an activation's its dtype's rounding.
         Tensor& dst = d.kind == TensorKind::Param ? *pgrad[x] : grads[x];
-        be->accumulate(dst.raw(), dst.dtype(), din[j], dst.numel());
+        be->run(k::Accumulate(dst.raw(), dst.dtype(), din[j], dst.numel()));
       }
     }
     release_wide();
@@ -564,7 +565,12 @@ struct Executor::Impl {
   }
 };
 
-Executor::Executor(const Graph& g, Backend& be) : impl_(new Impl(g, &be)) {}
+// A real run: the plan's kernels are checked against the backend's table before any step (a
+// graph with a loss may run its backward).
+Executor::Executor(const Graph& g, Backend& be) : impl_(nullptr) {
+  check_kernels(g, be, g.losses >= 0 && !g.decode, false);
+  impl_ = new Impl(g, &be);
+}
 Executor::~Executor() { delete impl_; }
 
 void Executor::bind_param(int id, Tensor* value, Tensor* grad) {
@@ -600,7 +606,10 @@ void Executor::backward(float dloss, const void* dstage_out, void* dstage_in) {
 }
 
 void Executor::set_group(ReduceGroup* group) { impl_->group = group; }
-void Executor::set_kv_cache(KvCache* cache) { impl_->kv = cache; }
+void Executor::set_kv_cache(KvCache* cache) {
+  if (cache) check_kernels(impl_->g, *impl_->be, false, true);  // the cache's kernels, before any step
+  impl_->kv = cache;
+}
 void Executor::set_trace(std::vector<TraceEvent>* sink) { impl_->trace = sink; }
 void Executor::set_grad_hook(std::function<void(int)> hook) { impl_->grad_hook = std::move(hook); }
 

@@ -25,13 +25,13 @@
 // when ops/gemm_path.h chose oneDNN's 16-bit matmul for the dtype); then no copies of its
 // inputs, outputs or output gradient are made or counted. Its fp32 outputs and input gradients
 // are handled as above.
-// [i29: native16] A second exception: an OpDef with native16 (the memory-bound operators) whose
+// A second exception: an OpDef with native16 (the memory-bound operators) whose
 // node qualifies (Impl::native16_call: the switch ops::set_native16 / RUNNER_NATIVE16, a
 // backend with the kernels, no tensor or sequence parallelism) gets its 16-bit activations,
 // outputs and activation gradients as stored; its kernels convert tile by tile with the same
 // results bit for bit, so only the copies disappear (and from the dry run's count with them).
 //
-// Host and device (issue 26, docs/invariants.md invariant 7): the widening, rounding and
+// Host and device (docs/invariants.md invariant 7): the widening, rounding and
 // accumulation above are backend kernels (Backend::convert, Backend::accumulate), queued with the
 // operators, so the executor never touches tensor memory itself. It crosses to the host at two
 // named points: the batch in (tokens, targets: Tensor::write_from_host) and the per-position
@@ -90,7 +90,7 @@ class Executor {
   // Pipeline stages: `stage_in` is the activation received from the previous stage (graphs with
   // a stage_input), copied in; `stage_out` receives this stage's output (graphs with a
   // stage_output) for sending on.
-  // Where the memory is (issue 26): tokens and targets are HOST memory (the data loader's batch:
+  // Where the memory is: tokens and targets are HOST memory (the data loader's batch:
   // the executor copies them in, and sums the losses it copies out against `targets`); the
   // stage buffers are the backend's memory (device-to-device copies), like every tensor.
   LossSum forward(const int32_t* tokens, const int32_t* targets, bool train, uint64_t key = 0,

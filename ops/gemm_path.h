@@ -98,7 +98,7 @@ GemmPaths device_gemm_paths();
 // Whether this process's choice is device_gemm_paths() (set when the CUDA backend was selected):
 // a GPU run keeps it whatever a run directory recorded for the CPU.
 bool gemm_paths_on_device();
-// [i29: native16] The same for this thread's answer (a ScopedGemmPaths in force counts), without
+// The same for this thread's answer (a ScopedGemmPaths in force counts), without
 // measuring: whether the executor plans for the GPU's kernels, which have no 16-bit-native ones.
 bool gemm_paths_device_now();
 

@@ -24,8 +24,8 @@
 namespace ops {
 
 // One OpDef per kind (ops/ops.h: its forward, backward, saves and scratch), in this order.
-// LinearGelu (issue 29) is Linear + Gelu fused (the MLP's fc and its activation, ops/op_fused.cpp);
-// AddLayerNorm and AddRMSNorm (issue 29) are a residual Add and the norm that reads its sum.
+// LinearGelu is Linear + Gelu fused (the MLP's fc and its activation, ops/op_fused.cpp);
+// AddLayerNorm and AddRMSNorm are a residual Add and the norm that reads its sum.
 enum class OpKind : uint8_t {
   Embedding, LayerNorm, RMSNorm, Linear, Rope, Attention, Gelu, SwiGLU, Add, Dropout, SoftmaxXent, LinearGelu,
   AddLayerNorm, AddRMSNorm, Count

@@ -9,9 +9,9 @@
 // heads (NKV/tp, when tp divides them) or all of them (replicated), so neither needs a
 // collective; the attention's dropout counters are those of the logical head in the whole
 // model, so a head shard draws the masks the unsharded model draws (DropoutSpec::heads_total).
-// A grouped backward takes a workspace (Backend::attention_backward_work), counted by the
-// dry run like every op's scratch. [i29: native16] In a bf16/fp16 run the attention reads qkv
-// and dout and writes out and dqkv as stored (Backend::attention_forward16 / _backward16), so
+// A grouped backward takes a workspace (k::AttentionBackward::work_floats), counted by the
+// dry run like every op's scratch. In a bf16/fp16 run the attention reads qkv
+// and dout and writes out and dqkv as stored (the AttentionForward / AttentionBackward BF16 and F16 entries), so
 // the executor makes no fp32 copy of them; lse and the grouped workspace stay fp32. A prefill
 // graph (a KV cache to fill: kv_cache_write reads fp32) keeps the widened path (the executor's
 // native16_call).
@@ -33,17 +33,17 @@ int query_channels(const OpContext& c) { return query_channels(c.g, c.n); }
 namespace rope {
 
 void forward(OpContext& c) {
-  if (c.native16)  // [i29: native16]
-    return c.be.rope_forward16(c.outs[0], c.ins[0], c.dtype16(), c.B(), c.T(), query_channels(c), heads_of(c.n),
-                               c.n.theta);
-  c.be.rope_forward(c.out(0), c.in(0), c.B(), c.T(), query_channels(c), heads_of(c.n), c.n.theta);
+  if (c.native16)
+    return c.be.run(k::RopeForward(c.outs[0], c.ins[0], c.B(), c.T(), query_channels(c), heads_of(c.n),
+                               c.n.theta), c.dtype16());
+  c.be.run(k::RopeForward(c.out(0), c.in(0), c.B(), c.T(), query_channels(c), heads_of(c.n), c.n.theta));
 }
 
 void backward(OpContext& c) {
   if (c.native16)
-    return c.be.rope_backward16(c.dins[0], c.dout, c.dtype16(), c.B(), c.T(), query_channels(c), heads_of(c.n),
-                                c.n.theta);
-  c.be.rope_backward(c.din(0), c.dout, c.B(), c.T(), query_channels(c), heads_of(c.n), c.n.theta);
+    return c.be.run(k::RopeBackward(c.dins[0], c.dout, c.B(), c.T(), query_channels(c), heads_of(c.n),
+                                c.n.theta), c.dtype16());
+  c.be.run(k::RopeBackward(c.din(0), c.dout, c.B(), c.T(), query_channels(c), heads_of(c.n), c.n.theta));
 }
 
 }  // namespace rope
@@ -79,18 +79,18 @@ void forward(OpContext& c) {
     if (!c.kv || !c.kv->has_layer(c.n.layer))
       throw std::logic_error("node " + c.n.name + ": a decode graph needs the executor's KV cache (set_kv_cache)");
     if (static_cast<int64_t>(c.kv->pos.size()) < c.B()) throw std::logic_error("KV cache: fewer positions than rows");
-    c.be.attention_decode(c.out(0), c.in(0), c.kv->layer(c.n.layer), c.kv->device_positions(), c.B(), C, heads,
-                          c.n.rope ? c.n.theta : 0.0f);
+    c.be.run(k::AttentionDecode(c.out(0), c.in(0), c.kv->layer(c.n.layer), c.kv->device_positions(), c.B(), C, heads,
+                          c.n.rope ? c.n.theta : 0.0f));
     return;
   }
-  if (c.native16)  // [i29: native16] qkv and out as stored; lse fp32
-    return c.be.attention_forward16(c.outs[0], c.out(1), c.ins[0], c.dtype16(), c.B(), c.T(), C, heads, drop(c));
-  c.be.attention_forward(c.out(0), c.out(1), c.in(0), c.B(), c.T(), C, heads, drop(c));
-  if (c.kv) c.be.kv_cache_write(c.kv->layer(c.n.layer), c.in(0), c.B(), c.T(), C, heads);
+  if (c.native16)  // qkv and out as stored; lse fp32
+    return c.be.run(k::AttentionForward(c.outs[0], c.out(1), c.ins[0], c.B(), c.T(), C, heads, drop(c)), c.dtype16());
+  c.be.run(k::AttentionForward(c.out(0), c.out(1), c.in(0), c.B(), c.T(), C, heads, drop(c)));
+  if (c.kv) c.be.run(k::KvCacheWrite(c.kv->layer(c.n.layer), c.in(0), c.B(), c.T(), C, heads));
 }
 
 int64_t work_floats(const Graph& g, const Node& n) {
-  return Backend::attention_backward_work(static_cast<int>(g.B), static_cast<int>(g.T), query_channels(g, n), heads_of(n));
+  return k::AttentionBackward::work_floats(static_cast<int>(g.B), static_cast<int>(g.T), query_channels(g, n), heads_of(n));
 }
 
 // The grouped backward's workspace (forward: none).
@@ -106,10 +106,10 @@ void backward(OpContext& c) {
   Tensor work;
   if (nwork > 0) work = scratch_tensor({nwork}, false);
   if (c.native16)
-    return c.be.attention_backward16(c.dins[0], c.dout, c.ins[0], c.out(1), c.dtype16(), c.B(), c.T(), C,
-                                     heads_of(c.n), drop(c), nwork > 0 ? work.data<float>() : nullptr);
-  c.be.attention_backward(c.din(0), c.dout, c.in(0), c.out(1), c.B(), c.T(), C, heads_of(c.n), drop(c),
-                          nwork > 0 ? work.data<float>() : nullptr);
+    return c.be.run(k::AttentionBackward(c.dins[0], c.dout, c.ins[0], c.out(1), c.B(), c.T(), C,
+                                     heads_of(c.n), drop(c), nwork > 0 ? work.data<float>() : nullptr), c.dtype16());
+  c.be.run(k::AttentionBackward(c.din(0), c.dout, c.in(0), c.out(1), c.B(), c.T(), C, heads_of(c.n), drop(c),
+                          nwork > 0 ? work.data<float>() : nullptr));
 }
 
 }  // namespace attention

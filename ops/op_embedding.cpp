@@ -38,25 +38,25 @@ void forward(OpContext& c) {
     if (c.g.decode && wpe0) {  // one token per row, each at its own position
       if (!c.kv) throw std::logic_error("node " + n.name + ": a decode graph needs the executor's KV cache (set_kv_cache)");
       for (int b = 0; b < c.B(); ++b)
-        c.be.embedding_shard_forward(dst + static_cast<int64_t>(b) * C, c.in_i32(0) + b, c.in(1),
+        c.be.run(k::EmbeddingShardForward(dst + static_cast<int64_t>(b) * C, c.in_i32(0) + b, c.in(1),
                                      wpe0 + static_cast<int64_t>(c.kv->pos[static_cast<size_t>(b)]) * C, 1, 1, C,
-                                     static_cast<int>(n.vocab_start), static_cast<int>(c.in_desc(1).shape[0]));
+                                     static_cast<int>(n.vocab_start), static_cast<int>(c.in_desc(1).shape[0])));
     } else {
-      c.be.embedding_shard_forward(dst, c.in_i32(0), c.in(1), wpe0, c.B(), c.T(), C, static_cast<int>(n.vocab_start),
-                                   static_cast<int>(c.in_desc(1).shape[0]));
+      c.be.run(k::EmbeddingShardForward(dst, c.in_i32(0), c.in(1), wpe0, c.B(), c.T(), C, static_cast<int>(n.vocab_start),
+                                   static_cast<int>(c.in_desc(1).shape[0])));
     }
     if (n.scatter_output) c.group->reduce_scatter_sum(dst, c.out(0), out_n);
     else c.allreduce(c.out(0), out_n);
   } else if (c.g.decode && wpe) {  // one token per row, each at its own position
     if (!c.kv) throw std::logic_error("node " + n.name + ": a decode graph needs the executor's KV cache (set_kv_cache)");
     for (int b = 0; b < c.B(); ++b)
-      c.be.embedding_forward(c.out(0) + static_cast<int64_t>(b) * C, c.in_i32(0) + b, c.in(1),
-                             wpe + static_cast<int64_t>(c.kv->pos[static_cast<size_t>(b)]) * C, 1, 1, C);
-  } else if (c.native16) {  // [i29: native16] (the executor leaves decode and tensor parallelism widened)
+      c.be.run(k::EmbeddingForward(c.out(0) + static_cast<int64_t>(b) * C, c.in_i32(0) + b, c.in(1),
+                             wpe + static_cast<int64_t>(c.kv->pos[static_cast<size_t>(b)]) * C, 1, 1, C));
+  } else if (c.native16) {  // (the executor leaves decode and tensor parallelism widened)
     // The tables as stored, in 16 bits (native16_stored): the kernel widens the rows it reads.
-    c.be.embedding_forward16(c.outs[0], c.dtype16(), c.in_i32(0), c.ins[1], c.ins[2], c.B(), c.T(), C);
+    c.be.run(k::EmbeddingForward(c.outs[0], c.in_i32(0), c.ins[1], c.ins[2], c.B(), c.T(), C), c.dtype16());
   } else {
-    c.be.embedding_forward(c.out(0), c.in_i32(0), c.in(1), wpe, c.B(), c.T(), C);
+    c.be.run(k::EmbeddingForward(c.out(0), c.in_i32(0), c.in(1), wpe, c.B(), c.T(), C));
   }
 }
 
@@ -72,12 +72,12 @@ void backward(OpContext& c) {
     dout = dfull.data<float>();
   }
   if (n.tp == TpMode::VocabEmbed)
-    c.be.embedding_shard_backward(c.din(1), c.din(2), dout, c.in_i32(0), c.B(), c.T(), C,
-                                  static_cast<int>(n.vocab_start), static_cast<int>(c.in_desc(1).shape[0]));
-  else if (c.native16)  // [i29: native16]
-    c.be.embedding_backward16(c.din(1), c.din(2), dout, c.dtype16(), c.in_i32(0), c.B(), c.T(), C);
+    c.be.run(k::EmbeddingShardBackward(c.din(1), c.din(2), dout, c.in_i32(0), c.B(), c.T(), C,
+                                  static_cast<int>(n.vocab_start), static_cast<int>(c.in_desc(1).shape[0])));
+  else if (c.native16)
+    c.be.run(k::EmbeddingBackward(c.din(1), c.din(2), dout, c.in_i32(0), c.B(), c.T(), C), c.dtype16());
   else
-    c.be.embedding_backward(c.din(1), c.din(2), dout, c.in_i32(0), c.B(), c.T(), C);
+    c.be.run(k::EmbeddingBackward(c.din(1), c.din(2), dout, c.in_i32(0), c.B(), c.T(), C));
 }
 
 }  // namespace embedding

@@ -1,4 +1,4 @@
-// Fused operators (issue 29, "fusion where the graph allows it"; ops/ops.h).
+// Fused operators (one pass over memory where the graph allows it; ops/ops.h).
 //
 // LinearGelu: the MLP's fc Linear and its GELU in one node.
 //   in: x (N,IC), W (OC,IC), b (OC) optional.
@@ -62,8 +62,8 @@ void forward(OpContext& c) {
   refuse_unfusable(c);
   const TensorDesc& w = c.in_desc(1);
   const int IC = static_cast<int>(w.shape[1]), OC = static_cast<int>(w.shape[0]);
-  c.be.linear_gelu_forward(c.out(0), c.out(1), c.in(0), c.in(1), c.in(2), static_cast<int>(rows_of(c.in_desc(0))),
-                           IC, OC);
+  c.be.run(k::LinearGeluForward(c.out(0), c.out(1), c.in(0), c.in(1), c.in(2), static_cast<int>(rows_of(c.in_desc(0))),
+                           IC, OC));
 }
 
 void backward(OpContext& c) {
@@ -73,8 +73,8 @@ void backward(OpContext& c) {
   const TensorDesc& w = c.in_desc(1);
   const int IC = static_cast<int>(w.shape[1]), OC = static_cast<int>(w.shape[0]);
   float* dx = c.din(0);
-  c.be.linear_gelu_backward(dx, c.din(1), c.din(2), c.dout_own, c.out(1), c.in(0), c.in(1),
-                            static_cast<int>(rows_of(x)), IC, OC);
+  c.be.run(k::LinearGeluBackward(dx, c.din(1), c.din(2), c.dout_own, c.out(1), c.in(0), c.in(1),
+                            static_cast<int>(rows_of(x)), IC, OC));
   // Column-parallel: each rank holds part of d(input) (as the unfused Linear).
   if (c.n.tp == TpMode::Column && dx) c.allreduce(dx, numel_of(x.shape));
 }
@@ -110,23 +110,21 @@ std::vector<int> saves_rmsnorm(const Node& n) { return {n.out[0], n.in[2], n.out
 
 void forward_layernorm(OpContext& c) {
   refuse_unfusable(c);
-  c.be.add_layernorm_forward(c.outs[0], c.outs[1], c.out(2), c.out(3), c.ins[0], c.ins[1], c.in(2), c.in(3),
-                             dtype_of(c), rows(c), width(c), c.n.eps);
+  c.be.run(k::AddLayerNormForward(c.outs[0], c.outs[1], c.out(2), c.out(3), c.ins[0], c.ins[1], c.in(2), c.in(3), rows(c), width(c), c.n.eps), dtype_of(c));
 }
 void backward_layernorm(OpContext& c) {
   refuse_unfusable(c);
-  c.be.add_layernorm_backward(c.dins[0], c.dins[1], c.din(2), c.din(3), dsum_of(c), c.dout1, c.outs[0], c.in(2),
-                              c.out(2), c.out(3), dtype_of(c), rows(c), width(c));
+  c.be.run(k::AddLayerNormBackward(c.dins[0], c.dins[1], c.din(2), c.din(3), dsum_of(c), c.dout1, c.outs[0], c.in(2),
+                              c.out(2), c.out(3), rows(c), width(c)), dtype_of(c));
 }
 void forward_rmsnorm(OpContext& c) {
   refuse_unfusable(c);
-  c.be.add_rmsnorm_forward(c.outs[0], c.outs[1], c.out(2), c.ins[0], c.ins[1], c.in(2), dtype_of(c), rows(c),
-                           width(c), c.n.eps);
+  c.be.run(k::AddRmsNormForward(c.outs[0], c.outs[1], c.out(2), c.ins[0], c.ins[1], c.in(2), rows(c),
+                           width(c), c.n.eps), dtype_of(c));
 }
 void backward_rmsnorm(OpContext& c) {
   refuse_unfusable(c);
-  c.be.add_rmsnorm_backward(c.dins[0], c.dins[1], c.din(2), dsum_of(c), c.dout1, c.outs[0], c.in(2), c.out(2),
-                            dtype_of(c), rows(c), width(c));
+  c.be.run(k::AddRmsNormBackward(c.dins[0], c.dins[1], c.din(2), dsum_of(c), c.dout1, c.outs[0], c.in(2), c.out(2), rows(c), width(c)), dtype_of(c));
 }
 
 }  // namespace add_norm

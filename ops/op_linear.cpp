@@ -16,7 +16,7 @@
 // Otherwise, and always under sequence parallelism or with operands of mixed dtypes (the logits'
 // fp32 d(y)), the executor widens them and sgemm runs.
 //
-// [i29] dout16 (the output layer under precision.logits_grad: compute): the backward reads the
+// dout16 (the output layer under precision.logits_grad: compute): the backward reads the
 // logits' fp32 d(y) rounded to x's 16-bit format, in every path, so that the numbers do not
 // depend on which GEMM path the dtype took: a 16-bit copy that the 16-bit GEMMs read as stored,
 // or (sgemm, sequence parallelism) an fp32 copy of the rounded values. Either copy is the
@@ -69,10 +69,10 @@ const void* backward_dout(OpContext& c, Tensor& r16, Tensor& wide) {
   const DType t = c.in_desc(0).dtype;
   const TensorDesc& y = c.out_desc(0);
   r16 = Tensor::empty(y.shape, t, Account::Workspace);
-  c.be.convert(r16.raw(), t, c.dout, DType::F32, numel_of(y.shape));
+  c.be.run(k::Convert(r16.raw(), t, c.dout, DType::F32, numel_of(y.shape)));
   if (c.as_stored) return r16.raw();
   wide = scratch_tensor(y.shape, false);
-  c.be.convert(wide.raw(), DType::F32, r16.raw(), t, numel_of(y.shape));
+  c.be.run(k::Convert(wide.raw(), DType::F32, r16.raw(), t, numel_of(y.shape)));
   return wide.raw();
 }
 
@@ -93,19 +93,19 @@ void forward(OpContext& c) {
   }
   if (n.scatter_output) {  // sequence parallel: partial sums reduce-scattered to this rank's rows
     yfull = scratch_tensor({nrows, OC}, false);
-    c.be.matmul_forward(yfull.data<float>(), xin, c.in(1), nullptr, static_cast<int>(nrows), IC, OC);
+    c.be.run(k::MatmulForward(yfull.data<float>(), xin, c.in(1), nullptr, static_cast<int>(nrows), IC, OC));
     const TensorDesc& y = c.out_desc(0);
     c.group->reduce_scatter_sum(yfull.data<float>(), c.out(0), numel_of(y.shape));
     if (bias)
-      for (int64_t r = 0; r < rows_of(y); ++r) c.be.add_inplace(c.out(0) + r * OC, bias, OC);
+      for (int64_t r = 0; r < rows_of(y); ++r) c.be.run(k::AddInplace(c.out(0) + r * OC, bias, OC));
     return;
   }
   const bool row = n.tp == TpMode::Row;
   if (row && c.tp_rank() != 0) bias = nullptr;  // partial sums: the bias is added once
   if (c.as_stored)
-    c.be.matmul16_forward(c.out(0), c.ins[0], c.ins[1], bias, x.dtype, static_cast<int>(nrows), IC, OC);
+    c.be.run(k::MatmulForward(c.out(0), c.ins[0], c.ins[1], bias, static_cast<int>(nrows), IC, OC), x.dtype);
   else
-    c.be.matmul_forward(c.out(0), xin, c.in(1), bias, static_cast<int>(nrows), IC, OC);
+    c.be.run(k::MatmulForward(c.out(0), xin, c.in(1), bias, static_cast<int>(nrows), IC, OC));
   if (row) c.allreduce(c.out(0), numel_of(c.out_desc(0).shape));
 }
 
@@ -131,7 +131,7 @@ void backward_seq_parallel(OpContext& c) {
   if (n.scatter_output) {
     const TensorDesc& y = c.out_desc(0);
     // This rank's rows' share of the bias gradient (the caller sums it over tp).
-    if (db) c.be.matmul_backward(nullptr, nullptr, db, dy, xin, c.in(1), static_cast<int>(rows_of(y)), IC, OC);
+    if (db) c.be.run(k::MatmulBackward(nullptr, nullptr, db, dy, xin, c.in(1), static_cast<int>(rows_of(y)), IC, OC));
     db = nullptr;
     dyfull = scratch_tensor({rows_of(y) * c.g.sp_parts, OC}, false);
     c.group->allgather(dy, dyfull.data<float>(), numel_of(y.shape));
@@ -142,11 +142,11 @@ void backward_seq_parallel(OpContext& c) {
     dxfull = scratch_tensor({nrows, IC}, true);
     dxf = dxfull.data<float>();
   }
-  c.be.matmul_backward(dxf, c.din(1), db, dy, xin, c.in(1), static_cast<int>(nrows), IC, OC);
+  c.be.run(k::MatmulBackward(dxf, c.din(1), db, dy, xin, c.in(1), static_cast<int>(nrows), IC, OC));
   if (n.gather_input && dx) {  // reduce-scatter d(input) back to this rank's rows
     dxpart = scratch_tensor(x.shape, false);
     c.group->reduce_scatter_sum(dxfull.data<float>(), dxpart.data<float>(), numel_of(x.shape));
-    c.be.add_inplace(dx, dxpart.data<float>(), numel_of(x.shape));
+    c.be.run(k::AddInplace(dx, dxpart.data<float>(), numel_of(x.shape)));
   }
 }
 
@@ -160,11 +160,11 @@ void backward(OpContext& c) {
   Tensor dy16, dyw;
   const void* dy = backward_dout(c, dy16, dyw);
   if (c.as_stored)
-    c.be.matmul16_backward(dx, c.din(1), c.din(2), dy, c.ins[0], c.ins[1], x.dtype, static_cast<int>(rows_of(x)),
-                           IC, OC);
+    c.be.run(k::MatmulBackward(dx, c.din(1), c.din(2), dy, c.ins[0], c.ins[1], static_cast<int>(rows_of(x)),
+                           IC, OC), x.dtype);
   else
-    c.be.matmul_backward(dx, c.din(1), c.din(2), static_cast<const float*>(dy), c.in(0), c.in(1),
-                         static_cast<int>(rows_of(x)), IC, OC);
+    c.be.run(k::MatmulBackward(dx, c.din(1), c.din(2), static_cast<const float*>(dy), c.in(0), c.in(1),
+                         static_cast<int>(rows_of(x)), IC, OC));
   // Column-parallel: each rank holds part of d(input); the input's only reader is this
   // node (a norm's output), so its gradient buffer holds exactly this sum's terms.
   if (n.tp == TpMode::Column && dx) c.allreduce(dx, numel_of(x.shape));

@@ -28,13 +28,13 @@ void forward(OpContext& c) {
     float* mx = stats.data<float>();
     float* se = mx + N;
     float* tl = se + N;
-    c.be.xent_shard_max(mx, c.in(0), N, V, Vr);
+    c.be.run(k::XentShardMax(mx, c.in(0), N, V, Vr));
     c.group->allreduce_max(mx, N);
-    c.be.xent_shard_sumexp(se, tl, c.in(0), mx, c.in_i32(1), N, V, Vr, static_cast<int>(n.vocab_start));
+    c.be.run(k::XentShardSumexp(se, tl, c.in(0), mx, c.in_i32(1), N, V, Vr, static_cast<int>(n.vocab_start)));
     c.group->allreduce_sum(se, 2 * static_cast<int64_t>(N));  // sumexp and tlogit are adjacent
-    c.be.xent_shard_finish(c.out(0), probs, c.in(0), mx, se, tl, c.in_i32(1), N, V, Vr);
+    c.be.run(k::XentShardFinish(c.out(0), probs, c.in(0), mx, se, tl, c.in_i32(1), N, V, Vr));
   } else {
-    c.be.softmax_xent_forward(c.out(0), probs, c.in(0), c.in_i32(1), N, V, Vr);
+    c.be.run(k::SoftmaxXentForward(c.out(0), probs, c.in(0), c.in_i32(1), N, V, Vr));
   }
 }
 
@@ -50,10 +50,10 @@ void backward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
   const int N = static_cast<int>(rows_of(x)), V = static_cast<int>(x.shape.back());
   if (n.tp == TpMode::VocabXent)
-    c.be.xent_shard_backward(c.din(0), c.in(0), c.in_i32(1), c.dloss, N, V, static_cast<int>(n.vocab_real),
-                             static_cast<int>(n.vocab_start));
+    c.be.run(k::XentShardBackward(c.din(0), c.in(0), c.in_i32(1), c.dloss, N, V, static_cast<int>(n.vocab_real),
+                             static_cast<int>(n.vocab_start)));
   else
-    c.be.softmax_xent_backward(c.din(0), c.in(0), c.in_i32(1), c.dloss, N, V, static_cast<int>(n.vocab_real));
+    c.be.run(k::SoftmaxXentBackward(c.din(0), c.in(0), c.in_i32(1), c.dloss, N, V, static_cast<int>(n.vocab_real)));
 }
 
 }  // namespace softmax_xent

@@ -16,20 +16,19 @@ std::vector<int> saves(const Node& n) { return {n.in[0], n.in[1], n.out[1], n.ou
 
 void forward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
-  if (c.native16)  // [i29: native16]
-    return c.be.layernorm_forward16(c.outs[0], c.out(1), c.out(2), c.ins[0], c.in(1), c.in(2), c.dtype16(),
-                                    static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back()), c.n.eps);
-  c.be.layernorm_forward(c.out(0), c.out(1), c.out(2), c.in(0), c.in(1), c.in(2), static_cast<int>(rows_of(x)),
-                         static_cast<int>(x.shape.back()), c.n.eps);
+  if (c.native16)
+    return c.be.run(k::LayerNormForward(c.outs[0], c.out(1), c.out(2), c.ins[0], c.in(1), c.in(2),
+                                    static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back()), c.n.eps), c.dtype16());
+  c.be.run(k::LayerNormForward(c.out(0), c.out(1), c.out(2), c.in(0), c.in(1), c.in(2), static_cast<int>(rows_of(x)),
+                         static_cast<int>(x.shape.back()), c.n.eps));
 }
 
 void backward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
-  if (c.native16)  // [i29: native16]
-    return c.be.layernorm_backward16(c.dins[0], c.din(1), c.din(2), c.dout, c.ins[0], c.in(1), c.out(1), c.out(2),
-                                     c.dtype16(), static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back()));
-  c.be.layernorm_backward(c.din(0), c.din(1), c.din(2), c.dout, c.in(0), c.in(1), c.out(1), c.out(2),
-                          static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back()));
+  if (c.native16)
+    return c.be.run(k::LayerNormBackward(c.dins[0], c.din(1), c.din(2), c.dout, c.ins[0], c.in(1), c.out(1), c.out(2), static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back())), c.dtype16());
+  c.be.run(k::LayerNormBackward(c.din(0), c.din(1), c.din(2), c.dout, c.in(0), c.in(1), c.out(1), c.out(2),
+                          static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back())));
 }
 
 }  // namespace layernorm
@@ -40,20 +39,20 @@ std::vector<int> saves(const Node& n) { return {n.in[0], n.in[1], n.out[1]}; }  
 
 void forward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
-  if (c.native16)  // [i29: native16]
-    return c.be.rmsnorm_forward16(c.outs[0], c.out(1), c.ins[0], c.in(1), c.dtype16(), static_cast<int>(rows_of(x)),
-                                  static_cast<int>(x.shape.back()), c.n.eps);
-  c.be.rmsnorm_forward(c.out(0), c.out(1), c.in(0), c.in(1), static_cast<int>(rows_of(x)),
-                       static_cast<int>(x.shape.back()), c.n.eps);
+  if (c.native16)
+    return c.be.run(k::RmsNormForward(c.outs[0], c.out(1), c.ins[0], c.in(1), static_cast<int>(rows_of(x)),
+                                  static_cast<int>(x.shape.back()), c.n.eps), c.dtype16());
+  c.be.run(k::RmsNormForward(c.out(0), c.out(1), c.in(0), c.in(1), static_cast<int>(rows_of(x)),
+                       static_cast<int>(x.shape.back()), c.n.eps));
 }
 
 void backward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
-  if (c.native16)  // [i29: native16]
-    return c.be.rmsnorm_backward16(c.dins[0], c.din(1), c.dout, c.ins[0], c.in(1), c.out(1), c.dtype16(),
-                                   static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back()));
-  c.be.rmsnorm_backward(c.din(0), c.din(1), c.dout, c.in(0), c.in(1), c.out(1), static_cast<int>(rows_of(x)),
-                        static_cast<int>(x.shape.back()));
+  if (c.native16)
+    return c.be.run(k::RmsNormBackward(c.dins[0], c.din(1), c.dout, c.ins[0], c.in(1), c.out(1),
+                                   static_cast<int>(rows_of(x)), static_cast<int>(x.shape.back())), c.dtype16());
+  c.be.run(k::RmsNormBackward(c.din(0), c.din(1), c.dout, c.in(0), c.in(1), c.out(1), static_cast<int>(rows_of(x)),
+                        static_cast<int>(x.shape.back())));
 }
 
 }  // namespace rmsnorm

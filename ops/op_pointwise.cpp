@@ -18,12 +18,12 @@ int64_t numel_in(const OpContext& c) { return numel_of(c.in_desc(0).shape); }
 namespace gelu {
 
 void forward(OpContext& c) {
-  if (c.native16) return c.be.gelu_forward16(c.outs[0], c.ins[0], c.dtype16(), numel_in(c));  // [i29: native16]
-  c.be.gelu_forward(c.out(0), c.in(0), numel_in(c));
+  if (c.native16) return c.be.run(k::GeluForward(c.outs[0], c.ins[0], numel_in(c)), c.dtype16());
+  c.be.run(k::GeluForward(c.out(0), c.in(0), numel_in(c)));
 }
 void backward(OpContext& c) {
-  if (c.native16) return c.be.gelu_backward16(c.dins[0], c.ins[0], c.dout, c.dtype16(), numel_in(c));
-  c.be.gelu_backward(c.din(0), c.in(0), c.dout, numel_in(c));
+  if (c.native16) return c.be.run(k::GeluBackward(c.dins[0], c.ins[0], c.dout, numel_in(c)), c.dtype16());
+  c.be.run(k::GeluBackward(c.din(0), c.in(0), c.dout, numel_in(c)));
 }
 
 }  // namespace gelu
@@ -33,14 +33,14 @@ namespace swiglu {
 void forward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
   const int N = static_cast<int>(rows_of(x)), H = static_cast<int>(x.shape.back() / 2);
-  if (c.native16) return c.be.swiglu_forward16(c.outs[0], c.ins[0], c.dtype16(), N, H);  // [i29: native16]
-  c.be.swiglu_forward(c.out(0), c.in(0), N, H);
+  if (c.native16) return c.be.run(k::SwigluForward(c.outs[0], c.ins[0], N, H), c.dtype16());
+  c.be.run(k::SwigluForward(c.out(0), c.in(0), N, H));
 }
 void backward(OpContext& c) {
   const TensorDesc& x = c.in_desc(0);
   const int N = static_cast<int>(rows_of(x)), H = static_cast<int>(x.shape.back() / 2);
-  if (c.native16) return c.be.swiglu_backward16(c.dins[0], c.dout, c.ins[0], c.dtype16(), N, H);
-  c.be.swiglu_backward(c.din(0), c.dout, c.in(0), N, H);
+  if (c.native16) return c.be.run(k::SwigluBackward(c.dins[0], c.dout, c.ins[0], N, H), c.dtype16());
+  c.be.run(k::SwigluBackward(c.din(0), c.dout, c.in(0), N, H));
 }
 
 }  // namespace swiglu
@@ -48,17 +48,17 @@ void backward(OpContext& c) {
 namespace add {
 
 void forward(OpContext& c) {
-  if (c.native16) return c.be.add_forward16(c.outs[0], c.ins[0], c.ins[1], c.dtype16(), numel_in(c));  // [i29: native16]
-  c.be.add_forward(c.out(0), c.in(0), c.in(1), numel_in(c));
+  if (c.native16) return c.be.run(k::AddForward(c.outs[0], c.ins[0], c.ins[1], numel_in(c)), c.dtype16());
+  c.be.run(k::AddForward(c.out(0), c.in(0), c.in(1), numel_in(c)));
 }
 void backward(OpContext& c) {
-  if (c.native16) {  // [i29: native16]
-    c.be.add_inplace16(c.dins[0], c.dout, c.dtype16(), numel_in(c));
-    c.be.add_inplace16(c.dins[1], c.dout, c.dtype16(), numel_in(c));
+  if (c.native16) {
+    c.be.run(k::AddInplace(c.dins[0], c.dout, numel_in(c)), c.dtype16());
+    c.be.run(k::AddInplace(c.dins[1], c.dout, numel_in(c)), c.dtype16());
     return;
   }
-  c.be.add_inplace(c.din(0), c.dout, numel_in(c));
-  c.be.add_inplace(c.din(1), c.dout, numel_in(c));
+  c.be.run(k::AddInplace(c.din(0), c.dout, numel_in(c)));
+  c.be.run(k::AddInplace(c.din(1), c.dout, numel_in(c)));
 }
 
 }  // namespace add
@@ -77,13 +77,13 @@ DropoutSpec drop(const OpContext& c, int64_t numel) {
 
 void forward(OpContext& c) {
   const int64_t n = numel_in(c);
-  if (c.native16) return c.be.dropout_forward16(c.outs[0], c.ins[0], c.dtype16(), n, drop(c, n));  // [i29: native16]
-  c.be.dropout_forward(c.out(0), c.in(0), n, drop(c, n));
+  if (c.native16) return c.be.run(k::DropoutForward(c.outs[0], c.ins[0], n, drop(c, n)), c.dtype16());
+  c.be.run(k::DropoutForward(c.out(0), c.in(0), n, drop(c, n)));
 }
 void backward(OpContext& c) {
   const int64_t n = numel_in(c);
-  if (c.native16) return c.be.dropout_backward16(c.dins[0], c.dout, c.dtype16(), n, drop(c, n));  // [i29: native16]
-  c.be.dropout_backward(c.din(0), c.dout, n, drop(c, n));
+  if (c.native16) return c.be.run(k::DropoutBackward(c.dins[0], c.dout, n, drop(c, n)), c.dtype16());
+  c.be.run(k::DropoutBackward(c.din(0), c.dout, n, drop(c, n)));
 }
 
 }  // namespace dropout

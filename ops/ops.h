@@ -64,13 +64,13 @@ struct OpContext {
                                             // (null: not needed, or an input or int tensor)
   const float* dout = nullptr;   // gradient of out[0] (null for a kind that seeds the backward)
   float dloss = 0.0f;            // d(total loss)/d(each position's loss)
-  float* dout_own = nullptr;     // [i29: fused] dout, writable: set only for OpDef::consumes_dout
-  const float* dout1 = nullptr;  // [i29: fused] gradient of out[1]: set only for OpDef::reads_dout1
+  float* dout_own = nullptr;     // dout, writable: set only for OpDef::consumes_dout
+  const float* dout1 = nullptr;  // gradient of out[1]: set only for OpDef::reads_dout1
   // The call reads its operands as stored (OpDef::reads16 said so): ins, the backward's outs
   // and dout point at the tensors' own dtype (16 bits), not at fp32 copies. Forward outputs
   // and input gradients are fp32 buffers as always.
   bool as_stored = false;
-  // [i29: native16] The call runs the op's 16-bit-native kernels (OpDef::native16; the
+  // The call runs the op's 16-bit-native kernels (OpDef::native16; the
   // executor's choice, Executor native16_call): the activations, the forward's 16-bit outputs
   // and the activations' gradients (dins, as void*) are the tensors' own 16-bit buffers, of
   // dtype16(); parameters and fp32 tensors (norm statistics) are as on the widened path.
@@ -188,18 +188,18 @@ struct OpDef {
   // of in[0] is written over in[0]'s own buffer (dlogits over the probabilities) instead of
   // being accumulated into a fresh zeroed one.
   bool seeds_backward = false;
-  // [i29: fused] The backward may overwrite the gradient of out[0] (OpContext::dout_own): the
+  // The backward may overwrite the gradient of out[0] (OpContext::dout_own): the
   // executor hands it the buffer, which is dead after the call (it is released right after,
   // or is an fp32 copy made for the call), so a fused backward can turn d(out) into the
   // gradient of an inner value in place instead of allocating a second buffer of its size.
   bool consumes_dout = false;
-  // [i29: fused] The backward also reads the gradient of out[1] (OpContext::dout1): a node
+  // The backward also reads the gradient of out[1] (OpContext::dout1): a node
   // whose two outputs both have readers downstream (AddNorm: the residual sum and its norm).
   // The executor runs its backward when either gradient is live and hands it both (a missing
   // one as a zeroed buffer), as the same dtype and layout as dout.
   bool reads_dout1 = false;
-  // [i29: native16] The kernels accept 16-bit activations as stored (Backend's *16 entry
-  // points): where the executor finds the call eligible (OpContext::native16) it neither widens
+  // The kernels accept 16-bit activations as stored (the kernels' BF16/F16
+  // entries): where the executor finds the call eligible (OpContext::native16) it neither widens
   // the activations nor rounds the outputs, and no fp32 copy of them exists.
   bool native16 = false;
   // The input positions (bit j: in[j]) where the native kernels take a parameter: a norm's
@@ -240,7 +240,7 @@ struct OpDef {
   void (*probe)(ProbeBuilder&, int64_t rows, int64_t cols) = nullptr;
 };
 
-// [i29: native16] The process's switch for OpDef::native16 (on unless the environment says
+// The process's switch for OpDef::native16 (on unless the environment says
 // RUNNER_NATIVE16=0): off, every operator takes the widened path. Set it before any executor
 // runs or dry-runs (a dry run and a real run must see the same choice).
 void set_native16(bool on);

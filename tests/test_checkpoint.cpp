@@ -1043,7 +1043,7 @@ TEST_CASE("a state on the strict device: saves write the host state's bytes, asy
     // Kernels still queued ahead of the save (as training leaves them): its copies run after
     // them, so a writer that read its buffers without waiting would write the poison.
     ops::Tensor x({1024, 1024}, ops::DType::F32, ops::Account::Workspace, true, &dev), y = x.clone(ops::Account::Workspace);
-    for (int k = 0; k < 4; ++k) dev.matmul_forward(y.data<float>(), x.data<float>(), x.data<float>(), nullptr, 1024, 1024, 1024);
+    for (int k = 0; k < 4; ++k) dev.run(ops::k::MatmulForward(y.data<float>(), x.data<float>(), x.data<float>(), nullptr, 1024, 1024, 1024));
     async.save(d);
     // Staged: one copy out per tensor (params, m, v), queued on the device's queue.
     CHECK(ops::strict::strict_stats().copies_out - out_before == 3 * static_cast<int64_t>(d.params.values.size()));
@@ -1092,8 +1092,8 @@ TEST_CASE("16-bit strict-device values without masters are widened on the device
   for (TrainState* s : {&h, &d})
     for (auto& v : s->params.values) {
       ops::Tensor b(v.shape(), ops::DType::BF16, ops::Account::Parameters, false, v.device());
-      if (v.on_host()) ops::cpu_backend().convert(b.raw(), ops::DType::BF16, v.raw(), ops::DType::F32, v.numel());
-      else dev.convert(b.raw(), ops::DType::BF16, v.raw(), ops::DType::F32, v.numel());
+      if (v.on_host()) ops::cpu_backend().run(ops::k::Convert(b.raw(), ops::DType::BF16, v.raw(), ops::DType::F32, v.numel()));
+      else dev.run(ops::k::Convert(b.raw(), ops::DType::BF16, v.raw(), ops::DType::F32, v.numel()));
       v = b;
     }
   TempDir a, b;

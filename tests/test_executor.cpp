@@ -6,6 +6,7 @@
 
 #include "ops/backend.h"
 #include "ops/executor.h"
+#include "ops/kernel_check.h"
 #include "ops/rng.h"
 #include "runner/model/gpt.h"
 #include "runner/train/optimizer.h"
@@ -166,5 +167,45 @@ TEST_CASE("parameter initialisation is a function of (seed, name, logical elemen
       CHECK(d.shape[0] == 2 * 16 + 2 * kv_rows);
       CHECK(d.full_shape[0] == 4 * 16 + 2 * 16 * m.kv_heads());
     }
+  }
+}
+
+namespace {
+// A backend with an empty kernel table (its memory is the host's).
+struct NoKernels final : ops::Backend {
+  const char* name() const override { return "no-kernels"; }
+};
+}  // namespace
+
+TEST_CASE("plan check: an entry a backend lacks refuses the run before any step, naming operator, kernel, dtype") {
+  GptSpec spec;
+  spec.model = small_model("gpt");
+  spec.B = 2;
+  const ops::Graph g = build_gpt_graph(spec);
+  // The CPU backend has every kernel a training graph and a KV-cache prefill need.
+  CHECK(ops::missing_kernels(g, ops::cpu_backend(), true, true).empty());
+  NoKernels none;
+  const std::vector<ops::MissingKernel> miss = ops::missing_kernels(g, none, true, false);
+  REQUIRE(!miss.empty());
+  CHECK(miss.front().dtype == ops::DType::F32);
+  try {
+    ops::check_kernels(g, none, false, true);
+    FAIL("check_kernels did not throw");
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("no-kernels backend") != std::string::npos);
+    CHECK(msg.find(g.nodes[0].name) != std::string::npos);
+    CHECK(msg.find("EmbeddingForward, fp32") != std::string::npos);
+    CHECK(msg.find("KvCacheWrite") != std::string::npos);
+    CHECK(msg.find("--no-kv-cache") != std::string::npos);
+  }
+  CHECK_THROWS_AS(ops::Executor(g, none), std::runtime_error);
+  // A kernel run without an entry: one logic_error naming backend, kernel and dtype.
+  float x = 1.0f;
+  try {
+    none.run(ops::k::Scale(&x, 1, 2.0f), ops::DType::BF16);
+    FAIL("run did not throw");
+  } catch (const std::logic_error& e) {
+    CHECK(std::string(e.what()).find("no-kernels backend: no Scale kernel for bf16") != std::string::npos);
   }
 }

@@ -46,7 +46,7 @@ bool onednn_bf16_here() {
   MESSAGE("skipped: built without oneDNN (install libdnnl-dev: scripts/setup.sh)");
   return false;
 #else
-  if (ops::cpu_backend().matmul16_available(DType::BF16)) return true;
+  if (ops::cpu_backend().has(ops::Kernel::MatmulForward, DType::BF16)) return true;
   MESSAGE("skipped: built with oneDNN, but this CPU has no bf16 matmul: " << ops::cpu::dnnl_gemm_info(DType::BF16));
   return false;
 #endif
@@ -246,7 +246,7 @@ TEST_CASE("bf16 Linear forward and backward on oneDNN match the sgemm path; the 
   // This build has oneDNN; on a CPU with AVX512-BF16 or AMX (this project's machines) its bf16
   // matmul must be there, so a broken probe does not pass as a skip.
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) REQUIRE_MESSAGE(ops::cpu_backend().matmul16_available(DType::BF16),
+  if (__builtin_cpu_supports("avx512f")) REQUIRE_MESSAGE(ops::cpu_backend().has(ops::Kernel::MatmulForward, DType::BF16),
                                                          ops::cpu::dnnl_gemm_info(DType::BF16));
 #endif
   if (!onednn_bf16_here()) return;

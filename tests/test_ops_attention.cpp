@@ -96,7 +96,7 @@ OpCase attention_case(const AttnShape& s) {
   c.forward = [=](const std::vector<Vec>& a) {
     BlockRows br(block);
     Vec out(static_cast<size_t>(B) * T * C, 9.0f), lse(static_cast<size_t>(B) * NH * T, 9.0f);
-    be().attention_forward(out.data(), lse.data(), a[0].data(), B, T, C, NH, drop);
+    be().run(ops::k::AttentionForward(out.data(), lse.data(), a[0].data(), B, T, C, NH, drop));
     return out;
   };
   // With p > 0 the backward must regenerate exactly the forward's mask, or it disagrees with
@@ -104,8 +104,8 @@ OpCase attention_case(const AttnShape& s) {
   c.backward = [=](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
     BlockRows br(block);
     Vec out(static_cast<size_t>(B) * T * C), lse(static_cast<size_t>(B) * NH * T);
-    be().attention_forward(out.data(), lse.data(), a[0].data(), B, T, C, NH, drop);
-    be().attention_backward(g[0], dout.data(), a[0].data(), lse.data(), B, T, C, NH, drop);
+    be().run(ops::k::AttentionForward(out.data(), lse.data(), a[0].data(), B, T, C, NH, drop));
+    be().run(ops::k::AttentionBackward(g[0], dout.data(), a[0].data(), lse.data(), B, T, C, NH, drop));
   };
   c.max_coords = 250;
   return c;
@@ -146,11 +146,11 @@ OpCase rope_case(const RopeShape& s) {
   c.ref_forward = [=](const std::vector<DVec>& a) { return ref_rope(a[0], B, T, C, NH, theta); };
   c.forward = [=](const std::vector<Vec>& a) {
     Vec out(a[0].size(), 3.0f);
-    be().rope_forward(out.data(), a[0].data(), B, T, C, NH, theta);
+    be().run(ops::k::RopeForward(out.data(), a[0].data(), B, T, C, NH, theta));
     return out;
   };
   c.backward = [=](const std::vector<Vec>&, const Vec& dout, const std::vector<float*>& g) {
-    be().rope_backward(g[0], dout.data(), B, T, C, NH, theta);
+    be().run(ops::k::RopeBackward(g[0], dout.data(), B, T, C, NH, theta));
   };
   return c;
 }
@@ -171,7 +171,7 @@ TEST_CASE("attention: the saved log-sum-exp is each row's, and no (T,T) buffer i
   const size_t nl = static_cast<size_t>(B) * NH * T;
   Vec out(static_cast<size_t>(B) * T * C), lse(nl + 64, 7.0f);  // 64 guard floats past (B,NH,T)
   const ops::DropoutSpec drop{0.4f, 99};
-  be().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, drop);
+  be().run(ops::k::AttentionForward(out.data(), lse.data(), qkv.data(), B, T, C, NH, drop));
   DVec rl;
   ref_attention(to_double(qkv), B, T, C, NH, drop, nullptr, &rl);
   double worst = 0;
@@ -199,7 +199,7 @@ TEST_CASE("attention: causal mask — future tokens do not change earlier output
       const ops::DropoutSpec drop{p, 321};
       Vec qkv = randn(static_cast<size_t>(B) * T * 3 * C, 12);
       Vec out1(static_cast<size_t>(B) * T * C), out2(out1.size()), lse(static_cast<size_t>(B) * NH * T);
-      be().attention_forward(out1.data(), lse.data(), qkv.data(), B, T, C, NH, drop);
+      be().run(ops::k::AttentionForward(out1.data(), lse.data(), qkv.data(), B, T, C, NH, drop));
       const Vec other = randn(qkv.size(), 13, 5.0f);
       for (int b = 0; b < B; b++)
         for (int t = t0 + 1; t < T; t++)
@@ -207,7 +207,7 @@ TEST_CASE("attention: causal mask — future tokens do not change earlier output
             const size_t k = (static_cast<size_t>(b) * T + t) * 3 * C + i;
             qkv[k] = other[k];
           }
-      be().attention_forward(out2.data(), lse.data(), qkv.data(), B, T, C, NH, drop);
+      be().run(ops::k::AttentionForward(out2.data(), lse.data(), qkv.data(), B, T, C, NH, drop));
       for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
           const float* a = &out1[(static_cast<size_t>(b) * T + t) * C];
@@ -233,20 +233,20 @@ TEST_CASE("attention: dropout determinism, counter convention and keep fraction"
         for (int i = 0; i < HS; i++) qkv[(static_cast<size_t>(b) * T + t) * 3 * C + 2 * C + h * HS + i] = i == t;
   const size_t nout = static_cast<size_t>(B) * T * C, nlse = static_cast<size_t>(B) * NH * T;
   Vec a(nout), b2(nout), c2(nout), d(nout), e(nout), lse(nlse);
-  be().attention_forward(a.data(), lse.data(), qkv.data(), B, T, C, NH, {p, 1000});
-  be().attention_forward(b2.data(), lse.data(), qkv.data(), B, T, C, NH, {p, 1000});
-  be().attention_forward(c2.data(), lse.data(), qkv.data(), B, T, C, NH, {p, 1001});
+  be().run(ops::k::AttentionForward(a.data(), lse.data(), qkv.data(), B, T, C, NH, {p, 1000}));
+  be().run(ops::k::AttentionForward(b2.data(), lse.data(), qkv.data(), B, T, C, NH, {p, 1000}));
+  be().run(ops::k::AttentionForward(c2.data(), lse.data(), qkv.data(), B, T, C, NH, {p, 1001}));
   CHECK(a == b2);  // same key: bit-identical
   CHECK(a != c2);  // another key: another mask
   // p = 0 ignores the key and equals no dropout.
-  be().attention_forward(d.data(), lse.data(), qkv.data(), B, T, C, NH, {0.0f, 1000});
-  be().attention_forward(e.data(), lse.data(), qkv.data(), B, T, C, NH, {0.0f, 0});
+  be().run(ops::k::AttentionForward(d.data(), lse.data(), qkv.data(), B, T, C, NH, {0.0f, 1000}));
+  be().run(ops::k::AttentionForward(e.data(), lse.data(), qkv.data(), B, T, C, NH, {0.0f, 0}));
   CHECK(d == e);
   // The mask is rng_uniform(key, ((b*NH + h)*T + t)*T + s) >= p, the documented counter. The
   // probabilities are the double reference's (the kernel keeps none): a kept entry is P/(1-p)
   // within fp32 rounding (1e-5 relative), a dropped one exactly 0 (v is one-hot, so the other
   // products are exact zeros).
-  be().attention_forward(a.data(), lse.data(), qkv.data(), B, T, C, NH, {p, 1000});
+  be().run(ops::k::AttentionForward(a.data(), lse.data(), qkv.data(), B, T, C, NH, {p, 1000}));
   DVec ref_probs;
   ref_attention(to_double(qkv), B, T, C, NH, {}, &ref_probs);
   int64_t kept = 0, total = 0, mismatches = 0;
@@ -277,13 +277,13 @@ TEST_CASE("attention: a micro-batch at its offset reproduces its rows of the ful
   const size_t nl = static_cast<size_t>(NH) * T;
   const Vec qkv = randn(B * nq, 40), dout = randn(B * no, 41);
   Vec out(B * no), lse(B * nl), dqkv(B * nq, 0.0f);
-  be().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, drop);
-  be().attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C, NH, drop);
+  be().run(ops::k::AttentionForward(out.data(), lse.data(), qkv.data(), B, T, C, NH, drop));
+  be().run(ops::k::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C, NH, drop));
   for (int b = 0; b < B; b++) {
     const ops::DropoutSpec d1{drop.p, drop.key, drop.offset + static_cast<uint64_t>(b) * np};
     Vec o1(no), p1(nl), g1(nq, 0.0f);
-    be().attention_forward(o1.data(), p1.data(), qkv.data() + b * nq, 1, T, C, NH, d1);
-    be().attention_backward(g1.data(), dout.data() + b * no, qkv.data() + b * nq, p1.data(), 1, T, C, NH, d1);
+    be().run(ops::k::AttentionForward(o1.data(), p1.data(), qkv.data() + b * nq, 1, T, C, NH, d1));
+    be().run(ops::k::AttentionBackward(g1.data(), dout.data() + b * no, qkv.data() + b * nq, p1.data(), 1, T, C, NH, d1));
     CHECK(std::equal(o1.begin(), o1.end(), out.begin() + b * no));
     CHECK(std::equal(p1.begin(), p1.end(), lse.begin() + b * nl));
     CHECK(std::equal(g1.begin(), g1.end(), dqkv.begin() + b * nq));
@@ -294,8 +294,8 @@ TEST_CASE("attention: null dqkv is a no-op") {
   const int B = 1, T = 4, C = 8, NH = 2;
   const Vec qkv = randn(static_cast<size_t>(B) * T * 3 * C, 15), dout = randn(static_cast<size_t>(B) * T * C, 16);
   Vec out(dout.size()), lse(static_cast<size_t>(B) * NH * T);
-  be().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, {});
-  be().attention_backward(nullptr, dout.data(), qkv.data(), lse.data(), B, T, C, NH, {});
+  be().run(ops::k::AttentionForward(out.data(), lse.data(), qkv.data(), B, T, C, NH, {}));
+  be().run(ops::k::AttentionBackward(nullptr, dout.data(), qkv.data(), lse.data(), B, T, C, NH, {}));
 }
 
 // The strict device's wrappers (ops/strict): the new signature end to end on device memory,
@@ -307,18 +307,18 @@ TEST_CASE("attention on the strict device: out, lse and dqkv bit-identical to th
   const int W = C + 2 * hd.kv * HS;
   const ops::DropoutSpec drop{0.2f, 4242, 7};
   const Vec qkv = randn(static_cast<size_t>(B) * T * W, 71), dout = randn(static_cast<size_t>(B) * T * C, 72);
-  const size_t nwork = static_cast<size_t>(ops::Backend::attention_backward_work(B, T, C, hd));
+  const size_t nwork = static_cast<size_t>(ops::k::AttentionBackward::work_floats(B, T, C, hd));
   Vec out(dout.size()), lse(static_cast<size_t>(B) * NH * T), dqkv(qkv.size(), 0.0f), work(nwork);
-  be().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, hd, drop);
-  be().attention_backward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C, hd, drop, work.data());
+  be().run(ops::k::AttentionForward(out.data(), lse.data(), qkv.data(), B, T, C, hd, drop));
+  be().run(ops::k::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), lse.data(), B, T, C, hd, drop, work.data()));
   auto dev = [&](size_t n) { return static_cast<float*>(sd.mem_alloc(n * sizeof(float))); };
   float *dq = dev(qkv.size()), *ddo = dev(dout.size()), *dout_ = dev(out.size()), *dl = dev(lse.size()),
         *ddq = dev(qkv.size()), *dw = dev(nwork);
   sd.copy_in(dq, qkv.data(), qkv.size() * sizeof(float));
   sd.copy_in(ddo, dout.data(), dout.size() * sizeof(float));
   sd.mem_zero(ddq, qkv.size() * sizeof(float));
-  sd.attention_forward(dout_, dl, dq, B, T, C, hd, drop);
-  sd.attention_backward(ddq, ddo, dq, dl, B, T, C, hd, drop, dw);
+  sd.run(ops::k::AttentionForward(dout_, dl, dq, B, T, C, hd, drop));
+  sd.run(ops::k::AttentionBackward(ddq, ddo, dq, dl, B, T, C, hd, drop, dw));
   Vec o2(out.size()), l2(lse.size()), g2(qkv.size());
   sd.copy_out(o2.data(), dout_, o2.size() * sizeof(float));
   sd.copy_out(l2.data(), dl, l2.size() * sizeof(float));
@@ -340,7 +340,7 @@ TEST_CASE("rope: rotation preserves each pair's norm; backward is the inverse ro
   const int B = 2, T = 50, C = 48, NH = 3, HS = C / NH, half = HS / 2;
   const Vec x = randn(static_cast<size_t>(B) * T * 3 * C, 17);
   Vec y(x.size());
-  be().rope_forward(y.data(), x.data(), B, T, C, NH, 10000.0f);
+  be().run(ops::k::RopeForward(y.data(), x.data(), B, T, C, NH, 10000.0f));
   for (int r = 0; r < B * T; r++) {
     for (int hh = 0; hh < 2 * NH; hh++)
       for (int i = 0; i < half; i++) {
@@ -354,7 +354,7 @@ TEST_CASE("rope: rotation preserves each pair's norm; backward is the inverse ro
   for (int i = 0; i < 2 * C; i++) REQUIRE(y[i] == x[i]);
   // R^T R = I: backward of the forward's output recovers the input.
   Vec back(x.size(), 0.0f);
-  be().rope_backward(back.data(), y.data(), B, T, C, NH, 10000.0f);
+  be().run(ops::k::RopeBackward(back.data(), y.data(), B, T, C, NH, 10000.0f));
   CHECK(rel_err(back, x) < 1e-6);
 }
 
@@ -400,15 +400,15 @@ TEST_CASE("attention_decode: cached rows at their own positions equal the full a
     CAPTURE(theta);
     const Vec raw = randn(static_cast<size_t>(B) * T * 3 * C, 41);
     Vec qkv = raw;
-    if (theta > 0) be().rope_forward(qkv.data(), raw.data(), B, T, C, NH, theta);
+    if (theta > 0) be().run(ops::k::RopeForward(qkv.data(), raw.data(), B, T, C, NH, theta));
     Vec full(static_cast<size_t>(B) * T * C), lse(static_cast<size_t>(B) * NH * T);
-    be().attention_forward(full.data(), lse.data(), qkv.data(), B, T, C, NH, {});
+    be().run(ops::k::AttentionForward(full.data(), lse.data(), qkv.data(), B, T, C, NH, {}));
     ops::KvCache cache(0, 1, B, T, C, NH, ops::DType::F32);
     const int P = 3;  // prefill positions [0, P) of both rows (the roped qkv, as the graph stores it)
     Vec pre(static_cast<size_t>(B) * P * 3 * C);
     for (int b = 0; b < B; b++)
       std::copy_n(qkv.begin() + static_cast<int64_t>(b) * T * 3 * C, P * 3 * C, pre.begin() + static_cast<int64_t>(b) * P * 3 * C);
-    be().kv_cache_write(cache.layer(0), pre.data(), B, P, C, NH);
+    be().run(ops::k::KvCacheWrite(cache.layer(0), pre.data(), B, P, C, NH));
     // Row 0 decodes positions P..T-1; row 1 runs one position behind (it repeats P at first).
     double worst = 0;
     for (int s = 0; s < T - P; s++) {
@@ -416,7 +416,7 @@ TEST_CASE("attention_decode: cached rows at their own positions equal the full a
       Vec in(static_cast<size_t>(B) * 3 * C), out(static_cast<size_t>(B) * C);
       for (int b = 0; b < B; b++)  // the un-roped row: the kernel rotates it at pos[b]
         std::copy_n(raw.begin() + (static_cast<int64_t>(b) * T + pos[b]) * 3 * C, 3 * C, in.begin() + b * 3 * C);
-      be().attention_decode(out.data(), in.data(), cache.layer(0), pos, B, C, NH, theta);
+      be().run(ops::k::AttentionDecode(out.data(), in.data(), cache.layer(0), pos, B, C, NH, theta));
       for (int b = 0; b < B; b++)
         for (int i = 0; i < C; i++)
           worst = std::max(worst, static_cast<double>(std::fabs(out[static_cast<size_t>(b * C + i)] -
@@ -430,7 +430,7 @@ TEST_CASE("attention_decode: 16-bit and int8 caches read back within their forma
   const int B = 1, T = 6, C = 16, NH = 2;
   const Vec qkv = randn(static_cast<size_t>(B) * T * 3 * C, 43);
   Vec full(static_cast<size_t>(B) * T * C), lse(static_cast<size_t>(B) * NH * T);
-  be().attention_forward(full.data(), lse.data(), qkv.data(), B, T, C, NH, {});
+  be().run(ops::k::AttentionForward(full.data(), lse.data(), qkv.data(), B, T, C, NH, {}));
   // Output error of one query over 6 positions of unit-variance K and V, per format (measured
   // 1.6e-3 bf16, 3.9e-4 fp16, 4.7e-3 int8): bounds about 5x that.
   const std::vector<std::pair<ops::DType, double>> formats = {
@@ -438,10 +438,10 @@ TEST_CASE("attention_decode: 16-bit and int8 caches read back within their forma
   for (const auto& [dt, bound] : formats) {
     CAPTURE(ops::dtype_name(dt));
     ops::KvCache cache(0, 1, B, T, C, NH, dt);
-    be().kv_cache_write(cache.layer(0), qkv.data(), B, T - 1, C, NH);
+    be().run(ops::k::KvCacheWrite(cache.layer(0), qkv.data(), B, T - 1, C, NH));
     const int32_t pos[1] = {T - 1};
     Vec out(static_cast<size_t>(C));
-    be().attention_decode(out.data(), qkv.data() + (T - 1) * 3 * C, cache.layer(0), pos, B, C, NH, 0.0f);
+    be().run(ops::k::AttentionDecode(out.data(), qkv.data() + (T - 1) * 3 * C, cache.layer(0), pos, B, C, NH, 0.0f));
     double worst = 0;
     for (int i = 0; i < C; i++)
       worst = std::max(worst, static_cast<double>(std::fabs(out[static_cast<size_t>(i)] - full[(T - 1) * C + i])));

@@ -1,4 +1,4 @@
-// [i29: native16] The 16-bit-native causal self-attention (Backend::attention_forward16 /
+// The 16-bit-native causal self-attention (Backend::attention_forward16 /
 // attention_backward16, ops/cpu/attention.cpp) against the widened path it replaces, bit for bit.
 //
 // 1. The kernels against what the executor's widened path computes from the same 16-bit
@@ -81,28 +81,28 @@ void check_case(const AttnCase& k, DType t, uint64_t seed) {
   drop.offset = 1000;
   const V16 qkv = rand16(N * W, t, seed, 2.0f), dout = rand16(N * C, t, seed + 1, 1.0f);
   const V16 d0 = rand16(N * W, t, seed + 2, 0.5f);  // dqkv before the call (the fold adds to it)
-  const int64_t nwork = ops::Backend::attention_backward_work(k.B, k.T, C, hd);
+  const int64_t nwork = ops::k::AttentionBackward::work_floats(k.B, k.T, C, hd);
 
   // The widened path.
   const VF qkvw = widen(qkv, t);
   VF outw(static_cast<size_t>(N * C)), lsew(static_cast<size_t>(nlse));
-  cpu().attention_forward(outw.data(), lsew.data(), qkvw.data(), k.B, k.T, C, hd, drop);
+  cpu().run(ops::k::AttentionForward(outw.data(), lsew.data(), qkvw.data(), k.B, k.T, C, hd, drop));
   V16 out_ref(outw.size());
   ops::from_f32(out_ref.data(), t, outw.data(), N * C);
   VF g(static_cast<size_t>(N * W), 0.0f), work_ref(static_cast<size_t>(nwork));
   const VF doutw = widen(dout, t);
-  cpu().attention_backward(g.data(), doutw.data(), qkvw.data(), lsew.data(), k.B, k.T, C, hd, drop,
-                           nwork ? work_ref.data() : nullptr);
+  cpu().run(ops::k::AttentionBackward(g.data(), doutw.data(), qkvw.data(), lsew.data(), k.B, k.T, C, hd, drop,
+                           nwork ? work_ref.data() : nullptr));
   V16 d_ref = d0;
-  cpu().accumulate(d_ref.data(), t, g.data(), N * W);
+  cpu().run(ops::k::Accumulate(d_ref.data(), t, g.data(), N * W));
 
   // The native kernels.
   V16 out(static_cast<size_t>(N * C));
   VF lse(static_cast<size_t>(nlse)), work(static_cast<size_t>(nwork));
-  cpu().attention_forward16(out.data(), lse.data(), qkv.data(), t, k.B, k.T, C, hd, drop);
+  cpu().run(ops::k::AttentionForward(out.data(), lse.data(), qkv.data(), k.B, k.T, C, hd, drop), t);
   V16 d = d0;
-  cpu().attention_backward16(d.data(), dout.data(), qkv.data(), lse.data(), t, k.B, k.T, C, hd, drop,
-                             nwork ? work.data() : nullptr);
+  cpu().run(ops::k::AttentionBackward(d.data(), dout.data(), qkv.data(), lse.data(), k.B, k.T, C, hd, drop,
+                             nwork ? work.data() : nullptr), t);
   CHECK(same_bits(out, out_ref));
   CHECK(same_bits(lse, lsew));
   CHECK(same_bits(d, d_ref));
@@ -137,8 +137,8 @@ TEST_CASE("native16 attention: a null dqkv is skipped") {
   const ops::Heads hd(2);
   const V16 qkv = rand16(5 * 24, DType::BF16, 3, 1.0f), dout = rand16(5 * 8, DType::BF16, 4, 1.0f);
   const VF lse(10);
-  cpu().attention_backward16(nullptr, dout.data(), qkv.data(), lse.data(), DType::BF16, 1, 5, 8, hd, {}, nullptr);
-  CHECK(cpu().native16_available(DType::BF16));
+  cpu().run(ops::k::AttentionBackward(nullptr, dout.data(), qkv.data(), lse.data(), 1, 5, 8, hd, {}, nullptr), DType::BF16);
+  CHECK(ops::native16_available(cpu(), DType::BF16));
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// Fused operators (issue 29, ops/op_fused.cpp): LinearGelu, the MLP's fc Linear and its GELU
+// Fused operators (ops/op_fused.cpp): LinearGelu, the MLP's fc Linear and its GELU
 // in one node; and, in the second half, AddLayerNorm / AddRMSNorm, the block's first residual
 // add and its second norm in one node. What fusing must not change, checked bit for bit (the fused kernels run the
 // unfused pair's operations in the same order, so equality is exact, not a tolerance):
@@ -58,20 +58,20 @@ struct Result {
 Result unfused(const Problem& p) {
   ops::Backend& be = gc::be();
   Result r{Vec(p.dout.size()), Vec(p.dout.size()), Vec(p.dout.size(), 0.0f), p.dx0, p.dw0, p.db0};
-  be.matmul_forward(r.pre.data(), p.x.data(), p.w.data(), p.bp(), p.N, p.C, p.OC);
-  be.gelu_forward(r.out.data(), r.pre.data(), static_cast<int64_t>(r.pre.size()));
-  be.gelu_backward(r.dpre.data(), r.pre.data(), p.dout.data(), static_cast<int64_t>(r.pre.size()));
-  be.matmul_backward(r.dx.data(), r.dw.data(), p.bias ? r.db.data() : nullptr, r.dpre.data(), p.x.data(), p.w.data(),
-                     p.N, p.C, p.OC);
+  be.run(ops::k::MatmulForward(r.pre.data(), p.x.data(), p.w.data(), p.bp(), p.N, p.C, p.OC));
+  be.run(ops::k::GeluForward(r.out.data(), r.pre.data(), static_cast<int64_t>(r.pre.size())));
+  be.run(ops::k::GeluBackward(r.dpre.data(), r.pre.data(), p.dout.data(), static_cast<int64_t>(r.pre.size())));
+  be.run(ops::k::MatmulBackward(r.dx.data(), r.dw.data(), p.bias ? r.db.data() : nullptr, r.dpre.data(), p.x.data(), p.w.data(),
+                     p.N, p.C, p.OC));
   return r;
 }
 
 Result fused(const Problem& p) {
   ops::Backend& be = gc::be();
   Result r{Vec(p.dout.size()), Vec(p.dout.size()), p.dout, p.dx0, p.dw0, p.db0};
-  be.linear_gelu_forward(r.out.data(), r.pre.data(), p.x.data(), p.w.data(), p.bp(), p.N, p.C, p.OC);
-  be.linear_gelu_backward(r.dx.data(), r.dw.data(), p.bias ? r.db.data() : nullptr, r.dpre.data(), r.pre.data(),
-                          p.x.data(), p.w.data(), p.N, p.C, p.OC);
+  be.run(ops::k::LinearGeluForward(r.out.data(), r.pre.data(), p.x.data(), p.w.data(), p.bp(), p.N, p.C, p.OC));
+  be.run(ops::k::LinearGeluBackward(r.dx.data(), r.dw.data(), p.bias ? r.db.data() : nullptr, r.dpre.data(), r.pre.data(),
+                          p.x.data(), p.w.data(), p.N, p.C, p.OC));
   return r;
 }
 
@@ -134,13 +134,13 @@ TEST_CASE("linear_gelu gradient check against the double reference") {
   };
   c.forward = [=](const std::vector<Vec>& in) {
     Vec out(size_t(N) * OC), pre(out.size());
-    gc::be().linear_gelu_forward(out.data(), pre.data(), in[0].data(), in[1].data(), in[2].data(), N, C, OC);
+    gc::be().run(ops::k::LinearGeluForward(out.data(), pre.data(), in[0].data(), in[1].data(), in[2].data(), N, C, OC));
     return out;
   };
   c.backward = [=](const std::vector<Vec>& in, const Vec& dout, const std::vector<float*>& g) {
     Vec out(size_t(N) * OC), pre(out.size()), dpre = dout;
-    gc::be().linear_gelu_forward(out.data(), pre.data(), in[0].data(), in[1].data(), in[2].data(), N, C, OC);
-    gc::be().linear_gelu_backward(g[0], g[1], g[2], dpre.data(), pre.data(), in[0].data(), in[1].data(), N, C, OC);
+    gc::be().run(ops::k::LinearGeluForward(out.data(), pre.data(), in[0].data(), in[1].data(), in[2].data(), N, C, OC));
+    gc::be().run(ops::k::LinearGeluBackward(g[0], g[1], g[2], dpre.data(), pre.data(), in[0].data(), in[1].data(), N, C, OC));
   };
   gc::run_case(c);
 }
@@ -190,8 +190,8 @@ struct Model {
     auto l = ex->forward(b.tok.data(), b.tgt.data(), true, 40 + static_cast<uint64_t>(t), 0);
     ex->backward(1.0f / static_cast<float>(l.count));
     for (size_t i = 0; i < ps.values.size(); ++i)
-      be.adamw_update(ps.values[i].data<float>(), ps.grads[i].data<float>(), m[i].data<float>(), v[i].data<float>(),
-                      ps.values[i].numel(), 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f);
+      be.run(ops::k::AdamwUpdate(ps.values[i].data<float>(), ps.grads[i].data<float>(), m[i].data<float>(), v[i].data<float>(),
+                      ps.values[i].numel(), 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 1.0f));
     return l.sum;
   }
 };
@@ -290,7 +290,7 @@ TEST_CASE("linear_gelu refuses 16-bit tensors (the builder keeps 16-bit fc + gel
 }
 
 // ---------------------------------------------------------------------------------------------
-// AddLayerNorm, AddRMSNorm (issue 29): the block's first residual add and its second norm in
+// AddLayerNorm, AddRMSNorm: the block's first residual add and its second norm in
 // one node. The same promises, bit for bit: the kernels against the unfused Add + norm calls
 // (fp32, and bf16 and fp16 on the 16-bit-native path, where the sum is rounded before the
 // norm reads it), at 1, 2 and 3 threads; and training with model.fuse on and off (GPT-style
@@ -311,7 +311,7 @@ struct Act {
       f = v;
     } else {
       h.resize(v.size());
-      ops::cpu_backend().convert(h.data(), t, v.data(), DType::F32, static_cast<int64_t>(v.size()));
+      ops::cpu_backend().run(ops::k::Convert(h.data(), t, v.data(), DType::F32, static_cast<int64_t>(v.size())));
     }
   }
   void* p() { return t == DType::F32 ? static_cast<void*>(f.data()) : static_cast<void*>(h.data()); }
@@ -364,14 +364,14 @@ NormResult norm_run(const NormProblem& p, bool fused) {
   const float eps = 1e-5f;
   if (fused) {
     if (p.rms) {
-      be.add_rmsnorm_forward(r.sum.p(), r.y.p(), r.rstd.data(), a.p(), b.p(), p.w.data(), p.t, p.N, p.C, eps);
-      be.add_rmsnorm_backward(r.da.p(), r.db.p(), r.dw.data(), r.dsum.p(), dy.p(), r.sum.p(), p.w.data(),
-                              r.rstd.data(), p.t, p.N, p.C);
+      be.run(ops::k::AddRmsNormForward(r.sum.p(), r.y.p(), r.rstd.data(), a.p(), b.p(), p.w.data(), p.N, p.C, eps), p.t);
+      be.run(ops::k::AddRmsNormBackward(r.da.p(), r.db.p(), r.dw.data(), r.dsum.p(), dy.p(), r.sum.p(), p.w.data(),
+                              r.rstd.data(), p.N, p.C), p.t);
     } else {
-      be.add_layernorm_forward(r.sum.p(), r.y.p(), r.mean.data(), r.rstd.data(), a.p(), b.p(), p.w.data(), bias, p.t,
-                               p.N, p.C, eps);
-      be.add_layernorm_backward(r.da.p(), r.db.p(), r.dw.data(), dbias, r.dsum.p(), dy.p(), r.sum.p(), p.w.data(),
-                                r.mean.data(), r.rstd.data(), p.t, p.N, p.C);
+      be.run(ops::k::AddLayerNormForward(r.sum.p(), r.y.p(), r.mean.data(), r.rstd.data(), a.p(), b.p(), p.w.data(), bias,
+                               p.N, p.C, eps), p.t);
+      be.run(ops::k::AddLayerNormBackward(r.da.p(), r.db.p(), r.dw.data(), dbias, r.dsum.p(), dy.p(), r.sum.p(), p.w.data(),
+                                r.mean.data(), r.rstd.data(), p.N, p.C), p.t);
     }
     return r;
   }
@@ -379,32 +379,32 @@ NormResult norm_run(const NormProblem& p, bool fused) {
   // 16-bit-native ones), in the backward's order: the norm accumulates into d(sum), then the
   // Add adds d(sum) into d(a) and d(b).
   if (p.t == DType::F32) {
-    be.add_forward(r.sum.f.data(), a.f.data(), b.f.data(), n);
+    be.run(ops::k::AddForward(r.sum.f.data(), a.f.data(), b.f.data(), n));
     if (p.rms) {
-      be.rmsnorm_forward(r.y.f.data(), r.rstd.data(), r.sum.f.data(), p.w.data(), p.N, p.C, eps);
-      be.rmsnorm_backward(r.dsum.f.data(), r.dw.data(), dy.f.data(), r.sum.f.data(), p.w.data(), r.rstd.data(), p.N,
-                          p.C);
+      be.run(ops::k::RmsNormForward(r.y.f.data(), r.rstd.data(), r.sum.f.data(), p.w.data(), p.N, p.C, eps));
+      be.run(ops::k::RmsNormBackward(r.dsum.f.data(), r.dw.data(), dy.f.data(), r.sum.f.data(), p.w.data(), r.rstd.data(), p.N,
+                          p.C));
     } else {
-      be.layernorm_forward(r.y.f.data(), r.mean.data(), r.rstd.data(), r.sum.f.data(), p.w.data(), bias, p.N, p.C,
-                           eps);
-      be.layernorm_backward(r.dsum.f.data(), r.dw.data(), dbias, dy.f.data(), r.sum.f.data(), p.w.data(),
-                            r.mean.data(), r.rstd.data(), p.N, p.C);
+      be.run(ops::k::LayerNormForward(r.y.f.data(), r.mean.data(), r.rstd.data(), r.sum.f.data(), p.w.data(), bias, p.N, p.C,
+                           eps));
+      be.run(ops::k::LayerNormBackward(r.dsum.f.data(), r.dw.data(), dbias, dy.f.data(), r.sum.f.data(), p.w.data(),
+                            r.mean.data(), r.rstd.data(), p.N, p.C));
     }
-    be.add_inplace(r.da.f.data(), r.dsum.f.data(), n);
-    be.add_inplace(r.db.f.data(), r.dsum.f.data(), n);
+    be.run(ops::k::AddInplace(r.da.f.data(), r.dsum.f.data(), n));
+    be.run(ops::k::AddInplace(r.db.f.data(), r.dsum.f.data(), n));
     return r;
   }
-  be.add_forward16(r.sum.p(), a.p(), b.p(), p.t, n);
+  be.run(ops::k::AddForward(r.sum.p(), a.p(), b.p(), n), p.t);
   if (p.rms) {
-    be.rmsnorm_forward16(r.y.p(), r.rstd.data(), r.sum.p(), p.w.data(), p.t, p.N, p.C, eps);
-    be.rmsnorm_backward16(r.dsum.p(), r.dw.data(), dy.p(), r.sum.p(), p.w.data(), r.rstd.data(), p.t, p.N, p.C);
+    be.run(ops::k::RmsNormForward(r.y.p(), r.rstd.data(), r.sum.p(), p.w.data(), p.N, p.C, eps), p.t);
+    be.run(ops::k::RmsNormBackward(r.dsum.p(), r.dw.data(), dy.p(), r.sum.p(), p.w.data(), r.rstd.data(), p.N, p.C), p.t);
   } else {
-    be.layernorm_forward16(r.y.p(), r.mean.data(), r.rstd.data(), r.sum.p(), p.w.data(), bias, p.t, p.N, p.C, eps);
-    be.layernorm_backward16(r.dsum.p(), r.dw.data(), dbias, dy.p(), r.sum.p(), p.w.data(), r.mean.data(),
-                            r.rstd.data(), p.t, p.N, p.C);
+    be.run(ops::k::LayerNormForward(r.y.p(), r.mean.data(), r.rstd.data(), r.sum.p(), p.w.data(), bias, p.N, p.C, eps), p.t);
+    be.run(ops::k::LayerNormBackward(r.dsum.p(), r.dw.data(), dbias, dy.p(), r.sum.p(), p.w.data(), r.mean.data(),
+                            r.rstd.data(), p.N, p.C), p.t);
   }
-  be.add_inplace16(r.da.p(), r.dsum.p(), p.t, n);
-  be.add_inplace16(r.db.p(), r.dsum.p(), p.t, n);
+  be.run(ops::k::AddInplace(r.da.p(), r.dsum.p(), n), p.t);
+  be.run(ops::k::AddInplace(r.db.p(), r.dsum.p(), n), p.t);
   return r;
 }
 
@@ -468,15 +468,15 @@ TEST_CASE("the Backend's composed add + norm default is the unfused pair (what o
       Act a(t, p.a), b(t, p.b), dy(t, p.dy);
       f.dsum = Act(t, p.ds), f.da = Act(t, p.da0), f.db = Act(t, p.db0), f.dw = p.dw0, f.dbi = p.dbi0;
       if (rms) {
-        be.ops::Backend::add_rmsnorm_forward(f.sum.p(), f.y.p(), f.rstd.data(), a.p(), b.p(), p.w.data(), t, p.N, p.C,
-                                            1e-5f);
-        be.ops::Backend::add_rmsnorm_backward(f.da.p(), f.db.p(), f.dw.data(), f.dsum.p(), dy.p(), f.sum.p(),
-                                             p.w.data(), f.rstd.data(), t, p.N, p.C);
+        ops::add_rmsnorm_forward_composed(
+            be, ops::k::AddRmsNormForward(f.sum.p(), f.y.p(), f.rstd.data(), a.p(), b.p(), p.w.data(), p.N, p.C, 1e-5f), t);
+        ops::add_rmsnorm_backward_composed(be, ops::k::AddRmsNormBackward(f.da.p(), f.db.p(), f.dw.data(), f.dsum.p(), dy.p(),
+                                                                          f.sum.p(), p.w.data(), f.rstd.data(), p.N, p.C), t);
       } else {
-        be.ops::Backend::add_layernorm_forward(f.sum.p(), f.y.p(), f.mean.data(), f.rstd.data(), a.p(), b.p(),
-                                              p.w.data(), p.bi.data(), t, p.N, p.C, 1e-5f);
-        be.ops::Backend::add_layernorm_backward(f.da.p(), f.db.p(), f.dw.data(), f.dbi.data(), f.dsum.p(), dy.p(),
-                                               f.sum.p(), p.w.data(), f.mean.data(), f.rstd.data(), t, p.N, p.C);
+        ops::add_layernorm_forward_composed(be, ops::k::AddLayerNormForward(f.sum.p(), f.y.p(), f.mean.data(), f.rstd.data(), a.p(), b.p(),
+                                                                            p.w.data(), p.bi.data(), p.N, p.C, 1e-5f), t);
+        ops::add_layernorm_backward_composed(be, ops::k::AddLayerNormBackward(f.da.p(), f.db.p(), f.dw.data(), f.dbi.data(), f.dsum.p(), dy.p(),
+                                                                              f.sum.p(), p.w.data(), f.mean.data(), f.rstd.data(), p.N, p.C), t);
       }
       check_same(u, f, rms);
     }

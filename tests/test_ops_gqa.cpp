@@ -67,11 +67,11 @@ void run_gqa(Vec& out, Vec& dqkv, const Vec& qkv, const Vec* dout, int B, int T,
              ops::DropoutSpec drop) {
   out.assign(static_cast<size_t>(B) * T * C, 9.0f);
   Vec lse(static_cast<size_t>(B) * hd.q * T, 9.0f);
-  be().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, hd, drop);
+  be().run(ops::k::AttentionForward(out.data(), lse.data(), qkv.data(), B, T, C, hd, drop));
   if (!dout) return;
-  Vec work(static_cast<size_t>(ops::Backend::attention_backward_work(B, T, C, hd)), 7.0f);
-  be().attention_backward(dqkv.data(), dout->data(), qkv.data(), lse.data(), B, T, C, hd, drop,
-                          work.empty() ? nullptr : work.data());
+  Vec work(static_cast<size_t>(ops::k::AttentionBackward::work_floats(B, T, C, hd)), 7.0f);
+  be().run(ops::k::AttentionBackward(dqkv.data(), dout->data(), qkv.data(), lse.data(), B, T, C, hd, drop,
+                          work.empty() ? nullptr : work.data()));
 }
 
 struct GqaShape {
@@ -107,10 +107,10 @@ OpCase gqa_case(const GqaShape& s) {
   };
   c.backward = [=](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
     Vec out(static_cast<size_t>(B) * T * C), lse(static_cast<size_t>(B) * hd.q * T);
-    be().attention_forward(out.data(), lse.data(), a[0].data(), B, T, C, hd, drop);
-    Vec work(static_cast<size_t>(ops::Backend::attention_backward_work(B, T, C, hd)));
-    be().attention_backward(g[0], dout.data(), a[0].data(), lse.data(), B, T, C, hd, drop,
-                            work.empty() ? nullptr : work.data());
+    be().run(ops::k::AttentionForward(out.data(), lse.data(), a[0].data(), B, T, C, hd, drop));
+    Vec work(static_cast<size_t>(ops::k::AttentionBackward::work_floats(B, T, C, hd)));
+    be().run(ops::k::AttentionBackward(g[0], dout.data(), a[0].data(), lse.data(), B, T, C, hd, drop,
+                            work.empty() ? nullptr : work.data()));
   };
   c.max_coords = 250;
   return c;
@@ -230,7 +230,7 @@ TEST_CASE("rope with grouped-query attention: NH + NKV heads rotated, the NKV va
     const int W = width(C, hd), half = HS / 2;
     const Vec x = randn(static_cast<size_t>(B) * T * W, 830 + nkv);
     Vec y(x.size());
-    be().rope_forward(y.data(), x.data(), B, T, C, hd, 10000.0f);
+    be().run(ops::k::RopeForward(y.data(), x.data(), B, T, C, hd, 10000.0f));
     double worst = 0;
     for (int r = 0; r < B * T; r++) {
       const int t = r % T;
@@ -245,7 +245,7 @@ TEST_CASE("rope with grouped-query attention: NH + NKV heads rotated, the NKV va
     }
     CHECK(worst < 1e-5);
     Vec back(x.size(), 0.0f);  // the adjoint undoes the rotation
-    be().rope_backward(back.data(), y.data(), B, T, C, hd, 10000.0f);
+    be().run(ops::k::RopeBackward(back.data(), y.data(), B, T, C, hd, 10000.0f));
     CHECK(rel_err(back, x) < 1e-6);
   }
 }
@@ -273,13 +273,13 @@ TEST_CASE("KV cache with grouped-query attention: NKV heads per position; decode
       Vec pre(static_cast<size_t>(B) * P * W);
       for (int b = 0; b < B; b++)
         std::copy_n(qkv.begin() + static_cast<int64_t>(b) * T * W, P * W, pre.begin() + static_cast<int64_t>(b) * P * W);
-      be().kv_cache_write(cache.layer(0), pre.data(), B, P, C, hd);
+      be().run(ops::k::KvCacheWrite(cache.layer(0), pre.data(), B, P, C, hd));
       double worst = 0;
       for (int s = 0; s < T - P; s++) {
         const int32_t pos[2] = {P + s, P + std::max(0, s - 1)};  // row 1 a step behind (repeats P)
         Vec in(static_cast<size_t>(B) * W), o(static_cast<size_t>(B) * C);
         for (int b = 0; b < B; b++) std::copy_n(qkv.begin() + (static_cast<int64_t>(b) * T + pos[b]) * W, W, in.begin() + b * W);
-        be().attention_decode(o.data(), in.data(), cache.layer(0), pos, B, C, hd, 0.0f);
+        be().run(ops::k::AttentionDecode(o.data(), in.data(), cache.layer(0), pos, B, C, hd, 0.0f));
         for (int b = 0; b < B; b++)
           for (int i = 0; i < C; i++)
             worst = std::max(worst, static_cast<double>(std::fabs(o[static_cast<size_t>(b * C + i)] -

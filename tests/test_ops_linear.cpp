@@ -39,11 +39,11 @@ OpCase matmul_case(const MatmulShape& s) {
   c.ref_forward = [=](const std::vector<DVec>& a) { return ref_matmul(a[0], a[1], hb ? &a[2] : nullptr, N, C, OC); };
   c.forward = [=](const std::vector<Vec>& a) {
     Vec out(static_cast<size_t>(N) * OC, 123.0f);  // garbage: forward must overwrite
-    be().matmul_forward(out.data(), a[0].data(), a[1].data(), hb ? a[2].data() : nullptr, N, C, OC);
+    be().run(ops::k::MatmulForward(out.data(), a[0].data(), a[1].data(), hb ? a[2].data() : nullptr, N, C, OC));
     return out;
   };
   c.backward = [=](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
-    be().matmul_backward(g[0], g[1], g[2], dout.data(), a[0].data(), a[1].data(), N, C, OC);
+    be().run(ops::k::MatmulBackward(g[0], g[1], g[2], dout.data(), a[0].data(), a[1].data(), N, C, OC));
   };
   // The double reference is O(N C OC) per FD evaluation; check a subset on the big shapes.
   c.max_coords = 120;
@@ -80,11 +80,11 @@ OpCase embedding_case(const EmbShape& s) {
   c.ref_forward = [=](const std::vector<DVec>& a) { return ref_embedding(tok, a[0], hp ? &a[1] : nullptr, B, T, C); };
   c.forward = [=](const std::vector<Vec>& a) {
     Vec out(static_cast<size_t>(B) * T * C, -7.0f);
-    be().embedding_forward(out.data(), tok.data(), a[0].data(), hp ? a[1].data() : nullptr, B, T, C);
+    be().run(ops::k::EmbeddingForward(out.data(), tok.data(), a[0].data(), hp ? a[1].data() : nullptr, B, T, C));
     return out;
   };
   c.backward = [=](const std::vector<Vec>&, const Vec& dout, const std::vector<float*>& g) {
-    be().embedding_backward(g[0], g[1], dout.data(), tok.data(), B, T, C);
+    be().run(ops::k::EmbeddingBackward(g[0], g[1], dout.data(), tok.data(), B, T, C));
   };
   return c;
 }
@@ -106,12 +106,12 @@ TEST_CASE("matmul: GPT-sized shapes agree with the double reference (forward and
   const Vec inp = randn(static_cast<size_t>(N) * C, 1), w = randn(static_cast<size_t>(OC) * C, 2, 0.05f),
             b = randn(OC, 3), dout = randn(static_cast<size_t>(N) * OC, 4);
   Vec out(static_cast<size_t>(N) * OC);
-  be().matmul_forward(out.data(), inp.data(), w.data(), b.data(), N, C, OC);
+  be().run(ops::k::MatmulForward(out.data(), inp.data(), w.data(), b.data(), N, C, OC));
   const DVec db = to_double(b);
   CHECK(rel_err(out, ref_matmul(to_double(inp), to_double(w), &db, N, C, OC)) < 1e-5);
 
   Vec dinp(inp.size(), 0.0f), dw(w.size(), 0.0f), dbias(OC, 0.0f);
-  be().matmul_backward(dinp.data(), dw.data(), dbias.data(), dout.data(), inp.data(), w.data(), N, C, OC);
+  be().run(ops::k::MatmulBackward(dinp.data(), dw.data(), dbias.data(), dout.data(), inp.data(), w.data(), N, C, OC));
   DVec rdinp(inp.size(), 0.0), rdw(w.size(), 0.0), rdb(OC, 0.0);
   for (int r = 0; r < N; r++)
     for (int o = 0; o < OC; o++) {

@@ -53,7 +53,7 @@ OpCase xent_case(const XentShape& s) {
   c.ref_forward = [=](const std::vector<DVec>& a) { return ref_xent(a[0], tgt, N, V, Vreal); };
   c.forward = [=](const std::vector<Vec>& a) {
     Vec losses(N, 5.0f), probs(a[0].size());
-    be().softmax_xent_forward(losses.data(), probs.data(), a[0].data(), tgt.data(), N, V, Vreal);
+    be().run(ops::k::SoftmaxXentForward(losses.data(), probs.data(), a[0].data(), tgt.data(), N, V, Vreal));
     return losses;
   };
   // L = dloss * sum(losses): the backward takes one scalar dloss for every row.
@@ -61,8 +61,8 @@ OpCase xent_case(const XentShape& s) {
   c.backward = [=](const std::vector<Vec>& a, const Vec&, const std::vector<float*>& g) {
     if (!g[0]) return;
     Vec losses(N), probs(a[0].size());
-    be().softmax_xent_forward(losses.data(), probs.data(), a[0].data(), tgt.data(), N, V, Vreal);
-    be().softmax_xent_backward(g[0], probs.data(), tgt.data(), dloss, N, V, Vreal);
+    be().run(ops::k::SoftmaxXentForward(losses.data(), probs.data(), a[0].data(), tgt.data(), N, V, Vreal));
+    be().run(ops::k::SoftmaxXentBackward(g[0], probs.data(), tgt.data(), dloss, N, V, Vreal));
   };
   c.accumulates = false;  // the one backward that overwrites (ops/backend.h)
   c.max_coords = s.max_coords;
@@ -85,7 +85,7 @@ TEST_CASE("softmax_xent: probs, padding columns, ignored rows, overwrite and ali
   const Vec logits = randn(static_cast<size_t>(N) * V, 4, 3.0f);
 
   Vec losses(N), probs(logits.size(), 7.0f);
-  be().softmax_xent_forward(losses.data(), probs.data(), logits.data(), tgt.data(), N, V, Vreal);
+  be().run(ops::k::SoftmaxXentForward(losses.data(), probs.data(), logits.data(), tgt.data(), N, V, Vreal));
   for (int r = 0; r < N; r++) {
     const float* x = &logits[static_cast<size_t>(r) * V];
     const float* p = &probs[static_cast<size_t>(r) * V];
@@ -103,7 +103,7 @@ TEST_CASE("softmax_xent: probs, padding columns, ignored rows, overwrite and ali
 
   // Backward overwrites whatever was in dlogits.
   Vec d(logits.size(), 123.0f);
-  be().softmax_xent_backward(d.data(), probs.data(), tgt.data(), dloss, N, V, Vreal);
+  be().run(ops::k::SoftmaxXentBackward(d.data(), probs.data(), tgt.data(), dloss, N, V, Vreal));
   for (int r = 0; r < N; r++)
     for (int i = 0; i < V; i++) {
       const size_t k = static_cast<size_t>(r) * V + i;
@@ -114,9 +114,9 @@ TEST_CASE("softmax_xent: probs, padding columns, ignored rows, overwrite and ali
 
   // In place, as the training loop runs it: probs alias logits, dlogits alias probs.
   Vec buf = logits, losses2(N);
-  be().softmax_xent_forward(losses2.data(), buf.data(), buf.data(), tgt.data(), N, V, Vreal);
+  be().run(ops::k::SoftmaxXentForward(losses2.data(), buf.data(), buf.data(), tgt.data(), N, V, Vreal));
   CHECK(buf == probs);
   CHECK(losses2 == losses);
-  be().softmax_xent_backward(buf.data(), buf.data(), tgt.data(), dloss, N, V, Vreal);
+  be().run(ops::k::SoftmaxXentBackward(buf.data(), buf.data(), tgt.data(), dloss, N, V, Vreal));
   CHECK(buf == d);
 }

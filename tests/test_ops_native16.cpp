@@ -1,4 +1,4 @@
-// [i29: native16] The 16-bit-native memory-bound kernels (ops/cpu/native16.h) against the
+// The 16-bit-native memory-bound kernels (ops/cpu/native16.h) against the
 // widened path they replace, bit for bit.
 //
 // 1. Each Backend::*16 entry point against what the executor's widened path computes from the
@@ -53,7 +53,7 @@ VF widen(const V16& h, DType t) {
   return f;
 }
 // d := RNE(d + g): the executor's fold of an fp32 kernel gradient into a 16-bit one.
-void fold(V16& d, const VF& g, DType t) { cpu().accumulate(d.data(), t, g.data(), static_cast<int64_t>(d.size())); }
+void fold(V16& d, const VF& g, DType t) { cpu().run(ops::k::Accumulate(d.data(), t, g.data(), static_cast<int64_t>(d.size()))); }
 VF zeros(size_t n) { return VF(n, 0.0f); }
 
 using test_support::same_bits;
@@ -71,23 +71,23 @@ TEST_CASE("native16 pointwise kernels (gelu, add, dropout) are bit-identical to 
     V16 out(n);
     VF f(n);
     // gelu
-    cpu().gelu_forward16(out.data(), x.data(), t, n);
-    cpu().gelu_forward(f.data(), wx.data(), n);
+    cpu().run(ops::k::GeluForward(out.data(), x.data(), n), t);
+    cpu().run(ops::k::GeluForward(f.data(), wx.data(), n));
     CHECK(same_bits(out, round16(f, t)));
     V16 d = d0, dref = d0;
-    cpu().gelu_backward16(d.data(), x.data(), dy.data(), t, n);
+    cpu().run(ops::k::GeluBackward(d.data(), x.data(), dy.data(), n), t);
     VF g = zeros(n);
-    cpu().gelu_backward(g.data(), wx.data(), wdy.data(), n);
+    cpu().run(ops::k::GeluBackward(g.data(), wx.data(), wdy.data(), n));
     fold(dref, g, t);
     CHECK(same_bits(d, dref));
     // add, and its backward's add_inplace
-    cpu().add_forward16(out.data(), x.data(), y.data(), t, n);
-    cpu().add_forward(f.data(), wx.data(), wy.data(), n);
+    cpu().run(ops::k::AddForward(out.data(), x.data(), y.data(), n), t);
+    cpu().run(ops::k::AddForward(f.data(), wx.data(), wy.data(), n));
     CHECK(same_bits(out, round16(f, t)));
     d = d0, dref = d0;
-    cpu().add_inplace16(d.data(), dy.data(), t, n);
+    cpu().run(ops::k::AddInplace(d.data(), dy.data(), n), t);
     g = zeros(n);
-    cpu().add_inplace(g.data(), wdy.data(), n);
+    cpu().run(ops::k::AddInplace(g.data(), wdy.data(), n));
     fold(dref, g, t);
     CHECK(same_bits(d, dref));
     // dropout, with and without dropping (the mask counters continue across tiles)
@@ -97,13 +97,13 @@ TEST_CASE("native16 pointwise kernels (gelu, add, dropout) are bit-identical to 
       drop.p = p;
       drop.key = 77;
       drop.offset = 1001;
-      cpu().dropout_forward16(out.data(), x.data(), t, n, drop);
-      cpu().dropout_forward(f.data(), wx.data(), n, drop);
+      cpu().run(ops::k::DropoutForward(out.data(), x.data(), n, drop), t);
+      cpu().run(ops::k::DropoutForward(f.data(), wx.data(), n, drop));
       CHECK(same_bits(out, round16(f, t)));
       d = d0, dref = d0;
-      cpu().dropout_backward16(d.data(), dy.data(), t, n, drop);
+      cpu().run(ops::k::DropoutBackward(d.data(), dy.data(), n, drop), t);
       g = zeros(n);
-      cpu().dropout_backward(g.data(), wdy.data(), n, drop);
+      cpu().run(ops::k::DropoutBackward(g.data(), wdy.data(), n, drop));
       fold(dref, g, t);
       CHECK(same_bits(d, dref));
     }
@@ -119,13 +119,13 @@ TEST_CASE("native16 swiglu and rope are bit-identical to the widened path") {
       const V16 x = rand16(ni, t, 5, 3.0f), dy = rand16(no, t, 6), d0 = rand16(ni, t, 7);
       V16 out(no);
       VF f(no);
-      cpu().swiglu_forward16(out.data(), x.data(), t, N, H);
-      cpu().swiglu_forward(f.data(), widen(x, t).data(), N, H);
+      cpu().run(ops::k::SwigluForward(out.data(), x.data(), N, H), t);
+      cpu().run(ops::k::SwigluForward(f.data(), widen(x, t).data(), N, H));
       CHECK(same_bits(out, round16(f, t)));
       V16 d = d0, dref = d0;
-      cpu().swiglu_backward16(d.data(), dy.data(), x.data(), t, N, H);
+      cpu().run(ops::k::SwigluBackward(d.data(), dy.data(), x.data(), N, H), t);
       VF g = zeros(ni);
-      cpu().swiglu_backward(g.data(), widen(dy, t).data(), widen(x, t).data(), N, H);
+      cpu().run(ops::k::SwigluBackward(g.data(), widen(dy, t).data(), widen(x, t).data(), N, H));
       fold(dref, g, t);
       CHECK(same_bits(d, dref));
     }
@@ -136,13 +136,13 @@ TEST_CASE("native16 swiglu and rope are bit-identical to the widened path") {
       const V16 x = rand16(n, t, 8), d0 = rand16(n, t, 9);
       V16 out(n);
       VF f(n);
-      cpu().rope_forward16(out.data(), x.data(), t, B, T, C, heads, 10000.0f);
-      cpu().rope_forward(f.data(), widen(x, t).data(), B, T, C, heads, 10000.0f);
+      cpu().run(ops::k::RopeForward(out.data(), x.data(), B, T, C, heads, 10000.0f), t);
+      cpu().run(ops::k::RopeForward(f.data(), widen(x, t).data(), B, T, C, heads, 10000.0f));
       CHECK(same_bits(out, round16(f, t)));
       V16 d = d0, dref = d0;
-      cpu().rope_backward16(d.data(), x.data(), t, B, T, C, heads, 10000.0f);
+      cpu().run(ops::k::RopeBackward(d.data(), x.data(), B, T, C, heads, 10000.0f), t);
       VF g = zeros(n);
-      cpu().rope_backward(g.data(), widen(x, t).data(), B, T, C, heads, 10000.0f);
+      cpu().run(ops::k::RopeBackward(g.data(), widen(x, t).data(), B, T, C, heads, 10000.0f));
       fold(dref, g, t);
       CHECK(same_bits(d, dref));
     }
@@ -159,36 +159,36 @@ TEST_CASE("native16 layernorm and rmsnorm are bit-identical to the widened path 
     const VF wx = widen(x, t), wdy = widen(dy, t);
     V16 out(n);
     VF f(n), mean(N), rstd(N), mref(N), rref(N);
-    cpu().layernorm_forward16(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), t, N, C, 1e-5f);
-    cpu().layernorm_forward(f.data(), mref.data(), rref.data(), wx.data(), w.data(), b.data(), N, C, 1e-5f);
+    cpu().run(ops::k::LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f), t);
+    cpu().run(ops::k::LayerNormForward(f.data(), mref.data(), rref.data(), wx.data(), w.data(), b.data(), N, C, 1e-5f));
     CHECK(same_bits(out, round16(f, t)));
     CHECK(same_bits(mean, mref));
     CHECK(same_bits(rstd, rref));
     V16 d = d0, dref = d0;
     VF dw = dw0, db = db0, dwr = dw0, dbr = db0, g = zeros(n);
-    cpu().layernorm_backward16(d.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
-                               rstd.data(), t, N, C);
-    cpu().layernorm_backward(g.data(), dwr.data(), dbr.data(), wdy.data(), wx.data(), w.data(), mref.data(),
-                             rref.data(), N, C);
+    cpu().run(ops::k::LayerNormBackward(d.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+                               rstd.data(), N, C), t);
+    cpu().run(ops::k::LayerNormBackward(g.data(), dwr.data(), dbr.data(), wdy.data(), wx.data(), w.data(), mref.data(),
+                             rref.data(), N, C));
     fold(dref, g, t);
     CHECK(same_bits(d, dref));
     CHECK(same_bits(dw, dwr));
     CHECK(same_bits(db, dbr));
 
-    cpu().rmsnorm_forward16(out.data(), rstd.data(), x.data(), w.data(), t, N, C, 1e-5f);
-    cpu().rmsnorm_forward(f.data(), rref.data(), wx.data(), w.data(), N, C, 1e-5f);
+    cpu().run(ops::k::RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f), t);
+    cpu().run(ops::k::RmsNormForward(f.data(), rref.data(), wx.data(), w.data(), N, C, 1e-5f));
     CHECK(same_bits(out, round16(f, t)));
     CHECK(same_bits(rstd, rref));
     d = d0, dref = d0, dw = dw0, dwr = dw0, g = zeros(n);
-    cpu().rmsnorm_backward16(d.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), t, N, C);
-    cpu().rmsnorm_backward(g.data(), dwr.data(), wdy.data(), wx.data(), w.data(), rref.data(), N, C);
+    cpu().run(ops::k::RmsNormBackward(d.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C), t);
+    cpu().run(ops::k::RmsNormBackward(g.data(), dwr.data(), wdy.data(), wx.data(), w.data(), rref.data(), N, C));
     fold(dref, g, t);
     CHECK(same_bits(d, dref));
     CHECK(same_bits(dw, dwr));
     // Only the parameter gradient (no dinp), as a first layer's norm may ask.
     dw = dw0, dwr = dw0;
-    cpu().rmsnorm_backward16(nullptr, dw.data(), dy.data(), x.data(), w.data(), rstd.data(), t, N, C);
-    cpu().rmsnorm_backward(nullptr, dwr.data(), wdy.data(), wx.data(), w.data(), rref.data(), N, C);
+    cpu().run(ops::k::RmsNormBackward(nullptr, dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C), t);
+    cpu().run(ops::k::RmsNormBackward(nullptr, dwr.data(), wdy.data(), wx.data(), w.data(), rref.data(), N, C));
     CHECK(same_bits(dw, dwr));
   }
 }
@@ -218,14 +218,14 @@ TEST_CASE("native16 embedding is bit-identical to the widened path (tiles inside
           CAPTURE(positions);
           V16 out(n);
           VF f(n);
-          cpu().embedding_forward16(out.data(), t, tok.data(), wte.data(), positions ? wpe.data() : nullptr, B, T, C);
-          cpu().embedding_forward(f.data(), tok.data(), wte_f.data(), positions ? wpe_f.data() : nullptr, B, T, C);
+          cpu().run(ops::k::EmbeddingForward(out.data(), tok.data(), wte.data(), positions ? wpe.data() : nullptr, B, T, C), t);
+          cpu().run(ops::k::EmbeddingForward(f.data(), tok.data(), wte_f.data(), positions ? wpe_f.data() : nullptr, B, T, C));
           CHECK(same_bits(out, round16(f, t)));
         }
         const V16 dy = rand16(n, t, 20);
         VF dwte = rand_f(int64_t{V} * C, 21), dwpe = rand_f(int64_t{T} * C, 22), dwte_r = dwte, dwpe_r = dwpe;
-        cpu().embedding_backward16(dwte.data(), dwpe.data(), dy.data(), t, tok.data(), B, T, C);
-        cpu().embedding_backward(dwte_r.data(), dwpe_r.data(), widen(dy, t).data(), tok.data(), B, T, C);
+        cpu().run(ops::k::EmbeddingBackward(dwte.data(), dwpe.data(), dy.data(), tok.data(), B, T, C), t);
+        cpu().run(ops::k::EmbeddingBackward(dwte_r.data(), dwpe_r.data(), widen(dy, t).data(), tok.data(), B, T, C));
         CHECK(same_bits(dwte, dwte_r));
         CHECK(same_bits(dwpe, dwpe_r));
       }
@@ -268,7 +268,7 @@ TEST_CASE("native16: small models train bit for bit as on the widened path, in l
   }
 }
 
-// [i29: native16] The embedding reads its 16-bit tables as stored (OpDef::native16_stored): with
+// The embedding reads its 16-bit tables as stored (OpDef::native16_stored): with
 // a large vocabulary the widened path's fp32 copy of wte (V x C x 4 bytes, made by every forward
 // and backward call) dominates the workspace. A first pipeline stage (embedding and blocks, no
 // head: a tied head on the sgemm path widens the same table for its own GEMM, which would set
@@ -329,8 +329,8 @@ StageRun train_first_stage(const runner::ModelConfig& m, DType act, DType grad, 
     ops::Backend::AdamwArgs args;  // the next step reads the updated 16-bit tables
     args.lr = 1e-2f, args.beta1 = 0.9f, args.beta2 = 0.95f, args.eps = 1e-8f, args.t = s + 1;
     for (size_t i = 0; i < ps.values.size(); ++i)
-      be.adamw_update_typed(ps.values[i].raw(), ps.values[i].dtype(), ps.grads[i].raw(), ps.grads[i].dtype(),
-                            nullptr, mom[i].data<float>(), vel[i].data<float>(), ps.values[i].numel(), args);
+      be.run(ops::k::AdamwUpdateTyped(ps.values[i].raw(), ps.values[i].dtype(), ps.grads[i].raw(), ps.grads[i].dtype(),
+                            nullptr, mom[i].data<float>(), vel[i].data<float>(), ps.values[i].numel(), args));
   }
   for (auto& t : ps.grads) r.grads.push_back(test_support::host_values(t));
   ops::set_native16(true);

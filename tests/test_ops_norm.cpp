@@ -77,16 +77,16 @@ OpCase layernorm_case(const NormShape& s) {
   };
   c.forward = [=](const std::vector<Vec>& a) {
     Vec out(a[0].size()), mean(N), rstd(N);
-    be().layernorm_forward(out.data(), mean.data(), rstd.data(), a[0].data(), hw ? a[1].data() : nullptr,
-                           hb ? a[2].data() : nullptr, N, C, eps);
+    be().run(ops::k::LayerNormForward(out.data(), mean.data(), rstd.data(), a[0].data(), hw ? a[1].data() : nullptr,
+                           hb ? a[2].data() : nullptr, N, C, eps));
     return out;
   };
   c.backward = [=](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
     Vec out(a[0].size()), mean(N), rstd(N);
     const float* w = hw ? a[1].data() : nullptr;
-    be().layernorm_forward(out.data(), mean.data(), rstd.data(), a[0].data(), w, hb ? a[2].data() : nullptr, N, C,
-                           eps);
-    be().layernorm_backward(g[0], g[1], g[2], dout.data(), a[0].data(), w, mean.data(), rstd.data(), N, C);
+    be().run(ops::k::LayerNormForward(out.data(), mean.data(), rstd.data(), a[0].data(), w, hb ? a[2].data() : nullptr, N, C,
+                           eps));
+    be().run(ops::k::LayerNormBackward(g[0], g[1], g[2], dout.data(), a[0].data(), w, mean.data(), rstd.data(), N, C));
   };
   return c;
 }
@@ -104,14 +104,14 @@ OpCase rmsnorm_case(const NormShape& s) {
   c.ref_forward = [=](const std::vector<DVec>& a) { return ref_rmsnorm(a[0], hw ? &a[1] : nullptr, N, C, eps); };
   c.forward = [=](const std::vector<Vec>& a) {
     Vec out(a[0].size()), rstd(N);
-    be().rmsnorm_forward(out.data(), rstd.data(), a[0].data(), hw ? a[1].data() : nullptr, N, C, eps);
+    be().run(ops::k::RmsNormForward(out.data(), rstd.data(), a[0].data(), hw ? a[1].data() : nullptr, N, C, eps));
     return out;
   };
   c.backward = [=](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
     Vec out(a[0].size()), rstd(N);
     const float* w = hw ? a[1].data() : nullptr;
-    be().rmsnorm_forward(out.data(), rstd.data(), a[0].data(), w, N, C, eps);
-    be().rmsnorm_backward(g[0], g[1], dout.data(), a[0].data(), w, rstd.data(), N, C);
+    be().run(ops::k::RmsNormForward(out.data(), rstd.data(), a[0].data(), w, N, C, eps));
+    be().run(ops::k::RmsNormBackward(g[0], g[1], dout.data(), a[0].data(), w, rstd.data(), N, C));
   };
   // C = 1: out = x / sqrt(x^2 + eps) ~ sign(x), whose gradient w eps / (x^2 + eps)^1.5 ~ 1e-6
   // is what remains of 1 - x^2 rstd^2 after cancellation; fp32 keeps only ~6e-8 / 1e-6 of it.
@@ -135,12 +135,12 @@ TEST_CASE("layernorm / rmsnorm: saved mean and rstd") {
   const Vec x = randn(static_cast<size_t>(N) * C, 5, 2.0f);
   const Vec w = uniform(C, 6, 0.5f, 1.5f), b = randn(C, 7);
   Vec out(x.size()), mean(N), rstd(N);
-  be().layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+  be().run(ops::k::LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f));
   DVec dw = to_double(w), db = to_double(b), rm, rr;
   ref_layernorm(to_double(x), &dw, &db, N, C, 1e-5, &rm, &rr);
   CHECK(rel_err(mean, rm) < 1e-5);
   CHECK(rel_err(rstd, rr) < 1e-5);
-  be().rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f);
+  be().run(ops::k::RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f));
   ref_rmsnorm(to_double(x), &dw, N, C, 1e-6, &rr);
   CHECK(rel_err(rstd, rr) < 1e-5);
 }
@@ -149,7 +149,7 @@ TEST_CASE("layernorm: null mean/rstd outputs are allowed in forward") {
   const int N = 3, C = 20;
   const Vec x = randn(N * C, 8), w = uniform(C, 9, 0.5f, 1.5f), b = randn(C, 10);
   Vec out(x.size());
-  be().layernorm_forward(out.data(), nullptr, nullptr, x.data(), w.data(), b.data(), N, C, 1e-5f);
+  be().run(ops::k::LayerNormForward(out.data(), nullptr, nullptr, x.data(), w.data(), b.data(), N, C, 1e-5f));
   DVec dw = to_double(w), db = to_double(b);
   CHECK(rel_err(out, ref_layernorm(to_double(x), &dw, &db, N, C, 1e-5)) < 1e-5);
 }

@@ -34,11 +34,11 @@ TEST_CASE("adamw: two steps of a scalar, computed by hand") {
   //       p = 0.899 - 0.1 (0.2663371 + 0.00899) = 0.8714673
   float p = 1.0f, m = 0.0f, v = 0.0f;
   const float g1 = 0.5f, g2 = -0.25f;
-  be().adamw_update(&p, &g1, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1, 1.0f);
+  be().run(ops::k::AdamwUpdate(&p, &g1, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1, 1.0f));
   CHECK(m == doctest::Approx(0.05).epsilon(1e-6));
   CHECK(v == doctest::Approx(2.5e-4).epsilon(1e-6));
   CHECK(p == doctest::Approx(0.899000002).epsilon(1e-6));
-  be().adamw_update(&p, &g2, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2, 1.0f);
+  be().run(ops::k::AdamwUpdate(&p, &g2, &m, &v, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 2, 1.0f));
   CHECK(m == doctest::Approx(0.02).epsilon(1e-6));
   CHECK(v == doctest::Approx(3.1225e-4).epsilon(1e-6));
   CHECK(p == doctest::Approx(0.8714672987).epsilon(1e-6));
@@ -59,9 +59,9 @@ TEST_CASE("adamw: vectors against the double reference (odd and parallel sizes, 
         DVec rp = to_double(p), rm = to_double(m), rv = to_double(v);
         for (int64_t t = t0; t < t0 + 2; t++) {
           const Vec g = randn(static_cast<size_t>(n), 10 + t, 0.01f);
-          be().adamw_update(p.data(), g.data(), m.data(), v.data(), n, static_cast<float>(h.lr),
+          be().run(ops::k::AdamwUpdate(p.data(), g.data(), m.data(), v.data(), n, static_cast<float>(h.lr),
                             static_cast<float>(h.b1), static_cast<float>(h.b2), static_cast<float>(h.eps),
-                            static_cast<float>(h.wd), t, static_cast<float>(h.gs));
+                            static_cast<float>(h.wd), t, static_cast<float>(h.gs)));
           ref_adamw_step(rp, rm, rv, g, h, t);
         }
         // fp32 state: m, v and p each carry a few ulp (~1e-7 relative). p alone would hide a
@@ -85,7 +85,7 @@ TEST_CASE("sum_squares: double accumulation, all sizes") {
     const Vec x = randn(static_cast<size_t>(n), 20 + n, 3.0f);
     double want = 0;
     for (float f : x) want += static_cast<double>(f) * f;
-    const double got = be().sum_squares(x.data(), n);
+    const double got = ops::sum_squares(be(), x.data(), n);
     INFO("n=" << n);
     // Every product f*f is exact in double and the sum of 1e6 positive terms loses ~1e-16
     // per add: the result must match to far better than fp32 accumulation (~1e-4) would.
@@ -93,7 +93,7 @@ TEST_CASE("sum_squares: double accumulation, all sizes") {
   }
 }
 
-// adamw_update_typed (issue 26: the optimizer's whole update as one device call): over a 16-bit
+// adamw_update_typed (the optimizer's whole update as one device call): over a 16-bit
 // parameter it is adamw_update on the fp32 values (the masters, or the parameter widened) with
 // the gradient widened, then the parameter rounded; bit for bit, whatever the piece boundaries
 // (n spans several of the host default's 2^14 pieces).
@@ -119,13 +119,13 @@ TEST_CASE("adamw_update_typed: 16-bit parameters and gradients, with and without
         Vec rw = w, rg = g, rm = m, rv = v;
         if (!masters) ops::to_f32(rw.data(), w16.data(), pt, n);
         if (gt != ops::DType::F32) ops::to_f32(rg.data(), g16.data(), gt, n);
-        be().adamw_update(rw.data(), rg.data(), rm.data(), rv.data(), n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
-                          a.t, a.grad_scale);
+        be().run(ops::k::AdamwUpdate(rw.data(), rg.data(), rm.data(), rv.data(), n, a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                          a.t, a.grad_scale));
         std::vector<uint16_t> want(n);
         ops::from_f32(want.data(), pt, rw.data(), n);
         Vec master = w;
         const void* grad = gt == ops::DType::F32 ? static_cast<const void*>(g.data()) : g16.data();
-        be().adamw_update_typed(w16.data(), pt, grad, gt, masters ? master.data() : nullptr, m.data(), v.data(), n, a);
+        be().run(ops::k::AdamwUpdateTyped(w16.data(), pt, grad, gt, masters ? master.data() : nullptr, m.data(), v.data(), n, a));
         CHECK(w16 == want);
         CHECK(m == rm);
         CHECK(v == rv);

@@ -39,11 +39,11 @@ OpCase gelu_case(int64_t n) {
   };
   c.forward = [](const std::vector<Vec>& a) {
     Vec out(a[0].size());
-    be().gelu_forward(out.data(), a[0].data(), static_cast<int64_t>(a[0].size()));
+    be().run(ops::k::GeluForward(out.data(), a[0].data(), static_cast<int64_t>(a[0].size())));
     return out;
   };
   c.backward = [](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
-    be().gelu_backward(g[0], a[0].data(), dout.data(), static_cast<int64_t>(a[0].size()));
+    be().run(ops::k::GeluBackward(g[0], a[0].data(), dout.data(), static_cast<int64_t>(a[0].size())));
   };
   return c;
 }
@@ -63,11 +63,11 @@ OpCase swiglu_case(int N, int H) {
   };
   c.forward = [=](const std::vector<Vec>& a) {
     Vec out(static_cast<size_t>(N) * H);
-    be().swiglu_forward(out.data(), a[0].data(), N, H);
+    be().run(ops::k::SwigluForward(out.data(), a[0].data(), N, H));
     return out;
   };
   c.backward = [=](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
-    be().swiglu_backward(g[0], dout.data(), a[0].data(), N, H);
+    be().run(ops::k::SwigluBackward(g[0], dout.data(), a[0].data(), N, H));
   };
   return c;
 }
@@ -83,13 +83,13 @@ OpCase add_case(int64_t n) {
   };
   c.forward = [](const std::vector<Vec>& a) {
     Vec out(a[0].size());
-    be().add_forward(out.data(), a[0].data(), a[1].data(), static_cast<int64_t>(out.size()));
+    be().run(ops::k::AddForward(out.data(), a[0].data(), a[1].data(), static_cast<int64_t>(out.size())));
     return out;
   };
   // The backward of add is two add_inplace calls (ops/backend.h); add_inplace(null) skips.
   c.backward = [](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
-    be().add_inplace(g[0], dout.data(), static_cast<int64_t>(dout.size()));
-    be().add_inplace(g[1], dout.data(), static_cast<int64_t>(dout.size()));
+    be().run(ops::k::AddInplace(g[0], dout.data(), static_cast<int64_t>(dout.size())));
+    be().run(ops::k::AddInplace(g[1], dout.data(), static_cast<int64_t>(dout.size())));
   };
   return c;
 }
@@ -110,13 +110,13 @@ OpCase dropout_case(int64_t n, float p, uint64_t offset = 0) {
   };
   c.forward = [=](const std::vector<Vec>& a) {
     Vec out(a[0].size());
-    be().dropout_forward(out.data(), a[0].data(), static_cast<int64_t>(out.size()), drop);
+    be().run(ops::k::DropoutForward(out.data(), a[0].data(), static_cast<int64_t>(out.size()), drop));
     return out;
   };
   // The backward regenerates the mask from the key: FD through the double reference (which
   // uses the forward's mask) only agrees if the regenerated mask is the same.
   c.backward = [=](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
-    be().dropout_backward(g[0], dout.data(), static_cast<int64_t>(dout.size()), drop);
+    be().run(ops::k::DropoutBackward(g[0], dout.data(), static_cast<int64_t>(dout.size()), drop));
   };
   return c;
 }
@@ -137,9 +137,9 @@ TEST_CASE("add: forward, add_inplace backward, and aliasing") {
   // out may alias a or b
   const int64_t n = 40001;
   Vec a = randn(n, 1), b = randn(n, 2), a0 = a;
-  be().add_forward(a.data(), a.data(), b.data(), n);
+  be().run(ops::k::AddForward(a.data(), a.data(), b.data(), n));
   for (int64_t i = 0; i < n; i++) REQUIRE(a[i] == a0[i] + b[i]);
-  be().add_forward(b.data(), a0.data(), b.data(), n);
+  be().run(ops::k::AddForward(b.data(), a0.data(), b.data(), n));
   CHECK(b == a);
 }
 
@@ -155,14 +155,14 @@ TEST_CASE("dropout: the offset places a slice inside a larger buffer (layout ind
   const ops::DropoutSpec whole{0.25f, 4321, 7};
   const Vec x = randn(n, 30);
   Vec all(n), parts(n);
-  be().dropout_forward(all.data(), x.data(), n, whole);
-  be().dropout_forward(parts.data(), x.data(), n1, whole);
-  be().dropout_forward(parts.data() + n1, x.data() + n1, n - n1, {whole.p, whole.key, whole.offset + n1});
+  be().run(ops::k::DropoutForward(all.data(), x.data(), n, whole));
+  be().run(ops::k::DropoutForward(parts.data(), x.data(), n1, whole));
+  be().run(ops::k::DropoutForward(parts.data() + n1, x.data() + n1, n - n1, {whole.p, whole.key, whole.offset + n1}));
   CHECK(all == parts);
   Vec gall(n, 0.0f), gparts(n, 0.0f);
-  be().dropout_backward(gall.data(), x.data(), n, whole);
-  be().dropout_backward(gparts.data(), x.data(), n1, whole);
-  be().dropout_backward(gparts.data() + n1, x.data() + n1, n - n1, {whole.p, whole.key, whole.offset + n1});
+  be().run(ops::k::DropoutBackward(gall.data(), x.data(), n, whole));
+  be().run(ops::k::DropoutBackward(gparts.data(), x.data(), n1, whole));
+  be().run(ops::k::DropoutBackward(gparts.data() + n1, x.data() + n1, n - n1, {whole.p, whole.key, whole.offset + n1}));
   CHECK(gall == gparts);
 }
 
@@ -171,9 +171,9 @@ TEST_CASE("dropout: determinism, keep fraction, p = 0") {
   const Vec x = uniform(n, 5, 1.0f, 2.0f);  // nonzero, so out == 0 means dropped
   const float p = 0.3f;
   Vec a(n), b(n), c(n);
-  be().dropout_forward(a.data(), x.data(), n, {p, 1234});
-  be().dropout_forward(b.data(), x.data(), n, {p, 1234});
-  be().dropout_forward(c.data(), x.data(), n, {p, 1235});
+  be().run(ops::k::DropoutForward(a.data(), x.data(), n, {p, 1234}));
+  be().run(ops::k::DropoutForward(b.data(), x.data(), n, {p, 1234}));
+  be().run(ops::k::DropoutForward(c.data(), x.data(), n, {p, 1235}));
   CHECK(a == b);  // same key: bit-identical
   CHECK(a != c);  // another key: another mask
   int64_t kept = 0;
@@ -187,24 +187,24 @@ TEST_CASE("dropout: determinism, keep fraction, p = 0") {
   CHECK(std::fabs(static_cast<double>(kept) / n - (1.0 - p)) < 5e-3);
   // p = 0 is the identity (out-of-place and in-place), for any key.
   Vec d(n), e = x;
-  be().dropout_forward(d.data(), x.data(), n, {0.0f, 77});
-  be().dropout_forward(e.data(), e.data(), n, {0.0f, 77});
+  be().run(ops::k::DropoutForward(d.data(), x.data(), n, {0.0f, 77}));
+  be().run(ops::k::DropoutForward(e.data(), e.data(), n, {0.0f, 77}));
   CHECK(d == x);
   CHECK(e == x);
   // backward with p = 0 adds dout through.
   Vec g(n, 1.0f);
-  be().dropout_backward(g.data(), x.data(), n, {0.0f, 77});
+  be().run(ops::k::DropoutBackward(g.data(), x.data(), n, {0.0f, 77}));
   for (int64_t i = 0; i < n; i++) REQUIRE(g[i] == 1.0f + x[i]);
   // backward zeroes exactly the dropped positions of the forward.
   Vec gb(n, 0.0f);
-  be().dropout_backward(gb.data(), x.data(), n, {p, 1234});
+  be().run(ops::k::DropoutBackward(gb.data(), x.data(), n, {p, 1234}));
   for (int64_t i = 0; i < n; i++) REQUIRE((gb[i] == 0.0f) == (a[i] == 0.0f));
 }
 
 TEST_CASE("scale") {
   for (int64_t n : kSizes) {
     Vec x = randn(static_cast<size_t>(n), 6), y = x;
-    be().scale(y.data(), n, -0.37f);
+    be().run(ops::k::Scale(y.data(), n, -0.37f));
     for (int64_t i = 0; i < n; i++) REQUIRE(y[i] == x[i] * -0.37f);
   }
 }

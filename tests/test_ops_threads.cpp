@@ -1,4 +1,4 @@
-// Thread-count independence of the CPU kernels (issue 29): every kernel that reduces over
+// Thread-count independence of the CPU kernels: every kernel that reduces over
 // rows or elements (norm weight/bias gradients, matmul dbias and dweight, embedding backward,
 // attention backward, the loss, sum_squares, AdamW, dropout, the 16-bit GEMMs) gives the same
 // bytes at 1, 2 and 3 threads. Shapes are large enough to take each kernel's parallel path.
@@ -51,17 +51,17 @@ constexpr int N = 2048, C = 192;  // 2048 rows: a quickstart micro-batch (32 x 6
 TEST_CASE("norm backward: weight and bias gradients do not depend on the thread count") {
   const Vec x = gc::randn(size_t(N) * C, 1), dout = gc::randn(size_t(N) * C, 2), w = gc::randn(C, 3);
   Vec out(x.size()), mean(N), rstd(N);
-  gc::be().layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), N, C, 1e-5f);
+  gc::be().run(ops::k::LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), N, C, 1e-5f));
   same_at_thread_counts("layernorm backward", [&] {
     Vec dx(x.size()), dw(C, 0.5f), db(C, 0.25f);
-    gc::be().layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
-                                rstd.data(), N, C);
+    gc::be().run(ops::k::LayerNormBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(),
+                                rstd.data(), N, C));
     return cat({&dx, &dw, &db});
   });
-  gc::be().rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  gc::be().run(ops::k::RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f));
   same_at_thread_counts("rmsnorm backward", [&] {
     Vec dx(x.size()), dw(C, 0.5f);
-    gc::be().rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+    gc::be().run(ops::k::RmsNormBackward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C));
     return cat({&dx, &dw});
   });
 }
@@ -83,39 +83,39 @@ TEST_CASE("matmul backward (fp32 sgemm and the 16-bit GEMMs): dweight and dbias 
     const Vec bias = gc::randn(size_t(OC), 7);
     same_at_thread_counts("fp32 matmul forward", [&] {
       Vec out(size_t(N) * OC);
-      gc::be().matmul_forward(out.data(), x.data(), w.data(), bias.data(), N, C, OC);
+      gc::be().run(ops::k::MatmulForward(out.data(), x.data(), w.data(), bias.data(), N, C, OC));
       return out;
     });
     same_at_thread_counts("fp32 matmul dinp", [&] {
       Vec dx(x.size(), 0.5f);
-      gc::be().matmul_backward(dx.data(), nullptr, nullptr, dout.data(), x.data(), w.data(), N, C, OC);
+      gc::be().run(ops::k::MatmulBackward(dx.data(), nullptr, nullptr, dout.data(), x.data(), w.data(), N, C, OC));
       return dx;
     });
     same_at_thread_counts("fp32 matmul dweight and dbias", [&] {
       Vec dw(w.size(), 0.25f), db(OC, 0.125f);
-      gc::be().matmul_backward(nullptr, dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC);
+      gc::be().run(ops::k::MatmulBackward(nullptr, dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC));
       return cat({&dw, &db});
     });
     for (ops::DType t : {ops::DType::BF16, ops::DType::F16}) {
-      if (!gc::be().matmul16_available(t)) continue;
+      if (!gc::be().has(ops::Kernel::MatmulForward, t)) continue;
       CAPTURE(ops::dtype_name(t));
       std::vector<uint16_t> x16(x.size()), d16(dout.size()), w16(w.size());
-      gc::be().convert(x16.data(), t, x.data(), ops::DType::F32, int64_t(x.size()));
-      gc::be().convert(d16.data(), t, dout.data(), ops::DType::F32, int64_t(dout.size()));
-      gc::be().convert(w16.data(), t, w.data(), ops::DType::F32, int64_t(w.size()));
+      gc::be().run(ops::k::Convert(x16.data(), t, x.data(), ops::DType::F32, int64_t(x.size())));
+      gc::be().run(ops::k::Convert(d16.data(), t, dout.data(), ops::DType::F32, int64_t(dout.size())));
+      gc::be().run(ops::k::Convert(w16.data(), t, w.data(), ops::DType::F32, int64_t(w.size())));
       same_at_thread_counts("16-bit matmul forward", [&] {
         Vec out(size_t(N) * OC);
-        gc::be().matmul16_forward(out.data(), x16.data(), w16.data(), nullptr, t, N, C, OC);
+        gc::be().run(ops::k::MatmulForward(out.data(), x16.data(), w16.data(), nullptr, N, C, OC), t);
         return out;
       });
       same_at_thread_counts("16-bit matmul dinp", [&] {
         Vec dx(x.size(), 0.5f);
-        gc::be().matmul16_backward(dx.data(), nullptr, nullptr, d16.data(), x16.data(), w16.data(), t, N, C, OC);
+        gc::be().run(ops::k::MatmulBackward(dx.data(), nullptr, nullptr, d16.data(), x16.data(), w16.data(), N, C, OC), t);
         return dx;
       });
       same_at_thread_counts("16-bit matmul dweight and dbias", [&] {
         Vec dw(w.size(), 0.25f), db(OC, 0.125f);
-        gc::be().matmul16_backward(nullptr, dw.data(), db.data(), d16.data(), x16.data(), w16.data(), t, N, C, OC);
+        gc::be().run(ops::k::MatmulBackward(nullptr, dw.data(), db.data(), d16.data(), x16.data(), w16.data(), N, C, OC), t);
         return cat({&dw, &db});
       });
     }
@@ -128,14 +128,14 @@ TEST_CASE("embedding, loss, attention, dropout: gradients do not depend on the t
   const Vec dout = gc::randn(size_t(B) * T * C, 8);
   same_at_thread_counts("embedding backward", [&] {
     Vec dwte(size_t(V) * C, 0.5f), dwpe(size_t(T) * C, 0.25f);
-    gc::be().embedding_backward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
+    gc::be().run(ops::k::EmbeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C));
     return cat({&dwte, &dwpe});
   });
   const Vec logits = gc::randn(size_t(B) * T * V, 9, 3.0f);
   same_at_thread_counts("softmax cross-entropy", [&] {
     Vec losses(size_t(B) * T), probs(logits.size()), dl(logits.size());
-    gc::be().softmax_xent_forward(losses.data(), probs.data(), logits.data(), tokens.data(), B * T, V, V - 3);
-    gc::be().softmax_xent_backward(dl.data(), probs.data(), tokens.data(), 1.0f / (B * T), B * T, V, V - 3);
+    gc::be().run(ops::k::SoftmaxXentForward(losses.data(), probs.data(), logits.data(), tokens.data(), B * T, V, V - 3));
+    gc::be().run(ops::k::SoftmaxXentBackward(dl.data(), probs.data(), tokens.data(), 1.0f / (B * T), B * T, V, V - 3));
     return cat({&losses, &dl});
   });
   const int Bq = 8;
@@ -144,12 +144,12 @@ TEST_CASE("embedding, loss, attention, dropout: gradients do not depend on the t
     const ops::DropoutSpec drop{p, 1234, 77};
     same_at_thread_counts("attention and dropout", [&] {
       Vec out(size_t(Bq) * T * C), lse(size_t(Bq) * NH * T), dqkv(qkv.size(), 0.5f);
-      gc::be().attention_forward(out.data(), lse.data(), qkv.data(), Bq, T, C, ops::Heads(NH), drop);
-      gc::be().attention_backward(dqkv.data(), ao.data(), qkv.data(), lse.data(), Bq, T, C, ops::Heads(NH), drop,
-                                  nullptr);
+      gc::be().run(ops::k::AttentionForward(out.data(), lse.data(), qkv.data(), Bq, T, C, ops::Heads(NH), drop));
+      gc::be().run(ops::k::AttentionBackward(dqkv.data(), ao.data(), qkv.data(), lse.data(), Bq, T, C, ops::Heads(NH), drop,
+                                  nullptr));
       Vec dr(ao.size()), dd(ao.size(), 0.5f);
-      gc::be().dropout_forward(dr.data(), ao.data(), int64_t(ao.size()), drop);
-      gc::be().dropout_backward(dd.data(), ao.data(), int64_t(ao.size()), drop);
+      gc::be().run(ops::k::DropoutForward(dr.data(), ao.data(), int64_t(ao.size()), drop));
+      gc::be().run(ops::k::DropoutBackward(dd.data(), ao.data(), int64_t(ao.size()), drop));
       return cat({&out, &lse, &dqkv, &dr, &dd});
     });
   }
@@ -160,9 +160,9 @@ TEST_CASE("sum_squares and AdamW do not depend on the thread count") {
     CAPTURE(n);
     const Vec g = gc::randn(size_t(n), 12), p0 = gc::randn(size_t(n), 13);
     same_at_thread_counts("sum_squares and AdamW", [&] {
-      const double ss = gc::be().sum_squares(g.data(), n);
+      const double ss = ops::sum_squares(gc::be(), g.data(), n);
       Vec p = p0, m(size_t(n), 0.01f), v(size_t(n), 0.02f);
-      gc::be().adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.5f);
+      gc::be().run(ops::k::AdamwUpdate(p.data(), g.data(), m.data(), v.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.5f));
       Vec s(2);
       std::memcpy(s.data(), &ss, sizeof ss);
       return cat({&s, &p, &m, &v});

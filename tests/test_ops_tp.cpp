@@ -54,8 +54,8 @@ void check_xent_split(const XentSplit& sp) {
 
   // The unsharded reference.
   Vec loss_full(N), probs_full(logits.size()), d_full(logits.size(), 9.0f);
-  be().softmax_xent_forward(loss_full.data(), probs_full.data(), logits.data(), tgt.data(), N, V, Vreal);
-  be().softmax_xent_backward(d_full.data(), probs_full.data(), tgt.data(), dloss, N, V, Vreal);
+  be().run(ops::k::SoftmaxXentForward(loss_full.data(), probs_full.data(), logits.data(), tgt.data(), N, V, Vreal));
+  be().run(ops::k::SoftmaxXentBackward(d_full.data(), probs_full.data(), tgt.data(), dloss, N, V, Vreal));
 
   auto shard_real = [&](int k) { return std::clamp(Vreal - k * Vl, 0, Vl); };
   std::vector<Vec> shard_logits(S);
@@ -65,7 +65,7 @@ void check_xent_split(const XentSplit& sp) {
   Vec rowmax(N, -std::numeric_limits<float>::infinity());
   for (int k = 0; k < S; k++) {
     Vec m(N, 5.0f);
-    be().xent_shard_max(m.data(), shard_logits[k].data(), N, Vl, shard_real(k));
+    be().run(ops::k::XentShardMax(m.data(), shard_logits[k].data(), N, Vl, shard_real(k)));
     for (int r = 0; r < N; r++) {
       if (shard_real(k) == 0) REQUIRE(m[r] == -std::numeric_limits<float>::infinity());
       rowmax[r] = std::max(rowmax[r], m[r]);
@@ -76,8 +76,8 @@ void check_xent_split(const XentSplit& sp) {
   Vec sumexp(N, 0.0f), tlogit(N, 0.0f);
   for (int k = 0; k < S; k++) {
     Vec se(N, 5.0f), tl(N, 5.0f);
-    be().xent_shard_sumexp(se.data(), tl.data(), shard_logits[k].data(), rowmax.data(), tgt.data(), N, Vl,
-                           shard_real(k), k * Vl);
+    be().run(ops::k::XentShardSumexp(se.data(), tl.data(), shard_logits[k].data(), rowmax.data(), tgt.data(), N, Vl,
+                           shard_real(k), k * Vl));
     for (int r = 0; r < N; r++) {
       const int local = tgt[r] - k * Vl;
       if (tgt[r] < 0 || local < 0 || local >= Vl) REQUIRE(tl[r] == 0.0f);  // target not in this shard
@@ -90,16 +90,16 @@ void check_xent_split(const XentSplit& sp) {
   Vec probs(logits.size(), 7.0f);
   for (int k = 0; k < S; k++) {
     Vec l(N, 5.0f), p(shard_logits[k].size(), 7.0f);
-    be().xent_shard_finish(l.data(), p.data(), shard_logits[k].data(), rowmax.data(), sumexp.data(), tlogit.data(),
-                           tgt.data(), N, Vl, shard_real(k));
+    be().run(ops::k::XentShardFinish(l.data(), p.data(), shard_logits[k].data(), rowmax.data(), sumexp.data(), tlogit.data(),
+                           tgt.data(), N, Vl, shard_real(k)));
     for (int r = 0; r < N; r++) {
       if (tgt[r] < 0) REQUIRE(l[r] == 0.0f);
       REQUIRE(l[r] == doctest::Approx(loss_full[r]).epsilon(1e-6));
     }
     // In place (probs aliasing logits), as the training loop runs it: the same result.
     Vec inplace = shard_logits[k], l2(N);
-    be().xent_shard_finish(l2.data(), inplace.data(), inplace.data(), rowmax.data(), sumexp.data(), tlogit.data(),
-                           tgt.data(), N, Vl, shard_real(k));
+    be().run(ops::k::XentShardFinish(l2.data(), inplace.data(), inplace.data(), rowmax.data(), sumexp.data(), tlogit.data(),
+                           tgt.data(), N, Vl, shard_real(k)));
     REQUIRE(inplace == p);
     REQUIRE(l2 == l);
     put_cols(probs, N, V, k * Vl, Vl, p);
@@ -114,11 +114,11 @@ void check_xent_split(const XentSplit& sp) {
   Vec d(logits.size()), d_same(logits.size());
   for (int k = 0; k < S; k++) {
     Vec dk = cols(probs, N, V, k * Vl, Vl);
-    be().xent_shard_backward(dk.data(), dk.data(), tgt.data(), dloss, N, Vl, shard_real(k), k * Vl);
+    be().run(ops::k::XentShardBackward(dk.data(), dk.data(), tgt.data(), dloss, N, Vl, shard_real(k), k * Vl));
     put_cols(d, N, V, k * Vl, Vl, dk);
     const Vec pk = cols(probs_full, N, V, k * Vl, Vl);
     Vec ds(pk.size(), 123.0f);
-    be().xent_shard_backward(ds.data(), pk.data(), tgt.data(), dloss, N, Vl, shard_real(k), k * Vl);
+    be().run(ops::k::XentShardBackward(ds.data(), pk.data(), tgt.data(), dloss, N, Vl, shard_real(k), k * Vl));
     put_cols(d_same, N, V, k * Vl, Vl, ds);
   }
   REQUIRE(d_same == d_full);
@@ -161,16 +161,16 @@ TEST_CASE("xent_shard: a shard of only padding contributes -inf, 0, 0") {
   const Vec logits(N * V, 1e4f);
   const std::vector<int32_t> tgt = {0, 5, -1};
   Vec m(N, 1.0f), se(N, 1.0f), tl(N, 1.0f);
-  be().xent_shard_max(m.data(), logits.data(), N, V, 0);
+  be().run(ops::k::XentShardMax(m.data(), logits.data(), N, V, 0));
   for (float x : m) CHECK(x == -std::numeric_limits<float>::infinity());
   const Vec gmax = {0.5f, -2.0f, 3.0f};  // the group's maxima, after the all-reduce
-  be().xent_shard_sumexp(se.data(), tl.data(), logits.data(), gmax.data(), tgt.data(), N, V, 0, 8);
+  be().run(ops::k::XentShardSumexp(se.data(), tl.data(), logits.data(), gmax.data(), tgt.data(), N, V, 0, 8));
   for (int r = 0; r < N; r++) {
     CHECK(se[r] == 0.0f);
     CHECK(tl[r] == 0.0f);
   }
   Vec p(N * V, 7.0f);
-  be().xent_shard_backward(p.data(), logits.data(), tgt.data(), 1.0f, N, V, 0, 8);
+  be().run(ops::k::XentShardBackward(p.data(), logits.data(), tgt.data(), 1.0f, N, V, 0, 8));
   for (float x : p) CHECK(x == 0.0f);
 }
 
@@ -187,11 +187,11 @@ TEST_CASE("embedding_shard: the sum over vocabulary shards is the full embedding
   const Vec dout = randn(n, 44);
 
   Vec full(n, 3.0f);
-  be().embedding_forward(full.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  be().run(ops::k::EmbeddingForward(full.data(), tok.data(), wte.data(), wpe.data(), B, T, C));
   Vec dwte_full(wte.size(), 0.5f), dwpe_full(wpe.size(), 0.25f);
-  be().embedding_backward(dwte_full.data(), dwpe_full.data(), dout.data(), tok.data(), B, T, C);
+  be().run(ops::k::EmbeddingBackward(dwte_full.data(), dwpe_full.data(), dout.data(), tok.data(), B, T, C));
   Vec nowpe(n);
-  be().embedding_forward(nowpe.data(), tok.data(), wte.data(), nullptr, B, T, C);
+  be().run(ops::k::EmbeddingForward(nowpe.data(), tok.data(), wte.data(), nullptr, B, T, C));
 
   for (int S : {2, 3}) {
     CAPTURE(S);
@@ -200,20 +200,20 @@ TEST_CASE("embedding_shard: the sum over vocabulary shards is the full embedding
     for (int k = 0; k < S; k++) {
       const float* wk = wte.data() + static_cast<size_t>(k) * Vl * C;
       Vec out(n, 3.0f);  // overwritten
-      be().embedding_shard_forward(out.data(), tok.data(), wk, k == 0 ? wpe.data() : nullptr, B, T, C, k * Vl, Vl);
+      be().run(ops::k::EmbeddingShardForward(out.data(), tok.data(), wk, k == 0 ? wpe.data() : nullptr, B, T, C, k * Vl, Vl));
       for (size_t i = 0; i < n; i++) sum[i] += out[i];
-      be().embedding_shard_forward(out.data(), tok.data(), wk, nullptr, B, T, C, k * Vl, Vl);
+      be().run(ops::k::EmbeddingShardForward(out.data(), tok.data(), wk, nullptr, B, T, C, k * Vl, Vl));
       for (size_t i = 0; i < n; i++) sum_nowpe[i] += out[i];
 
       Vec dw(static_cast<size_t>(Vl) * C, 0.5f), dp(wpe.size(), 0.25f);  // accumulated into
-      be().embedding_shard_backward(dw.data(), dp.data(), dout.data(), tok.data(), B, T, C, k * Vl, Vl);
+      be().run(ops::k::EmbeddingShardBackward(dw.data(), dp.data(), dout.data(), tok.data(), B, T, C, k * Vl, Vl));
       REQUIRE(dp == dwpe_full);  // every rank computes the whole dwpe (dout is replicated)
       std::copy(dw.begin(), dw.end(), dwte.begin() + static_cast<size_t>(k) * Vl * C);
       // Null gradients are skipped.
       Vec dw2(static_cast<size_t>(Vl) * C, 0.5f);
-      be().embedding_shard_backward(dw2.data(), nullptr, dout.data(), tok.data(), B, T, C, k * Vl, Vl);
+      be().run(ops::k::EmbeddingShardBackward(dw2.data(), nullptr, dout.data(), tok.data(), B, T, C, k * Vl, Vl));
       REQUIRE(dw2 == dw);
-      be().embedding_shard_backward(nullptr, nullptr, dout.data(), tok.data(), B, T, C, k * Vl, Vl);
+      be().run(ops::k::EmbeddingShardBackward(nullptr, nullptr, dout.data(), tok.data(), B, T, C, k * Vl, Vl));
     }
     REQUIRE(sum == full);
     REQUIRE(sum_nowpe == nowpe);
@@ -226,7 +226,7 @@ TEST_CASE("embedding: the unsharded kernel still matches wte[token] + wpe[t]") {
   const Vec wte = randn(static_cast<size_t>(V) * C, 51), wpe = randn(static_cast<size_t>(T) * C, 52);
   const std::vector<int32_t> tok = randint(static_cast<size_t>(B) * T, 53, V);
   Vec out(static_cast<size_t>(B) * T * C);
-  be().embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  be().run(ops::k::EmbeddingForward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C));
   for (int r = 0; r < B * T; r++)
     for (int i = 0; i < C; i++)
       REQUIRE(out[static_cast<size_t>(r) * C + i] ==
@@ -244,16 +244,16 @@ TEST_CASE("attention: head shards (heads_total, head_start) reproduce the full m
     ops::DropoutSpec drop{0.3f, key, offset};
     Vec out(static_cast<size_t>(B) * T * C), probs(static_cast<size_t>(B) * NH * T);  // the lse
     Vec dqkv(qkv.size(), 0.0f);
-    be().attention_forward(out.data(), probs.data(), qkv.data(), B, T, C, NH, drop);
-    be().attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, NH, drop);
+    be().run(ops::k::AttentionForward(out.data(), probs.data(), qkv.data(), B, T, C, NH, drop));
+    be().run(ops::k::AttentionBackward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, C, NH, drop));
 
     // heads_total = 0 is heads_total = NH, head_start = 0.
     {
       ops::DropoutSpec d2 = drop;
       d2.heads_total = NH;
       Vec out2(out.size()), probs2(probs.size()), dqkv2(qkv.size(), 0.0f);
-      be().attention_forward(out2.data(), probs2.data(), qkv.data(), B, T, C, NH, d2);
-      be().attention_backward(dqkv2.data(), dout.data(), qkv.data(), probs2.data(), B, T, C, NH, d2);
+      be().run(ops::k::AttentionForward(out2.data(), probs2.data(), qkv.data(), B, T, C, NH, d2));
+      be().run(ops::k::AttentionBackward(dqkv2.data(), dout.data(), qkv.data(), probs2.data(), B, T, C, NH, d2));
       REQUIRE(out2 == out);
       REQUIRE(probs2 == probs);
       REQUIRE(dqkv2 == dqkv);
@@ -270,8 +270,8 @@ TEST_CASE("attention: head shards (heads_total, head_start) reproduce the full m
       for (size_t bt = 0; bt < static_cast<size_t>(B) * T; bt++)
         std::copy_n(dout.begin() + bt * C + h0 * HS, Cs, dO.begin() + bt * Cs);
       Vec o(dO.size()), p(static_cast<size_t>(B) * nh * T), dq(q.size(), 0.0f);
-      be().attention_forward(o.data(), p.data(), q.data(), B, T, Cs, nh, ds);
-      be().attention_backward(dq.data(), dO.data(), q.data(), p.data(), B, T, Cs, nh, ds);
+      be().run(ops::k::AttentionForward(o.data(), p.data(), q.data(), B, T, Cs, nh, ds));
+      be().run(ops::k::AttentionBackward(dq.data(), dO.data(), q.data(), p.data(), B, T, Cs, nh, ds));
       for (size_t bt = 0; bt < static_cast<size_t>(B) * T; bt++) {
         std::copy_n(o.begin() + bt * Cs, Cs, out_s.begin() + bt * C + h0 * HS);
         for (int part = 0; part < 3; part++)
@@ -290,7 +290,7 @@ TEST_CASE("attention: head shards (heads_total, head_start) reproduce the full m
       ops::DropoutSpec wrong = drop;  // heads_total = 0: counters of a 2-head model
       const Vec q = shard_qkv(qkv, B, T, C, HS, 2, nh);
       Vec o(static_cast<size_t>(B) * T * Cs), p(static_cast<size_t>(B) * nh * T);
-      be().attention_forward(o.data(), p.data(), q.data(), B, T, Cs, nh, wrong);
+      be().run(ops::k::AttentionForward(o.data(), p.data(), q.data(), B, T, Cs, nh, wrong));
       bool differs = false;
       for (size_t bt = 0; bt < static_cast<size_t>(B) * T && !differs; bt++)
         for (int i = 0; i < Cs; i++) differs |= o[bt * Cs + i] != out[bt * C + 2 * HS + i];

@@ -123,22 +123,22 @@ TEST_CASE("adamw_update_zero_grad: the old path's bytes, gradient zeroed, at 1, 
         // apart from adamw_update's own split), then the separate zeroing pass.
         ops::set_num_threads(2);
         Operands ref(k.pt, k.gt, k.master, n, 1234u + static_cast<uint32_t>(n));
-        be.Backend::adamw_update_typed(ref.param.data(), k.pt, ref.grad.data(), k.gt, ref.master_ptr(), ref.m.data(),
-                                       ref.v.data(), n, a);
+        ops::adamw_update_typed_composed(be, ops::k::AdamwUpdateTyped(ref.param.data(), k.pt, ref.grad.data(), k.gt, ref.master_ptr(), ref.m.data(),
+                                       ref.v.data(), n, a));
         const std::vector<char> grad_before = Operands(k.pt, k.gt, k.master, n, 1234u + static_cast<uint32_t>(n)).grad;
         CHECK(ref.grad == grad_before);  // the old update only reads the gradient
         for (int t : {1, 2, 3}) {
           CAPTURE(t);
           ops::set_num_threads(t);
           Operands got(k.pt, k.gt, k.master, n, 1234u + static_cast<uint32_t>(n));
-          be.adamw_update_zero_grad(got.param.data(), k.pt, got.grad.data(), k.gt, got.master_ptr(), got.m.data(),
-                                    got.v.data(), n, a);
+          be.run(ops::k::AdamwUpdateZeroGrad(got.param.data(), k.pt, got.grad.data(), k.gt, got.master_ptr(), got.m.data(),
+                                    got.v.data(), n, a));
           check_same(ref, got);
           CHECK(got.grad_is_zero());
           // The CPU's adamw_update_typed is the same pass without the zeroing.
           Operands typed(k.pt, k.gt, k.master, n, 1234u + static_cast<uint32_t>(n));
-          be.adamw_update_typed(typed.param.data(), k.pt, typed.grad.data(), k.gt, typed.master_ptr(), typed.m.data(),
-                                typed.v.data(), n, a);
+          be.run(ops::k::AdamwUpdateTyped(typed.param.data(), k.pt, typed.grad.data(), k.gt, typed.master_ptr(), typed.m.data(),
+                                typed.v.data(), n, a));
           check_same(ref, typed);
           CHECK(typed.grad == grad_before);
         }
@@ -154,8 +154,8 @@ TEST_CASE("adamw_update_zero_grad: a 16-bit copy is the rounding of the updated 
   const int64_t n = (1 << 14) + 21;
   for (DType t : {DType::BF16, DType::F16}) {
     Operands o(t, DType::F32, true, n, 99u);
-    be.adamw_update_zero_grad(o.param.data(), t, o.grad.data(), DType::F32, o.master.data(), o.m.data(), o.v.data(), n,
-                              args(0.1f));
+    be.run(ops::k::AdamwUpdateZeroGrad(o.param.data(), t, o.grad.data(), DType::F32, o.master.data(), o.m.data(), o.v.data(), n,
+                              args(0.1f)));
     const std::vector<uint16_t> want = round_all(o.master, t);
     CHECK(std::memcmp(o.param.data(), want.data(), want.size() * 2) == 0);
   }
@@ -173,11 +173,15 @@ TEST_CASE("sum_squares_typed of 16-bit tensors: threaded, the host default's bit
       for (float& f : x) f = d(rng);
       const std::vector<uint16_t> h = round_all(x, t);
       ops::set_num_threads(1);
-      const double want = be.Backend::sum_squares_typed(h.data(), t, n);
+      const double want = [&] {
+        double r = 0;
+        ops::sum_squares_typed_composed(be, ops::k::SumSquaresTyped(h.data(), t, n, &r));
+        return r;
+      }();
       for (int th : {1, 2, 3}) {
         CAPTURE(th);
         ops::set_num_threads(th);
-        const double got = be.sum_squares_typed(h.data(), t, n);
+        const double got = ops::sum_squares_typed(be, h.data(), t, n);
         CHECK(std::memcmp(&got, &want, sizeof got) == 0);
       }
     }

@@ -1,4 +1,4 @@
-// The optimizer phase on the CPU (see adamw.h; issue 29: optimizer).
+// The optimizer phase on the CPU (see adamw.h).
 //
 // Why fused: AdamW is memory-bound. The old phase made up to four passes over the parameters'
 // memory (the update, the masters' rounding to the 16-bit copy, a separate zeroing of the
@@ -9,6 +9,7 @@
 // (same functions or the same scalar rules, same AVX-512 / scalar split at 16-element
 // boundaries from the range's start), so the results are bit-identical to it.
 #include "ops/cpu/adamw.h"
+#include "ops/adamw_math.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -58,15 +59,9 @@ void adamw_range(float* __restrict param, const float* __restrict grad, float* _
     _mm512_storeu_ps(param + i, _mm512_fnmadd_ps(vlr, upd, p));
   }
 #endif
-  for (; i < n; i++) {
-    const float g = grad[i] * grad_scale;
-    const float mi = beta1 * m[i] + a1 * g;
-    const float vi = beta2 * v[i] + a2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float mhat = mi * inv_bc1, vhat = vi * inv_bc2;
-    param[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * param[i]);
-  }
+  for (; i < n; i++)
+    param[i] = adamw_element(param[i], grad[i] * grad_scale, m[i], v[i], lr, beta1, beta2, a1, a2, eps, weight_decay,
+                             inv_bc1, inv_bc2);
 }
 
 double sum_squares_range(const float* __restrict x, int64_t n) {

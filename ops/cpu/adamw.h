@@ -1,4 +1,4 @@
-// The optimizer phase on the CPU (issue 29: optimizer): AdamW's range kernel, the fused
+// The optimizer phase on the CPU: AdamW's range kernel, the fused
 // update that also writes the 16-bit compute copy and zeroes the gradient, the gradient-norm
 // sum of squares of 16-bit tensors, and a threaded zero fill.
 //

@@ -13,7 +13,7 @@
 //   dQ += scale dS K;  dK += scale dS^T Q.
 //
 // Design:
-// - The (T, T) probabilities are never stored (issue 26, flash-style: Dao et al. 2022,
+// - The (T, T) probabilities are never stored (flash-style, so that memory stays linear in T: Dao et al. 2022,
 //   "FlashAttention"). Both passes work on one block of query rows at a time, in per-thread
 //   scratch of (block rows) x T floats: the forward computes the block's scores, softmax and
 //   output, saves each row's log-sum-exp and drops the block; the backward recomputes the
@@ -31,8 +31,8 @@
 //   Q, K, V and dO are packed once per unit of work into fp32 panels whose rows are padded to
 //   16 floats (K and V also transposed); P^T and dS^T are read in place by swapping strides, so
 //   no transposes of them are materialized. small_gemm's sums do not depend on its operands'
-//   strides, so packing Q and dO (read in place through strides before issue 29) changed no bit.
-// - [i29: native16] The storage type of qkv, out, dout and dqkv is a template parameter (fp32,
+//   strides, so packing Q and dO (read in place through strides before the 16-bit-native kernels) changed no bit.
+// - The storage type of qkv, out, dout and dqkv is a template parameter (fp32,
 //   bf16, fp16): a 16-bit qkv and dout are widened (exactly) while their panels are packed, so
 //   no whole-tensor fp32 copy exists; out is rounded row by row from the block's fp32 Ob tile;
 //   dqkv gets one fold per element, RNE(d + (0 + g)), g the fp32 gradient the widened path
@@ -510,7 +510,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   backward_all<InF32>(dqkv, dout, qkv, B, T, C, hd, drop, work);
 }
 
-// [i29: native16] The same kernels on 16-bit storage (t: BF16 or F16).
+// The same kernels on 16-bit storage (t: BF16 or F16).
 void attention_forward16(void* out, float* lse, const void* qkv, DType t, int B, int T, int C, Heads hd,
                          DropoutSpec drop) {
   OPS_CHECK(t == DType::BF16 || t == DType::F16, std::string("attention_forward16: no ") + dtype_name(t));

@@ -7,7 +7,7 @@ namespace ops::cpu {
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, Heads heads, DropoutSpec drop);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
                         Heads heads, DropoutSpec drop, float* work);
-// [i29: native16] The same on 16-bit storage (t: BF16 or F16): qkv, out, dout and dqkv in t,
+// The same on 16-bit storage (t: BF16 or F16): qkv, out, dout and dqkv in t,
 // widened while packing each (b, h)'s panels; bit-identical to the widened path (ops/backend.h).
 void attention_forward16(void* out, float* lse, const void* qkv, DType t, int B, int T, int C, Heads heads,
                          DropoutSpec drop);

@@ -37,7 +37,7 @@
 #include "ops/cpu/adamw.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/dnnl_gemm.h"
-#include "ops/cpu/fused.h"  // [i29: fused]
+#include "ops/cpu/fused.h"
 #include "ops/cpu/vecmath.h"
 #include "ops/rng.h"
 #include "ops/check.h"
@@ -426,13 +426,13 @@ void add_inplace_range(float* __restrict dst, const float* __restrict src, int64
 #pragma omp simd
   for (int64_t i = 0; i < n; i++) dst[i] += src[i];
 }
-// [i29: fused] AddNorm's backward on elements [off, off + n): the total d(sum) into d(a) and
+// AddNorm's backward on elements [off, off + n): the total d(sum) into d(a) and
 // d(b) (either may be null), add_inplace's arithmetic.
 void add_total_rows(float* da, float* db, const float* dsum, int64_t off, int64_t n) {
   if (da) add_inplace_range(da + off, dsum + off, n);
   if (db) add_inplace_range(db + off, dsum + off, n);
 }
-// [i29: fused] The fp32 forward of AddLayerNorm and AddRMSNorm: per chunk of rows the Add's
+// The fp32 forward of AddLayerNorm and AddRMSNorm: per chunk of rows the Add's
 // pass into SUM, then NORM_ROWS(sum, r0, r1) over the rows just written (still in cache).
 template <class NormRows>
 void add_norm_forward_chunks(void* sum, const void* a, const void* b, int N, int C, NormRows norm_rows) {
@@ -444,7 +444,7 @@ void add_norm_forward_chunks(void* sum, const void* a, const void* b, int N, int
     norm_rows(s, r0, r1);
   }, 1);
 }
-// [i29: fused] The fp32 backward of AddLayerNorm and AddRMSNorm over fixed row blocks:
+// The fp32 backward of AddLayerNorm and AddRMSNorm over fixed row blocks:
 // NORM_ROWS(dsum, slot, r0, r1) writes d(sum) of rows [r0, r1) and the block's parameter
 // gradients into its slot (SLOT_ROWS x C floats), then the add passes d(sum) on to d(a) and
 // d(b). The caller folds the slots in block order: thread-independent.
@@ -587,31 +587,96 @@ void xent_shard_finish_rows(float* losses, float* probs, const float* logits, co
 
 // =============================================================================== optimizer
 // adamw_range and sum_squares_range live in adamw.cpp with the fused optimizer kernels
-// (issue 29: optimizer), so that every path runs the same compiled arithmetic.
+// so that every path runs the same compiled arithmetic.
 
 // =============================================================================== the backend
 class CpuBackend final : public Backend {
  public:
+  // The kernel table: every kernel below as its F32 entry, the 16-bit-native kernels
+  // (ops/cpu/native16.h: this backend's fp32 kernels on widened tiles) as the BF16 and F16
+  // entries (the attention's widen while it packs its per-head panels, ops/cpu/attention.cpp),
+  // the 16-bit GEMMs where oneDNN has them.
+  CpuBackend() {
+    provide<k::Convert>(DType::F32, convert_host);
+    provide<k::Accumulate>(DType::F32, accumulate_host);
+    provide<k::Fill>(DType::F32, fill_host);
+    provide<k::EmbeddingForward>(DType::F32, [this](const k::EmbeddingForward& q) { embedding_forward_as_shard(*this, q); });
+    provide<k::EmbeddingBackward>(DType::F32, [this](const k::EmbeddingBackward& q) { embedding_backward_as_shard(*this, q); });
+    provide<k::EmbeddingShardForward>(DType::F32, [this](const k::EmbeddingShardForward& q) { embedding_shard_forward(static_cast<float*>(q.out), q.tokens, static_cast<const float*>(q.wte), static_cast<const float*>(q.wpe), q.B, q.T, q.C, q.vstart, q.Vlocal); });
+    provide<k::EmbeddingShardBackward>(DType::F32, [this](const k::EmbeddingShardBackward& q) { embedding_shard_backward(static_cast<float*>(q.dwte), static_cast<float*>(q.dwpe), static_cast<const float*>(q.dout), q.tokens, q.B, q.T, q.C, q.vstart, q.Vlocal); });
+    provide<k::LayerNormForward>(DType::F32, [this](const k::LayerNormForward& q) { layernorm_forward(static_cast<float*>(q.out), static_cast<float*>(q.mean), static_cast<float*>(q.rstd), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), q.N, q.C, q.eps); });
+    provide<k::LayerNormBackward>(DType::F32, [this](const k::LayerNormBackward& q) { layernorm_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.mean), static_cast<const float*>(q.rstd), q.N, q.C); });
+    provide<k::RmsNormForward>(DType::F32, [this](const k::RmsNormForward& q) { rmsnorm_forward(static_cast<float*>(q.out), static_cast<float*>(q.rstd), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.eps); });
+    provide<k::RmsNormBackward>(DType::F32, [this](const k::RmsNormBackward& q) { rmsnorm_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.rstd), q.N, q.C); });
+    provide<k::MatmulForward>(DType::F32, [this](const k::MatmulForward& q) { matmul_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), q.N, q.C, q.OC); });
+    provide<k::MatmulBackward>(DType::F32, [this](const k::MatmulBackward& q) { matmul_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.OC); });
+    for (DType t : {DType::BF16, DType::F16})
+      provide<k::MatmulForward>(t, [this, t](const k::MatmulForward& q) { matmul_forward_narrow(static_cast<float*>(q.out), q.inp, q.weight, q.bias, t, q.N, q.C, q.OC); }, dnnl_gemm_available);
+    for (DType t : {DType::BF16, DType::F16})
+      provide<k::MatmulBackward>(t, [this, t](const k::MatmulBackward& q) { matmul_backward_narrow(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), q.dout, q.inp, q.weight, t, q.N, q.C, q.OC); }, dnnl_gemm_available);
+    provide<k::RopeForward>(DType::F32, [this](const k::RopeForward& q) { rope_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.B, q.T, q.C, q.heads, q.theta); });
+    provide<k::RopeBackward>(DType::F32, [this](const k::RopeBackward& q) { rope_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), q.B, q.T, q.C, q.heads, q.theta); });
+    provide<k::AttentionForward>(DType::F32, [this](const k::AttentionForward& q) { attention_forward(static_cast<float*>(q.out), static_cast<float*>(q.lse), static_cast<const float*>(q.qkv), q.B, q.T, q.C, q.heads, q.drop); });
+    provide<k::AttentionBackward>(DType::F32, [this](const k::AttentionBackward& q) { attention_backward(static_cast<float*>(q.dqkv), static_cast<const float*>(q.dout), static_cast<const float*>(q.qkv), static_cast<const float*>(q.lse), q.B, q.T, q.C, q.heads, q.drop, static_cast<float*>(q.work)); });
+    provide<k::KvCacheWrite>(DType::F32, [this](const k::KvCacheWrite& q) { kv_cache_write(q.kv, static_cast<const float*>(q.qkv), q.B, q.T, q.C, q.heads); });
+    provide<k::AttentionDecode>(DType::F32, [this](const k::AttentionDecode& q) { attention_decode(static_cast<float*>(q.out), static_cast<const float*>(q.qkv), q.kv, q.pos, q.B, q.C, q.heads, q.theta); });
+    provide<k::GeluForward>(DType::F32, [this](const k::GeluForward& q) { gelu_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n); });
+    provide<k::GeluBackward>(DType::F32, [this](const k::GeluBackward& q) { gelu_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.inp), static_cast<const float*>(q.dout), q.n); });
+    provide<k::LinearGeluForward>(DType::F32, [this](const k::LinearGeluForward& q) { linear_gelu_forward(static_cast<float*>(q.out), static_cast<float*>(q.pre), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), q.N, q.C, q.OC); });
+    provide<k::LinearGeluBackward>(DType::F32, [this](const k::LinearGeluBackward& q) { linear_gelu_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<float*>(q.dpre), static_cast<const float*>(q.pre), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.OC); });
+    provide_all<k::AddLayerNormForward>([this](const k::AddLayerNormForward& q, DType t) { add_layernorm_forward(q.sum, q.out, static_cast<float*>(q.mean), static_cast<float*>(q.rstd), q.a, q.b, static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), t, q.N, q.C, q.eps); });
+    provide_all<k::AddLayerNormBackward>([this](const k::AddLayerNormBackward& q, DType t) { add_layernorm_backward(q.da, q.db, static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), q.dsum, q.dout, q.sum, static_cast<const float*>(q.weight), static_cast<const float*>(q.mean), static_cast<const float*>(q.rstd), t, q.N, q.C); });
+    provide_all<k::AddRmsNormForward>([this](const k::AddRmsNormForward& q, DType t) { add_rmsnorm_forward(q.sum, q.out, static_cast<float*>(q.rstd), q.a, q.b, static_cast<const float*>(q.weight), t, q.N, q.C, q.eps); });
+    provide_all<k::AddRmsNormBackward>([this](const k::AddRmsNormBackward& q, DType t) { add_rmsnorm_backward(q.da, q.db, static_cast<float*>(q.dweight), q.dsum, q.dout, q.sum, static_cast<const float*>(q.weight), static_cast<const float*>(q.rstd), t, q.N, q.C); });
+    provide<k::SwigluForward>(DType::F32, [this](const k::SwigluForward& q) { swiglu_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.N, q.H); });
+    provide<k::SwigluBackward>(DType::F32, [this](const k::SwigluBackward& q) { swiglu_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), q.N, q.H); });
+    provide<k::AddForward>(DType::F32, [this](const k::AddForward& q) { add_forward(static_cast<float*>(q.out), static_cast<const float*>(q.a), static_cast<const float*>(q.b), q.n); });
+    provide<k::AddInplace>(DType::F32, [this](const k::AddInplace& q) { add_inplace(static_cast<float*>(q.dst), static_cast<const float*>(q.src), q.n); });
+    provide<k::DropoutForward>(DType::F32, [this](const k::DropoutForward& q) { dropout_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n, q.drop); });
+    provide<k::DropoutBackward>(DType::F32, [this](const k::DropoutBackward& q) { dropout_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), q.n, q.drop); });
+    provide<k::SoftmaxXentForward>(DType::F32, [this](const k::SoftmaxXentForward& q) { softmax_xent_forward(static_cast<float*>(q.losses), static_cast<float*>(q.probs), static_cast<const float*>(q.logits), q.targets, q.N, q.V, q.Vreal); });
+    provide<k::SoftmaxXentBackward>(DType::F32, [this](const k::SoftmaxXentBackward& q) { softmax_xent_backward(static_cast<float*>(q.dlogits), static_cast<const float*>(q.probs), q.targets, q.dloss, q.N, q.V, q.Vreal); });
+    provide<k::XentShardMax>(DType::F32, [this](const k::XentShardMax& q) { xent_shard_max(static_cast<float*>(q.rowmax), static_cast<const float*>(q.logits), q.N, q.V, q.Vreal); });
+    provide<k::XentShardSumexp>(DType::F32, [this](const k::XentShardSumexp& q) { xent_shard_sumexp(static_cast<float*>(q.sumexp), static_cast<float*>(q.tlogit), static_cast<const float*>(q.logits), static_cast<const float*>(q.rowmax), q.targets, q.N, q.V, q.Vreal, q.vstart); });
+    provide<k::XentShardFinish>(DType::F32, [this](const k::XentShardFinish& q) { xent_shard_finish(static_cast<float*>(q.losses), static_cast<float*>(q.probs), static_cast<const float*>(q.logits), static_cast<const float*>(q.rowmax), static_cast<const float*>(q.sumexp), static_cast<const float*>(q.tlogit), q.targets, q.N, q.V, q.Vreal); });
+    provide<k::XentShardBackward>(DType::F32, [this](const k::XentShardBackward& q) { xent_shard_backward(static_cast<float*>(q.dlogits), static_cast<const float*>(q.probs), q.targets, q.dloss, q.N, q.V, q.Vreal, q.vstart); });
+    provide<k::AdamwUpdate>(DType::F32, [this](const k::AdamwUpdate& q) { adamw_update(static_cast<float*>(q.param), static_cast<const float*>(q.grad), static_cast<float*>(q.m), static_cast<float*>(q.v), q.n, q.lr, q.beta1, q.beta2, q.eps, q.weight_decay, q.t, q.grad_scale); });
+    provide<k::AdamwUpdateTyped>(DType::F32, [this](const k::AdamwUpdateTyped& q) { adamw_update_typed(q.param, q.pt, q.grad, q.gt, static_cast<float*>(q.master), static_cast<float*>(q.m), static_cast<float*>(q.v), q.n, q.a); });
+    provide<k::AdamwUpdateZeroGrad>(DType::F32, [this](const k::AdamwUpdateZeroGrad& q) { adamw_update_zero_grad(q.param, q.pt, q.grad, q.gt, static_cast<float*>(q.master), static_cast<float*>(q.m), static_cast<float*>(q.v), q.n, q.a); });
+    provide<k::SumSquaresTyped>(DType::F32, [this](const k::SumSquaresTyped& q) { *q.result = sum_squares_typed(q.x, q.t, q.n); });
+    provide<k::SumSquares>(DType::F32, [this](const k::SumSquares& q) { *q.result = sum_squares(static_cast<const float*>(q.x), q.n); });
+    provide<k::Scale>(DType::F32, [this](const k::Scale& q) { scale(static_cast<float*>(q.x), q.n, q.s); });
+    provide16<k::EmbeddingForward>([this](const k::EmbeddingForward& q, DType t) { native16::embedding_forward(*this, q.out, t, q.tokens, q.wte, q.wpe, q.B, q.T, q.C); });
+    provide16<k::EmbeddingBackward>([this](const k::EmbeddingBackward& q, DType t) { native16::embedding_backward(*this, q.dwte, q.dwpe, q.dout, t, q.tokens, q.B, q.T, q.C); });
+    provide16<k::LayerNormForward>([this](const k::LayerNormForward& q, DType t) { native16::layernorm_forward(*this, q.out, q.mean, q.rstd, q.inp, q.weight, q.bias, t, q.N, q.C, q.eps); });
+    provide16<k::LayerNormBackward>([this](const k::LayerNormBackward& q, DType t) { native16::layernorm_backward(*this, q.dinp, q.dweight, q.dbias, q.dout, q.inp, q.weight, q.mean, q.rstd, t, q.N, q.C); });
+    provide16<k::RmsNormForward>([this](const k::RmsNormForward& q, DType t) { native16::rmsnorm_forward(*this, q.out, q.rstd, q.inp, q.weight, t, q.N, q.C, q.eps); });
+    provide16<k::RmsNormBackward>([this](const k::RmsNormBackward& q, DType t) { native16::rmsnorm_backward(*this, q.dinp, q.dweight, q.dout, q.inp, q.weight, q.rstd, t, q.N, q.C); });
+    provide16<k::RopeForward>([this](const k::RopeForward& q, DType t) { native16::rope_forward(*this, q.out, q.inp, t, q.B, q.T, q.C, q.heads, q.theta); });
+    provide16<k::RopeBackward>([this](const k::RopeBackward& q, DType t) { native16::rope_backward(*this, q.dinp, q.dout, t, q.B, q.T, q.C, q.heads, q.theta); });
+    provide16<k::GeluForward>([this](const k::GeluForward& q, DType t) { native16::gelu_forward(*this, q.out, q.inp, t, q.n); });
+    provide16<k::GeluBackward>([this](const k::GeluBackward& q, DType t) { native16::gelu_backward(*this, q.dinp, q.inp, q.dout, t, q.n); });
+    provide16<k::SwigluForward>([this](const k::SwigluForward& q, DType t) { native16::swiglu_forward(*this, q.out, q.inp, t, q.N, q.H); });
+    provide16<k::SwigluBackward>([this](const k::SwigluBackward& q, DType t) { native16::swiglu_backward(*this, q.dinp, q.dout, q.inp, t, q.N, q.H); });
+    provide16<k::AddForward>([this](const k::AddForward& q, DType t) { native16::add_forward(*this, q.out, q.a, q.b, t, q.n); });
+    provide16<k::AddInplace>([this](const k::AddInplace& q, DType t) { native16::add_inplace(*this, q.dst, q.src, t, q.n); });
+    provide16<k::DropoutForward>([this](const k::DropoutForward& q, DType t) { native16::dropout_forward(*this, q.out, q.inp, t, q.n, q.drop); });
+    provide16<k::DropoutBackward>([this](const k::DropoutBackward& q, DType t) { native16::dropout_backward(*this, q.dinp, q.dout, t, q.n, q.drop); });
+    provide16<k::AttentionForward>([this](const k::AttentionForward& q, DType t) { cpu::attention_forward16(q.out, q.lse, q.qkv, t, q.B, q.T, q.C, q.heads, q.drop); });
+    provide16<k::AttentionBackward>([this](const k::AttentionBackward& q, DType t) { cpu::attention_backward16(q.dqkv, q.dout, q.qkv, q.lse, t, q.B, q.T, q.C, q.heads, q.drop, q.work); });
+  }
   const char* name() const override { return "cpu"; }
 
-  // The unsharded embedding is the shard that holds the whole table.
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                         int C) override {
-    embedding_shard_forward(out, tokens, wte, wpe, B, T, C, 0, std::numeric_limits<int>::max());
-  }
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                          int C) override {
-    embedding_shard_backward(dwte, dwpe, dout, tokens, B, T, C, 0, std::numeric_limits<int>::max());
-  }
+  // (The unsharded embedding is the shard that holds the whole table: embedding_*_as_shard.)
   void embedding_shard_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                               int C, int vstart, int Vlocal) override {
+                               int C, int vstart, int Vlocal) {
     const int64_t N = static_cast<int64_t>(B) * T;
     parallel_chunks(N, row_grain(C, kGrainStream), [=](int64_t r0, int64_t r1) {
       embedding_forward_rows(out, tokens, wte, wpe, r0, r1, T, C, vstart, Vlocal);
     }, 1);
   }
   void embedding_shard_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                                int C, int vstart, int Vlocal) override {
+                                int C, int vstart, int Vlocal) {
     if (!dwte && !dwpe) return;
     const int64_t N = static_cast<int64_t>(B) * T;
     parallel_chunks(C, std::max<int64_t>(16, kGrainStream / std::max<int64_t>(N, 1)), [=](int64_t c0, int64_t c1) {
@@ -621,7 +686,7 @@ class CpuBackend final : public Backend {
 
   // Null weight / bias mean ones / zeros (a LayerNorm without affine parameters).
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int N, int C, float eps) override {
+                         const float* bias, int N, int C, float eps) {
     std::vector<float> ones, zeros;
     if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
     if (!bias) bias = (zeros.assign(C, 0.0f), zeros.data());
@@ -630,7 +695,7 @@ class CpuBackend final : public Backend {
     }, 1);
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int N, int C) override {
+                          const float* weight, const float* mean, const float* rstd, int N, int C) {
     if (!dinp && !dweight && !dbias) return;
     std::vector<float> ones;
     if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
@@ -647,7 +712,7 @@ class CpuBackend final : public Backend {
   }
 
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
-                       float eps) override {
+                       float eps) {
     std::vector<float> ones;
     if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
     parallel_chunks(N, row_grain(C, kGrainStream), [=](int64_t r0, int64_t r1) {
@@ -655,7 +720,7 @@ class CpuBackend final : public Backend {
     }, 1);
   }
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                        const float* rstd, int N, int C) override {
+                        const float* rstd, int N, int C) {
     if (!dinp && !dweight) return;
     std::vector<float> ones;
     if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
@@ -670,7 +735,7 @@ class CpuBackend final : public Backend {
 
   // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
-                      int OC) override {
+                      int OC) {
     float beta = 0.0f;
     if (bias) {
       // Prefill with the bias and let the GEMM accumulate (beta = 1): the same memory
@@ -684,7 +749,7 @@ class CpuBackend final : public Backend {
   }
   // dinp (N,C) += dout (N,OC) @ weight (OC,C); dweight (OC,C) += dout^T @ inp; dbias (OC) += colsum(dout)
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, int N, int C, int OC) override {
+                       const float* weight, int N, int C, int OC) {
     if (dinp)
       sgemm_fixed_k(false, false, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
     if (dweight)
@@ -697,9 +762,8 @@ class CpuBackend final : public Backend {
 
   // The same three GEMMs over 16-bit operands, through oneDNN (dnnl_gemm.h). The bias is
   // widened into a small host vector (OC floats); everything else is read as stored.
-  bool matmul16_available(DType t) override { return dnnl_gemm_available(t); }
-  void matmul16_forward(float* out, const void* inp, const void* weight, const void* bias, DType t, int N, int C,
-                        int OC) override {
+  void matmul_forward_narrow(float* out, const void* inp, const void* weight, const void* bias, DType t, int N, int C,
+                        int OC) {
     std::vector<float> b32;
     if (bias) {
       b32.resize(static_cast<size_t>(OC));
@@ -708,8 +772,8 @@ class CpuBackend final : public Backend {
     // out (N,OC) = inp (N,C) @ weight^T, weight stored (OC,C)
     dnnl_gemm(t, false, true, N, OC, C, inp, C, weight, C, bias ? b32.data() : nullptr, false, out, OC);
   }
-  void matmul16_backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
-                         const void* weight, DType t, int N, int C, int OC) override {
+  void matmul_backward_narrow(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                         const void* weight, DType t, int N, int C, int OC) {
     // dinp (N,C) += dout (N,OC) @ weight (OC,C)
     if (dinp) dnnl_gemm(t, false, false, N, C, OC, dout, OC, weight, C, nullptr, true, dinp, C);
     // dweight (OC,C) += dout^T (OC,N) @ inp (N,C), dout stored (N,OC)
@@ -722,30 +786,30 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void rope_forward(float* out, const float* inp, int B, int T, int C, Heads heads, float theta) override {
+  void rope_forward(float* out, const float* inp, int B, int T, int C, Heads heads, float theta) {
     rope_dispatch(out, inp, B, T, C, heads, theta, /*inverse=*/false);
   }
-  void rope_backward(float* dinp, const float* dout, int B, int T, int C, Heads heads, float theta) override {
+  void rope_backward(float* dinp, const float* dout, int B, int T, int C, Heads heads, float theta) {
     if (!dinp) return;
     rope_dispatch(dinp, dout, B, T, C, heads, theta, /*inverse=*/true);
   }
 
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, Heads heads,
-                         DropoutSpec drop) override {
+                         DropoutSpec drop) {
     cpu::attention_forward(out, lse, qkv, B, T, C, heads, drop);
   }
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
-                          Heads heads, DropoutSpec drop, float* work) override {
+                          Heads heads, DropoutSpec drop, float* work) {
     cpu::attention_backward(dqkv, dout, qkv, lse, B, T, C, heads, drop, work);
   }
 
-  void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, Heads heads) override {
+  void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, Heads heads) {
     cpu::kv_cache_write(kv, qkv, B, T, C, heads);
   }
   // Rope at each row's own position, from the table rope_forward uses (same angles, same
   // products), on a copy of q and k; then the cached attention.
   void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, Heads heads,
-                        float theta) override {
+                        float theta) {
     if (theta <= 0.0f) return cpu::attention_decode(out, qkv, kv, pos, B, C, heads);
     const int NH = heads.q;
     OPS_CHECK(NH > 0 && C % NH == 0 && (C / NH) % 2 == 0, "attention_decode: rope needs an even head size");
@@ -772,39 +836,39 @@ class CpuBackend final : public Backend {
     cpu::attention_decode(out, r.data(), kv, pos, B, C, heads);
   }
 
-  void gelu_forward(float* out, const float* inp, int64_t n) override {
+  void gelu_forward(float* out, const float* inp, int64_t n) {
     parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) { gelu_forward_range(out + i0, inp + i0, i1 - i0); });
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
     if (!dinp) return;
     parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) {
       gelu_backward_range(dinp + i0, inp + i0, dout + i0, i1 - i0);
     });
   }
 
-  // [i29: fused] LinearGelu (fused.h). Forward: this backend's matmul_forward (the bias
+  // LinearGelu (fused.h). Forward: this backend's matmul_forward (the bias
   // prefilled, then the GEMM accumulating into it) and its GELU pass, unchanged, so pre and out
   // are the unfused pair's bits. Backward: one pass writes d(pre) over d(out) and sums the bias
   // gradient (the unfused path's GELU pass, zeroed buffer and bias pass), then the two GEMMs.
   void linear_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias, int N,
-                           int C, int OC) override {
+                           int C, int OC) {
     matmul_forward(pre, inp, weight, bias, N, C, OC);
     gelu_forward(out, pre, static_cast<int64_t>(N) * OC);
   }
   void linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre,
-                            const float* inp, const float* weight, int N, int C, int OC) override {
+                            const float* inp, const float* weight, int N, int C, int OC) {
     gelu_backward_bias(dpre, dbias, pre, N, OC);
     matmul_backward(dinp, dweight, nullptr, dpre, inp, weight, N, C, OC);
   }
 
-  // [i29: fused] AddNorm (backend.h). Forward: per chunk of rows the Add's pass, then the
+  // AddNorm (ops/kernels.h). Forward: per chunk of rows the Add's pass, then the
   // norm's rows over the sum just written (still in cache). Backward: per fixed reduction block
   // (reduce_block_rows, never the thread count) the norm's rows accumulating into dsum, then
   // dsum added into da and db while the block is in cache, and the weight partials folded in
   // block order. The unfused kernels' row functions, blocks and order: their bits. 16-bit:
   // native16.cpp, the same over widened tiles.
   void add_layernorm_forward(void* sum, void* out, float* mean, float* rstd, const void* a, const void* b,
-                             const float* weight, const float* bias, DType t, int N, int C, float eps) override {
+                             const float* weight, const float* bias, DType t, int N, int C, float eps) {
     if (t != DType::F32)
       return native16::add_layernorm_forward(*this, sum, out, mean, rstd, a, b, weight, bias, t, N, C, eps);
     std::vector<float> ones, zeros;
@@ -817,7 +881,7 @@ class CpuBackend final : public Backend {
   }
   void add_layernorm_backward(void* da, void* db, float* dweight, float* dbias, void* dsum, const void* dout,
                               const void* sum, const float* weight, const float* mean, const float* rstd, DType t,
-                              int N, int C) override {
+                              int N, int C) {
     if (t != DType::F32)
       return native16::add_layernorm_backward(*this, da, db, dweight, dbias, dsum, dout, sum, weight, mean, rstd, t,
                                               N, C);
@@ -833,7 +897,7 @@ class CpuBackend final : public Backend {
     part.fold(dbias, C, C);
   }
   void add_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a, const void* b, const float* weight,
-                           DType t, int N, int C, float eps) override {
+                           DType t, int N, int C, float eps) {
     if (t != DType::F32) return native16::add_rmsnorm_forward(*this, sum, out, rstd, a, b, weight, t, N, C, eps);
     std::vector<float> ones;
     if (!weight) weight = (ones.assign(C, 1.0f), ones.data());
@@ -843,7 +907,7 @@ class CpuBackend final : public Backend {
     });
   }
   void add_rmsnorm_backward(void* da, void* db, float* dweight, void* dsum, const void* dout, const void* sum,
-                            const float* weight, const float* rstd, DType t, int N, int C) override {
+                            const float* weight, const float* rstd, DType t, int N, int C) {
     if (t != DType::F32)
       return native16::add_rmsnorm_backward(*this, da, db, dweight, dsum, dout, sum, weight, rstd, t, N, C);
     std::vector<float> ones;
@@ -856,27 +920,27 @@ class CpuBackend final : public Backend {
     part.fold(dweight, 0, C);
   }
 
-  void swiglu_forward(float* out, const float* inp, int N, int H) override {
+  void swiglu_forward(float* out, const float* inp, int N, int H) {
     parallel_chunks(N, row_grain(H, kGrainMath), [=](int64_t r0, int64_t r1) {
       swiglu_forward_rows(out, inp, r0, r1, H);
     }, 1);
   }
-  void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int H) override {
+  void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int H) {
     if (!dinp) return;
     parallel_chunks(N, row_grain(H, kGrainMath), [=](int64_t r0, int64_t r1) {
       swiglu_backward_rows(dinp, dout, inp, r0, r1, H);
     }, 1);
   }
 
-  void add_forward(float* out, const float* a, const float* b, int64_t n) override {
+  void add_forward(float* out, const float* a, const float* b, int64_t n) {
     parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1) { add_range(out + i0, a + i0, b + i0, i1 - i0); });
   }
-  void add_inplace(float* dst, const float* src, int64_t n) override {
+  void add_inplace(float* dst, const float* src, int64_t n) {
     if (!dst) return;
     parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1) { add_inplace_range(dst + i0, src + i0, i1 - i0); });
   }
 
-  void dropout_forward(float* out, const float* inp, int64_t n, DropoutSpec drop) override {
+  void dropout_forward(float* out, const float* inp, int64_t n, DropoutSpec drop) {
     check_dropout(drop);
     if (drop.p <= 0.0f) {
       if (out != inp)
@@ -890,7 +954,7 @@ class CpuBackend final : public Backend {
       dropout_forward_range(out, inp, i0, i1, drop.key, drop.offset, drop.p, scale);
     });
   }
-  void dropout_backward(float* dinp, const float* dout, int64_t n, DropoutSpec drop) override {
+  void dropout_backward(float* dinp, const float* dout, int64_t n, DropoutSpec drop) {
     if (!dinp) return;
     check_dropout(drop);
     if (drop.p <= 0.0f) return add_inplace(dinp, dout, n);
@@ -902,7 +966,7 @@ class CpuBackend final : public Backend {
 
   // Parallel over rows (one row of GPT-2's vocabulary is 50257 exps).
   void softmax_xent_forward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V,
-                            int Vreal) override {
+                            int Vreal) {
     OPS_CHECK(Vreal > 0 && Vreal <= V, "softmax_xent: need 0 < Vreal <= V, got Vreal=" + std::to_string(Vreal) +
                                               " V=" + std::to_string(V));
     parallel_chunks(N, row_grain(V, kGrainMath), [=](int64_t r0, int64_t r1) {
@@ -910,7 +974,7 @@ class CpuBackend final : public Backend {
     }, 1);
   }
   void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V,
-                             int Vreal) override {
+                             int Vreal) {
     if (!dlogits) return;
     parallel_chunks(N, row_grain(V, kGrainStream), [=](int64_t r0, int64_t r1) {
       softmax_xent_backward_rows(dlogits, probs, targets, dloss, r0, r1, V, Vreal, 0);
@@ -918,28 +982,28 @@ class CpuBackend final : public Backend {
   }
 
   // Vocabulary-parallel cross-entropy: the phases of softmax_xent_forward on a column shard.
-  void xent_shard_max(float* rowmax, const float* logits, int N, int V, int Vreal) override {
+  void xent_shard_max(float* rowmax, const float* logits, int N, int V, int Vreal) {
     check_shard(V, Vreal);
     parallel_chunks(N, row_grain(V, kGrainStream), [=](int64_t r0, int64_t r1) {
       xent_shard_max_rows(rowmax, logits, r0, r1, V, Vreal);
     }, 1);
   }
   void xent_shard_sumexp(float* sumexp, float* tlogit, const float* logits, const float* rowmax,
-                         const int32_t* targets, int N, int V, int Vreal, int vstart) override {
+                         const int32_t* targets, int N, int V, int Vreal, int vstart) {
     check_shard(V, Vreal);
     parallel_chunks(N, row_grain(V, kGrainMath), [=](int64_t r0, int64_t r1) {
       xent_shard_sumexp_rows(sumexp, tlogit, logits, rowmax, targets, r0, r1, V, Vreal, vstart);
     }, 1);
   }
   void xent_shard_finish(float* losses, float* probs, const float* logits, const float* rowmax, const float* sumexp,
-                         const float* tlogit, const int32_t* targets, int N, int V, int Vreal) override {
+                         const float* tlogit, const int32_t* targets, int N, int V, int Vreal) {
     check_shard(V, Vreal);
     parallel_chunks(N, row_grain(V, kGrainMath), [=](int64_t r0, int64_t r1) {
       xent_shard_finish_rows(losses, probs, logits, rowmax, sumexp, tlogit, targets, r0, r1, V, Vreal);
     }, 1);
   }
   void xent_shard_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V,
-                           int Vreal, int vstart) override {
+                           int Vreal, int vstart) {
     if (!dlogits) return;
     check_shard(V, Vreal);
     parallel_chunks(N, row_grain(V, kGrainStream), [=](int64_t r0, int64_t r1) {
@@ -948,7 +1012,7 @@ class CpuBackend final : public Backend {
   }
 
   void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
-                    float beta2, float eps, float weight_decay, int64_t t, float grad_scale) override {
+                    float beta2, float eps, float weight_decay, int64_t t, float grad_scale) {
     OPS_CHECK(t >= 1, "adamw_update: step t must be >= 1, got " + std::to_string(t));
     // Bias corrections in double: beta2^t for t ~ 1e5 underflows nothing but loses digits in fp32.
     const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t))));
@@ -959,29 +1023,31 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // [i29: optimizer] The optimizer phase in one threaded pass over fixed blocks (adamw.h):
-  // the same bits as the host defaults (Backend::adamw_update_typed, then mem_zero of the
+  // The optimizer phase in one threaded pass over fixed blocks (adamw.h):
+  // the same bits as the compositions (adamw_update_typed_composed, then mem_zero of the
   // gradient), on any thread count.
   void adamw_update_typed(void* param, DType pt, const void* grad, DType gt, float* master, float* m, float* v,
-                          int64_t n, const AdamwArgs& a) override {
+                          int64_t n, const AdamwArgs& a) {
     // zero_grad false: the gradient is only read.
     adamw_update_fused(param, pt, const_cast<void*>(grad), gt, master, m, v, n, a, false);
   }
   void adamw_update_zero_grad(void* param, DType pt, void* grad, DType gt, float* master, float* m, float* v,
-                              int64_t n, const AdamwArgs& a) override {
+                              int64_t n, const AdamwArgs& a) {
     adamw_update_fused(param, pt, grad, gt, master, m, v, n, a, true);
   }
   // 16-bit gradients (the norm's sum of squares) widened and summed over the team in fixed
   // blocks: the host default's bits, which widened them on one thread.
-  double sum_squares_typed(const void* x, DType t, int64_t n) override {
+  double sum_squares_typed(const void* x, DType t, int64_t n) {
     if (t == DType::BF16 || t == DType::F16) return sum_squares16(x, t, n);
-    return Backend::sum_squares_typed(x, t, n);
+    double r = 0;
+    sum_squares_typed_composed(*this, k::SumSquaresTyped{x, t, n, &r});
+    return r;
   }
   void mem_zero(void* p, size_t bytes) override { cpu::mem_zero(p, bytes); }
 
   // Per-block partials (fixed blocks of kGrainStream elements) summed in block order: the
   // same bits on any thread count.
-  double sum_squares(const float* x, int64_t n) override {
+  double sum_squares(const float* x, int64_t n) {
     std::vector<double> part(static_cast<size_t>(num_blocks(n, kGrainStream)), 0.0);
     double* pp = part.data();
     parallel_blocks(n, kGrainStream, [=](int64_t i0, int64_t i1, int blk) {
@@ -992,69 +1058,8 @@ class CpuBackend final : public Backend {
     return total;
   }
 
-  void scale(float* x, int64_t n, float s) override {
+  void scale(float* x, int64_t n, float s) {
     parallel_chunks(n, kGrainStream, [=](int64_t i0, int64_t i1) { scale_range(x + i0, i1 - i0, s); });
-  }
-
-  // [i29: native16] The 16-bit-native kernels (ops/cpu/native16.h): this backend's fp32
-  // kernels on widened tiles.
-  bool native16_available(DType t) override { return t == DType::BF16 || t == DType::F16; }
-  void embedding_forward16(void* out, DType t, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C) override {
-    native16::embedding_forward(*this, out, t, tokens, wte, wpe, B, T, C);
-  }
-  void embedding_backward16(float* dwte, float* dwpe, const void* dout, DType t, const int32_t* tokens, int B, int T, int C) override {
-    native16::embedding_backward(*this, dwte, dwpe, dout, t, tokens, B, T, C);
-  }
-  void layernorm_forward16(void* out, float* mean, float* rstd, const void* inp, const float* weight, const float* bias, DType t, int N, int C, float eps) override {
-    native16::layernorm_forward(*this, out, mean, rstd, inp, weight, bias, t, N, C, eps);
-  }
-  void layernorm_backward16(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const float* weight, const float* mean, const float* rstd, DType t, int N, int C) override {
-    native16::layernorm_backward(*this, dinp, dweight, dbias, dout, inp, weight, mean, rstd, t, N, C);
-  }
-  void rmsnorm_forward16(void* out, float* rstd, const void* inp, const float* weight, DType t, int N, int C, float eps) override {
-    native16::rmsnorm_forward(*this, out, rstd, inp, weight, t, N, C, eps);
-  }
-  void rmsnorm_backward16(void* dinp, float* dweight, const void* dout, const void* inp, const float* weight, const float* rstd, DType t, int N, int C) override {
-    native16::rmsnorm_backward(*this, dinp, dweight, dout, inp, weight, rstd, t, N, C);
-  }
-  void rope_forward16(void* out, const void* inp, DType t, int B, int T, int C, Heads heads, float theta) override {
-    native16::rope_forward(*this, out, inp, t, B, T, C, heads, theta);
-  }
-  void rope_backward16(void* dinp, const void* dout, DType t, int B, int T, int C, Heads heads, float theta) override {
-    native16::rope_backward(*this, dinp, dout, t, B, T, C, heads, theta);
-  }
-  void gelu_forward16(void* out, const void* inp, DType t, int64_t n) override {
-    native16::gelu_forward(*this, out, inp, t, n);
-  }
-  void gelu_backward16(void* dinp, const void* inp, const void* dout, DType t, int64_t n) override {
-    native16::gelu_backward(*this, dinp, inp, dout, t, n);
-  }
-  void swiglu_forward16(void* out, const void* inp, DType t, int N, int H) override {
-    native16::swiglu_forward(*this, out, inp, t, N, H);
-  }
-  void swiglu_backward16(void* dinp, const void* dout, const void* inp, DType t, int N, int H) override {
-    native16::swiglu_backward(*this, dinp, dout, inp, t, N, H);
-  }
-  void add_forward16(void* out, const void* a, const void* b, DType t, int64_t n) override {
-    native16::add_forward(*this, out, a, b, t, n);
-  }
-  void add_inplace16(void* dst, const void* src, DType t, int64_t n) override {
-    native16::add_inplace(*this, dst, src, t, n);
-  }
-  void dropout_forward16(void* out, const void* inp, DType t, int64_t n, DropoutSpec drop) override {
-    native16::dropout_forward(*this, out, inp, t, n, drop);
-  }
-  void dropout_backward16(void* dinp, const void* dout, DType t, int64_t n, DropoutSpec drop) override {
-    native16::dropout_backward(*this, dinp, dout, t, n, drop);
-  }
-  // The attention widens while it packs its per-head panels (ops/cpu/attention.cpp).
-  void attention_forward16(void* out, float* lse, const void* qkv, DType t, int B, int T, int C, Heads heads,
-                           DropoutSpec drop) override {
-    cpu::attention_forward16(out, lse, qkv, t, B, T, C, heads, drop);
-  }
-  void attention_backward16(void* dqkv, const void* dout, const void* qkv, const float* lse, DType t, int B, int T,
-                            int C, Heads heads, DropoutSpec drop, float* work) override {
-    cpu::attention_backward16(dqkv, dout, qkv, lse, t, B, T, C, heads, drop, work);
   }
 
  private:
@@ -1155,7 +1160,6 @@ void select_openblas_core() {
 
 }  // namespace
 
-// [i29: native16]
 int64_t norm_reduce_block_rows(int64_t C) { return reduce_block_rows(C); }
 
 }  // namespace cpu

@@ -1,4 +1,4 @@
-// [i29: fused] The CPU kernels of fused operators (fused.h).
+// The CPU kernels of fused operators (fused.h).
 #include "ops/cpu/fused.h"
 
 #include <algorithm>

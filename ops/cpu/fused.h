@@ -1,4 +1,4 @@
-// [i29: fused] The CPU kernels of fused operators (ops/op_fused.cpp): the passes that replace
+// The CPU kernels of fused operators (ops/op_fused.cpp): the passes that replace
 // two or more of the unfused operators' passes over an activation. The GEMMs stay OpenBLAS's,
 // called by the backend (cpu_backend.cpp) exactly as the unfused Linear calls them, so that a
 // fused node's results are bit-identical to the unfused nodes'.

@@ -61,7 +61,7 @@ std::vector<uint16_t> random16(DType t, size_t n, uint64_t seed, float scale) {
 GemmChoice choose(DType t, GemmMode mode) {
   GemmChoice c;
   c.dtype = t;
-  c.onednn_available = cpu_backend().matmul16_available(t);
+  c.onednn_available = cpu_backend().has(ops::Kernel::MatmulForward, t);
   const std::string info = cpu::dnnl_gemm_info(t);
   if (c.onednn_available) c.onednn_impl = info;
   const std::string unavailable = gemm_path_name(GemmPath::OneDnn, t) + " unavailable: " + info;
@@ -184,7 +184,6 @@ bool gemm_paths_on_device() {
   return g_paths && g_paths->mode == GemmMode::Device;
 }
 
-// [i29: native16]
 bool gemm_paths_device_now() { return t_scoped ? t_scoped->mode == GemmMode::Device : gemm_paths_on_device(); }
 
 const GemmPaths& gemm_paths() {
@@ -210,25 +209,25 @@ GemmMeasurement measure_gemm_paths(DType t, int N, int C, int OC, int reps) {
   const size_t nx = static_cast<size_t>(N) * C, nw = static_cast<size_t>(OC) * C, ny = static_cast<size_t>(N) * OC;
   const auto x16 = random16(t, nx, 1, 1.0f), w16 = random16(t, nw, 2, 0.02f), dy16 = random16(t, ny, 3, 1.0f);
   std::vector<float> x32(nx), w32(nw), dy32(ny), y(ny), dx(nx, 0.0f), dw(nw, 0.0f);
-  const bool dnnl = be.matmul16_available(t);
+  const bool dnnl = be.has(ops::Kernel::MatmulForward, t);
   // One Linear's forward and backward as the executor runs it on each path.
   auto sgemm_round = [&] {
     to_f32(x32.data(), x16.data(), t, static_cast<int64_t>(nx));
     to_f32(w32.data(), w16.data(), t, static_cast<int64_t>(nw));
-    be.matmul_forward(y.data(), x32.data(), w32.data(), nullptr, N, C, OC);
+    be.run(k::MatmulForward(y.data(), x32.data(), w32.data(), nullptr, N, C, OC));
     to_f32(x32.data(), x16.data(), t, static_cast<int64_t>(nx));
     to_f32(w32.data(), w16.data(), t, static_cast<int64_t>(nw));
     to_f32(dy32.data(), dy16.data(), t, static_cast<int64_t>(ny));
-    be.matmul_backward(dx.data(), dw.data(), nullptr, dy32.data(), x32.data(), w32.data(), N, C, OC);
+    be.run(k::MatmulBackward(dx.data(), dw.data(), nullptr, dy32.data(), x32.data(), w32.data(), N, C, OC));
   };
   // fp32 compute: the same GEMMs on operands already in fp32.
   auto fp32_round = [&] {
-    be.matmul_forward(y.data(), x32.data(), w32.data(), nullptr, N, C, OC);
-    be.matmul_backward(dx.data(), dw.data(), nullptr, dy32.data(), x32.data(), w32.data(), N, C, OC);
+    be.run(k::MatmulForward(y.data(), x32.data(), w32.data(), nullptr, N, C, OC));
+    be.run(k::MatmulBackward(dx.data(), dw.data(), nullptr, dy32.data(), x32.data(), w32.data(), N, C, OC));
   };
   auto onednn_round = [&] {
-    be.matmul16_forward(y.data(), x16.data(), w16.data(), nullptr, t, N, C, OC);
-    be.matmul16_backward(dx.data(), dw.data(), nullptr, dy16.data(), x16.data(), w16.data(), t, N, C, OC);
+    be.run(k::MatmulForward(y.data(), x16.data(), w16.data(), nullptr, N, C, OC), t);
+    be.run(k::MatmulBackward(dx.data(), dw.data(), nullptr, dy16.data(), x16.data(), w16.data(), N, C, OC), t);
   };
   auto seconds = [](const auto& f) {
     const auto t0 = Clock::now();

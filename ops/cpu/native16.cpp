@@ -1,4 +1,4 @@
-// [i29: native16] 16-bit-native memory-bound kernels: tiles widened into thread-local fp32
+// 16-bit-native memory-bound kernels: tiles widened into thread-local fp32
 // buffers, the backend's fp32 kernel on each tile, results rounded back (see native16.h).
 #include "ops/cpu/native16.h"
 
@@ -40,7 +40,7 @@ float* widen(int k, const void* src, DType t, int64_t off, int64_t n) {
   return b;
 }
 void round_out(void* dst, DType t, int64_t off, const float* src, int64_t n) { tile_from_f32(at(dst, off), src, t, n); }
-// dst[off, off + n) := RNE(dst + g): Backend::accumulate's fold, one tile (g accumulated into
+// dst[off, off + n) := RNE(dst + g): the Accumulate kernel's fold, one tile (g accumulated into
 // a zeroed tile buffer, as on the widened path).
 void fold(void* dst, DType t, int64_t off, const float* g, int64_t n) { cpu::tile_fold(at(dst, off), g, t, n); }
 
@@ -78,7 +78,7 @@ void gelu_forward(Backend& be, void* out, const void* inp, DType t, int64_t n) {
     });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* y = buf(1, m);
-    be.gelu_forward(y, widen(0, inp, t, i0, m), m);
+    be.run(k::GeluForward(y, widen(0, inp, t, i0, m), m));
     round_out(out, t, i0, y, m);
   });
 }
@@ -91,7 +91,7 @@ void gelu_backward(Backend& be, void* dinp, const void* inp, const void* dout, D
     });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* g = buf(2, m, true);
-    be.gelu_backward(g, widen(0, inp, t, i0, m), widen(1, dout, t, i0, m), m);
+    be.run(k::GeluBackward(g, widen(0, inp, t, i0, m), widen(1, dout, t, i0, m), m));
     fold(dinp, t, i0, g, m);
   });
 }
@@ -104,7 +104,7 @@ void add_forward(Backend& be, void* out, const void* a, const void* b, DType t, 
     });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* y = buf(2, m);
-    be.add_forward(y, widen(0, a, t, i0, m), widen(1, b, t, i0, m), m);
+    be.run(k::AddForward(y, widen(0, a, t, i0, m), widen(1, b, t, i0, m), m));
     round_out(out, t, i0, y, m);
   });
 }
@@ -117,7 +117,7 @@ void add_inplace(Backend& be, void* dst, const void* src, DType t, int64_t n) {
     });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* g = buf(2, m, true);
-    be.add_inplace(g, widen(0, src, t, i0, m), m);
+    be.run(k::AddInplace(g, widen(0, src, t, i0, m), m));
     fold(dst, t, i0, g, m);
   });
 }
@@ -154,7 +154,7 @@ void dropout_forward(Backend& be, void* out, const void* inp, DType t, int64_t n
   if (t == DType::BF16) return dropout_bf16(inp, n, drop, [out](int64_t i, float v) { st(out, i, v); });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* y = buf(1, m);
-    be.dropout_forward(y, widen(0, inp, t, i0, m), m, tile_drop(drop, i0));
+    be.run(k::DropoutForward(y, widen(0, inp, t, i0, m), m, tile_drop(drop, i0)));
     round_out(out, t, i0, y, m);
   });
 }
@@ -163,7 +163,7 @@ void dropout_backward(Backend& be, void* dinp, const void* dout, DType t, int64_
   if (t == DType::BF16) return dropout_bf16(dout, n, drop, [dinp](int64_t i, float v) { fold_st(dinp, i, v); });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* g = buf(2, m, true);
-    be.dropout_backward(g, widen(0, dout, t, i0, m), m, tile_drop(drop, i0));
+    be.run(k::DropoutBackward(g, widen(0, dout, t, i0, m), m, tile_drop(drop, i0)));
     fold(dinp, t, i0, g, m);
   });
 }
@@ -172,7 +172,7 @@ void swiglu_forward(Backend& be, void* out, const void* inp, DType t, int N, int
   const int64_t W = 2 * static_cast<int64_t>(H);
   tiles(N, tile_rows(W), [&](int64_t r0, int64_t rows) {
     float* y = buf(1, rows * H);
-    be.swiglu_forward(y, widen(0, inp, t, r0 * W, rows * W), static_cast<int>(rows), H);
+    be.run(k::SwigluForward(y, widen(0, inp, t, r0 * W, rows * W), static_cast<int>(rows), H));
     round_out(out, t, r0 * H, y, rows * H);
   });
 }
@@ -181,8 +181,8 @@ void swiglu_backward(Backend& be, void* dinp, const void* dout, const void* inp,
   const int64_t W = 2 * static_cast<int64_t>(H);
   tiles(N, tile_rows(W), [&](int64_t r0, int64_t rows) {
     float* g = buf(2, rows * W, true);
-    be.swiglu_backward(g, widen(1, dout, t, r0 * H, rows * H), widen(0, inp, t, r0 * W, rows * W),
-                       static_cast<int>(rows), H);
+    be.run(k::SwigluBackward(g, widen(1, dout, t, r0 * H, rows * H), widen(0, inp, t, r0 * W, rows * W),
+                       static_cast<int>(rows), H));
     fold(dinp, t, r0 * W, g, rows * W);
   });
 }
@@ -191,8 +191,8 @@ void layernorm_forward(Backend& be, void* out, float* mean, float* rstd, const v
                        const float* bias, DType t, int N, int C, float eps) {
   tiles(N, tile_rows(C), [&](int64_t r0, int64_t rows) {
     float* y = buf(1, rows * C);
-    be.layernorm_forward(y, mean ? mean + r0 : nullptr, rstd ? rstd + r0 : nullptr,
-                         widen(0, inp, t, r0 * C, rows * C), weight, bias, static_cast<int>(rows), C, eps);
+    be.run(k::LayerNormForward(y, mean ? mean + r0 : nullptr, rstd ? rstd + r0 : nullptr,
+                         widen(0, inp, t, r0 * C, rows * C), weight, bias, static_cast<int>(rows), C, eps));
     round_out(out, t, r0 * C, y, rows * C);
   });
 }
@@ -200,8 +200,8 @@ void rmsnorm_forward(Backend& be, void* out, float* rstd, const void* inp, const
                      int C, float eps) {
   tiles(N, tile_rows(C), [&](int64_t r0, int64_t rows) {
     float* y = buf(1, rows * C);
-    be.rmsnorm_forward(y, rstd ? rstd + r0 : nullptr, widen(0, inp, t, r0 * C, rows * C), weight,
-                       static_cast<int>(rows), C, eps);
+    be.run(k::RmsNormForward(y, rstd ? rstd + r0 : nullptr, widen(0, inp, t, r0 * C, rows * C), weight,
+                       static_cast<int>(rows), C, eps));
     round_out(out, t, r0 * C, y, rows * C);
   });
 }
@@ -211,7 +211,7 @@ namespace {
 // the fp32 backward on one block (g: its zeroed dinp tile or null; slot: its zeroed partial
 // [dweight | dbias], `width` floats), then g is folded into dinp; the partials are added into
 // dweight (and dbias) in block order, as the fp32 kernel's Partials::fold adds them.
-// `after(r0, rows)` runs on the block once g is folded ([i29: fused]: AddNorm adds the block's
+// `after(r0, rows)` runs on the block once g is folded (AddNorm adds the block's
 // total d(sum) into d(a) and d(b) there, while it is in cache).
 template <class F, class A>
 void norm_backward_blocks(void* dinp, float* dweight, float* dbias, DType t, int N, int C, F&& block_call, A&& after) {
@@ -242,7 +242,7 @@ void norm_backward_blocks(void* dinp, float* dweight, float* dbias, DType t, int
   norm_backward_blocks(dinp, dweight, dbias, t, N, C, block_call, [](int64_t, int64_t) {});
 }
 
-// [i29: fused] AddNorm's forward per tile of rows: add_forward's tile (widen a and b, the fp32
+// AddNorm's forward per tile of rows: add_forward's tile (widen a and b, the fp32
 // add, round into sum), then the norm's tile over the stored sum widened back, as the unfused
 // norm reads it: the same buffers and calls as the two unfused kernels, one pass over the rows.
 template <class F>
@@ -251,14 +251,14 @@ void add_norm_forward_tiles(Backend& be, void* sum, void* out, const void* a, co
   tiles(N, tile_rows(C), [&](int64_t r0, int64_t rows) {
     const int64_t off = r0 * C, n = rows * C;
     float* s = buf(2, n);
-    be.add_forward(s, widen(0, a, t, off, n), widen(1, b, t, off, n), n);
+    be.run(k::AddForward(s, widen(0, a, t, off, n), widen(1, b, t, off, n), n));
     round_out(sum, t, off, s, n);
     float* y = buf(1, n);
     norm_call(y, widen(0, sum, t, off, n), r0, rows);
     round_out(out, t, off, y, n);
   });
 }
-// [i29: fused] The backward's second half on one block, once its norm gradient is folded into
+// The backward's second half on one block, once its norm gradient is folded into
 // dsum: add_inplace's tile (0 + dsum into a zeroed buffer, folded) into da and db.
 auto add_total(Backend& be, void* da, void* db, const void* dsum, DType t, int C) {
   return [&be, da, db, dsum, t, C](int64_t r0, int64_t rows) {
@@ -266,7 +266,7 @@ auto add_total(Backend& be, void* da, void* db, const void* dsum, DType t, int C
     for (void* d : {da, db}) {
       if (!d) continue;
       float* g = buf(2, n, true);
-      be.add_inplace(g, widen(0, dsum, t, off, n), n);
+      be.run(k::AddInplace(g, widen(0, dsum, t, off, n), n));
       fold(d, t, off, g, n);
     }
   };
@@ -277,47 +277,47 @@ void layernorm_backward(Backend& be, void* dinp, float* dweight, float* dbias, c
                         const float* weight, const float* mean, const float* rstd, DType t, int N, int C) {
   if (!dinp && !dweight && !dbias) return;
   norm_backward_blocks(dinp, dweight, dbias, t, N, C, [&](int64_t r0, int64_t rows, float* g, float* slot) {
-    be.layernorm_backward(g, dweight ? slot : nullptr, dbias ? slot + C : nullptr,
+    be.run(k::LayerNormBackward(g, dweight ? slot : nullptr, dbias ? slot + C : nullptr,
                           widen(1, dout, t, r0 * C, rows * C), widen(0, inp, t, r0 * C, rows * C), weight,
-                          mean + r0, rstd + r0, static_cast<int>(rows), C);
+                          mean + r0, rstd + r0, static_cast<int>(rows), C));
   });
 }
 void rmsnorm_backward(Backend& be, void* dinp, float* dweight, const void* dout, const void* inp,
                       const float* weight, const float* rstd, DType t, int N, int C) {
   if (!dinp && !dweight) return;
   norm_backward_blocks(dinp, dweight, nullptr, t, N, C, [&](int64_t r0, int64_t rows, float* g, float* slot) {
-    be.rmsnorm_backward(g, dweight ? slot : nullptr, widen(1, dout, t, r0 * C, rows * C),
-                        widen(0, inp, t, r0 * C, rows * C), weight, rstd + r0, static_cast<int>(rows), C);
+    be.run(k::RmsNormBackward(g, dweight ? slot : nullptr, widen(1, dout, t, r0 * C, rows * C),
+                        widen(0, inp, t, r0 * C, rows * C), weight, rstd + r0, static_cast<int>(rows), C));
   });
 }
 
 void add_layernorm_forward(Backend& be, void* sum, void* out, float* mean, float* rstd, const void* a, const void* b,
                            const float* weight, const float* bias, DType t, int N, int C, float eps) {
   add_norm_forward_tiles(be, sum, out, a, b, t, N, C, [&](float* y, const float* x, int64_t r0, int64_t rows) {
-    be.layernorm_forward(y, mean ? mean + r0 : nullptr, rstd ? rstd + r0 : nullptr, x, weight, bias,
-                         static_cast<int>(rows), C, eps);
+    be.run(k::LayerNormForward(y, mean ? mean + r0 : nullptr, rstd ? rstd + r0 : nullptr, x, weight, bias,
+                         static_cast<int>(rows), C, eps));
   });
 }
 void add_layernorm_backward(Backend& be, void* da, void* db, float* dweight, float* dbias, void* dsum,
                             const void* dout, const void* sum, const float* weight, const float* mean,
                             const float* rstd, DType t, int N, int C) {
   norm_backward_blocks(dsum, dweight, dbias, t, N, C, [&](int64_t r0, int64_t rows, float* g, float* slot) {
-    be.layernorm_backward(g, dweight ? slot : nullptr, dbias ? slot + C : nullptr,
+    be.run(k::LayerNormBackward(g, dweight ? slot : nullptr, dbias ? slot + C : nullptr,
                           widen(1, dout, t, r0 * C, rows * C), widen(0, sum, t, r0 * C, rows * C), weight,
-                          mean + r0, rstd + r0, static_cast<int>(rows), C);
+                          mean + r0, rstd + r0, static_cast<int>(rows), C));
   }, add_total(be, da, db, dsum, t, C));
 }
 void add_rmsnorm_forward(Backend& be, void* sum, void* out, float* rstd, const void* a, const void* b,
                          const float* weight, DType t, int N, int C, float eps) {
   add_norm_forward_tiles(be, sum, out, a, b, t, N, C, [&](float* y, const float* x, int64_t r0, int64_t rows) {
-    be.rmsnorm_forward(y, rstd ? rstd + r0 : nullptr, x, weight, static_cast<int>(rows), C, eps);
+    be.run(k::RmsNormForward(y, rstd ? rstd + r0 : nullptr, x, weight, static_cast<int>(rows), C, eps));
   });
 }
 void add_rmsnorm_backward(Backend& be, void* da, void* db, float* dweight, void* dsum, const void* dout,
                           const void* sum, const float* weight, const float* rstd, DType t, int N, int C) {
   norm_backward_blocks(dsum, dweight, nullptr, t, N, C, [&](int64_t r0, int64_t rows, float* g, float* slot) {
-    be.rmsnorm_backward(g, dweight ? slot : nullptr, widen(1, dout, t, r0 * C, rows * C),
-                        widen(0, sum, t, r0 * C, rows * C), weight, rstd + r0, static_cast<int>(rows), C);
+    be.run(k::RmsNormBackward(g, dweight ? slot : nullptr, widen(1, dout, t, r0 * C, rows * C),
+                        widen(0, sum, t, r0 * C, rows * C), weight, rstd + r0, static_cast<int>(rows), C));
   }, add_total(be, da, db, dsum, t, C));
 }
 
@@ -363,8 +363,8 @@ void embedding_backward(Backend& be, float* dwte, float* dwpe, const void* dout,
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t0 = 0; t0 < T; t0 += tr) {
       const int64_t rows = std::min<int64_t>(tr, T - t0), r0 = b * T + t0;
-      be.embedding_backward(dwte, dwpe ? dwpe + t0 * C : nullptr, widen(0, dout, t, r0 * C, rows * C),
-                            tokens + r0, 1, static_cast<int>(rows), C);
+      be.run(k::EmbeddingBackward(dwte, dwpe ? dwpe + t0 * C : nullptr, widen(0, dout, t, r0 * C, rows * C),
+                            tokens + r0, 1, static_cast<int>(rows), C));
     }
 }
 
@@ -373,7 +373,7 @@ void rope_forward(Backend& be, void* out, const void* inp, DType t, int B, int T
   const int64_t W = C + 2 * static_cast<int64_t>(heads.kv) * (C / heads.q), n = static_cast<int64_t>(T) * W;
   cpu::parallel_blocks(B, 1, [&](int64_t b, int64_t, int) {
     float* y = buf(1, n);
-    be.rope_forward(y, widen(0, inp, t, b * n, n), 1, T, C, heads, theta);
+    be.run(k::RopeForward(y, widen(0, inp, t, b * n, n), 1, T, C, heads, theta));
     round_out(out, t, b * n, y, n);
   });
 }
@@ -383,7 +383,7 @@ void rope_backward(Backend& be, void* dinp, const void* dout, DType t, int B, in
   const int64_t W = C + 2 * static_cast<int64_t>(heads.kv) * (C / heads.q), n = static_cast<int64_t>(T) * W;
   cpu::parallel_blocks(B, 1, [&](int64_t b, int64_t, int) {
     float* g = buf(2, n, true);
-    be.rope_backward(g, widen(0, dout, t, b * n, n), 1, T, C, heads, theta);
+    be.run(k::RopeBackward(g, widen(0, dout, t, b * n, n), 1, T, C, heads, theta));
     fold(dinp, t, b * n, g, n);
   });
 }

@@ -1,4 +1,4 @@
-// [i29: native16] 16-bit-native memory-bound kernels over host memory (docs/precision.md,
+// 16-bit-native memory-bound kernels over host memory (docs/precision.md,
 // "16-bit-native kernels").
 //
 // Each function does what the executor's widened path does for one operator (widen the
@@ -49,7 +49,7 @@ void add_forward(Backend& be, void* out, const void* a, const void* b, DType t, 
 void add_inplace(Backend& be, void* dst, const void* src, DType t, int64_t n);
 void dropout_forward(Backend& be, void* out, const void* inp, DType t, int64_t n, DropoutSpec drop);
 void dropout_backward(Backend& be, void* dinp, const void* dout, DType t, int64_t n, DropoutSpec drop);
-// [i29: fused] AddNorm (Backend::add_layernorm_forward and friends, 16-bit t).
+// AddNorm (the AddLayerNorm and AddRmsNorm kernels, 16-bit t).
 void add_layernorm_forward(Backend& be, void* sum, void* out, float* mean, float* rstd, const void* a, const void* b,
                            const float* weight, const float* bias, DType t, int N, int C, float eps);
 void add_layernorm_backward(Backend& be, void* da, void* db, float* dweight, float* dbias, void* dsum,

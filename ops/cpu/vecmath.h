@@ -170,7 +170,7 @@ void parallel_chunks(int64_t n, int64_t min_chunk, F&& f, int64_t align = 16) {
 // 0..ceil(n / block) - 1, and calls f(begin, end, block_index) on each, the blocks shared out
 // across the OpenMP team. Unlike parallel_chunks, the blocks do not depend on the thread
 // count: a reduction that keeps one partial per block and folds the partials in block order
-// gives the same bits on any number of threads (issue 29; docs/precision.md).
+// gives the same bits on any number of threads (docs/precision.md).
 inline int64_t num_blocks(int64_t n, int64_t block) { return n <= 0 ? 0 : (n + block - 1) / block; }
 template <class F>
 void parallel_blocks(int64_t n, int64_t block, F&& f) {

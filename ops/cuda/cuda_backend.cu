@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "ops/cuda/cuda_backend.h"
+#include "ops/adamw_math.h"
 #include "ops/cuda/cuda_workspace.h"
 
 // ops/rng.h's functions are plain inline C++; compile them for both sides.
@@ -344,7 +345,7 @@ __global__ void rope_k(float* dst, const float* src, int64_t N, int T, int C, in
 }
 
 // ------------------------------------------------------------------ attention
-// Flash-style (issue 26): the (T, T) probabilities never reach global memory. One block per
+// Flash-style (activation memory linear in T): the (T, T) probabilities never reach global memory. One block per
 // (query row t, b*NH + h): the row's scores live in shared memory (T floats, T <= kMaxAttnT),
 // softmax there, lse[t] = max + log(sum) written out, then out = sum_s Pd[s] v[s] with threads
 // over (channel, key slice) and a shared-memory reduction. The backward recomputes the row's
@@ -501,8 +502,8 @@ __global__ void gelu_fwd_k(float* out, const float* inp, int64_t n) { GRID_STRID
 __global__ void gelu_bwd_k(float* dinp, const float* inp, const float* dout, int64_t n) {
   GRID_STRIDE(i, n) dinp[i] += dout[i] * gelu_grad_d(inp[i]);
 }
-// [i29: fused] LinearGelu's backward: d(pre) = d(out) * gelu'(pre), in place over d(out). The
-// composed default's bits (Backend::linear_gelu_backward: 0 + d(out) * gelu'(pre) into a zeroed
+// LinearGelu's backward: d(pre) = d(out) * gelu'(pre), in place over d(out). The
+// composed default's bits (linear_gelu_backward_composed: 0 + d(out) * gelu'(pre) into a zeroed
 // temporary, then copied back) without its (N, OC) temporary, which no ledger counts.
 __global__ void gelu_bwd_inplace_k(float* d, const float* pre, int64_t n) {
   GRID_STRIDE(i, n) d[i] = 0.0f + d[i] * gelu_grad_d(pre[i]);
@@ -616,16 +617,10 @@ __global__ void adamw_k(float* param, const float* grad, float* m, float* v, int
                         float beta2, float eps, float wd, float inv_bc1, float inv_bc2, float gs) {
   const float a1 = 1.0f - beta1, a2 = 1.0f - beta2;
   GRID_STRIDE(i, n) {
-    const float g = grad[i] * gs;
-    const float mi = beta1 * m[i] + a1 * g;
-    const float vi = beta2 * v[i] + a2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float mhat = mi * inv_bc1, vhat = vi * inv_bc2;
-    param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * param[i]);
+    param[i] = adamw_element(param[i], grad[i] * gs, m[i], v[i], lr, beta1, beta2, a1, a2, eps, wd, inv_bc1, inv_bc2);
   }
 }
-// [i26: ops step path] AdamW over a parameter as stored (backend.h adamw_update_typed): the
+// AdamW over a parameter as stored (ops/kernels.h, AdamwUpdateTyped): the
 // gradient widened from TG, the update applied to the fp32 master when there is one (param :=
 // its rounding) or to the TP parameter widened; adamw_k's arithmetic per element.
 template <class T> __device__ inline T from_float(float v);
@@ -639,13 +634,8 @@ __global__ void adamw_typed_k(TP* param, const TG* grad, float* master, float* m
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = to_float<TG>(grad[i]) * gs;
-    const float mi = beta1 * m[i] + a1 * g;
-    const float vi = beta2 * v[i] + a2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    const float mhat = mi * inv_bc1, vhat = vi * inv_bc2;
-    float w = master ? master[i] : to_float<TP>(param[i]);
-    w -= lr * (mhat / (sqrtf(vhat) + eps) + wd * w);
+    const float w = adamw_element(master ? master[i] : to_float<TP>(param[i]), g, m[i], v[i], lr, beta1, beta2, a1, a2,
+                                  eps, wd, inv_bc1, inv_bc2);
     if (master) master[i] = w;
     param[i] = from_float<TP>(w);
   }
@@ -671,7 +661,7 @@ __global__ void sum_squares_k(double* out, const float* x, int64_t n) {
   block_sum_to(out, s);
 }
 
-// ------------------------------------------------------------------ generic kernels (issue 26)
+// ------------------------------------------------------------------ generic kernels
 // Any float storage dtype, element i read and written with ops/convert.h's rounding, so the
 // device's bf16/fp16 values are bit-identical to the CPU backend's.
 __device__ inline float load_as_f32(const void* p, DType t, int64_t i) {
@@ -743,6 +733,56 @@ class CudaBackend final : public Backend {
       CU_CHECK(cudaMallocHost(&stage_[i], kStageBytes));
       CU_CHECK(cudaEventCreateWithFlags(&stage_done_[i], cudaEventDisableTiming));
     }
+    // The kernel table: no KV-cache entries (generation runs with --no-kv-cache here).
+    provide<k::Convert>(DType::F32, [this](const k::Convert& q) { convert(q.dst, q.dt, q.src, q.st, q.n); });
+    provide<k::Accumulate>(DType::F32, [this](const k::Accumulate& q) { accumulate(q.dst, q.dt, static_cast<const float*>(q.src), q.n); });
+    provide<k::SumSquaresTyped>(DType::F32, [this](const k::SumSquaresTyped& q) { *q.result = sum_squares_typed(q.x, q.t, q.n); });
+    provide<k::Fill>(DType::F32, [this](const k::Fill& q) { fill(q.x, q.t, q.v, q.n); });
+    provide<k::EmbeddingForward>(DType::F32, [this](const k::EmbeddingForward& q) { embedding_forward_as_shard(*this, q); });
+    provide<k::EmbeddingBackward>(DType::F32, [this](const k::EmbeddingBackward& q) { embedding_backward_as_shard(*this, q); });
+    provide<k::EmbeddingShardForward>(DType::F32, [this](const k::EmbeddingShardForward& q) { embedding_shard_forward(static_cast<float*>(q.out), q.tokens, static_cast<const float*>(q.wte), static_cast<const float*>(q.wpe), q.B, q.T, q.C, q.vstart, q.Vlocal); });
+    provide<k::EmbeddingShardBackward>(DType::F32, [this](const k::EmbeddingShardBackward& q) { embedding_shard_backward(static_cast<float*>(q.dwte), static_cast<float*>(q.dwpe), static_cast<const float*>(q.dout), q.tokens, q.B, q.T, q.C, q.vstart, q.Vlocal); });
+    provide<k::LayerNormForward>(DType::F32, [this](const k::LayerNormForward& q) { layernorm_forward(static_cast<float*>(q.out), static_cast<float*>(q.mean), static_cast<float*>(q.rstd), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), q.N, q.C, q.eps); });
+    provide<k::LayerNormBackward>(DType::F32, [this](const k::LayerNormBackward& q) { layernorm_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.mean), static_cast<const float*>(q.rstd), q.N, q.C); });
+    provide<k::RmsNormForward>(DType::F32, [this](const k::RmsNormForward& q) { rmsnorm_forward(static_cast<float*>(q.out), static_cast<float*>(q.rstd), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.eps); });
+    provide<k::RmsNormBackward>(DType::F32, [this](const k::RmsNormBackward& q) { rmsnorm_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.rstd), q.N, q.C); });
+    provide<k::MatmulForward>(DType::F32, [this](const k::MatmulForward& q) { matmul_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), q.N, q.C, q.OC); });
+    provide<k::MatmulBackward>(DType::F32, [this](const k::MatmulBackward& q) { matmul_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.OC); });
+    for (DType t : {DType::BF16, DType::F16})
+      provide<k::MatmulForward>(t, [this, t](const k::MatmulForward& q) { matmul_forward_narrow(static_cast<float*>(q.out), q.inp, q.weight, q.bias, t, q.N, q.C, q.OC); }, narrow_gemm_ok);
+    for (DType t : {DType::BF16, DType::F16})
+      provide<k::MatmulBackward>(t, [this, t](const k::MatmulBackward& q) { matmul_backward_narrow(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), q.dout, q.inp, q.weight, t, q.N, q.C, q.OC); }, narrow_gemm_ok);
+    provide<k::RopeForward>(DType::F32, [this](const k::RopeForward& q) { rope_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.B, q.T, q.C, q.heads, q.theta); });
+    provide<k::RopeBackward>(DType::F32, [this](const k::RopeBackward& q) { rope_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), q.B, q.T, q.C, q.heads, q.theta); });
+    provide<k::AttentionForward>(DType::F32, [this](const k::AttentionForward& q) { attention_forward(static_cast<float*>(q.out), static_cast<float*>(q.lse), static_cast<const float*>(q.qkv), q.B, q.T, q.C, q.heads, q.drop); });
+    provide<k::AttentionBackward>(DType::F32, [this](const k::AttentionBackward& q) { attention_backward(static_cast<float*>(q.dqkv), static_cast<const float*>(q.dout), static_cast<const float*>(q.qkv), static_cast<const float*>(q.lse), q.B, q.T, q.C, q.heads, q.drop, static_cast<float*>(q.work)); });
+    provide<k::GeluForward>(DType::F32, [this](const k::GeluForward& q) { gelu_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n); });
+    provide<k::GeluBackward>(DType::F32, [this](const k::GeluBackward& q) { gelu_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.inp), static_cast<const float*>(q.dout), q.n); });
+    provide<k::LinearGeluBackward>(DType::F32, [this](const k::LinearGeluBackward& q) { linear_gelu_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<float*>(q.dpre), static_cast<const float*>(q.pre), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.OC); });
+    provide<k::SwigluForward>(DType::F32, [this](const k::SwigluForward& q) { swiglu_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.N, q.H); });
+    provide<k::SwigluBackward>(DType::F32, [this](const k::SwigluBackward& q) { swiglu_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), q.N, q.H); });
+    provide<k::AddForward>(DType::F32, [this](const k::AddForward& q) { add_forward(static_cast<float*>(q.out), static_cast<const float*>(q.a), static_cast<const float*>(q.b), q.n); });
+    provide<k::AddInplace>(DType::F32, [this](const k::AddInplace& q) { add_inplace(static_cast<float*>(q.dst), static_cast<const float*>(q.src), q.n); });
+    provide<k::DropoutForward>(DType::F32, [this](const k::DropoutForward& q) { dropout_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n, q.drop); });
+    provide<k::DropoutBackward>(DType::F32, [this](const k::DropoutBackward& q) { dropout_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), q.n, q.drop); });
+    provide<k::SoftmaxXentForward>(DType::F32, [this](const k::SoftmaxXentForward& q) { softmax_xent_forward(static_cast<float*>(q.losses), static_cast<float*>(q.probs), static_cast<const float*>(q.logits), q.targets, q.N, q.V, q.Vreal); });
+    provide<k::SoftmaxXentBackward>(DType::F32, [this](const k::SoftmaxXentBackward& q) { softmax_xent_backward(static_cast<float*>(q.dlogits), static_cast<const float*>(q.probs), q.targets, q.dloss, q.N, q.V, q.Vreal); });
+    provide<k::XentShardMax>(DType::F32, [this](const k::XentShardMax& q) { xent_shard_max(static_cast<float*>(q.rowmax), static_cast<const float*>(q.logits), q.N, q.V, q.Vreal); });
+    provide<k::XentShardSumexp>(DType::F32, [this](const k::XentShardSumexp& q) { xent_shard_sumexp(static_cast<float*>(q.sumexp), static_cast<float*>(q.tlogit), static_cast<const float*>(q.logits), static_cast<const float*>(q.rowmax), q.targets, q.N, q.V, q.Vreal, q.vstart); });
+    provide<k::XentShardFinish>(DType::F32, [this](const k::XentShardFinish& q) { xent_shard_finish(static_cast<float*>(q.losses), static_cast<float*>(q.probs), static_cast<const float*>(q.logits), static_cast<const float*>(q.rowmax), static_cast<const float*>(q.sumexp), static_cast<const float*>(q.tlogit), q.targets, q.N, q.V, q.Vreal); });
+    provide<k::XentShardBackward>(DType::F32, [this](const k::XentShardBackward& q) { xent_shard_backward(static_cast<float*>(q.dlogits), static_cast<const float*>(q.probs), q.targets, q.dloss, q.N, q.V, q.Vreal, q.vstart); });
+    provide<k::AdamwUpdate>(DType::F32, [this](const k::AdamwUpdate& q) { adamw_update(static_cast<float*>(q.param), static_cast<const float*>(q.grad), static_cast<float*>(q.m), static_cast<float*>(q.v), q.n, q.lr, q.beta1, q.beta2, q.eps, q.weight_decay, q.t, q.grad_scale); });
+    provide<k::AdamwUpdateTyped>(DType::F32, [this](const k::AdamwUpdateTyped& q) { adamw_update_typed(q.param, q.pt, q.grad, q.gt, static_cast<float*>(q.master), static_cast<float*>(q.m), static_cast<float*>(q.v), q.n, q.a); });
+    provide<k::SumSquares>(DType::F32, [this](const k::SumSquares& q) { *q.result = sum_squares(static_cast<const float*>(q.x), q.n); });
+    provide<k::Scale>(DType::F32, [this](const k::Scale& q) { scale(static_cast<float*>(q.x), q.n, q.s); });
+    // What this backend does not fuse: the compositions (ops/backend.h), fp32 only (no
+    // 16-bit-native kernels here: the executor widens).
+    provide<k::LinearGeluForward>(DType::F32, [this](const k::LinearGeluForward& q) { linear_gelu_forward_composed(*this, q); });
+    provide<k::AdamwUpdateZeroGrad>(DType::F32, [this](const k::AdamwUpdateZeroGrad& q) { adamw_update_zero_grad_composed(*this, q); });
+    provide<k::AddLayerNormForward>(DType::F32, [this](const k::AddLayerNormForward& q) { add_layernorm_forward_composed(*this, q, DType::F32); });
+    provide<k::AddLayerNormBackward>(DType::F32, [this](const k::AddLayerNormBackward& q) { add_layernorm_backward_composed(*this, q, DType::F32); });
+    provide<k::AddRmsNormForward>(DType::F32, [this](const k::AddRmsNormForward& q) { add_rmsnorm_forward_composed(*this, q, DType::F32); });
+    provide<k::AddRmsNormBackward>(DType::F32, [this](const k::AddRmsNormBackward& q) { add_rmsnorm_backward_composed(*this, q, DType::F32); });
   }
   ~CudaBackend() override {
     // Process exit: the driver may already be shutting down, so errors are ignored here.
@@ -788,7 +828,7 @@ class CudaBackend final : public Backend {
   void synchronize() override { CU_CHECK(cudaStreamSynchronize(stream_)); }
 
   // ---- generic kernels over any float storage dtype ----
-  void convert(void* dst, DType dt, const void* src, DType st, int64_t n) override {
+  void convert(void* dst, DType dt, const void* src, DType st, int64_t n) {
     REQUIRE_ARG(is_float_dtype(dt) && is_float_dtype(st),
                 std::string("convert ") + dtype_name(st) + " -> " + dtype_name(dt) + ": not a float format");
     if (n <= 0) return;
@@ -796,14 +836,14 @@ class CudaBackend final : public Backend {
     convert_k<<<blocks_for(n), kThreads, 0, stream_>>>(dst, dt, src, st, n);
     LAUNCH_CHECK();
   }
-  void accumulate(void* dst, DType dt, const float* src, int64_t n) override {
+  void accumulate(void* dst, DType dt, const float* src, int64_t n) {
     REQUIRE_ARG(is_float_dtype(dt), std::string("accumulate into ") + dtype_name(dt));
     if (n <= 0) return;
     if (dt == DType::F32) return add_inplace(static_cast<float*>(dst), src, n);
     accumulate_k<<<blocks_for(n), kThreads, 0, stream_>>>(dst, dt, src, n);
     LAUNCH_CHECK();
   }
-  double sum_squares_typed(const void* x, DType t, int64_t n) override {
+  double sum_squares_typed(const void* x, DType t, int64_t n) {
     REQUIRE_ARG(is_float_dtype(t), std::string("sum_squares of ") + dtype_name(t));
     if (n <= 0) return 0;
     if (t == DType::F32) return sum_squares(static_cast<const float*>(x), n);
@@ -816,30 +856,22 @@ class CudaBackend final : public Backend {
     CU_CHECK(cudaStreamSynchronize(stream_));
     return h;
   }
-  void fill(void* x, DType t, float v, int64_t n) override {
+  void fill(void* x, DType t, float v, int64_t n) {
     REQUIRE_ARG(is_float_dtype(t), std::string("fill of ") + dtype_name(t));
     if (n <= 0) return;
     fill_k<<<blocks_for(n), kThreads, 0, stream_>>>(x, t, v, n);
     LAUNCH_CHECK();
   }
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                         int C) override {
-    embedding_shard_forward(out, tokens, wte, wpe, B, T, C, 0, std::numeric_limits<int>::max());
-  }
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                          int C) override {
-    embedding_shard_backward(dwte, dwpe, dout, tokens, B, T, C, 0, std::numeric_limits<int>::max());
-  }
   void embedding_shard_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                               int C, int vstart, int Vlocal) override {
+                               int C, int vstart, int Vlocal) {
     const int64_t N = static_cast<int64_t>(B) * T;
     if (N == 0) return;
     embedding_fwd_k<<<N, kThreads, 0, stream_>>>(out, tokens, wte, wpe, N, T, C, vstart, Vlocal);
     LAUNCH_CHECK();
   }
   void embedding_shard_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                                int C, int vstart, int Vlocal) override {
+                                int C, int vstart, int Vlocal) {
     const int64_t N = static_cast<int64_t>(B) * T;
     if ((!dwte && !dwpe) || N == 0) return;
     embedding_bwd_k<<<N, kThreads, 0, stream_>>>(dwte, dwpe, dout, tokens, N, T, C, vstart, Vlocal);
@@ -847,13 +879,13 @@ class CudaBackend final : public Backend {
   }
 
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                         const float* bias, int N, int C, float eps) override {
+                         const float* bias, int N, int C, float eps) {
     if (N == 0) return;
     layernorm_fwd_k<<<N, kThreads, 0, stream_>>>(out, mean, rstd, inp, weight, bias, C, eps);
     LAUNCH_CHECK();
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                          const float* weight, const float* mean, const float* rstd, int N, int C) override {
+                          const float* weight, const float* mean, const float* rstd, int N, int C) {
     if (N == 0) return;
     if (dinp) {
       layernorm_bwd_dx_k<<<N, kThreads, 0, stream_>>>(dinp, dout, inp, weight, mean, rstd, C);
@@ -866,13 +898,13 @@ class CudaBackend final : public Backend {
     }
   }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
-                       float eps) override {
+                       float eps) {
     if (N == 0) return;
     rmsnorm_fwd_k<<<N, kThreads, 0, stream_>>>(out, rstd, inp, weight, C, eps);
     LAUNCH_CHECK();
   }
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                        const float* rstd, int N, int C) override {
+                        const float* rstd, int N, int C) {
     if (N == 0) return;
     if (dinp) {
       rmsnorm_bwd_dx_k<<<N, kThreads, 0, stream_>>>(dinp, dout, inp, weight, rstd, C);
@@ -888,27 +920,27 @@ class CudaBackend final : public Backend {
   // Row-major GEMMs as column-major cuBLASLt calls (a row-major (R,C) matrix is a column-major
   // (C,R) one): out (N,OC) = inp (N,C) @ W(OC,C)^T is out^T = op_T(W) inp^T, m=OC, n=N, k=C.
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
-                      int OC) override {
+                      int OC) {
     gemm(DType::F32, true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, bias,
          bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, nullptr);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                       const float* weight, int N, int C, int OC) override {
+                       const float* weight, int N, int C, int OC) {
     backward_gemms(DType::F32, dinp, dweight, dout, inp, weight, N, C, OC);
     if (dbias) bias_backward<float>(dbias, dout, N, OC);
   }
-  bool matmul16_available(DType t) override { return t == DType::BF16 || t == DType::F16; }
-  void matmul16_forward(float* out, const void* inp, const void* weight, const void* bias, DType t, int N, int C,
-                        int OC) override {
-    REQUIRE_ARG(matmul16_available(t), "matmul16 needs bf16 or fp16");
+  static bool narrow_gemm_ok(DType t) { return t == DType::BF16 || t == DType::F16; }
+  void matmul_forward_narrow(float* out, const void* inp, const void* weight, const void* bias, DType t, int N, int C,
+                        int OC) {
+    REQUIRE_ARG(narrow_gemm_ok(t), "matmul16 needs bf16 or fp16");
     float* b32 = nullptr;
     if (bias) b32 = widen(bias, t, OC);
     gemm(t, true, false, OC, N, C, weight, C, inp, C, out, OC, 0.0f, b32,
          bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, nullptr);
   }
-  void matmul16_backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
-                         const void* weight, DType t, int N, int C, int OC) override {
-    REQUIRE_ARG(matmul16_available(t), "matmul16 needs bf16 or fp16");
+  void matmul_backward_narrow(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
+                         const void* weight, DType t, int N, int C, int OC) {
+    REQUIRE_ARG(narrow_gemm_ok(t), "matmul16 needs bf16 or fp16");
     backward_gemms(t, dinp, dweight, dout, inp, weight, N, C, OC);
     if (dbias) {
       if (t == DType::BF16) bias_backward<__nv_bfloat16>(dbias, dout, N, OC);
@@ -921,15 +953,15 @@ class CudaBackend final : public Backend {
          pre);
   }
 
-  void rope_forward(float* out, const float* inp, int B, int T, int C, Heads heads, float theta) override {
+  void rope_forward(float* out, const float* inp, int B, int T, int C, Heads heads, float theta) {
     rope(out, inp, B, T, C, heads, theta, false);
   }
-  void rope_backward(float* dinp, const float* dout, int B, int T, int C, Heads heads, float theta) override {
+  void rope_backward(float* dinp, const float* dout, int B, int T, int C, Heads heads, float theta) {
     if (dinp) rope(dinp, dout, B, T, C, heads, theta, true);
   }
 
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, Heads heads,
-                         DropoutSpec drop) override {
+                         DropoutSpec drop) {
     check_attention(B, T, C, heads, drop);
     dim3 grid(T, B * heads.q);
     const size_t shm = attention_shared(attention_fwd_k, T, 1);
@@ -939,7 +971,7 @@ class CudaBackend final : public Backend {
   }
   // Grouped-query attention: the atomics already sum a group's dK and dV, so `work` is unused.
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C,
-                          Heads heads, DropoutSpec drop, float* /*work*/) override {
+                          Heads heads, DropoutSpec drop, float* /*work*/) {
     if (!dqkv) return;
     check_attention(B, T, C, heads, drop);
     dim3 grid(T, B * heads.q);
@@ -958,18 +990,18 @@ class CudaBackend final : public Backend {
     return shm;
   }
 
-  void gelu_forward(float* out, const float* inp, int64_t n) override {
+  void gelu_forward(float* out, const float* inp, int64_t n) {
     if (n == 0) return;
     gelu_fwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(out, inp, n);
     LAUNCH_CHECK();
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
     if (!dinp || n == 0) return;
     gelu_bwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, inp, dout, n);
     LAUNCH_CHECK();
   }
   void linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre, const float* inp,
-                            const float* weight, int N, int C, int OC) override {
+                            const float* weight, int N, int C, int OC) {
     const int64_t n = static_cast<int64_t>(N) * OC;
     if (n > 0) {
       gelu_bwd_inplace_k<<<blocks_for(n), kThreads, 0, stream_>>>(dpre, pre, n);
@@ -977,29 +1009,29 @@ class CudaBackend final : public Backend {
     }
     matmul_backward(dinp, dweight, dbias, dpre, inp, weight, N, C, OC);
   }
-  void swiglu_forward(float* out, const float* inp, int N, int H) override {
+  void swiglu_forward(float* out, const float* inp, int N, int H) {
     const int64_t n = static_cast<int64_t>(N) * H;
     if (n == 0) return;
     swiglu_fwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(out, inp, N, H);
     LAUNCH_CHECK();
   }
-  void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int H) override {
+  void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int H) {
     const int64_t n = static_cast<int64_t>(N) * H;
     if (!dinp || n == 0) return;
     swiglu_bwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, dout, inp, N, H);
     LAUNCH_CHECK();
   }
-  void add_forward(float* out, const float* a, const float* b, int64_t n) override {
+  void add_forward(float* out, const float* a, const float* b, int64_t n) {
     if (n == 0) return;
     add_k<<<blocks_for(n), kThreads, 0, stream_>>>(out, a, b, n);
     LAUNCH_CHECK();
   }
-  void add_inplace(float* dst, const float* src, int64_t n) override {
+  void add_inplace(float* dst, const float* src, int64_t n) {
     if (!dst || n == 0) return;
     add_inplace_k<<<blocks_for(n), kThreads, 0, stream_>>>(dst, src, n);
     LAUNCH_CHECK();
   }
-  void dropout_forward(float* out, const float* inp, int64_t n, DropoutSpec drop) override {
+  void dropout_forward(float* out, const float* inp, int64_t n, DropoutSpec drop) {
     check_p(drop.p);
     if (n == 0) return;
     if (drop.p <= 0.0f) {
@@ -1010,7 +1042,7 @@ class CudaBackend final : public Backend {
                                                             1.0f / (1.0f - drop.p));
     LAUNCH_CHECK();
   }
-  void dropout_backward(float* dinp, const float* dout, int64_t n, DropoutSpec drop) override {
+  void dropout_backward(float* dinp, const float* dout, int64_t n, DropoutSpec drop) {
     if (!dinp) return;
     check_p(drop.p);
     if (drop.p <= 0.0f) return add_inplace(dinp, dout, n);
@@ -1021,7 +1053,7 @@ class CudaBackend final : public Backend {
   }
 
   void softmax_xent_forward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V,
-                            int Vreal) override {
+                            int Vreal) {
     REQUIRE_ARG(Vreal > 0 && Vreal <= V, "softmax_xent: need 0 < Vreal <= V, got Vreal=" + std::to_string(Vreal) +
                                              " V=" + std::to_string(V));
     if (N == 0) return;
@@ -1032,19 +1064,19 @@ class CudaBackend final : public Backend {
                                                          " in row " + std::to_string(row - 1));
   }
   void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V,
-                             int Vreal) override {
+                             int Vreal) {
     if (!dlogits || N == 0) return;
     softmax_xent_bwd_k<<<N, kThreads, 0, stream_>>>(dlogits, probs, targets, dloss, V, Vreal, 0);
     LAUNCH_CHECK();
   }
-  void xent_shard_max(float* rowmax, const float* logits, int N, int V, int Vreal) override {
+  void xent_shard_max(float* rowmax, const float* logits, int N, int V, int Vreal) {
     check_shard(V, Vreal);
     if (N == 0) return;
     xent_shard_max_k<<<N, kThreads, 0, stream_>>>(rowmax, logits, V, Vreal);
     LAUNCH_CHECK();
   }
   void xent_shard_sumexp(float* sumexp, float* tlogit, const float* logits, const float* rowmax,
-                         const int32_t* targets, int N, int V, int Vreal, int vstart) override {
+                         const int32_t* targets, int N, int V, int Vreal, int vstart) {
     check_shard(V, Vreal);
     if (N == 0) return;
     int* bad = reset_flag();
@@ -1055,14 +1087,14 @@ class CudaBackend final : public Backend {
                                " is a padding column of the shard starting at " + std::to_string(vstart));
   }
   void xent_shard_finish(float* losses, float* probs, const float* logits, const float* rowmax, const float* sumexp,
-                         const float* tlogit, const int32_t* targets, int N, int V, int Vreal) override {
+                         const float* tlogit, const int32_t* targets, int N, int V, int Vreal) {
     check_shard(V, Vreal);
     if (N == 0) return;
     xent_shard_finish_k<<<N, kThreads, 0, stream_>>>(losses, probs, logits, rowmax, sumexp, tlogit, targets, V, Vreal);
     LAUNCH_CHECK();
   }
   void xent_shard_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V,
-                           int Vreal, int vstart) override {
+                           int Vreal, int vstart) {
     if (!dlogits || N == 0) return;
     check_shard(V, Vreal);
     softmax_xent_bwd_k<<<N, kThreads, 0, stream_>>>(dlogits, probs, targets, dloss, V, Vreal, vstart);
@@ -1070,7 +1102,7 @@ class CudaBackend final : public Backend {
   }
 
   void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1,
-                    float beta2, float eps, float weight_decay, int64_t t, float grad_scale) override {
+                    float beta2, float eps, float weight_decay, int64_t t, float grad_scale) {
     REQUIRE_ARG(t >= 1, "adamw_update: step t must be >= 1, got " + std::to_string(t));
     if (n == 0) return;
     const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t))));
@@ -1079,9 +1111,8 @@ class CudaBackend final : public Backend {
                                                       inv_bc2, grad_scale);
     LAUNCH_CHECK();
   }
-  // [i26: ops step path]
   void adamw_update_typed(void* param, DType pt, const void* grad, DType gt, float* master, float* m, float* v,
-                          int64_t n, const AdamwArgs& a) override {
+                          int64_t n, const AdamwArgs& a) {
     REQUIRE_ARG(a.t >= 1, "adamw_update_typed: step t must be >= 1, got " + std::to_string(a.t));
     if (n == 0) return;
     if (pt == DType::F32 && gt == DType::F32 && !master) {
@@ -1107,7 +1138,7 @@ class CudaBackend final : public Backend {
     else REQUIRE_ARG(false, "adamw_update_typed: a parameter of a float dtype");
     LAUNCH_CHECK();
   }
-  double sum_squares(const float* x, int64_t n) override {
+  double sum_squares(const float* x, int64_t n) {
     double* acc = static_cast<double*>(scratch_);
     CU_CHECK(cudaMemsetAsync(acc, 0, sizeof(double), stream_));
     if (n > 0) {
@@ -1119,13 +1150,13 @@ class CudaBackend final : public Backend {
     CU_CHECK(cudaStreamSynchronize(stream_));
     return h;
   }
-  void scale(float* x, int64_t n, float s) override {
+  void scale(float* x, int64_t n, float s) {
     if (n == 0) return;
     scale_k<<<blocks_for(n), kThreads, 0, stream_>>>(x, n, s);
     LAUNCH_CHECK();
   }
 
-  // [i26: train and checkpoint] Staging for checkpoints: page-locked host buffers, copied into
+  // Staging for checkpoints: page-locked host buffers, copied into
   // on a copy stream of its own so the training stream keeps running while a save drains.
   void* alloc_pinned(size_t bytes) override {
     void* p = nullptr;

@@ -6,7 +6,7 @@
 // header, so host-only code (runner/, tests) can use it; it exists only in builds with
 // RUNNER_HAVE_CUDA (cmake/cuda_targets.cmake).
 //
-// The backend owns its tensors' memory (issue 26): host_memory() is false, mem_alloc/mem_free
+// The backend owns its tensors' memory: host_memory() is false, mem_alloc/mem_free
 // are stream-ordered allocations from the device's memory pool (kept cached), copies and the
 // generic kernels are queued on the compute stream, copy_in stages through pinned slots so the
 // host buffer is reusable on return. `runner train` with a GPU device kind runs on it

@@ -187,7 +187,10 @@ std::atomic<Arena*> g_arena{nullptr};
 
 class StrictBackend final : public Backend {
  public:
-  StrictBackend() : cpu_(cpu_backend()) { g_arena.store(&arena_); }
+  StrictBackend() : cpu_(cpu_backend()) {
+    g_arena.store(&arena_);
+    wrap_all(static_cast<k::AllKernels*>(nullptr));
+  }
   const char* name() const override { return "cpu-strict"; }
 
   // ---- memory and queue ----
@@ -218,224 +221,6 @@ class StrictBackend final : public Backend {
   }
   void synchronize() override { queue_.synchronize(); }
 
-  // ---- results the host waits for ----
-  bool matmul16_available(DType t) override { return cpu_.matmul16_available(t); }
-  // [i29: native16] The CPU backend's 16-bit-native kernels, queued on device memory.
-  bool native16_available(DType t) override { return cpu_.native16_available(t); }
-  void embedding_forward16(void* out, DType t, const int32_t* tokens, const void* wte, const void* wpe, int B, int T, int C) override {
-    submit([this, out = dev(out), t, tokens = dev(tokens), wte = dev(wte), wpe = dev(wpe), B, T, C] { cpu_.embedding_forward16(out, t, tokens, wte, wpe, B, T, C); });
-  }
-  void embedding_backward16(float* dwte, float* dwpe, const void* dout, DType t, const int32_t* tokens, int B, int T, int C) override {
-    submit([this, dwte = dev(dwte), dwpe = dev(dwpe), dout = dev(dout), t, tokens = dev(tokens), B, T, C] { cpu_.embedding_backward16(dwte, dwpe, dout, t, tokens, B, T, C); });
-  }
-  void layernorm_forward16(void* out, float* mean, float* rstd, const void* inp, const float* weight, const float* bias, DType t, int N, int C, float eps) override {
-    submit([this, out = dev(out), mean = dev(mean), rstd = dev(rstd), inp = dev(inp), weight = dev(weight), bias = dev(bias), t, N, C, eps] { cpu_.layernorm_forward16(out, mean, rstd, inp, weight, bias, t, N, C, eps); });
-  }
-  void layernorm_backward16(void* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const float* weight, const float* mean, const float* rstd, DType t, int N, int C) override {
-    submit([this, dinp = dev(dinp), dweight = dev(dweight), dbias = dev(dbias), dout = dev(dout), inp = dev(inp), weight = dev(weight), mean = dev(mean), rstd = dev(rstd), t, N, C] { cpu_.layernorm_backward16(dinp, dweight, dbias, dout, inp, weight, mean, rstd, t, N, C); });
-  }
-  void rmsnorm_forward16(void* out, float* rstd, const void* inp, const float* weight, DType t, int N, int C, float eps) override {
-    submit([this, out = dev(out), rstd = dev(rstd), inp = dev(inp), weight = dev(weight), t, N, C, eps] { cpu_.rmsnorm_forward16(out, rstd, inp, weight, t, N, C, eps); });
-  }
-  void rmsnorm_backward16(void* dinp, float* dweight, const void* dout, const void* inp, const float* weight, const float* rstd, DType t, int N, int C) override {
-    submit([this, dinp = dev(dinp), dweight = dev(dweight), dout = dev(dout), inp = dev(inp), weight = dev(weight), rstd = dev(rstd), t, N, C] { cpu_.rmsnorm_backward16(dinp, dweight, dout, inp, weight, rstd, t, N, C); });
-  }
-  void rope_forward16(void* out, const void* inp, DType t, int B, int T, int C, Heads heads, float theta) override {
-    submit([this, out = dev(out), inp = dev(inp), t, B, T, C, heads, theta] { cpu_.rope_forward16(out, inp, t, B, T, C, heads, theta); });
-  }
-  void rope_backward16(void* dinp, const void* dout, DType t, int B, int T, int C, Heads heads, float theta) override {
-    submit([this, dinp = dev(dinp), dout = dev(dout), t, B, T, C, heads, theta] { cpu_.rope_backward16(dinp, dout, t, B, T, C, heads, theta); });
-  }
-  void gelu_forward16(void* out, const void* inp, DType t, int64_t n) override {
-    submit([this, out = dev(out), inp = dev(inp), t, n] { cpu_.gelu_forward16(out, inp, t, n); });
-  }
-  void gelu_backward16(void* dinp, const void* inp, const void* dout, DType t, int64_t n) override {
-    submit([this, dinp = dev(dinp), inp = dev(inp), dout = dev(dout), t, n] { cpu_.gelu_backward16(dinp, inp, dout, t, n); });
-  }
-  void swiglu_forward16(void* out, const void* inp, DType t, int N, int H) override {
-    submit([this, out = dev(out), inp = dev(inp), t, N, H] { cpu_.swiglu_forward16(out, inp, t, N, H); });
-  }
-  void swiglu_backward16(void* dinp, const void* dout, const void* inp, DType t, int N, int H) override {
-    submit([this, dinp = dev(dinp), dout = dev(dout), inp = dev(inp), t, N, H] { cpu_.swiglu_backward16(dinp, dout, inp, t, N, H); });
-  }
-  void add_forward16(void* out, const void* a, const void* b, DType t, int64_t n) override {
-    submit([this, out = dev(out), a = dev(a), b = dev(b), t, n] { cpu_.add_forward16(out, a, b, t, n); });
-  }
-  void add_inplace16(void* dst, const void* src, DType t, int64_t n) override {
-    submit([this, dst = dev(dst), src = dev(src), t, n] { cpu_.add_inplace16(dst, src, t, n); });
-  }
-  void dropout_forward16(void* out, const void* inp, DType t, int64_t n, DropoutSpec drop) override {
-    submit([this, out = dev(out), inp = dev(inp), t, n, drop] { cpu_.dropout_forward16(out, inp, t, n, drop); });
-  }
-  void dropout_backward16(void* dinp, const void* dout, DType t, int64_t n, DropoutSpec drop) override {
-    submit([this, dinp = dev(dinp), dout = dev(dout), t, n, drop] { cpu_.dropout_backward16(dinp, dout, t, n, drop); });
-  }
-  void attention_forward16(void* out, float* lse, const void* qkv, DType t, int B, int T, int C, Heads heads, DropoutSpec drop) override {
-    submit([this, out = dev(out), lse = dev(lse), qkv = dev(qkv), t, B, T, C, heads, drop] { cpu_.attention_forward16(out, lse, qkv, t, B, T, C, heads, drop); });
-  }
-  void attention_backward16(void* dqkv, const void* dout, const void* qkv, const float* lse, DType t, int B, int T, int C, Heads heads, DropoutSpec drop, float* work) override {
-    submit([this, dqkv = dev(dqkv), dout = dev(dout), qkv = dev(qkv), lse = dev(lse), t, B, T, C, heads, drop, work = dev(work)] { cpu_.attention_backward16(dqkv, dout, qkv, lse, t, B, T, C, heads, drop, work); });
-  }
-  double sum_squares(const float* x, int64_t n) override {
-    double r = 0;
-    submit([this, &r, x = dev(x), n] { r = cpu_.sum_squares(x, n); });
-    synchronize();
-    return r;
-  }
-  double sum_squares_typed(const void* x, DType t, int64_t n) override {
-    double r = 0;
-    submit([this, &r, x = dev(x), t, n] { r = cpu_.sum_squares_typed(x, t, n); });
-    synchronize();
-    return r;
-  }
-
-  // ---- kernels: the CPU backend's, queued, on translated pointers ----
-  void convert(void* dst, DType dt, const void* src, DType st, int64_t n) override {
-    submit([this, dst = dev(dst), dt, src = dev(src), st, n] { cpu_.convert(dst, dt, src, st, n); });
-  }
-  void accumulate(void* dst, DType dt, const float* src, int64_t n) override {
-    submit([this, dst = dev(dst), dt, src = dev(src), n] { cpu_.accumulate(dst, dt, src, n); });
-  }
-  void fill(void* x, DType t, float v, int64_t n) override {
-    submit([this, x = dev(x), t, v, n] { cpu_.fill(x, t, v, n); });
-  }
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) override {
-    submit([this, out = dev(out), tokens = dev(tokens), wte = dev(wte), wpe = dev(wpe), B, T, C] { cpu_.embedding_forward(out, tokens, wte, wpe, B, T, C); });
-  }
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) override {
-    submit([this, dwte = dev(dwte), dwpe = dev(dwpe), dout = dev(dout), tokens = dev(tokens), B, T, C] { cpu_.embedding_backward(dwte, dwpe, dout, tokens, B, T, C); });
-  }
-  void embedding_shard_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int vstart, int Vlocal) override {
-    submit([this, out = dev(out), tokens = dev(tokens), wte = dev(wte), wpe = dev(wpe), B, T, C, vstart, Vlocal] { cpu_.embedding_shard_forward(out, tokens, wte, wpe, B, T, C, vstart, Vlocal); });
-  }
-  void embedding_shard_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C, int vstart, int Vlocal) override {
-    submit([this, dwte = dev(dwte), dwpe = dev(dwpe), dout = dev(dout), tokens = dev(tokens), B, T, C, vstart, Vlocal] { cpu_.embedding_shard_backward(dwte, dwpe, dout, tokens, B, T, C, vstart, Vlocal); });
-  }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C, float eps) override {
-    submit([this, out = dev(out), mean = dev(mean), rstd = dev(rstd), inp = dev(inp), weight = dev(weight), bias = dev(bias), N, C, eps] { cpu_.layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, eps); });
-  }
-  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C) override {
-    submit([this, dinp = dev(dinp), dweight = dev(dweight), dbias = dev(dbias), dout = dev(dout), inp = dev(inp), weight = dev(weight), mean = dev(mean), rstd = dev(rstd), N, C] { cpu_.layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C); });
-  }
-  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps) override {
-    submit([this, out = dev(out), rstd = dev(rstd), inp = dev(inp), weight = dev(weight), N, C, eps] { cpu_.rmsnorm_forward(out, rstd, inp, weight, N, C, eps); });
-  }
-  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd, int N, int C) override {
-    submit([this, dinp = dev(dinp), dweight = dev(dweight), dout = dev(dout), inp = dev(inp), weight = dev(weight), rstd = dev(rstd), N, C] { cpu_.rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C); });
-  }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) override {
-    submit([this, out = dev(out), inp = dev(inp), weight = dev(weight), bias = dev(bias), N, C, OC] { cpu_.matmul_forward(out, inp, weight, bias, N, C, OC); });
-  }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int N, int C, int OC) override {
-    submit([this, dinp = dev(dinp), dweight = dev(dweight), dbias = dev(dbias), dout = dev(dout), inp = dev(inp), weight = dev(weight), N, C, OC] { cpu_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC); });
-  }
-  void matmul16_forward(float* out, const void* inp, const void* weight, const void* bias, DType t, int N, int C, int OC) override {
-    submit([this, out = dev(out), inp = dev(inp), weight = dev(weight), bias = dev(bias), t, N, C, OC] { cpu_.matmul16_forward(out, inp, weight, bias, t, N, C, OC); });
-  }
-  void matmul16_backward(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp, const void* weight, DType t, int N, int C, int OC) override {
-    submit([this, dinp = dev(dinp), dweight = dev(dweight), dbias = dev(dbias), dout = dev(dout), inp = dev(inp), weight = dev(weight), t, N, C, OC] { cpu_.matmul16_backward(dinp, dweight, dbias, dout, inp, weight, t, N, C, OC); });
-  }
-  void rope_forward(float* out, const float* inp, int B, int T, int C, Heads heads, float theta) override {
-    submit([this, out = dev(out), inp = dev(inp), B, T, C, heads, theta] { cpu_.rope_forward(out, inp, B, T, C, heads, theta); });
-  }
-  void rope_backward(float* dinp, const float* dout, int B, int T, int C, Heads heads, float theta) override {
-    submit([this, dinp = dev(dinp), dout = dev(dout), B, T, C, heads, theta] { cpu_.rope_backward(dinp, dout, B, T, C, heads, theta); });
-  }
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, Heads heads, DropoutSpec drop) override {
-    submit([this, out = dev(out), lse = dev(lse), qkv = dev(qkv), B, T, C, heads, drop] { cpu_.attention_forward(out, lse, qkv, B, T, C, heads, drop); });
-  }
-  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse, int B, int T, int C, Heads heads, DropoutSpec drop, float* work) override {
-    submit([this, dqkv = dev(dqkv), dout = dev(dout), qkv = dev(qkv), lse = dev(lse), B, T, C, heads, drop, work = dev(work)] { cpu_.attention_backward(dqkv, dout, qkv, lse, B, T, C, heads, drop, work); });
-  }
-  void kv_cache_write(KvView kv, const float* qkv, int B, int T, int C, Heads heads) override {
-    submit([this, kv = dev_kv(kv), qkv = dev(qkv), B, T, C, heads] { cpu_.kv_cache_write(kv, qkv, B, T, C, heads); });
-  }
-  void attention_decode(float* out, const float* qkv, KvView kv, const int32_t* pos, int B, int C, Heads heads, float theta) override {
-    submit([this, out = dev(out), qkv = dev(qkv), kv = dev_kv(kv), pos = dev(pos), B, C, heads, theta] { cpu_.attention_decode(out, qkv, kv, pos, B, C, heads, theta); });
-  }
-  void gelu_forward(float* out, const float* inp, int64_t n) override {
-    submit([this, out = dev(out), inp = dev(inp), n] { cpu_.gelu_forward(out, inp, n); });
-  }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) override {
-    submit([this, dinp = dev(dinp), inp = dev(inp), dout = dev(dout), n] { cpu_.gelu_backward(dinp, inp, dout, n); });
-  }
-  // [i29: fused]
-  void linear_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias, int N, int C, int OC) override {
-    submit([this, out = dev(out), pre = dev(pre), inp = dev(inp), weight = dev(weight), bias = dev(bias), N, C, OC] { cpu_.linear_gelu_forward(out, pre, inp, weight, bias, N, C, OC); });
-  }
-  void linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre, const float* inp, const float* weight, int N, int C, int OC) override {
-    submit([this, dinp = dev(dinp), dweight = dev(dweight), dbias = dev(dbias), dpre = dev(dpre), pre = dev(pre), inp = dev(inp), weight = dev(weight), N, C, OC] { cpu_.linear_gelu_backward(dinp, dweight, dbias, dpre, pre, inp, weight, N, C, OC); });
-  }
-  void add_layernorm_forward(void* sum, void* out, float* mean, float* rstd, const void* a, const void* b, const float* weight, const float* bias, DType t, int N, int C, float eps) override {
-    submit([this, sum = dev(sum), out = dev(out), mean = dev(mean), rstd = dev(rstd), a = dev(a), b = dev(b), weight = dev(weight), bias = dev(bias), t, N, C, eps] { cpu_.add_layernorm_forward(sum, out, mean, rstd, a, b, weight, bias, t, N, C, eps); });
-  }
-  void add_layernorm_backward(void* da, void* db, float* dweight, float* dbias, void* dsum, const void* dout, const void* sum, const float* weight, const float* mean, const float* rstd, DType t, int N, int C) override {
-    submit([this, da = dev(da), db = dev(db), dweight = dev(dweight), dbias = dev(dbias), dsum = dev(dsum), dout = dev(dout), sum = dev(sum), weight = dev(weight), mean = dev(mean), rstd = dev(rstd), t, N, C] { cpu_.add_layernorm_backward(da, db, dweight, dbias, dsum, dout, sum, weight, mean, rstd, t, N, C); });
-  }
-  void add_rmsnorm_forward(void* sum, void* out, float* rstd, const void* a, const void* b, const float* weight, DType t, int N, int C, float eps) override {
-    submit([this, sum = dev(sum), out = dev(out), rstd = dev(rstd), a = dev(a), b = dev(b), weight = dev(weight), t, N, C, eps] { cpu_.add_rmsnorm_forward(sum, out, rstd, a, b, weight, t, N, C, eps); });
-  }
-  void add_rmsnorm_backward(void* da, void* db, float* dweight, void* dsum, const void* dout, const void* sum, const float* weight, const float* rstd, DType t, int N, int C) override {
-    submit([this, da = dev(da), db = dev(db), dweight = dev(dweight), dsum = dev(dsum), dout = dev(dout), sum = dev(sum), weight = dev(weight), rstd = dev(rstd), t, N, C] { cpu_.add_rmsnorm_backward(da, db, dweight, dsum, dout, sum, weight, rstd, t, N, C); });
-  }
-  void swiglu_forward(float* out, const float* inp, int N, int H) override {
-    submit([this, out = dev(out), inp = dev(inp), N, H] { cpu_.swiglu_forward(out, inp, N, H); });
-  }
-  void swiglu_backward(float* dinp, const float* dout, const float* inp, int N, int H) override {
-    submit([this, dinp = dev(dinp), dout = dev(dout), inp = dev(inp), N, H] { cpu_.swiglu_backward(dinp, dout, inp, N, H); });
-  }
-  void add_forward(float* out, const float* a, const float* b, int64_t n) override {
-    submit([this, out = dev(out), a = dev(a), b = dev(b), n] { cpu_.add_forward(out, a, b, n); });
-  }
-  void add_inplace(float* dst, const float* src, int64_t n) override {
-    submit([this, dst = dev(dst), src = dev(src), n] { cpu_.add_inplace(dst, src, n); });
-  }
-  void dropout_forward(float* out, const float* inp, int64_t n, DropoutSpec drop) override {
-    submit([this, out = dev(out), inp = dev(inp), n, drop] { cpu_.dropout_forward(out, inp, n, drop); });
-  }
-  void dropout_backward(float* dinp, const float* dout, int64_t n, DropoutSpec drop) override {
-    submit([this, dinp = dev(dinp), dout = dev(dout), n, drop] { cpu_.dropout_backward(dinp, dout, n, drop); });
-  }
-  void softmax_xent_forward(float* losses, float* probs, const float* logits, const int32_t* targets, int N, int V, int Vreal) override {
-    submit([this, losses = dev(losses), probs = dev(probs), logits = dev(logits), targets = dev(targets), N, V, Vreal] { cpu_.softmax_xent_forward(losses, probs, logits, targets, N, V, Vreal); });
-  }
-  void softmax_xent_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V, int Vreal) override {
-    submit([this, dlogits = dev(dlogits), probs = dev(probs), targets = dev(targets), dloss, N, V, Vreal] { cpu_.softmax_xent_backward(dlogits, probs, targets, dloss, N, V, Vreal); });
-  }
-  void xent_shard_max(float* rowmax, const float* logits, int N, int V, int Vreal) override {
-    submit([this, rowmax = dev(rowmax), logits = dev(logits), N, V, Vreal] { cpu_.xent_shard_max(rowmax, logits, N, V, Vreal); });
-  }
-  void xent_shard_sumexp(float* sumexp, float* tlogit, const float* logits, const float* rowmax, const int32_t* targets, int N, int V, int Vreal, int vstart) override {
-    submit([this, sumexp = dev(sumexp), tlogit = dev(tlogit), logits = dev(logits), rowmax = dev(rowmax), targets = dev(targets), N, V, Vreal, vstart] { cpu_.xent_shard_sumexp(sumexp, tlogit, logits, rowmax, targets, N, V, Vreal, vstart); });
-  }
-  void xent_shard_finish(float* losses, float* probs, const float* logits, const float* rowmax, const float* sumexp, const float* tlogit, const int32_t* targets, int N, int V, int Vreal) override {
-    submit([this, losses = dev(losses), probs = dev(probs), logits = dev(logits), rowmax = dev(rowmax), sumexp = dev(sumexp), tlogit = dev(tlogit), targets = dev(targets), N, V, Vreal] { cpu_.xent_shard_finish(losses, probs, logits, rowmax, sumexp, tlogit, targets, N, V, Vreal); });
-  }
-  void xent_shard_backward(float* dlogits, const float* probs, const int32_t* targets, float dloss, int N, int V, int Vreal, int vstart) override {
-    submit([this, dlogits = dev(dlogits), probs = dev(probs), targets = dev(targets), dloss, N, V, Vreal, vstart] { cpu_.xent_shard_backward(dlogits, probs, targets, dloss, N, V, Vreal, vstart); });
-  }
-  void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t, float grad_scale) override {
-    submit([this, param = dev(param), grad = dev(grad), m = dev(m), v = dev(v), n, lr, beta1, beta2, eps, weight_decay, t, grad_scale] { cpu_.adamw_update(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale); });
-  }
-  void scale(float* x, int64_t n, float s) override {
-    submit([this, x = dev(x), n, s] { cpu_.scale(x, n, s); });
-  }
-  // [i26: ops step path]
-  void adamw_update_typed(void* param, DType pt, const void* grad, DType gt, float* master, float* m, float* v,
-                          int64_t n, const AdamwArgs& a) override {
-    submit([this, param = dev(param), pt, grad = dev(grad), gt, master = dev(master), m = dev(m), v = dev(v), n, a] {
-      cpu_.adamw_update_typed(param, pt, grad, gt, master, m, v, n, a);
-    });
-  }
-  // [i29: optimizer]
-  void adamw_update_zero_grad(void* param, DType pt, void* grad, DType gt, float* master, float* m, float* v,
-                              int64_t n, const AdamwArgs& a) override {
-    submit([this, param = dev(param), pt, grad = dev(grad), gt, master = dev(master), m = dev(m), v = dev(v), n, a] {
-      cpu_.adamw_update_zero_grad(param, pt, grad, gt, master, m, v, n, a);
-    });
-  }
-  // [i26: parallel]
-  // [i26: train and checkpoint]
   // The strict device has one queue, so the "side queue" is that queue: a staged copy is
   // ordered after the kernels before it and before the ones after it, as on CUDA. Its
   // destination is poisoned until stage_wait, and a fence is a marker on the queue whose
@@ -474,20 +259,28 @@ class StrictBackend final : public Backend {
       throw std::runtime_error("strict device: the staged copies did not run (a queued call failed before them; "
                                "synchronize() reports it)");
   }
-  // [i26: generate and export]
-  // [i26: attention]
 
  private:
   template <class T> T* dev(T* p) const { return arena_.kernel(p); }
-  KvView dev_kv(KvView kv) const {
-    kv.k = dev(kv.k);
-    kv.v = dev(kv.v);
-    kv.k_scale = dev(kv.k_scale);
-    kv.v_scale = dev(kv.v_scale);
-    return kv;
+  // The kernel table: every entry of the CPU backend's, queued. The arguments are copied, each
+  // pointer translated into the arena's kernel view (a host pointer is refused there, at the
+  // call), and the CPU's entry runs on the queue; a kernel that returns a value to the host is
+  // waited for. has() answers as the CPU's does (the same availability condition).
+  template <class... K> void wrap_all(std::tuple<K...>*) { (wrap<K>(), ...); }
+  template <class K> void wrap() {
+    for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+      const Entry* e = cpu_.entry(K::id, t);
+      if (!e || !e->fn) continue;
+      provide<K>(t, [this, t](const K& args) {
+        K d = args;
+        d.pointers([this](auto*& p) { p = dev(p); });
+        submit([this, d, t] { cpu_.run(d, t); });
+        if constexpr (K::kToHost) synchronize();
+      }, e->available);
+    }
   }
   void submit(std::function<void()> f) { queue_.submit(std::move(f)); }
-  // [i26: train and checkpoint] a stage fence: released when its marker runs, or is dropped.
+  // A stage fence: released when its marker runs, or is dropped.
   struct Fence {
     std::mutex mu;
     std::condition_variable cv;

@@ -281,7 +281,7 @@ TrainState fp32_weights_view(const TrainState& s) {
       // stages the result out); on the host, as before.
       ops::Tensor w(x.shape(), ops::DType::F32, ops::Account::Workspace, /*zero=*/false, x.device());
       if (x.on_host()) ops::to_f32(w.host_data<float>(), x.host_raw(), x.dtype(), x.numel());
-      else x.device()->convert(w.raw(), ops::DType::F32, x.raw(), x.dtype(), x.numel());
+      else x.device()->run(ops::k::Convert(w.raw(), ops::DType::F32, x.raw(), x.dtype(), x.numel()));
       v.params.values.push_back(std::move(w));
     }
   }

@@ -288,11 +288,11 @@ void measure_optimizer(ComputeProfile& c, ops::Backend& be, int64_t n, double ta
   for (int i = 0; i < 4; ++i) t.emplace_back(std::vector<int64_t>{n}, DType::F32, ops::Account::Optimizer, true);
   float* p[4] = {t[0].data<float>(), t[1].data<float>(), t[2].data<float>(), t[3].data<float>()};
   c.op_bandwidth["adamw"] = measure_call(be, 28.0 * n, target_s, [&](int64_t it) {
-    be.adamw_update(p[0], p[1], p[2], p[3], n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, it, 1.0f);
+    be.run(ops::k::AdamwUpdate(p[0], p[1], p[2], p[3], n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, it, 1.0f));
   });
   volatile double sink = 0;
-  c.op_bandwidth["sum_squares"] = measure_call(be, 4.0 * n, target_s, [&](int64_t) { sink = sink + be.sum_squares(p[1], n); });
-  c.op_bandwidth["zero"] = measure_call(be, 4.0 * n, target_s, [&](int64_t) { be.fill(p[1], DType::F32, 0.0f, n); });
+  c.op_bandwidth["sum_squares"] = measure_call(be, 4.0 * n, target_s, [&](int64_t) { sink = sink + ops::sum_squares(be, p[1], n); });
+  c.op_bandwidth["zero"] = measure_call(be, 4.0 * n, target_s, [&](int64_t) { be.run(ops::k::Fill(p[1], DType::F32, 0.0f, n)); });
 }
 
 // A kernel call's fixed cost: an 8-element Add's forward + backward, halved.

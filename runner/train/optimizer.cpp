@@ -32,7 +32,7 @@ char* at(ops::Tensor& t, int64_t i) { return static_cast<char*>(t.raw()) + stati
 // host always used: Backend::sum_squares_typed).
 double sum_squares(ops::Backend& be, const ops::Tensor& t, int64_t a, int64_t e) {
   if (e <= a) return 0;
-  return be.sum_squares_typed(at(t, a), t.dtype(), e - a);
+  return ops::sum_squares_typed(be, at(t, a), t.dtype(), e - a);
 }
 
 double grad_norm(ops::Backend& be, const ParamSet& ps) {
@@ -99,11 +99,11 @@ void adamw_step(ops::Backend& be, const OptimizerConfig& o, TrainState& st, doub
     // The owned range [a, e) of the parameter, its moments (and master) from their start.
     float* master = masters ? st.masters[i].data<float>() : nullptr;
     if (zero_grads)  // one pass: the update zeroes the gradient it read
-      be.adamw_update_zero_grad(at(w, a), w.dtype(), at(g, a), g.dtype(), master, st.adam_m[i].data<float>(),
-                                st.adam_v[i].data<float>(), e - a, args);
+      be.run(ops::k::AdamwUpdateZeroGrad(at(w, a), w.dtype(), at(g, a), g.dtype(), master, st.adam_m[i].data<float>(),
+                                st.adam_v[i].data<float>(), e - a, args));
     else
-      be.adamw_update_typed(at(w, a), w.dtype(), at(g, a), g.dtype(), master, st.adam_m[i].data<float>(),
-                            st.adam_v[i].data<float>(), e - a, args);
+      be.run(ops::k::AdamwUpdateTyped(at(w, a), w.dtype(), at(g, a), g.dtype(), master, st.adam_m[i].data<float>(),
+                            st.adam_v[i].data<float>(), e - a, args));
   }
 }
 

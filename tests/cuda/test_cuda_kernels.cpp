@@ -125,11 +125,11 @@ TEST_CASE("embedding forward and backward, whole and vocabulary shard") {
   Dev<int32_t> dtok(tok);
   DevF gwte(wte), gwpe(wpe), gout(std::vector<float>(B * T * C, 7.0f)), gdout(dout), gdwte(dwte0), gdwpe(dwpe0);
   std::vector<float> out(B * T * C), dwte = dwte0, dwpe = dwpe0;
-  cpu().embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
-  gpu().embedding_forward(gout.p(), dtok.p(), gwte.p(), gwpe.p(), B, T, C);
+  cpu().run(ops::k::EmbeddingForward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C));
+  gpu().run(ops::k::EmbeddingForward(gout.p(), dtok.p(), gwte.p(), gwpe.p(), B, T, C));
   check_close(gout.host(), out, 0, 0, "embedding out (exact: one addition)");
-  cpu().embedding_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
-  gpu().embedding_backward(gdwte.p(), gdwpe.p(), gdout.p(), dtok.p(), B, T, C);
+  cpu().run(ops::k::EmbeddingBackward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C));
+  gpu().run(ops::k::EmbeddingBackward(gdwte.p(), gdwpe.p(), gdout.p(), dtok.p(), B, T, C));
   check_close(gdwte.host(), dwte, 1e-5f, 1e-5f, "dwte (atomics: summation order)");
   check_close(gdwpe.host(), dwpe, 1e-5f, 1e-5f, "dwpe");
   // Shard: rows [20, 35) of the table.
@@ -137,11 +137,11 @@ TEST_CASE("embedding forward and backward, whole and vocabulary shard") {
   std::vector<float> wsh(wte.begin() + vstart * C, wte.begin() + (vstart + Vl) * C), dsh0 = randn(Vl * C, 8);
   DevF gwsh(wsh), gdsh(dsh0);
   std::vector<float> dsh = dsh0;
-  cpu().embedding_shard_forward(out.data(), tok.data(), wsh.data(), nullptr, B, T, C, vstart, Vl);
-  gpu().embedding_shard_forward(gout.p(), dtok.p(), gwsh.p(), nullptr, B, T, C, vstart, Vl);
+  cpu().run(ops::k::EmbeddingShardForward(out.data(), tok.data(), wsh.data(), nullptr, B, T, C, vstart, Vl));
+  gpu().run(ops::k::EmbeddingShardForward(gout.p(), dtok.p(), gwsh.p(), nullptr, B, T, C, vstart, Vl));
   check_close(gout.host(), out, 0, 0, "shard out");
-  cpu().embedding_shard_backward(dsh.data(), nullptr, dout.data(), tok.data(), B, T, C, vstart, Vl);
-  gpu().embedding_shard_backward(gdsh.p(), nullptr, gdout.p(), dtok.p(), B, T, C, vstart, Vl);
+  cpu().run(ops::k::EmbeddingShardBackward(dsh.data(), nullptr, dout.data(), tok.data(), B, T, C, vstart, Vl));
+  gpu().run(ops::k::EmbeddingShardBackward(gdsh.p(), nullptr, gdout.p(), dtok.p(), B, T, C, vstart, Vl));
   check_close(gdsh.host(), dsh, 1e-5f, 1e-5f, "shard dwte");
 }
 
@@ -153,24 +153,24 @@ TEST_CASE("layernorm and rmsnorm forward and backward") {
   DevF gx(x), gw(w), gb(b), gdy(dy), gout(filled(N * C)), gmean(filled(N)),
       grstd(filled(N)), gdx(dx0), gdw(dw0), gdb(db0);
   std::vector<float> out(N * C), mean(N), rstd(N), dx = dx0, dw = dw0, db = db0;
-  cpu().layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
-  gpu().layernorm_forward(gout.p(), gmean.p(), grstd.p(), gx.p(), gw.p(), gb.p(), N, C, 1e-5f);
+  cpu().run(ops::k::LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f));
+  gpu().run(ops::k::LayerNormForward(gout.p(), gmean.p(), grstd.p(), gx.p(), gw.p(), gb.p(), N, C, 1e-5f));
   check_close(gout.host(), out, 1e-5f, 1e-5f, "layernorm out");
   check_close(gmean.host(), mean, 1e-6f, 1e-6f, "layernorm mean");
   check_close(grstd.host(), rstd, 1e-5f, 0, "layernorm rstd");
-  cpu().layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
-  gpu().layernorm_backward(gdx.p(), gdw.p(), gdb.p(), gdy.p(), gx.p(), gw.p(), gmean.p(), grstd.p(), N, C);
+  cpu().run(ops::k::LayerNormBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C));
+  gpu().run(ops::k::LayerNormBackward(gdx.p(), gdw.p(), gdb.p(), gdy.p(), gx.p(), gw.p(), gmean.p(), grstd.p(), N, C));
   check_close(gdx.host(), dx, 1e-4f, 1e-5f, "layernorm dx");
   check_close(gdw.host(), dw, 1e-4f, 1e-4f, "layernorm dw (sum over 37 rows)");
   check_close(gdb.host(), db, 1e-4f, 1e-4f, "layernorm db");
 
   DevF gdx2(dx0), gdw2(dw0);
   std::vector<float> dx2 = dx0, dw2 = dw0;
-  cpu().rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f);
-  gpu().rmsnorm_forward(gout.p(), grstd.p(), gx.p(), gw.p(), N, C, 1e-6f);
+  cpu().run(ops::k::RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f));
+  gpu().run(ops::k::RmsNormForward(gout.p(), grstd.p(), gx.p(), gw.p(), N, C, 1e-6f));
   check_close(gout.host(), out, 1e-5f, 1e-5f, "rmsnorm out");
-  cpu().rmsnorm_backward(dx2.data(), dw2.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
-  gpu().rmsnorm_backward(gdx2.p(), gdw2.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), N, C);
+  cpu().run(ops::k::RmsNormBackward(dx2.data(), dw2.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C));
+  gpu().run(ops::k::RmsNormBackward(gdx2.p(), gdw2.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), N, C));
   check_close(gdx2.host(), dx2, 1e-4f, 1e-5f, "rmsnorm dx");
   check_close(gdw2.host(), dw2, 1e-4f, 1e-4f, "rmsnorm dw");
 }
@@ -183,12 +183,12 @@ TEST_CASE("fp32 matmul forward (bias epilogue) and backward") {
   std::vector<float> out(N * OC), dx = dx0, dw = dw0, db = db0;
   for (bool bias : {true, false}) {
     CAPTURE(bias);
-    cpu().matmul_forward(out.data(), x.data(), w.data(), bias ? b.data() : nullptr, N, C, OC);
-    gpu().matmul_forward(gout.p(), gx.p(), gw.p(), bias ? gb.p() : nullptr, N, C, OC);
+    cpu().run(ops::k::MatmulForward(out.data(), x.data(), w.data(), bias ? b.data() : nullptr, N, C, OC));
+    gpu().run(ops::k::MatmulForward(gout.p(), gx.p(), gw.p(), bias ? gb.p() : nullptr, N, C, OC));
     check_close(gout.host(), out, 1e-4f, 1e-4f, "matmul out (fp32, K=96: order of sums)");
   }
-  cpu().matmul_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
-  gpu().matmul_backward(gdx.p(), gdw.p(), gdb.p(), gdy.p(), gx.p(), gw.p(), N, C, OC);
+  cpu().run(ops::k::MatmulBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC));
+  gpu().run(ops::k::MatmulBackward(gdx.p(), gdw.p(), gdb.p(), gdy.p(), gx.p(), gw.p(), N, C, OC));
   check_close(gdx.host(), dx, 1e-4f, 1e-4f, "matmul dx");
   check_close(gdw.host(), dw, 1e-4f, 1e-4f, "matmul dw (K=70)");
   check_close(gdb.host(), db, 1e-4f, 1e-4f, "matmul db");
@@ -198,8 +198,8 @@ TEST_CASE("fp32 matmul forward (bias epilogue) and backward") {
   std::copy(x.begin(), x.end(), x1.begin() + 1);
   std::copy(w.begin(), w.end(), w1.begin() + 1);
   DevF gx1(x1), gw1(w1), gout1(filled(N * OC + 1));
-  cpu().matmul_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
-  gpu().matmul_forward(gout1.p() + 1, gx1.p() + 1, gw1.p() + 1, gb.p(), N, C, OC);
+  cpu().run(ops::k::MatmulForward(out.data(), x.data(), w.data(), b.data(), N, C, OC));
+  gpu().run(ops::k::MatmulForward(gout1.p() + 1, gx1.p() + 1, gw1.p() + 1, gb.p(), N, C, OC));
   auto o1 = gout1.host();
   check_close(std::vector<float>(o1.begin() + 1, o1.end()), out, 1e-4f, 1e-4f, "matmul out, misaligned operands");
 }
@@ -209,8 +209,8 @@ TEST_CASE("matmul + bias + GELU epilogue matches matmul_forward then gelu_forwar
   auto x = randn(N * C, 30), w = randn(OC * C, 31, 0.1f), b = randn(OC, 32);
   DevF gx(x), gw(w), gb(b), gout(filled(N * OC)), gpre(filled(N * OC));
   std::vector<float> pre(N * OC), out(N * OC);
-  cpu().matmul_forward(pre.data(), x.data(), w.data(), b.data(), N, C, OC);
-  cpu().gelu_forward(out.data(), pre.data(), N * OC);
+  cpu().run(ops::k::MatmulForward(pre.data(), x.data(), w.data(), b.data(), N, C, OC));
+  cpu().run(ops::k::GeluForward(out.data(), pre.data(), N * OC));
   cu::matmul_bias_gelu_forward(gpu(), gout.p(), gpre.p(), gx.p(), gw.p(), gb.p(), N, C, OC);
   check_close(gpre.host(), pre, 1e-4f, 1e-4f, "pre-activation (aux)");
   check_close(gout.host(), out, 1e-3f, 1e-3f, "gelu out (cuBLASLt's tanh GELU vs ours)");
@@ -222,8 +222,8 @@ TEST_CASE("linear_gelu_backward: in place, the composed default's bits") {
   auto dx0 = randn(N * C, 37), dw0 = randn(OC * C, 38), db0 = randn(OC, 39);
   DevF gx(x), gw(w), gpre(pre);
   DevF a_dpre(dout), a_dx(dx0), a_dw(dw0), a_db(db0), b_dpre(dout), b_dx(dx0), b_dw(dw0), b_db(db0);
-  gpu().linear_gelu_backward(a_dx.p(), a_dw.p(), a_db.p(), a_dpre.p(), gpre.p(), gx.p(), gw.p(), N, C, OC);
-  gpu().ops::Backend::linear_gelu_backward(b_dx.p(), b_dw.p(), b_db.p(), b_dpre.p(), gpre.p(), gx.p(), gw.p(), N, C, OC);
+  gpu().run(ops::k::LinearGeluBackward(a_dx.p(), a_dw.p(), a_db.p(), a_dpre.p(), gpre.p(), gx.p(), gw.p(), N, C, OC));
+  ops::linear_gelu_backward_composed(gpu(), ops::k::LinearGeluBackward(b_dx.p(), b_dw.p(), b_db.p(), b_dpre.p(), gpre.p(), gx.p(), gw.p(), N, C, OC));
   cu::synchronize();
   CHECK(a_dpre.host() == b_dpre.host());
   CHECK(a_dx.host() == b_dx.host());
@@ -231,7 +231,7 @@ TEST_CASE("linear_gelu_backward: in place, the composed default's bits") {
   CHECK(a_db.host() == b_db.host());
   // Against the CPU's fused kernel.
   std::vector<float> dpre = dout, dx = dx0, dw = dw0, db = db0;
-  cpu().linear_gelu_backward(dx.data(), dw.data(), db.data(), dpre.data(), pre.data(), x.data(), w.data(), N, C, OC);
+  cpu().run(ops::k::LinearGeluBackward(dx.data(), dw.data(), db.data(), dpre.data(), pre.data(), x.data(), w.data(), N, C, OC));
   check_close(a_dpre.host(), dpre, 1e-5f, 1e-5f, "d(pre)");
   check_close(a_dx.host(), dx, 1e-4f, 1e-4f, "dx");
   check_close(a_dw.host(), dw, 1e-4f, 1e-4f, "dw");
@@ -242,7 +242,7 @@ TEST_CASE("16-bit matmul (bf16, fp16 operands, fp32 accumulation and outputs)") 
   const int N = 64, C = 128, OC = 96;
   for (DType t : {DType::BF16, DType::F16}) {
     CAPTURE(ops::dtype_name(t));
-    REQUIRE(gpu().matmul16_available(t));
+    REQUIRE(gpu().has(ops::Kernel::MatmulForward, t));
     auto x = randn(N * C, 40), w = randn(OC * C, 41, 0.1f), b = randn(OC, 42), dy = randn(N * OC, 43);
     // Round the operands to 16 bits once; the reference multiplies the same rounded values in fp32.
     auto round = [&](std::vector<float>& v, std::vector<uint16_t>& h) {
@@ -259,11 +259,11 @@ TEST_CASE("16-bit matmul (bf16, fp16 operands, fp32 accumulation and outputs)") 
     auto dx0 = randn(N * C, 44), dw0 = randn(OC * C, 45), db0 = randn(OC, 46);
     DevF gout(filled(N * OC)), gdx(dx0), gdw(dw0), gdb(db0);
     std::vector<float> out(N * OC), dx = dx0, dw = dw0, db = db0;
-    cpu().matmul_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
-    gpu().matmul16_forward(gout.p(), gx.p(), gw.p(), gb.p(), t, N, C, OC);
+    cpu().run(ops::k::MatmulForward(out.data(), x.data(), w.data(), b.data(), N, C, OC));
+    gpu().run(ops::k::MatmulForward(gout.p(), gx.p(), gw.p(), gb.p(), N, C, OC), t);
     check_close(gout.host(), out, 1e-4f, 1e-4f, "matmul16 out (exact products, fp32 sums)");
-    cpu().matmul_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
-    gpu().matmul16_backward(gdx.p(), gdw.p(), gdb.p(), gdy.p(), gx.p(), gw.p(), t, N, C, OC);
+    cpu().run(ops::k::MatmulBackward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC));
+    gpu().run(ops::k::MatmulBackward(gdx.p(), gdw.p(), gdb.p(), gdy.p(), gx.p(), gw.p(), N, C, OC), t);
     check_close(gdx.host(), dx, 1e-4f, 1e-4f, "matmul16 dx");
     check_close(gdw.host(), dw, 1e-4f, 1e-4f, "matmul16 dw");
     check_close(gdb.host(), db, 1e-4f, 1e-4f, "matmul16 db");
@@ -275,11 +275,11 @@ TEST_CASE("rope forward and backward") {
   auto x = randn(B * T * 3 * C, 50), dy = randn(B * T * 3 * C, 51), dx0 = randn(B * T * 3 * C, 52);
   DevF gx(x), gdy(dy), gout(std::vector<float>(x.size())), gdx(dx0);
   std::vector<float> out(x.size()), dx = dx0;
-  cpu().rope_forward(out.data(), x.data(), B, T, C, NH, 10000.0f);
-  gpu().rope_forward(gout.p(), gx.p(), B, T, C, NH, 10000.0f);
+  cpu().run(ops::k::RopeForward(out.data(), x.data(), B, T, C, NH, 10000.0f));
+  gpu().run(ops::k::RopeForward(gout.p(), gx.p(), B, T, C, NH, 10000.0f));
   check_close(gout.host(), out, 1e-5f, 1e-5f, "rope out");
-  cpu().rope_backward(dx.data(), dy.data(), B, T, C, NH, 10000.0f);
-  gpu().rope_backward(gdx.p(), gdy.p(), B, T, C, NH, 10000.0f);
+  cpu().run(ops::k::RopeBackward(dx.data(), dy.data(), B, T, C, NH, 10000.0f));
+  gpu().run(ops::k::RopeBackward(gdx.p(), gdy.p(), B, T, C, NH, 10000.0f));
   check_close(gdx.host(), dx, 1e-5f, 1e-5f, "rope dx");
 }
 
@@ -302,12 +302,12 @@ TEST_CASE("causal attention forward and backward, with and without dropout, whol
     DevF gq(qkv), gdy(dy), gout(filled(B * T * C)), gP(std::vector<float>(size_t(B) * NH * T, 5.0f)),
         gdq(dqkv0);
     std::vector<float> out(B * T * C), P(size_t(B) * NH * T), dq = dqkv0;  // P: the log-sum-exps
-    cpu().attention_forward(out.data(), P.data(), qkv.data(), B, T, C, NH, drop);
-    gpu().attention_forward(gout.p(), gP.p(), gq.p(), B, T, C, NH, drop);
+    cpu().run(ops::k::AttentionForward(out.data(), P.data(), qkv.data(), B, T, C, NH, drop));
+    gpu().run(ops::k::AttentionForward(gout.p(), gP.p(), gq.p(), B, T, C, NH, drop));
     check_close(gP.host(), P, 1e-5f, 1e-5f, "lse");
     check_close(gout.host(), out, 1e-4f, 1e-5f, "attention out");
-    cpu().attention_backward(dq.data(), dy.data(), qkv.data(), P.data(), B, T, C, NH, drop);
-    gpu().attention_backward(gdq.p(), gdy.p(), gq.p(), gP.p(), B, T, C, NH, drop);
+    cpu().run(ops::k::AttentionBackward(dq.data(), dy.data(), qkv.data(), P.data(), B, T, C, NH, drop));
+    gpu().run(ops::k::AttentionBackward(gdq.p(), gdy.p(), gq.p(), gP.p(), B, T, C, NH, drop));
     check_close(gdq.host(), dq, 1e-4f, 1e-4f, "dqkv");
   }
 }
@@ -323,12 +323,12 @@ TEST_CASE("attention at T = 6200: shared memory above 48 KiB") {
   drop.key = 0x3456ull;
   DevF gq(qkv), gdy(dy), gout(filled(size_t(B) * T * C)), gl(filled(size_t(B) * NH * T)), gdq(dqkv0);
   std::vector<float> out(size_t(B) * T * C), lse(size_t(B) * NH * T), dq = dqkv0;
-  cpu().attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, drop);
-  gpu().attention_forward(gout.p(), gl.p(), gq.p(), B, T, C, NH, drop);
+  cpu().run(ops::k::AttentionForward(out.data(), lse.data(), qkv.data(), B, T, C, NH, drop));
+  gpu().run(ops::k::AttentionForward(gout.p(), gl.p(), gq.p(), B, T, C, NH, drop));
   check_close(gl.host(), lse, 1e-5f, 1e-5f, "lse (T = 6200)");
   check_close(gout.host(), out, 1e-4f, 1e-5f, "attention out (T = 6200)");
-  cpu().attention_backward(dq.data(), dy.data(), qkv.data(), lse.data(), B, T, C, NH, drop);
-  gpu().attention_backward(gdq.p(), gdy.p(), gq.p(), gl.p(), B, T, C, NH, drop);
+  cpu().run(ops::k::AttentionBackward(dq.data(), dy.data(), qkv.data(), lse.data(), B, T, C, NH, drop));
+  gpu().run(ops::k::AttentionBackward(gdq.p(), gdy.p(), gq.p(), gl.p(), B, T, C, NH, drop));
   check_close(gdq.host(), dq, 1e-4f, 1e-4f, "dqkv (T = 6200)");
 }
 
@@ -347,15 +347,15 @@ TEST_CASE("grouped-query attention and rope: 8 query heads over 2 key-value head
     DevF gq(qkv), gdy(dy), gout(filled(B * T * C)), gP(std::vector<float>(size_t(B) * NH * T, 5.0f)), gdq(dqkv0),
         groped(std::vector<float>(qkv.size()));
     std::vector<float> out(B * T * C), P(size_t(B) * NH * T), dq = dqkv0, roped(qkv.size());  // P: the lse
-    cpu().rope_forward(roped.data(), qkv.data(), B, T, C, hd, 10000.0f);
-    gpu().rope_forward(groped.p(), gq.p(), B, T, C, hd, 10000.0f);
+    cpu().run(ops::k::RopeForward(roped.data(), qkv.data(), B, T, C, hd, 10000.0f));
+    gpu().run(ops::k::RopeForward(groped.p(), gq.p(), B, T, C, hd, 10000.0f));
     check_close(groped.host(), roped, 1e-5f, 1e-5f, "rope out (grouped)");
-    cpu().attention_forward(out.data(), P.data(), qkv.data(), B, T, C, hd, drop);
-    gpu().attention_forward(gout.p(), gP.p(), gq.p(), B, T, C, hd, drop);
+    cpu().run(ops::k::AttentionForward(out.data(), P.data(), qkv.data(), B, T, C, hd, drop));
+    gpu().run(ops::k::AttentionForward(gout.p(), gP.p(), gq.p(), B, T, C, hd, drop));
     check_close(gout.host(), out, 1e-4f, 1e-5f, "attention out (grouped)");
-    std::vector<float> work(static_cast<size_t>(ops::Backend::attention_backward_work(B, T, C, hd)));
-    cpu().attention_backward(dq.data(), dy.data(), qkv.data(), P.data(), B, T, C, hd, drop, work.data());
-    gpu().attention_backward(gdq.p(), gdy.p(), gq.p(), gP.p(), B, T, C, hd, drop);
+    std::vector<float> work(static_cast<size_t>(ops::k::AttentionBackward::work_floats(B, T, C, hd)));
+    cpu().run(ops::k::AttentionBackward(dq.data(), dy.data(), qkv.data(), P.data(), B, T, C, hd, drop, work.data()));
+    gpu().run(ops::k::AttentionBackward(gdq.p(), gdy.p(), gq.p(), gP.p(), B, T, C, hd, drop));
     check_close(gdq.host(), dq, 1e-4f, 1e-4f, "dqkv (grouped)");
   }
 }
@@ -366,33 +366,33 @@ TEST_CASE("gelu, swiglu, add, scale") {
   auto x = randn(n, 70, 2.0f), y = randn(n, 71), dy = randn(n, 72), d0 = randn(n, 73);
   DevF gx(x), gy(y), gdy(dy), gout(filled(n)), gd(d0);
   std::vector<float> out(n), d = d0;
-  cpu().gelu_forward(out.data(), x.data(), n);
-  gpu().gelu_forward(gout.p(), gx.p(), n);
+  cpu().run(ops::k::GeluForward(out.data(), x.data(), n));
+  gpu().run(ops::k::GeluForward(gout.p(), gx.p(), n));
   check_close(gout.host(), out, 1e-5f, 1e-6f, "gelu");
-  cpu().gelu_backward(d.data(), x.data(), dy.data(), n);
-  gpu().gelu_backward(gd.p(), gx.p(), gdy.p(), n);
+  cpu().run(ops::k::GeluBackward(d.data(), x.data(), dy.data(), n));
+  gpu().run(ops::k::GeluBackward(gd.p(), gx.p(), gdy.p(), n));
   check_close(gd.host(), d, 1e-5f, 1e-6f, "gelu backward");
 
   auto in2 = randn(2 * n, 74, 2.0f), din0 = randn(2 * n, 75);
   DevF gin2(in2), gdin(din0);
   std::vector<float> din = din0;
-  cpu().swiglu_forward(out.data(), in2.data(), N, H);
-  gpu().swiglu_forward(gout.p(), gin2.p(), N, H);
+  cpu().run(ops::k::SwigluForward(out.data(), in2.data(), N, H));
+  gpu().run(ops::k::SwigluForward(gout.p(), gin2.p(), N, H));
   check_close(gout.host(), out, 1e-5f, 1e-6f, "swiglu");
-  cpu().swiglu_backward(din.data(), dy.data(), in2.data(), N, H);
-  gpu().swiglu_backward(gdin.p(), gdy.p(), gin2.p(), N, H);
+  cpu().run(ops::k::SwigluBackward(din.data(), dy.data(), in2.data(), N, H));
+  gpu().run(ops::k::SwigluBackward(gdin.p(), gdy.p(), gin2.p(), N, H));
   check_close(gdin.host(), din, 1e-5f, 1e-6f, "swiglu backward");
 
-  cpu().add_forward(out.data(), x.data(), y.data(), n);
-  gpu().add_forward(gout.p(), gx.p(), gy.p(), n);
+  cpu().run(ops::k::AddForward(out.data(), x.data(), y.data(), n));
+  gpu().run(ops::k::AddForward(gout.p(), gx.p(), gy.p(), n));
   check_close(gout.host(), out, 0, 0, "add (exact)");
   std::vector<float> acc = d0;
   DevF gacc(d0);
-  cpu().add_inplace(acc.data(), x.data(), n);
-  gpu().add_inplace(gacc.p(), gx.p(), n);
+  cpu().run(ops::k::AddInplace(acc.data(), x.data(), n));
+  gpu().run(ops::k::AddInplace(gacc.p(), gx.p(), n));
   check_close(gacc.host(), acc, 0, 0, "add_inplace (exact)");
-  cpu().scale(acc.data(), n, 0.37f);
-  gpu().scale(gacc.p(), n, 0.37f);
+  cpu().run(ops::k::Scale(acc.data(), n, 0.37f));
+  gpu().run(ops::k::Scale(gacc.p(), n, 0.37f));
   check_close(gacc.host(), acc, 0, 0, "scale (exact)");
 }
 
@@ -405,15 +405,15 @@ TEST_CASE("dropout masks are bit-identical to the CPU's (the same counter RNG)")
   drop.offset = 123456789ull;
   DevF gx(x), gdy(dy), gout(filled(n)), gd(d0);
   std::vector<float> out(n), d = d0;
-  cpu().dropout_forward(out.data(), x.data(), n, drop);
-  gpu().dropout_forward(gout.p(), gx.p(), n, drop);
+  cpu().run(ops::k::DropoutForward(out.data(), x.data(), n, drop));
+  gpu().run(ops::k::DropoutForward(gout.p(), gx.p(), n, drop));
   auto g = gout.host();
   check_close(g, out, 0, 0, "dropout out (bit-identical)");
   int64_t dropped = std::count(g.begin(), g.end(), 0.0f);
   CHECK(dropped > n / 4);  // p = 0.3: the mask is not trivially all-keep
   CHECK(dropped < n * 35 / 100);
-  cpu().dropout_backward(d.data(), dy.data(), n, drop);
-  gpu().dropout_backward(gd.p(), gdy.p(), n, drop);
+  cpu().run(ops::k::DropoutBackward(d.data(), dy.data(), n, drop));
+  gpu().run(ops::k::DropoutBackward(gd.p(), gdy.p(), n, drop));
   check_close(gd.host(), d, 0, 0, "dropout backward (bit-identical)");
 }
 
@@ -425,19 +425,19 @@ TEST_CASE("softmax cross-entropy, whole and vocabulary-parallel, forward and bac
   DevF gl(logits), gprobs(filled(N * V)), gloss(filled(N));
   Dev<int32_t> gt(tgt);
   std::vector<float> probs(N * V), loss(N);
-  cpu().softmax_xent_forward(loss.data(), probs.data(), logits.data(), tgt.data(), N, V, Vreal);
-  gpu().softmax_xent_forward(gloss.p(), gprobs.p(), gl.p(), gt.p(), N, V, Vreal);
+  cpu().run(ops::k::SoftmaxXentForward(loss.data(), probs.data(), logits.data(), tgt.data(), N, V, Vreal));
+  gpu().run(ops::k::SoftmaxXentForward(gloss.p(), gprobs.p(), gl.p(), gt.p(), N, V, Vreal));
   check_close(gprobs.host(), probs, 1e-5f, 1e-7f, "probs");
   check_close(gloss.host(), loss, 1e-5f, 1e-5f, "losses");
-  cpu().softmax_xent_backward(probs.data(), probs.data(), tgt.data(), 0.25f, N, V, Vreal);  // in place, as the executor
-  gpu().softmax_xent_backward(gprobs.p(), gprobs.p(), gt.p(), 0.25f, N, V, Vreal);
+  cpu().run(ops::k::SoftmaxXentBackward(probs.data(), probs.data(), tgt.data(), 0.25f, N, V, Vreal));  // in place, as the executor
+  gpu().run(ops::k::SoftmaxXentBackward(gprobs.p(), gprobs.p(), gt.p(), 0.25f, N, V, Vreal));
   check_close(gprobs.host(), probs, 1e-5f, 1e-7f, "dlogits (overwritten, aliasing probs)");
 
   // A target >= Vreal is an error, as on the CPU.
   auto bad = tgt;
   bad[5] = Vreal + 1;
   Dev<int32_t> gbad(bad);
-  CHECK_THROWS(gpu().softmax_xent_forward(gloss.p(), gprobs.p(), gl.p(), gbad.p(), N, V, Vreal));
+  CHECK_THROWS(gpu().run(ops::k::SoftmaxXentForward(gloss.p(), gprobs.p(), gl.p(), gbad.p(), N, V, Vreal)));
 
   // Vocabulary shard: columns [64, 136) of the logits, 66 real.
   const int vstart = 64, Vs = V - vstart, Vsr = Vreal - vstart;
@@ -446,19 +446,19 @@ TEST_CASE("softmax cross-entropy, whole and vocabulary-parallel, forward and bac
   DevF gsl(sl), gmax(filled(N)), gsum(filled(N)), gtl(filled(N)),
       gsp(filled(N * Vs));
   std::vector<float> mx(N), sum(N), tl(N), sp(N * Vs);
-  cpu().xent_shard_max(mx.data(), sl.data(), N, Vs, Vsr);
-  gpu().xent_shard_max(gmax.p(), gsl.p(), N, Vs, Vsr);
+  cpu().run(ops::k::XentShardMax(mx.data(), sl.data(), N, Vs, Vsr));
+  gpu().run(ops::k::XentShardMax(gmax.p(), gsl.p(), N, Vs, Vsr));
   check_close(gmax.host(), mx, 0, 0, "shard rowmax (exact)");
-  cpu().xent_shard_sumexp(sum.data(), tl.data(), sl.data(), mx.data(), tgt.data(), N, Vs, Vsr, vstart);
-  gpu().xent_shard_sumexp(gsum.p(), gtl.p(), gsl.p(), gmax.p(), gt.p(), N, Vs, Vsr, vstart);
+  cpu().run(ops::k::XentShardSumexp(sum.data(), tl.data(), sl.data(), mx.data(), tgt.data(), N, Vs, Vsr, vstart));
+  gpu().run(ops::k::XentShardSumexp(gsum.p(), gtl.p(), gsl.p(), gmax.p(), gt.p(), N, Vs, Vsr, vstart));
   check_close(gsum.host(), sum, 1e-5f, 1e-7f, "shard sumexp");
   check_close(gtl.host(), tl, 0, 0, "shard tlogit (exact)");
-  cpu().xent_shard_finish(loss.data(), sp.data(), sl.data(), mx.data(), sum.data(), tl.data(), tgt.data(), N, Vs, Vsr);
-  gpu().xent_shard_finish(gloss.p(), gsp.p(), gsl.p(), gmax.p(), gsum.p(), gtl.p(), gt.p(), N, Vs, Vsr);
+  cpu().run(ops::k::XentShardFinish(loss.data(), sp.data(), sl.data(), mx.data(), sum.data(), tl.data(), tgt.data(), N, Vs, Vsr));
+  gpu().run(ops::k::XentShardFinish(gloss.p(), gsp.p(), gsl.p(), gmax.p(), gsum.p(), gtl.p(), gt.p(), N, Vs, Vsr));
   check_close(gsp.host(), sp, 1e-5f, 1e-7f, "shard probs");
   check_close(gloss.host(), loss, 1e-5f, 1e-5f, "shard losses");
-  cpu().xent_shard_backward(sp.data(), sp.data(), tgt.data(), 0.5f, N, Vs, Vsr, vstart);
-  gpu().xent_shard_backward(gsp.p(), gsp.p(), gt.p(), 0.5f, N, Vs, Vsr, vstart);
+  cpu().run(ops::k::XentShardBackward(sp.data(), sp.data(), tgt.data(), 0.5f, N, Vs, Vsr, vstart));
+  gpu().run(ops::k::XentShardBackward(gsp.p(), gsp.p(), gt.p(), 0.5f, N, Vs, Vsr, vstart));
   check_close(gsp.host(), sp, 1e-5f, 1e-7f, "shard dlogits");
 }
 
@@ -467,17 +467,17 @@ TEST_CASE("AdamW update and the gradient norm's sum of squares") {
   auto p = randn(n, 100), g = randn(n, 101), m = randn(n, 102, 0.1f), v = randn(n, 103, 0.1f);
   for (auto& x : v) x = x * x;  // second moments are non-negative
   DevF gp(p), gg(g), gm(m), gv(v);
-  cpu().adamw_update(p.data(), g.data(), m.data(), v.data(), n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, 0.5f);
-  gpu().adamw_update(gp.p(), gg.p(), gm.p(), gv.p(), n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, 0.5f);
+  cpu().run(ops::k::AdamwUpdate(p.data(), g.data(), m.data(), v.data(), n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, 0.5f));
+  gpu().run(ops::k::AdamwUpdate(gp.p(), gg.p(), gm.p(), gv.p(), n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, 0.5f));
   check_close(gm.host(), m, 1e-6f, 1e-7f, "adamw m");
   check_close(gv.host(), v, 1e-6f, 1e-8f, "adamw v");
   check_close(gp.host(), p, 1e-6f, 1e-6f, "adamw param");
-  const double want = cpu().sum_squares(g.data(), n), got = gpu().sum_squares(gg.p(), n);
+  const double want = ops::sum_squares(cpu(), g.data(), n), got = ops::sum_squares(gpu(), gg.p(), n);
   CHECK(std::fabs(got - want) <= 1e-9 * want);  // both accumulate in double
-  CHECK(gpu().sum_squares(gg.p(), 0) == 0.0);
+  CHECK(ops::sum_squares(gpu(), gg.p(), 0) == 0.0);
 }
 
-// [i26: ops step path] AdamW over parameters as stored (16-bit values with fp32 masters, 16-bit
+// AdamW over parameters as stored (16-bit values with fp32 masters, 16-bit
 // gradients): the GPU's against the CPU's (the host default). The 16-bit parameter is the
 // rounding of the same fp32 value, so it may differ by one 16-bit ulp where the fp32 results
 // straddle a rounding boundary.
@@ -496,8 +496,8 @@ TEST_CASE("AdamW over 16-bit parameters and gradients, with and without fp32 mas
       DevF gmaster(master), gm(m), gv(v);
       ops::Backend::AdamwArgs a;
       a.lr = 3e-3f, a.beta1 = 0.9f, a.beta2 = 0.95f, a.eps = 1e-8f, a.weight_decay = 0.1f, a.t = 7, a.grad_scale = 0.5f;
-      cpu().adamw_update_typed(p16.data(), t, g16.data(), t, masters ? master.data() : nullptr, m.data(), v.data(), n, a);
-      gpu().adamw_update_typed(gp.p(), t, gg.p(), t, masters ? gmaster.p() : nullptr, gm.p(), gv.p(), n, a);
+      cpu().run(ops::k::AdamwUpdateTyped(p16.data(), t, g16.data(), t, masters ? master.data() : nullptr, m.data(), v.data(), n, a));
+      gpu().run(ops::k::AdamwUpdateTyped(gp.p(), t, gg.p(), t, masters ? gmaster.p() : nullptr, gm.p(), gv.p(), n, a));
       check_close(gm.host(), m, 1e-6f, 1e-7f, "adamw16 m");
       check_close(gv.host(), v, 1e-6f, 1e-8f, "adamw16 v");
       if (masters) check_close(gmaster.host(), master, 1e-6f, 1e-6f, "adamw16 master");
@@ -510,7 +510,7 @@ TEST_CASE("AdamW over 16-bit parameters and gradients, with and without fp32 mas
   }
 }
 
-// ---- issue 26: the backend owns tensor memory; the generic kernels over any float dtype ----
+// ---- the backend owns tensor memory; the generic kernels over any float dtype ----
 
 TEST_CASE("tensors on the device: counted like host ones, crossings, queued copies, staged copy_in") {
   auto& mt = ops::MemoryTracker::instance();
@@ -567,35 +567,35 @@ TEST_CASE("convert, accumulate, fill and sum_squares_typed: bit-identical to the
   for (DType st : {DType::F32, DType::BF16, DType::F16}) {
     // The source in its dtype, made by the CPU's rounding.
     std::vector<char> s_host(static_cast<size_t>(n) * ops::dtype_size(st));
-    cpu().convert(s_host.data(), st, src.data(), DType::F32, n);
+    cpu().run(ops::k::Convert(s_host.data(), st, src.data(), DType::F32, n));
     ops::Tensor s({n}, st, Account::Activations, false, &be);
     s.write_from_host(s_host.data());
     for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
       CAPTURE(ops::dtype_name(st));
       CAPTURE(ops::dtype_name(dt));
       std::vector<char> want(static_cast<size_t>(n) * ops::dtype_size(dt)), got(want.size());
-      cpu().convert(want.data(), dt, s_host.data(), st, n);
+      cpu().run(ops::k::Convert(want.data(), dt, s_host.data(), st, n));
       ops::Tensor d({n}, dt, Account::Activations, false, &be);
-      be.convert(d.raw(), dt, s.raw(), st, n);
+      be.run(ops::k::Convert(d.raw(), dt, s.raw(), st, n));
       d.read_to_host(got.data());
       CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
       // dst += add, rounded to dt.
       ops::Tensor a({n}, DType::F32, Account::Activations, false, &be);
       a.write_from_host(add.data());
-      cpu().accumulate(want.data(), dt, add.data(), n);
-      be.accumulate(d.raw(), dt, a.data<float>(), n);
+      cpu().run(ops::k::Accumulate(want.data(), dt, add.data(), n));
+      be.run(ops::k::Accumulate(d.raw(), dt, a.data<float>(), n));
       d.read_to_host(got.data());
       CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
     }
     // Sums of squares in double: NaN when the source holds one (it does), finite without it.
-    CHECK(std::isnan(be.sum_squares_typed(s.raw(), st, n)));
+    CHECK(std::isnan(ops::sum_squares_typed(be, s.raw(), st, n)));
     const int64_t m = 5;  // the first elements are plain numbers (awkward_values puts specials at i*7)
-    const double ss_want = cpu().sum_squares_typed(s_host.data(), st, m), ss_got = be.sum_squares_typed(s.raw(), st, m);
+    const double ss_want = ops::sum_squares_typed(cpu(), s_host.data(), st, m), ss_got = ops::sum_squares_typed(be, s.raw(), st, m);
     CHECK(std::fabs(ss_got - ss_want) <= 1e-12 * std::max(ss_want, 1.0));
     // fill
     std::vector<char> want(static_cast<size_t>(n) * ops::dtype_size(st)), got(want.size());
-    cpu().fill(want.data(), st, 0.3f, n);
-    be.fill(s.raw(), st, 0.3f, n);
+    cpu().run(ops::k::Fill(want.data(), st, 0.3f, n));
+    be.run(ops::k::Fill(s.raw(), st, 0.3f, n));
     s.read_to_host(got.data());
     CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
   }

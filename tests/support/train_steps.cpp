@@ -43,8 +43,8 @@ TrainSteps train_steps(const runner::GptSpec& spec, int steps) {
     ops::Backend::AdamwArgs args;
     args.lr = 1e-2f, args.beta1 = 0.9f, args.beta2 = 0.95f, args.eps = 1e-8f, args.t = s + 1;
     for (size_t i = 0; i < ps.values.size(); ++i)  // the parameters in their compute dtype
-      be.adamw_update_typed(ps.values[i].raw(), ps.values[i].dtype(), ps.grads[i].raw(), ps.grads[i].dtype(),
-                            nullptr, mom[i].data<float>(), vel[i].data<float>(), ps.values[i].numel(), args);
+      be.run(ops::k::AdamwUpdateTyped(ps.values[i].raw(), ps.values[i].dtype(), ps.grads[i].raw(), ps.grads[i].dtype(),
+                            nullptr, mom[i].data<float>(), vel[i].data<float>(), ps.values[i].numel(), args));
   }
   for (auto& t : ps.grads) r.grads.push_back(host_values(t));
   for (auto& t : ps.values) r.weights.push_back(host_values(t));
