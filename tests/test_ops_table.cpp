@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ops/executor.h"
+#include "ops/group.h"
 #include "ops/ops.h"
 #include "tests/gradcheck.h"
 
@@ -30,16 +31,6 @@ using ops::TpMode;
 namespace {
 
 constexpr int64_t kB = 2, kT = 3, kN = kB * kT;
-
-// The tensor-parallel group of one rank: every collective is the identity.
-struct OneRank final : ops::ReduceGroup {
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void allreduce_sum(float*, int64_t) override {}
-  void allreduce_max(float*, int64_t) override {}
-  void allgather(const float* in, float* out, int64_t n) override { std::copy_n(in, n, out); }
-  void reduce_scatter_sum(const float* in, float* out, int64_t n) override { std::copy_n(in, n, out); }
-};
 
 // A one-node graph under construction. Float activations that the node reads come in as
 // the graph's stage input (at most one per case), int ones as tokens / targets; the node's
@@ -200,7 +191,7 @@ std::vector<Case> cases() {
 // The node's graph bound to random parameters, run by an Executor.
 struct Bench {
   const ops::Graph& g;
-  OneRank group;
+  ops::SoloGroup group;
   std::vector<ops::Tensor> values, grads;
   std::unique_ptr<ops::Executor> ex;
   std::vector<int32_t> tokens, targets;

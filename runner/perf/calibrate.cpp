@@ -17,6 +17,7 @@
 
 #include "ops/executor.h"
 #include "ops/gemm_path.h"
+#include "ops/group.h"
 #include "ops/ops.h"
 #include "ops/peak.h"
 #include "runner/device/device.h"
@@ -33,17 +34,6 @@ using ops::DType;
 using ops::OpKind;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// The tensor-parallel group of one rank (no tensor-parallel nodes are measured; the executor
-// wants a group all the same).
-struct OneRank final : ops::ReduceGroup {
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void allreduce_sum(float*, int64_t) override {}
-  void allreduce_max(float*, int64_t) override {}
-  void allgather(const float* in, float* out, int64_t n) override { std::copy_n(in, n, out); }
-  void reduce_scatter_sum(const float* in, float* out, int64_t n) override { std::copy_n(in, n, out); }
-};
 
 DType dtype_of(const std::string& s) { return s == "bf16" ? DType::BF16 : s == "fp16" ? DType::F16 : DType::F32; }
 
@@ -119,7 +109,7 @@ struct NodeTimes {
 // twice after a warm-up), in kChunks chunks, and returns the best chunk's per-call times (the
 // executor's own per-kind timing, device timers on a GPU).
 NodeTimes time_node(const ops::Graph& g, ops::Backend& be, double target_s) {
-  OneRank group;
+  ops::SoloGroup group;  // no tensor-parallel nodes here; the executor wants a group all the same
   ops::Executor ex(g, be);
   ex.set_group(&group);
   std::vector<ops::Tensor> values, grads;
