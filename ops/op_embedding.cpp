@@ -89,6 +89,16 @@ namespace embedding_figures {
 
 double flops(const Graph& g, const Node& n, bool) { return numel_f(g, n.out[0]); }
 OpTrafficParts traffic(const Graph& g, const Node& n) { return traffic_of("embedding", nbytes_f(g, n.out[0]), 2, 3); }
+// Vocabulary-parallel: each rank's partial embedding of the whole micro-batch (fp32), summed,
+// or reduce-scattered under sequence parallelism, whose backward gathers d(out) back.
+OpCollectives collectives(const Graph& g, const Node& n) {
+  OpCollectives c;
+  if (n.tp != TpMode::VocabEmbed) return c;
+  const double full = numel_f(g, n.out[0]) * 4.0 * (n.scatter_output ? g.sp_parts : 1);
+  c.add(n.scatter_output ? TpCollective::reduce_scatter : TpCollective::all_reduce, full, false);
+  if (n.scatter_output) c.add(TpCollective::all_gather, full, true);
+  return c;
+}
 // A vocabulary of 4C.
 void probe(ProbeBuilder& p, int64_t N, int64_t C) {
   p.tokens();
@@ -104,6 +114,6 @@ constinit const OpDef kEmbeddingOp{.kind = OpKind::Embedding, .name = "embedding
                                    .backward = embedding::backward, .native16 = true,
                                    .native16_params = 0b110, .native16_stored = 0b110,
                                    .flops = embedding_figures::flops, .traffic = embedding_figures::traffic,
-                                   .probe = embedding_figures::probe};
+                                   .collectives = embedding_figures::collectives, .probe = embedding_figures::probe};
 
 }  // namespace ops

@@ -159,6 +159,8 @@ OpTrafficParts add_rmsnorm_traffic(const Graph& g, const Node& n) {
 
 // The fc Linear's GEMMs (never sequence-parallel here).
 OpGemms linear_gelu_gemms(const Graph& g, const Node& n, bool backward) { return kLinearOp.gemms(g, n, backward); }
+// A column-parallel fc's all-reduce of d(x).
+OpCollectives linear_gelu_collectives(const Graph& g, const Node& n) { return kLinearOp.collectives(g, n); }
 
 }  // namespace fused_figures
 }  // namespace
@@ -168,7 +170,8 @@ constinit const OpDef kLinearGeluOp{.kind = OpKind::LinearGelu, .name = "linear_
                                     .backward = linear_gelu::backward, .consumes_dout = true,
                                     .flops = fused_figures::linear_gelu_flops,
                                     .gemms = fused_figures::linear_gelu_gemms,
-                                    .traffic = fused_figures::linear_gelu_traffic};
+                                    .traffic = fused_figures::linear_gelu_traffic,
+                                    .collectives = fused_figures::linear_gelu_collectives};
 
 }  // namespace ops
 

@@ -216,12 +216,35 @@ OpTrafficParts traffic(const Graph& g, const Node& n) {
   return t;
 }
 
+// Sequence parallelism gathers x to the whole micro-batch first (forward, and again in the
+// backward) and reduce-scatters d(x); its row side reduce-scatters y and gathers d(y). Without
+// it, a row-parallel Linear all-reduces y, a column-parallel one d(x) (Megatron's g and f).
+OpCollectives collectives(const Graph& g, const Node& n) {
+  const int64_t m = rows(g, n);
+  const int64_t oc = g.tensors[static_cast<size_t>(n.in[1])].shape[0], ic = g.tensors[static_cast<size_t>(n.in[1])].shape[1];
+  const double y_bytes = static_cast<double>(m * oc) * 4.0, x_bytes = static_cast<double>(m * ic) * 4.0;
+  OpCollectives c;
+  if (n.gather_input) {
+    c.add(TpCollective::all_gather, x_bytes, false);
+    c.add(TpCollective::all_gather, x_bytes, true);
+    c.add(TpCollective::reduce_scatter, x_bytes, true);
+  }
+  if (n.scatter_output) {
+    c.add(TpCollective::reduce_scatter, y_bytes, false);
+    c.add(TpCollective::all_gather, y_bytes, true);
+  }
+  if (n.tp == TpMode::Row && !n.scatter_output) c.add(TpCollective::all_reduce, y_bytes, false);
+  if (n.tp == TpMode::Column && !n.gather_input) c.add(TpCollective::all_reduce, x_bytes, true);
+  return c;
+}
+
 }  // namespace linear_figures
 }  // namespace
 
 constinit const OpDef kLinearOp{.kind = OpKind::Linear, .name = "linear", .saves = linear::saves,
                                 .scratch = linear::scratch, .forward = linear::forward, .backward = linear::backward,
                                 .reads16 = linear::reads16, .flops = linear_figures::flops,
-                                .gemms = linear_figures::gemms, .traffic = linear_figures::traffic};
+                                .gemms = linear_figures::gemms, .traffic = linear_figures::traffic,
+                                .collectives = linear_figures::collectives};
 
 }  // namespace ops

@@ -65,6 +65,15 @@ namespace loss_figures {
 
 double flops(const Graph& g, const Node& n, bool backward) { return (backward ? 2.0 : 5.0) * numel_f(g, n.in[0]); }
 OpTrafficParts traffic(const Graph& g, const Node& n) { return traffic_of("softmax_xent", nbytes_f(g, n.in[0]), 2, 2); }
+// Vocabulary-parallel: the row max, then the sum-exp and the target logit per row, all-reduced.
+OpCollectives collectives(const Graph& g, const Node& n) {
+  OpCollectives c;
+  if (n.tp != TpMode::VocabXent) return c;
+  const double rows = dim_f(g, n.in[0], 0);
+  c.add(TpCollective::all_reduce, rows * 4.0, false);
+  c.add(TpCollective::all_reduce, rows * 8.0, false);
+  return c;
+}
 // A vocabulary of 4C, the probabilities over the logits.
 void probe(ProbeBuilder& p, int64_t N, int64_t C) {
   p.x({N, 4 * C});
@@ -81,6 +90,7 @@ constinit const OpDef kSoftmaxXentOp{.kind = OpKind::SoftmaxXent, .name = "softm
                                      .saves = softmax_xent::saves, .scratch = softmax_xent::scratch,
                                      .forward = softmax_xent::forward, .backward = softmax_xent::backward,
                                      .seeds_backward = true, .flops = loss_figures::flops,
-                                     .traffic = loss_figures::traffic, .probe = loss_figures::probe};
+                                     .traffic = loss_figures::traffic, .collectives = loss_figures::collectives,
+                                     .probe = loss_figures::probe};
 
 }  // namespace ops

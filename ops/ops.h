@@ -120,8 +120,8 @@ inline Tensor scratch_tensor(std::vector<int64_t> shape, bool zero) {
 
 // ---- Figures: what the planner, the cost model and `runner calibrate` know of a kind ----
 // Each OpDef states them beside its kernels (OpDef::flops, gemms, attention, traffic,
-// residual_outputs, probe), so that runner/perf/cost.cpp, runner/plan/recompute.cpp and
-// runner/perf/calibrate.cpp price and measure every kind from its OpDef alone.
+// collectives, residual_outputs, probe), so that runner/perf/cost.cpp, runner/plan/recompute.cpp
+// and runner/perf/calibrate.cpp price and measure every kind from its OpDef alone.
 
 // One GEMM: (m x k) times (k x n), 2mnk FLOPs.
 struct GemmShape {
@@ -150,6 +150,23 @@ struct OpTraffic {
 struct OpTrafficParts {
   std::array<OpTraffic, 3> parts{};
   int count = 0;
+};
+
+// The tensor-parallel collectives one call makes over its ops::ReduceGroup (fp32 buffers), which
+// the cost model prices at the profile's link rates. Bytes are the whole buffer's.
+enum class TpCollective : uint8_t { all_reduce, all_gather, reduce_scatter };
+struct OpCollective {
+  TpCollective op = TpCollective::all_reduce;
+  double bytes = 0;
+  bool backward = false;  // made by the backward call (else the forward)
+};
+struct OpCollectives {
+  std::array<OpCollective, 6> calls{};
+  int count = 0;
+  void add(TpCollective op, double bytes, bool backward) {
+    OPS_CHECK(count < static_cast<int>(calls.size()), "OpCollectives: more calls than it holds");
+    calls[static_cast<size_t>(count++)] = {op, bytes, backward};
+  }
 };
 
 // A calibration probe's one-node graph (runner calibrate implements it): `rows` rows of the
@@ -222,14 +239,17 @@ struct OpDef {
   // for pointwise work (exp, tanh and rsqrt as one). The recompute planner ranks its steps by
   // the forward figure (only ratios matter there); the cost model does not read FLOPs.
   double (*flops)(const Graph&, const Node&, bool backward) = nullptr;
-  // The GEMMs one forward or backward call runs, priced by shape at the profile's GEMM rates
-  // (with the node's tensor-parallel collectives of a Linear). Null: none.
+  // The GEMMs one forward or backward call runs, priced by shape at the profile's GEMM rates.
+  // Null: none.
   OpGemms (*gemms)(const Graph&, const Node&, bool backward) = nullptr;
   // Causal attention's shape, priced at the profile's attention rate. Null: none.
   AttentionShape (*attention)(const Graph&, const Node&) = nullptr;
   // The bytes it moves (cost model) in the units `runner calibrate` measured them in, so that
   // a node of the calibrated shape is priced at exactly its measured forward + backward time.
   OpTrafficParts (*traffic)(const Graph&, const Node&) = nullptr;
+  // The tensor-parallel collectives it makes (in the order it makes them), as a function of the
+  // node's TpMode and sequence-parallel flags: on one rank they cost nothing. Null: none.
+  OpCollectives (*collectives)(const Graph&, const Node&) = nullptr;
   // The outputs (bit j: out[j]) that hold the residual stream's sum: the recompute planner's
   // accounting counts them under the residual add's module whatever the node's module (a fused
   // add + norm), so that its shares do not depend on model.fuse.

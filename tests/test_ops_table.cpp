@@ -330,6 +330,16 @@ TEST_CASE("operator table: every OpDef states its figures, and they are consiste
         else CHECK(op.flops(c.g, n, backward) > f);  // the fused GELU's work on top
       }
     }
+    // Collectives: none without tensor or sequence parallelism; a column-parallel Linear's
+    // backward all-reduces d(x), a row-parallel one's forward y.
+    const ops::OpCollectives coll = op.collectives ? op.collectives(c.g, n) : ops::OpCollectives{};
+    if (n.tp == TpMode::None && !n.gather_input && !n.scatter_output) CHECK(coll.count == 0);
+    if ((n.tp == TpMode::Column && !n.gather_input) || (n.tp == TpMode::Row && !n.scatter_output)) {
+      REQUIRE(coll.count == 1);
+      CHECK(coll.calls[0].op == ops::TpCollective::all_reduce);
+      CHECK(coll.calls[0].backward == (n.tp == TpMode::Column));
+    }
+    if (n.tp == TpMode::VocabEmbed || n.tp == TpMode::VocabXent) CHECK(coll.count >= 1);
     if (op.attention) {
       const ops::AttentionShape a = op.attention(c.g, n);
       CHECK(a.batch_heads % kB == 0);

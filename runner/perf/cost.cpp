@@ -115,12 +115,8 @@ struct NodeCost {
 };
 
 double tensor_bytes(const ops::Graph& g, int id) { return static_cast<double>(g.tensors[static_cast<size_t>(id)].nbytes()); }
-int64_t dim(const ops::Graph& g, int id, size_t k) { return g.tensors[static_cast<size_t>(id)].shape[k]; }
 
-// A node's GEMMs (OpDef::gemms), and a Linear's tensor-parallel collectives: y (rows, OC) =
-// x (rows, IC) W^T, the forward GEMM's (m, n, k). Sequence parallelism gathers x to the whole
-// micro-batch first (forward, and again in backward) and reduce-scatters dX; its row side
-// reduce-scatters y and gathers dY. Collectives run in fp32.
+// A node's GEMMs (OpDef::gemms), by shape.
 NodeCost gemm_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n, const ops::OpDef& op) {
   NodeCost k;
   // On a host device the executor widens a 16-bit Linear to fp32 and runs sgemm where its
@@ -146,36 +142,16 @@ NodeCost gemm_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n, const 
     const ops::GemmShape& s = bwd.shapes[static_cast<size_t>(i)];
     k.bwd += c.gemm_as(bwd_dt, s.m, s.n, s.k);
   }
-  if (c.p.tp <= 1 || fwd.count == 0) return k;
-  const ops::GemmShape& f = fwd.shapes[0];
-  const double y_bytes = static_cast<double>(f.m * f.n) * 4.0, x_bytes = static_cast<double>(f.m * f.k) * 4.0;
-  if (n.gather_input) {
-    k.tp_fwd += c.tp(Collective::all_gather, x_bytes);
-    k.tp_bwd += c.tp(Collective::all_gather, x_bytes) + c.tp(Collective::reduce_scatter, x_bytes);
-  }
-  if (n.scatter_output) {
-    k.tp_fwd += c.tp(Collective::reduce_scatter, y_bytes);
-    k.tp_bwd += c.tp(Collective::all_gather, y_bytes);
-  }
-  if (n.tp == ops::TpMode::Row && !n.scatter_output) k.tp_fwd += c.tp(Collective::all_reduce, y_bytes);
-  if (n.tp == ops::TpMode::Column && !n.gather_input) k.tp_bwd += c.tp(Collective::all_reduce, x_bytes);
   return k;
 }
 
-// The vocabulary-parallel embedding's and loss's collectives.
-void vocab_collectives(const Ctx& c, const ops::Graph& g, const ops::Node& n, NodeCost& k) {
-  if (c.p.tp <= 1) return;
-  const double out_fp32 = static_cast<double>(ops::numel_of(g.tensors[static_cast<size_t>(n.out[0])].shape)) * 4.0;
-  if (n.tp == ops::TpMode::VocabEmbed) {
-    // Each rank's partial embedding of the whole micro-batch: summed (or reduce-scattered).
-    const double full = out_fp32 * (n.scatter_output ? g.sp_parts : 1);
-    k.tp_fwd += c.tp(n.scatter_output ? Collective::reduce_scatter : Collective::all_reduce, full);
-    if (n.scatter_output) k.tp_bwd += c.tp(Collective::all_gather, full);
+Collective collective_of(ops::TpCollective op) {
+  switch (op) {
+    case ops::TpCollective::all_gather: return Collective::all_gather;
+    case ops::TpCollective::reduce_scatter: return Collective::reduce_scatter;
+    case ops::TpCollective::all_reduce: break;
   }
-  if (n.tp == ops::TpMode::VocabXent) {  // the max, then the sum-exp and target logit per row
-    const double rows = static_cast<double>(dim(g, n.in[0], 0));
-    k.tp_fwd += c.tp(Collective::all_reduce, rows * 4.0) + c.tp(Collective::all_reduce, rows * 8.0);
-  }
+  return Collective::all_reduce;
 }
 
 // One node from its OpDef's figures: its GEMMs by shape, attention at the profile's attention
@@ -184,7 +160,7 @@ void vocab_collectives(const Ctx& c, const ops::Graph& g, const ops::Node& n, No
 // alone, as GEMMs and attention do not include it). The byte units are those `runner calibrate`
 // measured each kind's bandwidth in (its probes, the OpDef's), so that a node of the calibrated
 // shape is priced at exactly its measured forward + backward time. A fused node's parts are
-// those of the unfused kinds it replaces.
+// those of the unfused kinds it replaces. Then its tensor-parallel collectives.
 NodeCost node_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
   const ops::OpDef& op = ops::op_def(n.kind);
   NodeCost k;
@@ -202,7 +178,13 @@ NodeCost node_cost(const Ctx& c, const ops::Graph& g, const ops::Node& n) {
       k.bwd += part.kind ? c.op(part.kind, part.backward) : c.launch();
     }
   }
-  vocab_collectives(c, g, n, k);
+  if (op.collectives && c.p.tp > 1) {  // blocking, so exposed
+    const ops::OpCollectives t = op.collectives(g, n);
+    for (int i = 0; i < t.count; ++i) {
+      const ops::OpCollective& call = t.calls[static_cast<size_t>(i)];
+      (call.backward ? k.tp_bwd : k.tp_fwd) += c.tp(collective_of(call.op), call.bytes);
+    }
+  }
   return k;
 }
 
