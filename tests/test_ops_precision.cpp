@@ -1,6 +1,6 @@
 // Every operator in bf16 and fp16 through the Executor, forward and backward (input and
 // parameter gradients), against float64 references written here, with tolerances derived
-// from the formats' unit roundoff and the reduction lengths (issue 10).
+// from the formats' unit roundoff and the reduction lengths.
 //
 // What the executor promises (ops/executor.h): a 16-bit operand is widened exactly to fp32,
 // the OpDef computes in fp32, and a 16-bit output is stored as RNE(fp32 result); an
@@ -16,7 +16,7 @@
 // bit-identical to the first). Tensors the model keeps in fp32 (norm statistics, the
 // logits and the loss, attention's log-sum-exp; runner/model/gpt.cpp) are fp32 here too, and
 // 16-bit tensors that a backward reads (Case::saved; none since attention stopped keeping its
-// probabilities, issue 26) are read back rounded.
+// probabilities: the flash-style kernel recomputes them) are read back rounded.
 //
 // Notation. u = unit roundoff of the storage format: 2^-8 (bf16), 2^-11 (fp16); u32 = 2^-24;
 // eta = the absolute rounding error below the normal range: 2^-25 for fp16 (half its smallest
@@ -887,7 +887,7 @@ Case attention_case() {
   c.operands = {{"qkv", {N, 3 * C}, 1.5f}};
   c.build = [=](DType t) {
     GraphBuilder b(OpKind::Attention, B, T);
-    // The saved log-sum-exp is fp32 whatever the act dtype, like the norm statistics (issue 26:
+    // The saved log-sum-exp is fp32 whatever the act dtype, like the norm statistics (
     // the model keeps no (T,T) probabilities; runner/model/gpt.cpp).
     b.x({N, 3 * C}, t).out("y", {N, C}, t).out("lse", {B, NH, T}, DType::F32);
     b.n.heads = NH;
@@ -1160,12 +1160,12 @@ TEST_CASE("16-bit precision: every operator kind has a case above") {
                             OpKind::Rope,      OpKind::Attention, OpKind::Gelu,    OpKind::SwiGLU,
                             OpKind::Add,       OpKind::Dropout,   OpKind::SoftmaxXent};
   // Kinds that exist in fp32 only: their OpDef refuses 16-bit tensors, and the model builder
-  // emits them only with fp32 activations. LinearGelu (issue 29) is linear + gelu fused; its
+  // emits them only with fp32 activations. LinearGelu is linear + gelu fused; its
   // results equal those of the two cases above bit for bit (tests/test_ops_fused.cpp, which
   // also checks the refusal).
   const OpKind fp32_only[] = {OpKind::LinearGelu};
   // Fused kinds that run in 16 bits as the composition of kinds above: AddLayerNorm and
-  // AddRMSNorm (issue 29) are the residual add and the norm of its rounded sum, bit for bit
+  // AddRMSNorm are the residual add and the norm of its rounded sum, bit for bit
   // the Add and LayerNorm / RMSNorm cases' kernels in bf16 and fp16 (tests/test_ops_fused.cpp).
   const OpKind composed[] = {OpKind::AddLayerNorm, OpKind::AddRMSNorm};
   CHECK(sizeof(covered) / sizeof(covered[0]) + sizeof(fp32_only) / sizeof(fp32_only[0]) +

@@ -148,7 +148,7 @@ std::vector<Case> cases() {
                      .done());
   }
   cs.push_back(Case("gelu", OpKind::Gelu).x({kN, H}).out("y", {kN, H}).done());
-  // Issue 29: fc + GELU fused; out[1] is the kept pre-activation.
+  // fc + GELU fused (the MLP's first half as one node); out[1] is the kept pre-activation.
   cs.push_back(Case("linear_gelu", OpKind::LinearGelu)
                    .x({kN, C}).param("W", {H, C}).param("b", {H}).out("y", {kN, H}).out("pre", {kN, H}).done());
   cs.push_back(Case("linear_gelu (no bias)", OpKind::LinearGelu)
@@ -157,7 +157,7 @@ std::vector<Case> cases() {
                    .x({kN, C}).param("W", {H, C}).param("b", {H}).out("y", {kN, H}).out("pre", {kN, H})
                    .with([](ops::Node& n) { n.tp = TpMode::Column; })
                    .done());
-  // Issue 29: a residual add and the norm of its sum fused; out = (sum, y, statistics).
+  // A residual add and the norm of its sum fused; out = (sum, y, statistics).
   cs.push_back(Case("add_layernorm", OpKind::AddLayerNorm)
                    .x({kN, C}).param("b", {kN, C}).param("w", {C}).param("bias", {C}).out("sum", {kN, C})
                    .out("y", {kN, C}).out("mean", {kN}).out("rstd", {kN})
