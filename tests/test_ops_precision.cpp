@@ -887,8 +887,8 @@ Case attention_case() {
   c.operands = {{"qkv", {N, 3 * C}, 1.5f}};
   c.build = [=](DType t) {
     GraphBuilder b(OpKind::Attention, B, T);
-    // The saved log-sum-exp is fp32 whatever the act dtype, like the norm statistics (
-    // the model keeps no (T,T) probabilities; runner/model/gpt.cpp).
+    // The saved log-sum-exp is fp32 whatever the act dtype, like the norm statistics
+    // (the model keeps no (T,T) probabilities; runner/model/gpt.cpp).
     b.x({N, 3 * C}, t).out("y", {N, C}, t).out("lse", {B, NH, T}, DType::F32);
     b.n.heads = NH;
     b.n.site = 3;
