@@ -11,6 +11,7 @@
 #include "ops/backend.h"
 #include "ops/device_timer.h"
 #include "ops/executor.h"
+#include "ops/node_graph.h"
 #include "runner/observe/step_timer.h"
 #include "runner/report/format.h"
 
@@ -41,22 +42,10 @@ struct Installed {
 
 // One fp32 Linear (x (64,32) -> y (64,16)), run forward and backward `steps` times.
 std::vector<ops::OpProfile> run_linear(int steps) {
-  ops::Graph g;
-  g.B = 1;
-  g.T = 64;
-  ops::Node n;
-  n.kind = ops::OpKind::Linear;
-  n.name = "linear";
-  n.layer = 0;
-  n.module = ops::Module::none;
-  g.stage_input = g.add_activation("x", {64, 32}, 0, ops::DType::F32);
-  n.in.push_back(g.stage_input);
-  const int w = g.add_param("W", {16, 32}, 0);
-  n.in.push_back(w);
-  g.stage_output = g.add_activation("y", {64, 16}, 0, ops::DType::F32);
-  n.out.push_back(g.stage_output);
-  g.add_node(n);
-  g.finalize();
+  const ops::DType f32 = ops::DType::F32;
+  ops::NodeGraph ng(ops::OpKind::Linear, 1, 64, "linear");
+  const ops::Graph& g = ng.x({64, 32}, f32).param("W", {16, 32}, f32).out("y", {64, 16}, f32).done().g;
+  const int w = ng.n.in[1];
   ops::Tensor W = ops::Tensor::host({16, 32}, ops::DType::F32, ops::Account::Parameters);
   ops::Tensor dW = ops::Tensor::host({16, 32}, ops::DType::F32, ops::Account::Gradients);
   ops::Executor ex(g, ops::cpu_backend());

@@ -93,6 +93,7 @@
 #include "ops/convert.h"
 #include "ops/executor.h"
 #include "ops/gemm_path.h"
+#include "ops/node_graph.h"
 #include "ops/ops.h"
 #include "ops/rng.h"
 
@@ -148,55 +149,6 @@ struct Operand {
   float scale = 1.0f, offset = 0.0f;  // raw values: offset + scale * N(0,1)
 };
 
-// A one-node graph: the float activation the node reads (at most one) is the graph's stage
-// input, int ones are tokens / targets, the node's first output the stage output (or the
-// per-position losses). Float operands are thus: the stage input (if any), then the
-// parameters in creation order, which is their order in the node's inputs.
-struct GraphBuilder {
-  ops::Graph g;
-  ops::Node n;
-  GraphBuilder(OpKind k, int64_t B, int64_t T) {
-    g.B = B;
-    g.T = T;
-    n.kind = k;
-    n.name = "op";
-    n.layer = 0;
-    n.module = ops::Module::none;
-  }
-  GraphBuilder& x(std::vector<int64_t> s, DType t) {
-    g.stage_input = g.add_activation("x", std::move(s), 0, t);
-    n.in.push_back(g.stage_input);
-    return *this;
-  }
-  GraphBuilder& param(const std::string& name, std::vector<int64_t> s, DType t) {
-    const int id = g.add_param(name, std::move(s), 0);
-    g.tensors[static_cast<size_t>(id)].dtype = t;  // as the model builder does (the compute copy)
-    n.in.push_back(id);
-    return *this;
-  }
-  GraphBuilder& tokens() {
-    g.tokens = g.add_input("tokens", {g.B, g.T}, DType::I32);
-    n.in.push_back(g.tokens);
-    return *this;
-  }
-  GraphBuilder& targets() {
-    g.targets = g.add_input("targets", {g.B, g.T}, DType::I32);
-    n.in.push_back(g.targets);
-    return *this;
-  }
-  GraphBuilder& out(const std::string& name, std::vector<int64_t> s, DType t) {
-    n.out.push_back(g.add_activation(name, std::move(s), 0, t));
-    return *this;
-  }
-  ops::Graph done() {
-    const int first = n.out[0];
-    g.add_node(n);
-    if (n.kind == OpKind::SoftmaxXent) g.losses = first;
-    else g.stage_output = first;
-    g.finalize();
-    return std::move(g);
-  }
-};
 
 struct Case {
   std::string name;
@@ -808,10 +760,10 @@ Case linear_case(bool bias, bool fp32_out) {
   c.operands = {{"x", {kN, IC}}, {"W", {OC, IC}, 0.2f}};
   if (bias) c.operands.push_back({"b", {OC}, 0.2f});
   c.build = [=](DType t) {
-    GraphBuilder b(OpKind::Linear, kB, kT);
+    ops::NodeGraph b(OpKind::Linear, kB, kT, "op");
     b.x({kN, IC}, t).param("W", {OC, IC}, t);
     if (bias) b.param("b", {OC}, t);
-    return b.out("y", {kN, OC}, fp32_out ? DType::F32 : t).done();  // fp32_out: the lm_head
+    return b.out("y", {kN, OC}, fp32_out ? DType::F32 : t).done().g;  // fp32_out: the lm_head
   };
   c.fwd = [=](const Ins& in) { return ref_linear(in, N, IC, OC); };
   c.bwd = [=](const Ins& in, const DVec& dy, const Ins&) { return ref_linear_bwd(in, dy, N, IC, OC); };
@@ -842,14 +794,14 @@ Case norm_case(bool rms, bool bias) {
   c.operands = {{"x", {kN, C}, 1.0f, rms ? 0.0f : 1.5f}, {"w", {C}, 0.3f, 1.0f}};
   if (bias) c.operands.push_back({"b", {C}, 0.3f});
   c.build = [=](DType t) {
-    GraphBuilder b(rms ? OpKind::RMSNorm : OpKind::LayerNorm, kB, kT);
+    ops::NodeGraph b(rms ? OpKind::RMSNorm : OpKind::LayerNorm, kB, kT, "op");
     b.x({kN, C}, t).param("w", {C}, t);
     if (bias) b.param("b", {C}, t);
     b.out("y", {kN, C}, t);
     if (!rms) b.out("mean", {kN}, DType::F32);  // the statistics stay fp32, as in the model
     b.out("rstd", {kN}, DType::F32);
     b.n.eps = eps;
-    return b.done();
+    return b.done().g;
   };
   c.fwd = [=](const Ins& in) { return ref_norm(in, N, C, eps, rms); };
   c.bwd = [=](const Ins& in, const DVec& dy, const Ins&) { return ref_norm_bwd(in, dy, N, C, eps, rms); };
@@ -867,11 +819,11 @@ Case rope_case() {
   c.name = "rope";
   c.operands = {{"qkv", {kN, 3 * C}}};
   c.build = [=](DType t) {
-    GraphBuilder b(OpKind::Rope, kB, kT);
+    ops::NodeGraph b(OpKind::Rope, kB, kT, "op");
     b.x({kN, 3 * C}, t).out("y", {kN, 3 * C}, t);
     b.n.heads = NH;
     b.n.theta = theta;
-    return b.done();
+    return b.done().g;
   };
   c.fwd = [=](const Ins& in) { return ref_rope(in[0], N, static_cast<int>(kT), C, NH, theta, false); };
   c.bwd = [=](const Ins&, const DVec& dy, const Ins&) { return Ins{ref_rope(dy, N, static_cast<int>(kT), C, NH, theta, true)}; };
@@ -886,13 +838,13 @@ Case attention_case() {
   c.name = "attention";
   c.operands = {{"qkv", {N, 3 * C}, 1.5f}};
   c.build = [=](DType t) {
-    GraphBuilder b(OpKind::Attention, B, T);
+    ops::NodeGraph b(OpKind::Attention, B, T, "op");
     // The saved log-sum-exp is fp32 whatever the act dtype, like the norm statistics
     // (the model keeps no (T,T) probabilities; runner/model/gpt.cpp).
     b.x({N, 3 * C}, t).out("y", {N, C}, t).out("lse", {B, NH, T}, DType::F32);
     b.n.heads = NH;
     b.n.site = 3;
-    return b.done();
+    return b.done().g;
   };
   c.fwd = [=](const Ins& in) { return ref_attention(in[0], B, T, C, NH); };
   c.bwd = [=](const Ins& in, const DVec& dy, const Ins&) {
@@ -912,8 +864,8 @@ Case gelu_case() {
   c.name = "gelu";
   c.operands = {{"x", {kN, H}, 2.0f}};
   c.build = [=](DType t) {
-    GraphBuilder b(OpKind::Gelu, kB, kT);
-    return b.x({kN, H}, t).out("y", {kN, H}, t).done();
+    ops::NodeGraph b(OpKind::Gelu, kB, kT, "op");
+    return b.x({kN, H}, t).out("y", {kN, H}, t).done().g;
   };
   c.fwd = [](const Ins& in) {
     DVec y(in[0].size());
@@ -936,8 +888,8 @@ Case swiglu_case() {
   c.name = "swiglu";
   c.operands = {{"x", {kN, 2 * H}, 2.0f}};
   c.build = [=](DType t) {
-    GraphBuilder b(OpKind::SwiGLU, kB, kT);
-    return b.x({kN, 2 * H}, t).out("y", {kN, H}, t).done();
+    ops::NodeGraph b(OpKind::SwiGLU, kB, kT, "op");
+    return b.x({kN, 2 * H}, t).out("y", {kN, H}, t).done().g;
   };
   c.fwd = [=](const Ins& in) {
     DVec y(static_cast<size_t>(N) * H);
@@ -971,8 +923,8 @@ Case add_case() {
   // graph has one float activation input.
   c.operands = {{"a", {kN, C}}, {"b", {kN, C}, 0.5f}};
   c.build = [=](DType t) {
-    GraphBuilder b(OpKind::Add, kB, kT);
-    return b.x({kN, C}, t).param("b", {kN, C}, t).out("y", {kN, C}, t).done();
+    ops::NodeGraph b(OpKind::Add, kB, kT, "op");
+    return b.x({kN, C}, t).param("b", {kN, C}, t).out("y", {kN, C}, t).done().g;
   };
   c.fwd = [](const Ins& in) {
     DVec y(in[0].size());
@@ -993,11 +945,11 @@ Case dropout_case() {
   c.name = "dropout";
   c.operands = {{"x", {kN, C}}};
   c.build = [=](DType t) {
-    GraphBuilder b(OpKind::Dropout, kB, kT);
+    ops::NodeGraph b(OpKind::Dropout, kB, kT, "op");
     b.x({kN, C}, t).out("y", {kN, C}, t);
     b.n.dropout = p;
     b.n.site = site;
-    return b.done();
+    return b.done().g;
   };
   // The mask is the operator's definition: element i kept iff rng_uniform(rng_key(step key,
   // site), i) >= p (sample offset 0), scaled by 1/(1-p).
@@ -1033,10 +985,10 @@ Case embedding_case(bool wpe) {
   const uint64_t key = ops::rng_key(0x70c, 1);
   for (int i = 0; i < N; ++i) c.tokens.push_back(static_cast<int32_t>(ops::rng_u32(key, i) % V));  // 27 tokens over 13 ids: repeats
   c.build = [=](DType t) {
-    GraphBuilder b(OpKind::Embedding, kB, kT);
+    ops::NodeGraph b(OpKind::Embedding, kB, kT, "op");
     b.tokens().param("wte", {V, C}, t);
     if (wpe) b.param("wpe", {kT, C}, t);
-    return b.out("y", {kN, C}, t).done();
+    return b.out("y", {kN, C}, t).done().g;
   };
   const std::vector<int32_t> tok = c.tokens;
   c.fwd = [=](const Ins& in) {
@@ -1075,11 +1027,11 @@ Case softmax_xent_case() {
   c.build = [=](DType) {
     // The logits are fp32 in every precision (runner/model/gpt.cpp; the executor refuses
     // 16-bit logits, checked below): the loss has no 16-bit operand.
-    GraphBuilder b(OpKind::SoftmaxXent, kB, kT);
+    ops::NodeGraph b(OpKind::SoftmaxXent, kB, kT, "op");
     b.x({kN, V}, DType::F32).targets().out("losses", {kN}, DType::F32);
     b.n.inplace = true;
     b.n.vocab_real = Vr;
-    return b.done();
+    return b.done().g;
   };
   const std::vector<int32_t> tgt = c.targets;
   auto probs_row = [=](const DVec& z, int n, DVec& p) {
@@ -1141,11 +1093,11 @@ TEST_CASE("16-bit precision: softmax_xent (fp32 logits in a 16-bit model) agains
   check_case(softmax_xent_case());
   // The executor's promise: the loss reads fp32 logits; 16-bit ones are refused.
   for (DType t : {DType::BF16, DType::F16}) {
-    GraphBuilder b(OpKind::SoftmaxXent, kB, kT);
+    ops::NodeGraph b(OpKind::SoftmaxXent, kB, kT, "op");
     b.x({kN, 41}, t).targets().out("losses", {kN}, DType::F32);
     b.n.inplace = true;
     b.n.vocab_real = 37;
-    const ops::Graph g = b.done();
+    const ops::Graph g = b.done().g;
     ops::Executor ex(g, ops::cpu_backend());
     std::vector<int32_t> tgt(static_cast<size_t>(kN), 0);
     std::vector<uint16_t> logits(static_cast<size_t>(kN) * 41, 0);

@@ -21,6 +21,7 @@
 
 #include "ops/executor.h"
 #include "ops/group.h"
+#include "ops/node_graph.h"
 #include "ops/ops.h"
 #include "tests/gradcheck.h"
 
@@ -35,60 +36,42 @@ constexpr int64_t kB = 2, kT = 3, kN = kB * kT;
 // A one-node graph under construction. Float activations that the node reads come in as
 // the graph's stage input (at most one per case), int ones as tokens / targets; the node's
 // first output leaves as the stage output, or as the per-position losses for the loss.
-struct Case {
+struct Case : ops::NodeGraph {
   std::string name;
-  ops::Graph g;
-  ops::Node n;
   int64_t vocab = 0;         // token / target ids are drawn below this
   float input_scale = 1.0f;  // of the stage input (logits a little larger)
 
-  Case(std::string name_, OpKind kind) : name(std::move(name_)) {
-    g.B = kB;
-    g.T = kT;
-    n.kind = kind;
-    n.name = name;
-    n.layer = 0;
-    n.module = ops::Module::none;
-  }
+  Case(std::string name_, OpKind kind) : ops::NodeGraph(kind, kB, kT, name_), name(std::move(name_)) {}
   Case& x(std::vector<int64_t> shape) {
-    g.stage_input = g.add_activation("x", std::move(shape), 0);
-    n.in.push_back(g.stage_input);
+    ops::NodeGraph::x(std::move(shape), ops::DType::F32);
     return *this;
   }
   Case& param(const std::string& pname, std::vector<int64_t> shape) {
-    n.in.push_back(g.add_param(pname, std::move(shape), 0));
+    ops::NodeGraph::param(pname, std::move(shape), ops::DType::F32);
     return *this;
   }
   Case& tokens(int64_t V) {
-    g.tokens = g.add_input("tokens", {kB, kT}, ops::DType::I32);
-    n.in.push_back(g.tokens);
+    ops::NodeGraph::tokens();
     vocab = V;
     return *this;
   }
   Case& targets(int64_t V) {
-    g.targets = g.add_input("targets", {kB, kT}, ops::DType::I32);
-    n.in.push_back(g.targets);
+    ops::NodeGraph::targets();
     vocab = V;
     return *this;
   }
   Case& out(const std::string& oname, std::vector<int64_t> shape) {
-    n.out.push_back(g.add_activation(oname, std::move(shape), 0));
+    ops::NodeGraph::out(oname, std::move(shape), ops::DType::F32);
     return *this;
   }
   Case& with(const std::function<void(ops::Node&)>& set) {
     set(n);
     return *this;
   }
-  // Adds the node and closes the graph.
+  // Adds the node and closes the graph. A fused add + norm: its norm leaves (out[1]), and the
+  // sum, which nothing reads here, gets a zeroed gradient from the executor (OpDef::reads_dout1).
   Case& done() {
-    const int first_out = n.out[0];
-    g.add_node(n);
-    if (n.kind == OpKind::SoftmaxXent) g.losses = first_out;
-    // A fused add + norm: its norm leaves (out[1]), and the sum, which nothing reads here, gets
-    // a zeroed gradient from the executor (OpDef::reads_dout1).
-    else if (n.kind == OpKind::AddLayerNorm || n.kind == OpKind::AddRMSNorm) g.stage_output = n.out[1];
-    else g.stage_output = first_out;
-    g.finalize();
+    ops::NodeGraph::done(n.kind == OpKind::AddLayerNorm || n.kind == OpKind::AddRMSNorm ? 1 : 0);
     return *this;
   }
 };
@@ -376,31 +359,14 @@ TEST_CASE("operator table: a fused add + norm's figures are the Add's and the no
 // states, and the cost model prices the kind's nodes at that bandwidth over the same figure:
 // the probe's traffic must name the kind itself.
 TEST_CASE("operator table: each bandwidth probe builds a node whose traffic is its own kind's") {
-  struct Builder final : ops::ProbeBuilder {
-    ops::Graph g;
-    ops::Node n;
-    void x(std::vector<int64_t> shape) override { n.in.push_back(g.add_activation("x", std::move(shape), 0)); }
-    void param(const std::string& name, std::vector<int64_t> shape) override {
-      n.in.push_back(g.add_param(name, std::move(shape), 0));
-    }
-    void tokens() override { n.in.push_back(g.add_input("tokens", {g.B, g.T}, ops::DType::I32)); }
-    void targets() override { n.in.push_back(g.add_input("targets", {g.B, g.T}, ops::DType::I32)); }
-    void out(const std::string& name, std::vector<int64_t> shape, bool) override {  // fp32 throughout here
-      n.out.push_back(g.add_activation(name, std::move(shape), 0));
-    }
-    ops::Node& node() override { return n; }
-  };
   int probes = 0;
   for (const ops::OpDef* op : ops::kOpTable) {
     if (!op->probe) continue;
     CAPTURE(op->name);
     ++probes;
-    Builder b;
-    b.g.B = 1;
-    b.g.T = 16;
-    b.n.kind = op->kind;
-    b.n.name = op->name;
-    op->probe(b, 16, 8);
+    ops::NodeGraph b(op->kind, 1, 16);
+    ops::NodeGraphProbe probe(b, ops::DType::F32);
+    op->probe(probe, 16, 8);
     REQUIRE(!b.n.out.empty());
     const ops::OpTrafficParts t = op->traffic(b.g, b.n);
     REQUIRE(t.count == 1);

@@ -11,6 +11,7 @@
 #include "ops/cuda/cuda_workspace.h"
 #include "ops/executor.h"
 #include "ops/gemm_path.h"
+#include "ops/node_graph.h"
 #include "ops/ops.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
@@ -33,24 +34,9 @@ struct ProcessPaths {  // the process's choice for the test, restored after
 // One all-bf16 Linear (x, W, y): the sgemm path widens x and W (forward) and x, W, dy
 // (backward) into fp32 workspace; the device path reads them as stored. Peak Workspace bytes.
 size_t linear_workspace() {
-  ops::Graph g;
-  g.B = 1;
-  g.T = 256;
-  ops::Node n;
-  n.kind = ops::OpKind::Linear;
-  n.name = "linear";
-  n.layer = 0;
-  n.module = ops::Module::none;
-  g.stage_input = g.add_activation("x", {256, 512}, 0, DType::BF16);
-  n.in.push_back(g.stage_input);
-  const int w = g.add_param("W", {384, 512}, 0);
-  g.tensors[w].dtype = DType::BF16;
-  n.in.push_back(w);
-  g.stage_output = g.add_activation("y", {256, 384}, 0, DType::BF16);
-  n.out.push_back(g.stage_output);
-  g.add_node(n);
-  g.finalize();
-  return ops::Executor::simulate(g).peak[static_cast<int>(ops::Account::Workspace)];
+  ops::NodeGraph ng(ops::OpKind::Linear, 1, 256, "linear");
+  ng.x({256, 512}, DType::BF16).param("W", {384, 512}, DType::BF16).out("y", {256, 384}, DType::BF16).done();
+  return ops::Executor::simulate(ng.g).peak[static_cast<int>(ops::Account::Workspace)];
 }
 
 double workspace(const runner::Plan& p) { return p.worst_stage().workspace; }

@@ -18,6 +18,7 @@
 #include "ops/executor.h"
 #include "ops/gemm_path.h"
 #include "ops/group.h"
+#include "ops/node_graph.h"
 #include "ops/ops.h"
 #include "ops/peak.h"
 #include "runner/device/device.h"
@@ -36,66 +37,6 @@ using ops::OpKind;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 DType dtype_of(const std::string& s) { return s == "bf16" ? DType::BF16 : s == "fp16" ? DType::F16 : DType::F32; }
-
-// A one-node graph: B x T rows, the float input `x` (the stage input), parameters, the outputs
-// (the first leaves as the stage output, or as the losses for the loss).
-struct NodeGraph {
-  ops::Graph g;
-  ops::Node n;
-  DType act;
-  NodeGraph(OpKind kind, int64_t B, int64_t T, DType act_) : act(act_) {
-    g.B = B;
-    g.T = T;
-    n.kind = kind;
-    n.name = ops::op_name(kind);
-    n.layer = 0;
-  }
-  NodeGraph& x(std::vector<int64_t> shape) {
-    g.stage_input = g.add_activation("x", std::move(shape), 0, act);
-    n.in.push_back(g.stage_input);
-    return *this;
-  }
-  NodeGraph& param(const std::string& name, std::vector<int64_t> shape) {
-    const int id = g.add_param(name, std::move(shape), 0);
-    g.tensors[id].dtype = act;  // the compute copy is in the compute format (as the model builds it)
-    n.in.push_back(id);
-    return *this;
-  }
-  NodeGraph& tokens() {
-    g.tokens = g.add_input("tokens", {g.B, g.T}, DType::I32);
-    n.in.push_back(g.tokens);
-    return *this;
-  }
-  NodeGraph& targets() {
-    g.targets = g.add_input("targets", {g.B, g.T}, DType::I32);
-    n.in.push_back(g.targets);
-    return *this;
-  }
-  NodeGraph& out(const std::string& name, std::vector<int64_t> shape, bool f32 = false) {
-    n.out.push_back(g.add_activation(name, std::move(shape), 0, f32 ? DType::F32 : act));
-    return *this;
-  }
-  NodeGraph& done() {
-    const int first = n.out[0];
-    g.add_node(n);
-    if (ops::op_def(n.kind).seeds_backward) g.losses = first;
-    else g.stage_output = first;
-    g.finalize();
-    return *this;
-  }
-};
-
-// A kind's bandwidth probe (OpDef::probe) builds its node through this.
-struct ProbeGraph final : ops::ProbeBuilder {
-  NodeGraph& ng;
-  explicit ProbeGraph(NodeGraph& g) : ng(g) {}
-  void x(std::vector<int64_t> shape) override { ng.x(std::move(shape)); }
-  void param(const std::string& name, std::vector<int64_t> shape) override { ng.param(name, std::move(shape)); }
-  void tokens() override { ng.tokens(); }
-  void targets() override { ng.targets(); }
-  void out(const std::string& name, std::vector<int64_t> shape, bool f32) override { ng.out(name, std::move(shape), f32); }
-  ops::Node& node() override { return ng.n; }
-};
 
 // Measurements are split in chunks and the best kept: on a shared machine a neighbour's burst
 // spoils a chunk, rarely all of them.
@@ -200,8 +141,9 @@ void measure_gemms(ComputeProfile& c, const Plan& plan, ops::Backend& be, const 
     for (const auto& [m, n, k] : plan.gemm) {
       if (o.progress)
         o.progress(fmt::format("gemm {} {} threads: {}/{} ({}x{}x{})", dt, c.threads, ++i, plan.gemm.size(), m, n, k));
-      NodeGraph ng(OpKind::Linear, 1, m, dtype_of(dt));
-      ng.x({m, k}).param("W", {n, k}).out("y", {m, n}).done();
+      const DType t = dtype_of(dt);
+      ops::NodeGraph ng(OpKind::Linear, 1, m);
+      ng.x({m, k}, t).param("W", {n, k}, t).out("y", {m, n}, t).done();
       const NodeTimes t = time_node(ng.g, be, plan.target_s);
       const double flops = ops::op_def(ng.g.nodes[0].kind).flops(ng.g, ng.g.nodes[0], false);  // 2mnk
       for (auto [shape, s_per_flop] : {std::pair{std::array{m, n, k}, t.forward_s / flops},
@@ -221,8 +163,9 @@ void measure_attention(ComputeProfile& c, const Plan& plan, ops::Backend& be, co
     for (const auto& [T, hd] : plan.attention) {
       if (o.progress) o.progress(fmt::format("attention {} {} threads: seq {} head_dim {}", dt, c.threads, T, hd));
       const int64_t C = kHeads * hd;
-      NodeGraph ng(OpKind::Attention, 1, T, dtype_of(dt));
-      ng.x({T, 3 * C}).out("y", {T, C}).out("lse", {1, kHeads, T}, true);
+      const DType t = dtype_of(dt);
+      ops::NodeGraph ng(OpKind::Attention, 1, T);
+      ng.x({T, 3 * C}, t).out("y", {T, C}, t).out("lse", {1, kHeads, T}, DType::F32);
       ng.n.heads = static_cast<int>(kHeads);
       ng.done();
       const NodeTimes t = time_node(ng.g, be, plan.target_s);
@@ -239,8 +182,8 @@ void measure_ops(ComputeProfile& c, const Plan& plan, ops::Backend& be, const Ca
   for (const ops::OpDef* op : ops::kOpTable) {
     if (!op->probe || !op->traffic) continue;
     if (o.progress) o.progress(fmt::format("op {} {} threads ({} x {})", op->name, c.threads, N, C));
-    NodeGraph ng(op->kind, 1, N, DType::F32);
-    ProbeGraph probe(ng);
+    ops::NodeGraph ng(op->kind, 1, N);
+    ops::NodeGraphProbe probe(ng, DType::F32);
     op->probe(probe, N, C);
     ng.done();
     const ops::OpTrafficParts t = op->traffic(ng.g, ng.g.nodes[0]);
@@ -287,8 +230,8 @@ void measure_optimizer(ComputeProfile& c, ops::Backend& be, int64_t n, double ta
 
 // A kernel call's fixed cost: an 8-element Add's forward + backward, halved.
 double measure_launch(ops::Backend& be, double target_s) {
-  NodeGraph ng(OpKind::Add, 1, 1, DType::F32);
-  ng.x({1, 8}).param("b", {1, 8}).out("y", {1, 8}).done();
+  ops::NodeGraph ng(OpKind::Add, 1, 1);
+  ng.x({1, 8}, DType::F32).param("b", {1, 8}, DType::F32).out("y", {1, 8}, DType::F32).done();
   const NodeTimes t = time_node(ng.g, be, target_s);
   return (t.forward_s + t.backward_s) / 2;
 }
