@@ -141,9 +141,9 @@ void measure_gemms(ComputeProfile& c, const Plan& plan, ops::Backend& be, const 
     for (const auto& [m, n, k] : plan.gemm) {
       if (o.progress)
         o.progress(fmt::format("gemm {} {} threads: {}/{} ({}x{}x{})", dt, c.threads, ++i, plan.gemm.size(), m, n, k));
-      const DType t = dtype_of(dt);
+      const DType act = dtype_of(dt);
       ops::NodeGraph ng(OpKind::Linear, 1, m);
-      ng.x({m, k}, t).param("W", {n, k}, t).out("y", {m, n}, t).done();
+      ng.x({m, k}, act).param("W", {n, k}, act).out("y", {m, n}, act).done();
       const NodeTimes t = time_node(ng.g, be, plan.target_s);
       const double flops = ops::op_def(ng.g.nodes[0].kind).flops(ng.g, ng.g.nodes[0], false);  // 2mnk
       for (auto [shape, s_per_flop] : {std::pair{std::array{m, n, k}, t.forward_s / flops},
@@ -163,9 +163,9 @@ void measure_attention(ComputeProfile& c, const Plan& plan, ops::Backend& be, co
     for (const auto& [T, hd] : plan.attention) {
       if (o.progress) o.progress(fmt::format("attention {} {} threads: seq {} head_dim {}", dt, c.threads, T, hd));
       const int64_t C = kHeads * hd;
-      const DType t = dtype_of(dt);
+      const DType act = dtype_of(dt);
       ops::NodeGraph ng(OpKind::Attention, 1, T);
-      ng.x({T, 3 * C}, t).out("y", {T, C}, t).out("lse", {1, kHeads, T}, DType::F32);
+      ng.x({T, 3 * C}, act).out("y", {T, C}, act).out("lse", {1, kHeads, T}, DType::F32);
       ng.n.heads = static_cast<int>(kHeads);
       ng.done();
       const NodeTimes t = time_node(ng.g, be, plan.target_s);
