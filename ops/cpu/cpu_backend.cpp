@@ -149,6 +149,30 @@ void dnnl_dweight_fixed(float* dweight, const void* dout, const void* inp, DType
   });
 }
 
+// Rows [0, M) of out = A (M,K) @ op(B), 16-bit operands through oneDNN, with the same bits on
+// any thread count: the forward and the input gradient. oneDNN may split a GEMM's reduction
+// across threads and sum the partials, and does on CPUs with AMX (its brgemm kernels cut K =
+// 1100 at 2 and 3 threads: tests/test_ops_threads.cpp), so the split is ours and fixed by the
+// shape alone, as for dnnl_dweight_fixed: up to kTiles row tiles of a multiple of 16 rows
+// (an even share for 1, 2, 3, 4, 6 or 12 threads), each one single-threaded oneDNN call over
+// the whole K, the tiles shared out across the team. A: (M,K) stored, row-major, of dtype t.
+void dnnl_rows_fixed(DType t, bool trans_b, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
+                     const float* bias, bool accumulate, float* C, int ldc) {
+  constexpr int kTiles = 12;
+  if (M <= 0 || N <= 0) return;  // no output
+  const int mr = ((M + kTiles - 1) / kTiles + 15) / 16 * 16;
+  const int nm = (M + mr - 1) / mr;
+  const auto* a16 = static_cast<const uint16_t*>(A);
+  parallel_blocks(nm, 1, [=](int64_t u, int64_t, int) {
+    const int m0 = static_cast<int>(u) * mr, m1 = std::min(M, m0 + mr);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);  // oneDNN fixes its split for the count it sees: one thread, no split
+    dnnl_gemm(t, false, trans_b, m1 - m0, N, K, a16 + static_cast<size_t>(m0) * lda, lda, B, ldb, bias, accumulate,
+              C + static_cast<size_t>(m0) * ldc, ldc);
+    omp_set_num_threads(saved);
+  });
+}
+
 // =============================================================================== embedding
 // A vocabulary shard holds rows [vstart, vstart + Vlocal) of the token table; the unsharded
 // table is the shard vstart = 0, Vlocal = INT_MAX. wte_row(token) is the token's row in this
@@ -760,8 +784,9 @@ class CpuBackend final : public Backend {
       });
   }
 
-  // The same three GEMMs over 16-bit operands, through oneDNN (dnnl_gemm.h). The bias is
-  // widened into a small host vector (OC floats); everything else is read as stored.
+  // The same three GEMMs over 16-bit operands, through oneDNN (dnnl_gemm.h), each split by
+  // the shape alone (dnnl_rows_fixed, dnnl_dweight_fixed). The bias is widened into a small
+  // host vector (OC floats); everything else is read as stored.
   void matmul_forward_narrow(float* out, const void* inp, const void* weight, const void* bias, DType t, int N, int C,
                         int OC) {
     std::vector<float> b32;
@@ -770,12 +795,12 @@ class CpuBackend final : public Backend {
       to_f32(b32.data(), bias, t, OC);
     }
     // out (N,OC) = inp (N,C) @ weight^T, weight stored (OC,C)
-    dnnl_gemm(t, false, true, N, OC, C, inp, C, weight, C, bias ? b32.data() : nullptr, false, out, OC);
+    dnnl_rows_fixed(t, true, N, OC, C, inp, C, weight, C, bias ? b32.data() : nullptr, false, out, OC);
   }
   void matmul_backward_narrow(float* dinp, float* dweight, float* dbias, const void* dout, const void* inp,
                          const void* weight, DType t, int N, int C, int OC) {
     // dinp (N,C) += dout (N,OC) @ weight (OC,C)
-    if (dinp) dnnl_gemm(t, false, false, N, C, OC, dout, OC, weight, C, nullptr, true, dinp, C);
+    if (dinp) dnnl_rows_fixed(t, false, N, C, OC, dout, OC, weight, C, nullptr, true, dinp, C);
     // dweight (OC,C) += dout^T (OC,N) @ inp (N,C), dout stored (N,OC)
     if (dweight) dnnl_dweight_fixed(dweight, dout, inp, t, N, C, OC);
     if (dbias) {
