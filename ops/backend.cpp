@@ -206,7 +206,8 @@ bool native16_available(const Backend& be, DType t) {
                    Kernel::LayerNormBackward, Kernel::RmsNormForward, Kernel::RmsNormBackward, Kernel::RopeForward,
                    Kernel::RopeBackward, Kernel::GeluForward, Kernel::GeluBackward, Kernel::SwigluForward,
                    Kernel::SwigluBackward, Kernel::AddForward, Kernel::AddInplace, Kernel::DropoutForward,
-                   Kernel::DropoutBackward, Kernel::AttentionForward, Kernel::AttentionBackward})
+                   Kernel::DropoutBackward, Kernel::AttentionForward, Kernel::AttentionBackward,
+                   Kernel::Relu2Forward, Kernel::Relu2Backward})
     if (!be.has(k, t)) return false;
   return true;
 }
@@ -222,7 +223,7 @@ const char* kernel_name(Kernel k) {
       "AddLayerNormForward", "AddLayerNormBackward", "AddRmsNormForward", "AddRmsNormBackward",
       "SwigluForward", "SwigluBackward", "AddForward", "AddInplace", "DropoutForward", "DropoutBackward",
       "SoftmaxXentForward", "SoftmaxXentBackward", "XentShardMax", "XentShardSumexp", "XentShardFinish",
-      "XentShardBackward", "AdamwUpdate", "SumSquares", "Scale"};
+      "XentShardBackward", "AdamwUpdate", "SumSquares", "Scale", "Relu2Forward", "Relu2Backward"};
   static_assert(sizeof(names) / sizeof(names[0]) == kKernelCount, "a name per kernel");
   const int i = static_cast<int>(k);
   return i >= 0 && i < kKernelCount ? names[i] : "?";

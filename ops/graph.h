@@ -25,10 +25,11 @@ namespace ops {
 
 // One OpDef per kind (ops/ops.h: its forward, backward, saves and scratch), in this order.
 // LinearGelu is Linear + Gelu fused (the MLP's fc and its activation, ops/op_fused.cpp);
-// AddLayerNorm and AddRMSNorm are a residual Add and the norm that reads its sum.
+// AddLayerNorm and AddRMSNorm are a residual Add and the norm that reads its sum. Relu2 is
+// relu(x)^2 (model.activation: relu2), added last so the earlier kinds keep their numbers.
 enum class OpKind : uint8_t {
   Embedding, LayerNorm, RMSNorm, Linear, Rope, Attention, Gelu, SwiGLU, Add, Dropout, SoftmaxXent, LinearGelu,
-  AddLayerNorm, AddRMSNorm, Count
+  AddLayerNorm, AddRMSNorm, Relu2, Count
 };
 constexpr int kOpKinds = static_cast<int>(OpKind::Count);
 const char* op_name(OpKind k);

@@ -85,6 +85,10 @@ std::vector<Kernel> kernels_of(const Graph& g, const Node& n, bool train, bool k
       add(v, {Kernel::AddRmsNormForward});
       if (train) add(v, {Kernel::AddRmsNormBackward});
       break;
+    case OpKind::Relu2:
+      add(v, {Kernel::Relu2Forward});
+      if (train) add(v, {Kernel::Relu2Backward});
+      break;
     case OpKind::Count:
       break;
   }

@@ -124,7 +124,7 @@ enum class Kernel : int {
   AddLayerNormForward, AddLayerNormBackward, AddRmsNormForward, AddRmsNormBackward,
   SwigluForward, SwigluBackward, AddForward, AddInplace, DropoutForward, DropoutBackward,
   SoftmaxXentForward, SoftmaxXentBackward, XentShardMax, XentShardSumexp, XentShardFinish, XentShardBackward,
-  AdamwUpdate, SumSquares, Scale,
+  AdamwUpdate, SumSquares, Scale, Relu2Forward, Relu2Backward,
   Count_
 };
 constexpr int kKernelCount = static_cast<int>(Kernel::Count_);
@@ -352,6 +352,18 @@ struct GeluBackward {
   void* dinp; const void* inp; const void* dout; int64_t n;
   template <class F> void pointers(F&& f) { f(dinp), f(inp), f(dout); }
 };
+// Squared ReLU (Primer, So et al. 2021): out = relu(x)^2, d(inp) += d(out) * 2 relu(x).
+// A NaN input gives NaN both ways (not 0), so the loss scaler still sees an overflow.
+struct Relu2Forward {
+  OPS_KERNEL(Relu2Forward);
+  void* out; const void* inp; int64_t n;
+  template <class F> void pointers(F&& f) { f(out), f(inp); }
+};
+struct Relu2Backward {
+  OPS_KERNEL(Relu2Backward);
+  void* dinp; const void* inp; const void* dout; int64_t n;
+  template <class F> void pointers(F&& f) { f(dinp), f(inp), f(dout); }
+};
 // Linear + bias + GELU in one call: the MLP's fc and its activation (fp32).
 // pre (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (bias may be null), kept for the backward;
 // out (N,OC) = gelu(pre). Both overwritten. The operations of MatmulForward then
@@ -534,7 +546,8 @@ using AllKernels =
                LinearGeluForward, LinearGeluBackward, AddLayerNormForward, AddLayerNormBackward, AddRmsNormForward,
                AddRmsNormBackward, SwigluForward, SwigluBackward, AddForward, AddInplace, DropoutForward,
                DropoutBackward, SoftmaxXentForward, SoftmaxXentBackward, XentShardMax, XentShardSumexp,
-               XentShardFinish, XentShardBackward, AdamwUpdate, SumSquares, Scale>;
+               XentShardFinish, XentShardBackward, AdamwUpdate, SumSquares, Scale, Relu2Forward,
+               Relu2Backward>;
 static_assert(std::tuple_size_v<AllKernels> == kKernelCount, "AllKernels names every Kernel");
 
 }  // namespace k

@@ -1,6 +1,7 @@
-// Pointwise operators: GELU, SwiGLU, the residual add and dropout (ops/ops.h).
+// Pointwise operators: GELU, squared ReLU, SwiGLU, the residual add and dropout (ops/ops.h).
 //
 // Gelu     in: x (N,H).                out: (N,H).   saves x.
+// Relu2    in: x (N,H).                out: relu(x)^2 (N,H).  saves x.
 // SwiGLU   in: x (N,2H) = [gate | up]. out: (N,H).   saves x.
 // Add      in: a, b (same shape).      out: a + b.   saves nothing (its backward adds dout to both).
 // Dropout  in: x.                      out: x * keep / (1-p).  saves nothing: the mask is
@@ -27,6 +28,19 @@ void backward(OpContext& c) {
 }
 
 }  // namespace gelu
+
+namespace relu2 {
+
+void forward(OpContext& c) {
+  if (c.native16) return c.be.run(k::Relu2Forward(c.outs[0], c.ins[0], numel_in(c)), c.dtype16());
+  c.be.run(k::Relu2Forward(c.out(0), c.in(0), numel_in(c)));
+}
+void backward(OpContext& c) {
+  if (c.native16) return c.be.run(k::Relu2Backward(c.dins[0], c.ins[0], c.dout, numel_in(c)), c.dtype16());
+  c.be.run(k::Relu2Backward(c.din(0), c.in(0), c.dout, numel_in(c)));
+}
+
+}  // namespace relu2
 
 namespace swiglu {
 
@@ -93,13 +107,19 @@ void backward(OpContext& c) {
 // d(out) through them. Bytes: in units of the output's bytes, as the probes below move them
 // (`runner calibrate` measures each kind's bandwidth on its probe): gelu reads x and writes y
 // (2n) forward, reads x and d(y) and writes d(x) (3n) backward; swiglu's x is 2n: 3n forward,
-// 5n backward; add: 3n each way; dropout like gelu (its mask is regenerated, not read).
+// 5n backward; add: 3n each way; dropout and relu2 like gelu (dropout's mask is regenerated,
+// not read).
 namespace pointwise_figures {
 
 constexpr double kGelu = 10.0;  // per element, the tanh approximation
 
 double gelu_flops(const Graph& g, const Node& n, bool backward) {
   return (backward ? 2.0 * kGelu : kGelu) * numel_f(g, n.out[0]);
+}
+// Forward a compare and a multiply; backward a compare, the doubling, the product with d(out)
+// and the accumulation.
+double relu2_flops(const Graph& g, const Node& n, bool backward) {
+  return (backward ? 4.0 : 2.0) * numel_f(g, n.out[0]);
 }
 double swiglu_flops(const Graph& g, const Node& n, bool backward) {
   return (backward ? 12.0 : 6.0) * numel_f(g, n.out[0]);
@@ -112,11 +132,16 @@ double add_flops(const Graph& g, const Node& n, bool backward) {
 double dropout_flops(const Graph& g, const Node& n, bool) { return 3.0 * numel_f(g, n.out[0]); }
 
 OpTrafficParts gelu_traffic(const Graph& g, const Node& n) { return traffic_of("gelu", nbytes_f(g, n.out[0]), 2, 3); }
+OpTrafficParts relu2_traffic(const Graph& g, const Node& n) { return traffic_of("relu2", nbytes_f(g, n.out[0]), 2, 3); }
 OpTrafficParts swiglu_traffic(const Graph& g, const Node& n) { return traffic_of("swiglu", nbytes_f(g, n.out[0]), 3, 5); }
 OpTrafficParts add_traffic(const Graph& g, const Node& n) { return traffic_of("add", nbytes_f(g, n.out[0]), 3, 3); }
 OpTrafficParts dropout_traffic(const Graph& g, const Node& n) { return traffic_of("dropout", nbytes_f(g, n.out[0]), 2, 3); }
 
 void gelu_probe(ProbeBuilder& p, int64_t N, int64_t C) {
+  p.x({N, C});
+  p.out("y", {N, C}, false);
+}
+void relu2_probe(ProbeBuilder& p, int64_t N, int64_t C) {
   p.x({N, C});
   p.out("y", {N, C}, false);
 }
@@ -149,5 +174,9 @@ constinit const OpDef kDropoutOp{.kind = OpKind::Dropout, .name = "dropout", .sa
                                  .scratch = nullptr, .forward = dropout::forward, .backward = dropout::backward,
                                  .native16 = true, .flops = pointwise_figures::dropout_flops,
                                  .traffic = pointwise_figures::dropout_traffic};
+constinit const OpDef kRelu2Op{.kind = OpKind::Relu2, .name = "relu2", .saves = saves_input, .scratch = nullptr,
+                               .forward = relu2::forward, .backward = relu2::backward, .native16 = true,
+                               .flops = pointwise_figures::relu2_flops, .traffic = pointwise_figures::relu2_traffic,
+                               .probe = pointwise_figures::relu2_probe};
 
 }  // namespace ops

@@ -5,7 +5,7 @@
 //   op_norm.cpp       LayerNorm, RMSNorm
 //   op_linear.cpp     Linear (column / row parallel, sequence-parallel gather / scatter)
 //   op_attention.cpp  Rope, Attention
-//   op_pointwise.cpp  Gelu, SwiGLU, Add, Dropout
+//   op_pointwise.cpp  Gelu, SwiGLU, Add, Dropout, Relu2
 //   op_loss.cpp       SoftmaxXent (vocabulary-parallel)
 //   op_fused.cpp      LinearGelu (Linear + bias + GELU in one node, fp32, no sequence parallelism),
 //                     AddLayerNorm, AddRMSNorm (a residual Add and the norm of its sum in one node)
@@ -271,7 +271,7 @@ extern const OpDef kEmbeddingOp;                                     // op_embed
 extern const OpDef kLayerNormOp, kRMSNormOp;                         // op_norm.cpp
 extern const OpDef kLinearOp;                                        // op_linear.cpp
 extern const OpDef kRopeOp, kAttentionOp;                            // op_attention.cpp
-extern const OpDef kGeluOp, kSwiGLUOp, kAddOp, kDropoutOp;           // op_pointwise.cpp
+extern const OpDef kGeluOp, kSwiGLUOp, kAddOp, kDropoutOp, kRelu2Op;  // op_pointwise.cpp
 extern const OpDef kSoftmaxXentOp;                                   // op_loss.cpp
 extern const OpDef kLinearGeluOp, kAddLayerNormOp, kAddRMSNormOp;    // op_fused.cpp
 
@@ -280,7 +280,7 @@ extern const OpDef kLinearGeluOp, kAddLayerNormOp, kAddRMSNormOp;    // op_fused
 inline constexpr std::array<const OpDef*, kOpKinds> kOpTable = {
     &kEmbeddingOp, &kLayerNormOp, &kRMSNormOp, &kLinearOp, &kRopeOp, &kAttentionOp,
     &kGeluOp,      &kSwiGLUOp,    &kAddOp,     &kDropoutOp, &kSoftmaxXentOp, &kLinearGeluOp,
-    &kAddLayerNormOp, &kAddRMSNormOp,
+    &kAddLayerNormOp, &kAddRMSNormOp, &kRelu2Op,
 };
 
 constexpr bool every_kind_has_an_op() {

@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -183,6 +186,58 @@ TEST_CASE("export: config.json carries the training's dropout and initializer ra
   CHECK(cfg["attention_dropout"] == 0.1);
   CHECK(cfg["initializer_range"] == 0.04);
   CHECK(cfg["bos_token_id"].is_null());
+  fs::remove_all(dir);
+}
+
+// model.activation: relu2 end to end: the tiny quickstart learns with it; export writes the
+// GPT-2 layout with Hugging Face's "relu2" activation_function, and import reads that back into
+// the same model (same logits); a plain "relu" is still refused.
+TEST_CASE("relu2: the quickstart with model.activation=relu2 learns, exports as GPT-2 relu2 and imports back") {
+  fs::path dir = temp_dir("relu2");
+  fs::path run = dir / "run";
+  Result r = runner_cmd(test_support::tiny_quickstart_args(run, 60, 24) + " optimizer.lr=1e-2 model.activation=relu2");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  const std::map<int64_t, double> losses = test_support::step_losses(run, true);
+  REQUIRE(losses.size() >= 20);
+  double first = 0, last = 0;
+  auto it = losses.begin();
+  auto rit = losses.rbegin();
+  for (int i = 0; i < 5; ++i, ++it, ++rit) first += it->second / 5, last += rit->second / 5;
+  MESSAGE("relu2 training loss, mean of the first 5 steps " << first << ", of the last 5 " << last);
+  CHECK(last < 0.9 * first);
+
+  TrainedModel m = load_trained_model(run.string());
+  CHECK(m.model().activation == Activation::relu2);
+  Result e = runner_cmd("export " + run.string() + " --out " + (dir / "st").string());
+  INFO(e.out);
+  REQUIRE(e.code == 0);
+  CHECK(e.out.find("gpt2 layout") != std::string::npos);
+  auto cfg = nlohmann::json::parse(test_support::slurp(dir / "st" / "config.json"));
+  CHECK(cfg["model_type"] == "gpt2");
+  CHECK(cfg["activation_function"] == "relu2");
+
+  Result im = runner_cmd("import " + (dir / "st").string() + " --out " + (dir / "imp").string());
+  INFO(im.out);
+  REQUIRE(im.code == 0);
+  TrainedModel back = load_trained_model((dir / "imp").string());
+  CHECK(back.model().activation == Activation::relu2);
+  const int64_t B = 1, T = m.model().seq_len;
+  std::vector<int32_t> tokens(static_cast<size_t>(B * T));
+  for (int64_t i = 0; i < B * T; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + 11) % 256);
+  const std::vector<float> a = full_forward_logits(m, tokens, B, T), b = full_forward_logits(back, tokens, B, T);
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
+  CHECK(worst <= 1e-5);
+
+  cfg["activation_function"] = "relu";  // plain ReLU: not what the runner computes
+  fs::copy(dir / "st", dir / "relu", fs::copy_options::recursive);
+  std::ofstream(dir / "relu" / "config.json") << cfg.dump(2);
+  Result bad = runner_cmd("import " + (dir / "relu").string() + " --out " + (dir / "imp_relu").string());
+  INFO(bad.out);
+  CHECK(bad.code == 2);
+  CHECK(bad.out.find("activation_function \"relu\"") != std::string::npos);
   fs::remove_all(dir);
 }
 

@@ -62,7 +62,7 @@ const DType kTypes[] = {DType::BF16, DType::F16};
 
 }  // namespace
 
-TEST_CASE("native16 pointwise kernels (gelu, add, dropout) are bit-identical to the widened path") {
+TEST_CASE("native16 pointwise kernels (gelu, relu2, add, dropout) are bit-identical to the widened path") {
   const int64_t n = 12347;  // odd, past one tile (8192)
   for (DType t : kTypes) {
     CAPTURE(ops::dtype_name(t));
@@ -78,6 +78,16 @@ TEST_CASE("native16 pointwise kernels (gelu, add, dropout) are bit-identical to 
     cpu().run(ops::k::GeluBackward(d.data(), x.data(), dy.data(), n), t);
     VF g = zeros(n);
     cpu().run(ops::k::GeluBackward(g.data(), wx.data(), wdy.data(), n));
+    fold(dref, g, t);
+    CHECK(same_bits(d, dref));
+    // relu2
+    cpu().run(ops::k::Relu2Forward(out.data(), x.data(), n), t);
+    cpu().run(ops::k::Relu2Forward(f.data(), wx.data(), n));
+    CHECK(same_bits(out, round16(f, t)));
+    d = d0, dref = d0;
+    cpu().run(ops::k::Relu2Backward(d.data(), x.data(), dy.data(), n), t);
+    g = zeros(n);
+    cpu().run(ops::k::Relu2Backward(g.data(), wx.data(), wdy.data(), n));
     fold(dref, g, t);
     CHECK(same_bits(d, dref));
     // add, and its backward's add_inplace

@@ -1,4 +1,4 @@
-// Pointwise operators (GELU, SwiGLU, add, dropout, scale) and the vectorized exp of
+// Pointwise operators (GELU, squared ReLU, SwiGLU, add, dropout, scale) and the vectorized exp of
 // ops/cpu/vecmath.h, against double references, driven by tables of cases (gradcheck.h).
 #include <cmath>
 #include <limits>
@@ -44,6 +44,29 @@ OpCase gelu_case(int64_t n) {
   };
   c.backward = [](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
     be().run(ops::k::GeluBackward(g[0], a[0].data(), dout.data(), static_cast<int64_t>(a[0].size())));
+  };
+  return c;
+}
+
+// relu(x)^2 (Primer's squared ReLU, Hugging Face's "relu2").
+double ref_relu2(double x) { return x > 0.0 ? x * x : 0.0; }
+
+OpCase relu2_case(int64_t n) {
+  OpCase c;
+  c.name = "relu2 n=" + std::to_string(n);
+  c.inputs = {{"inp", wide_inputs(n, 300 + n)}};
+  c.ref_forward = [](const std::vector<DVec>& a) {
+    DVec out(a[0].size());
+    for (size_t i = 0; i < out.size(); i++) out[i] = ref_relu2(a[0][i]);
+    return out;
+  };
+  c.forward = [](const std::vector<Vec>& a) {
+    Vec out(a[0].size());
+    be().run(ops::k::Relu2Forward(out.data(), a[0].data(), static_cast<int64_t>(a[0].size())));
+    return out;
+  };
+  c.backward = [](const std::vector<Vec>& a, const Vec& dout, const std::vector<float*>& g) {
+    be().run(ops::k::Relu2Backward(g[0], a[0].data(), dout.data(), static_cast<int64_t>(a[0].size())));
   };
   return c;
 }
@@ -125,6 +148,29 @@ OpCase dropout_case(int64_t n, float p, uint64_t offset = 0) {
 
 TEST_CASE("gelu: forward and backward against double reference") {
   for (int64_t n : kSizes) run_case(gelu_case(n));
+}
+
+TEST_CASE("relu2: forward and backward against double reference") {
+  for (int64_t n : kSizes) run_case(relu2_case(n));
+}
+
+TEST_CASE("relu2: the backward accumulates, zero and negative inputs, NaN propagates") {
+  const float x[] = {-2.0f, -0.0f, 0.0f, 0.5f, 3.0f, std::numeric_limits<float>::quiet_NaN()};
+  const float dy[] = {1.0f, 1.0f, 1.0f, 2.0f, -1.0f, 1.0f};
+  float y[6], d[6] = {10.0f, 10.0f, 10.0f, 10.0f, 10.0f, 10.0f};
+  be().run(ops::k::Relu2Forward(y, x, 6));
+  be().run(ops::k::Relu2Backward(d, x, dy, 6));
+  CHECK(y[0] == 0.0f);
+  CHECK(y[1] == 0.0f);
+  CHECK(y[2] == 0.0f);
+  CHECK(y[3] == 0.25f);
+  CHECK(y[4] == 9.0f);
+  CHECK(std::isnan(y[5]));  // an overflow stays visible to the loss scaler
+  CHECK(d[0] == 10.0f);     // += 0
+  CHECK(d[2] == 10.0f);
+  CHECK(d[3] == 12.0f);     // += 2 * (2 * 0.5)
+  CHECK(d[4] == 4.0f);      // += -1 * (2 * 3)
+  CHECK(std::isnan(d[5]));
 }
 
 TEST_CASE("swiglu: forward and backward against double reference") {

@@ -131,6 +131,7 @@ std::vector<Case> cases() {
                      .done());
   }
   cs.push_back(Case("gelu", OpKind::Gelu).x({kN, H}).out("y", {kN, H}).done());
+  cs.push_back(Case("relu2", OpKind::Relu2).x({kN, H}).out("y", {kN, H}).done());
   // fc + GELU fused (the MLP's first half as one node); out[1] is the kept pre-activation.
   cs.push_back(Case("linear_gelu", OpKind::LinearGelu)
                    .x({kN, C}).param("W", {H, C}).param("b", {H}).out("y", {kN, H}).out("pre", {kN, H}).done());
@@ -375,7 +376,7 @@ TEST_CASE("operator table: each bandwidth probe builds a node whose traffic is i
     CHECK(t.parts[0].forward > 0);
     CHECK(t.parts[0].backward > 0);
   }
-  CHECK(probes == 7);  // embedding, the norms, gelu, swiglu, add, the loss
+  CHECK(probes == 8);  // embedding, the norms, gelu, relu2, swiglu, add, the loss
 }
 
 TEST_CASE("Graph::add_node refuses a node with more operands than an OpContext carries") {

@@ -419,6 +419,15 @@ std::vector<KernelCase> pointwise_and_norm_cases() {
                   be.run(ops::k::GeluBackward(F(p, 0), F(p, 1), F(p, 2), kBig));
                   return 0.0;
                 }});
+  cs.push_back({"relu2_forward", "relu2_forward", {{kBig, DType::F32}, {kBig, DType::F32, -6, 6}}, [](Backend& be, const auto& p) {
+                  be.run(ops::k::Relu2Forward(F(p, 0), F(p, 1), kBig));
+                  return 0.0;
+                }});
+  cs.push_back({"relu2_backward", "relu2_backward", {{kBig, DType::F32}, {kBig, DType::F32, -6, 6}, {kBig, DType::F32}},
+                [](Backend& be, const auto& p) {
+                  be.run(ops::k::Relu2Backward(F(p, 0), F(p, 1), F(p, 2), kBig));
+                  return 0.0;
+                }});
   cs.push_back({"swiglu_forward", "swiglu_forward", {{N * H, DType::F32}, {N * 2 * H, DType::F32, -4, 4}},
                 [](Backend& be, const auto& p) {
                   be.run(ops::k::SwigluForward(F(p, 0), F(p, 1), N, H));
@@ -714,6 +723,15 @@ std::vector<KernelCase> native16_cases() {
                     be.run(ops::k::GeluBackward(p[0], p[1], p[2], kBig), t);
                     return 0.0;
                   }});
+    cs.push_back({"relu2_forward16", "relu2_forward16" + tag, {{kBig, t}, {kBig, t, -6, 6}}, [=](Backend& be, const auto& p) {
+                    be.run(ops::k::Relu2Forward(p[0], p[1], kBig), t);
+                    return 0.0;
+                  }});
+    cs.push_back({"relu2_backward16", "relu2_backward16" + tag, {{kBig, t}, {kBig, t, -6, 6}, {kBig, t}},
+                  [=](Backend& be, const auto& p) {
+                    be.run(ops::k::Relu2Backward(p[0], p[1], p[2], kBig), t);
+                    return 0.0;
+                  }});
     cs.push_back({"swiglu_forward16", "swiglu_forward16" + tag, {{N * H, t}, {N * 2 * H, t, -4, 4}},
                   [=](Backend& be, const auto& p) {
                     be.run(ops::k::SwigluForward(p[0], p[1], N, H), t);
@@ -856,14 +874,19 @@ std::set<std::string> declared_methods() {
 
 // A case's method as the table names it: "layernorm_forward16" -> "LayerNormForward" (its
 // 16-bit entries are the same kernel's); a memory method ("copy") stays as it is.
+// Only "16" is dropped: other digits belong to the kernel's name ("relu2_forward" -> "Relu2Forward").
 std::string kernel_of(const std::string& method) {
   std::string camel;
   bool up = true;
-  for (char ch : method) {
+  for (size_t i = 0; i < method.size(); ++i) {
+    const char ch = method[i];
     if (ch == '_') {
       up = true;
+    } else if (method.compare(i, 2, "16") == 0) {
+      ++i;  // matmul16_forward, gelu_forward16
     } else if (ch >= '0' && ch <= '9') {
-      continue;  // matmul16_forward, gelu_forward16
+      camel += ch;
+      up = false;
     } else {
       camel += up ? static_cast<char>(ch - 'a' + 'A') : ch;
       up = false;

@@ -411,6 +411,18 @@ void gelu_backward_range(float* __restrict dinp, const float* __restrict inp, co
   for (int64_t i = 0; i < n; i++) dinp[i] += dout[i] * gelu_grad_f(inp[i]);
 }
 
+// =============================================================================== relu2
+// relu2(x) = relu(x)^2 (see vecmath.h); the backward accumulates like gelu's.
+void relu2_forward_range(float* __restrict out, const float* __restrict inp, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) out[i] = relu2_f(inp[i]);
+}
+void relu2_backward_range(float* __restrict dinp, const float* __restrict inp, const float* __restrict dout,
+                          int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) dinp[i] += dout[i] * relu2_grad_f(inp[i]);
+}
+
 // =============================================================================== swiglu
 // Shazeer 2020. inp: (N, 2H) = [gate | up], out: (N, H) = silu(gate) * up, silu(g) = g s,
 // s = sigmoid(g), silu'(g) = s (1 + g (1 - s)).
@@ -646,6 +658,8 @@ class CpuBackend final : public Backend {
     provide<k::AttentionDecode>(DType::F32, [this](const k::AttentionDecode& q) { attention_decode(static_cast<float*>(q.out), static_cast<const float*>(q.qkv), q.kv, q.pos, q.B, q.C, q.heads, q.theta); });
     provide<k::GeluForward>(DType::F32, [this](const k::GeluForward& q) { gelu_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n); });
     provide<k::GeluBackward>(DType::F32, [this](const k::GeluBackward& q) { gelu_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.inp), static_cast<const float*>(q.dout), q.n); });
+    provide<k::Relu2Forward>(DType::F32, [this](const k::Relu2Forward& q) { relu2_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n); });
+    provide<k::Relu2Backward>(DType::F32, [this](const k::Relu2Backward& q) { relu2_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.inp), static_cast<const float*>(q.dout), q.n); });
     provide<k::LinearGeluForward>(DType::F32, [this](const k::LinearGeluForward& q) { linear_gelu_forward(static_cast<float*>(q.out), static_cast<float*>(q.pre), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), q.N, q.C, q.OC); });
     provide<k::LinearGeluBackward>(DType::F32, [this](const k::LinearGeluBackward& q) { linear_gelu_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<float*>(q.dpre), static_cast<const float*>(q.pre), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.OC); });
     provide_all<k::AddLayerNormForward>([this](const k::AddLayerNormForward& q, DType t) { add_layernorm_forward(q.sum, q.out, static_cast<float*>(q.mean), static_cast<float*>(q.rstd), q.a, q.b, static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), t, q.N, q.C, q.eps); });
@@ -680,6 +694,8 @@ class CpuBackend final : public Backend {
     provide16<k::RopeBackward>([this](const k::RopeBackward& q, DType t) { native16::rope_backward(*this, q.dinp, q.dout, t, q.B, q.T, q.C, q.heads, q.theta); });
     provide16<k::GeluForward>([this](const k::GeluForward& q, DType t) { native16::gelu_forward(*this, q.out, q.inp, t, q.n); });
     provide16<k::GeluBackward>([this](const k::GeluBackward& q, DType t) { native16::gelu_backward(*this, q.dinp, q.inp, q.dout, t, q.n); });
+    provide16<k::Relu2Forward>([this](const k::Relu2Forward& q, DType t) { native16::relu2_forward(*this, q.out, q.inp, t, q.n); });
+    provide16<k::Relu2Backward>([this](const k::Relu2Backward& q, DType t) { native16::relu2_backward(*this, q.dinp, q.inp, q.dout, t, q.n); });
     provide16<k::SwigluForward>([this](const k::SwigluForward& q, DType t) { native16::swiglu_forward(*this, q.out, q.inp, t, q.N, q.H); });
     provide16<k::SwigluBackward>([this](const k::SwigluBackward& q, DType t) { native16::swiglu_backward(*this, q.dinp, q.dout, q.inp, t, q.N, q.H); });
     provide16<k::AddForward>([this](const k::AddForward& q, DType t) { native16::add_forward(*this, q.out, q.a, q.b, t, q.n); });
@@ -868,6 +884,15 @@ class CpuBackend final : public Backend {
     if (!dinp) return;
     parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) {
       gelu_backward_range(dinp + i0, inp + i0, dout + i0, i1 - i0);
+    });
+  }
+  void relu2_forward(float* out, const float* inp, int64_t n) {
+    parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) { relu2_forward_range(out + i0, inp + i0, i1 - i0); });
+  }
+  void relu2_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+    if (!dinp) return;
+    parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) {
+      relu2_backward_range(dinp + i0, inp + i0, dout + i0, i1 - i0);
     });
   }
 

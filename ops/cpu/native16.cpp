@@ -96,6 +96,33 @@ void gelu_backward(Backend& be, void* dinp, const void* inp, const void* dout, D
   });
 }
 
+// relu2 as gelu above: bf16 in registers, fp16 through the fp32 kernel on widened tiles.
+void relu2_forward(Backend& be, void* out, const void* inp, DType t, int64_t n) {
+  if (t == DType::BF16)
+    return tiles(n, kTile, [&](int64_t i0, int64_t m) {
+#pragma omp simd
+      for (int64_t i = i0; i < i0 + m; ++i) st(out, i, cpu::relu2_f(ld(inp, i)));
+    });
+  tiles(n, kTile, [&](int64_t i0, int64_t m) {
+    float* y = buf(1, m);
+    be.run(k::Relu2Forward(y, widen(0, inp, t, i0, m), m));
+    round_out(out, t, i0, y, m);
+  });
+}
+void relu2_backward(Backend& be, void* dinp, const void* inp, const void* dout, DType t, int64_t n) {
+  if (!dinp) return;
+  if (t == DType::BF16)
+    return tiles(n, kTile, [&](int64_t i0, int64_t m) {
+#pragma omp simd
+      for (int64_t i = i0; i < i0 + m; ++i) fold_st(dinp, i, ld(dout, i) * cpu::relu2_grad_f(ld(inp, i)));
+    });
+  tiles(n, kTile, [&](int64_t i0, int64_t m) {
+    float* g = buf(2, m, true);
+    be.run(k::Relu2Backward(g, widen(0, inp, t, i0, m), widen(1, dout, t, i0, m), m));
+    fold(dinp, t, i0, g, m);
+  });
+}
+
 void add_forward(Backend& be, void* out, const void* a, const void* b, DType t, int64_t n) {
   if (t == DType::BF16)
     return tiles(n, kTile, [&](int64_t i0, int64_t m) {

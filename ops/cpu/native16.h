@@ -43,6 +43,8 @@ void rope_backward(Backend& be, void* dinp, const void* dout, DType t, int B, in
                    float theta);
 void gelu_forward(Backend& be, void* out, const void* inp, DType t, int64_t n);
 void gelu_backward(Backend& be, void* dinp, const void* inp, const void* dout, DType t, int64_t n);
+void relu2_forward(Backend& be, void* out, const void* inp, DType t, int64_t n);
+void relu2_backward(Backend& be, void* dinp, const void* inp, const void* dout, DType t, int64_t n);
 void swiglu_forward(Backend& be, void* out, const void* inp, DType t, int N, int H);
 void swiglu_backward(Backend& be, void* dinp, const void* dout, const void* inp, DType t, int N, int H);
 void add_forward(Backend& be, void* out, const void* a, const void* b, DType t, int64_t n);

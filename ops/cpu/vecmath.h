@@ -78,6 +78,11 @@ OPS_INLINE float gelu_grad_f(float x) {
   return s + 2.0f * x * s * (1.0f - s) * du;
 }
 
+// Squared ReLU: relu(x)^2 and its derivative 2 relu(x). Written with `x < 0` so that a NaN
+// input stays NaN (a `x > 0 ? ... : 0` form would turn it into 0 and hide an overflow).
+OPS_INLINE float relu2_f(float x) { return x < 0.0f ? 0.0f : x * x; }
+OPS_INLINE float relu2_grad_f(float x) { return x < 0.0f ? 0.0f : x + x; }
+
 // ---- explicit 16-float vectors (GCC vector extensions: one zmm register with AVX-512,
 // split into native widths elsewhere), for the row loops where `omp simd` reductions are
 // lowered poorly (a lane array spilled to the stack, and a scalar epilogue even when the trip

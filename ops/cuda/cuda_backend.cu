@@ -183,6 +183,9 @@ __device__ inline float gelu_grad_d(float x) {
   const float s = sigmoid_d(2.0f * u);
   return s + 2.0f * x * s * (1.0f - s) * du;
 }
+// relu(x)^2 and 2 relu(x), as ops/cpu/vecmath.h writes them (a NaN stays NaN).
+__device__ inline float relu2_d(float x) { return x < 0.0f ? 0.0f : x * x; }
+__device__ inline float relu2_grad_d(float x) { return x < 0.0f ? 0.0f : x + x; }
 
 // ------------------------------------------------------------------ embedding
 __global__ void embedding_fwd_k(float* out, const int32_t* tokens, const float* wte, const float* wpe, int64_t N,
@@ -502,6 +505,10 @@ __global__ void gelu_fwd_k(float* out, const float* inp, int64_t n) { GRID_STRID
 __global__ void gelu_bwd_k(float* dinp, const float* inp, const float* dout, int64_t n) {
   GRID_STRIDE(i, n) dinp[i] += dout[i] * gelu_grad_d(inp[i]);
 }
+__global__ void relu2_fwd_k(float* out, const float* inp, int64_t n) { GRID_STRIDE(i, n) out[i] = relu2_d(inp[i]); }
+__global__ void relu2_bwd_k(float* dinp, const float* inp, const float* dout, int64_t n) {
+  GRID_STRIDE(i, n) dinp[i] += dout[i] * relu2_grad_d(inp[i]);
+}
 // LinearGelu's backward: d(pre) = d(out) * gelu'(pre), in place over d(out). The
 // composed default's bits (linear_gelu_backward_composed: 0 + d(out) * gelu'(pre) into a zeroed
 // temporary, then copied back) without its (N, OC) temporary, which no ledger counts.
@@ -758,6 +765,8 @@ class CudaBackend final : public Backend {
     provide<k::AttentionBackward>(DType::F32, [this](const k::AttentionBackward& q) { attention_backward(static_cast<float*>(q.dqkv), static_cast<const float*>(q.dout), static_cast<const float*>(q.qkv), static_cast<const float*>(q.lse), q.B, q.T, q.C, q.heads, q.drop, static_cast<float*>(q.work)); });
     provide<k::GeluForward>(DType::F32, [this](const k::GeluForward& q) { gelu_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n); });
     provide<k::GeluBackward>(DType::F32, [this](const k::GeluBackward& q) { gelu_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.inp), static_cast<const float*>(q.dout), q.n); });
+    provide<k::Relu2Forward>(DType::F32, [this](const k::Relu2Forward& q) { relu2_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n); });
+    provide<k::Relu2Backward>(DType::F32, [this](const k::Relu2Backward& q) { relu2_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.inp), static_cast<const float*>(q.dout), q.n); });
     provide<k::LinearGeluBackward>(DType::F32, [this](const k::LinearGeluBackward& q) { linear_gelu_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<float*>(q.dpre), static_cast<const float*>(q.pre), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.OC); });
     provide<k::SwigluForward>(DType::F32, [this](const k::SwigluForward& q) { swiglu_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.N, q.H); });
     provide<k::SwigluBackward>(DType::F32, [this](const k::SwigluBackward& q) { swiglu_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), q.N, q.H); });
@@ -998,6 +1007,16 @@ class CudaBackend final : public Backend {
   void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
     if (!dinp || n == 0) return;
     gelu_bwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, inp, dout, n);
+    LAUNCH_CHECK();
+  }
+  void relu2_forward(float* out, const float* inp, int64_t n) {
+    if (n == 0) return;
+    relu2_fwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(out, inp, n);
+    LAUNCH_CHECK();
+  }
+  void relu2_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+    if (!dinp || n == 0) return;
+    relu2_bwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, inp, dout, n);
     LAUNCH_CHECK();
   }
   void linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre, const float* inp,

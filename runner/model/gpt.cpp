@@ -318,7 +318,8 @@ struct Builder {
     } else {
       int u = linear(p + ".mlp.fc", mm, wfc, bfc, fc_out / t, l, Module::mlp, 'c');
       h = g.add_activation(p + ".mlp.act.out", {N, H / t}, l, act);
-      node(glu ? OpKind::SwiGLU : OpKind::Gelu, p + ".mlp.act", {u}, {h}, l, Module::mlp);
+      const OpKind act_kind = glu ? OpKind::SwiGLU : m.activation == Activation::relu2 ? OpKind::Relu2 : OpKind::Gelu;
+      node(act_kind, p + ".mlp.act", {u}, {h}, l, Module::mlp);
     }
     int wp = row_weight(p + ".mlp.proj.weight", C, H, l);
     int bp = m.bias ? seq_param(p + ".mlp.proj.bias", C, l) : -1;
@@ -505,14 +506,17 @@ void bind_params(ops::Executor& ex, const ops::Graph& g, ParamSet& ps) {
 namespace runner {
 
 HfStyle hf_style(const ModelConfig& m) {
-  const bool ln = m.norm == Norm::layernorm, gelu = m.activation == Activation::gelu,
-             learned = m.position == Position::learned;
-  if (ln && gelu && learned) {
+  // GPT-2's MLP is ungated: its activation_function names gelu or relu2 (Hugging Face's
+  // ACT2FN has both); Llama's is the gated silu, our swiglu.
+  const bool ln = m.norm == Norm::layernorm,
+             ungated = m.activation == Activation::gelu || m.activation == Activation::relu2,
+             swiglu = m.activation == Activation::swiglu, learned = m.position == Position::learned;
+  if (ln && ungated && learned) {
     if (!m.bias) throw std::invalid_argument("Hugging Face GPT-2 has biases in every linear layer and layernorm; this model has bias: false");
     return HfStyle::gpt2;
   }
-  if (!ln && !gelu && !learned) return HfStyle::llama;
-  throw std::invalid_argument(std::string("neither GPT-2 (layernorm, gelu, learned positions) nor Llama (rmsnorm, swiglu, "
+  if (!ln && swiglu && !learned) return HfStyle::llama;
+  throw std::invalid_argument(std::string("neither GPT-2 (layernorm, gelu or relu2, learned positions) nor Llama (rmsnorm, swiglu, "
                                           "rope) matches norm: ") + to_string(m.norm) + ", activation: " +
                               to_string(m.activation) + ", position: " + to_string(m.position));
 }

@@ -113,7 +113,7 @@ void bind_params(ops::Executor& ex, const ops::Graph& g, ParamSet& ps);
 
 namespace runner {
 // ---- the Hugging Face layouts of the gpt family (runner export) ----
-// GPT-2 (layernorm, gelu, learned positions, biases) and Llama (rmsnorm, swiglu, rope). Our
+// GPT-2 (layernorm, gelu or relu2, learned positions, biases) and Llama (rmsnorm, swiglu, rope). Our
 // rope already pairs (i, i + HS/2) ("rotate half", as Hugging Face's Llama does), so q and k
 // rows need no permutation.
 enum class HfStyle { gpt2, llama };

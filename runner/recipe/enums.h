@@ -26,7 +26,7 @@ namespace runner {
 
 enum class ModelFamily { gpt };
 enum class Norm { layernorm, rmsnorm };
-enum class Activation { gelu, swiglu };
+enum class Activation { gelu, swiglu, relu2 };  // relu2: relu(x)^2 (Primer), ungated like gelu
 enum class Position { learned, rope };
 enum class DataKind { addition, text, hdf5, bin };
 enum class PipelineSchedule { one_f_one_b, gpipe, interleaved };
@@ -50,8 +50,8 @@ constexpr EnumTable<ModelFamily, 1> enum_names(ModelFamily) { return {{{ModelFam
 constexpr EnumTable<Norm, 2> enum_names(Norm) {
   return {{{Norm::layernorm, "layernorm"}, {Norm::rmsnorm, "rmsnorm"}}};
 }
-constexpr EnumTable<Activation, 2> enum_names(Activation) {
-  return {{{Activation::gelu, "gelu"}, {Activation::swiglu, "swiglu"}}};
+constexpr EnumTable<Activation, 3> enum_names(Activation) {
+  return {{{Activation::gelu, "gelu"}, {Activation::swiglu, "swiglu"}, {Activation::relu2, "relu2"}}};
 }
 constexpr EnumTable<Position, 2> enum_names(Position) {
   return {{{Position::learned, "learned"}, {Position::rope, "rope"}}};

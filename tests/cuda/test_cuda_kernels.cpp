@@ -360,6 +360,20 @@ TEST_CASE("grouped-query attention and rope: 8 query heads over 2 key-value head
   }
 }
 
+TEST_CASE("relu2 forward and accumulating backward match the CPU's") {
+  const int64_t n = 50 * 77;
+  auto x = randn(n, 90, 2.0f), dy = randn(n, 91), d0 = randn(n, 92);
+  x[0] = 0.0f, x[1] = -0.0f;  // the kink: value and derivative 0 on both sides
+  DevF gx(x), gdy(dy), gout(filled(n)), gd(d0);
+  std::vector<float> out(n), d = d0;
+  cpu().run(ops::k::Relu2Forward(out.data(), x.data(), n));
+  gpu().run(ops::k::Relu2Forward(gout.p(), gx.p(), n));
+  check_close(gout.host(), out, 1e-6f, 1e-7f, "relu2");
+  cpu().run(ops::k::Relu2Backward(d.data(), x.data(), dy.data(), n));
+  gpu().run(ops::k::Relu2Backward(gd.p(), gx.p(), gdy.p(), n));
+  check_close(gd.host(), d, 1e-6f, 1e-7f, "relu2 backward (+= into d0)");
+}
+
 TEST_CASE("gelu, swiglu, add, scale") {
   const int N = 50, H = 77;
   const int64_t n = int64_t(N) * H;
