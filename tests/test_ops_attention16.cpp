@@ -145,14 +145,6 @@ namespace {
 
 using Run = test_support::TrainSteps;
 
-// `steps` steps of a small model, native kernels on or off (tests/support/train_steps.h).
-Run train(const runner::ModelConfig& m, DType act, bool native, int steps, int64_t B) {
-  runner::GptSpec spec;
-  spec.model = m;
-  spec.B = B;
-  spec.act_dtype = act;
-  return test_support::train_steps_native16(spec, native, steps);
-}
 
 }  // namespace
 
@@ -177,7 +169,8 @@ TEST_CASE("native16 attention: small models train bit for bit as on the widened 
     ops::ScopedGemmPaths scope(paths);
     for (DType t : kTypes) {
       CAPTURE(ops::dtype_name(t));
-      const Run off = train(m, t, false, 3, B), on = train(m, t, true, 3, B);
+      const Run off = test_support::train_steps_native16(m, t, false, 3, B),
+                on = test_support::train_steps_native16(m, t, true, 3, B);
       test_support::check_same_bits(on, off);
       CHECK(on.workspace_peak <= off.workspace_peak);
       if (!ops::reads_as_stored(paths.of(t).path)) continue;  // a widened Linear may set both peaks

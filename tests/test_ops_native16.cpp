@@ -248,18 +248,6 @@ namespace {
 
 using Run = test_support::TrainSteps;
 
-// `steps` steps of a small model, native kernels on or off (tests/support/train_steps.h).
-// `grad` is the parameters' gradient dtype (precision.grad_accum): fp32 buffers are accumulated
-// into directly, 16-bit ones through the executor's widened fold.
-Run train(const runner::ModelConfig& m, DType act, bool native, int steps, DType grad = DType::F32) {
-  runner::GptSpec spec;
-  spec.model = m;
-  spec.B = 3;
-  spec.act_dtype = act;
-  spec.grad_dtype = grad;
-  return test_support::train_steps_native16(spec, native, steps);
-}
-
 }  // namespace
 
 TEST_CASE("native16: small models train bit for bit as on the widened path, in less workspace") {
@@ -271,7 +259,8 @@ TEST_CASE("native16: small models train bit for bit as on the widened path, in l
     m.mlp_ratio = 7.3;  // an odd hidden width (292), wide enough that the MLP's copies set the widened peak
     for (DType t : kTypes) {
       CAPTURE(ops::dtype_name(t));
-      const Run off = train(m, t, false, 3), on = train(m, t, true, 3);
+      const Run off = test_support::train_steps_native16(m, t, false, 3, 3),
+                on = test_support::train_steps_native16(m, t, true, 3, 3);
       test_support::check_same_bits(on, off);
       CHECK(on.workspace_peak < off.workspace_peak);
     }

@@ -59,6 +59,16 @@ TrainSteps train_steps_native16(const runner::GptSpec& spec, bool native, int st
   return r;
 }
 
+TrainSteps train_steps_native16(const runner::ModelConfig& m, ops::DType act, bool native, int steps, int64_t B,
+                                ops::DType grad) {
+  runner::GptSpec spec;
+  spec.model = m;
+  spec.B = B;
+  spec.act_dtype = act;
+  spec.grad_dtype = grad;
+  return train_steps_native16(spec, native, steps);
+}
+
 void check_same_bits(const TrainSteps& a, const TrainSteps& b, bool weights) {
   REQUIRE(a.losses.size() == b.losses.size());
   for (size_t s = 0; s < a.losses.size(); ++s) {

@@ -25,6 +25,9 @@ TrainSteps train_steps(const runner::GptSpec& spec, int steps);
 // The same with the 16-bit-native kernels switched on or off (ops::set_native16; on again
 // after), CHECKing that the dry run was exact in that mode.
 TrainSteps train_steps_native16(const runner::GptSpec& spec, bool native, int steps);
+// The same for model `m` at micro-batch B, activations stored in `act`, gradients in `grad`.
+TrainSteps train_steps_native16(const runner::ModelConfig& m, ops::DType act, bool native, int steps, int64_t B,
+                                ops::DType grad = ops::DType::F32);
 
 // Two containers of the same element type hold the same bytes.
 template <class A>
