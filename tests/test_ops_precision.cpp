@@ -882,6 +882,30 @@ Case gelu_case() {
   return c;
 }
 
+Case relu2_case() {
+  const int H = 45;
+  Case c;
+  c.name = "relu2";
+  c.operands = {{"x", {kN, H}, 2.0f}};
+  c.build = [=](DType t) {
+    ops::NodeGraph b(OpKind::Relu2, kB, kT, "op");
+    return b.x({kN, H}, t).out("y", {kN, H}, t).done().g;
+  };
+  c.fwd = [](const Ins& in) {
+    DVec y(in[0].size());
+    for (size_t i = 0; i < y.size(); ++i) y[i] = in[0][i] > 0 ? in[0][i] * in[0][i] : 0.0;
+    return y;
+  };
+  c.bwd = [](const Ins& in, const DVec& dy, const Ins&) {
+    DVec g(in[0].size());
+    for (size_t i = 0; i < g.size(); ++i) g[i] = in[0][i] > 0 ? dy[i] * 2.0 * in[0][i] : 0.0;
+    return Ins{g};
+  };
+  c.K_fwd = 0;  // pointwise: a product or two, no reduction
+  c.K_bwd = {0};
+  return c;
+}
+
 Case swiglu_case() {
   const int H = 23, N = static_cast<int>(kN);
   Case c;
@@ -1082,6 +1106,7 @@ TEST_CASE("16-bit precision: rmsnorm (bf16, fp16) against float64") { check_case
 TEST_CASE("16-bit precision: rope (bf16, fp16) against float64") { check_case(rope_case()); }
 TEST_CASE("16-bit precision: attention (bf16, fp16) against float64") { check_case(attention_case()); }
 TEST_CASE("16-bit precision: gelu (bf16, fp16) against float64") { check_case(gelu_case()); }
+TEST_CASE("16-bit precision: relu2 (bf16, fp16) against float64") { check_case(relu2_case()); }
 TEST_CASE("16-bit precision: swiglu (bf16, fp16) against float64") { check_case(swiglu_case()); }
 TEST_CASE("16-bit precision: add (bf16, fp16) against float64") { check_case(add_case()); }
 TEST_CASE("16-bit precision: dropout (bf16, fp16) against float64") { check_case(dropout_case()); }
@@ -1110,7 +1135,7 @@ TEST_CASE("16-bit precision: every operator kind has a case above") {
   // Kinds covered by the test cases of this file; a new OpKind fails here until it has one.
   const OpKind covered[] = {OpKind::Embedding, OpKind::LayerNorm, OpKind::RMSNorm, OpKind::Linear,
                             OpKind::Rope,      OpKind::Attention, OpKind::Gelu,    OpKind::SwiGLU,
-                            OpKind::Add,       OpKind::Dropout,   OpKind::SoftmaxXent};
+                            OpKind::Add,       OpKind::Dropout,   OpKind::SoftmaxXent, OpKind::Relu2};
   // Kinds that exist in fp32 only: their OpDef refuses 16-bit tensors, and the model builder
   // emits them only with fp32 activations. LinearGelu is linear + gelu fused; its
   // results equal those of the two cases above bit for bit (tests/test_ops_fused.cpp, which
