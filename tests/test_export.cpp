@@ -195,9 +195,7 @@ TEST_CASE("export: config.json carries the training's dropout and initializer ra
 TEST_CASE("relu2: the quickstart with model.activation=relu2 learns, exports as GPT-2 relu2 and imports back") {
   fs::path dir = temp_dir("relu2");
   fs::path run = dir / "run";
-  Result r = runner_cmd(test_support::tiny_quickstart_args(run, 60, 24) + " optimizer.lr=1e-2 model.activation=relu2");
-  INFO(r.out);
-  REQUIRE(r.code == 0);
+  Result r = runner_ok(test_support::tiny_quickstart_args(run, 60, 24) + " optimizer.lr=1e-2 model.activation=relu2");
   const std::map<int64_t, double> losses = test_support::step_losses(run, true);
   REQUIRE(losses.size() >= 20);
   double first = 0, last = 0;
@@ -209,17 +207,13 @@ TEST_CASE("relu2: the quickstart with model.activation=relu2 learns, exports as 
 
   TrainedModel m = load_trained_model(run.string());
   CHECK(m.model().activation == Activation::relu2);
-  Result e = runner_cmd("export " + run.string() + " --out " + (dir / "st").string());
-  INFO(e.out);
-  REQUIRE(e.code == 0);
+  Result e = runner_ok("export " + run.string() + " --out " + (dir / "st").string());
   CHECK(e.out.find("gpt2 layout") != std::string::npos);
   auto cfg = nlohmann::json::parse(test_support::slurp(dir / "st" / "config.json"));
   CHECK(cfg["model_type"] == "gpt2");
   CHECK(cfg["activation_function"] == "relu2");
 
-  Result im = runner_cmd("import " + (dir / "st").string() + " --out " + (dir / "imp").string());
-  INFO(im.out);
-  REQUIRE(im.code == 0);
+  Result im = runner_ok("import " + (dir / "st").string() + " --out " + (dir / "imp").string());
   TrainedModel back = load_trained_model((dir / "imp").string());
   CHECK(back.model().activation == Activation::relu2);
   const int64_t B = 1, T = m.model().seq_len;
