@@ -3,12 +3,15 @@
 #include "ops/backend.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "ops/convert.h"
+#include "ops/ops.h"
 
 namespace ops {
 
@@ -202,31 +205,35 @@ void embedding_backward_as_shard(Backend& be, const k::EmbeddingBackward& a) {
 }
 
 bool native16_available(const Backend& be, DType t) {
-  for (Kernel k : {Kernel::EmbeddingForward, Kernel::EmbeddingBackward, Kernel::LayerNormForward,
-                   Kernel::LayerNormBackward, Kernel::RmsNormForward, Kernel::RmsNormBackward, Kernel::RopeForward,
-                   Kernel::RopeBackward, Kernel::GeluForward, Kernel::GeluBackward, Kernel::SwigluForward,
-                   Kernel::SwigluBackward, Kernel::AddForward, Kernel::AddInplace, Kernel::DropoutForward,
-                   Kernel::DropoutBackward, Kernel::AttentionForward, Kernel::AttentionBackward,
-                   Kernel::Relu2Forward, Kernel::Relu2Backward})
-    if (!be.has(k, t)) return false;
+  const Graph none{};  // the kinds' plain forms: no tensor parallelism, no decoding, no KV cache
+  const Node plain{};
+  for (const OpDef* op : kOpTable) {
+    if (!op->native16) continue;
+    for (bool backward : {false, true})
+      for (Kernel k : op->kernels(none, plain, backward, false))
+        if (!be.has(k, t)) return false;
+  }
   return true;
 }
 
+namespace {
+template <class... K>
+constexpr std::array<const char*, sizeof...(K)> names_of(std::tuple<K...>*) {
+  return {K::name...};
+}
+// Each kernel's name, from its args struct (ops/kernels.h), at its Kernel's index.
+constexpr auto kKernelNames = names_of(static_cast<k::AllKernels*>(nullptr));
+template <class... K>
+constexpr bool ids_in_order(std::tuple<K...>*) {
+  int i = 0;
+  return ((static_cast<int>(K::id) == i++) && ...);
+}
+static_assert(ids_in_order(static_cast<k::AllKernels*>(nullptr)), "AllKernels lists the kernels in Kernel order");
+}  // namespace
+
 const char* kernel_name(Kernel k) {
-  static const char* const names[] = {
-      "Convert", "Accumulate", "SumSquaresTyped", "Fill", "AdamwUpdateTyped", "AdamwUpdateZeroGrad",
-      "EmbeddingForward", "EmbeddingBackward", "EmbeddingShardForward", "EmbeddingShardBackward",
-      "LayerNormForward", "LayerNormBackward", "RmsNormForward", "RmsNormBackward",
-      "MatmulForward", "MatmulBackward", "RopeForward", "RopeBackward",
-      "AttentionForward", "AttentionBackward", "KvCacheWrite", "AttentionDecode",
-      "GeluForward", "GeluBackward", "LinearGeluForward", "LinearGeluBackward",
-      "AddLayerNormForward", "AddLayerNormBackward", "AddRmsNormForward", "AddRmsNormBackward",
-      "SwigluForward", "SwigluBackward", "AddForward", "AddInplace", "DropoutForward", "DropoutBackward",
-      "SoftmaxXentForward", "SoftmaxXentBackward", "XentShardMax", "XentShardSumexp", "XentShardFinish",
-      "XentShardBackward", "AdamwUpdate", "SumSquares", "Scale", "Relu2Forward", "Relu2Backward"};
-  static_assert(sizeof(names) / sizeof(names[0]) == kKernelCount, "a name per kernel");
   const int i = static_cast<int>(k);
-  return i >= 0 && i < kKernelCount ? names[i] : "?";
+  return i >= 0 && i < kKernelCount ? kKernelNames[static_cast<size_t>(i)] : "?";
 }
 
 void Backend::missing(Kernel k, DType t) const {

@@ -103,6 +103,9 @@ class Backend {
   template <class K, class F> void provide_all(F fn) {
     for (DType t : {DType::F32, DType::BF16, DType::F16}) provide<K>(t, [fn, t](const K& a) { fn(a, t); });
   }
+  // The F32 entries a backend implements as fp32 member functions of the common signatures
+  // (ops/backend_fp32.h, which defines it: the CPU and CUDA backends).
+  template <class Self> void provide_fp32_members(Self* self);
   // The BF16 and F16 entries of K: fn(const K&, DType).
   template <class K, class F> void provide16(F fn) {
     for (DType t : {DType::BF16, DType::F16}) provide<K>(t, [fn, t](const K& a) { fn(a, t); });

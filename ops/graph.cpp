@@ -14,6 +14,12 @@ const char* op_name(OpKind k) {
   return i >= 0 && i < kOpKinds ? op_def(k).name : "?";
 }
 
+std::optional<OpKind> op_kind_named(std::string_view name) {
+  for (const OpDef* op : kOpTable)
+    if (name == op->name) return op->kind;
+  return std::nullopt;
+}
+
 std::vector<ShardSpec::Run> ShardSpec::runs(int64_t full_len) const {
   if (!split()) return {Run{0, 0, full_len, false}};
   std::vector<Run> out;

@@ -15,7 +15,9 @@
 // backward reads (Node::saves), and the executor walks the nodes in reverse.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ops/module.h"
@@ -23,16 +25,23 @@
 
 namespace ops {
 
-// One OpDef per kind (ops/ops.h: its forward, backward, saves and scratch), in this order.
-// LinearGelu is Linear + Gelu fused (the MLP's fc and its activation, ops/op_fused.cpp);
-// AddLayerNorm and AddRMSNorm are a residual Add and the norm that reads its sum. Relu2 is
-// relu(x)^2 (model.activation: relu2), added last so the earlier kinds keep their numbers.
-enum class OpKind : uint8_t {
-  Embedding, LayerNorm, RMSNorm, Linear, Rope, Attention, Gelu, SwiGLU, Add, Dropout, SoftmaxXent, LinearGelu,
-  AddLayerNorm, AddRMSNorm, Relu2, Count
-};
+// The operator kinds, in this order (X(Kind): its OpDef is kKindOp, ops/ops.h: its
+// forward, backward, saves, scratch, kernels and figures). This list is the one place a kind
+// is named: OpKind, the OpDef declarations and the op table are expanded from it. LinearGelu
+// is Linear + Gelu fused (the MLP's fc and its activation, ops/op_fused.cpp); AddLayerNorm and
+// AddRMSNorm are a residual Add and the norm that reads its sum; Relu2 is relu(x)^2
+// (model.activation: relu2). A new kind goes last, so the earlier kinds keep their numbers.
+#define OPS_OP_KINDS(X)                                                                                        \
+  X(Embedding) X(LayerNorm) X(RMSNorm) X(Linear) X(Rope) X(Attention) X(Gelu) X(SwiGLU) X(Add) X(Dropout)     \
+  X(SoftmaxXent) X(LinearGelu) X(AddLayerNorm) X(AddRMSNorm) X(Relu2)
+
+#define OPS_OP_KIND_ENUM(K) K,
+enum class OpKind : uint8_t { OPS_OP_KINDS(OPS_OP_KIND_ENUM) Count };
+#undef OPS_OP_KIND_ENUM
 constexpr int kOpKinds = static_cast<int>(OpKind::Count);
 const char* op_name(OpKind k);
+// The kind whose OpDef has this name ("relu2"); nullopt for none.
+std::optional<OpKind> op_kind_named(std::string_view name);
 
 enum class TensorKind : uint8_t { Param, Input, Activation };
 

@@ -114,17 +114,30 @@ struct AdamwArgs {
   float grad_scale = 1;   // the gradient is multiplied by it first (clipping, 1 / loss scale)
 };
 
+// The pointwise activations of an ungated MLP (model.activation), as X(Name, stem). Each has
+// a NameForward and a NameBackward kernel of one form (below), and each backend builds both
+// entries (the CPU's 16-bit-native ones too) from its own formula, named by the stem: the
+// CPU's stem_f and stem_grad_f (ops/cpu/vecmath.h), CUDA's stem_d and stem_grad_d. An
+// activation is a line here and its formula in each backend.
+//   Gelu   GELU, tanh approximation (GPT-2's gelu_new; PyTorch GELU(approximate="tanh")).
+//   Relu2  squared ReLU (Primer, So et al. 2021): relu(x)^2, d(inp) += d(out) * 2 relu(x). A
+//          NaN input gives NaN both ways (not 0), so the loss scaler still sees an overflow.
+#define OPS_ACTIVATIONS(X) X(Gelu, gelu) X(Relu2, relu2)
+
 enum class Kernel : int {
   Convert, Accumulate, SumSquaresTyped, Fill, AdamwUpdateTyped, AdamwUpdateZeroGrad,
   EmbeddingForward, EmbeddingBackward, EmbeddingShardForward, EmbeddingShardBackward,
   LayerNormForward, LayerNormBackward, RmsNormForward, RmsNormBackward,
   MatmulForward, MatmulBackward, RopeForward, RopeBackward,
   AttentionForward, AttentionBackward, KvCacheWrite, AttentionDecode,
-  GeluForward, GeluBackward, LinearGeluForward, LinearGeluBackward,
+  LinearGeluForward, LinearGeluBackward,
   AddLayerNormForward, AddLayerNormBackward, AddRmsNormForward, AddRmsNormBackward,
   SwigluForward, SwigluBackward, AddForward, AddInplace, DropoutForward, DropoutBackward,
   SoftmaxXentForward, SoftmaxXentBackward, XentShardMax, XentShardSumexp, XentShardFinish, XentShardBackward,
-  AdamwUpdate, SumSquares, Scale, Relu2Forward, Relu2Backward,
+  AdamwUpdate, SumSquares, Scale,
+#define OPS_ACTIVATION_IDS(A, a) A##Forward, A##Backward,
+  OPS_ACTIVATIONS(OPS_ACTIVATION_IDS)
+#undef OPS_ACTIVATION_IDS
   Count_
 };
 constexpr int kKernelCount = static_cast<int>(Kernel::Count_);
@@ -341,29 +354,21 @@ struct AttentionDecode {
 };
 
 // ---- Pointwise ----
-// GELU, tanh approximation (GPT-2's gelu_new; PyTorch GELU(approximate="tanh")).
-struct GeluForward {
-  OPS_KERNEL(GeluForward);
-  void* out; const void* inp; int64_t n;
-  template <class F> void pointers(F&& f) { f(out), f(inp); }
-};
-struct GeluBackward {
-  OPS_KERNEL(GeluBackward);
-  void* dinp; const void* inp; const void* dout; int64_t n;
-  template <class F> void pointers(F&& f) { f(dinp), f(inp), f(dout); }
-};
-// Squared ReLU (Primer, So et al. 2021): out = relu(x)^2, d(inp) += d(out) * 2 relu(x).
-// A NaN input gives NaN both ways (not 0), so the loss scaler still sees an overflow.
-struct Relu2Forward {
-  OPS_KERNEL(Relu2Forward);
-  void* out; const void* inp; int64_t n;
-  template <class F> void pointers(F&& f) { f(out), f(inp); }
-};
-struct Relu2Backward {
-  OPS_KERNEL(Relu2Backward);
-  void* dinp; const void* inp; const void* dout; int64_t n;
-  template <class F> void pointers(F&& f) { f(dinp), f(inp), f(dout); }
-};
+// The activations (OPS_ACTIVATIONS, above): out = f(inp), overwritten; d(inp) += d(out) f'(inp).
+#define OPS_ACTIVATION_KERNELS(A, a)                                        \
+  struct A##Forward {                                                       \
+    OPS_KERNEL(A##Forward);                                                 \
+    static constexpr const char* stem = #a;                                 \
+    void* out; const void* inp; int64_t n;                                  \
+    template <class F> void pointers(F&& f) { f(out), f(inp); }             \
+  };                                                                        \
+  struct A##Backward {                                                      \
+    OPS_KERNEL(A##Backward);                                                \
+    void* dinp; const void* inp; const void* dout; int64_t n;               \
+    template <class F> void pointers(F&& f) { f(dinp), f(inp), f(dout); }   \
+  };
+OPS_ACTIVATIONS(OPS_ACTIVATION_KERNELS)
+#undef OPS_ACTIVATION_KERNELS
 // Linear + bias + GELU in one call: the MLP's fc and its activation (fp32).
 // pre (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (bias may be null), kept for the backward;
 // out (N,OC) = gelu(pre). Both overwritten. The operations of MatmulForward then
@@ -542,12 +547,14 @@ using AllKernels =
     std::tuple<Convert, Accumulate, SumSquaresTyped, Fill, AdamwUpdateTyped, AdamwUpdateZeroGrad, EmbeddingForward,
                EmbeddingBackward, EmbeddingShardForward, EmbeddingShardBackward, LayerNormForward, LayerNormBackward,
                RmsNormForward, RmsNormBackward, MatmulForward, MatmulBackward, RopeForward, RopeBackward,
-               AttentionForward, AttentionBackward, KvCacheWrite, AttentionDecode, GeluForward, GeluBackward,
-               LinearGeluForward, LinearGeluBackward, AddLayerNormForward, AddLayerNormBackward, AddRmsNormForward,
+               AttentionForward, AttentionBackward, KvCacheWrite, AttentionDecode, LinearGeluForward, LinearGeluBackward, AddLayerNormForward, AddLayerNormBackward, AddRmsNormForward,
                AddRmsNormBackward, SwigluForward, SwigluBackward, AddForward, AddInplace, DropoutForward,
                DropoutBackward, SoftmaxXentForward, SoftmaxXentBackward, XentShardMax, XentShardSumexp,
-               XentShardFinish, XentShardBackward, AdamwUpdate, SumSquares, Scale, Relu2Forward,
-               Relu2Backward>;
+               XentShardFinish, XentShardBackward, AdamwUpdate, SumSquares, Scale
+#define OPS_ACTIVATION_TYPES(A, a) , A##Forward, A##Backward
+               OPS_ACTIVATIONS(OPS_ACTIVATION_TYPES)
+#undef OPS_ACTIVATION_TYPES
+               >;
 static_assert(std::tuple_size_v<AllKernels> == kKernelCount, "AllKernels names every Kernel");
 
 }  // namespace k

@@ -115,6 +115,14 @@ void backward(OpContext& c) {
 }  // namespace attention
 
 // Figures (ops.h).
+// Decoding reads the KV cache (no backward); a prefill that fills the cache also writes it.
+OpKernels attention_kernels(const Graph& g, const Node&, bool backward, bool kv_cache) {
+  if (g.decode) return backward ? OpKernels{} : OpKernels{Kernel::AttentionDecode};
+  if (backward) return {Kernel::AttentionBackward};
+  if (kv_cache) return {Kernel::AttentionForward, Kernel::KvCacheWrite};
+  return {Kernel::AttentionForward};
+}
+
 namespace attention_figures {
 
 // Rope: a rotation of q and k, about 4 operations per element either way (the backward rotates
@@ -150,11 +158,11 @@ OpTrafficParts traffic(const Graph&, const Node&) {
 
 constinit const OpDef kRopeOp{.kind = OpKind::Rope, .name = "rope", .saves = saves_nothing, .scratch = nullptr,
                               .forward = rope::forward, .backward = rope::backward, .native16 = true,
-                              .flops = attention_figures::rope_flops, .traffic = attention_figures::rope_traffic};
+                              .kernels = kernel_pair<Kernel::RopeForward, Kernel::RopeBackward>, .flops = attention_figures::rope_flops, .traffic = attention_figures::rope_traffic};
 constinit const OpDef kAttentionOp{.kind = OpKind::Attention, .name = "attention", .saves = attention::saves,
                                    .scratch = attention::scratch, .forward = attention::forward,
                                    .backward = attention::backward, .native16 = true,
-                                   .flops = attention_figures::flops, .attention = attention_figures::shape,
+                                   .kernels = attention_kernels, .flops = attention_figures::flops, .attention = attention_figures::shape,
                                    .traffic = attention_figures::traffic};
 
 }  // namespace ops

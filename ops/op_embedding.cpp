@@ -85,6 +85,12 @@ void backward(OpContext& c) {
 // Figures (ops.h), per element of the output (n of them): one add (wte row + wpe row) forward,
 // one scatter-add backward; the forward gathers its rows and writes them (2n), the backward
 // reads d(out) and scatters into the tables' gradients (3n, as the probe measures it).
+// The vocabulary shard's kernels under tensor parallelism; the whole table is the unsharded pair.
+OpKernels embedding_kernels(const Graph&, const Node& n, bool backward, bool) {
+  if (n.tp == TpMode::VocabEmbed) return {backward ? Kernel::EmbeddingShardBackward : Kernel::EmbeddingShardForward};
+  return {backward ? Kernel::EmbeddingBackward : Kernel::EmbeddingForward};
+}
+
 namespace embedding_figures {
 
 double flops(const Graph& g, const Node& n, bool) { return numel_f(g, n.out[0]); }
@@ -113,7 +119,7 @@ constinit const OpDef kEmbeddingOp{.kind = OpKind::Embedding, .name = "embedding
                                    .scratch = embedding::scratch, .forward = embedding::forward,
                                    .backward = embedding::backward, .native16 = true,
                                    .native16_params = 0b110, .native16_stored = 0b110,
-                                   .flops = embedding_figures::flops, .traffic = embedding_figures::traffic,
+                                   .kernels = embedding_kernels, .flops = embedding_figures::flops, .traffic = embedding_figures::traffic,
                                    .collectives = embedding_figures::collectives, .probe = embedding_figures::probe};
 
 }  // namespace ops

@@ -168,7 +168,7 @@ OpCollectives linear_gelu_collectives(const Graph& g, const Node& n) { return kL
 constinit const OpDef kLinearGeluOp{.kind = OpKind::LinearGelu, .name = "linear_gelu", .saves = linear_gelu::saves,
                                     .scratch = nullptr, .forward = linear_gelu::forward,
                                     .backward = linear_gelu::backward, .consumes_dout = true,
-                                    .flops = fused_figures::linear_gelu_flops,
+                                    .kernels = kernel_pair<Kernel::LinearGeluForward, Kernel::LinearGeluBackward>, .flops = fused_figures::linear_gelu_flops,
                                     .gemms = fused_figures::linear_gelu_gemms,
                                     .traffic = fused_figures::linear_gelu_traffic,
                                     .collectives = fused_figures::linear_gelu_collectives};
@@ -180,12 +180,12 @@ constinit const OpDef kAddLayerNormOp{.kind = OpKind::AddLayerNorm, .name = "add
                                       .saves = add_norm::saves_layernorm, .scratch = nullptr,
                                       .forward = add_norm::forward_layernorm, .backward = add_norm::backward_layernorm,
                                       .consumes_dout = true, .reads_dout1 = true, .native16 = true,
-                                      .native16_params = 0b1100, .flops = fused_figures::add_layernorm_flops,
+                                      .native16_params = 0b1100, .kernels = kernel_pair<Kernel::AddLayerNormForward, Kernel::AddLayerNormBackward>, .flops = fused_figures::add_layernorm_flops,
                                       .traffic = fused_figures::add_layernorm_traffic, .residual_outputs = 0b1};
 constinit const OpDef kAddRMSNormOp{.kind = OpKind::AddRMSNorm, .name = "add_rmsnorm",
                                     .saves = add_norm::saves_rmsnorm, .scratch = nullptr,
                                     .forward = add_norm::forward_rmsnorm, .backward = add_norm::backward_rmsnorm,
                                     .consumes_dout = true, .reads_dout1 = true, .native16 = true,
-                                    .native16_params = 0b100, .flops = fused_figures::add_rmsnorm_flops,
+                                    .native16_params = 0b100, .kernels = kernel_pair<Kernel::AddRmsNormForward, Kernel::AddRmsNormBackward>, .flops = fused_figures::add_rmsnorm_flops,
                                     .traffic = fused_figures::add_rmsnorm_traffic, .residual_outputs = 0b1};
 }  // namespace ops

@@ -243,7 +243,7 @@ OpCollectives collectives(const Graph& g, const Node& n) {
 
 constinit const OpDef kLinearOp{.kind = OpKind::Linear, .name = "linear", .saves = linear::saves,
                                 .scratch = linear::scratch, .forward = linear::forward, .backward = linear::backward,
-                                .reads16 = linear::reads16, .flops = linear_figures::flops,
+                                .reads16 = linear::reads16, .kernels = kernel_pair<Kernel::MatmulForward, Kernel::MatmulBackward>, .flops = linear_figures::flops,
                                 .gemms = linear_figures::gemms, .traffic = linear_figures::traffic,
                                 .collectives = linear_figures::collectives};
 

@@ -58,6 +58,15 @@ void backward(OpContext& c) {
 
 }  // namespace softmax_xent
 
+// The vocabulary shard's forward is three passes around two all-reduces (row max; sum-exp and
+// the target's logit; the losses).
+OpKernels xent_kernels(const Graph&, const Node& n, bool backward, bool) {
+  if (n.tp == TpMode::VocabXent)
+    return backward ? OpKernels{Kernel::XentShardBackward}
+                    : OpKernels{Kernel::XentShardMax, Kernel::XentShardSumexp, Kernel::XentShardFinish};
+  return {backward ? Kernel::SoftmaxXentBackward : Kernel::SoftmaxXentForward};
+}
+
 // Figures (ops.h), over the (rows, V) fp32 logits (n elements), not its small output. FLOPs,
 // rough: max, exp, sum, log and the target's pick (5) forward; p minus the one-hot and the
 // scale (2) backward. Bytes: two reads or writes of the logits each way.
@@ -89,7 +98,7 @@ void probe(ProbeBuilder& p, int64_t N, int64_t C) {
 constinit const OpDef kSoftmaxXentOp{.kind = OpKind::SoftmaxXent, .name = "softmax_xent",
                                      .saves = softmax_xent::saves, .scratch = softmax_xent::scratch,
                                      .forward = softmax_xent::forward, .backward = softmax_xent::backward,
-                                     .seeds_backward = true, .flops = loss_figures::flops,
+                                     .seeds_backward = true, .kernels = xent_kernels, .flops = loss_figures::flops,
                                      .traffic = loss_figures::traffic, .collectives = loss_figures::collectives,
                                      .probe = loss_figures::probe};
 

@@ -98,11 +98,11 @@ void rmsnorm_probe(ProbeBuilder& p, int64_t N, int64_t C) {
 constinit const OpDef kLayerNormOp{.kind = OpKind::LayerNorm, .name = "layernorm", .saves = layernorm::saves,
                                    .scratch = nullptr, .forward = layernorm::forward,
                                    .backward = layernorm::backward, .native16 = true,
-                                   .native16_params = 0b110, .flops = norm_figures::layernorm_flops,
+                                   .native16_params = 0b110, .kernels = kernel_pair<Kernel::LayerNormForward, Kernel::LayerNormBackward>, .flops = norm_figures::layernorm_flops,
                                    .traffic = norm_figures::layernorm_traffic, .probe = norm_figures::layernorm_probe};
 constinit const OpDef kRMSNormOp{.kind = OpKind::RMSNorm, .name = "rmsnorm", .saves = rmsnorm::saves,
                                  .scratch = nullptr, .forward = rmsnorm::forward, .backward = rmsnorm::backward,
-                                 .native16 = true, .native16_params = 0b10, .flops = norm_figures::rmsnorm_flops,
+                                 .native16 = true, .native16_params = 0b10, .kernels = kernel_pair<Kernel::RmsNormForward, Kernel::RmsNormBackward>, .flops = norm_figures::rmsnorm_flops,
                                  .traffic = norm_figures::rmsnorm_traffic, .probe = norm_figures::rmsnorm_probe};
 
 }  // namespace ops

@@ -16,31 +16,17 @@ std::vector<int> saves_input(const Node& n) { return {n.in[0]}; }
 
 int64_t numel_in(const OpContext& c) { return numel_of(c.in_desc(0).shape); }
 
-namespace gelu {
-
-void forward(OpContext& c) {
-  if (c.native16) return c.be.run(k::GeluForward(c.outs[0], c.ins[0], numel_in(c)), c.dtype16());
-  c.be.run(k::GeluForward(c.out(0), c.in(0), numel_in(c)));
+// The activations (OPS_ACTIVATIONS, ops/kernels.h): one kernel each way.
+template <class Fwd>
+void activation_forward(OpContext& c) {
+  if (c.native16) return c.be.run(Fwd{c.outs[0], c.ins[0], numel_in(c)}, c.dtype16());
+  c.be.run(Fwd{c.out(0), c.in(0), numel_in(c)});
 }
-void backward(OpContext& c) {
-  if (c.native16) return c.be.run(k::GeluBackward(c.dins[0], c.ins[0], c.dout, numel_in(c)), c.dtype16());
-  c.be.run(k::GeluBackward(c.din(0), c.in(0), c.dout, numel_in(c)));
+template <class Bwd>
+void activation_backward(OpContext& c) {
+  if (c.native16) return c.be.run(Bwd{c.dins[0], c.ins[0], c.dout, numel_in(c)}, c.dtype16());
+  c.be.run(Bwd{c.din(0), c.in(0), c.dout, numel_in(c)});
 }
-
-}  // namespace gelu
-
-namespace relu2 {
-
-void forward(OpContext& c) {
-  if (c.native16) return c.be.run(k::Relu2Forward(c.outs[0], c.ins[0], numel_in(c)), c.dtype16());
-  c.be.run(k::Relu2Forward(c.out(0), c.in(0), numel_in(c)));
-}
-void backward(OpContext& c) {
-  if (c.native16) return c.be.run(k::Relu2Backward(c.dins[0], c.ins[0], c.dout, numel_in(c)), c.dtype16());
-  c.be.run(k::Relu2Backward(c.din(0), c.in(0), c.dout, numel_in(c)));
-}
-
-}  // namespace relu2
 
 namespace swiglu {
 
@@ -131,17 +117,18 @@ double add_flops(const Graph& g, const Node& n, bool backward) {
 // The regenerated mask and the scale, both ways.
 double dropout_flops(const Graph& g, const Node& n, bool) { return 3.0 * numel_f(g, n.out[0]); }
 
-OpTrafficParts gelu_traffic(const Graph& g, const Node& n) { return traffic_of("gelu", nbytes_f(g, n.out[0]), 2, 3); }
-OpTrafficParts relu2_traffic(const Graph& g, const Node& n) { return traffic_of("relu2", nbytes_f(g, n.out[0]), 2, 3); }
+// An activation: x read and y written forward; x and d(y) read, d(x) written backward. Each
+// activation is calibrated on its own probe, under its own name (a fused node that contains
+// one prices its part under that name too).
+template <class Fwd>
+OpTrafficParts activation_traffic(const Graph& g, const Node& n) {
+  return traffic_of(Fwd::stem, nbytes_f(g, n.out[0]), 2, 3);
+}
 OpTrafficParts swiglu_traffic(const Graph& g, const Node& n) { return traffic_of("swiglu", nbytes_f(g, n.out[0]), 3, 5); }
 OpTrafficParts add_traffic(const Graph& g, const Node& n) { return traffic_of("add", nbytes_f(g, n.out[0]), 3, 3); }
 OpTrafficParts dropout_traffic(const Graph& g, const Node& n) { return traffic_of("dropout", nbytes_f(g, n.out[0]), 2, 3); }
 
-void gelu_probe(ProbeBuilder& p, int64_t N, int64_t C) {
-  p.x({N, C});
-  p.out("y", {N, C}, false);
-}
-void relu2_probe(ProbeBuilder& p, int64_t N, int64_t C) {
+void activation_probe(ProbeBuilder& p, int64_t N, int64_t C) {
   p.x({N, C});
   p.out("y", {N, C}, false);
 }
@@ -158,25 +145,28 @@ void add_probe(ProbeBuilder& p, int64_t N, int64_t C) {
 }  // namespace pointwise_figures
 }  // namespace
 
-constinit const OpDef kGeluOp{.kind = OpKind::Gelu, .name = "gelu", .saves = saves_input, .scratch = nullptr,
-                              .forward = gelu::forward, .backward = gelu::backward, .native16 = true,
-                              .flops = pointwise_figures::gelu_flops, .traffic = pointwise_figures::gelu_traffic,
-                              .probe = pointwise_figures::gelu_probe};
 constinit const OpDef kSwiGLUOp{.kind = OpKind::SwiGLU, .name = "swiglu", .saves = saves_input, .scratch = nullptr,
                                 .forward = swiglu::forward, .backward = swiglu::backward, .native16 = true,
-                                .flops = pointwise_figures::swiglu_flops, .traffic = pointwise_figures::swiglu_traffic,
+                                .kernels = kernel_pair<Kernel::SwigluForward, Kernel::SwigluBackward>, .flops = pointwise_figures::swiglu_flops, .traffic = pointwise_figures::swiglu_traffic,
                                 .probe = pointwise_figures::swiglu_probe};
 constinit const OpDef kAddOp{.kind = OpKind::Add, .name = "add", .saves = saves_nothing, .scratch = nullptr,
                              .forward = add::forward, .backward = add::backward, .native16 = true,
-                             .flops = pointwise_figures::add_flops, .traffic = pointwise_figures::add_traffic,
+                             .kernels = kernel_pair<Kernel::AddForward, Kernel::AddInplace>, .flops = pointwise_figures::add_flops, .traffic = pointwise_figures::add_traffic,
                              .probe = pointwise_figures::add_probe};
 constinit const OpDef kDropoutOp{.kind = OpKind::Dropout, .name = "dropout", .saves = saves_nothing,
                                  .scratch = nullptr, .forward = dropout::forward, .backward = dropout::backward,
-                                 .native16 = true, .flops = pointwise_figures::dropout_flops,
+                                 .native16 = true, .kernels = kernel_pair<Kernel::DropoutForward, Kernel::DropoutBackward>, .flops = pointwise_figures::dropout_flops,
                                  .traffic = pointwise_figures::dropout_traffic};
-constinit const OpDef kRelu2Op{.kind = OpKind::Relu2, .name = "relu2", .saves = saves_input, .scratch = nullptr,
-                               .forward = relu2::forward, .backward = relu2::backward, .native16 = true,
-                               .flops = pointwise_figures::relu2_flops, .traffic = pointwise_figures::relu2_traffic,
-                               .probe = pointwise_figures::relu2_probe};
+// An activation's OpDef, named by its kernels' stem (the recipe's model.activation word): its
+// kernels and its FLOPs are its own, the rest is common.
+template <class Fwd, class Bwd>
+constexpr OpDef activation_op(OpKind kind, double (*flops)(const Graph&, const Node&, bool)) {
+  return OpDef{.kind = kind, .name = Fwd::stem, .saves = saves_input, .scratch = nullptr,
+               .forward = activation_forward<Fwd>, .backward = activation_backward<Bwd>, .native16 = true,
+               .kernels = kernel_pair<Fwd::id, Bwd::id>, .flops = flops,
+               .traffic = pointwise_figures::activation_traffic<Fwd>, .probe = pointwise_figures::activation_probe};
+}
+constinit const OpDef kGeluOp = activation_op<k::GeluForward, k::GeluBackward>(OpKind::Gelu, pointwise_figures::gelu_flops);
+constinit const OpDef kRelu2Op = activation_op<k::Relu2Forward, k::Relu2Backward>(OpKind::Relu2, pointwise_figures::relu2_flops);
 
 }  // namespace ops

@@ -18,16 +18,18 @@
 // (over ops::ReduceGroup), on the pointers it is handed in an OpContext. Dispatch is one
 // indirect call per node; no kernel's inner loop sees it.
 //
-// Adding an operator: an OpKind entry (graph.h), its OpDef in its family's file with a line
-// here (declaration + table row), its figures in that OpDef (FLOPs, GEMMs, bytes moved, the
+// Adding an operator: an entry in graph.h's OPS_OP_KINDS, its OpDef in its family's file
+// (named kKindOp: the declaration and the table row below are expanded from the list) with
+// the kernels it runs (OpDef::kernels) and its figures (FLOPs, GEMMs, bytes moved, the
 // calibration probe: what the planner, the cost model and `runner calibrate` read instead of
-// switching on the kind), its kernels (backend.h, cpu/), and cases in its family's test table
+// switching on the kind), its kernels (ops/kernels.h, cpu/, cuda/), and cases in its family's test table
 // (tests/test_ops_*.cpp) and one in tests/test_ops_table.cpp, which runs every OpDef through
 // the executor and fails for a kind without a case. docs/architecture.md has the checklist.
 #pragma once
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -182,6 +184,27 @@ struct ProbeBuilder {
   virtual Node& node() = 0;    // the node itself, for its attributes (eps, ...)
 };
 
+// The kernels of one call (OpDef::kernels), in the order it runs them.
+struct OpKernels {
+  std::array<Kernel, 4> list{};
+  int count = 0;
+  OpKernels() = default;
+  OpKernels(std::initializer_list<Kernel> ks) {
+    for (Kernel k : ks) add(k);
+  }
+  void add(Kernel k) {
+    OPS_CHECK(count < static_cast<int>(list.size()), "OpKernels: more kernels than it holds");
+    list[static_cast<size_t>(count++)] = k;
+  }
+  const Kernel* begin() const { return list.data(); }
+  const Kernel* end() const { return list.data() + count; }
+};
+// OpDef::kernels of a kind that runs one kernel each way.
+template <Kernel Fwd, Kernel Bwd>
+OpKernels kernel_pair(const Graph&, const Node&, bool backward, bool) {
+  return {backward ? Bwd : Fwd};
+}
+
 struct OpDef {
   OpKind kind;
   const char* name;  // the profiler's name of the kind
@@ -234,6 +257,13 @@ struct OpDef {
   // the executor's widened fold.
   uint8_t native16_stored = 0;
 
+  // The kernels one forward (backward = false) or backward call runs: their F32 entries, and
+  // their BF16/F16 entries where the call is native16. A function of the node (its TpMode) and
+  // the graph (decode), and of whether the call also writes a KV cache (prefill). The executor
+  // checks them against its backend before any step (ops/kernel_check.h), and a backend's
+  // 16-bit-native support is the 16-bit entries of every native16 kind's kernels. Required.
+  OpKernels (*kernels)(const Graph&, const Node&, bool backward, bool kv_cache) = nullptr;
+
   // Figures (see above). FLOPs of one forward (backward = false) or backward call, multiply
   // and add counted as two: exact for the matrix products, a rough operation count per element
   // for pointwise work (exp, tanh and rsqrt as one). The recompute planner ranks its steps by
@@ -266,22 +296,16 @@ struct OpDef {
 void set_native16(bool on);
 bool native16_enabled();
 
-// One per OpKind, each defined in its family's file.
-extern const OpDef kEmbeddingOp;                                     // op_embedding.cpp
-extern const OpDef kLayerNormOp, kRMSNormOp;                         // op_norm.cpp
-extern const OpDef kLinearOp;                                        // op_linear.cpp
-extern const OpDef kRopeOp, kAttentionOp;                            // op_attention.cpp
-extern const OpDef kGeluOp, kSwiGLUOp, kAddOp, kDropoutOp, kRelu2Op;  // op_pointwise.cpp
-extern const OpDef kSoftmaxXentOp;                                   // op_loss.cpp
-extern const OpDef kLinearGeluOp, kAddLayerNormOp, kAddRMSNormOp;    // op_fused.cpp
+// One per OpKind (kKindOp, graph.h's OPS_OP_KINDS), each defined in its family's file.
+#define OPS_OP_DECLARE(K) extern const OpDef k##K##Op;
+OPS_OP_KINDS(OPS_OP_DECLARE)
+#undef OPS_OP_DECLARE
 
-// The table, in OpKind order (a missing entry fails to compile; tests/test_ops_table.cpp
+// The table, in OpKind order (a missing definition fails to link; tests/test_ops_table.cpp
 // checks that each entry sits at its own kind's index).
-inline constexpr std::array<const OpDef*, kOpKinds> kOpTable = {
-    &kEmbeddingOp, &kLayerNormOp, &kRMSNormOp, &kLinearOp, &kRopeOp, &kAttentionOp,
-    &kGeluOp,      &kSwiGLUOp,    &kAddOp,     &kDropoutOp, &kSoftmaxXentOp, &kLinearGeluOp,
-    &kAddLayerNormOp, &kAddRMSNormOp, &kRelu2Op,
-};
+#define OPS_OP_ROW(K) &k##K##Op,
+inline constexpr std::array<const OpDef*, kOpKinds> kOpTable = {OPS_OP_KINDS(OPS_OP_ROW)};
+#undef OPS_OP_ROW
 
 constexpr bool every_kind_has_an_op() {
   for (const OpDef* op : kOpTable)

@@ -14,11 +14,15 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "ops/ops.h"
 #include "runner/export/export.h"
+#include "runner/export/import.h"
+#include "runner/model/gpt.h"
 #include "runner/trained/trained_model.h"
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
@@ -233,6 +237,31 @@ TEST_CASE("relu2: the quickstart with model.activation=relu2 learns, exports as 
   CHECK(bad.code == 2);
   CHECK(bad.out.find("activation_function \"relu\"") != std::string::npos);
   fs::remove_all(dir);
+}
+
+// An activation is one row of kActivationFacts (runner/recipe/enums.h) and one line of
+// OPS_ACTIVATIONS (ops/kernels.h): each recipe word names the operator the model builder uses,
+// each kernel stem is a recipe word, and each Hugging Face name of an ungated one imports as it.
+TEST_CASE("activations: every word names an operator, every kernel stem a word, every HF name imports") {
+  for (const runner::ActivationFacts& f : runner::kActivationFacts) {
+    CAPTURE(f.word);
+    CHECK(ops::op_kind_named(f.word).has_value());
+    if (f.gated) continue;
+    for (std::string_view name : {f.hf, f.hf_same[0], f.hf_same[1]}) {
+      if (name.empty()) continue;
+      CAPTURE(name);
+      const nlohmann::json j = {{"model_type", "gpt2"}, {"vocab_size", 64}, {"n_embd", 32}, {"n_layer", 1},
+                                {"n_head", 2}, {"n_positions", 16}, {"activation_function", std::string(name)}};
+      runner::HfStyle style{};
+      const runner::ModelConfig m = runner::model_from_hf_config(j.dump(), "config.json", style);
+      CHECK(style == runner::HfStyle::gpt2);
+      CHECK(m.activation == f.value);
+      CHECK(runner::hf_style(m) == runner::HfStyle::gpt2);
+    }
+  }
+#define OPS_STEM_IS_A_WORD(A, a) CHECK(runner::parse_enum<runner::Activation>(#a).has_value());
+  OPS_ACTIVATIONS(OPS_STEM_IS_A_WORD)
+#undef OPS_STEM_IS_A_WORD
 }
 
 // `runner inspect` takes a run directory as export and generate do: its latest checkpoint,

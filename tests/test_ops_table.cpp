@@ -14,12 +14,16 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ops/executor.h"
+#include "ops/kernel_check.h"
 #include "ops/group.h"
 #include "ops/node_graph.h"
 #include "ops/ops.h"
@@ -182,8 +186,8 @@ struct Bench {
   Vec stage_in, stage_out, R;  // R: the random weights of L = sum(stage_out * R)
   static constexpr uint64_t kKey = 77;
 
-  explicit Bench(const Case& c) : g(c.g) {
-    ex = std::make_unique<ops::Executor>(g, ops::cpu_backend());
+  explicit Bench(const Case& c, ops::Backend& be = ops::cpu_backend()) : g(c.g) {
+    ex = std::make_unique<ops::Executor>(g, be);
     ex->set_group(&group);
     for (size_t k = 0; k < g.params.size(); ++k) {
       const ops::TensorDesc& d = g.tensors[g.params[k]];
@@ -377,6 +381,101 @@ TEST_CASE("operator table: each bandwidth probe builds a node whose traffic is i
     CHECK(t.parts[0].backward > 0);
   }
   CHECK(probes == 8);  // embedding, the norms, gelu, relu2, swiglu, add, the loss
+}
+
+namespace {
+// The CPU's kernel table without the entries of the kernels in `withheld`.
+struct Withholding final : ops::Backend {
+  explicit Withholding(const std::set<ops::Kernel>& withheld) {
+    std::apply([&](const auto&... k) { (adopt<std::decay_t<decltype(k)>>(withheld), ...); }, ops::k::AllKernels{});
+  }
+  template <class K> void adopt(const std::set<ops::Kernel>& withheld) {
+    if (withheld.count(K::id)) return;
+    for (ops::DType t : {ops::DType::F32, ops::DType::BF16, ops::DType::F16}) {
+      const Entry* e = ops::cpu_backend().entry(K::id, t);
+      if (e && e->fn) provide<K>(t, [fn = e->fn](const K& a) { fn(&a); }, e->available);
+    }
+  }
+  const char* name() const override { return "withholding"; }
+};
+
+std::set<ops::Kernel> declared_kernels(const Case& c) {
+  const ops::Node& n = c.g.nodes[0];
+  std::set<ops::Kernel> out;
+  for (bool backward : {false, true})
+    for (ops::Kernel k : ops::op_def(n.kind).kernels(c.g, n, backward, false)) out.insert(k);
+  return out;
+}
+}  // namespace
+
+// OpDef::kernels is what the plan check and the 16-bit-native choice read: it must be what the
+// operator runs. Each case runs forward and backward on a backend that lacks every other
+// operator's kernels, so an undeclared kernel finds no entry and throws.
+TEST_CASE("operator table: each operator runs exactly the kernels its OpDef declares") {
+  const std::vector<Case> cs = cases();
+  std::set<ops::Kernel> any_op;
+  for (const Case& c : cs) {
+    REQUIRE(bool(ops::op_def(c.g.nodes[0].kind).kernels));
+    for (ops::Kernel k : declared_kernels(c)) any_op.insert(k);
+  }
+  for (const Case& c : cs) {
+    CAPTURE(c.name);
+    const std::set<ops::Kernel> own = declared_kernels(c);
+    CHECK(!own.empty());
+    std::set<ops::Kernel> withheld;
+    for (ops::Kernel k : any_op)
+      if (!own.count(k)) withheld.insert(k);
+    Withholding be(withheld);
+    CHECK(ops::missing_kernels(c.g, be, true, false).empty());
+    Bench b(c, be);
+    CHECK_NOTHROW(b.forward());
+    CHECK_NOTHROW(b.backward());
+    // And each declared kernel is needed: without it the plan check refuses the graph.
+    for (ops::Kernel k : own) {
+      Withholding lacking({k});
+      CHECK(!ops::missing_kernels(c.g, lacking, true, false).empty());
+    }
+  }
+}
+
+// The 16-bit-native choice is all or nothing over the native16 kinds' kernels, which it reads
+// from their OpDefs: a backend lacking one 16-bit entry of any of them runs every kind widened.
+TEST_CASE("operator table: 16-bit-native support is every native16 kind's declared 16-bit entries") {
+  CHECK(ops::native16_available(ops::cpu_backend(), ops::DType::BF16));
+  CHECK(ops::native16_available(ops::cpu_backend(), ops::DType::F16));
+  for (const ops::OpDef* op : ops::kOpTable) {
+    if (!op->native16) continue;
+    CAPTURE(op->name);
+    const ops::Graph none{};
+    const ops::Node plain{};
+    for (ops::Kernel k : op->kernels(none, plain, true, false)) {
+      Withholding lacking({k});
+      CHECK(!ops::native16_available(lacking, ops::DType::BF16));
+    }
+  }
+  Withholding no_kv({ops::Kernel::KvCacheWrite});  // not a native16 kind's kernel
+  CHECK(ops::native16_available(no_kv, ops::DType::BF16));
+}
+
+TEST_CASE("operator table: kinds by name, kernels by name") {
+  for (const ops::OpDef* op : ops::kOpTable) {
+    CAPTURE(op->name);
+    const std::optional<OpKind> k = ops::op_kind_named(op->name);
+    REQUIRE(k.has_value());
+    CHECK(*k == op->kind);
+  }
+  CHECK(!ops::op_kind_named("softmax").has_value());
+  std::vector<std::pair<ops::Kernel, std::string>> structs;  // each args struct's id and name
+  std::apply([&](const auto&... k) { (structs.emplace_back(std::decay_t<decltype(k)>::id, std::decay_t<decltype(k)>::name), ...); },
+             ops::k::AllKernels{});
+  std::set<std::string> names;
+  for (const auto& [id, name] : structs) {
+    CHECK(std::string(ops::kernel_name(id)) == name);
+    names.insert(name);
+  }
+  CHECK(names.size() == static_cast<size_t>(ops::kKernelCount));
+  CHECK(std::string(ops::kernel_name(ops::Kernel::Relu2Backward)) == "Relu2Backward");
+  CHECK(std::string(ops::kernel_name(ops::Kernel::Count_)) == "?");
 }
 
 TEST_CASE("Graph::add_node refuses a node with more operands than an OpContext carries") {

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "ops/backend.h"
+#include "ops/backend_fp32.h"
 #include "ops/convert.h"
 #include "ops/cpu/adamw.h"
 #include "ops/cpu/attention.h"
@@ -399,29 +400,23 @@ void rope_rows(float* dst, const float* src, const float* cos_tab, const float* 
   }
 }
 
-// =============================================================================== gelu
-// gelu(x) = x sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3) (see vecmath.h).
-void gelu_forward_range(float* __restrict out, const float* __restrict inp, int64_t n) {
+// =============================================================================== activations
+// The activations (OPS_ACTIVATIONS, ops/kernels.h), each from its formula in vecmath.h:
+// out = f(x); d(inp) += d(out) f'(x), accumulated.
+template <class F>
+void activation_forward_range(float* __restrict out, const float* __restrict inp, int64_t n, F f) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; i++) out[i] = gelu_f(inp[i]);
+  for (int64_t i = 0; i < n; i++) out[i] = f(inp[i]);
 }
-void gelu_backward_range(float* __restrict dinp, const float* __restrict inp, const float* __restrict dout,
-                         int64_t n) {
+template <class DF>
+void activation_backward_range(float* __restrict dinp, const float* __restrict inp, const float* __restrict dout,
+                               int64_t n, DF df) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; i++) dinp[i] += dout[i] * gelu_grad_f(inp[i]);
+  for (int64_t i = 0; i < n; i++) dinp[i] += dout[i] * df(inp[i]);
 }
-
-// =============================================================================== relu2
-// relu2(x) = relu(x)^2 (see vecmath.h); the backward accumulates like gelu's.
-void relu2_forward_range(float* __restrict out, const float* __restrict inp, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; i++) out[i] = relu2_f(inp[i]);
-}
-void relu2_backward_range(float* __restrict dinp, const float* __restrict inp, const float* __restrict dout,
-                          int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; i++) dinp[i] += dout[i] * relu2_grad_f(inp[i]);
-}
+// The entries of one activation: F32 from its formula, BF16/F16 from its native16 kernels.
+using Native16Forward = void (*)(Backend&, void*, const void*, DType, int64_t);
+using Native16Backward = void (*)(Backend&, void*, const void*, const void*, DType, int64_t);
 
 // =============================================================================== swiglu
 // Shazeer 2020. inp: (N, 2H) = [gate | up], out: (N, H) = silu(gate) * up, silu(g) = g s,
@@ -636,54 +631,25 @@ class CpuBackend final : public Backend {
     provide<k::Convert>(DType::F32, convert_host);
     provide<k::Accumulate>(DType::F32, accumulate_host);
     provide<k::Fill>(DType::F32, fill_host);
-    provide<k::EmbeddingForward>(DType::F32, [this](const k::EmbeddingForward& q) { embedding_forward_as_shard(*this, q); });
-    provide<k::EmbeddingBackward>(DType::F32, [this](const k::EmbeddingBackward& q) { embedding_backward_as_shard(*this, q); });
-    provide<k::EmbeddingShardForward>(DType::F32, [this](const k::EmbeddingShardForward& q) { embedding_shard_forward(static_cast<float*>(q.out), q.tokens, static_cast<const float*>(q.wte), static_cast<const float*>(q.wpe), q.B, q.T, q.C, q.vstart, q.Vlocal); });
-    provide<k::EmbeddingShardBackward>(DType::F32, [this](const k::EmbeddingShardBackward& q) { embedding_shard_backward(static_cast<float*>(q.dwte), static_cast<float*>(q.dwpe), static_cast<const float*>(q.dout), q.tokens, q.B, q.T, q.C, q.vstart, q.Vlocal); });
-    provide<k::LayerNormForward>(DType::F32, [this](const k::LayerNormForward& q) { layernorm_forward(static_cast<float*>(q.out), static_cast<float*>(q.mean), static_cast<float*>(q.rstd), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), q.N, q.C, q.eps); });
-    provide<k::LayerNormBackward>(DType::F32, [this](const k::LayerNormBackward& q) { layernorm_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.mean), static_cast<const float*>(q.rstd), q.N, q.C); });
-    provide<k::RmsNormForward>(DType::F32, [this](const k::RmsNormForward& q) { rmsnorm_forward(static_cast<float*>(q.out), static_cast<float*>(q.rstd), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.eps); });
-    provide<k::RmsNormBackward>(DType::F32, [this](const k::RmsNormBackward& q) { rmsnorm_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.rstd), q.N, q.C); });
-    provide<k::MatmulForward>(DType::F32, [this](const k::MatmulForward& q) { matmul_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), q.N, q.C, q.OC); });
-    provide<k::MatmulBackward>(DType::F32, [this](const k::MatmulBackward& q) { matmul_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.OC); });
+    provide_fp32_members(this);
     for (DType t : {DType::BF16, DType::F16})
       provide<k::MatmulForward>(t, [this, t](const k::MatmulForward& q) { matmul_forward_narrow(static_cast<float*>(q.out), q.inp, q.weight, q.bias, t, q.N, q.C, q.OC); }, dnnl_gemm_available);
     for (DType t : {DType::BF16, DType::F16})
       provide<k::MatmulBackward>(t, [this, t](const k::MatmulBackward& q) { matmul_backward_narrow(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), q.dout, q.inp, q.weight, t, q.N, q.C, q.OC); }, dnnl_gemm_available);
-    provide<k::RopeForward>(DType::F32, [this](const k::RopeForward& q) { rope_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.B, q.T, q.C, q.heads, q.theta); });
-    provide<k::RopeBackward>(DType::F32, [this](const k::RopeBackward& q) { rope_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), q.B, q.T, q.C, q.heads, q.theta); });
-    provide<k::AttentionForward>(DType::F32, [this](const k::AttentionForward& q) { attention_forward(static_cast<float*>(q.out), static_cast<float*>(q.lse), static_cast<const float*>(q.qkv), q.B, q.T, q.C, q.heads, q.drop); });
-    provide<k::AttentionBackward>(DType::F32, [this](const k::AttentionBackward& q) { attention_backward(static_cast<float*>(q.dqkv), static_cast<const float*>(q.dout), static_cast<const float*>(q.qkv), static_cast<const float*>(q.lse), q.B, q.T, q.C, q.heads, q.drop, static_cast<float*>(q.work)); });
     provide<k::KvCacheWrite>(DType::F32, [this](const k::KvCacheWrite& q) { kv_cache_write(q.kv, static_cast<const float*>(q.qkv), q.B, q.T, q.C, q.heads); });
     provide<k::AttentionDecode>(DType::F32, [this](const k::AttentionDecode& q) { attention_decode(static_cast<float*>(q.out), static_cast<const float*>(q.qkv), q.kv, q.pos, q.B, q.C, q.heads, q.theta); });
-    provide<k::GeluForward>(DType::F32, [this](const k::GeluForward& q) { gelu_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n); });
-    provide<k::GeluBackward>(DType::F32, [this](const k::GeluBackward& q) { gelu_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.inp), static_cast<const float*>(q.dout), q.n); });
-    provide<k::Relu2Forward>(DType::F32, [this](const k::Relu2Forward& q) { relu2_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n); });
-    provide<k::Relu2Backward>(DType::F32, [this](const k::Relu2Backward& q) { relu2_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.inp), static_cast<const float*>(q.dout), q.n); });
+#define OPS_CPU_ACTIVATION(A, a)                                                                     \
+  provide_activation<k::A##Forward, k::A##Backward>([](float x) { return a##_f(x); },                    \
+                                                    [](float x) { return a##_grad_f(x); }, native16::a##_forward, \
+                                                    native16::a##_backward);
+    OPS_ACTIVATIONS(OPS_CPU_ACTIVATION)
+#undef OPS_CPU_ACTIVATION
     provide<k::LinearGeluForward>(DType::F32, [this](const k::LinearGeluForward& q) { linear_gelu_forward(static_cast<float*>(q.out), static_cast<float*>(q.pre), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), q.N, q.C, q.OC); });
-    provide<k::LinearGeluBackward>(DType::F32, [this](const k::LinearGeluBackward& q) { linear_gelu_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<float*>(q.dpre), static_cast<const float*>(q.pre), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.OC); });
     provide_all<k::AddLayerNormForward>([this](const k::AddLayerNormForward& q, DType t) { add_layernorm_forward(q.sum, q.out, static_cast<float*>(q.mean), static_cast<float*>(q.rstd), q.a, q.b, static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), t, q.N, q.C, q.eps); });
     provide_all<k::AddLayerNormBackward>([this](const k::AddLayerNormBackward& q, DType t) { add_layernorm_backward(q.da, q.db, static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), q.dsum, q.dout, q.sum, static_cast<const float*>(q.weight), static_cast<const float*>(q.mean), static_cast<const float*>(q.rstd), t, q.N, q.C); });
     provide_all<k::AddRmsNormForward>([this](const k::AddRmsNormForward& q, DType t) { add_rmsnorm_forward(q.sum, q.out, static_cast<float*>(q.rstd), q.a, q.b, static_cast<const float*>(q.weight), t, q.N, q.C, q.eps); });
     provide_all<k::AddRmsNormBackward>([this](const k::AddRmsNormBackward& q, DType t) { add_rmsnorm_backward(q.da, q.db, static_cast<float*>(q.dweight), q.dsum, q.dout, q.sum, static_cast<const float*>(q.weight), static_cast<const float*>(q.rstd), t, q.N, q.C); });
-    provide<k::SwigluForward>(DType::F32, [this](const k::SwigluForward& q) { swiglu_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.N, q.H); });
-    provide<k::SwigluBackward>(DType::F32, [this](const k::SwigluBackward& q) { swiglu_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), q.N, q.H); });
-    provide<k::AddForward>(DType::F32, [this](const k::AddForward& q) { add_forward(static_cast<float*>(q.out), static_cast<const float*>(q.a), static_cast<const float*>(q.b), q.n); });
-    provide<k::AddInplace>(DType::F32, [this](const k::AddInplace& q) { add_inplace(static_cast<float*>(q.dst), static_cast<const float*>(q.src), q.n); });
-    provide<k::DropoutForward>(DType::F32, [this](const k::DropoutForward& q) { dropout_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n, q.drop); });
-    provide<k::DropoutBackward>(DType::F32, [this](const k::DropoutBackward& q) { dropout_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), q.n, q.drop); });
-    provide<k::SoftmaxXentForward>(DType::F32, [this](const k::SoftmaxXentForward& q) { softmax_xent_forward(static_cast<float*>(q.losses), static_cast<float*>(q.probs), static_cast<const float*>(q.logits), q.targets, q.N, q.V, q.Vreal); });
-    provide<k::SoftmaxXentBackward>(DType::F32, [this](const k::SoftmaxXentBackward& q) { softmax_xent_backward(static_cast<float*>(q.dlogits), static_cast<const float*>(q.probs), q.targets, q.dloss, q.N, q.V, q.Vreal); });
-    provide<k::XentShardMax>(DType::F32, [this](const k::XentShardMax& q) { xent_shard_max(static_cast<float*>(q.rowmax), static_cast<const float*>(q.logits), q.N, q.V, q.Vreal); });
-    provide<k::XentShardSumexp>(DType::F32, [this](const k::XentShardSumexp& q) { xent_shard_sumexp(static_cast<float*>(q.sumexp), static_cast<float*>(q.tlogit), static_cast<const float*>(q.logits), static_cast<const float*>(q.rowmax), q.targets, q.N, q.V, q.Vreal, q.vstart); });
-    provide<k::XentShardFinish>(DType::F32, [this](const k::XentShardFinish& q) { xent_shard_finish(static_cast<float*>(q.losses), static_cast<float*>(q.probs), static_cast<const float*>(q.logits), static_cast<const float*>(q.rowmax), static_cast<const float*>(q.sumexp), static_cast<const float*>(q.tlogit), q.targets, q.N, q.V, q.Vreal); });
-    provide<k::XentShardBackward>(DType::F32, [this](const k::XentShardBackward& q) { xent_shard_backward(static_cast<float*>(q.dlogits), static_cast<const float*>(q.probs), q.targets, q.dloss, q.N, q.V, q.Vreal, q.vstart); });
-    provide<k::AdamwUpdate>(DType::F32, [this](const k::AdamwUpdate& q) { adamw_update(static_cast<float*>(q.param), static_cast<const float*>(q.grad), static_cast<float*>(q.m), static_cast<float*>(q.v), q.n, q.lr, q.beta1, q.beta2, q.eps, q.weight_decay, q.t, q.grad_scale); });
-    provide<k::AdamwUpdateTyped>(DType::F32, [this](const k::AdamwUpdateTyped& q) { adamw_update_typed(q.param, q.pt, q.grad, q.gt, static_cast<float*>(q.master), static_cast<float*>(q.m), static_cast<float*>(q.v), q.n, q.a); });
     provide<k::AdamwUpdateZeroGrad>(DType::F32, [this](const k::AdamwUpdateZeroGrad& q) { adamw_update_zero_grad(q.param, q.pt, q.grad, q.gt, static_cast<float*>(q.master), static_cast<float*>(q.m), static_cast<float*>(q.v), q.n, q.a); });
-    provide<k::SumSquaresTyped>(DType::F32, [this](const k::SumSquaresTyped& q) { *q.result = sum_squares_typed(q.x, q.t, q.n); });
-    provide<k::SumSquares>(DType::F32, [this](const k::SumSquares& q) { *q.result = sum_squares(static_cast<const float*>(q.x), q.n); });
-    provide<k::Scale>(DType::F32, [this](const k::Scale& q) { scale(static_cast<float*>(q.x), q.n, q.s); });
     provide16<k::EmbeddingForward>([this](const k::EmbeddingForward& q, DType t) { native16::embedding_forward(*this, q.out, t, q.tokens, q.wte, q.wpe, q.B, q.T, q.C); });
     provide16<k::EmbeddingBackward>([this](const k::EmbeddingBackward& q, DType t) { native16::embedding_backward(*this, q.dwte, q.dwpe, q.dout, t, q.tokens, q.B, q.T, q.C); });
     provide16<k::LayerNormForward>([this](const k::LayerNormForward& q, DType t) { native16::layernorm_forward(*this, q.out, q.mean, q.rstd, q.inp, q.weight, q.bias, t, q.N, q.C, q.eps); });
@@ -692,10 +658,6 @@ class CpuBackend final : public Backend {
     provide16<k::RmsNormBackward>([this](const k::RmsNormBackward& q, DType t) { native16::rmsnorm_backward(*this, q.dinp, q.dweight, q.dout, q.inp, q.weight, q.rstd, t, q.N, q.C); });
     provide16<k::RopeForward>([this](const k::RopeForward& q, DType t) { native16::rope_forward(*this, q.out, q.inp, t, q.B, q.T, q.C, q.heads, q.theta); });
     provide16<k::RopeBackward>([this](const k::RopeBackward& q, DType t) { native16::rope_backward(*this, q.dinp, q.dout, t, q.B, q.T, q.C, q.heads, q.theta); });
-    provide16<k::GeluForward>([this](const k::GeluForward& q, DType t) { native16::gelu_forward(*this, q.out, q.inp, t, q.n); });
-    provide16<k::GeluBackward>([this](const k::GeluBackward& q, DType t) { native16::gelu_backward(*this, q.dinp, q.inp, q.dout, t, q.n); });
-    provide16<k::Relu2Forward>([this](const k::Relu2Forward& q, DType t) { native16::relu2_forward(*this, q.out, q.inp, t, q.n); });
-    provide16<k::Relu2Backward>([this](const k::Relu2Backward& q, DType t) { native16::relu2_backward(*this, q.dinp, q.inp, q.dout, t, q.n); });
     provide16<k::SwigluForward>([this](const k::SwigluForward& q, DType t) { native16::swiglu_forward(*this, q.out, q.inp, t, q.N, q.H); });
     provide16<k::SwigluBackward>([this](const k::SwigluBackward& q, DType t) { native16::swiglu_backward(*this, q.dinp, q.dout, q.inp, t, q.N, q.H); });
     provide16<k::AddForward>([this](const k::AddForward& q, DType t) { native16::add_forward(*this, q.out, q.a, q.b, t, q.n); });
@@ -877,23 +839,25 @@ class CpuBackend final : public Backend {
     cpu::attention_decode(out, r.data(), kv, pos, B, C, heads);
   }
 
-  void gelu_forward(float* out, const float* inp, int64_t n) {
-    parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) { gelu_forward_range(out + i0, inp + i0, i1 - i0); });
+  template <class F> void activation_forward(float* out, const float* inp, int64_t n, F f) {
+    parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) { activation_forward_range(out + i0, inp + i0, i1 - i0, f); });
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  template <class DF> void activation_backward(float* dinp, const float* inp, const float* dout, int64_t n, DF df) {
     if (!dinp) return;
     parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) {
-      gelu_backward_range(dinp + i0, inp + i0, dout + i0, i1 - i0);
+      activation_backward_range(dinp + i0, inp + i0, dout + i0, i1 - i0, df);
     });
   }
-  void relu2_forward(float* out, const float* inp, int64_t n) {
-    parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) { relu2_forward_range(out + i0, inp + i0, i1 - i0); });
-  }
-  void relu2_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-    if (!dinp) return;
-    parallel_chunks(n, kGrainMath, [=](int64_t i0, int64_t i1) {
-      relu2_backward_range(dinp + i0, inp + i0, dout + i0, i1 - i0);
+  template <class Fwd, class Bwd, class F, class DF>
+  void provide_activation(F f, DF df, Native16Forward fwd16, Native16Backward bwd16) {
+    provide<Fwd>(DType::F32, [this, f](const Fwd& q) {
+      activation_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n, f);
     });
+    provide<Bwd>(DType::F32, [this, df](const Bwd& q) {
+      activation_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.inp), static_cast<const float*>(q.dout), q.n, df);
+    });
+    provide16<Fwd>([this, fwd16](const Fwd& q, DType t) { fwd16(*this, q.out, q.inp, t, q.n); });
+    provide16<Bwd>([this, bwd16](const Bwd& q, DType t) { bwd16(*this, q.dinp, q.inp, q.dout, t, q.n); });
   }
 
   // LinearGelu (fused.h). Forward: this backend's matmul_forward (the bias
@@ -903,7 +867,7 @@ class CpuBackend final : public Backend {
   void linear_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias, int N,
                            int C, int OC) {
     matmul_forward(pre, inp, weight, bias, N, C, OC);
-    gelu_forward(out, pre, static_cast<int64_t>(N) * OC);
+    activation_forward(out, pre, static_cast<int64_t>(N) * OC, [](float x) { return gelu_f(x); });
   }
   void linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre,
                             const float* inp, const float* weight, int N, int C, int OC) {

@@ -70,58 +70,47 @@ void check_p(const DropoutSpec& drop) {  // the fp32 kernel's check, which the t
 }
 }  // namespace
 
-void gelu_forward(Backend& be, void* out, const void* inp, DType t, int64_t n) {
+// The activations (OPS_ACTIVATIONS, ops/kernels.h): bf16 in registers through the formula,
+// fp16 through the fp32 kernel on widened tiles.
+namespace {
+template <class Fwd, class F>
+void activation_forward(Backend& be, void* out, const void* inp, DType t, int64_t n, F f) {
   if (t == DType::BF16)
     return tiles(n, kTile, [&](int64_t i0, int64_t m) {
 #pragma omp simd
-      for (int64_t i = i0; i < i0 + m; ++i) st(out, i, cpu::gelu_f(ld(inp, i)));
+      for (int64_t i = i0; i < i0 + m; ++i) st(out, i, f(ld(inp, i)));
     });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* y = buf(1, m);
-    be.run(k::GeluForward(y, widen(0, inp, t, i0, m), m));
+    be.run(Fwd{y, widen(0, inp, t, i0, m), m});
     round_out(out, t, i0, y, m);
   });
 }
-void gelu_backward(Backend& be, void* dinp, const void* inp, const void* dout, DType t, int64_t n) {
+template <class Bwd, class DF>
+void activation_backward(Backend& be, void* dinp, const void* inp, const void* dout, DType t, int64_t n, DF df) {
   if (!dinp) return;
   if (t == DType::BF16)
     return tiles(n, kTile, [&](int64_t i0, int64_t m) {
 #pragma omp simd
-      for (int64_t i = i0; i < i0 + m; ++i) fold_st(dinp, i, ld(dout, i) * cpu::gelu_grad_f(ld(inp, i)));
+      for (int64_t i = i0; i < i0 + m; ++i) fold_st(dinp, i, ld(dout, i) * df(ld(inp, i)));
     });
   tiles(n, kTile, [&](int64_t i0, int64_t m) {
     float* g = buf(2, m, true);
-    be.run(k::GeluBackward(g, widen(0, inp, t, i0, m), widen(1, dout, t, i0, m), m));
+    be.run(Bwd{g, widen(0, inp, t, i0, m), widen(1, dout, t, i0, m), m});
     fold(dinp, t, i0, g, m);
   });
 }
+}  // namespace
 
-// relu2 as gelu above: bf16 in registers, fp16 through the fp32 kernel on widened tiles.
-void relu2_forward(Backend& be, void* out, const void* inp, DType t, int64_t n) {
-  if (t == DType::BF16)
-    return tiles(n, kTile, [&](int64_t i0, int64_t m) {
-#pragma omp simd
-      for (int64_t i = i0; i < i0 + m; ++i) st(out, i, cpu::relu2_f(ld(inp, i)));
-    });
-  tiles(n, kTile, [&](int64_t i0, int64_t m) {
-    float* y = buf(1, m);
-    be.run(k::Relu2Forward(y, widen(0, inp, t, i0, m), m));
-    round_out(out, t, i0, y, m);
-  });
-}
-void relu2_backward(Backend& be, void* dinp, const void* inp, const void* dout, DType t, int64_t n) {
-  if (!dinp) return;
-  if (t == DType::BF16)
-    return tiles(n, kTile, [&](int64_t i0, int64_t m) {
-#pragma omp simd
-      for (int64_t i = i0; i < i0 + m; ++i) fold_st(dinp, i, ld(dout, i) * cpu::relu2_grad_f(ld(inp, i)));
-    });
-  tiles(n, kTile, [&](int64_t i0, int64_t m) {
-    float* g = buf(2, m, true);
-    be.run(k::Relu2Backward(g, widen(0, inp, t, i0, m), widen(1, dout, t, i0, m), m));
-    fold(dinp, t, i0, g, m);
-  });
-}
+#define OPS_NATIVE16_ACTIVATION(A, a)                                                                    \
+  void a##_forward(Backend& be, void* out, const void* inp, DType t, int64_t n) {                       \
+    activation_forward<k::A##Forward>(be, out, inp, t, n, [](float x) { return cpu::a##_f(x); });       \
+  }                                                                                                      \
+  void a##_backward(Backend& be, void* dinp, const void* inp, const void* dout, DType t, int64_t n) {   \
+    activation_backward<k::A##Backward>(be, dinp, inp, dout, t, n, [](float x) { return cpu::a##_grad_f(x); }); \
+  }
+OPS_ACTIVATIONS(OPS_NATIVE16_ACTIVATION)
+#undef OPS_NATIVE16_ACTIVATION
 
 void add_forward(Backend& be, void* out, const void* a, const void* b, DType t, int64_t n) {
   if (t == DType::BF16)

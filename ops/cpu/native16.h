@@ -41,10 +41,12 @@ void rmsnorm_backward(Backend& be, void* dinp, float* dweight, const void* dout,
 void rope_forward(Backend& be, void* out, const void* inp, DType t, int B, int T, int C, Heads heads, float theta);
 void rope_backward(Backend& be, void* dinp, const void* dout, DType t, int B, int T, int C, Heads heads,
                    float theta);
-void gelu_forward(Backend& be, void* out, const void* inp, DType t, int64_t n);
-void gelu_backward(Backend& be, void* dinp, const void* inp, const void* dout, DType t, int64_t n);
-void relu2_forward(Backend& be, void* out, const void* inp, DType t, int64_t n);
-void relu2_backward(Backend& be, void* dinp, const void* inp, const void* dout, DType t, int64_t n);
+// The activations (OPS_ACTIVATIONS, ops/kernels.h): stem_forward and stem_backward each.
+#define OPS_NATIVE16_ACTIVATION(A, a)                                                   \
+  void a##_forward(Backend& be, void* out, const void* inp, DType t, int64_t n);        \
+  void a##_backward(Backend& be, void* dinp, const void* inp, const void* dout, DType t, int64_t n);
+OPS_ACTIVATIONS(OPS_NATIVE16_ACTIVATION)
+#undef OPS_NATIVE16_ACTIVATION
 void swiglu_forward(Backend& be, void* out, const void* inp, DType t, int N, int H);
 void swiglu_backward(Backend& be, void* dinp, const void* dout, const void* inp, DType t, int N, int H);
 void add_forward(Backend& be, void* out, const void* a, const void* b, DType t, int64_t n);

@@ -32,6 +32,7 @@
 
 #include "ops/cuda/cuda_backend.h"
 #include "ops/adamw_math.h"
+#include "ops/backend_fp32.h"
 #include "ops/cuda/cuda_workspace.h"
 
 // ops/rng.h's functions are plain inline C++; compile them for both sides.
@@ -501,14 +502,23 @@ __global__ void attention_bwd_k(float* dqkv, const float* dout, const float* qkv
 #define GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-__global__ void gelu_fwd_k(float* out, const float* inp, int64_t n) { GRID_STRIDE(i, n) out[i] = gelu_d(inp[i]); }
-__global__ void gelu_bwd_k(float* dinp, const float* inp, const float* dout, int64_t n) {
-  GRID_STRIDE(i, n) dinp[i] += dout[i] * gelu_grad_d(inp[i]);
+// The activations (OPS_ACTIVATIONS, ops/kernels.h), each from its formula above (stem_d and
+// stem_grad_d), named by a functor so that one kernel template serves them all.
+template <class F>
+__global__ void activation_fwd_k(float* out, const float* inp, int64_t n) {
+  GRID_STRIDE(i, n) out[i] = F::f(inp[i]);
 }
-__global__ void relu2_fwd_k(float* out, const float* inp, int64_t n) { GRID_STRIDE(i, n) out[i] = relu2_d(inp[i]); }
-__global__ void relu2_bwd_k(float* dinp, const float* inp, const float* dout, int64_t n) {
-  GRID_STRIDE(i, n) dinp[i] += dout[i] * relu2_grad_d(inp[i]);
+template <class F>
+__global__ void activation_bwd_k(float* dinp, const float* inp, const float* dout, int64_t n) {
+  GRID_STRIDE(i, n) dinp[i] += dout[i] * F::df(inp[i]);
 }
+#define OPS_CUDA_ACTIVATION_FORMULA(A, a)                               \
+  struct A##Formula {                                                   \
+    __device__ static float f(float x) { return a##_d(x); }            \
+    __device__ static float df(float x) { return a##_grad_d(x); }      \
+  };
+OPS_ACTIVATIONS(OPS_CUDA_ACTIVATION_FORMULA)
+#undef OPS_CUDA_ACTIVATION_FORMULA
 // LinearGelu's backward: d(pre) = d(out) * gelu'(pre), in place over d(out). The
 // composed default's bits (linear_gelu_backward_composed: 0 + d(out) * gelu'(pre) into a zeroed
 // temporary, then copied back) without its (N, OC) temporary, which no ledger counts.
@@ -743,47 +753,15 @@ class CudaBackend final : public Backend {
     // The kernel table: no KV-cache entries (generation runs with --no-kv-cache here).
     provide<k::Convert>(DType::F32, [this](const k::Convert& q) { convert(q.dst, q.dt, q.src, q.st, q.n); });
     provide<k::Accumulate>(DType::F32, [this](const k::Accumulate& q) { accumulate(q.dst, q.dt, static_cast<const float*>(q.src), q.n); });
-    provide<k::SumSquaresTyped>(DType::F32, [this](const k::SumSquaresTyped& q) { *q.result = sum_squares_typed(q.x, q.t, q.n); });
+    provide_fp32_members(this);
     provide<k::Fill>(DType::F32, [this](const k::Fill& q) { fill(q.x, q.t, q.v, q.n); });
-    provide<k::EmbeddingForward>(DType::F32, [this](const k::EmbeddingForward& q) { embedding_forward_as_shard(*this, q); });
-    provide<k::EmbeddingBackward>(DType::F32, [this](const k::EmbeddingBackward& q) { embedding_backward_as_shard(*this, q); });
-    provide<k::EmbeddingShardForward>(DType::F32, [this](const k::EmbeddingShardForward& q) { embedding_shard_forward(static_cast<float*>(q.out), q.tokens, static_cast<const float*>(q.wte), static_cast<const float*>(q.wpe), q.B, q.T, q.C, q.vstart, q.Vlocal); });
-    provide<k::EmbeddingShardBackward>(DType::F32, [this](const k::EmbeddingShardBackward& q) { embedding_shard_backward(static_cast<float*>(q.dwte), static_cast<float*>(q.dwpe), static_cast<const float*>(q.dout), q.tokens, q.B, q.T, q.C, q.vstart, q.Vlocal); });
-    provide<k::LayerNormForward>(DType::F32, [this](const k::LayerNormForward& q) { layernorm_forward(static_cast<float*>(q.out), static_cast<float*>(q.mean), static_cast<float*>(q.rstd), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), q.N, q.C, q.eps); });
-    provide<k::LayerNormBackward>(DType::F32, [this](const k::LayerNormBackward& q) { layernorm_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.mean), static_cast<const float*>(q.rstd), q.N, q.C); });
-    provide<k::RmsNormForward>(DType::F32, [this](const k::RmsNormForward& q) { rmsnorm_forward(static_cast<float*>(q.out), static_cast<float*>(q.rstd), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.eps); });
-    provide<k::RmsNormBackward>(DType::F32, [this](const k::RmsNormBackward& q) { rmsnorm_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.rstd), q.N, q.C); });
-    provide<k::MatmulForward>(DType::F32, [this](const k::MatmulForward& q) { matmul_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), static_cast<const float*>(q.bias), q.N, q.C, q.OC); });
-    provide<k::MatmulBackward>(DType::F32, [this](const k::MatmulBackward& q) { matmul_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.OC); });
     for (DType t : {DType::BF16, DType::F16})
       provide<k::MatmulForward>(t, [this, t](const k::MatmulForward& q) { matmul_forward_narrow(static_cast<float*>(q.out), q.inp, q.weight, q.bias, t, q.N, q.C, q.OC); }, narrow_gemm_ok);
     for (DType t : {DType::BF16, DType::F16})
       provide<k::MatmulBackward>(t, [this, t](const k::MatmulBackward& q) { matmul_backward_narrow(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), q.dout, q.inp, q.weight, t, q.N, q.C, q.OC); }, narrow_gemm_ok);
-    provide<k::RopeForward>(DType::F32, [this](const k::RopeForward& q) { rope_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.B, q.T, q.C, q.heads, q.theta); });
-    provide<k::RopeBackward>(DType::F32, [this](const k::RopeBackward& q) { rope_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), q.B, q.T, q.C, q.heads, q.theta); });
-    provide<k::AttentionForward>(DType::F32, [this](const k::AttentionForward& q) { attention_forward(static_cast<float*>(q.out), static_cast<float*>(q.lse), static_cast<const float*>(q.qkv), q.B, q.T, q.C, q.heads, q.drop); });
-    provide<k::AttentionBackward>(DType::F32, [this](const k::AttentionBackward& q) { attention_backward(static_cast<float*>(q.dqkv), static_cast<const float*>(q.dout), static_cast<const float*>(q.qkv), static_cast<const float*>(q.lse), q.B, q.T, q.C, q.heads, q.drop, static_cast<float*>(q.work)); });
-    provide<k::GeluForward>(DType::F32, [this](const k::GeluForward& q) { gelu_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n); });
-    provide<k::GeluBackward>(DType::F32, [this](const k::GeluBackward& q) { gelu_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.inp), static_cast<const float*>(q.dout), q.n); });
-    provide<k::Relu2Forward>(DType::F32, [this](const k::Relu2Forward& q) { relu2_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n); });
-    provide<k::Relu2Backward>(DType::F32, [this](const k::Relu2Backward& q) { relu2_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.inp), static_cast<const float*>(q.dout), q.n); });
-    provide<k::LinearGeluBackward>(DType::F32, [this](const k::LinearGeluBackward& q) { linear_gelu_backward(static_cast<float*>(q.dinp), static_cast<float*>(q.dweight), static_cast<float*>(q.dbias), static_cast<float*>(q.dpre), static_cast<const float*>(q.pre), static_cast<const float*>(q.inp), static_cast<const float*>(q.weight), q.N, q.C, q.OC); });
-    provide<k::SwigluForward>(DType::F32, [this](const k::SwigluForward& q) { swiglu_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.N, q.H); });
-    provide<k::SwigluBackward>(DType::F32, [this](const k::SwigluBackward& q) { swiglu_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), static_cast<const float*>(q.inp), q.N, q.H); });
-    provide<k::AddForward>(DType::F32, [this](const k::AddForward& q) { add_forward(static_cast<float*>(q.out), static_cast<const float*>(q.a), static_cast<const float*>(q.b), q.n); });
-    provide<k::AddInplace>(DType::F32, [this](const k::AddInplace& q) { add_inplace(static_cast<float*>(q.dst), static_cast<const float*>(q.src), q.n); });
-    provide<k::DropoutForward>(DType::F32, [this](const k::DropoutForward& q) { dropout_forward(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n, q.drop); });
-    provide<k::DropoutBackward>(DType::F32, [this](const k::DropoutBackward& q) { dropout_backward(static_cast<float*>(q.dinp), static_cast<const float*>(q.dout), q.n, q.drop); });
-    provide<k::SoftmaxXentForward>(DType::F32, [this](const k::SoftmaxXentForward& q) { softmax_xent_forward(static_cast<float*>(q.losses), static_cast<float*>(q.probs), static_cast<const float*>(q.logits), q.targets, q.N, q.V, q.Vreal); });
-    provide<k::SoftmaxXentBackward>(DType::F32, [this](const k::SoftmaxXentBackward& q) { softmax_xent_backward(static_cast<float*>(q.dlogits), static_cast<const float*>(q.probs), q.targets, q.dloss, q.N, q.V, q.Vreal); });
-    provide<k::XentShardMax>(DType::F32, [this](const k::XentShardMax& q) { xent_shard_max(static_cast<float*>(q.rowmax), static_cast<const float*>(q.logits), q.N, q.V, q.Vreal); });
-    provide<k::XentShardSumexp>(DType::F32, [this](const k::XentShardSumexp& q) { xent_shard_sumexp(static_cast<float*>(q.sumexp), static_cast<float*>(q.tlogit), static_cast<const float*>(q.logits), static_cast<const float*>(q.rowmax), q.targets, q.N, q.V, q.Vreal, q.vstart); });
-    provide<k::XentShardFinish>(DType::F32, [this](const k::XentShardFinish& q) { xent_shard_finish(static_cast<float*>(q.losses), static_cast<float*>(q.probs), static_cast<const float*>(q.logits), static_cast<const float*>(q.rowmax), static_cast<const float*>(q.sumexp), static_cast<const float*>(q.tlogit), q.targets, q.N, q.V, q.Vreal); });
-    provide<k::XentShardBackward>(DType::F32, [this](const k::XentShardBackward& q) { xent_shard_backward(static_cast<float*>(q.dlogits), static_cast<const float*>(q.probs), q.targets, q.dloss, q.N, q.V, q.Vreal, q.vstart); });
-    provide<k::AdamwUpdate>(DType::F32, [this](const k::AdamwUpdate& q) { adamw_update(static_cast<float*>(q.param), static_cast<const float*>(q.grad), static_cast<float*>(q.m), static_cast<float*>(q.v), q.n, q.lr, q.beta1, q.beta2, q.eps, q.weight_decay, q.t, q.grad_scale); });
-    provide<k::AdamwUpdateTyped>(DType::F32, [this](const k::AdamwUpdateTyped& q) { adamw_update_typed(q.param, q.pt, q.grad, q.gt, static_cast<float*>(q.master), static_cast<float*>(q.m), static_cast<float*>(q.v), q.n, q.a); });
-    provide<k::SumSquares>(DType::F32, [this](const k::SumSquares& q) { *q.result = sum_squares(static_cast<const float*>(q.x), q.n); });
-    provide<k::Scale>(DType::F32, [this](const k::Scale& q) { scale(static_cast<float*>(q.x), q.n, q.s); });
+#define OPS_CUDA_ACTIVATION(A, a) provide_activation<k::A##Forward, k::A##Backward, A##Formula>();
+    OPS_ACTIVATIONS(OPS_CUDA_ACTIVATION)
+#undef OPS_CUDA_ACTIVATION
     // What this backend does not fuse: the compositions (ops/backend.h), fp32 only (no
     // 16-bit-native kernels here: the executor widens).
     provide<k::LinearGeluForward>(DType::F32, [this](const k::LinearGeluForward& q) { linear_gelu_forward_composed(*this, q); });
@@ -999,25 +977,18 @@ class CudaBackend final : public Backend {
     return shm;
   }
 
-  void gelu_forward(float* out, const float* inp, int64_t n) {
-    if (n == 0) return;
-    gelu_fwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(out, inp, n);
-    LAUNCH_CHECK();
-  }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-    if (!dinp || n == 0) return;
-    gelu_bwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, inp, dout, n);
-    LAUNCH_CHECK();
-  }
-  void relu2_forward(float* out, const float* inp, int64_t n) {
-    if (n == 0) return;
-    relu2_fwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(out, inp, n);
-    LAUNCH_CHECK();
-  }
-  void relu2_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-    if (!dinp || n == 0) return;
-    relu2_bwd_k<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, inp, dout, n);
-    LAUNCH_CHECK();
+  template <class Fwd, class Bwd, class F> void provide_activation() {
+    provide<Fwd>(DType::F32, [this](const Fwd& q) {
+      if (q.n == 0) return;
+      activation_fwd_k<F><<<blocks_for(q.n), kThreads, 0, stream_>>>(static_cast<float*>(q.out), static_cast<const float*>(q.inp), q.n);
+      LAUNCH_CHECK();
+    });
+    provide<Bwd>(DType::F32, [this](const Bwd& q) {
+      if (!q.dinp || q.n == 0) return;
+      activation_bwd_k<F><<<blocks_for(q.n), kThreads, 0, stream_>>>(static_cast<float*>(q.dinp), static_cast<const float*>(q.inp),
+                                                                   static_cast<const float*>(q.dout), q.n);
+      LAUNCH_CHECK();
+    });
   }
   void linear_gelu_backward(float* dinp, float* dweight, float* dbias, float* dpre, const float* pre, const float* inp,
                             const float* weight, int N, int C, int OC) {

@@ -261,7 +261,7 @@ std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops:
     j["n_layer"] = m.n_layers;
     j["n_head"] = m.n_heads;
     j["n_inner"] = m.mlp_hidden();
-    j["activation_function"] = m.activation == Activation::relu2 ? "relu2" : "gelu_new";
+    j["activation_function"] = std::string(activation_facts(m.activation).hf);
     j["layer_norm_epsilon"] = m.norm_eps;
     // The runner drops out where GPT-2 does, at its one rate: the embeddings, the attention
     // probabilities and each residual branch (runner/model/gpt.cpp).

@@ -174,11 +174,19 @@ ModelConfig gpt2_config(const json& j, const std::string& path) {
   m.seq_len = need_int(j, "n_positions", path);
   set_mlp_width(m, get_or<int64_t>(j, "n_inner", 4 * m.d_model), path);
   const std::string act = get_or<std::string>(j, "activation_function", "gelu_new");
-  if (act == "relu2")
-    m.activation = Activation::relu2;
-  else if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu_fast")
-    bad_config(path, "activation_function \"" + act + "\" is neither the tanh gelu nor the relu2 the runner's gpt2 style computes",
-               "only gelu_new (GPT-2's) and relu2 import");
+  std::string known;
+  bool found = false;
+  for (const ActivationFacts& f : kActivationFacts) {
+    if (f.gated) continue;  // GPT-2's MLP is ungated
+    for (std::string_view name : {f.hf, f.hf_same[0], f.hf_same[1]}) {
+      if (name.empty()) continue;
+      known += (known.empty() ? "" : ", ") + std::string(name);
+      if (name == act && !found) m.activation = f.value, found = true;
+    }
+  }
+  if (!found)
+    bad_config(path, "activation_function \"" + act + "\" is not an activation the runner's gpt2 style computes",
+               "these import: " + known);
   if (get_or<bool>(j, "scale_attn_by_inverse_layer_idx", false) || !get_or<bool>(j, "scale_attn_weights", true))
     bad_config(path, "the attention scaling differs from 1/sqrt(head size)", "only GPT-2's standard attention imports");
   m.norm_eps = get_or<double>(j, "layer_norm_epsilon", 1e-5);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <tuple>
 #include <utility>
@@ -68,6 +69,13 @@ std::vector<ops::ModuleSet> recompute_sets(const RecomputeConfig& rc, int64_t n_
 }
 
 namespace {
+
+// The MLP activation's operator: the OpDef named as the recipe's word (kActivationFacts).
+OpKind activation_kind(Activation a) {
+  const std::optional<OpKind> k = ops::op_kind_named(to_string(a));
+  if (!k) throw std::logic_error("model.activation " + to_string(a) + " has no operator of that name (ops/op_pointwise.cpp)");
+  return *k;
+}
 
 // The parameters indexed by vocabulary id (gpt_vocab_param).
 constexpr const char* kEmbedding = "wte";
@@ -308,7 +316,7 @@ struct Builder {
       mm = norm(p + ".ln2", x1, l, Module::norm);
     }
     // MLP.
-    bool glu = m.activation == Activation::swiglu;
+    bool glu = activation_facts(m.activation).gated;
     int64_t fc_out = glu ? 2 * H : H;
     int wfc = col_weight(p + ".mlp.fc.weight", fc_out, C, l, glu ? 2 : 1);
     int bfc = m.bias ? col_bias(p + ".mlp.fc.bias", fc_out, l, glu ? 2 : 1) : -1;
@@ -318,8 +326,7 @@ struct Builder {
     } else {
       int u = linear(p + ".mlp.fc", mm, wfc, bfc, fc_out / t, l, Module::mlp, 'c');
       h = g.add_activation(p + ".mlp.act.out", {N, H / t}, l, act);
-      const OpKind act_kind = glu ? OpKind::SwiGLU : m.activation == Activation::relu2 ? OpKind::Relu2 : OpKind::Gelu;
-      node(act_kind, p + ".mlp.act", {u}, {h}, l, Module::mlp);
+      node(activation_kind(m.activation), p + ".mlp.act", {u}, {h}, l, Module::mlp);
     }
     int wp = row_weight(p + ".mlp.proj.weight", C, H, l);
     int bp = m.bias ? seq_param(p + ".mlp.proj.bias", C, l) : -1;
@@ -506,17 +513,17 @@ void bind_params(ops::Executor& ex, const ops::Graph& g, ParamSet& ps) {
 namespace runner {
 
 HfStyle hf_style(const ModelConfig& m) {
-  // GPT-2's MLP is ungated: its activation_function names gelu or relu2 (Hugging Face's
-  // ACT2FN has both); Llama's is the gated silu, our swiglu.
+  // GPT-2's MLP is ungated: its activation_function names any ungated activation (its
+  // Hugging Face name, kActivationFacts); Llama's is the gated silu, our swiglu.
   const bool ln = m.norm == Norm::layernorm,
-             ungated = m.activation == Activation::gelu || m.activation == Activation::relu2,
+             ungated = !activation_facts(m.activation).gated,
              swiglu = m.activation == Activation::swiglu, learned = m.position == Position::learned;
   if (ln && ungated && learned) {
     if (!m.bias) throw std::invalid_argument("Hugging Face GPT-2 has biases in every linear layer and layernorm; this model has bias: false");
     return HfStyle::gpt2;
   }
   if (!ln && swiglu && !learned) return HfStyle::llama;
-  throw std::invalid_argument(std::string("neither GPT-2 (layernorm, gelu or relu2, learned positions) nor Llama (rmsnorm, swiglu, "
+  throw std::invalid_argument(std::string("neither GPT-2 (layernorm, an ungated activation, learned positions) nor Llama (rmsnorm, swiglu, "
                                           "rope) matches norm: ") + to_string(m.norm) + ", activation: " +
                               to_string(m.activation) + ", position: " + to_string(m.position));
 }

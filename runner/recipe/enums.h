@@ -26,7 +26,7 @@ namespace runner {
 
 enum class ModelFamily { gpt };
 enum class Norm { layernorm, rmsnorm };
-enum class Activation { gelu, swiglu, relu2 };  // relu2: relu(x)^2 (Primer), ungated like gelu
+enum class Activation { gelu, swiglu, relu2 };  // kActivationFacts below
 enum class Position { learned, rope };
 enum class DataKind { addition, text, hdf5, bin };
 enum class PipelineSchedule { one_f_one_b, gpipe, interleaved };
@@ -50,8 +50,32 @@ constexpr EnumTable<ModelFamily, 1> enum_names(ModelFamily) { return {{{ModelFam
 constexpr EnumTable<Norm, 2> enum_names(Norm) {
   return {{{Norm::layernorm, "layernorm"}, {Norm::rmsnorm, "rmsnorm"}}};
 }
-constexpr EnumTable<Activation, 3> enum_names(Activation) {
-  return {{{Activation::gelu, "gelu"}, {Activation::swiglu, "swiglu"}, {Activation::relu2, "relu2"}}};
+// An activation is its row here: its word; whether the MLP is gated (swiglu: three weight
+// matrices, Llama's); the name Hugging Face's GPT-2 config gives an ungated one
+// (activation_function, a key of transformers' ACT2FN), which export writes, and the other
+// names of the same function, which import also accepts. Its graph operator is the OpDef of
+// the same name (ops/op_pointwise.cpp: model/gpt.cpp looks it up by the word).
+struct ActivationFacts {
+  Activation value;
+  std::string_view word;
+  bool gated;
+  std::string_view hf;
+  std::array<std::string_view, 2> hf_same;
+};
+constexpr std::array<ActivationFacts, 3> kActivationFacts = {{
+    {Activation::gelu, "gelu", false, "gelu_new", {"gelu_pytorch_tanh", "gelu_fast"}},  // GPT-2's tanh GELU
+    {Activation::swiglu, "swiglu", true, "silu", {}},
+    {Activation::relu2, "relu2", false, "relu2", {}},  // relu(x)^2 (Primer, Nemotron-4)
+}};
+constexpr const ActivationFacts& activation_facts(Activation a) {
+  for (const ActivationFacts& f : kActivationFacts)
+    if (f.value == a) return f;
+  std::abort();  // a value outside its own table
+}
+constexpr EnumTable<Activation, kActivationFacts.size()> enum_names(Activation) {
+  EnumTable<Activation, kActivationFacts.size()> t{};
+  for (size_t i = 0; i < t.size(); ++i) t[i] = {kActivationFacts[i].value, kActivationFacts[i].word};
+  return t;
 }
 constexpr EnumTable<Position, 2> enum_names(Position) {
   return {{{Position::learned, "learned"}, {Position::rope, "rope"}}};
