@@ -384,7 +384,7 @@ TEST_CASE("a duration key too large for the arithmetic is refused at its key, be
 TEST_CASE("a run whose every step is skipped for a non-finite gradient ends with exit 4 saying so, not as done") {
   fs::path dir = temp_dir("allskipped");
   const std::string q = std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml";
-  Result r = run("train " + q + " --quiet --run-dir " + (dir / "r").string() +
+  Result r = run("train " + q + " --run-dir " + (dir / "r").string() +
                      " --set train.steps=3 train.eval_every=0 model.d_model=16 model.n_heads=2 model.n_layers=1",
                  "RUNNER_FAULT_INF_STEP=1 RUNNER_FAULT_INF_COUNT=3");
   INFO(r.out);

@@ -40,13 +40,15 @@ class ExportCommand final : public Command {
   int run(std::optional<Launch>&) override {
     ops::DType dt = ops::DType::F32;
     ops::parse_dtype(dtype_, &dt);
+    const ExportFormat format = format_ == "npz" ? ExportFormat::npz : ExportFormat::safetensors;
+    check_export_request(format, dt);
     install_signal_handlers(StopWork::output);
     // OUT's lock and checks first: a second export to the same OUT, or an existing one without
     // --force, is refused before the model is loaded.
     StagedDir out(out_, force_, "export");
     TrainedModel m = load_trained_model(src_, sets_);
     throw_if_stopped(out_);
-    ExportResult r = export_model(m, format_ == "npz" ? ExportFormat::npz : ExportFormat::safetensors, out, dt);
+    ExportResult r = export_model(m, format, out, dt);
     std::cout << "exported step " << m.step << " of " << m.checkpoint << " (" << r.style << " layout, " << r.tensors
               << " tensors, " << size_text(r.bytes) << ") to " << r.weights_path << " and " << r.config_path << "\n";
     for (const std::string& n : r.notes) std::cout << "note: " << n << "\n";

@@ -304,12 +304,16 @@ std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops:
   return j.dump(2) + "\n";
 }
 
-ExportResult export_model(const TrainedModel& m, ExportFormat format, StagedDir& staged, ops::DType dtype) {
+void check_export_request(ExportFormat format, ops::DType dtype) {
   if (dtype != ops::DType::F32 && dtype != ops::DType::BF16 && dtype != ops::DType::F16)
     throw UserError({}, std::string("--dtype ") + ops::dtype_name(dtype) + " is not a floating-point export type",
                     "use fp32, bf16 or fp16");
   if (format == ExportFormat::npz && dtype != ops::DType::F32)
     throw UserError({}, "npz export is fp32 only (numpy has no bfloat16)", "drop --dtype, or use --format safetensors");
+}
+
+ExportResult export_model(const TrainedModel& m, ExportFormat format, StagedDir& staged, ops::DType dtype) {
+  check_export_request(format, dtype);
   ExportResult r;
   std::vector<OutTensor> ts;
   if (format == ExportFormat::safetensors) {

@@ -42,6 +42,10 @@ struct ExportResult {
 // safetensors also writes the run's tokenizer (TrainedModel::tokenizer_dir, through
 // Tokenizer::save: the files Hugging Face's AutoTokenizer reads; none for the byte tokenizer)
 // and generation_config.json (its begin and end token ids, max_length = seq_len).
+// The request's own mistakes (a dtype the format cannot hold), checked before anything is read or
+// made; export_model checks them too.
+void check_export_request(ExportFormat format, ops::DType dtype);
+
 // The files are written into `out` (runner/atomic_output.h: built beside the output directory,
 // swapped in by commit() once complete); the result's paths are the output directory's.
 ExportResult export_model(const TrainedModel& m, ExportFormat format, StagedDir& out, ops::DType dtype = ops::DType::F32);

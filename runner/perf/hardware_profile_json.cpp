@@ -164,7 +164,7 @@ HardwareProfile HardwareProfile::from_json(const nlohmann::json& j, const std::s
     p.host = j.value("host", "");
     p.devices_per_node = count_or(j, "devices_per_node", 1, 1);
     p.nodes = count_or(j, "nodes", 1, 1);
-    p.cores = static_cast<int>(count_or(j, "cores", 0, 1));  // absent: not known (0)
+
     const nlohmann::json& pk = j.at("peak_flops");
     p.peak_flops_fp32 = pk.at("fp32").get<double>();
     p.peak_flops_bf16 = pk.at("bf16").get<double>();
@@ -179,6 +179,8 @@ HardwareProfile HardwareProfile::from_json(const nlohmann::json& j, const std::s
       in_range(link->bandwidth, kMinBandwidth, kMaxBandwidth, std::string("links.") + name + ".bandwidth", "bytes/s");
     }
     const bool cpu = p.device.rfind("cpu", 0) == 0;
+    // A CPU profile prices ranks sharing its cores; a GPU one may not know them (0).
+    p.cores = static_cast<int>(count_or(j, "cores", 0, cpu ? 1 : 0));
     for (const auto& c : j.at("compute")) p.compute.push_back(compute_of(c, p.compute.size(), cpu));
     require(!p.compute.empty(), "it has no compute entries");
     for (const auto& f : j.value("collectives", nlohmann::json::array())) {
