@@ -128,7 +128,7 @@ OutputLock::~OutputLock() {
 int sweep_stale_temporaries(const std::string& target) {
   const fs::path t = normal(target);
   const std::string name = t.filename().string();
-  const std::string prefixes[] = {"." + name + ".tmp.", "." + name + ".old.", name + ".tmp-", name + ".old-"};
+  const std::string prefixes[] = {"." + name + ".tmp.", "." + name + ".old.", name + ".tmp-", name + ".old-", name + ".tmp."};
   std::error_code ec;
   int removed = 0;
   for (const fs::directory_entry& e : fs::directory_iterator(t.parent_path(), ec)) {

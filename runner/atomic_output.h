@@ -32,7 +32,7 @@ class OutputLock {
 };
 
 // Removes the temporaries of `target` that earlier writers left (`.NAME.tmp.PID`,
-// `.NAME.old.PID`, and the older `NAME.tmp-PID` / `NAME.old-PID`) whose PID is not a live
+// `.NAME.old.PID`, and the older `NAME.tmp-PID`, `NAME.old-PID`, `NAME.tmp.PID`) whose PID is not a live
 // process. Call it holding the output's lock. Returns how many it removed.
 int sweep_stale_temporaries(const std::string& target);
 

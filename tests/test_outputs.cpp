@@ -148,15 +148,18 @@ TEST_CASE("a dead writer's temporaries are swept by the next writer; a live one'
   const pid_t dead = dead_pid();
   const fs::path stale = dir / (".out.tmp." + std::to_string(dead));
   const fs::path old_style = dir / ("out.tmp-" + std::to_string(dead));
+  const fs::path single = dir / ("out.tmp." + std::to_string(dead));  // `data prepare TEXT OUT.h5`'s
   const fs::path live = dir / (".out.tmp." + std::to_string(::getppid()));
   const fs::path other = dir / (".other.tmp." + std::to_string(dead));  // another output's
   for (const fs::path& p : {stale, old_style, live, other}) write(p / "shard.h5", "partial");
+  write(single, "partial");
   {
     StagedDir s((dir / "out").string(), false, "test");
     s.commit();
   }
   CHECK(!fs::exists(stale));
   CHECK(!fs::exists(old_style));
+  CHECK(!fs::exists(single));
   CHECK(fs::exists(live));
   CHECK(fs::exists(other));
 }
