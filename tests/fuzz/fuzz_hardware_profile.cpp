@@ -52,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& [dt, rs] : c.attention)
       for (const runner::AttentionRate& r : rs)
         need(positive(r.forward_flops_per_s) && positive(r.backward_flops_per_s), "a bad attention rate");
-    for (const auto& [op, bw] : c.op_bandwidth) need(positive(bw), "a bad op bandwidth");
+    for (const auto& [op, bw] : c.op_bandwidth) need(bw == 0 || positive(bw), "a bad op bandwidth");
   }
   for (const runner::CollectiveFit& f : p.collectives) need(positive(f.bandwidth) && latency(f.latency_s), "a bad collective fit");
   try {
