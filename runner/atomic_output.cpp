@@ -48,6 +48,19 @@ void fsync_or_throw(const std::string& p, bool dir) {
   if (rc != 0) throw UserError({p}, "cannot sync to disk: " + errno_text(), "check free space and the file system");
 }
 
+// Whether `path` is `dir` or lies under it, symbolic links resolved.
+bool within(const std::string& path, const std::string& dir) {
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path), ec), d = fs::weakly_canonical(fs::absolute(dir), ec);
+  if (ec) return false;
+  auto pi = p.begin();
+  for (auto di = d.begin(); di != d.end(); ++di, ++pi) {
+    if (di->empty()) continue;  // a trailing separator
+    if (pi == p.end() || *pi != *di) return false;
+  }
+  return true;
+}
+
 // A live process with this PID (EPERM: alive, another user's).
 bool alive(long pid) { return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM); }
 
@@ -184,10 +197,18 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 
 // ---- a directory output ----
 
-StagedDir::StagedDir(const std::string& target, bool force, const std::string& what, const std::string& force_flag)
+StagedDir::StagedDir(const std::string& target, bool force, const std::string& what, const std::string& force_flag,
+                     const std::vector<std::string>& inputs)
     : target_(normal(target).string()), lock_(target, what) {
   sweep_stale_temporaries(target_);
   std::error_code ec;
+  std::vector<std::string> kept = inputs;
+  kept.push_back(fs::current_path(ec).string());
+  for (const std::string& in : kept)
+    if (!in.empty() && within(in, target_))
+      throw UserError({target}, "holds " + (&in == &kept.back() ? "the working directory" : in) + ", which " + what +
+                                    " would delete by replacing it",
+                      "write the output to a new directory of its own");
   if (fs::exists(target_, ec) && !fs::is_directory(target_, ec))
     throw UserError({target}, "exists and is not a directory (" + what + " writes a directory)",
                     "choose another output, or remove the file");

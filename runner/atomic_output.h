@@ -14,6 +14,7 @@
 #pragma once
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace runner {
 
@@ -49,12 +50,14 @@ void sync_tree(const std::string& dir);
 //   write into out.path() ...
 //   out.commit();
 // The constructor takes the target's lock, sweeps dead writers' temporaries, refuses a target
-// that is a file, or a non-empty directory without `force` (UserError naming `force_flag`),
-// and creates the temporary. Unless committed, the destructor removes the temporary: an
+// that is a file, or a non-empty directory without `force` (UserError naming `force_flag`), or
+// one holding the working directory or any of `inputs` (replacing it would delete them), and
+// creates the temporary. Unless committed, the destructor removes the temporary: an
 // exception or a stop signal unwinding through it leaves the target as it was.
 class StagedDir {
  public:
-  StagedDir(const std::string& target, bool force, const std::string& what, const std::string& force_flag = "--force");
+  StagedDir(const std::string& target, bool force, const std::string& what, const std::string& force_flag = "--force",
+            const std::vector<std::string>& inputs = {});
   ~StagedDir();
   StagedDir(const StagedDir&) = delete;
   StagedDir& operator=(const StagedDir&) = delete;

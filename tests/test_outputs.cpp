@@ -260,3 +260,20 @@ TEST_CASE("tokenizer training: SIGTERM stops it at once with exit 3, the previou
   CHECK(test_support::slurp(out / "tokenizer.model") == "the previous tokenizer");
   CHECK(leftovers(dir, {"corpus.txt", "tok", "log.txt"}).empty());
 }
+
+TEST_CASE("--force never replaces a directory holding the command's input or the working directory") {
+  test_support::TempDir dir("outputs");
+  write(dir / "data" / "corpus.txt", "text to keep\n");
+  const std::string inside = user_error([&] {
+    StagedDir s((dir / "data").string(), true, "data prepare", "--force", {(dir / "data" / "corpus.txt").string()});
+  });
+  CHECK(inside.find("corpus.txt, which data prepare would delete") != std::string::npos);
+  const std::string cwd = user_error([&] { StagedDir s(fs::current_path().parent_path().string(), true, "export"); });
+  CHECK(cwd.find("the working directory") != std::string::npos);
+  // Through the binary: exporting over the run being exported.
+  const test_support::TinyQuickstartRun& t = test_support::tiny_quickstart("outputs_export", 2, "1e-3");
+  Result r = runner_cmd("export " + t.run.string() + " --out " + t.run.string() + " --force");
+  CHECK(r.code == 2);
+  CHECK(fs::exists(t.run / "checkpoints"));
+  CHECK(test_support::slurp(dir / "data" / "corpus.txt") == "text to keep\n");
+}

@@ -45,7 +45,7 @@ class ExportCommand final : public Command {
     install_signal_handlers(StopWork::output);
     // OUT's lock and checks first: a second export to the same OUT, or an existing one without
     // --force, is refused before the model is loaded.
-    StagedDir out(out_, force_, "export");
+    StagedDir out(out_, force_, "export", "--force", {src_});
     TrainedModel m = load_trained_model(src_, sets_);
     throw_if_stopped(out_);
     ExportResult r = export_model(m, format, out, dt);

@@ -134,7 +134,7 @@ class TokenizerCommand final : public Command {
   int train() {
     install_signal_handlers(StopWork::output);
     train_opt_.inputs = expand_inputs(train_opt_.inputs);
-    StagedDir staged(train_opt_.out_dir, force_, "tokenizer training");
+    StagedDir staged(train_opt_.out_dir, force_, "tokenizer training", "--force", train_opt_.inputs);
     tok::TrainOptions opt = train_opt_;
     opt.final_dir = staged.target();
     opt.out_dir = staged.path();

@@ -385,6 +385,13 @@ void check_out(const PrepareOptions& opt) {
                     "use the default (134217728)");
 }
 
+// What replacing OUT must not delete: the inputs and a tokenizer read from a path.
+std::vector<std::string> protected_inputs(const PrepareOptions& opt) {
+  std::vector<std::string> in = opt.inputs;
+  if (!opt.tokenizer.empty() && opt.tokenizer != "byte") in.push_back(opt.tokenizer);
+  return in;
+}
+
 SplitWriter split_writer(const std::string& name, const std::string& dir, const PrepareOptions& opt, bool wide,
                          const tok::TokenizerInfo& ti) {
   SplitWriter w;
@@ -585,7 +592,7 @@ PrepareResult prepare_dataset(const PrepareOptions& opt, const tok::Tokenizer& t
   // OUT has one writer (a second prepare into it is refused while this one runs) and is built
   // beside, then swapped in whole (runner/atomic_output.h); a killed prepare's temporary is
   // removed by the next one.
-  StagedDir staged(opt.out, opt.force, "data prepare");
+  StagedDir staged(opt.out, opt.force, "data prepare", "--force", protected_inputs(opt));
   const fs::path tmp_path = staged.path();
 
   const int threads = opt.threads > 0 ? opt.threads : std::max(1u, std::thread::hardware_concurrency());

@@ -405,7 +405,7 @@ ImportResult import_model(const std::string& source, const std::string& out_dir,
   const bool recipe_inside = !recipe_in_out.empty() && *recipe_in_out.begin() != "..";
   // OUT is built beside and swapped in (runner/atomic_output.h): an interrupted import leaves
   // no half-written checkpoint, and the next import removes a killed one's temporary.
-  StagedDir staged(out_dir, force, "import");
+  StagedDir staged(out_dir, force, "import", "--force", {source});
   std::optional<StagedFile> recipe_file;
   if (!recipe_inside) recipe_file.emplace(recipe.string(), force, "import --recipe-out");
   fs::path config;
