@@ -140,9 +140,9 @@ nlohmann::json HardwareProfile::to_json() const {
                    {"host", host},
                    {"devices_per_node", devices_per_node},
                    {"nodes", nodes},
-                   {"cores", cores},
                    {"peak_flops", {{"fp32", peak_flops_fp32}, {"bf16", peak_flops_bf16}, {"fp16", peak_flops_fp16}}},
                    {"links", {{"intra_node", link_json(intra_node)}, {"inter_node", link_json(inter_node)}}}};
+  if (cores > 0) j["cores"] = cores;  // 0: not known, written as absent (an explicit 0 is refused)
   j["compute"] = nlohmann::json::array();
   for (const ComputeProfile& c : compute) j["compute"].push_back(compute_json(c));
   j["collectives"] = nlohmann::json::array();
@@ -181,7 +181,8 @@ HardwareProfile HardwareProfile::from_json(const nlohmann::json& j, const std::s
       in_range(link->bandwidth, kMinBandwidth, kMaxBandwidth, std::string("links.") + name + ".bandwidth", "bytes/s");
     }
     const bool cpu = p.device.rfind("cpu", 0) == 0;
-    // A CPU profile prices ranks sharing its cores; a GPU one may not know them (0).
+    // Absent: not known (0; the cost model then counts this host's). A CPU profile that names
+    // them prices ranks sharing them, so 0 or less there is refused; a GPU one may write 0.
     p.cores = static_cast<int>(count_or(j, "cores", 0, cpu ? 1 : 0));
     for (const auto& c : j.at("compute")) p.compute.push_back(compute_of(c, p.compute.size(), cpu));
     require(!p.compute.empty(), "it has no compute entries");
