@@ -24,8 +24,8 @@
 #include "runner/checkpoint/state_shards.h"
 #include "runner/errors.h"
 #include "runner/export/safetensors.h"
-#include "runner/signals.h"
 #include "runner/model/layout.h"
+#include "runner/signals.h"
 #include "runner/tokenize/tokenizer.h"
 #include "runner/trained/trained_model.h"
 
