@@ -152,6 +152,7 @@ class Soak:
         parent = os.path.dirname(out)
         delay = self.rng.uniform(0, self.secs[s] * 1.2)
         argv = [self.args.runner, *self.argv(s, new, out)]
+        staged = False
         what = f"trial {n}: {s} {fault}" + ("" if full else f" after {delay:.3f} s")
         if full:
             limit = None if on_tmpfs else 65536  # every output has a larger file
@@ -164,6 +165,9 @@ class Soak:
         else:
             p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             time.sleep(delay)
+            # Its temporary exists only once the command has installed its handlers: a signal
+            # after that must be handled (exit 3, or 0 when it came after the swap).
+            staged = os.path.exists(os.path.join(parent, f".out.tmp.{p.pid}"))
             p.send_signal(getattr(signal, fault))
         text, _ = p.communicate()
         rc = p.returncode
@@ -195,6 +199,9 @@ class Soak:
                 t["crashes"] += 1
                 return bad("an unclean message")
             t["clean_errors" if rc == 2 else "kept"] += 1
+        elif rc < 0 and fault in ("SIGINT", "SIGTERM") and -rc == getattr(signal, fault) and staged:
+            t["wrong"] += 1
+            return bad("the signal was not handled: the command died of it mid-write")
         elif rc < 0 and fault in ("SIGKILL", "SIGINT", "SIGTERM") and -rc == getattr(signal, fault):
             # SIGKILL, or a signal before the handlers were installed: either output, a temporary allowed.
             t["killed"] += 1
