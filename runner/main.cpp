@@ -57,20 +57,27 @@ int run_command(cli::Command& cmd, int* argc, char*** argv) {
   }
   if (cmd.start() == cli::Start::ranks_if_launched && parallel::mpi_launched()) launch.emplace(argc, argv);
   const bool quiet_rank = launch && launch->rank() != 0;  // identical errors print once
+  // A command a stop signal interrupted unwinds (its temporaries removed) with whatever error the
+  // interruption raised: it exits as a stopped command, 3, not as a user error.
+  const auto failed = [] { return stop_requested() ? kExitPreempted : kExitUserError; };
   try {
     return cmd.run(launch);
+  } catch (const Stopped& e) {
+    std::cout.flush();
+    if (!quiet_rank) std::fprintf(stderr, "runner: %s\n", e.what());
+    return kExitPreempted;
   } catch (const UserError& e) {
     std::cout.flush();
     if (!quiet_rank) std::fprintf(stderr, "%s\n", e.what());
-    return kExitUserError;
+    return failed();
   } catch (const std::filesystem::filesystem_error& e) {  // no exception reaches terminate (a clean message, not an abort)
     std::cout.flush();
     std::fprintf(stderr, "%s: %s (%s)\n", e.path1().c_str(), e.code().message().c_str(), e.what());
-    return kExitUserError;
+    return failed();
   } catch (const std::exception& e) {
     std::cout.flush();
     std::fprintf(stderr, "error: %s\n", e.what());
-    return kExitUserError;
+    return failed();
   }
 }
 

@@ -138,6 +138,12 @@ void set_abort_record(const std::string& events_path) {
   g_abort_set.store(true);
 }
 
+void throw_if_stopped(const std::string& output) {
+  if (!stop_requested()) return;
+  throw Stopped(std::string("stopped by ") + stop_signal_name() + "; nothing was written to " + output +
+                " (a previous output there is unchanged): run the command again");
+}
+
 void note_step(int64_t step) { g_step.store(step, std::memory_order_relaxed); }
 
 void request_stop_for_test() {

@@ -10,6 +10,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 namespace runner {
@@ -19,8 +20,19 @@ constexpr int kExitSignalAbort = 143;  // second signal SIGTERM: exited at once 
 constexpr int kExitInterruptAbort = 130;  // second signal SIGINT (Ctrl-C twice): 128 + SIGINT
 
 // What the first signal stops: a training run (it checkpoints at the next step boundary and
-// exits 3) or a data preparation (it stops without writing its output). Only the message differs.
-enum class StopWork { training, data_prepare };
+// exits 3) or a command writing an output (data prepare, export, import, tokenizer training: it
+// stops without publishing anything, the previous output untouched, and exits 3). Only the
+// message differs.
+enum class StopWork { training, data_prepare, output = data_prepare };
+
+// What a command writing an output throws when a stop signal arrived: unwinding removes its
+// temporaries; the command line reports it and exits kExitPreempted.
+class Stopped : public std::runtime_error {
+ public:
+  explicit Stopped(const std::string& what) : std::runtime_error(what) {}
+};
+// Throws Stopped ("stopped by SIGTERM; nothing was written to `output`") when a signal asked to stop.
+void throw_if_stopped(const std::string& output);
 
 // Installs the handlers (idempotent). Call once at start, before training.
 void install_signal_handlers(StopWork work = StopWork::training);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# libFuzzer on the two readers of untrusted input: the recipe loader (fuzz_recipe) and the
-# checkpoint readers behind `runner inspect` / `runner resume` (fuzz_checkpoint).
-# Usage: scripts/fuzz.sh [SECONDS per target, default 60]
+# libFuzzer on the readers of untrusted input: the recipe loader (fuzz_recipe), the checkpoint
+# readers behind `runner inspect` / `runner resume` (fuzz_checkpoint), the safetensors headers
+# `runner import` reads (fuzz_safetensors) and hardware profiles (fuzz_hardware_profile).
+# Usage: scripts/fuzz.sh [SECONDS, default 60]: the fuzzing time is 2 x SECONDS in all, shared
+# evenly among the targets (adding a target does not lengthen CI).
 # Builds build-fuzz with clang (-fsanitize=fuzzer,address,undefined; only the fuzz targets and
 # the sources they read with), seeds fuzz_recipe with recipes/*.yaml and tests/bad_recipes,
 # fuzz_checkpoint with one small checkpoint trained by build/runner (made here if missing).
@@ -11,7 +13,9 @@
 # build-fuzz/findings/, and does not fail the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECS="${1:-60}"
+TARGETS=(fuzz_recipe fuzz_checkpoint fuzz_safetensors fuzz_hardware_profile)
+TOTAL=$((2 * ${1:-60}))
+SECS=$((TOTAL / ${#TARGETS[@]}))
 ROOT="$PWD"
 B=build-fuzz
 export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
@@ -19,12 +23,13 @@ t0=$SECONDS
 mkdir -p "$B"
 CC=clang CXX=clang++ cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRUNNER_FUZZ=ON \
   -DRUNNER_WITH_CUDA=OFF >"$B/configure.log" 2>&1 || { cat "$B/configure.log"; exit 1; }
-ninja -C "$B" fuzz_recipe fuzz_checkpoint
+ninja -C "$B" "${TARGETS[@]}"
 echo "fuzz: build took $((SECONDS - t0)) s"
 
 set +o pipefail   # below, `grep | head` pipelines: the status is the last command's
 W="$ROOT/$B/work"
 rm -rf "$W" && mkdir -p "$W"/recipe/corpus "$W"/recipe/seed "$W"/checkpoint/corpus "$W"/checkpoint/seed "$ROOT/$B/findings"
+for t in safetensors hardware_profile; do mkdir -p "$W/$t/corpus" "$W/$t/seed"; done
 cp recipes/*.yaml tests/bad_recipes/*.yaml "$W/recipe/seed/"
 
 # The seed checkpoint: a one-layer d_model 8 quickstart, one step (about 44 KB).
@@ -35,6 +40,19 @@ build/runner train recipes/quickstart.yaml --quiet --run-dir "$W/seedrun" --set 
   --set checkpoint.every_steps=1 --set train.eval_every=0 --set model.d_model=8 --set model.n_heads=1 \
   --set model.n_layers=1 --set model.seq_len=16 --set model.vocab_size=64 --set batch.micro=1 --set data.digits=1
 cp "$W"/seedrun/checkpoints/step_*.h5 "$W/checkpoint/seed/"
+# The safetensors seed: that model exported (about 20 KB); the hardware profile seed: the
+# documented example's shape with every section filled.
+build/runner export "$W/seedrun" --out "$W/seedexport" >/dev/null
+cp "$W/seedexport/model.safetensors" "$W/safetensors/seed/"
+cat >"$W/hardware_profile/seed/cpu.json" <<'JSON'
+{"format": "runner-hardware-profile", "version": 1, "device": "cpu", "host": "h", "source": "s", "cores": 2,
+ "devices_per_node": 1, "nodes": 1, "peak_flops": {"fp32": 1.6e11, "bf16": 8.1e11, "fp16": 1.6e11},
+ "links": {"intra_node": {"latency_s": 2.0e-6, "bandwidth": 9.7e9}, "inter_node": {"latency_s": 3e-5, "bandwidth": 1.25e9}},
+ "compute": [{"threads": 1, "memory_bandwidth": 1.0e10, "launch_s": 1e-7,
+              "gemm": {"fp32": [[64, 64, 64, 3.1e10], [256, 256, 256, 5e10]], "bf16": [[64, 64, 64, 1e10]]},
+              "attention": {"fp32": [[128, 64, 2e9, 1e9]]}, "op_bandwidth": {"layernorm": 2.2e10}}],
+ "collectives": [{"op": "all_reduce", "ranks": 2, "inter_node": false, "latency_s": 9.2e-6, "bandwidth": 3.4e9}]}
+JSON
 
 status=0
 # Top frame of a crash log outside the sanitizer runtime and libc: "hdf5" or "ours".
@@ -53,6 +71,20 @@ for c in "$W"/recipe/crash-* "$W"/recipe/timeout-* "$W"/recipe/oom-* "$W"/recipe
   cp "$c" "$ROOT/$B/findings/"
   echo "fuzz_recipe: FINDING $(basename "$c") (ours):"; grep -E 'ERROR|SUMMARY|not a UserError|#[0-9] ' "$W/recipe/log" | head -12
   status=1
+done
+
+# The readers of JSON-framed input, run as fuzz_recipe is: every finding is in our code.
+for t in safetensors hardware_profile; do
+  echo "== fuzz_$t for ${SECS} s"
+  (cd "$W/$t" && "$ROOT/$B/fuzz_$t" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
+    -print_final_stats=1 corpus seed >log 2>&1) || true
+  grep -E 'cov: [0-9]+' "$W/$t/log" | tail -1 || true
+  for c in "$W/$t"/crash-* "$W/$t"/timeout-* "$W/$t"/oom-* "$W/$t"/leak-*; do
+    [ -e "$c" ] || continue
+    cp "$c" "$ROOT/$B/findings/"
+    echo "fuzz_$t: FINDING $(basename "$c") (ours):"; grep -E 'ERROR|SUMMARY|not a UserError|accepted|#[0-9] ' "$W/$t/log" | head -12
+    status=1
+  done
 done
 
 echo "== fuzz_checkpoint for ${SECS} s (fork mode: an HDF5 crash is kept and fuzzing goes on)"

@@ -368,3 +368,33 @@ TEST_CASE("a checkpoint records its OpenMP thread count; a resume with another c
   CHECK(!contains(read_file(dir / "log.rank0.txt"), "OpenMP thread(s) per rank and this run has"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("a duration key too large for the arithmetic is refused at its key, before the run starts") {
+  const std::string q = std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml";
+  // 1e16 s overflowed the watchdog's clock arithmetic: the run stopped at once as hung (exit 5).
+  for (const char* set : {"train.collective_timeout=1e16", "checkpoint.every_minutes=1e300",
+                          "hardware.inter_node_latency_us=1e20", "train.restart_backoff=1e18"}) {
+    Result r = run("plan " + q + " --no-data-check --set " + set);
+    INFO(set, r.out);
+    CHECK(r.code == 2);
+    CHECK(contains(r.out, std::string(set).substr(0, std::string(set).find('='))));
+  }
+}
+
+TEST_CASE("a run whose every step is skipped for a non-finite gradient ends with exit 4 saying so, not as done") {
+  fs::path dir = temp_dir("allskipped");
+  const std::string q = std::string(RUNNER_SOURCE_DIR) + "/recipes/quickstart.yaml";
+  Result r = run("train " + q + " --run-dir " + (dir / "r").string() +
+                     " --set train.steps=3 train.eval_every=0 model.d_model=16 model.n_heads=2 model.n_layers=1",
+                 "RUNNER_FAULT_INF_STEP=1 RUNNER_FAULT_INF_COUNT=3");
+  INFO(r.out);
+  CHECK(r.code == 4);
+  CHECK(contains(r.out, "every one of the 3 step(s) this job ran was skipped"));
+  // One applied step among skipped ones is a run that trained: it ends as done.
+  Result some = run("train " + q + " --quiet --run-dir " + (dir / "s").string() +
+                        " --set train.steps=3 train.eval_every=0 model.d_model=16 model.n_heads=2 model.n_layers=1",
+                    "RUNNER_FAULT_INF_STEP=1 RUNNER_FAULT_INF_COUNT=2");
+  INFO(some.out);
+  CHECK(some.code == 0);
+  fs::remove_all(dir);
+}

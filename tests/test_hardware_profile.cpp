@@ -286,3 +286,51 @@ TEST_CASE("the built-in CPU profile: this host's peak, an entry per thread count
   CHECK(c.source.find("built-in") != std::string::npos);
   CHECK(c.source.find("runner calibrate") != std::string::npos);
 }
+
+TEST_CASE("a profile value the cost model cannot price with is refused, naming the key and the value") {
+  // Each case: a field set to a value that would make step times negative, infinite or NaN (or
+  // a count that makes no machine), the key the message must name, and the value as printed.
+  struct Case {
+    std::vector<std::string> path;
+    nlohmann::json value;
+    std::string key, shown;
+  };
+  const std::vector<Case> cases = {
+      {{"compute", "0", "launch_s"}, -1.0, "compute[0].launch_s", "-1"},
+      {{"compute", "1", "memory_bandwidth"}, 1e-300, "compute[1].memory_bandwidth", "1e-300"},
+      {{"compute", "0", "gemm", "fp32", "0", "3"}, 1e-300, "compute[0].gemm.fp32[0]'s rate", "1e-300"},
+      {{"compute", "0", "gemm", "bf16", "1", "3"}, -5e9, "compute[0].gemm.bf16[1]'s rate", "-5e+09"},
+      {{"compute", "0", "attention", "fp32", "0", "2"}, 1e-300, "compute[0].attention.fp32[0]'s forward rate", "1e-300"},
+      {{"compute", "0", "op_bandwidth", "layernorm"}, -1.0, "compute[0].op_bandwidth.layernorm", "-1"},
+      {{"compute", "0", "threads"}, 0, "compute[0].threads", "0"},
+      {{"compute", "1", "threads"}, -4, "compute[1].threads", "-4"},
+      {{"cores"}, 0, "cores", "0"},
+      {{"nodes"}, -1, "nodes", "-1"},
+      {{"devices_per_node"}, 0, "devices_per_node", "0"},
+      {{"peak_flops", "fp32"}, 0.0, "peak_flops.fp32", "0"},
+      {{"peak_flops", "bf16"}, -1e12, "peak_flops.bf16", "-1e+12"},
+      {{"links", "inter_node", "latency_s"}, -1.0, "links.inter_node.latency_s", "-1"},
+      {{"links", "intra_node", "bandwidth"}, 1e300, "links.intra_node.bandwidth", "1e+300"},
+      {{"collectives", "0", "latency_s"}, -2.0, "collectives[0].latency_s", "-2"},
+      {{"collectives", "0", "bandwidth"}, 1e-300, "collectives[0].bandwidth", "1e-300"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = hand_profile().to_json();
+    nlohmann::json* at = &j;
+    for (const std::string& k : c.path) at = at->is_array() ? &(*at)[std::stoul(k)] : &(*at)[k];
+    *at = c.value;
+    INFO(c.key);
+    try {
+      HardwareProfile::from_json(j, "bad.json");
+      FAIL("accepted");
+    } catch (const UserError& e) {
+      CHECK(e.loc().file == "bad.json");
+      CHECK(e.problem().find(c.key + " is " + c.shown) != std::string::npos);
+    }
+  }
+  // The hand-made profile itself and a built-in GPU one (threads 0: a GPU's entry) stay inside.
+  CHECK_NOTHROW(HardwareProfile::from_json(hand_profile().to_json(), "good.json"));
+  HardwareConfig hw;
+  hw.device = "h100-80gb";
+  CHECK_NOTHROW(HardwareProfile::from_json(builtin_profile(hw).to_json(), "h100.json"));
+}

@@ -6,10 +6,15 @@
 // with the file and the tensor before anything is written.
 #include <doctest/doctest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <map>
 #include <set>
@@ -446,5 +451,143 @@ TEST_CASE("import: the tokenizer beside the weights serves generate and export")
   auto gc = nlohmann::json::parse(test_support::slurp(dir / "exp" / "generation_config.json"));
   CHECK(gc["eos_token_id"] == 258);
   CHECK(e.out.find("AutoTokenizer.from_pretrained") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// Rewrites a safetensors file through `edit` (its header and its data area), the header padded
+// to 8 bytes as the format asks.
+void rewrite_safetensors(const fs::path& f, const std::function<void(nlohmann::json&, std::string&)>& edit) {
+  const std::string blob = test_support::slurp(f);
+  uint64_t n = 0;
+  std::memcpy(&n, blob.data(), 8);
+  nlohmann::json h = nlohmann::json::parse(blob.substr(8, n));
+  std::string data = blob.substr(8 + n);
+  edit(h, data);
+  std::string text = h.dump();
+  while (text.size() % 8) text += ' ';
+  const uint64_t len = text.size();
+  std::ofstream o(f, std::ios::binary | std::ios::trunc);
+  o.write(reinterpret_cast<const char*>(&len), 8);
+  o << text << data;
+}
+
+fs::path copy_of(const fs::path& src, const fs::path& dst) {
+  fs::copy(src, dst, fs::copy_options::recursive);
+  return dst;
+}
+
+void edit_config(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
+  auto cfg = nlohmann::json::parse(test_support::slurp(dir / "config.json"));
+  edit(cfg);
+  std::ofstream(dir / "config.json", std::ios::trunc) << cfg.dump();
+}
+
+}  // namespace
+
+TEST_CASE("import: impossible config values, overlapping or uncovered tensor data, non-finite weights and an "
+          "unreadable tokenizer are refused, naming the file and the value") {
+  fs::path dir = temp_dir("edges");
+  const fs::path gpt = make_hf(dir / "gpt", "gpt2", "tok=1"), llama = make_hf(dir / "llama", "llama");
+  int n = 0;
+  auto refused = [&](const fs::path& src, const std::vector<std::string>& says) {
+    const fs::path out = dir / ("out" + std::to_string(n++));
+    Result r = import_cmd(src, out);
+    INFO(r.out);
+    CHECK(r.code == 2);
+    for (const std::string& s : says) CHECK_MESSAGE(r.out.find(s) != std::string::npos, s);
+    CHECK(!fs::exists(out));
+  };
+  auto config_case = [&](const fs::path& base, const char* key, nlohmann::json v, const std::string& shown) {
+    const fs::path c = copy_of(base, dir / (std::string("cfg_") + key));
+    edit_config(c, [&](nlohmann::json& j) { j[key] = v; });
+    refused(c, {"config.json", std::string("\"") + key + "\" is " + shown});
+  };
+  config_case(llama, "num_key_value_heads", 0, "0");
+  config_case(llama, "rope_theta", -1.0, "-1");
+  config_case(llama, "max_position_embeddings", -5, "-5");
+  config_case(llama, "rms_norm_eps", 0.0, "0");
+  config_case(gpt, "layer_norm_epsilon", -1e-5, "-1e-05");
+  config_case(gpt, "n_head", 0, "0");
+  config_case(gpt, "resid_pdrop", 1.5, "1.5");
+
+  // Two tensors of one size made to share their bytes: one would silently read the other's.
+  const fs::path overlap = copy_of(gpt, dir / "overlap");
+  rewrite_safetensors(overlap / "model.safetensors", [](nlohmann::json& h, std::string&) {
+    h["transformer.h.0.ln_1.bias"]["data_offsets"] = h["transformer.h.0.ln_1.weight"]["data_offsets"];
+  });
+  refused(overlap, {"model.safetensors", "overlaps tensor"});
+  // Bytes after the last tensor belong to none.
+  const fs::path tail = copy_of(gpt, dir / "tail");
+  rewrite_safetensors(tail / "model.safetensors", [](nlohmann::json&, std::string& data) { data += std::string(16, '\0'); });
+  refused(tail, {"model.safetensors", "but the data area holds"});
+  // A NaN weight.
+  const fs::path nan = copy_of(gpt, dir / "nan");
+  rewrite_safetensors(nan / "model.safetensors", [](nlohmann::json& h, std::string& data) {
+    const uint64_t at = h["transformer.h.1.mlp.c_proj.weight"]["data_offsets"][0];
+    const float v = std::nanf("");
+    std::memcpy(data.data() + at + 4, &v, 4);
+  });
+  refused(nan, {"model.safetensors", "tensor transformer.h.1.mlp.c_proj.weight holds a non-finite value (nan) at element 1"});
+  // A tokenizer the runner cannot load is refused, not copied.
+  const fs::path badtok = copy_of(gpt, dir / "badtok");
+  fs::remove(badtok / "vocab.json");
+  fs::remove(badtok / "merges.txt");
+  std::ofstream(badtok / "tokenizer.json") << "{\"model\": {\"type\": \"BPE\", \"vocab\": ";  // cut short
+  refused(badtok, {"tokenizer.json", "the tokenizer beside the weights does not load"});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("import: --recipe-out and OUT replaced only with --force; an interrupted import leaves nothing, a killed "
+          "one's temporary is swept by the next") {
+  fs::path dir = temp_dir("publish");
+  const fs::path hf = make_hf(dir / "hf", "gpt2");
+  const fs::path recipe = dir / "ft.yaml";
+  std::ofstream(recipe) << "my own recipe\n";
+  Result r = import_cmd(hf, dir / "imp", "--recipe-out " + recipe.string());
+  INFO(r.out);
+  CHECK(r.code == 2);
+  CHECK(r.out.find("ft.yaml") != std::string::npos);
+  CHECK(r.out.find("--force") != std::string::npos);
+  CHECK(test_support::slurp(recipe) == "my own recipe\n");
+  CHECK(!fs::exists(dir / "imp"));
+  REQUIRE(import_cmd(hf, dir / "imp", "--recipe-out " + recipe.string() + " --force").code == 0);
+  CHECK(test_support::slurp(recipe).find("init_from") != std::string::npos);
+  // Replacing the import itself: --force, once the new one is complete.
+  REQUIRE(import_cmd(hf, dir / "imp", "--recipe-out " + recipe.string() + " --force").code == 0);
+
+  auto temporaries = [&] {
+    int k = 0;
+    for (const auto& e : fs::directory_iterator(dir)) k += e.path().filename().string().find(".tmp.") != std::string::npos;
+    return k;
+  };
+  // Killed while writing the checkpoint (a crash mid-write): nothing at OUT, the temporary left...
+  Result killed = test_support::sh("RUNNER_CKPT_FAULT_AFTER_BYTES=64 RUNNER_CKPT_FAULT_EXIT=1 " + test_support::binary() +
+                            " import " + hf.string() + " --out " + (dir / "imp3").string());
+  INFO(killed.out);
+  CHECK(killed.code == 137);
+  CHECK(!fs::exists(dir / "imp3"));
+  CHECK(temporaries() == 1);
+  // ... and removed by the next import of that output.
+  CHECK(import_cmd(hf, dir / "imp3").code == 0);
+  CHECK(temporaries() == 0);
+  // SIGTERM while the checkpoint is being written: exit 3, nothing at OUT, no temporary.
+  const pid_t pid = test_support::spawn_runner({"import", hf.string(), "--out", (dir / "imp4").string()},
+                                               {"RUNNER_CKPT_FAULT_SLOW_MS=3000"}, dir / "log.txt");
+  bool seen = false;
+  for (int i = 0; i < 60000 && !seen; ++i) {
+    for (const auto& e : fs::directory_iterator(dir)) seen = seen || e.path().filename().string().rfind(".imp4.tmp.", 0) == 0;
+    if (!seen) ::usleep(1000);
+  }
+  REQUIRE(seen);
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  INFO(test_support::slurp(dir / "log.txt"));
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 3);
+  CHECK(!fs::exists(dir / "imp4"));
+  CHECK(temporaries() == 0);
   fs::remove_all(dir);
 }

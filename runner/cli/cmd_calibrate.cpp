@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "runner/atomic_output.h"
 #include "runner/cli/command.h"
 #include "runner/device/devices.h"
 #include "runner/errors.h"
@@ -39,9 +40,8 @@ class CalibrateCommand final : public Command {
     if (rank == 0) o.progress = [](const std::string& line) { std::cerr << "calibrate: " << line << "\n"; };
     const HardwareProfile p = calibrate(o, world.get());
     if (rank != 0) return 0;
-    std::ofstream f(out_, std::ios::trunc);
-    if (!(f << p.to_json().dump(2) << "\n"))
-      throw UserError(SourceLoc{out_}, "cannot write the hardware profile", "give --out a writable path");
+    // Replaced whole (calibrating again refreshes the profile): a failed write keeps the last one.
+    StagedFile(out_, true, "calibrate").commit(p.to_json().dump(2) + "\n");
     std::cout << calibrate_summary(p) << "wrote " << out_
               << " (name it in the recipe's hardware.profile, or pass plan --search --profile " << out_ << ")\n";
     return 0;

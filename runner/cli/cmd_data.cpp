@@ -4,6 +4,7 @@
 // HDF5 file. A signal stops either cleanly (no half-written output).
 #include <iostream>
 
+#include "runner/atomic_output.h"
 #include "runner/cli/command.h"
 #include "runner/data/data.h"
 #include "runner/signals.h"
@@ -43,6 +44,10 @@ class DataCommand final : public Command {
     install_signal_handlers(StopWork::data_prepare);
     const std::string out = paths_.back();
     if (legacy()) {  // `data prepare TEXT OUT.h5`: one byte-level HDF5 file (the original form, kept for old scripts)
+      // It replaces OUT.h5 whole, as it always has; one writer at a time, and a killed one's
+      // temporary removed here.
+      OutputLock lock(out, "data prepare");
+      sweep_stale_temporaries(out);
       int64_t n = prepare_text_to_hdf5(paths_[0], out, &stop_flag(), opt_.binary_ok);
       std::cout << "wrote " << n << " tokens to " << out << "\n";
       return 0;

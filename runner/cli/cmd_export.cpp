@@ -10,6 +10,7 @@
 #include "ops/tensor.h"
 #include "runner/cli/command.h"
 #include "runner/export/export.h"
+#include "runner/signals.h"
 #include "runner/trained/trained_model.h"
 
 namespace runner::cli {
@@ -32,14 +33,22 @@ class ExportCommand final : public Command {
     sub_->add_option("--format", format_, "safetensors (default) or npz")->check(CLI::IsMember({"safetensors", "npz"}));
     sub_->add_option("--dtype", dtype_, "tensor type: fp32 (default), bf16 or fp16 (safetensors only)")
         ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+    sub_->add_flag("--force", force_, "replace an existing non-empty OUT (only once the new export is complete)");
     sub_->add_option("--set", sets_, "override a field of the stored recipe, e.g. --set hardware.device=cpu")->take_all();
   }
 
   int run(std::optional<Launch>&) override {
     ops::DType dt = ops::DType::F32;
     ops::parse_dtype(dtype_, &dt);
+    const ExportFormat format = format_ == "npz" ? ExportFormat::npz : ExportFormat::safetensors;
+    check_export_request(format, dt);
+    install_signal_handlers(StopWork::output);
+    // OUT's lock and checks first: a second export to the same OUT, or an existing one without
+    // --force, is refused before the model is loaded.
+    StagedDir out(out_, force_, "export", "--force", {src_});
     TrainedModel m = load_trained_model(src_, sets_);
-    ExportResult r = export_model(m, format_ == "npz" ? ExportFormat::npz : ExportFormat::safetensors, out_, dt);
+    throw_if_stopped(out_);
+    ExportResult r = export_model(m, format, out, dt);
     std::cout << "exported step " << m.step << " of " << m.checkpoint << " (" << r.style << " layout, " << r.tensors
               << " tensors, " << size_text(r.bytes) << ") to " << r.weights_path << " and " << r.config_path << "\n";
     for (const std::string& n : r.notes) std::cout << "note: " << n << "\n";
@@ -60,6 +69,7 @@ class ExportCommand final : public Command {
 
  private:
   std::string src_, out_, format_ = "safetensors", dtype_ = "fp32";
+  bool force_ = false;
   std::vector<std::string> sets_;
 };
 

@@ -8,6 +8,7 @@
 
 #include "runner/cli/command.h"
 #include "runner/export/import.h"
+#include "runner/signals.h"
 
 namespace runner::cli {
 
@@ -28,10 +29,12 @@ class ImportCommand final : public Command {
                                      ".safetensors file with config.json beside it")->required();
     sub_->add_option("--out", out_, "output directory: checkpoints/, tokenizer/ and finetune.yaml")->required();
     sub_->add_option("--recipe-out", recipe_, "where to write the fine-tuning recipe (default: OUT/finetune.yaml)");
+    sub_->add_flag("--force", force_, "replace a non-empty OUT and an existing --recipe-out file (once the new ones are complete)");
   }
 
   int run(std::optional<Launch>&) override {
-    ImportResult r = import_model(src_, out_, recipe_, [](const std::string& s) { std::cout << s << std::endl; });
+    install_signal_handlers(StopWork::output);
+    ImportResult r = import_model(src_, out_, recipe_, [](const std::string& s) { std::cout << s << std::endl; }, force_);
     const ModelConfig& m = r.model;
     std::cout << fmt::format("imported {} ({} layers, d_model {}, {} heads{}, vocabulary {}, {} tensors, {}) to {}\n",
                              r.architecture, m.n_layers, m.d_model, m.n_heads,
@@ -47,6 +50,7 @@ class ImportCommand final : public Command {
 
  private:
   std::string src_, out_, recipe_;
+  bool force_ = false;
 };
 
 }  // namespace

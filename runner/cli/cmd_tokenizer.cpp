@@ -1,8 +1,14 @@
 // `runner data tokenizer train|encode|info`: train a SentencePiece tokenizer on a corpus,
 // encode a file with any tokenizer (ids on stdout, speed on stderr), describe a tokenizer.
 // It hangs below the `data` command (data.cpp), which main builds first.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,8 +17,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runner/atomic_output.h"
 #include "runner/cli/command.h"
 #include "runner/errors.h"
+#include "runner/signals.h"
 #include "runner/tokenize/sentencepiece.h"
 #include "runner/tokenize/tokenizer.h"
 
@@ -59,6 +67,7 @@ class TokenizerCommand final : public Command {
     train_->add_option("corpus", train_opt_.inputs, "text files or directories")->required();
     train_->add_option("--vocab", train_opt_.vocab_size, "vocabulary size")->required();
     train_->add_option("--out", train_opt_.out_dir, "directory for tokenizer.model and tokenizer_config.json")->required();
+    train_->add_flag("--force", force_, "replace a non-empty --out (only once the new tokenizer is complete)");
     train_->add_option("--model", train_opt_.model_type, "bpe or unigram")->default_val("bpe");
     train_->add_option("--threads", train_opt_.threads, "trainer threads (0: every core)")->default_val(0);
     train_->add_option("--character-coverage", train_opt_.character_coverage,
@@ -75,11 +84,7 @@ class TokenizerCommand final : public Command {
   }
 
   int run(std::optional<Launch>&) override {
-    if (train_->parsed()) {
-      train_opt_.inputs = expand_inputs(train_opt_.inputs);
-      tok::train_sentencepiece(train_opt_);
-      return 0;
-    }
+    if (train_->parsed()) return train();
     const auto tok = tok::load_tokenizer(tokenizer_);
     if (info_->parsed()) return print_info(*tok);
     std::vector<std::string> docs;
@@ -122,6 +127,61 @@ class TokenizerCommand final : public Command {
     return 0;
   }
 
+  // Trains into a directory staged beside --out and swaps it in (runner/atomic_output.h). The
+  // trainer is a library call that cannot be interrupted, so it runs in a child process: a
+  // stop signal ends the child, the staged directory is removed, --out is left as it was, and
+  // the command exits 3 at once instead of after the training.
+  int train() {
+    install_signal_handlers(StopWork::output);
+    train_opt_.inputs = expand_inputs(train_opt_.inputs);
+    StagedDir staged(train_opt_.out_dir, force_, "tokenizer training", "--force", train_opt_.inputs);
+    tok::TrainOptions opt = train_opt_;
+    opt.final_dir = staged.target();
+    opt.out_dir = staged.path();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t child = ::fork();
+    if (child < 0) throw UserError({}, std::string("cannot start the trainer: ") + std::strerror(errno), "retry");
+    if (child == 0) {
+      int rc = 0;
+      try {
+        tok::train_sentencepiece(opt);
+      } catch (const UserError& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        rc = kExitUserError;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        rc = kExitUserError;
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      ::_exit(rc);
+    }
+    int status = 0;
+    for (;;) {
+      const pid_t w = ::waitpid(child, &status, WNOHANG);
+      if (w == child) break;
+      if (w < 0 && errno != EINTR) throw UserError({}, std::string("lost the trainer: ") + std::strerror(errno), "retry");
+      if (stop_requested()) {
+        ::kill(child, SIGKILL);
+        while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+        }
+        throw_if_stopped(staged.target());
+      }
+      ::usleep(20000);
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      throw_if_stopped(staged.target());
+      staged.commit();
+      return 0;
+    }
+    if (WIFSIGNALED(status))
+      throw UserError({staged.target()}, std::string("the tokenizer trainer died on signal ") + strsignal(WTERMSIG(status)),
+                      "nothing was written; retry, with fewer --threads if it ran out of memory");
+    return WEXITSTATUS(status);  // its error is printed; the staged directory goes with `staged`
+  }
+
+  bool force_ = false;
   CLI::App *train_ = nullptr, *encode_ = nullptr, *info_ = nullptr;
   tok::TrainOptions train_opt_;
   std::string file_, tokenizer_;

@@ -25,9 +25,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "runner/atomic_output.h"
 #include "runner/data/data.h"
 #include "runner/data/data_internal.h"
 #include "runner/errors.h"
+#include "runner/signals.h"
 
 namespace runner {
 
@@ -362,7 +364,7 @@ class Progress {
 };
 
 // ---------------------------------------------------------------------------------------
-// The output directory: checked first, written in a temporary sibling, renamed at the end.
+// The output directory: checked first (again under its lock by StagedDir), written beside, swapped in.
 
 void check_out(const PrepareOptions& opt) {
   std::error_code ec;
@@ -383,34 +385,11 @@ void check_out(const PrepareOptions& opt) {
                     "use the default (134217728)");
 }
 
-// A temporary directory beside OUT (same file system: the rename is atomic), removed unless kept.
-struct TempOut {
-  fs::path path;
-  bool keep = false;
-  ~TempOut() {
-    std::error_code ec;
-    if (!keep && !path.empty()) fs::remove_all(path, ec);
-  }
-};
-
-void publish(TempOut& tmp, const PrepareOptions& opt) {
-  const fs::path out(opt.out);
-  std::error_code ec;
-  fs::path old;
-  if (fs::exists(out, ec)) {  // empty, or --force: moved aside, removed once the new one is in place
-    old = out;
-    old += ".old-" + std::to_string(::getpid());
-    fs::rename(out, old, ec);
-    if (ec) throw UserError(SourceLoc{opt.out}, "cannot move the old dataset aside: " + ec.message(), "check permissions");
-  }
-  fs::rename(tmp.path, out, ec);
-  if (ec) {
-    std::error_code e2;
-    if (!old.empty()) fs::rename(old, out, e2);
-    throw UserError(SourceLoc{opt.out}, "cannot rename " + tmp.path.string() + " into place: " + ec.message(), "check permissions");
-  }
-  tmp.keep = true;
-  if (!old.empty()) fs::remove_all(old, ec);
+// What replacing OUT must not delete: the inputs and a tokenizer read from a path.
+std::vector<std::string> protected_inputs(const PrepareOptions& opt) {
+  std::vector<std::string> in = opt.inputs;
+  if (!opt.tokenizer.empty() && opt.tokenizer != "byte") in.push_back(opt.tokenizer);
+  return in;
 }
 
 SplitWriter split_writer(const std::string& name, const std::string& dir, const PrepareOptions& opt, bool wide,
@@ -610,17 +589,15 @@ PrepareResult prepare_dataset(const PrepareOptions& opt, const tok::Tokenizer& t
                     "use --format h5 (int32 ids)");
   say_skipped(opt.progress, args);
 
-  const fs::path out(opt.out);
-  std::error_code ec;
-  if (out.has_parent_path()) fs::create_directories(out.parent_path(), ec);
-  TempOut tmp{fs::path(opt.out + ".tmp-" + std::to_string(::getpid()))};
-  fs::remove_all(tmp.path, ec);
-  if (!fs::create_directories(tmp.path, ec))
-    throw UserError(SourceLoc{opt.out}, "cannot create " + tmp.path.string() + ": " + ec.message(), "check permissions");
+  // OUT has one writer (a second prepare into it is refused while this one runs) and is built
+  // beside, then swapped in whole (runner/atomic_output.h); a killed prepare's temporary is
+  // removed by the next one.
+  StagedDir staged(opt.out, opt.force, "data prepare", "--force", protected_inputs(opt));
+  const fs::path tmp_path = staged.path();
 
   const int threads = opt.threads > 0 ? opt.threads : std::max(1u, std::thread::hardware_concurrency());
   const bool wide = ti.vocab_size > 65536;
-  Writers w{split_writer("train", tmp.path.string(), opt, wide, ti), split_writer("val", tmp.path.string(), opt, wide, ti),
+  Writers w{split_writer("train", tmp_path.string(), opt, wide, ti), split_writer("val", tmp_path.string(), opt, wide, ti),
             args, files, opt.val_fraction, opt.progress};
   Progress progress(opt.progress, total, opt.progress_every_s);
   Pipeline pipe(files, *tokenizer, eos, opt, threads);
@@ -644,9 +621,10 @@ PrepareResult prepare_dataset(const PrepareOptions& opt, const tok::Tokenizer& t
   if (w.kept == 0)
     throw UserError(SourceLoc{opt.inputs[0]}, "no documents: every input was empty or every JSONL line was skipped",
                     "check the inputs (and --field for JSONL)");
-  tokenizer->save((tmp.path / "tokenizer").string());
-  write_manifest(tmp.path, opt, *tokenizer, eos, w.train, w.val, args);
-  publish(tmp, opt);
+  tokenizer->save((tmp_path / "tokenizer").string());
+  write_manifest(tmp_path, opt, *tokenizer, eos, w.train, w.val, args);
+  throw_if_stopped(opt.out);
+  staged.commit();
   progress.update(bytes, w.tokens, true);
   PrepareResult r{w.train.documents, w.val.documents, w.train.tokens, w.val.tokens, bytes, progress.elapsed()};
   int64_t bad = 0;

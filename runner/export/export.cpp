@@ -10,7 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/convert.h"
+#include "runner/atomic_output.h"
 #include "runner/errors.h"
+#include "runner/signals.h"
 #include "runner/tokenize/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -302,12 +304,16 @@ std::string export_config_json(const TrainedModel& tm, ExportFormat format, ops:
   return j.dump(2) + "\n";
 }
 
-ExportResult export_model(const TrainedModel& m, ExportFormat format, const std::string& out_dir, ops::DType dtype) {
+void check_export_request(ExportFormat format, ops::DType dtype) {
   if (dtype != ops::DType::F32 && dtype != ops::DType::BF16 && dtype != ops::DType::F16)
     throw UserError({}, std::string("--dtype ") + ops::dtype_name(dtype) + " is not a floating-point export type",
                     "use fp32, bf16 or fp16");
   if (format == ExportFormat::npz && dtype != ops::DType::F32)
     throw UserError({}, "npz export is fp32 only (numpy has no bfloat16)", "drop --dtype, or use --format safetensors");
+}
+
+ExportResult export_model(const TrainedModel& m, ExportFormat format, StagedDir& staged, ops::DType dtype) {
+  check_export_request(format, dtype);
   ExportResult r;
   std::vector<OutTensor> ts;
   if (format == ExportFormat::safetensors) {
@@ -329,21 +335,25 @@ ExportResult export_model(const TrainedModel& m, ExportFormat format, const std:
     ts = runner_out(m);
   }
   const std::unique_ptr<tok::Tokenizer> tk = format == ExportFormat::safetensors ? run_tokenizer(m, r) : nullptr;
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) throw UserError({out_dir, 0, 0}, "cannot create the output directory: " + ec.message(), "pass another --out");
-  r.weights_path = (fs::path(out_dir) / (format == ExportFormat::safetensors ? "model.safetensors" : "model.npz")).string();
+  // Written into the staged directory beside OUT, which replaces OUT only once every file is
+  // complete and synced: an interrupted or failed export leaves the previous one as it was.
+  const std::string out_dir = staged.target(), tmp_dir = staged.path();
+  const std::string weights = format == ExportFormat::safetensors ? "model.safetensors" : "model.npz";
+  r.weights_path = (fs::path(out_dir) / weights).string();
   r.config_path = (fs::path(out_dir) / "config.json").string();
   const std::string bytes = format == ExportFormat::safetensors ? safetensors_bytes(ts, dtype) : npz_bytes(ts, r.weights_path);
   SpecialTokens ids;
   if (format == ExportFormat::safetensors) {
-    if (tk) save_tokenizer(*tk, out_dir, r);
+    if (tk) save_tokenizer(*tk, tmp_dir, r);
     if (tk) ids = {tk->bos_id(), tk->eos_id()};
     r.generation_config_path = (fs::path(out_dir) / "generation_config.json").string();
-    write_file(r.generation_config_path, generation_config_json(m, ids));
+    write_file((fs::path(tmp_dir) / "generation_config.json").string(), generation_config_json(m, ids));
   }
-  write_file(r.weights_path, bytes);
-  write_file(r.config_path, export_config_json(m, format, dtype, ids));
+  throw_if_stopped(out_dir);
+  write_file((fs::path(tmp_dir) / weights).string(), bytes);
+  write_file((fs::path(tmp_dir) / "config.json").string(), export_config_json(m, format, dtype, ids));
+  throw_if_stopped(out_dir);
+  staged.commit();
   r.tensors = static_cast<int64_t>(ts.size());
   r.bytes = static_cast<int64_t>(bytes.size());
   return r;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ops/tensor.h"
+#include "runner/atomic_output.h"
 #include "runner/trained/trained_model.h"
 
 namespace runner {
@@ -41,8 +42,13 @@ struct ExportResult {
 // safetensors also writes the run's tokenizer (TrainedModel::tokenizer_dir, through
 // Tokenizer::save: the files Hugging Face's AutoTokenizer reads; none for the byte tokenizer)
 // and generation_config.json (its begin and end token ids, max_length = seq_len).
-ExportResult export_model(const TrainedModel& m, ExportFormat format, const std::string& out_dir,
-                          ops::DType dtype = ops::DType::F32);
+// The request's own mistakes (a dtype the format cannot hold), checked before anything is read or
+// made; export_model checks them too.
+void check_export_request(ExportFormat format, ops::DType dtype);
+
+// The files are written into `out` (runner/atomic_output.h: built beside the output directory,
+// swapped in by commit() once complete); the result's paths are the output directory's.
+ExportResult export_model(const TrainedModel& m, ExportFormat format, StagedDir& out, ops::DType dtype = ops::DType::F32);
 
 // The config.json of the model in the style's Hugging Face conventions (npz: the runner's
 // model section and the style it would map to, if any).

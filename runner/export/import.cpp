@@ -1,8 +1,7 @@
 // runner import: Hugging Face safetensors + config.json -> a runner checkpoint (see import.h).
 //
-// The safetensors reader trusts nothing: the 8-byte header length is checked against the file
-// size before the header is read, every entry's dtype, shape and data offsets against the data
-// area before any tensor byte is, so a truncated or corrupt file is a UserError naming it.
+// The safetensors headers are read and checked first (safetensors.h): a truncated, corrupt or
+// overlapping file is a UserError naming it before any tensor byte is read.
 #include "runner/export/import.h"
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -19,10 +19,14 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/convert.h"
+#include "runner/atomic_output.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/state_shards.h"
 #include "runner/errors.h"
+#include "runner/export/safetensors.h"
 #include "runner/model/layout.h"
+#include "runner/signals.h"
+#include "runner/tokenize/tokenizer.h"
 #include "runner/trained/trained_model.h"
 
 namespace fs = std::filesystem;
@@ -31,80 +35,6 @@ using json = nlohmann::json;
 namespace runner {
 
 namespace {
-
-// ---- safetensors ----
-struct StTensor {
-  std::string file, dtype;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0;  // absolute offsets in the file
-};
-using StIndex = std::map<std::string, StTensor>;
-
-constexpr uint64_t kMaxHeader = 100ull << 20;  // the format's own limit (100 MB)
-
-int64_t dtype_bytes(const std::string& d) {
-  static const std::map<std::string, int64_t> sizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
-      {"U64", 8}, {"U32", 4}, {"U16", 2}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
-  auto it = sizes.find(d);
-  return it == sizes.end() ? 0 : it->second;
-}
-
-[[noreturn]] void corrupt(const std::string& path, const std::string& what) {
-  throw UserError({path, 0, 0}, what, "the file is truncated or not a safetensors file: download or copy it again");
-}
-
-// One entry of a header, checked against the data area of `data_bytes` bytes after `base`.
-StTensor header_entry(const std::string& path, const std::string& name, const json& e, uint64_t base, uint64_t data_bytes) {
-  if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets") ||
-      !e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() || e["data_offsets"].size() != 2)
-    corrupt(path, "tensor " + name + "'s header entry lacks dtype, shape or data_offsets [begin, end]");
-  StTensor t;
-  t.file = path;
-  t.dtype = e["dtype"].get<std::string>();
-  int64_t numel = 1;
-  for (const json& d : e["shape"]) {
-    if (!d.is_number_unsigned()) corrupt(path, "tensor " + name + " has a shape entry that is not a size");
-    t.shape.push_back(d.get<int64_t>());
-    numel *= t.shape.back();
-  }
-  const json& o = e["data_offsets"];
-  if (!o[0].is_number_unsigned() || !o[1].is_number_unsigned()) corrupt(path, "tensor " + name + "'s data_offsets are not offsets");
-  const uint64_t b = o[0].get<uint64_t>(), en = o[1].get<uint64_t>();
-  if (b > en || en > data_bytes)
-    corrupt(path, fmt::format("tensor {}'s data [{}, {}) runs past the end of the data ({} bytes)", name, b, en, data_bytes));
-  const int64_t es = dtype_bytes(t.dtype);
-  if (es > 0 && en - b != static_cast<uint64_t>(numel * es))
-    corrupt(path, fmt::format("tensor {} ({} {}) should hold {} bytes, its offsets give {}", name, t.dtype,
-                              fmt::join(t.shape, "x"), numel * es, en - b));
-  t.begin = base + b;
-  t.end = base + en;
-  return t;
-}
-
-void read_header(const std::string& path, StIndex& into) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw UserError({path, 0, 0}, "cannot open the safetensors file", "check the path and its permissions");
-  std::error_code ec;
-  const uint64_t size = fs::file_size(path, ec);
-  if (ec || size < 8) corrupt(path, fmt::format("the file has {} bytes, fewer than the 8-byte header length", size));
-  unsigned char lb[8];
-  f.read(reinterpret_cast<char*>(lb), 8);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | lb[i];
-  if (n > kMaxHeader || n > size - 8)
-    corrupt(path, fmt::format("the header length {} runs past the end of the file ({} bytes)", n, size));
-  std::string text(static_cast<size_t>(n), '\0');
-  f.read(text.data(), static_cast<std::streamsize>(n));
-  if (!f) corrupt(path, "the header could not be read");
-  json h = json::parse(text, nullptr, false);
-  if (h.is_discarded() || !h.is_object()) corrupt(path, "the header is not a JSON object");
-  for (auto& [name, e] : h.items()) {
-    if (name == "__metadata__") continue;
-    if (into.count(name)) throw UserError({path, 0, 0}, "tensor " + name + " appears in two files", "remove the duplicate shard");
-    into[name] = header_entry(path, name, e, 8 + n, size - 8 - n);
-  }
-}
 
 // The weight files of SOURCE and its config.json.
 std::vector<std::string> weight_files(const fs::path& src, fs::path& config) {
@@ -147,10 +77,43 @@ T get_or(const json& j, const char* key, T dflt) {
   throw UserError({path, 0, 0}, what, fix);
 }
 
+// A size of the config: a positive integer below 2^31 (the runner's shapes are int64, but no
+// model dimension comes near it, and a larger one would only ask for an impossible allocation).
+int64_t size_value(const json& j, const char* key, const std::string& path) {
+  const json& v = j[key];
+  if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > INT32_MAX)
+    bad_config(path, fmt::format("\"{}\" is {}: it must be a positive integer (below 2^31)", key, v.dump()),
+               "use the model's own config.json");
+  return v.get<int64_t>();
+}
+
 int64_t need_int(const json& j, const char* key, const std::string& path) {
-  if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() <= 0)
-    bad_config(path, std::string("\"") + key + "\" is missing or not a positive integer", "use the model's own config.json");
-  return j[key].get<int64_t>();
+  if (!j.contains(key)) bad_config(path, std::string("\"") + key + "\" is missing", "use the model's own config.json");
+  return size_value(j, key, path);
+}
+
+int64_t int_or(const json& j, const char* key, int64_t fallback, const std::string& path) {
+  return j.contains(key) && !j[key].is_null() ? size_value(j, key, path) : fallback;
+}
+
+// A positive, finite real of the config (an epsilon, rope's base); absent: `fallback`.
+double positive_or(const json& j, const char* key, double fallback, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  const json& v = j[key];
+  if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+    bad_config(path, fmt::format("\"{}\" is {}: it must be a positive finite number", key, v.dump()),
+               "use the model's own config.json");
+  return v.get<double>();
+}
+
+// A probability or a standard deviation: finite, in [0, hi); absent: `fallback`.
+double fraction_or(const json& j, const char* key, double fallback, double hi, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  const json& v = j[key];
+  if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() < hi))
+    bad_config(path, fmt::format("\"{}\" is {}: it must be a number in [0, {:g})", key, v.dump(), hi),
+               "use the model's own config.json");
+  return v.get<double>();
 }
 
 // The runner's MLP width is round(mlp_ratio * d_model): the ratio that gives `inner` back.
@@ -172,7 +135,7 @@ ModelConfig gpt2_config(const json& j, const std::string& path) {
   m.n_layers = need_int(j, "n_layer", path);
   m.n_heads = need_int(j, "n_head", path);
   m.seq_len = need_int(j, "n_positions", path);
-  set_mlp_width(m, get_or<int64_t>(j, "n_inner", 4 * m.d_model), path);
+  set_mlp_width(m, int_or(j, "n_inner", 4 * m.d_model, path), path);
   const std::string act = get_or<std::string>(j, "activation_function", "gelu_new");
   std::string known;
   bool found = false;
@@ -189,9 +152,9 @@ ModelConfig gpt2_config(const json& j, const std::string& path) {
                "these import: " + known);
   if (get_or<bool>(j, "scale_attn_by_inverse_layer_idx", false) || !get_or<bool>(j, "scale_attn_weights", true))
     bad_config(path, "the attention scaling differs from 1/sqrt(head size)", "only GPT-2's standard attention imports");
-  m.norm_eps = get_or<double>(j, "layer_norm_epsilon", 1e-5);
-  m.dropout = get_or<double>(j, "resid_pdrop", 0.0);
-  m.init_std = get_or<double>(j, "initializer_range", 0.02);
+  m.norm_eps = positive_or(j, "layer_norm_epsilon", 1e-5, path);
+  m.dropout = fraction_or(j, "resid_pdrop", 0.0, 1.0, path);
+  m.init_std = fraction_or(j, "initializer_range", 0.02, 1e6, path);
   m.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", true);
   return m;
 }
@@ -205,13 +168,13 @@ ModelConfig llama_config(const json& j, const std::string& path) {
   m.d_model = need_int(j, "hidden_size", path);
   m.n_layers = need_int(j, "num_hidden_layers", path);
   m.n_heads = need_int(j, "num_attention_heads", path);
-  const int64_t kv = get_or<int64_t>(j, "num_key_value_heads", m.n_heads);
+  const int64_t kv = int_or(j, "num_key_value_heads", m.n_heads, path);
   m.n_kv_heads = kv == m.n_heads ? 0 : kv;
-  m.seq_len = get_or<int64_t>(j, "max_position_embeddings", 2048);
+  m.seq_len = int_or(j, "max_position_embeddings", 2048, path);
   set_mlp_width(m, need_int(j, "intermediate_size", path), path);
   if (get_or<std::string>(j, "hidden_act", "silu") != "silu")
     bad_config(path, "hidden_act \"" + j["hidden_act"].get<std::string>() + "\" is not silu", "only Llama's SwiGLU imports");
-  if (m.d_model % m.n_heads != 0 || get_or<int64_t>(j, "head_dim", m.d_model / m.n_heads) != m.d_model / m.n_heads)
+  if (m.d_model % m.n_heads != 0 || int_or(j, "head_dim", m.d_model / m.n_heads, path) != m.d_model / m.n_heads)
     bad_config(path, "head_dim differs from hidden_size / num_attention_heads", "the runner's heads are d_model / n_heads wide");
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
     bad_config(path, "rope_scaling is set (" + j["rope_scaling"].dump() + "); the runner's rope has no scaling",
@@ -221,10 +184,10 @@ ModelConfig llama_config(const json& j, const std::string& path) {
     bad_config(path, fmt::format("attention_bias {} and mlp_bias {} differ; the runner has one bias switch", ab, mb),
                "import a model whose attention and MLP both have biases or neither");
   m.bias = ab;
-  m.norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6);
-  m.rope_theta = get_or<double>(j, "rope_theta", 10000.0);
-  m.dropout = get_or<double>(j, "attention_dropout", 0.0);
-  m.init_std = get_or<double>(j, "initializer_range", 0.02);
+  m.norm_eps = positive_or(j, "rms_norm_eps", 1e-6, path);
+  m.rope_theta = positive_or(j, "rope_theta", 10000.0, path);
+  m.dropout = fraction_or(j, "attention_dropout", 0.0, 1.0, path);
+  m.init_std = fraction_or(j, "initializer_range", 0.02, 1e6, path);
   m.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
   return m;
 }
@@ -282,7 +245,7 @@ std::vector<float> read_f32(const StTensor& t, int64_t numel) {
   std::string raw(t.end - t.begin, '\0');
   f.seekg(static_cast<std::streamoff>(t.begin));
   f.read(raw.data(), static_cast<std::streamsize>(raw.size()));
-  if (!f) corrupt(t.file, "its data could not be read to the end");
+  if (!f) safetensors_corrupt(t.file, "its data could not be read to the end");
   std::vector<float> out(static_cast<size_t>(numel));
   const ops::DType dt = t.dtype == "F32" ? ops::DType::F32 : t.dtype == "BF16" ? ops::DType::BF16 : ops::DType::F16;
   if (dt == ops::DType::F32) std::memcpy(out.data(), raw.data(), raw.size());  // little-endian host, as the format
@@ -305,6 +268,13 @@ void place(const HfTensor& h, const StTensor& t, const std::string& name, ops::T
     throw UserError({t.file, 0, 0}, "tensor " + name + " is " + t.dtype + ", not a floating-point type the runner reads",
                     "save the model as F32, F16 or BF16");
   const std::vector<float> v = read_f32(t, n * cols);
+  // A NaN or infinity would train as a run whose every step is skipped: refused here, where the
+  // file and the element can still be named.
+  for (size_t k = 0; k < v.size(); ++k)
+    if (!std::isfinite(v[k]))
+      throw UserError({t.file, 0, 0}, fmt::format("tensor {} holds a non-finite value ({}) at element {} of {}", name,
+                                                  v[k], k, v.size()),
+                      "the weights are damaged or diverged: use a good copy of the model");
   float* out = dst.host_data<float>() + h.row_begin * cols;
   if (h.transpose && s.size() > 1) {
     for (int64_t r = 0; r < n; ++r)
@@ -326,6 +296,7 @@ void read_weights(const ModelConfig& m, HfStyle style, const StIndex& idx, Train
       said = done * 10 / table.size();
       say(fmt::format("  {}/{} tensors", done, table.size()));
     }
+    throw_if_stopped("the import's output");
     std::string name;
     const StTensor* t = find_tensor(idx, h.name, &name);
     if (!t)
@@ -369,6 +340,18 @@ std::vector<std::string> tokenizer_files(const fs::path& dir) {
   const bool vocab = has("tokenizer.json") || has("tokenizer.model") || (has("vocab.json") && has("merges.txt")) ||
                      (has("encoder.json") && has("vocab.bpe"));
   return vocab ? found : std::vector<std::string>{};
+}
+
+// The tokenizer found beside the weights, loaded as `generate` and a run will load it: one the
+// runner cannot read is refused here (naming its file) rather than copied into OUT.
+void check_tokenizer(const fs::path& dir, const std::vector<std::string>& found) {
+  if (found.empty()) return;
+  try {
+    tok::load_tokenizer(dir.string());
+  } catch (const UserError& e) {
+    throw UserError(e.loc(), "the tokenizer beside the weights does not load: " + e.problem(),
+                    "fix or remove the tokenizer files (an import without them reads prompts as bytes)");
+  }
 }
 
 // ---- the recipes ----
@@ -415,22 +398,24 @@ std::string model_name(const std::string& source) {
   return name.empty() ? "imported" : name;
 }
 
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f) throw UserError({p.string(), 0, 0}, "cannot write the file", "check the directory's permissions and free space");
-}
-
 }  // namespace
 
 ImportResult import_model(const std::string& source, const std::string& out_dir, const std::string& recipe_out,
-                          const std::function<void(const std::string&)>& progress) {
+                          const std::function<void(const std::string&)>& progress, bool force) {
   const auto say = [&](const std::string& s) { if (progress) progress(s); };
   if (!fs::exists(source)) throw UserError({source, 0, 0}, "no such file or directory", "pass a Hugging Face model directory");
   const fs::path out = out_dir, ckpt_dir = out / "checkpoints";
-  if (!list_checkpoint_steps(ckpt_dir.string()).empty())
-    throw UserError({out_dir, 0, 0}, "already holds a checkpoint", "pass another --out, or remove it first");
+  if (!force && !list_checkpoint_steps(ckpt_dir.string()).empty())
+    throw UserError({out_dir, 0, 0}, "already holds a checkpoint", "pass another --out, or --force to replace it");
+  // The recipe goes into OUT (built with it) unless --recipe-out names a place outside it.
+  const fs::path recipe = recipe_out.empty() ? out / "finetune.yaml" : fs::path(recipe_out);
+  const fs::path recipe_in_out = fs::absolute(recipe).lexically_normal().lexically_relative(fs::absolute(out).lexically_normal());
+  const bool recipe_inside = !recipe_in_out.empty() && *recipe_in_out.begin() != "..";
+  // OUT is built beside and swapped in (runner/atomic_output.h): an interrupted import leaves
+  // no half-written checkpoint, and the next import removes a killed one's temporary.
+  StagedDir staged(out_dir, force, "import", "--force", {source});
+  std::optional<StagedFile> recipe_file;
+  if (!recipe_inside) recipe_file.emplace(recipe.string(), force, "import --recipe-out");
   fs::path config;
   const std::vector<std::string> files = weight_files(source, config);
   std::ifstream cf(config);
@@ -440,7 +425,7 @@ ImportResult import_model(const std::string& source, const std::string& out_dir,
   res.model = model_from_hf_config(config_text, config.string(), style);
   res.architecture = style == HfStyle::gpt2 ? "GPT2LMHeadModel" : "LlamaForCausalLM";
   StIndex idx;
-  for (const std::string& f : files) read_header(f, idx);
+  for (const std::string& f : files) read_safetensors_header(f, idx);
   const std::string name = model_name(source);
   GptSpec whole;
   whole.model = res.model;
@@ -454,20 +439,27 @@ ImportResult import_model(const std::string& source, const std::string& out_dir,
   for (const ops::Tensor& t : st.params.values) res.parameters += t.numel();
   const fs::path tok_src = fs::is_directory(source) ? fs::path(source) : fs::path(source).parent_path();
   res.tokenizer_files = tokenizer_files(tok_src);
-  const fs::path recipe = recipe_out.empty() ? out / "finetune.yaml" : fs::path(recipe_out);
+  check_tokenizer(tok_src, res.tokenizer_files);
   const std::string recipe_text = finetune_recipe(res.model, name, recipe, out, source);
-  // Everything checked: now the files.
+  // Everything checked: now the files, into the staged directory.
+  const fs::path tmp = staged.path();
   st.recipe_yaml = recipe_to_yaml(stored_recipe(res.model, name));
-  res.checkpoint = write_checkpoint_atomic(ckpt_dir.string(), st, WriteOptions{}).path;
-  if (!res.tokenizer_files.empty()) fs::create_directories(out / "tokenizer");
-  for (const std::string& f : res.tokenizer_files)
-    fs::copy_file(tok_src / f, out / "tokenizer" / f, fs::copy_options::overwrite_existing);
+  throw_if_stopped(out_dir);
+  write_checkpoint_atomic((tmp / "checkpoints").string(), st, WriteOptions{});
+  res.checkpoint = (ckpt_dir / checkpoint_file_name(0)).string();
+  if (!res.tokenizer_files.empty()) fs::create_directories(tmp / "tokenizer");
+  for (const std::string& f : res.tokenizer_files) fs::copy_file(tok_src / f, tmp / "tokenizer" / f);
   if (res.tokenizer_files.empty())
     res.notes.push_back(fmt::format("no tokenizer files beside the weights (tokenizer.json, vocab.json + merges.txt, "
                                     "tokenizer.model): generate will read prompts as bytes; copy the model's tokenizer "
                                     "into {}", (out / "tokenizer").string()));
-  if (!recipe.parent_path().empty()) fs::create_directories(recipe.parent_path());
-  write_text(recipe, recipe_text);
+  if (recipe_inside) {
+    fs::create_directories((tmp / recipe_in_out).parent_path());
+    write_file_atomic((tmp / recipe_in_out).string(), recipe_text);
+  }
+  throw_if_stopped(out_dir);
+  staged.commit();
+  if (recipe_file) recipe_file->commit(recipe_text);
   res.recipe_path = recipe.string();
   return res;
 }

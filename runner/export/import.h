@@ -42,8 +42,11 @@ ModelConfig model_from_hf_config(const std::string& json_text, const std::string
 // naming the file and the tensor), then writes OUT/checkpoints/step_00000000.h5 (+ LATEST), the
 // tokenizer files found beside the weights into OUT/tokenizer/, and the recipe (`recipe_out`;
 // empty: OUT/finetune.yaml) whose model section is the config's and whose model.init_from
-// points at OUT. Refuses an OUT that already holds a checkpoint. `progress` hears what is read.
+// points at OUT. OUT is built beside and swapped in whole (runner/atomic_output.h); a non-empty
+// OUT, or an existing --recipe-out file, is refused unless `force`. `progress` hears what is read.
+// A tokenizer beside the weights must load with the runner's tokenizer loader (UserError
+// naming it otherwise: it is not copied). Non-finite weights are refused, naming the tensor.
 ImportResult import_model(const std::string& source, const std::string& out_dir, const std::string& recipe_out,
-                          const std::function<void(const std::string&)>& progress = {});
+                          const std::function<void(const std::string&)>& progress = {}, bool force = false);
 
 }  // namespace runner

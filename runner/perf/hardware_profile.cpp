@@ -29,22 +29,9 @@
 
 namespace runner {
 
-std::string to_string(Collective c) {
-  switch (c) {
-    case Collective::all_reduce: return "all_reduce";
-    case Collective::all_gather: return "all_gather";
-    case Collective::reduce_scatter: return "reduce_scatter";
-    case Collective::send_recv: return "send_recv";
-    case Collective::broadcast: return "broadcast";
-  }
-  return "?";
-}
-
 namespace {
 
 using ops::DType;
-constexpr const char* kFormat = "runner-hardware-profile";
-constexpr int kVersion = 1;
 const std::string kCalibrateFix = "run `runner calibrate --out FILE` on the machine and name FILE in hardware.profile "
                                   "(or plan --profile FILE); or remove hardware.profile to use the built-in profile";
 
@@ -220,126 +207,6 @@ double HardwareProfile::peak_flops(FloatFormat f) const {
   return f == FloatFormat::fp32 ? peak_flops_fp32 : f == FloatFormat::bf16 ? peak_flops_bf16 : peak_flops_fp16;
 }
 
-
-// ---- JSON ----------------------------------------------------------------------------------
-
-namespace {
-
-nlohmann::json link_json(const Link& l) { return {{"latency_s", l.latency_s}, {"bandwidth", l.bandwidth}}; }
-
-nlohmann::json compute_json(const ComputeProfile& c) {
-  nlohmann::json g = nlohmann::json::object(), a = nlohmann::json::object();
-  for (const auto& [dtype, rs] : c.gemm) {
-    g[dtype] = nlohmann::json::array();
-    for (const GemmRate& r : rs) g[dtype].push_back({r.m, r.n, r.k, r.flops_per_s});
-  }
-  for (const auto& [dtype, rs] : c.attention) {
-    a[dtype] = nlohmann::json::array();
-    for (const AttentionRate& r : rs)
-      a[dtype].push_back({r.seq, r.head_dim, r.forward_flops_per_s, r.backward_flops_per_s});
-  }
-  return {{"threads", c.threads},       {"memory_bandwidth", c.memory_bandwidth}, {"launch_s", c.launch_s},
-          {"op_bandwidth", c.op_bandwidth}, {"gemm", g}, {"attention", a}};
-}
-
-Collective collective_of(const std::string& s) {
-  for (Collective c : {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter,
-                       Collective::send_recv, Collective::broadcast})
-    if (to_string(c) == s) return c;
-  throw std::invalid_argument("unknown collective \"" + s + "\"");
-}
-
-// Throws std::invalid_argument naming what is wrong; from_json turns it into a UserError.
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument(what);
-}
-
-ComputeProfile compute_of(const nlohmann::json& j) {
-  ComputeProfile c;
-  c.threads = j.at("threads").get<int>();
-  c.memory_bandwidth = j.at("memory_bandwidth").get<double>();
-  c.launch_s = j.value("launch_s", 0.0);
-  c.op_bandwidth = j.value("op_bandwidth", std::map<std::string, double>{});
-  for (const auto& [dtype, rs] : j.at("gemm").items())
-    for (const auto& r : rs) {
-      c.gemm[dtype].push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<int64_t>(),
-                               r.at(3).get<double>()});
-      require(c.gemm[dtype].back().flops_per_s > 0 && c.gemm[dtype].back().m > 0, "a GEMM rate of " + dtype +
-                                                                                      " is not positive");
-    }
-  if (j.contains("attention"))
-    for (const auto& [dtype, rs] : j.at("attention").items())
-      for (const auto& r : rs) {
-        c.attention[dtype].push_back(
-            {r.at(0).get<int64_t>(), r.at(1).get<int64_t>(), r.at(2).get<double>(), r.at(3).get<double>()});
-        require(r.at(2).get<double>() > 0 && r.at(3).get<double>() > 0,
-                "an attention rate of " + dtype + " is not positive");
-      }
-  require(c.memory_bandwidth > 0, "compute.memory_bandwidth is not positive");
-  return c;
-}
-
-}  // namespace
-
-nlohmann::json HardwareProfile::to_json() const {
-  nlohmann::json j{{"format", kFormat},
-                   {"version", kVersion},
-                   {"device", device},
-                   {"source", source},
-                   {"host", host},
-                   {"devices_per_node", devices_per_node},
-                   {"nodes", nodes},
-                   {"cores", cores},
-                   {"peak_flops", {{"fp32", peak_flops_fp32}, {"bf16", peak_flops_bf16}, {"fp16", peak_flops_fp16}}},
-                   {"links", {{"intra_node", link_json(intra_node)}, {"inter_node", link_json(inter_node)}}}};
-  j["compute"] = nlohmann::json::array();
-  for (const ComputeProfile& c : compute) j["compute"].push_back(compute_json(c));
-  j["collectives"] = nlohmann::json::array();
-  for (const CollectiveFit& f : collectives)
-    j["collectives"].push_back({{"op", to_string(f.op)}, {"ranks", f.ranks}, {"inter_node", f.inter_node},
-                                {"latency_s", f.latency_s}, {"bandwidth", f.bandwidth}});
-  return j;
-}
-
-// `source` names where the JSON came from (a file); a profile that is not one, of another
-// version, or missing a field is a UserError there.
-HardwareProfile HardwareProfile::from_json(const nlohmann::json& j, const std::string& source) {
-  HardwareProfile p;
-  try {
-    require(j.is_object() && j.value("format", "") == kFormat,
-            std::string("it is not a hardware profile (no \"format\": \"") + kFormat + "\")");
-    const int v = j.at("version").get<int>();
-    require(v == kVersion, fmt::format("it is a version {} hardware profile; this runner reads version {}", v, kVersion));
-    p.device = j.at("device").get<std::string>();
-    p.source = j.value("source", source);
-    p.host = j.value("host", "");
-    p.devices_per_node = j.value("devices_per_node", int64_t{1});
-    p.nodes = j.value("nodes", int64_t{1});
-    p.cores = j.value("cores", 0);
-    const nlohmann::json& pk = j.at("peak_flops");
-    p.peak_flops_fp32 = pk.at("fp32").get<double>();
-    p.peak_flops_bf16 = pk.at("bf16").get<double>();
-    p.peak_flops_fp16 = pk.at("fp16").get<double>();
-    for (auto [name, link] : {std::pair{"intra_node", &p.intra_node}, std::pair{"inter_node", &p.inter_node}}) {
-      const nlohmann::json& l = j.at("links").at(name);
-      *link = {l.at("latency_s").get<double>(), l.at("bandwidth").get<double>()};
-      require(link->bandwidth > 0 && link->latency_s >= 0, std::string("links.") + name + " is not a positive link");
-    }
-    for (const auto& c : j.at("compute")) p.compute.push_back(compute_of(c));
-    require(!p.compute.empty(), "it has no compute entries");
-    for (const auto& f : j.value("collectives", nlohmann::json::array())) {
-      p.collectives.push_back({collective_of(f.at("op").get<std::string>()), f.at("ranks").get<int>(),
-                               f.at("inter_node").get<bool>(), f.at("latency_s").get<double>(),
-                               f.at("bandwidth").get<double>()});
-      require(p.collectives.back().bandwidth > 0, "a collective fit has no positive bandwidth");
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(SourceLoc{source}, std::string("malformed hardware profile: ") + e.what(), kCalibrateFix);
-  } catch (const std::invalid_argument& e) {
-    throw UserError(SourceLoc{source}, std::string("malformed hardware profile: ") + e.what(), kCalibrateFix);
-  }
-  return p;
-}
 
 // ---- built-in profiles ---------------------------------------------------------------------
 

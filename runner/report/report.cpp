@@ -15,6 +15,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "runner/atomic_output.h"
 #include "runner/errors.h"
 #include "runner/report/format.h"
 #include "runner/report/recipe_view.h"
@@ -576,13 +577,8 @@ ReportInfo write_report(const fs::path& run_dir) {
   h += "</body></html>\n";
 
   info.path = run_dir / "report.html";
-  const fs::path tmp = run_dir / "report.html.tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << h;
-    if (!out) throw UserError({tmp.string()}, "cannot write the report", "check the run directory is writable");
-  }
-  fs::rename(tmp, info.path);
+  // Replaced whole (the report is regenerated on every call): a failed write keeps the last one.
+  StagedFile(info.path.string(), true, "report").commit(h);
   return info;
 }
 

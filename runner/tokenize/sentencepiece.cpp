@@ -122,10 +122,11 @@ void train_sentencepiece(const TrainOptions& opt) {
   std::ifstream in(model_path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
-  auto tok = load_sentencepiece(model_path, ss.str(), fs::path(opt.out_dir).filename().string());
+  const fs::path shown = opt.final_dir.empty() ? fs::path(opt.out_dir) : fs::path(opt.final_dir);
+  auto tok = load_sentencepiece(model_path, ss.str(), shown.filename().string());
   tok->save(opt.out_dir);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("trained in %.1f s: %s (vocabulary %lld, hash %s)\n", s, model_path.c_str(),
+  std::printf("trained in %.1f s: %s (vocabulary %lld, hash %s)\n", s, (shown / "tokenizer.model").c_str(),
               static_cast<long long>(tok->info().vocab_size), tok->info().hash.c_str());
 }
 

@@ -15,6 +15,7 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& path, std::stri
 struct TrainOptions {
   std::vector<std::string> inputs;  // text files (one sentence or paragraph per line)
   std::string out_dir;              // receives tokenizer.model and tokenizer_config.json
+  std::string final_dir;            // where out_dir is published afterwards (its name, messages); empty: out_dir
   int vocab_size = 8000;
   std::string model_type = "bpe";   // "bpe" or "unigram"
   int threads = 0;                  // 0: every core

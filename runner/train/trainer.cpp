@@ -105,9 +105,12 @@ class Trainer {
         tracer.write(paths.run_dir, plan.accum, log.get());
       }
       if (s.skipped && !s.overflow) log->warn("step {}: non-finite loss or gradient norm; update skipped", st.step);
+      ++steps_run;
+      steps_applied += s.skipped ? 0 : 1;
       if (r.train.eval_every > 0 && st.step % r.train.eval_every == 0 && st.step != total)
         metrics->eval(st.step, evaluate_untimed());
     }
+    if (steps_run > 0 && steps_applied == 0) return stop_all_skipped();
     set_phase(Phase::Checkpoint, st.step);
     ckpt->save(st, true);
     set_phase(Phase::Boundary, st.step);
@@ -126,6 +129,7 @@ class Trainer {
   TrainOptions opts;
   parallel::Grid& grid;
   int start_exit = 0;  // start() returned false: 0 (finished) or kExitNoRestart
+  int64_t steps_run = 0, steps_applied = 0;  // steps this job took, and those whose update was applied
   ops::Backend& be;  // chosen once when the run started (runner/device/device.h)
   StepTimer timer;
   // Declared before everything that may hold a request reporting to its sink (pipeline
@@ -542,6 +546,20 @@ class Trainer {
     metrics->eval(st.step, last_eval);
     end_event("done", 0);
     return 0;
+  }
+
+  // Every step this job took was skipped (a non-finite loss or gradient norm each time): the
+  // weights never changed, so "done" with exit 0 would report a training that did not happen.
+  // No checkpoint: the last one (or init_from) holds the same weights.
+  int stop_all_skipped() {
+    log->error("stopping: every one of the {} step(s) this job ran was skipped (a non-finite loss or gradient norm at "
+               "each), so no update was applied; the weights are as they were at step {}",
+               steps_run, st.step - steps_run);
+    log->error("  what to check: non-finite weights in the checkpoint or model.init_from it starts from (`runner inspect`), "
+               "data tokens beyond model.vocab_size, a much lower optimizer.lr");
+    metrics->flush_monitor();
+    end_event("stopped: every step skipped", kExitNumerics);
+    return kExitNumerics;
   }
 
   // More fp16 overflows in a row than the recipe allows: stop with kExitNumerics and say why.
