@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# libFuzzer on the two readers of untrusted input: the recipe loader (fuzz_recipe) and the
-# checkpoint readers behind `runner inspect` / `runner resume` (fuzz_checkpoint).
-# Usage: scripts/fuzz.sh [SECONDS per target, default 60]
+# libFuzzer on the readers of untrusted input: the recipe loader (fuzz_recipe), the
+# checkpoint readers behind `runner inspect` / `runner resume` (fuzz_checkpoint), and the
+# tokenizer readers (fuzz_tokenizer_json, fuzz_sentencepiece).
+# Usage: scripts/fuzz.sh [SECONDS, default 60]: the whole run fuzzes for 2 x SECONDS, shared
+# evenly among the targets (so adding a target does not lengthen CI).
 # Builds build-fuzz with clang (-fsanitize=fuzzer,address,undefined; only the fuzz targets and
 # the sources they read with), seeds fuzz_recipe with recipes/*.yaml and tests/bad_recipes,
 # fuzz_checkpoint with one small checkpoint trained by build/runner (made here if missing).
@@ -11,7 +13,8 @@
 # build-fuzz/findings/, and does not fail the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SECS="${1:-60}"
+TARGETS=4
+SECS=$(( (2 * ${1:-60} + TARGETS - 1) / TARGETS ))
 ROOT="$PWD"
 B=build-fuzz
 export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
@@ -19,7 +22,7 @@ t0=$SECONDS
 mkdir -p "$B"
 CC=clang CXX=clang++ cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRUNNER_FUZZ=ON \
   -DRUNNER_WITH_CUDA=OFF >"$B/configure.log" 2>&1 || { cat "$B/configure.log"; exit 1; }
-ninja -C "$B" fuzz_recipe fuzz_checkpoint
+ninja -C "$B" fuzz_recipe fuzz_checkpoint fuzz_tokenizer_json fuzz_sentencepiece
 echo "fuzz: build took $((SECONDS - t0)) s"
 
 set +o pipefail   # below, `grep | head` pipelines: the status is the last command's
@@ -78,5 +81,30 @@ for c in "$W"/checkpoint/crash-* "$W"/checkpoint/timeout-* "$W"/checkpoint/oom-*
   fi
 done
 echo "fuzz_checkpoint: crashes and leaks inside libhdf5: $hdf5 (kept in $B/findings, not failing), in our code: $ours, not reproduced on replay: $norepro"
+# The tokenizer readers, seeded with a small SentencePiece tokenizer trained here (its
+# tokenizer.model and the equivalent tokenizer.json). libsentencepiece is not instrumented:
+# a crash whose top frame is inside it is kept and counted, as libhdf5's are above.
+build/runner data tokenizer train /usr/share/common-licenses/GPL-3 --vocab 400 --out "$W/seedtok" >/dev/null
+for t in tokenizer_json sentencepiece; do
+  mkdir -p "$W/$t/corpus" "$W/$t/seed"
+  [ $t = tokenizer_json ] && cp "$W"/seedtok/tokenizer.json "$W/$t/seed/" 2>/dev/null
+  [ $t = sentencepiece ] && cp "$W"/seedtok/tokenizer.model "$W/$t/seed/"
+  echo "== fuzz_$t for ${SECS} s"
+  (cd "$W/$t" && "$ROOT/$B/fuzz_$t" -fork=1 -ignore_crashes=1 -ignore_timeouts=0 -max_total_time="$SECS" -timeout=10 \
+    -rss_limit_mb=2048 -print_final_stats=1 corpus seed >log 2>&1) || true
+  grep -E '#[0-9]+: cov: ' "$W/$t/log" | tail -1 || true
+  lib=0; n=0
+  for c in "$W/$t"/crash-* "$W/$t"/timeout-* "$W/$t"/oom-* "$W/$t"/leak-*; do
+    [ -e "$c" ] || continue
+    cp "$c" "$ROOT/$B/findings/"
+    rc=0; (cd "$W/$t" && "$ROOT/$B/fuzz_$t" "$c" >"$c.replay" 2>&1) || rc=$?
+    [ "$rc" = 0 ] && continue
+    if grep -E '^ +#[0-9]+ ' "$c.replay" | grep -vE '__asan|__sanitizer|__interceptor|__ubsan|libc\.so|asan_|sanitizer_common|libstdc\+\+| in (free|malloc|abort|raise|operator)' \
+        | head -1 | grep -q 'libsentencepiece'; then lib=$((lib + 1)); continue; fi
+    n=$((n + 1)); status=1
+    echo "fuzz_$t: FINDING $(basename "$c") (ours):"; grep -E 'ERROR|SUMMARY|not a UserError|outside|#[0-9]+ ' "$c.replay" | head -16
+  done
+  echo "fuzz_$t: findings in our code: $n, inside libsentencepiece: $lib (kept in $B/findings)"
+done
 echo "fuzz: total $((SECONDS - t0)) s, $([ $status = 0 ] && echo PASS || echo FAIL)"
 exit $status
