@@ -221,7 +221,8 @@ void check_error(const std::string& path, const std::string& names, const std::s
     tok::load_tokenizer(path);
     FAIL("no error for " << path);
   } catch (const UserError& e) {
-    CAPTURE(e.what());
+    const std::string what = e.what();
+    CAPTURE(what);
     CHECK(std::string(e.what()).find(names) != std::string::npos);
     CHECK(std::string(e.what()).find(says) != std::string::npos);
   }
@@ -344,7 +345,7 @@ TEST_CASE("tokenizer.json ids are checked at load: outside the vocabulary, past 
   const nlohmann::json empty_unigram = {{"model", {{"type", "Unigram"}, {"unk_id", nullptr}, {"vocab", nlohmann::json::array()}}}};
   write(dir / "unigram.json", empty_unigram.dump());
   check_error(dir.file("unigram.json"), dir.file("unigram.json"), "vocabulary is empty");
-  const nlohmann::json bad_unk = {{"model", {{"type", "Unigram"}, {"unk_id", 5}, {"vocab", {{"a", -1.0}}}}}};
+  const nlohmann::json bad_unk = {{"model", {{"type", "Unigram"}, {"unk_id", 5}, {"vocab", nlohmann::json::array({nlohmann::json::array({"a", -1.0})})}}}};
   write(dir / "unk.json", bad_unk.dump());
   check_error(dir.file("unk.json"), dir.file("unk.json"), "model.unk_id is 5");
   // GPT-2's vocab.json: the same bound.

@@ -97,7 +97,8 @@ std::string edit_submessage(std::string_view bytes, uint32_t number, const std::
 
 std::optional<SpModelView> read_sp_model(std::string_view bytes) {
   SpModelView m;
-  bool ok = walk(bytes, [&](const Field& x) {
+  bool ok = true;  // cleared by a malformed sub-message
+  ok = walk(bytes, [&](const Field& x) {
     if (x.number == 1 && x.wire == 2) {
       SpPiece p;
       ok = walk(x.data, [&](const Field& y) {
