@@ -4,13 +4,13 @@
 // settings give the same bytes in any output folder.
 //
 // Speed: libsentencepiece encodes a long text several times slower per byte than the same
-// text given a line at a time (its work per call grows faster than the text). A long text is
+// text given a line at a time (its BPE's work per call grows faster than the text). A long text is
 // therefore encoded in segments of a few kilobytes, cut before a space that stands between
 // two non-space characters, and every segment after the first through a second processor
 // whose model has no dummy prefix. This gives exactly the ids of the whole text when no piece
 // holds a space after another character (so no piece spans the cut) and the normalizer acts
-// on each character alone (identity rules, whitespace kept): segmentable() checks both, and a
-// model failing them is encoded whole.
+// on each character alone (identity rules, whitespace kept): segmentable() checks both (and
+// that the model is BPE), and any other model is encoded whole.
 #include <unistd.h>
 
 #include <chrono>
@@ -103,8 +103,10 @@ class SentencePieceTokenizer final : public Tokenizer {
 
   // Whether a text may be cut before a space between two non-space characters (see above).
   static bool segmentable(const SpModelView& m) {
-    if (!(m.model_type == 1 || m.model_type == 2) || !m.escape_whitespaces || m.treat_whitespace_as_suffix ||
-        m.remove_extra_whitespaces || !m.charsmap_empty)
+    // BPE only: a Unigram model's Viterbi sums scores in float32 along the whole text, so a
+    // segment's choice between paths of nearly equal score can depend on the text before it.
+    if (m.model_type != 2 || !m.escape_whitespaces || m.treat_whitespace_as_suffix || m.remove_extra_whitespaces ||
+        !m.charsmap_empty)
       return false;
     for (const SpPiece& p : m.pieces) {
       size_t lead = 0;
