@@ -372,3 +372,16 @@ TEST_CASE("special-token text: the special id by default, ordinary text with spe
   CHECK(t->decode(as_text) == text);
   CHECK(as_text.size() > as_special.size());
 }
+
+TEST_CASE("a SentencePiece-style BPE with whitespace-only pieces encodes a text that starts with one character and a space") {
+  test_support::TempDir dir("test_tokenizer");
+  // "▁▁" is a piece, so long words are cut only before a ▁ that follows another character;
+  // one at byte 1 used to read before the word's start.
+  const nlohmann::json j = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"\u2581", 2}, {"\u2581\u2581", 3}, {"\u2581b", 4}}},
+                                       {"merges", {"\u2581 \u2581", "\u2581 b"}}}},
+                            {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}};
+  write(dir / "ws.json", j.dump());
+  const auto t = tok::load_tokenizer(dir.file("ws.json"));
+  CHECK(t->encode("a b") == std::vector<int32_t>{0, 4});
+  CHECK(t->encode("a  b") == std::vector<int32_t>{0, 3, 1});
+}

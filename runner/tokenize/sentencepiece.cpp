@@ -3,14 +3,14 @@
 // trainer stores none of the paths or the thread count it ran with, so the same corpus and
 // settings give the same bytes in any output folder.
 //
-// Speed: libsentencepiece encodes a long text several times slower per byte than the same
-// text given a line at a time (its BPE's work per call grows faster than the text). A long text is
-// therefore encoded in segments of a few kilobytes, cut before a space that stands between
-// two non-space characters, and every segment after the first through a second processor
-// whose model has no dummy prefix. This gives exactly the ids of the whole text when no piece
-// holds a space after another character (so no piece spans the cut) and the normalizer acts
-// on each character alone (identity rules, whitespace kept): segmentable() checks both (and
-// that the model is BPE), and any other model is encoded whole.
+// Speed: libsentencepiece's BPE encodes a long text several times slower per byte than the
+// same text given a line at a time. A BPE model that merges exactly as runner's own BPE can
+// (same_as_merges) is encoded by it; another BPE model is encoded in segments of a few
+// kilobytes, cut before a space that stands between two non-space characters, every segment
+// after the first through a second processor whose model has no dummy prefix. That gives
+// exactly the whole text's ids when no piece holds a space after another character (so no
+// piece spans the cut) and the normalizer acts on each character alone (identity rules,
+// whitespace kept): segmentable() checks both. Unigram and other models are encoded whole.
 #include <unistd.h>
 
 #include <chrono>
@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 #include <sentencepiece_processor.h>
@@ -34,6 +35,10 @@
 namespace runner::tok {
 
 namespace fs = std::filesystem;
+
+// The BPE merges transformers' SentencePieceExtractor derives from a model's pieces: every
+// split of a piece into two pieces, best piece (by score) first, then by the parts' ids.
+std::vector<std::pair<std::string, std::string>> sp_bpe_merges(const SpModelView& m);
 
 namespace {
 
@@ -54,13 +59,22 @@ class SentencePieceTokenizer final : public Tokenizer {
     if (segmentable(*view)) {
       const auto st2 = rest_.LoadFromSerializedProto(sp_with_dummy_prefix(bytes_, false));
       segmented_ = st2.ok();
+      if (segmented_ && same_as_merges(*view)) bpe_ = merges_pipeline(*view);
     }
   }
-  std::vector<int32_t> encode(std::string_view text) const override { return encode_from(text, sp_); }
+  std::vector<int32_t> encode(std::string_view text) const override {
+    if (!bpe_) return encode_from(text, sp_);
+    if (!dummy_prefix_ || text.empty()) return bpe_->encode(text);
+    std::string spaced;  // the dummy prefix: a space, escaped as ▁ like the others
+    spaced.reserve(text.size() + 1);
+    spaced.push_back(' ');
+    spaced.append(text);
+    return bpe_->encode(spaced);
+  }
   // Control tokens' text (</s>) is never matched in the input by SentencePiece: it is always
   // text, so there is nothing to count or choose.
   int64_t encode_part(std::string_view text, const EncodeOptions& o, std::vector<int32_t>& out) const override {
-    const std::vector<int32_t> ids = o.continues && segmented_ ? encode_from(text, rest_) : encode(text);
+    const std::vector<int32_t> ids = !o.continues || !segmented_ ? encode(text) : bpe_ ? bpe_->encode(text) : encode_from(text, rest_);
     out.insert(out.end(), ids.begin(), ids.end());
     return 0;
   }
@@ -146,9 +160,56 @@ class SentencePieceTokenizer final : public Tokenizer {
     return out;
   }
 
+  // Whether runner's own BPE, given the pieces' merges ranked by the merged piece
+  // (rank_by_result), merges exactly as SentencePiece's BPE: both take the pair whose merged
+  // piece scores best, the leftmost among pairs giving that piece. That holds when every
+  // normal piece has its own score (no tie between two pieces), when no piece is unused or
+  // user-defined (SentencePiece treats those apart) and when unknown characters fall back to
+  // bytes. The ids equal libsentencepiece's on the multi-megabyte sample of
+  // tests/test_tokenizer_sp.cpp; it runs several times faster.
+  static bool same_as_merges(const SpModelView& m) {
+    if (m.model_type != 2 || !m.byte_fallback) return false;
+    std::unordered_map<float, int> scores;
+    for (const SpPiece& p : m.pieces) {
+      if (p.type == 4 || p.type == 5) return false;
+      if (p.type == 1 && scores[p.score]++ > 0) return false;
+    }
+    return true;
+  }
+
+  // Spaces escaped as ▁, then BPE over the pieces; the dummy prefix is added by encode().
+  std::unique_ptr<Tokenizer> merges_pipeline(const SpModelView& m) {
+    dummy_prefix_ = m.add_dummy_prefix;
+    Pipeline p;
+    p.kind = "bpe";
+    p.normalizers.push_back({NormalizerStep::replace, " ", std::string(kMetaspace)});
+    std::vector<std::string> tokens;
+    BpeOptions o;
+    for (size_t i = 0; i < m.pieces.size(); ++i) {
+      tokens.push_back(m.pieces[i].type == 1 || m.pieces[i].type == 6 ? m.pieces[i].piece : std::string());
+      if (m.pieces[i].type == 2 && o.unk_id < 0) o.unk_id = static_cast<int32_t>(i);
+    }
+    std::unordered_set<std::string> normal;
+    for (const SpPiece& x : m.pieces)
+      if (x.type == 1) normal.insert(x.piece);
+    std::vector<std::pair<std::string, std::string>> merges;
+    for (auto& mg : sp_bpe_merges(m))  // among normal pieces only: control and byte pieces are not text
+      if (normal.count(mg.first) && normal.count(mg.second) && normal.count(mg.first + mg.second)) merges.push_back(std::move(mg));
+    o.byte_fallback = true;
+    o.fuse_unk = true;
+    o.rank_by_result = true;
+    try {
+      p.bpe = std::make_unique<BpeModel>(std::move(tokens), merges, o);
+    } catch (const std::invalid_argument&) {
+      return nullptr;  // a merge outside the normal pieces: keep libsentencepiece
+    }
+    return make_pipeline_tokenizer(std::move(p), name_, SourceFiles{});
+  }
+
   static constexpr size_t kSegmentBytes = 2048;
   sentencepiece::SentencePieceProcessor sp_, rest_;
-  bool segmented_ = false;
+  bool segmented_ = false, dummy_prefix_ = true;
+  std::unique_ptr<Tokenizer> bpe_;  // runner's BPE when it merges as libsentencepiece does
   std::string bytes_, name_;
 };
 
@@ -159,14 +220,34 @@ class SentencePieceTokenizer final : public Tokenizer {
 // pieces whose concatenation is a piece (ranked by that piece's score, best first, then by
 // the parts' ids), the dummy prefix and the escaping of spaces as normalizers, byte fallback.
 // Only models whose normalizer acts on each character alone convert exactly; others get none.
+std::vector<std::pair<std::string, std::string>> sp_bpe_merges(const SpModelView& m) {
+  std::unordered_map<std::string, int32_t> ids;
+  for (size_t i = 0; i < m.pieces.size(); ++i) ids.emplace(m.pieces[i].piece, static_cast<int32_t>(i));
+  struct M { int32_t l, r; float score; };
+  std::vector<M> merges;
+  for (const SpPiece& p : m.pieces) {
+    std::vector<M> local;
+    for (size_t k = 1; k < p.piece.size(); ++k) {
+      if ((static_cast<unsigned char>(p.piece[k]) & 0xC0) == 0x80) continue;  // a split between characters
+      const auto l = ids.find(p.piece.substr(0, k)), r = ids.find(p.piece.substr(k));
+      if (l != ids.end() && r != ids.end()) local.push_back({l->second, r->second, p.score});
+    }
+    std::sort(local.begin(), local.end(), [](const M& a, const M& b) { return a.l != b.l ? a.l < b.l : a.r < b.r; });
+    merges.insert(merges.end(), local.begin(), local.end());
+  }
+  std::stable_sort(merges.begin(), merges.end(), [](const M& a, const M& b) { return a.score > b.score; });
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(merges.size());
+  for (const M& x : merges) out.emplace_back(m.pieces[x.l].piece, m.pieces[x.r].piece);
+  return out;
+}
+
 std::optional<std::string> hf_tokenizer_json(const SpModelView& m) {
   if (!(m.model_type == 1 || m.model_type == 2) || !m.escape_whitespaces || m.treat_whitespace_as_suffix ||
       m.remove_extra_whitespaces || !m.charsmap_empty || m.pieces.empty())
     return std::nullopt;
   using oj = nlohmann::ordered_json;
   const std::string ms(kMetaspace);
-  std::unordered_map<std::string, int32_t> ids;
-  for (size_t i = 0; i < m.pieces.size(); ++i) ids.emplace(m.pieces[i].piece, static_cast<int32_t>(i));
   int32_t unk = -1;
   oj added = oj::array();
   for (size_t i = 0; i < m.pieces.size(); ++i) {
@@ -180,21 +261,9 @@ std::optional<std::string> hf_tokenizer_json(const SpModelView& m) {
   if (m.model_type == 2) {
     oj vocab = oj::object();
     for (size_t i = 0; i < m.pieces.size(); ++i) vocab[m.pieces[i].piece] = i;
-    struct M { int32_t l, r; float score; };
-    std::vector<M> merges;
-    for (const SpPiece& p : m.pieces) {
-      std::vector<M> local;
-      for (size_t k = 1; k < p.piece.size(); ++k) {
-        if ((static_cast<unsigned char>(p.piece[k]) & 0xC0) == 0x80) continue;  // a split between characters
-        const auto l = ids.find(p.piece.substr(0, k)), r = ids.find(p.piece.substr(k));
-        if (l != ids.end() && r != ids.end()) local.push_back({l->second, r->second, p.score});
-      }
-      std::sort(local.begin(), local.end(), [](const M& a, const M& b) { return a.l != b.l ? a.l < b.l : a.r < b.r; });
-      merges.insert(merges.end(), local.begin(), local.end());
-    }
-    std::stable_sort(merges.begin(), merges.end(), [](const M& a, const M& b) { return a.score > b.score; });
+    const auto merges = sp_bpe_merges(m);
     oj ml = oj::array();
-    for (const M& x : merges) ml.push_back(oj::array({m.pieces[x.l].piece, m.pieces[x.r].piece}));
+    for (const auto& [l, r] : merges) ml.push_back(oj::array({l, r}));
     model = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", unk >= 0 ? oj(m.pieces[unk].piece) : oj()},
              {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", true},
              {"byte_fallback", m.byte_fallback}, {"ignore_merges", false}, {"vocab", vocab}, {"merges", ml}};
