@@ -11,7 +11,6 @@
 #include <tuple>
 
 #include "ops/convert.h"
-#include "ops/ops.h"
 
 namespace ops {
 
@@ -202,18 +201,6 @@ void embedding_forward_as_shard(Backend& be, const k::EmbeddingForward& a) {
 void embedding_backward_as_shard(Backend& be, const k::EmbeddingBackward& a) {
   be.run(k::EmbeddingShardBackward{a.dwte, a.dwpe, static_cast<const float*>(a.dout), a.tokens, a.B, a.T, a.C, 0,
                                    std::numeric_limits<int>::max()});
-}
-
-bool native16_available(const Backend& be, DType t) {
-  const Graph none{};  // the kinds' plain forms: no tensor parallelism, no decoding, no KV cache
-  const Node plain{};
-  for (const OpDef* op : kOpTable) {
-    if (!op->native16) continue;
-    for (bool backward : {false, true})
-      for (Kernel k : op->kernels(none, plain, backward, false))
-        if (!be.has(k, t)) return false;
-  }
-  return true;
 }
 
 namespace {

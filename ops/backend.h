@@ -119,9 +119,6 @@ class Backend {
   std::array<std::array<Entry, 3>, kKernelCount> table_{};
 };
 
-// Whether the backend has the 16-bit-native kernels in t (every memory-bound kernel's (K, t)
-// entry, ops/kernels.h); the executor widens to fp32 otherwise.
-bool native16_available(const Backend& be, DType t);
 
 // The kernels that return a value to the host, as functions.
 inline double sum_squares(Backend& be, const float* x, int64_t n) {

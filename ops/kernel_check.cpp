@@ -8,6 +8,18 @@
 
 namespace ops {
 
+bool native16_available(const Backend& be, DType t) {
+  const Graph none{};  // the kinds' plain forms: no tensor parallelism, no decoding, no KV cache
+  const Node plain{};
+  for (const OpDef* op : kOpTable) {
+    if (!op->native16) continue;
+    for (bool backward : {false, true})
+      for (Kernel k : op->kernels(none, plain, backward, false))
+        if (!be.has(k, t)) return false;
+  }
+  return true;
+}
+
 std::vector<MissingKernel> missing_kernels(const Graph& g, const Backend& be, bool train, bool kv_cache) {
   std::vector<MissingKernel> out;
   for (size_t i = 0; i < g.nodes.size(); ++i) {

@@ -22,6 +22,10 @@ struct MissingKernel {
 // prefill when `kv_cache` (a KV cache attached to a graph that is not a decode graph).
 std::vector<MissingKernel> missing_kernels(const Graph& g, const Backend& be, bool train, bool kv_cache);
 
+// Whether the backend has the 16-bit-native kernels in t: the (K, t) entry of every kernel of
+// every native16 kind (OpDef::kernels of its plain form); the executor widens to fp32 otherwise.
+bool native16_available(const Backend& be, DType t);
+
 // Throws std::runtime_error naming, for each missing entry, the operator, kernel, dtype and
 // backend (a KV-cache entry also says to generate with --no-kv-cache); returns when none.
 void check_kernels(const Graph& g, const Backend& be, bool train, bool kv_cache);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # libFuzzer on the readers of untrusted input: the recipe loader (fuzz_recipe), the checkpoint
 # readers behind `runner inspect` / `runner resume` (fuzz_checkpoint), the safetensors headers
-# `runner import` reads (fuzz_safetensors) and hardware profiles (fuzz_hardware_profile).
+# `runner import` reads (fuzz_safetensors), hardware profiles (fuzz_hardware_profile) and the
+# tokenizer readers (fuzz_tokenizer_json, fuzz_sentencepiece).
 # Usage: scripts/fuzz.sh [SECONDS, default 60]: the fuzzing time is 2 x SECONDS in all, shared
 # evenly among the targets (adding a target does not lengthen CI).
 # Builds build-fuzz with clang (-fsanitize=fuzzer,address,undefined; only the fuzz targets and
@@ -13,7 +14,7 @@
 # build-fuzz/findings/, and does not fail the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGETS=(fuzz_recipe fuzz_checkpoint fuzz_safetensors fuzz_hardware_profile)
+TARGETS=(fuzz_recipe fuzz_checkpoint fuzz_safetensors fuzz_hardware_profile fuzz_tokenizer_json fuzz_sentencepiece)
 TOTAL=$((2 * ${1:-60}))
 SECS=$((TOTAL / ${#TARGETS[@]}))
 ROOT="$PWD"
@@ -110,5 +111,30 @@ for c in "$W"/checkpoint/crash-* "$W"/checkpoint/timeout-* "$W"/checkpoint/oom-*
   fi
 done
 echo "fuzz_checkpoint: crashes and leaks inside libhdf5: $hdf5 (kept in $B/findings, not failing), in our code: $ours, not reproduced on replay: $norepro"
+# The tokenizer readers, seeded with a small SentencePiece tokenizer trained here (its
+# tokenizer.model and the equivalent tokenizer.json). libsentencepiece is not instrumented:
+# a crash whose top frame is inside it is kept and counted, as libhdf5's are above.
+build/runner data tokenizer train /usr/share/common-licenses/GPL-3 --vocab 400 --out "$W/seedtok" >/dev/null
+for t in tokenizer_json sentencepiece; do
+  mkdir -p "$W/$t/corpus" "$W/$t/seed"
+  [ $t = tokenizer_json ] && cp "$W"/seedtok/tokenizer.json "$W/$t/seed/" 2>/dev/null
+  [ $t = sentencepiece ] && cp "$W"/seedtok/tokenizer.model "$W/$t/seed/"
+  echo "== fuzz_$t for ${SECS} s"
+  (cd "$W/$t" && "$ROOT/$B/fuzz_$t" -fork=1 -ignore_crashes=1 -ignore_timeouts=0 -max_total_time="$SECS" -timeout=10 \
+    -rss_limit_mb=2048 -print_final_stats=1 corpus seed >log 2>&1) || true
+  grep -E '#[0-9]+: cov: ' "$W/$t/log" | tail -1 || true
+  lib=0; n=0
+  for c in "$W/$t"/crash-* "$W/$t"/timeout-* "$W/$t"/oom-* "$W/$t"/leak-*; do
+    [ -e "$c" ] || continue
+    cp "$c" "$ROOT/$B/findings/"
+    rc=0; (cd "$W/$t" && "$ROOT/$B/fuzz_$t" "$c" >"$c.replay" 2>&1) || rc=$?
+    [ "$rc" = 0 ] && continue
+    if grep -E '^ +#[0-9]+ ' "$c.replay" | grep -vE '__asan|__sanitizer|__interceptor|__ubsan|libc\.so|asan_|sanitizer_common|libstdc\+\+| in (free|malloc|abort|raise|operator)' \
+        | head -1 | grep -q 'libsentencepiece'; then lib=$((lib + 1)); continue; fi
+    n=$((n + 1)); status=1
+    echo "fuzz_$t: FINDING $(basename "$c") (ours):"; grep -E 'ERROR|SUMMARY|not a UserError|outside|#[0-9]+ ' "$c.replay" | head -16
+  done
+  echo "fuzz_$t: findings in our code: $n, inside libsentencepiece: $lib (kept in $B/findings)"
+done
 echo "fuzz: total $((SECONDS - t0)) s, $([ $status = 0 ] && echo PASS || echo FAIL)"
 exit $status

@@ -50,3 +50,21 @@ if [ ! -f "$REF/gpt-3-encoder/Encoder.js" ]; then
   mv "$tmp/package" "$REF/gpt-3-encoder"
   rm -rf "$tmp"
 fi
+
+# Peers from npm, unpacked the same way: tiktoken (OpenAI's tokenizer, Rust compiled to WASM,
+# with GPT-2's ranks inside) for bench/prepare_speed.py, and Hugging Face's tokenizers.js
+# (@huggingface/tokenizers, pure JavaScript) that test_tokenizer_sp runs on the tokenizer.json
+# the trainer writes.
+fetch_npm() {  # NAME@VERSION DIR FILE-THAT-SAYS-IT-IS-THERE
+  [ -f "$REF/$2/$3" ] && return 0
+  echo "setup: fetching npm $1 into $REF/$2"
+  mkdir -p "$REF"
+  local tmp
+  tmp="$(mktemp -d)"
+  (cd "$tmp" && npm pack --silent "$1" >/dev/null && tar xzf ./*.tgz)
+  rm -rf "${REF:?}/$2"
+  mv "$tmp/package" "$REF/$2"
+  rm -rf "$tmp"
+}
+fetch_npm tiktoken@1.0.22 tiktoken tiktoken_bg.wasm
+fetch_npm @huggingface/tokenizers@0.2.0 hf-tokenizers dist/tokenizers.cjs

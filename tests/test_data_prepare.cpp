@@ -27,6 +27,7 @@
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"
+#include "tests/tokenizer/reference.h"
 
 using namespace runner;
 namespace fs = std::filesystem;
@@ -543,4 +544,42 @@ TEST_CASE("install_run_tokenizer: the run records its tokenizer, copies non-byte
   plain.kind = DataKind::bin;
   plain.path = (d / "tokens.bin").string();
   CHECK(!data_tokenizer(plain));  // a plain token file: its tokenizer is unknown
+}
+
+TEST_CASE("prepare: a special token's text in the corpus is counted and reported; --special-as-text encodes it as text") {
+  const fs::path gpt2 = reference::gpt3_encoder();
+  TempDir dir;
+  write(dir / "in" / "a.txt", "one<|endoftext|>two");
+  auto o = options({dir / "in"}, dir / "special");
+  o.tokenizer = gpt2.string();
+  o.val_fraction = 0;
+  const PrepareResult as_special = prepare_dataset(o);
+  CHECK(as_special.special_text == 1);
+  const auto s = stream(dir / "special", Split::Train, 50257);
+  CHECK(std::count(s.begin(), s.end(), 50256) == 2);  // the literal one and the end of the document
+  CHECK(manifest(dir / "special")["special_text"]["occurrences"] == 1);
+  o.out = (dir / "text").string();
+  o.special_as_text = true;
+  const PrepareResult as_text = prepare_dataset(o);
+  CHECK(as_text.special_text == 1);
+  const auto t = stream(dir / "text", Split::Train, 50257);
+  CHECK(std::count(t.begin(), t.end(), 50256) == 1);
+  CHECK(t.back() == 50256);
+  CHECK(manifest(dir / "text")["special_text"]["as_text"] == true);
+  const auto r = test_support::runner_split("data prepare " + (dir / "in").string() + " " + (dir / "cli").string() +
+                                            " --tokenizer " + gpt2.string() + " --val-fraction 0", dir.path);
+  CHECK(r.code == 0);
+  CHECK(r.err.find("1 occurrence(s) of a special token's text (such as <|endoftext|>)") != std::string::npos);
+  CHECK(r.err.find("--special-as-text") != std::string::npos);
+}
+
+TEST_CASE("prepare: a JSONL record past the line bound is skipped with its file and line named; the others are kept") {
+  TempDir dir;
+  const std::string big = json{{"text", std::string(9u << 20, 'x')}}.dump();
+  write(dir / "c.jsonl", json{{"text", "first"}}.dump() + "\n" + big + "\n" + json{{"text", "third"}}.dump() + "\n");
+  const auto r = test_support::runner_split("data prepare " + (dir / "c.jsonl").string() + " " + (dir / "out").string() +
+                                            " --tokenizer byte --val-fraction 0", dir.path);
+  CHECK(r.code == 0);
+  CHECK(r.err.find((dir / "c.jsonl").string() + ":2: a line of " + std::to_string(big.size()) + " bytes, longer than the bound") != std::string::npos);
+  CHECK(stream(dir / "out", Split::Train) == bytes_eod({"first", "third"}));
 }

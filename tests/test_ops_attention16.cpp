@@ -23,6 +23,7 @@
 #include "ops/convert.h"
 #include "ops/executor.h"
 #include "ops/gemm_path.h"
+#include "ops/kernel_check.h"
 #include "ops/ops.h"
 #include "ops/rng.h"
 #include "runner/model/gpt.h"

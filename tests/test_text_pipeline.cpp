@@ -70,7 +70,8 @@ TEST_CASE("corpus -> tokenizer -> prepared data -> trained model -> generated te
   CHECK(!gen["completion"].get<std::string>().empty());
 
   step("export runs/text-small --out hf/text-small", dir);
-  for (const char* f : {"model.safetensors", "config.json", "generation_config.json", "tokenizer.model", "tokenizer_config.json"})
+  for (const char* f : {"model.safetensors", "config.json", "generation_config.json", "tokenizer.model", "tokenizer_config.json",
+                        "tokenizer.json"})  // tokenizer.json: what Hugging Face's fast tokenizers and tokenizers.js read
     CHECK_MESSAGE(fs::exists(dir / "hf" / "text-small" / f), f);
   const auto gc = nlohmann::json::parse(test_support::slurp(dir / "hf" / "text-small" / "generation_config.json"));
   CHECK(gc["eos_token_id"] == *tk->eos_id());
@@ -84,5 +85,7 @@ TEST_CASE("corpus -> tokenizer -> prepared data -> trained model -> generated te
   INFO(py.out);
   REQUIRE(py.code == 0);
   CHECK(py.out.substr(0, py.out.find('\n')) == want);
+  // The exported tokenizer.json, read by runner's tokenizer.json reader, gives the same ids.
+  CHECK(tok::load_tokenizer((dir / "hf" / "text-small" / "tokenizer.json").string())->encode(text) == tk->encode(text));
   fs::remove_all(dir);
 }

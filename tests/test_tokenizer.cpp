@@ -5,6 +5,7 @@
 // ids and hash, decoding, thread safety, save/load, special tokens and every user error.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -220,7 +221,8 @@ void check_error(const std::string& path, const std::string& names, const std::s
     tok::load_tokenizer(path);
     FAIL("no error for " << path);
   } catch (const UserError& e) {
-    CAPTURE(e.what());
+    const std::string what = e.what();
+    CAPTURE(what);
     CHECK(std::string(e.what()).find(names) != std::string::npos);
     CHECK(std::string(e.what()).find(says) != std::string::npos);
   }
@@ -253,7 +255,7 @@ TEST_CASE("a missing or broken tokenizer file is a UserError naming the file") {
   write(dir / "pat.json", pat.dump());
   check_error(dir.file("pat.json"), dir.file("pat.json"), "Split pattern '\\w+' is not supported");
   write(dir / "broken.model", "not a protobuf at all");
-  check_error(dir.file("broken.model"), dir.file("broken.model"), "not a SentencePiece model");
+  check_error(dir.file("broken.model"), dir.file("broken.model"), "this file is damaged");
 }
 
 namespace {
@@ -304,4 +306,82 @@ TEST_CASE("the SentencePiece-style stages: ignore_merges, byte fallback, fused u
   std::vector<std::string_view> p;
   tok::split_pieces(tok::SplitPattern::qwen2, "x 123", p);
   CHECK(p == std::vector<std::string_view>{"x", " ", "1", "2", "3"});
+}
+
+TEST_CASE("tokenizer.json ids are checked at load: outside the vocabulary, past int32 or far past the entries, each named with the file") {
+  test_support::TempDir dir("test_tokenizer");
+  const nlohmann::json base = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}, {"<|endoftext|>", 3}}}, {"merges", {"a b"}}}},
+                               {"added_tokens", nlohmann::json::array()}};
+  auto with_added = [&](const nlohmann::json& id) {
+    nlohmann::json j = base;
+    j["added_tokens"] = {{{"id", id}, {"content", "<|x|>"}, {"special", true}}};
+    return j;
+  };
+  // Each of these loaded before (and -7 or 2^31-1 then aborted data prepare; 2^40 became id 0).
+  const std::vector<std::pair<nlohmann::json, std::string>> cases = {
+      {with_added(-7), "has the id -7"},
+      {with_added(2147483647LL), "has the id 2147483647"},
+      {with_added(int64_t{1} << 40), "has the id 1099511627776"},
+      {with_added(1.5), "has the id 1.5"},
+  };
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const fs::path f = dir / ("added" + std::to_string(k) + ".json");
+    write(f, cases[k].first.dump());
+    check_error(f.string(), f.string(), cases[k].second);
+  }
+  // A 4 KB file naming one id at 2^26 is refused at once (it took 22 s and 2.6 GB).
+  nlohmann::json far = base;
+  far["model"]["vocab"]["z"] = int64_t{1} << 26;
+  write(dir / "far.json", far.dump());
+  check_error(dir.file("far.json"), dir.file("far.json"), "model.vocab['z'] has the id 67108864, outside [0, 1029)");
+  nlohmann::json neg = base;
+  neg["model"]["vocab"]["z"] = -1;
+  write(dir / "neg.json", neg.dump());
+  check_error(dir.file("neg.json"), dir.file("neg.json"), "has the id -1");
+  nlohmann::json merge = base;
+  merge["model"]["merges"] = {"a zz"};
+  write(dir / "merge.json", merge.dump());
+  check_error(dir.file("merge.json"), dir.file("merge.json"), "zz");
+  const nlohmann::json empty_unigram = {{"model", {{"type", "Unigram"}, {"unk_id", nullptr}, {"vocab", nlohmann::json::array()}}}};
+  write(dir / "unigram.json", empty_unigram.dump());
+  check_error(dir.file("unigram.json"), dir.file("unigram.json"), "vocabulary is empty");
+  const nlohmann::json bad_unk = {{"model", {{"type", "Unigram"}, {"unk_id", 5}, {"vocab", nlohmann::json::array({nlohmann::json::array({"a", -1.0})})}}}};
+  write(dir / "unk.json", bad_unk.dump());
+  check_error(dir.file("unk.json"), dir.file("unk.json"), "model.unk_id is 5");
+  // GPT-2's vocab.json: the same bound.
+  fs::create_directories(dir / "gpt2");
+  write(dir / "gpt2" / "vocab.json", R"({"a": 0, "b": 67108864})");
+  write(dir / "gpt2" / "merges.txt", "#version: 0.2\n");
+  check_error(dir.file("gpt2"), dir.file("gpt2/vocab.json"), "has the id 67108864");
+  // Within the bounds it loads, with added tokens past the model's entries (as Llama 3's).
+  write(dir / "ok.json", with_added(4).dump());
+  CHECK(tok::load_tokenizer(dir.file("ok.json"))->info().vocab_size == 5);
+}
+
+TEST_CASE("special-token text: the special id by default, ordinary text with special_as_text, counted either way") {
+  const fs::path ref = reference::gpt3_encoder();
+  const auto t = tok::load_tokenizer((ref / "encoder.json").string());
+  const std::string text = "one<|endoftext|>two <|endoftext|>";
+  std::vector<int32_t> as_special, as_text;
+  CHECK(t->encode_part(text, tok::EncodeOptions{}, as_special) == 2);
+  CHECK(std::count(as_special.begin(), as_special.end(), 50256) == 2);
+  tok::EncodeOptions o;
+  o.special_as_text = true;
+  CHECK(t->encode_part(text, o, as_text) == 2);
+  CHECK(std::count(as_text.begin(), as_text.end(), 50256) == 0);
+  CHECK(t->decode(as_text) == text);
+  CHECK(as_text.size() > as_special.size());
+}
+
+TEST_CASE("a SentencePiece-style BPE with whitespace-only pieces encodes a text that starts with one character and a space") {
+  test_support::TempDir dir("test_tokenizer");
+  // "▁▁" is a piece, so long words are cut only before a ▁ that follows another character;
+  // one at byte 1 used to read before the word's start.
+  const nlohmann::json j = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"\u2581", 2}, {"\u2581\u2581", 3}, {"\u2581b", 4}}},
+                                       {"merges", {"\u2581 \u2581", "\u2581 b"}}}},
+                            {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}};
+  write(dir / "ws.json", j.dump());
+  const auto t = tok::load_tokenizer(dir.file("ws.json"));
+  CHECK(t->encode("a b") == std::vector<int32_t>{0, 4});
+  CHECK(t->encode("a  b") == std::vector<int32_t>{0, 3, 1});
 }

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runner/data/data.h"
 #include "runner/errors.h"
 #include "runner/tokenize/tokenizer.h"
 #include "tests/support/process.h"
@@ -244,4 +245,142 @@ TEST_CASE("the trainer's user errors exit 2 naming what is wrong, before writing
   CHECK(r.code == 2);
   CHECK(r.out.find("use --model bpe or --model unigram") != std::string::npos);
   CHECK(!fs::exists(dir / "out"));
+}
+
+namespace {
+
+// Hugging Face's tokenizers.js (npm @huggingface/tokenizers; scripts/setup.sh unpacks it).
+fs::path hf_tokenizers_js() {
+  const fs::path d = reference::cache_dir() / "hf-tokenizers";
+  if (!fs::exists(d / "dist" / "tokenizers.cjs")) FAIL("tokenizers.js (" << d.string() << ") is missing: run scripts/setup.sh");
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("the trainer writes a tokenizer.json that Hugging Face's tokenizers.js encodes to SentencePiece's ids") {
+  const Fixture& f = fixture();
+  const fs::path lib = hf_tokenizers_js();
+  std::vector<std::string> docs;  // every third document, about 1 MB (tokenizers.js is plain JavaScript)
+  for (size_t d = 0; d < f.docs.size(); d += 3) docs.push_back(f.docs[d]);
+  reference::write_docs(f.dir / "hf_docs.json", docs);
+  // BPE (the trainer's default) through Hugging Face's implementation. tokenizers.js's Unigram
+  // has no byte fallback (an unknown character becomes <unk> there, <0xXX> in SentencePiece and
+  // in Hugging Face's Rust tokenizers), so the Unigram file is checked through runner's reader.
+  const fs::path dir = f.dir / "bpe";
+  REQUIRE(fs::exists(dir / "tokenizer.json"));
+  const std::string out = f.dir.file("bpe_hfjs.txt"), ref_out = f.dir.file("bpe_hfref.txt");
+  REQUIRE(reference::run("node " + std::string(RUNNER_TEST_DIR) + "/tokenizer/hf_reference.cjs " + lib.string() + " " +
+                         dir.string() + " " + f.dir.file("hf_docs.json") + " " + out) == 0);
+  REQUIRE(reference::run(kScript + " encode " + (dir / "tokenizer.model").string() + " " + f.dir.file("hf_docs.json") + " " + ref_out) == 0);
+  const auto hf = reference::read_ids(out), ref = reference::read_ids(ref_out);
+  const auto t = tok::load_tokenizer(dir.string());  // the folder still loads as the .model
+  CHECK(t->info().kind == "sentencepiece");
+  std::string first;
+  const size_t same = reference::compare(docs, hf, ref, *t, first);
+  MESSAGE("tokenizers.js gives SentencePiece's ids on " << same << " of " << docs.size() << " documents");
+  CHECK_MESSAGE(same == docs.size(), first);
+  // Both written files through runner's own reader: SentencePiece's ids on the whole sample.
+  for (const char* kind : {"bpe", "unigram"}) {
+    CAPTURE(kind);
+    const fs::path json = f.dir / kind / "tokenizer.json";
+    const auto ours = tok::load_tokenizer(json.string());
+    const Scores scores = std::string(kind) == "unigram" ? unigram_scores(json) : Scores{};
+    check_against_sentencepiece(*ours, reference_ids(f.dir / kind / "tokenizer.model", std::string(kind) + "_ref.txt"),
+                                std::string("written tokenizer.json ") + kind, std::string(kind) == "unigram" ? &scores : nullptr);
+  }
+}
+
+TEST_CASE("the same corpus trained into two folders gives the same tokenizer and hash; the model holds no path") {
+  const Fixture& f = fixture();
+  test_support::TempDir dir("test_tokenizer_sp");
+  std::ofstream(dir / "small.txt", std::ios::binary) << f.docs[0] << "\n" << f.docs[1] << "\n" << f.docs[2];
+  std::string hash[2];
+  const std::string outs[2] = {dir.file("one/tok"), dir.file("two/deeper/tok")};
+  for (int k = 0; k < 2; ++k) {
+    const auto r = test_support::runner_cmd("data tokenizer train " + dir.file("small.txt") + " --vocab 400 --threads " +
+                                            std::to_string(k + 1) + " --out " + outs[k]);
+    REQUIRE_MESSAGE(r.code == 0, r.out);
+    hash[k] = tok::load_tokenizer(outs[k])->info().hash;
+    const std::string bytes = corpus::read(fs::path(outs[k]) / "tokenizer.model");
+    CHECK(bytes.find(dir.path.string()) == std::string::npos);
+  }
+  CHECK(hash[0] == hash[1]);
+}
+
+TEST_CASE("tokenizer train on JSONL learns the text field; long lines are reported in one line and SentencePiece's log stays quiet") {
+  const Fixture& f = fixture();
+  test_support::TempDir dir("test_tokenizer_sp");
+  {
+    std::ofstream j(dir / "c.jsonl", std::ios::binary);
+    for (size_t d = 0; d < 12; ++d) j << nlohmann::json{{"id", d}, {"text", f.docs[d]}}.dump() << "\n";
+    j << nlohmann::json{{"text", std::string(20000, 'x')}}.dump() << "\n";  // line 13: past the trainer's bound
+    j << "{\"body\": \"no text field\"}\n";                                 // line 14
+  }
+  const auto r = test_support::runner_cmd("data tokenizer train " + dir.file("c.jsonl") + " --vocab 600 --out " + dir.file("tok"));
+  REQUIRE_MESSAGE(r.code == 0, r.out);
+  CHECK(r.out.find("leaves out 1 line(s) longer than 16384 bytes from training (the first at " + dir.file("c.jsonl") + ":13)") != std::string::npos);
+  CHECK(r.out.find("skipped 1 JSONL record(s) without a string field 'text' (the first at " + dir.file("c.jsonl") + ":14)") != std::string::npos);
+  CHECK(std::count(r.out.begin(), r.out.end(), '\n') < 8);  // SentencePiece's own log printed a line per step
+  const auto t = tok::load_tokenizer(dir.file("tok"));
+  for (int32_t id = 0; id < t->info().vocab_size; ++id) {
+    const int32_t one[1] = {id};
+    const std::string piece = t->decode(one);
+    CHECK_MESSAGE(piece.find("\"text") == std::string::npos, piece);  // learned from the JSON quoting
+    CHECK_MESSAGE(piece.find("\\n") == std::string::npos, piece);
+  }
+  CHECK(!fs::exists(dir / "tok" / "tokenizer.vocab"));
+  for (const auto& e : fs::directory_iterator(dir / "tok")) CHECK(e.path().filename().string()[0] != '.');
+}
+
+TEST_CASE("a truncated tokenizer.model is refused as damaged, naming the file") {
+  const Fixture& f = fixture();
+  const std::string bytes = corpus::read(f.dir / "bpe" / "tokenizer.model");
+  test_support::TempDir dir("test_tokenizer_sp");
+  std::ofstream(dir / "tokenizer.model", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  try {
+    tok::load_tokenizer(dir.file("tokenizer.model"));
+    FAIL("a truncated model loaded");
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    CAPTURE(what);
+    CHECK(what.find(dir.file("tokenizer.model")) != std::string::npos);
+    CHECK(what.find("this file is damaged") != std::string::npos);
+    CHECK(what.find("ParseFromArray") == std::string::npos);
+  }
+}
+
+TEST_CASE("data prepare cuts a long file into pieces without changing its SentencePiece ids, on 1 and 2 threads") {
+  const Fixture& f = fixture();
+  test_support::TempDir dir("test_tokenizer_sp");
+  std::string text;
+  for (size_t d = 0; text.size() < 2500000 && d < f.docs.size(); ++d) text += f.docs[d] + "\n";
+  std::ofstream(dir / "long.txt", std::ios::binary) << text;
+  const auto t = tok::load_tokenizer(f.dir.file("bpe"));
+  std::vector<int32_t> want = t->encode(text);
+  want.push_back(*t->eos_id());
+  for (int threads : {1, 2}) {
+    CAPTURE(threads);
+    PrepareOptions o;
+    o.inputs = {dir.file("long.txt")};
+    o.out = dir.file("out" + std::to_string(threads));
+    o.tokenizer = f.dir.file("bpe");
+    o.val_fraction = 0;
+    o.threads = threads;
+    o.progress = nullptr;
+    prepare_dataset(o);
+    DataConfig c;
+    c.kind = DataKind::hdf5;
+    c.path = o.out;
+    auto src = open_source(c, Split::Train, 1, t->info().vocab_size, 0);
+    std::vector<int32_t> got;
+    int32_t a = 0, b = 0;
+    for (int64_t i = 0; i < src->num_samples(); ++i) {
+      src->sample(i, &a, &b);
+      got.push_back(a);
+    }
+    got.push_back(b);
+    REQUIRE(got.size() == want.size());
+    CHECK(got == want);
+  }
 }

@@ -37,6 +37,9 @@ class DataCommand final : public Command {
     shard_opt_ = sub_->add_option("--shard-tokens", opt_.shard_tokens, "tokens per shard file (default 134217728)");
     threads_opt_ = sub_->add_option("--threads", opt_.threads, "tokenizing threads (default: every core)");
     force_opt_ = sub_->add_flag("--force", opt_.force, "replace OUT when it is not empty");
+    special_opt_ = sub_->add_flag("--special-as-text", opt_.special_as_text,
+                                  "encode a special token's text in the corpus (a literal <|endoftext|>) as ordinary text, as "
+                                  "tiktoken does (default: the special id, as Hugging Face does)");
     sub_->add_flag("--binary-ok", opt_.binary_ok, "tokenize the bytes of a file that is not text (refused otherwise)");
   }
 
@@ -67,7 +70,7 @@ class DataCommand final : public Command {
   bool legacy() const {
     const std::string& out = paths_.back();
     const bool h5_name = ends_with(out, ".h5") || ends_with(out, ".hdf5");
-    for (const CLI::Option* o : {tokenizer_opt_, val_opt_, format_opt_, field_opt_, shard_opt_, threads_opt_, force_opt_})
+    for (const CLI::Option* o : {tokenizer_opt_, val_opt_, format_opt_, field_opt_, shard_opt_, threads_opt_, force_opt_, special_opt_})
       if (o->count() > 0) return false;
     return paths_.size() == 2 && h5_name;
   }
@@ -75,7 +78,7 @@ class DataCommand final : public Command {
   std::vector<std::string> paths_;
   PrepareOptions opt_;
   CLI::Option *tokenizer_opt_ = nullptr, *val_opt_ = nullptr, *format_opt_ = nullptr, *field_opt_ = nullptr,
-              *shard_opt_ = nullptr, *threads_opt_ = nullptr, *force_opt_ = nullptr;
+              *shard_opt_ = nullptr, *threads_opt_ = nullptr, *force_opt_ = nullptr, *special_opt_ = nullptr;
 };
 
 }  // namespace

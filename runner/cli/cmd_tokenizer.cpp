@@ -69,6 +69,7 @@ class TokenizerCommand final : public Command {
     train_->add_option("--out", train_opt_.out_dir, "directory for tokenizer.model and tokenizer_config.json")->required();
     train_->add_flag("--force", force_, "replace a non-empty --out (only once the new tokenizer is complete)");
     train_->add_option("--model", train_opt_.model_type, "bpe or unigram")->default_val("bpe");
+    train_->add_option("--field", train_opt_.field, "JSONL field holding the text (.jsonl/.ndjson inputs)")->default_val("text");
     train_->add_option("--threads", train_opt_.threads, "trainer threads (0: every core)")->default_val(0);
     train_->add_option("--character-coverage", train_opt_.character_coverage,
                        "share of the corpus's characters that get their own piece (the rarest are spelt in bytes)")

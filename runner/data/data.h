@@ -138,6 +138,10 @@ struct PrepareOptions {
   int threads = 0;                  // tokenizing threads; 0: every core
   bool force = false;               // replace a non-empty OUT
   bool binary_ok = false;           // tokenize the bytes of a named input that is not text
+  // A special token's text in the corpus (a literal <|endoftext|>) is encoded as ordinary text,
+  // as tiktoken does, instead of becoming the special id (Hugging Face's default, which adds a
+  // document boundary the corpus never had). The occurrences are counted and reported either way.
+  bool special_as_text = false;
   const std::atomic<bool>* stop = nullptr;  // checked between chunks: stops with nothing written
   std::FILE* progress = stderr;     // progress bar and notes (null: silent)
   double progress_every_s = 5.0;    // a line this often when `progress` is not a terminal
@@ -148,6 +152,7 @@ struct PrepareResult {
   int64_t tokens = 0, val_tokens = 0;        // tokens in each split, end-of-document ids included
   int64_t bytes = 0;                         // input bytes read
   double seconds = 0;
+  int64_t special_text = 0;                  // occurrences of a special token's text in the inputs
 };
 
 // Tokenizes every document (a text file, or a JSONL record) on `threads` threads and writes the

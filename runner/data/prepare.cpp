@@ -41,6 +41,11 @@ using data_detail::ShardWriter;
 
 constexpr size_t kChunkBytes = 1 << 20;  // text per chunk handed to a thread
 constexpr size_t kMaxNotes = 20;         // skipped files / bad lines printed one by one
+// A JSONL record longer than this is skipped as a bad line (named, and never held whole in
+// memory): one record is one document, tokenized by one thread, and a tokenizer's time and
+// memory on one piece of text grow with its length. A text file's lines have no bound: the
+// reader cuts a long one at character boundaries into pieces of kChunkBytes.
+constexpr size_t kMaxJsonlLine = 8u << 20;
 
 struct InputFile {
   std::string path;
@@ -136,6 +141,8 @@ struct Piece {
   size_t file = 0;        // index into the input files
   int64_t line = 0;       // JSONL: 1-based line number (0: text)
   bool ends_doc = true;   // a document's end-of-document id follows this piece
+  bool continues = false; // a later piece of a text file (cut after a newline)
+  int64_t too_long = 0;   // JSONL: the length of a line over kMaxJsonlLine (its text dropped)
 };
 
 struct Chunk {
@@ -184,11 +191,29 @@ class Reader {
     line_ = 0;
     carry_.clear();
     at_eof_ = false;
+    started_ = false;
   }
   bool read_line(Piece& p) {
-    if (!std::getline(in_, p.text)) return false;
-    bytes_read_ += static_cast<int64_t>(p.text.size()) + (in_.eof() ? 0 : 1);
+    p.text.clear();
+    int64_t len = 0;
+    bool any = false, newline = false;
+    std::streambuf* sb = in_.rdbuf();  // byte by byte through the buffer: no line is held past the bound
+    for (int c; (c = sb->sbumpc()) != std::char_traits<char>::eof();) {
+      any = true;
+      if (c == '\n') {
+        newline = true;
+        break;
+      }
+      if (++len <= static_cast<int64_t>(kMaxJsonlLine)) p.text.push_back(static_cast<char>(c));
+    }
+    if (!any) return false;
+    bytes_read_ += len + (newline ? 1 : 0);
     p.line = ++line_;
+    if (len > static_cast<int64_t>(kMaxJsonlLine)) {
+      p.text.clear();
+      p.too_long = len;
+      return true;
+    }
     if (!p.text.empty() && p.text.back() == '\r') p.text.pop_back();
     return true;
   }
@@ -213,6 +238,8 @@ class Reader {
     }
     p.text = std::move(buf);
     p.ends_doc = at_eof_ && carry_.empty();
+    p.continues = started_;
+    started_ = true;
     return !p.text.empty() || p.ends_doc;
   }
 
@@ -221,7 +248,7 @@ class Reader {
   std::ifstream in_;
   int64_t line_ = 0, bytes_read_ = 0;
   std::string carry_;
-  bool at_eof_ = false;
+  bool at_eof_ = false, started_ = false;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -237,20 +264,26 @@ struct PieceResult {
 struct ChunkResult {
   std::vector<PieceResult> pieces;
   int64_t bytes = 0;
+  int64_t special_text = 0;  // occurrences of a special token's text
 };
 
 ChunkResult tokenize_chunk(const Chunk& c, const tok::Tokenizer& t, int32_t eos, const std::string& field,
-                           const std::vector<InputFile>& files) {
+                           const std::vector<InputFile>& files, bool special_as_text) {
   ChunkResult out;
   for (const Piece& p : c.pieces) {
     PieceResult& r = out.pieces.emplace_back();
     r.file = p.file;
     r.ends_doc = p.ends_doc;
-    out.bytes += static_cast<int64_t>(p.text.size()) + (p.line ? 1 : 0);
+    out.bytes += static_cast<int64_t>(p.too_long ? p.too_long : p.text.size()) + (p.line ? 1 : 0);
     std::string_view text = p.text;
     std::string value;
     if (p.line) {
       const std::string where = files[p.file].path + ":" + std::to_string(p.line) + ": ";
+      if (p.too_long) {
+        r.bad = where + "a line of " + std::to_string(p.too_long) + " bytes, longer than the bound of " +
+                std::to_string(kMaxJsonlLine) + " bytes for one record (split the record into several)";
+        continue;
+      }
       if (p.text.find_first_not_of(" \t") == std::string::npos) {
         r.bad = where + "blank line";
         continue;
@@ -269,7 +302,10 @@ ChunkResult tokenize_chunk(const Chunk& c, const tok::Tokenizer& t, int32_t eos,
       value = it->get<std::string>();
       text = value;
     }
-    r.ids = t.encode(text);
+    tok::EncodeOptions eo;
+    eo.continues = p.continues;
+    eo.special_as_text = special_as_text;
+    out.special_text += t.encode_part(text, eo, r.ids);
     if (p.ends_doc) r.ids.push_back(eos);
   }
   return out;
@@ -412,7 +448,7 @@ nlohmann::json split_json(const SplitWriter& w) {
 }
 
 void write_manifest(const fs::path& dir, const PrepareOptions& opt, const tok::Tokenizer& t, int32_t eos,
-                    const SplitWriter& train, const SplitWriter& val, const std::vector<InputArg>& args) {
+                    const SplitWriter& train, const SplitWriter& val, const std::vector<InputArg>& args, int64_t special_text) {
   const tok::TokenizerInfo ti = t.info();
   nlohmann::json inputs = nlohmann::json::array();
   for (const InputArg& a : args)
@@ -430,6 +466,7 @@ void write_manifest(const fs::path& dir, const PrepareOptions& opt, const tok::T
                    {"train", split_json(train)},
                    {"val", split_json(val)},
                    {"field", opt.field},
+                   {"special_text", {{"as_text", opt.special_as_text}, {"occurrences", special_text}}},
                    {"inputs", inputs}};
   std::ofstream f(dir / kDatasetManifest);
   f << j.dump(2) << "\n";
@@ -483,7 +520,7 @@ struct Pipeline {
         c.seq = next_seq++;
       }
       try {
-        ChunkResult r = tokenize_chunk(c, tok, eos, opt.field, files);
+        ChunkResult r = tokenize_chunk(c, tok, eos, opt.field, files, opt.special_as_text);
         std::lock_guard<std::mutex> lock(mu);
         ready.emplace(c.seq, std::move(r));
         cv.notify_all();
@@ -519,11 +556,12 @@ struct Writers {
   const std::vector<InputFile>& files;
   double f;
   std::FILE* notes;
-  int64_t kept = 0, tokens = 0;
+  int64_t kept = 0, tokens = 0, special_text = 0;
   size_t bad_shown = 0;
   SplitWriter* in_doc = nullptr;  // the split of the document being written (pieces of one file)
 
   void write(const ChunkResult& c) {
+    special_text += c.special_text;
     for (const PieceResult& p : c.pieces) {
       InputArg& a = args[files[p.file].arg];
       if (!p.bad.empty()) {
@@ -556,6 +594,14 @@ void say_skipped(std::FILE* notes, const std::vector<InputArg>& args) {
     if (a.skipped.size() > kMaxNotes) list += ", ... (" + std::to_string(a.skipped.size() - kMaxNotes) + " more)";
     std::fprintf(notes, "%s: skipped %zu file(s): %s\n", a.path.c_str(), a.skipped.size(), list.c_str());
   }
+}
+
+// The end-of-document token's text, to name in messages.
+std::string special_example(const tok::Tokenizer& t) {
+  if (!t.eos_id()) return "<|endoftext|>";
+  const int32_t one[1] = {*t.eos_id()};
+  const std::string s = t.decode(one);
+  return s.empty() ? "<|endoftext|>" : s;
 }
 
 int32_t end_of_document(const tok::Tokenizer& t, const PrepareOptions& opt) {
@@ -622,7 +668,7 @@ PrepareResult prepare_dataset(const PrepareOptions& opt, const tok::Tokenizer& t
     throw UserError(SourceLoc{opt.inputs[0]}, "no documents: every input was empty or every JSONL line was skipped",
                     "check the inputs (and --field for JSONL)");
   tokenizer->save((tmp_path / "tokenizer").string());
-  write_manifest(tmp_path, opt, *tokenizer, eos, w.train, w.val, args);
+  write_manifest(tmp_path, opt, *tokenizer, eos, w.train, w.val, args, w.special_text);
   throw_if_stopped(opt.out);
   staged.commit();
   progress.update(bytes, w.tokens, true);
@@ -630,6 +676,14 @@ PrepareResult prepare_dataset(const PrepareOptions& opt, const tok::Tokenizer& t
   int64_t bad = 0;
   for (const InputArg& a : args) bad += a.bad_lines;
   if (opt.progress && bad > 0) std::fprintf(opt.progress, "%lld JSONL line(s) skipped in all (see above)\n", static_cast<long long>(bad));
+  r.special_text = w.special_text;
+  if (opt.progress && w.special_text > 0)
+    std::fprintf(opt.progress,
+                 opt.special_as_text ? "%lld occurrence(s) of a special token's text (such as %s) were encoded as ordinary text (--special-as-text)\n"
+                                     : "note: %lld occurrence(s) of a special token's text (such as %s) in the inputs became the special id, "
+                                       "as Hugging Face does (a literal end-of-document text adds a document boundary); "
+                                       "--special-as-text encodes them as text, as tiktoken does\n",
+                 static_cast<long long>(w.special_text), special_example(*tokenizer).c_str());
   if (opt.progress && opt.val_fraction > 0 && r.val_documents == 0)  // training on it would stop at its first check
     std::fprintf(opt.progress, "note: no document was held out for validation (%lld documents x --val-fraction %g < 1); "
                  "a run evaluates on the val split: prepare again with a larger --val-fraction, or split the corpus "

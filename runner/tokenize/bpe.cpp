@@ -95,6 +95,7 @@ BpeModel::BpeModel(std::vector<std::string> tokens, const std::vector<std::pair<
   }
   merges_.reserve(merges.size());
   merge_list_.reserve(merges.size());
+  std::unordered_map<int32_t, int32_t> first_rank;  // rank_by_result: token -> its first merge's rank
   for (size_t r = 0; r < merges.size(); ++r) {
     const auto& [a, b] = merges[r];
     const int32_t ia = find(a), ib = find(b), ic = find(a + b);
@@ -103,7 +104,9 @@ BpeModel::BpeModel(std::vector<std::string> tokens, const std::vector<std::pair<
                                   (ia < 0 ? "'" + a + "'" : ib < 0 ? "'" + b + "'" : "their concatenation") +
                                   " is not in the vocabulary");
     // A repeated pair takes its last rank, as the references' dict/HashMap building does.
-    merges_.insert_or_assign(pair_key(ia, ib), Merge{static_cast<int32_t>(r), ic});
+    int32_t rank = static_cast<int32_t>(r);
+    if (opt_.rank_by_result) rank = first_rank.emplace(ic, rank).first->second;
+    merges_.insert_or_assign(pair_key(ia, ib), Merge{rank, ic});
     merge_list_.emplace_back(ia, ib);
   }
 }
@@ -212,7 +215,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
       size_t end = start;
       do {
         end = word.find(kMetaspace, end + 1);
-      } while (end != std::string_view::npos && cut_ == Cut::metaspace_after_other &&
+      } while (end != std::string_view::npos && cut_ == Cut::metaspace_after_other && end >= kMetaspace.size() &&
                word.compare(end - kMetaspace.size(), kMetaspace.size(), kMetaspace) == 0);
       if (end == std::string_view::npos) end = word.size();
       encode_cached(word.substr(start, end - start), out);

@@ -41,6 +41,9 @@ struct BpeOptions {
   bool byte_fallback = false; // unknown characters become <0xXX> tokens
   bool fuse_unk = false;      // consecutive unknown characters give one unknown token
   bool ignore_merges = false; // a word that is itself in the vocabulary is that token
+  // Every merge ranks as the first merge giving the same token: pairs that give one token tie
+  // and the leftmost goes first, as SentencePiece's BPE picks by the merged piece's score.
+  bool rank_by_result = false;
   int32_t unk_id = -1;
 };
 

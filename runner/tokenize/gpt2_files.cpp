@@ -2,6 +2,8 @@
 // vocab.bpe) as the same Pipeline a GPT-2 tokenizer.json gives: ByteLevel with the GPT-2
 // split, <|endoftext|> as a special token, and the ByteLevel decoder. Also the choice of the
 // end- and beginning-of-text tokens for every pipeline.
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "runner/errors.h"
@@ -46,9 +48,12 @@ Pipeline parse_gpt2_files(const std::string& vocab_path, const std::string& voca
   if (!v.is_object() || v.empty()) throw UserError({vocab_path, 0, 0}, "not a JSON object of token -> id", "give GPT-2's vocab.json or encoder.json");
   std::vector<std::string> tokens;
   std::string raw;
+  const int64_t bound = std::min<int64_t>(kMaxVocabIds, static_cast<int64_t>(v.size()) + kVocabIdSlack);
   for (const auto& [tok, id] : v.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 26))
-      throw UserError({vocab_path, 0, 0}, "token '" + tok + "' has no valid id", "ids must be integers in [0, 2^26)");
+    const bool big = id.is_number_unsigned() && id.get<uint64_t>() > INT64_MAX;
+    if (!id.is_number_integer() || big || id.get<int64_t>() < 0 || id.get<int64_t>() >= bound)
+      throw UserError({vocab_path, 0, 0}, "token '" + tok + "' has the id " + id.dump() + ", outside [0, " + std::to_string(bound) + ")",
+                      "ids are integers below the count of entries plus " + std::to_string(kVocabIdSlack) + ", and below 2^24");
     const auto i = static_cast<size_t>(id.get<int64_t>());
     if (i >= tokens.size()) tokens.resize(i + 1);
     tokens[i] = alias_to_bytes(tok, raw) ? raw : tok;

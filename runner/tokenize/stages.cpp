@@ -80,7 +80,12 @@ class PipelineTokenizer final : public Tokenizer {
     hash_ = compute_hash();
   }
 
-  std::vector<int32_t> encode(std::string_view text) const override;
+  std::vector<int32_t> encode(std::string_view text) const override {
+    std::vector<int32_t> out;
+    encode_part(text, EncodeOptions{}, out);
+    return out;
+  }
+  int64_t encode_part(std::string_view text, const EncodeOptions& o, std::vector<int32_t>& out) const override;
   std::string decode(std::span<const int32_t> ids) const override;
   TokenizerInfo info() const override { return {p_.kind, name_, vocab_size_, hash_}; }
   std::optional<int32_t> eos_id() const override { return p_.eos; }
@@ -103,23 +108,26 @@ class PipelineTokenizer final : public Tokenizer {
   std::string hash_;
 };
 
-std::vector<int32_t> PipelineTokenizer::encode(std::string_view text) const {
-  std::vector<int32_t> out;
-  out.reserve(text.size() / 3 + 8);
+int64_t PipelineTokenizer::encode_part(std::string_view text, const EncodeOptions& o, std::vector<int32_t>& out) const {
+  out.reserve(out.size() + text.size() / 3 + 8);
+  const bool first = !o.continues;
+  int64_t specials = 0;
   size_t seg = 0;
   for (size_t i = 0; i < text.size() && !p_.added.empty(); ++i) {
     for (size_t k : by_first_[static_cast<unsigned char>(text[i])]) {
       const AddedToken& t = p_.added[k];
       if (text.compare(i, t.content.size(), t.content) != 0) continue;
-      if (i > seg) encode_segment(text.substr(seg, i - seg), seg == 0, out);
+      if (t.special) ++specials;
+      if (t.special && o.special_as_text) continue;  // a shorter, non-special added token may still match here
+      if (i > seg) encode_segment(text.substr(seg, i - seg), first && seg == 0, out);
       out.push_back(t.id);
       seg = i + t.content.size();
       i = seg - 1;
       break;
     }
   }
-  if (seg < text.size()) encode_segment(text.substr(seg), seg == 0, out);
-  return out;
+  if (seg < text.size()) encode_segment(text.substr(seg), first && seg == 0, out);
+  return specials;
 }
 
 void PipelineTokenizer::encode_segment(std::string_view seg, bool at_start, std::vector<int32_t>& out) const {

@@ -56,6 +56,12 @@ struct Pipeline {
   std::optional<int32_t> eos, bos;
 };
 
+// Bounds on what a tokenizer file may name, so a small file cannot make loading it costly:
+// every id is below 2^24 (the largest published vocabularies hold about 256k) and below the
+// count of entries the file holds (vocabulary and added tokens) plus kVocabIdSlack.
+inline constexpr int64_t kMaxVocabIds = int64_t{1} << 24;
+inline constexpr int64_t kVocabIdSlack = 1024;
+
 // What save() writes: file name -> exact bytes.
 struct SourceFiles {
   std::vector<std::pair<std::string, std::string>> files;

@@ -72,9 +72,13 @@ std::unique_ptr<Tokenizer> from_directory(const fs::path& dir) {
   const std::string name = fs::absolute(dir, ec).lexically_normal().filename().string().empty()
                                ? fs::absolute(dir, ec).lexically_normal().parent_path().filename().string()
                                : fs::absolute(dir, ec).lexically_normal().filename().string();
+  const std::string cfg = read_if_exists(dir / "tokenizer_config.json");
+  const auto marker = nlohmann::json::parse(cfg.empty() ? "{}" : cfg, nullptr, false);
+  const bool ours_sp = marker.is_object() && marker.contains("runner_tokenizer") && marker["runner_tokenizer"] == "sentencepiece";
+  // A SentencePiece tokenizer runner saved: its tokenizer.json is the copy for Hugging Face.
+  if (ours_sp && fs::is_regular_file(dir / "tokenizer.model", ec)) return from_file(dir / "tokenizer.model", name);
   for (const char* f : {"tokenizer.json", "vocab.json", "encoder.json", "tokenizer.model"})
     if (fs::is_regular_file(dir / f, ec)) return from_file(dir / f, name);
-  const std::string cfg = read_if_exists(dir / "tokenizer_config.json");
   if (!cfg.empty()) {  // the byte tokenizer saves only its config
     const auto j = nlohmann::json::parse(cfg, nullptr, false);
     if (j.is_object() && j.value("runner_tokenizer", std::string()) == "byte") return byte_tokenizer();

@@ -27,11 +27,30 @@ struct TokenizerInfo {
   bool operator==(const TokenizerInfo&) const = default;
 };
 
+struct EncodeOptions {
+  // The text continues a document whose earlier text ended with a newline (data prepare cuts
+  // long files there): the marks a tokenizer puts at a text's start (SentencePiece's dummy
+  // prefix) are left out, so the parts' ids joined are the whole document's.
+  bool continues = false;
+  // A special token's text in the input is encoded as ordinary text (tiktoken's encode and
+  // OpenAI's encoder do so) rather than as the special id (Hugging Face's default).
+  bool special_as_text = false;
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   // Thread-safe: data prepare encodes from every core on one tokenizer.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // encode() with options, appending to `out`; returns how many times a special token's text
+  // (<|endoftext|>, ...) occurs in `text`, whether it became the special id or, with
+  // special_as_text, was encoded as ordinary text.
+  virtual int64_t encode_part(std::string_view text, const EncodeOptions& o, std::vector<int32_t>& out) const {
+    (void)o;
+    const std::vector<int32_t> ids = encode(text);
+    out.insert(out.end(), ids.begin(), ids.end());
+    return 0;
+  }
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   virtual TokenizerInfo info() const = 0;
   // The end-of-document token data prepare appends after each document (GPT-2's

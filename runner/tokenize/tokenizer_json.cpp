@@ -13,6 +13,7 @@ using nlohmann::json;
 
 struct Ctx {
   const std::string& path;
+  int64_t id_bound = kMaxVocabIds;  // ids must be below this (set from the file's size below)
   [[noreturn]] void refuse(const std::string& what, const std::string& fix) const { throw UserError({path, 0, 0}, what, fix); }
 };
 
@@ -132,6 +133,8 @@ void read_decoders(const Ctx& c, const json& j, Pipeline& p) {
   }
 }
 
+void check_id(const Ctx& c, const std::string& what, int64_t id);
+
 // A vocabulary entry as the model stores it: raw bytes for byte-level models.
 std::string model_text(const std::string& t, bool byte_level) {
   std::string raw;
@@ -154,8 +157,9 @@ void read_bpe(const Ctx& c, const json& m, bool byte_level, Pipeline& p) {
     c.refuse("BPE dropout is set", "set model.dropout to null for encoding");
   std::vector<std::string> tokens;
   for (const auto& [tok, id] : m.at("vocab").items()) {
-    const auto i = id.get<int64_t>();
-    if (i < 0 || i > (1 << 26)) c.refuse("model.vocab['" + tok + "'] has the id " + std::to_string(i), "ids must be in [0, 2^26)");
+    if (!id.is_number_integer()) c.refuse("model.vocab['" + tok + "'] has the id " + id.dump() + ", not an integer", "ids are integers in [0, vocabulary size)");
+    const auto i = id.is_number_unsigned() && id.get<uint64_t>() > INT64_MAX ? INT64_MAX : id.get<int64_t>();
+    check_id(c, "model.vocab['" + tok + "']", i);
     if (static_cast<size_t>(i) >= tokens.size()) tokens.resize(static_cast<size_t>(i) + 1);
     tokens[static_cast<size_t>(i)] = model_text(tok, byte_level);
   }
@@ -183,11 +187,29 @@ void read_bpe(const Ctx& c, const json& m, bool byte_level, Pipeline& p) {
 void read_unigram(const Ctx& c, const json& m, Pipeline& p) {
   std::vector<std::pair<std::string, double>> pieces;
   for (const json& e : m.at("vocab")) {
-    if (!e.is_array() || e.size() != 2) c.refuse("model.vocab[" + std::to_string(pieces.size()) + "] is not [piece, score]", "regenerate the tokenizer.json");
+    if (!e.is_array() || e.size() != 2 || !e[0].is_string() || !e[1].is_number())
+      c.refuse("model.vocab[" + std::to_string(pieces.size()) + "] is " + e.dump().substr(0, 80) + ", not [piece, score]", "regenerate the tokenizer.json");
     pieces.emplace_back(e[0].get<std::string>(), e[1].get<double>());
+    if (static_cast<int64_t>(pieces.size()) > kMaxVocabIds) check_id(c, "model.vocab", static_cast<int64_t>(pieces.size()));
   }
-  const int32_t unk = m.contains("unk_id") && m["unk_id"].is_number() ? m["unk_id"].get<int32_t>() : -1;
+  if (pieces.empty()) c.refuse("the Unigram model's vocabulary is empty", "give a tokenizer.json whose model.vocab lists its pieces");
+  int32_t unk = -1;
+  if (m.contains("unk_id") && !m["unk_id"].is_null()) {
+    const json& u = m["unk_id"];
+    if (!u.is_number_integer() || u.get<double>() < 0 || u.get<double>() >= static_cast<double>(pieces.size()))
+      c.refuse("model.unk_id is " + u.dump() + ", outside the vocabulary of " + std::to_string(pieces.size()) + " pieces",
+               "set unk_id to the id of the unknown piece, or null");
+    unk = u.get<int32_t>();
+  }
   p.unigram = std::make_unique<UnigramModel>(std::move(pieces), unk, flag(m, "byte_fallback", false));
+}
+
+// Every id a file names is checked here before anything is sized by it: a negative id, one
+// beyond int32 or one far past the entries the file holds is refused with the value.
+void check_id(const Ctx& c, const std::string& what, int64_t id) {
+  if (id < 0 || id >= c.id_bound)
+    c.refuse(what + " has the id " + std::to_string(id) + ", outside [0, " + std::to_string(c.id_bound) + ")",
+             "ids must be below the count of entries and added tokens plus " + std::to_string(kVocabIdSlack) + ", and below 2^24");
 }
 
 // line:col of a byte offset, for parse errors.
@@ -203,7 +225,7 @@ SourceLoc where(const std::string& path, const std::string& text, size_t byte) {
 }  // namespace
 
 Pipeline parse_tokenizer_json(const std::string& path, const std::string& text) {
-  const Ctx c{path};
+  Ctx c{path};
   json j;
   try {
     j = json::parse(text);
@@ -213,19 +235,29 @@ Pipeline parse_tokenizer_json(const std::string& path, const std::string& text) 
   if (!j.is_object() || !j.contains("model")) c.refuse("no \"model\" object: not a Hugging Face tokenizer.json", "give a tokenizer.json saved by Hugging Face tokenizers");
   Pipeline p;
   try {
+    const json& m = j["model"];
+    const json& vocab = m.value("vocab", json());
+    const json& added = j.value("added_tokens", json::array());
+    const int64_t entries = (vocab.is_object() || vocab.is_array() ? static_cast<int64_t>(vocab.size()) : 0) +
+                            (added.is_array() ? static_cast<int64_t>(added.size()) : 0);
+    c.id_bound = std::min<int64_t>(kMaxVocabIds, entries + kVocabIdSlack);
     read_normalizers(c, j.value("normalizer", json()), p);
     read_pre_tokenizers(c, j.value("pre_tokenizer", json()), p);
     read_decoders(c, j.value("decoder", json()), p);
     bool byte_level = false;
     for (const auto& s : p.pre_tokenizers) byte_level = byte_level || s.kind == PreTokenizerStep::byte_level;
-    const json& m = j["model"];
     const std::string type = str(m, "type", m.contains("merges") ? "BPE" : "");
     if (type == "BPE") read_bpe(c, m, byte_level, p);
     else if (type == "Unigram") read_unigram(c, m, p);
     else c.refuse("model type '" + type + "' is not supported", "runner implements BPE and Unigram models (not WordPiece or WordLevel)");
     p.kind = type == "Unigram" ? "unigram" : byte_level ? "bpe-bytelevel" : "bpe";
-    for (const json& t : j.value("added_tokens", json::array()))
-      p.added.push_back({str(t, "content"), t.at("id").get<int32_t>(), flag(t, "special", false)});
+    for (const json& t : added) {
+      const json& id = t.at("id");
+      const std::string what = "added_tokens '" + str(t, "content") + "'";
+      if (!id.is_number_integer()) c.refuse(what + " has the id " + id.dump() + ", not an integer", "ids are integers in [0, vocabulary size)");
+      check_id(c, what, id.is_number_unsigned() && id.get<uint64_t>() > INT64_MAX ? INT64_MAX : id.get<int64_t>());
+      p.added.push_back({str(t, "content"), id.get<int32_t>(), flag(t, "special", false)});
+    }
   } catch (const json::exception& e) {
     c.refuse(std::string("unexpected structure: ") + e.what(), "give a tokenizer.json saved by Hugging Face tokenizers");
   }

@@ -18,6 +18,7 @@
 #include "parallel/cuda/gpu_comm.h"
 #endif
 #include "runner/agree.h"
+#include "runner/atomic_output.h"
 #include "runner/device/device.h"
 #include "runner/errors.h"
 #include "runner/perf/search.h"
@@ -154,7 +155,8 @@ int Launch::train_recipe(Recipe recipe, TrainOptions opts, bool elastic) {
   const std::string run_dir = run_paths(recipe, opts.run_dir).run_dir;
   if (!search_json.empty() && rank() == 0) {
     std::filesystem::create_directories(run_dir);
-    std::ofstream(std::filesystem::path(run_dir) / "search.json") << search_json;
+    // Whole or absent: a reader (runner report, a resume's notes) never sees half of it.
+    write_file_atomic((std::filesystem::path(run_dir) / "search.json").string(), search_json);
   }
   if (recipe.precision.compute != FloatFormat::fp32) agree_gemm_paths(run_dir);
   return train(make_plan(recipe, world_size()), opts, be);
