@@ -27,6 +27,7 @@
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"
+#include "tests/support/token_streams.h"
 #include "tests/tokenizer/reference.h"
 
 using namespace runner;
@@ -88,17 +89,9 @@ DataConfig prepared_cfg(const fs::path& dir, DataKind kind = DataKind::hdf5) {
   return c;
 }
 
-// The whole token stream of one split, read back through the training source (T = 1 windows).
+// The whole token stream of one split, read back through the training source.
 std::vector<int32_t> stream(const fs::path& dir, Split split, int64_t vocab = 256, DataKind kind = DataKind::hdf5) {
-  auto src = open_source(prepared_cfg(dir, kind), split, 1, vocab, 0);
-  std::vector<int32_t> out;
-  int32_t t = 0, g = 0;
-  for (int64_t i = 0; i < src->num_samples(); ++i) {
-    src->sample(i, &t, &g);
-    out.push_back(t);
-  }
-  out.push_back(g);
-  return out;
+  return test_support::token_stream(dir.string(), split, vocab, kind);
 }
 
 std::vector<int32_t> bytes_eod(const std::vector<std::string>& docs) {

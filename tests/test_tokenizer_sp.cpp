@@ -19,6 +19,7 @@
 #include "runner/tokenize/tokenizer.h"
 #include "tests/support/process.h"
 #include "tests/support/temp_dir.h"
+#include "tests/support/token_streams.h"
 #include "tests/tokenizer/corpus.h"
 #include "tests/tokenizer/reference.h"
 
@@ -369,17 +370,7 @@ TEST_CASE("data prepare cuts a long file into pieces without changing its Senten
     o.threads = threads;
     o.progress = nullptr;
     prepare_dataset(o);
-    DataConfig c;
-    c.kind = DataKind::hdf5;
-    c.path = o.out;
-    auto src = open_source(c, Split::Train, 1, t->info().vocab_size, 0);
-    std::vector<int32_t> got;
-    int32_t a = 0, b = 0;
-    for (int64_t i = 0; i < src->num_samples(); ++i) {
-      src->sample(i, &a, &b);
-      got.push_back(a);
-    }
-    got.push_back(b);
+    const std::vector<int32_t> got = test_support::token_stream(o.out, Split::Train, t->info().vocab_size);
     REQUIRE(got.size() == want.size());
     CHECK(got == want);
   }
