@@ -22,7 +22,8 @@ constexpr int kExitInterruptAbort = 130;  // second signal SIGINT (Ctrl-C twice)
 // exits 3) or a data preparation (it stops without writing its output). Only the message differs.
 enum class StopWork { training, data_prepare };
 
-// Installs the handlers (idempotent). Call once at start, before training.
+// Installs the handlers (idempotent); for training it also ignores SIGPIPE (a dead pipe on
+// stdout or stderr fails the write, it does not end the run). Call once at start, before training.
 void install_signal_handlers(StopWork work = StopWork::training);
 // Restores the default dispositions (tests, or a runner embedded in something else).
 void uninstall_signal_handlers();
