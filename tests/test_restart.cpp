@@ -343,9 +343,11 @@ TEST_CASE("the sbatch script asks the runner after a failure, requeues with Star
   std::ofstream(run / "events.jsonl") << start_record("41", 0, "localhost", 1, -1).dump() << "\n";
   std::ofstream(run / "metrics.jsonl") << R"({"step":13,"loss":5.0,"step_ms":3})" << "\n";
   const fs::path log = d / "scontrol.log";
+  std::string restart_count = "0";  // SLURM_RESTART_COUNT: each requeue of the job adds one
   auto go = [&](const std::string& rc, const std::string& rank, const std::string& term) {
     fs::remove(log);
-    Result res = sh("PATH=" + bin.string() + ":$PATH SLURM_JOB_ID=41 SLURM_NTASKS=2 FAKE_RC=" + rc + " FAKE_RANK=" + rank +
+    Result res = sh("PATH=" + bin.string() + ":$PATH SLURM_JOB_ID=41 SLURM_RESTART_COUNT=" + restart_count +
+                    " SLURM_NTASKS=2 FAKE_RC=" + rc + " FAKE_RANK=" + rank +
                     " FAKE_TERM=" + term + " FAKE_LOG=" + log.string() + " bash " + script.string());
     std::ifstream in(log);
     return std::make_pair(res, std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
@@ -363,7 +365,9 @@ TEST_CASE("the sbatch script asks the runner after a failure, requeues with Star
     CHECK(calls2.find("requeue") == std::string::npos);
     CHECK(res2.out.find("no restart: ") != std::string::npos);
   }
-  // The same step again (no new records): the same-step rule stops it.
+  // Requeued, started again, failed at the same step with no new records: the same-step rule stops it.
+  restart_count = "1";
+  std::ofstream(run / "events.jsonl", std::ios::app) << start_record("41", 1, "localhost", 1, -1).dump() << "\n";
   std::tie(res, calls) = go("137", "", "0");
   CHECK(calls.find("requeue") == std::string::npos);
   CHECK(res.out.find("failed again at step 13 with no progress") != std::string::npos);

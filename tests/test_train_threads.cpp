@@ -125,6 +125,10 @@ TEST_CASE("steps far slower than planned: one warning naming the load, the threa
   // An idle machine: the prediction is suspect, not the load; active spinning is named when set.
   CHECK(check.message(1.0, {0.4, 4, 2, ""}).find("not busy") != std::string::npos);
   CHECK(check.message(1.0, {12.0, 4, 4, "ACTIVE"}).find("unset OMP_WAIT_POLICY=active") != std::string::npos);
+  // One thread already: no advice to use one thread.
+  const std::string one = check.message(1.0, {9.0, 1, 1, ""});
+  CHECK(one.find("train.threads") == std::string::npos);
+  CHECK(one.find("one OpenMP thread already") != std::string::npos);
   // No prediction: never.
   runner::SlowStepCheck none(0);
   for (int i = 0; i < 20; ++i) CHECK_FALSE(none.step(100.0, machine));

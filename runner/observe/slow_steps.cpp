@@ -39,6 +39,10 @@ std::string SlowStepCheck::message(double mean_s, const MachineLoad& m) const {
   if (m.load1 < 0) {
     msg += fmt::format("; the machine's load is unknown (no /proc/loadavg); this rank runs {} OpenMP thread(s) on {} "
                        "core(s)", m.threads, m.cores);
+  } else if (busy && m.threads <= 1) {
+    msg += fmt::format("; the likely cause: the machine is busy (load average {:.1f} on {} core(s), /proc/loadavg); this rank "
+                       "runs one OpenMP thread already, so the other load is what slows it: run it where cores are free, "
+                       "or with fewer ranks on this machine", m.load1, m.cores);
   } else if (busy) {
     const int free_cores = std::max(1, static_cast<int>(std::floor(m.cores - others)));
     msg += fmt::format("; the likely cause: the machine is busy (load average {:.1f} on {} core(s), /proc/loadavg) and this "

@@ -427,9 +427,14 @@ void Watchdog::check_stall(int64_t now_ns) {
 void Watchdog::hang(const std::string& what, nlohmann::json rec, const nlohmann::json& missing) {
   const Phase p = static_cast<Phase>(g_phase.load(std::memory_order_relaxed));
   const int64_t step = g_step.load(std::memory_order_relaxed);
-  std::string msg = fmt::format("watchdog: rank {} (host {}, pid {}) {}, at step {} ({}); longer than the collective "
-                                "timeout {:g} s ({})", rank_, host_, getpid(), what, step, phase_name(p), timeout_s(),
-                                choice_.source);
+  const std::string kind = rec.value("kind", "");
+  // A peer that is gone stops the job before the timeout: no "longer than" then.
+  std::string msg = kind == "gone" || kind == "comm_error"
+                        ? fmt::format("watchdog: rank {} (host {}, pid {}) {}, at step {} ({})", rank_, host_, getpid(), what,
+                                      step, phase_name(p))
+                        : fmt::format("watchdog: rank {} (host {}, pid {}) {}, at step {} ({}); longer than the collective "
+                                      "timeout {:g} s ({})", rank_, host_, getpid(), what, step, phase_name(p), timeout_s(),
+                                      choice_.source);
   std::string who;
   for (const auto& m : missing) {
     const std::string state = m.value("state", "?");
