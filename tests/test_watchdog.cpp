@@ -203,9 +203,9 @@ TEST_CASE("a rank stopped with SIGSTOP is named within the timeout + 10 s, exit 
   CHECK(r.out.find("rank 1 (host " + hostname()) != std::string::npos);
   CHECK(r.out.find("heartbeat stopped") != std::string::npos);
   // The stopped rank does not outlive the job: the launcher's SIGTERM never reaches a stopped
-  // process, so the rank that stops the job kills it.
+  // process, so the rank that stops the job wakes it, and it ends.
   CHECK_FALSE(st.outlived);
-  CHECK(r.out.find("killed, so that it does not outlive the job") != std::string::npos);
+  CHECK(r.out.find("woken (SIGCONT), so that it ends with the job") != std::string::npos);
   const std::vector<json> hangs = events(dir, "hang");
   REQUIRE(hangs.size() == 1);
   const json& h = hangs[0];

@@ -464,11 +464,13 @@ void Watchdog::hang(const std::string& what, nlohmann::json rec, const nlohmann:
                ? "\n  no rank could be named: every heartbeat is fresh (a rank on another host may have died just now)"
                : "\n  every member is waiting on this call: the network or the MPI library is stuck";
   // A stopped rank on this host outlives the job otherwise: the launcher's SIGTERM waits for a
-  // SIGCONT that may never come, and after one it would run on into a later attempt.
+  // SIGCONT that may never come. Woken, it ends by itself: its peer (this rank) is gone, MPI
+  // returns an error, and its watchdog finds this hang recorded (or its launcher gone). Not
+  // killed: the launcher would then report its SIGKILL instead of this rank's exit 5.
   for (const auto& m : missing)
     if (m.value("state", "") == "stopped" && m.value("host", "") == host_ && stopped_runner(m.value("pid", 0))) {
-      ::kill(m.value("pid", 0), SIGKILL);
-      msg += fmt::format("\n  rank {} (pid {}) was stopped on this host: killed, so that it does not outlive the job",
+      ::kill(m.value("pid", 0), SIGCONT);
+      msg += fmt::format("\n  rank {} (pid {}) was stopped on this host: woken (SIGCONT), so that it ends with the job",
                          m.value("rank", -1), m.value("pid", 0));
     }
   msg += fmt::format("\n  stopping the job (exit {}); a restart resumes from the last published checkpoint", kExitHang);
