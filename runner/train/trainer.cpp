@@ -105,8 +105,9 @@ class Trainer {
       checkpoint_after_step();
       metrics->set_scaler(st.scaler, scaler.active());
       metrics->step_line(st.step, s);
-      if (slow)
+      if (slow) {
         if (auto w = slow->step(s.total_ms / 1e3, live_machine)) warn_always({*w});
+      }
       if (tracer.end(st.step)) {
         metrics->flush_monitor();  // its gather, started inside the window, is in the trace
         tracer.write(paths.run_dir, plan.accum, log.get());
