@@ -38,7 +38,7 @@ def median_step_ms(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         for line in f:
             j = json.loads(line)
-            if "step_ms" in j and "summary" not in j and j.get("step", 0) > 2:
+            if isinstance(j.get("step_ms"), (int, float)) and "loss" in j and j.get("step", 0) > 2:
                 ms.append(j["step_ms"])
     return statistics.median(ms)
 
