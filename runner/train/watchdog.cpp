@@ -170,6 +170,7 @@ std::optional<Heartbeat> read_heartbeat(const std::string& run_dir, int rank) {
     h.pid = j.value("pid", 0);
     h.host = j.value("host", "?");
     h.phase = j.value("phase", "?");
+    h.attempt = j.value("attempt", "");
     h.step = j.value("step", int64_t{0});
     h.exempt = j.value("exempt", false);
     h.time = j.value("time", 0.0);
@@ -307,7 +308,7 @@ void Watchdog::beat(int64_t now_ns) {
   const nlohmann::json j{{"rank", rank_}, {"host", host_}, {"pid", static_cast<int>(getpid())},
                          {"step", g_step.load(std::memory_order_relaxed)},
                          {"phase", phase_name(static_cast<Phase>(g_phase.load(std::memory_order_relaxed)))},
-                         {"exempt", exempt_now()}, {"time", wall_now()},
+                         {"exempt", exempt_now()}, {"time", wall_now()}, {"attempt", attempt_},
                          {"wait", wait_json(parallel::watch_current(), now_ns)}};
   const std::string path = heartbeat_path(run_dir_, rank_), tmp = path + ".tmp";
   {
@@ -518,7 +519,12 @@ nlohmann::json Watchdog::gone_members(const std::vector<int>& ranks, const std::
   const double now = wall_now();
   for (size_t i = 0; i < ranks.size(); ++i) {
     const std::optional<Heartbeat>& h = beats[i];
-    if (ranks[i] == rank_ || !h || h->host != host_ || !process_gone(h->pid)) continue;
+    // Only this attempt's heartbeats: a requeued job's ranks start beside the files of the
+    // previous attempt's (dead) processes until they write their own. A rank that ended
+    // cleanly (phase done) is not gone either: the timeout judges what it left waiting.
+    if (ranks[i] == rank_ || !h || h->host != host_ || h->phase == "done") continue;
+    if (!attempt_.empty() && h->attempt != attempt_) continue;
+    if (!process_gone(h->pid)) continue;
     out.push_back({{"rank", ranks[i]}, {"host", h->host}, {"pid", h->pid}, {"state", "gone"}, {"phase", h->phase},
                    {"step", h->step}, {"heartbeat_age_s", now - h->time}, {"doing", describe_wait(h->wait)}});
   }

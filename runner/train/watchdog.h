@@ -67,6 +67,7 @@ double heartbeat_stale_after(double timeout_s);
 struct Heartbeat {
   int rank = -1, pid = 0;
   std::string host, phase;
+  std::string attempt;  // the job's attempt id ("" from a writer without one)
   int64_t step = 0;
   bool exempt = false;  // startup, first step, checkpoint
   double time = 0;      // wall clock (Unix seconds) when written
