@@ -33,6 +33,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -110,12 +111,16 @@ class SelfComm final : public Communicator {
 // ---------------------------------------------------------------------------------------
 // MPI helpers
 
+std::atomic<CommFailureHandler> g_failure_handler{nullptr};
+
 void check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) len = 0;
-  throw std::runtime_error(std::string(what) + " failed: " + std::string(msg, size_t(len)));
+  const std::string text = std::string(what) + " failed: " + std::string(msg, size_t(len));
+  if (CommFailureHandler h = g_failure_handler.load()) h(text);
+  throw std::runtime_error(text);
 }
 
 bool finalized() {
@@ -533,10 +538,13 @@ void init_mpi(int* argc, char*** argv) {
   if (init) return;
   int provided = MPI_THREAD_SINGLE;
   check(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   if (provided < MPI_THREAD_FUNNELED)
     std::fprintf(stderr, "warning: MPI provides thread level %d < MPI_THREAD_FUNNELED; OpenMP threads never call MPI\n",
                  provided);
 }
+
+void set_comm_failure_handler(CommFailureHandler h) { g_failure_handler.store(h); }
 
 void finalize_mpi() {
   int init = 0;

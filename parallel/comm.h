@@ -148,7 +148,15 @@ std::unique_ptr<Communicator> self_comm();
 // mpi_launched() says whether the environment looks like mpirun/srun started us (Open MPI,
 // PMI/PMIx or Slurm variables), so a plain `runner train` never touches MPI.
 bool mpi_launched();
+// init_mpi also makes MPI return errors instead of aborting the process (MPI_ERRORS_RETURN on
+// the world, inherited by every communicator split from it), so that a peer's death reaches
+// the failure handler below, which can name the rank that is gone.
 void init_mpi(int* argc, char*** argv);
+// Called with "MPI_Allreduce failed: ..." when an MPI call returns an error, before the call
+// throws; it is expected not to return (a rank blocked in a collective cannot unwind through
+// requests still in flight). nullptr: the call throws std::runtime_error.
+using CommFailureHandler = void (*)(const std::string& what);
+void set_comm_failure_handler(CommFailureHandler h);
 bool mpi_initialized();
 void finalize_mpi();
 // The world communicator (init_mpi first).

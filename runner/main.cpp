@@ -21,6 +21,7 @@
 #include "runner/signals.h"
 #include "runner/train/fault_hook.h"
 #include "runner/train/mpi_job.h"
+#include "runner/train/startup.h"
 
 using namespace runner;
 
@@ -84,6 +85,7 @@ int run_command(cli::Command& cmd, int* argc, char*** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  default_passive_waiting(argv);  // before anything starts OpenMP's threads (runner/train/startup.h)
   disable_hdf5_exit_cleanup();  // a failed write's half-closed file must not crash the exit
   CLI::App app{"runner: a declarative training job runner for transformer language models"};
   app.set_version_flag("--version", std::string("runner ") + RUNNER_VERSION);

@@ -111,12 +111,17 @@ void install_signal_handlers(StopWork work) {
   set_handler(SIGTERM, on_stop_signal);
   set_handler(SIGUSR1, on_stop_signal);
   set_handler(SIGINT, on_stop_signal);
+  // A closed stdout or stderr (`| tee` whose tee exited on the same Ctrl-C) must not kill the
+  // process on its next write: the write fails with EPIPE instead, the console sink stops, and
+  // the stop path (checkpoint, end record) runs as for any signal.
+  if (work == StopWork::training) set_handler(SIGPIPE, SIG_IGN);
 }
 
 void uninstall_signal_handlers() {
   set_handler(SIGTERM, SIG_DFL);
   set_handler(SIGUSR1, SIG_DFL);
   set_handler(SIGINT, SIG_DFL);
+  set_handler(SIGPIPE, SIG_DFL);
 }
 
 bool stop_requested() { return g_stop.load(std::memory_order_relaxed); }

@@ -34,7 +34,8 @@ class Stopped : public std::runtime_error {
 // Throws Stopped ("stopped by SIGTERM; nothing was written to `output`") when a signal asked to stop.
 void throw_if_stopped(const std::string& output);
 
-// Installs the handlers (idempotent). Call once at start, before training.
+// Installs the handlers (idempotent); for training it also ignores SIGPIPE (a dead pipe on
+// stdout or stderr fails the write, it does not end the run). Call once at start, before training.
 void install_signal_handlers(StopWork work = StopWork::training);
 // Restores the default dispositions (tests, or a runner embedded in something else).
 void uninstall_signal_handlers();

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -92,6 +94,20 @@ TEST_CASE("bad command lines and missing files exit 2") {
   Result r = run("plan " + kRecipes + "quickstart.yaml --set batch.micro=eight");
   CHECK(r.code == 2);
   CHECK(r.out.find("batch.micro") != std::string::npos);
+}
+
+TEST_CASE("a layout of several ranks in one process started by hand: launch it with mpirun -np N") {
+  const fs::path cwd = temp_dir("unlaunched");
+  for (const auto& [set, ranks] : std::vector<std::pair<std::string, int>>{{"parallel.tp=2", 2}, {"parallel.pp=2", 2},
+                                                                          {"parallel.dp=2 --set parallel.tp=2", 4}}) {
+    CAPTURE(set);
+    const Result r = run("train " + kRecipes + "quickstart.yaml --run-dir " + (cwd / "run").string() + " --set " + set);
+    CHECK(r.code == 2);
+    CHECK(r.out.find("mpirun -np " + std::to_string(ranks)) != std::string::npos);
+    CHECK(r.out.find("devices_per_node") == std::string::npos);
+    CHECK(r.out.find("set parallel.dp explicitly") == std::string::npos);
+    CHECK_FALSE(fs::exists(cwd / "run"));
+  }
 }
 
 TEST_CASE("train refuses a missing data file before writing anything") {

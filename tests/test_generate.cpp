@@ -164,6 +164,11 @@ TEST_CASE("generate CLI: text, --json records, refusals before running with the 
   CHECK(ctx.out.empty());
   CHECK(ctx.err.find("9 tokens) plus --max-new-tokens 30 is 39 tokens, over the model's context of 32") != std::string::npos);
   CHECK(ctx.err.find("at most 23 new tokens") != std::string::npos);
+  // A prompt longer than the context itself: no "at most -N new tokens", but how long it may be.
+  Result over = runner_split("generate " + run + " --prompt '" + std::string(40, '1') + "' --max-new-tokens 5", f.dir);
+  CHECK(over.code == 2);
+  CHECK(over.err.find("at most -") == std::string::npos);
+  CHECK(over.err.find("shorten it to at most 31 tokens") != std::string::npos);
 
   // The plan's largest inference batch (weights and KV cache in a tiny custom device).
   std::ofstream pf(f.dir / "many.txt");

@@ -163,6 +163,8 @@ TEST_CASE("a run says which peak its MFU is against: start-up line, summary line
   CHECK(log.find(", cached: best of 3 rounds measured") != std::string::npos);
   CHECK(log.find("is above 100%: the peak it is against is too low") != std::string::npos);
   CHECK(log.find("RUNNER_PEAK_CACHE=refresh") != std::string::npos);
+  // Said at the step line that first shows it, before the summary (which a stopped run never reaches).
+  CHECK(log.find("is above 100%") < log.find("done: "));
   for (const auto& rec : test_support::metrics_records(dir / "b"))
     if (rec.contains("summary")) CHECK(rec["peak_kind"] == "cached");
   // A bad cache mode is refused before the run directory is touched.
@@ -196,6 +198,14 @@ TEST_CASE("the GEMM report: each format's path, and a warning when 16-bit comput
   CHECK(g.warning.find("bf16 compute is slower than fp32 on this machine") == 0);
   CHECK(g.warning.find("measured 150 against fp32's 280 GFLOP/s") != std::string::npos);
   CHECK(g.warning.find("precision.compute: fp32") != std::string::npos);
+  // The probe measured the widened GEMM faster than fp32's (noise): the warning does not quote
+  // those figures as "slower".
+  p.bf16.sgemm_gflops = 300;
+  ops::set_gemm_paths(p);
+  g = runner::gemm_report(FloatFormat::bf16);
+  CHECK(g.warning.find("measured 300 against fp32's 280") == std::string::npos);
+  CHECK(g.warning.find("measured alike, 300 and fp32's 280 GFLOP/s") != std::string::npos);
+  p.bf16.sgemm_gflops = 150;
 
   // bf16 on oneDNN's AMX kernel, faster than fp32: the path and its ISA, no warning.
   p.bf16.path = ops::GemmPath::OneDnn;

@@ -533,3 +533,32 @@ TEST_CASE("report: the run history from events.jsonl") {
   CHECK(slurp(src / "report.html").find("class=\"resume\"") == std::string::npos);
   CHECK(slurp(src / "report.html").find("<td>started</td>") != std::string::npos);
 }
+
+TEST_CASE("report: the wall time sums every job of a resumed run, a crashed job by the steps it kept") {
+  using nlohmann::json;
+  // Job 1 ran 100 s and was stopped (end record) at step 40; job 2 crashed with no end record
+  // after steps 41-60 (1.5 s each, kept up to step 55, where job 3 resumed); job 3 ran 50 s.
+  const std::vector<json> events{
+      {{"event", "start"}, {"time", "2026-12-03T12:00:00Z"}, {"resumed_from", -1}},
+      {{"event", "end"}, {"time", "2026-12-03T12:01:40Z"}, {"step", 40}},
+      {{"event", "start"}, {"time", "2026-12-03T12:05:00Z"}, {"resumed_from", 40}},
+      {{"event", "start"}, {"time", "2026-12-03T13:00:00Z"}, {"resumed_from", 55}},
+      {{"event", "end"}, {"time", "2026-12-03T13:00:50Z"}, {"step", 80}}};
+  std::vector<json> steps;
+  for (int s = 1; s <= 80; ++s) steps.push_back({{"step", s}, {"interval_ms", 1500.0}});
+  const runner::report::JobsWall w = runner::report::jobs_wall(events, steps);
+  CHECK(w.jobs == 3);
+  CHECK(w.wall_s == doctest::Approx(100 + 15 * 1.5 + 50));
+  // The summary row says both: all jobs, and the last one's own figure.
+  const json summary{{"summary", true}, {"wall_s", 48.0}, {"jobs", w.jobs}, {"all_jobs_wall_s", w.wall_s}};
+  bool found = false;
+  for (const auto& [label, text] : runner::report::summary_rows(summary, json::object()))
+    if (label == "wall time") {
+      found = true;
+      CHECK(text.find("over 3 jobs") != std::string::npos);
+      CHECK(text.find("(the last: 48") != std::string::npos);
+    }
+  CHECK(found);
+  // One job: its own figure, as before.
+  CHECK(runner::report::jobs_wall({events[0], events[1]}, steps).jobs == 1);
+}

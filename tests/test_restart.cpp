@@ -171,6 +171,36 @@ TEST_CASE("restart policy: the limit per Slurm job, the backoff doubling, the sa
   CHECK(decide_after_attempt(history(same, 139, 120), p, failed(1), job("9")).action == A::restart);
 }
 
+TEST_CASE("one failure, one decision: a check asked twice counts once; a launch that never started is no 'same step'") {
+  const RestartPolicy p{3, 1};
+  // A hang at step 70 (checkpoint 60), with the hang's records from two ranks.
+  std::vector<json> ev{start_record("5", 0, "n[1-2]", 2, 60)};
+  for (int rank : {1, 0}) {
+    ev.push_back({{"event", "hang"}, {"rank", rank}, {"step", 70}});
+    ev.push_back({{"event", "end"}, {"cause", "hang"}, {"exit_code", kExitHang}, {"step", 70}});
+  }
+  RestartDecision d = decide_after_attempt(history(ev, 70, 60), p, failed(139), job("5", 0));
+  REQUIRE(d.action == A::restart);
+  CHECK(d.record["attempt"] == 1);
+  ev.push_back(d.record);
+  // The same attempt judged again: the same answer, no record, nothing counted.
+  RestartDecision again = decide_after_attempt(history(ev, 70, 60), p, failed(139), job("5", 0));
+  CHECK(again.action == A::restart);
+  CHECK(again.record.is_null());
+  // The requeued attempt's ranks never started (srun could not launch them while the last
+  // step's were being torn down): no start record, still at step 70. A failure, counted, but
+  // not "failed again at the same step": the run did not run.
+  d = decide_after_attempt(history(ev, 70, 60), p, failed(1), job("5", 1));
+  REQUIRE(d.action == A::restart);
+  CHECK(d.record["attempt"] == 2);
+  ev.push_back(d.record);
+  // It starts, then fails at step 70 again: now that is the same step.
+  ev.push_back(start_record("5", 2, "n[1-2]", 2, 60));
+  d = decide_after_attempt(history(ev, 70, 60), p, failed(1), job("5", 2));
+  CHECK(d.action == A::refuse);
+  CHECK(d.record["reason"] == "same step");
+}
+
 TEST_CASE("at start: an attempt that vanished (Slurm's own requeue after a node failure) is judged and recorded") {
   const RestartPolicy p{2, 30};
   std::vector<json> ev{start_record("7", 0, "n[1-2]", 2, -1)};
@@ -313,9 +343,11 @@ TEST_CASE("the sbatch script asks the runner after a failure, requeues with Star
   std::ofstream(run / "events.jsonl") << start_record("41", 0, "localhost", 1, -1).dump() << "\n";
   std::ofstream(run / "metrics.jsonl") << R"({"step":13,"loss":5.0,"step_ms":3})" << "\n";
   const fs::path log = d / "scontrol.log";
+  std::string restart_count = "0";  // SLURM_RESTART_COUNT: each requeue of the job adds one
   auto go = [&](const std::string& rc, const std::string& rank, const std::string& term) {
     fs::remove(log);
-    Result res = sh("PATH=" + bin.string() + ":$PATH SLURM_JOB_ID=41 SLURM_NTASKS=2 FAKE_RC=" + rc + " FAKE_RANK=" + rank +
+    Result res = sh("PATH=" + bin.string() + ":$PATH SLURM_JOB_ID=41 SLURM_RESTART_COUNT=" + restart_count +
+                    " SLURM_NTASKS=2 FAKE_RC=" + rc + " FAKE_RANK=" + rank +
                     " FAKE_TERM=" + term + " FAKE_LOG=" + log.string() + " bash " + script.string());
     std::ifstream in(log);
     return std::make_pair(res, std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
@@ -333,7 +365,9 @@ TEST_CASE("the sbatch script asks the runner after a failure, requeues with Star
     CHECK(calls2.find("requeue") == std::string::npos);
     CHECK(res2.out.find("no restart: ") != std::string::npos);
   }
-  // The same step again (no new records): the same-step rule stops it.
+  // Requeued, started again, failed at the same step with no new records: the same-step rule stops it.
+  restart_count = "1";
+  std::ofstream(run / "events.jsonl", std::ios::app) << start_record("41", 1, "localhost", 1, -1).dump() << "\n";
   std::tie(res, calls) = go("137", "", "0");
   CHECK(calls.find("requeue") == std::string::npos);
   CHECK(res.out.find("failed again at step 13 with no progress") != std::string::npos);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "runner/observe/slow_steps.h"
 #include "tests/support/checkpoint_files.h"
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
@@ -71,4 +72,64 @@ TEST_CASE("a run resumed at another thread count continues bit for bit, without 
     REQUIRE(a.size() == 4);
     CHECK(b == a);
   }
+}
+
+TEST_CASE("passive waiting is the default; a wait policy or spin count the user set stands") {
+  const fs::path dir = kScratch.path / "wait_policy";
+  struct Case {
+    std::string env, want;
+  } cases[] = {{"", "OMP_WAIT_POLICY=PASSIVE"},
+               {"OMP_WAIT_POLICY=active", "OMP_WAIT_POLICY=active"},
+               {"GOMP_SPINCOUNT=300000", "the runtime's wait policy"}};
+  int i = 0;
+  for (const Case& c : cases) {
+    CAPTURE(c.env);
+    const fs::path run = dir / std::to_string(i++);
+    const test_support::Result r = test_support::sh("env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT " + c.env + " " +
+                                                    test_support::binary() + " " +
+                                                    test_support::tiny_quickstart_args(run, 2, 32) + " train.threads=2 2>&1");
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    const std::string log = test_support::slurp(run / "log.rank0.txt");
+    INFO(log);
+    CHECK(log.find("threads    2 (OpenMP, " + c.want + ";") != std::string::npos);
+  }
+}
+
+TEST_CASE("steps far slower than planned: one warning naming the load, the threads and the fix") {
+  runner::MachineLoad busy{9.5, 2, 2, ""};
+  int asked = 0;
+  auto machine = [&] {
+    ++asked;
+    return busy;
+  };
+  runner::SlowStepCheck check(0.1);
+  // The warm-up steps are not judged, however slow.
+  for (int i = 0; i < runner::SlowStepCheck::kWarmup; ++i) CHECK_FALSE(check.step(5.0, machine));
+  // A slow run broken by a step within the factor starts the count again.
+  for (int i = 0; i < runner::SlowStepCheck::kSteps - 1; ++i) CHECK_FALSE(check.step(1.0, machine));
+  CHECK_FALSE(check.step(0.25, machine));
+  for (int i = 0; i < runner::SlowStepCheck::kSteps - 1; ++i) CHECK_FALSE(check.step(1.0, machine));
+  CHECK(asked == 0);
+  const auto w = check.step(1.0, machine);
+  REQUIRE(w);
+  CHECK(asked == 1);
+  CHECK(w->find("10.0x slower than planned") != std::string::npos);
+  CHECK(w->find("load average 9.5 on 2 core(s)") != std::string::npos);
+  CHECK(w->find("2 OpenMP thread(s)") != std::string::npos);
+  CHECK(w->find("--set train.threads=1") != std::string::npos);
+  CHECK_FALSE(check.step(1.0, machine));  // once
+  // Within the factor: no warning.
+  runner::SlowStepCheck edge(0.1);
+  for (int i = 0; i < 20; ++i) CHECK_FALSE(edge.step(0.29, machine));
+  // An idle machine: the prediction is suspect, not the load; active spinning is named when set.
+  CHECK(check.message(1.0, {0.4, 4, 2, ""}).find("not busy") != std::string::npos);
+  CHECK(check.message(1.0, {12.0, 4, 4, "ACTIVE"}).find("unset OMP_WAIT_POLICY=active") != std::string::npos);
+  // One thread already: no advice to use one thread.
+  const std::string one = check.message(1.0, {9.0, 1, 1, ""});
+  CHECK(one.find("train.threads") == std::string::npos);
+  CHECK(one.find("one OpenMP thread already") != std::string::npos);
+  // No prediction: never.
+  runner::SlowStepCheck none(0);
+  for (int i = 0; i < 20; ++i) CHECK_FALSE(none.step(100.0, machine));
 }

@@ -82,7 +82,23 @@ struct Stopped {
   test_support::Result r;
   int pid = 0;
   double took = 0;
+  bool outlived = false;  // the stopped rank still existed once the job had returned
 };
+
+// Whether process `pid` exists and is no zombie, at some moment within `grace_s` seconds:
+// false once it is gone for good.
+bool alive(int pid, double grace_s = 2.0) {
+  if (pid <= 0) return false;
+  for (double waited = 0; waited <= grace_s; waited += 0.1) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(f, line)) return false;
+    const size_t p = line.rfind(')');
+    if (p != std::string::npos && p + 2 < line.size() && line[p + 2] == 'Z') return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return true;
+}
 Stopped stop_rank1(const fs::path& dir, const std::string& cmd, const std::function<bool(const runner::Heartbeat&)>& when) {
   Stopped s;
   std::thread job([&] { s.r = test_support::sh(cmd); });
@@ -95,6 +111,7 @@ Stopped stop_rank1(const fs::path& dir, const std::string& cmd, const std::funct
   const auto t0 = std::chrono::steady_clock::now();
   job.join();
   s.took = seconds_since(t0);
+  s.outlived = alive(s.pid);
   if (s.pid > 0) kill(s.pid, SIGCONT);  // the launcher killed it; in case it did not, let it die
   return s;
 }
@@ -185,6 +202,10 @@ TEST_CASE("a rank stopped with SIGSTOP is named within the timeout + 10 s, exit 
   CHECK(r.out.find("watchdog: rank 0") != std::string::npos);
   CHECK(r.out.find("rank 1 (host " + hostname()) != std::string::npos);
   CHECK(r.out.find("heartbeat stopped") != std::string::npos);
+  // The stopped rank does not outlive the job: the launcher's SIGTERM never reaches a stopped
+  // process, so the rank that stops the job wakes it, and it ends.
+  CHECK_FALSE(st.outlived);
+  CHECK(r.out.find("woken (SIGCONT), so that it ends with the job") != std::string::npos);
   const std::vector<json> hangs = events(dir, "hang");
   REQUIRE(hangs.size() == 1);
   const json& h = hangs[0];
@@ -215,6 +236,45 @@ TEST_CASE("a rank stopped with SIGSTOP is named within the timeout + 10 s, exit 
     REQUIRE(lb.count(step));
     CHECK(lb.at(step) == loss);
   }
+}
+
+TEST_CASE("a rank killed with SIGKILL: the survivor names it (rank, host, pid) long before the timeout, exit 5; no rank outlives the job") {
+  const fs::path dir = kScratch.path / "sigkill";
+  // A 60 s timeout: only the dead process itself (not the timeout) can explain a quick stop.
+  const std::string cmd = test_support::mpirun(2) + RUNNER_BINARY + " train " + recipe() + " --quiet --run-dir " +
+                          dir.string() + " --set train.collective_timeout=60 train.steps=400";
+  const std::string full = "RUNNER_FAULT_STEP_SLEEP_MS=100 RUNNER_FAULT_STEP_SLEEP_RANK=1 " + cmd;
+  test_support::Result r;
+  std::thread job([&] { r = test_support::sh(full); });
+  int victim = 0, survivor = 0;
+  for (int i = 0; i < 3000 && (victim == 0 || survivor == 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto h1 = runner::read_heartbeat(dir.string(), 1), h0 = runner::read_heartbeat(dir.string(), 0);
+    if (h1 && h0 && h1->step >= 3) victim = h1->pid, survivor = h0->pid;
+  }
+  REQUIRE(victim > 0);
+  kill(victim, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  job.join();
+  const double took = seconds_since(t0);
+  INFO(r.out);
+  MESSAGE("SIGKILL to the job's end: " << took << " s (timeout 60 s)");
+  CHECK(took < 30);
+  CHECK_FALSE(alive(survivor));
+  // Rank 0 said who is gone, in its words, not only mpirun's.
+  CHECK(r.out.find("watchdog: rank 0") != std::string::npos);
+  CHECK(r.out.find("rank 1 (host " + hostname() + ", pid " + std::to_string(victim) + ") is gone") != std::string::npos);
+  const std::vector<json> hangs = events(dir, "hang");
+  REQUIRE(hangs.size() == 1);
+  CHECK(hangs[0]["rank"] == 0);
+  REQUIRE(hangs[0]["not_arrived"].size() == 1);
+  CHECK(hangs[0]["not_arrived"][0]["rank"] == 1);
+  CHECK(hangs[0]["not_arrived"][0]["state"] == "gone");
+  CHECK(hangs[0]["not_arrived"][0]["pid"] == victim);
+  const std::vector<json> ends = events(dir, "end");
+  REQUIRE(!ends.empty());
+  CHECK(ends.back()["exit_code"] == runner::kExitHang);
+  CHECK(ends.back()["cause"].get<std::string>().find("is gone") != std::string::npos);
 }
 
 TEST_CASE("a rank stopped inside its checkpoint write is named too: a stale heartbeat exempts nothing") {

@@ -102,6 +102,58 @@ TEST_CASE("Ctrl-C: a message, a checkpoint at the next step boundary, exit 3; st
   CHECK_FALSE(has(st.out, "crash"));
 }
 
+namespace {
+
+// `RUNNER ARGS | tee LOG` (stderr too with `both`) started as a shell would, in a process group
+// of its own: bash keeps the runner's exit status in RC (PIPESTATUS), its trap keeps it alive
+// through the Ctrl-C it relays to the group, and tee, as on a terminal, dies of that Ctrl-C.
+pid_t started_behind_tee(const fs::path& dir, const fs::path& run, bool both) {
+  std::string args = tiny(run, 100000, 100000, "train.log_every=1");
+  args.replace(args.find(" --quiet"), 8, "");  // progress lines on stdout, into the pipe
+  const std::string cmd = "trap : INT; " + test_support::binary() + " " + args + (both ? " 2>&1" : " 2>" + (dir / "err.txt").string()) +
+                          " | tee " + (dir / "tee.txt").string() + " >/dev/null; echo ${PIPESTATUS[0]} >" + (dir / "rc").string();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setsid();  // the group a terminal's Ctrl-C reaches: bash, the runner and tee
+    ::execl("/bin/bash", "bash", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  REQUIRE(pid > 0);
+  REQUIRE(test_support::wait_until([&] { return test_support::step_records(run) >= 3; }, 120s));
+  return pid;
+}
+
+}  // namespace
+
+TEST_CASE("Ctrl-C to `runner train | tee`: tee dies first, the run still checkpoints and exits 3; the log file keeps every line") {
+  for (const bool both : {false, true}) {
+    CAPTURE(both);
+    const fs::path dir = fresh(both ? "tee_both" : "tee"), run = dir / "run";
+    const pid_t pid = started_behind_tee(dir, run, both);
+    REQUIRE(::kill(-pid, SIGINT) == 0);
+    test_support::wait_exit(pid);
+    const std::string rc = slurp(dir / "rc"), log = slurp(run / "log.rank0.txt");
+    INFO("exit status: " << rc << "\nlog:\n" << log << "\ntee got:\n" << slurp(dir / "tee.txt"));
+    CHECK(std::stoi(rc) == 3);  // not 141 (SIGPIPE)
+    const std::string latest = slurp(run / "checkpoints" / "LATEST");
+    int64_t step = -1;
+    REQUIRE(runner::parse_checkpoint_file_name(latest.substr(0, latest.find('\n')), &step));
+    CHECK(step >= 3);
+    const nlohmann::json end = events(run).back();
+    CHECK(end["cause"] == "preempted");
+    CHECK(end["exit_code"] == 3);
+    CHECK(end["step"] == step);
+    // The console stopped at the dead pipe; the file kept the lines after it.
+    CHECK(has(log, "the console's output stream is closed"));
+    CHECK(has(log, "SIGINT (Ctrl-C) received: writing a checkpoint at step " + std::to_string(step)));
+    CHECK(has(log, "continue with `runner resume " + run.string() + "`"));
+    const Result st = cli("status " + run.string());
+    INFO(st.out);
+    CHECK(has(st.out, "SIGINT"));
+    CHECK_FALSE(has(st.out, "crash"));
+  }
+}
+
 TEST_CASE("a second Ctrl-C exits at once (130), saying so") {
   const fs::path dir = fresh("sigint2"), run = dir / "run";
   // Each step sleeps 1.5 s more, so the second Ctrl-C lands inside the step the first one
@@ -342,4 +394,24 @@ TEST_CASE("resume while another runner owns the directory before its first check
   INFO(r.out);
   CHECK(r.code == 2);
   CHECK(has(r.out, "no checkpoint to resume from"));
+}
+
+TEST_CASE("resume on a directory that is not a run: says so, as status does, and leaves nothing behind") {
+  const fs::path dir = fresh("not_a_run");
+  fs::create_directories(dir / "empty");
+  fs::create_directories(dir / "notes");
+  std::ofstream(dir / "notes" / "todo.txt") << "not a run\n";
+  for (const fs::path& d : {dir / "empty", dir / "notes"}) {
+    CAPTURE(d);
+    const auto before = test_support::tree_bytes(d);
+    const Result r = cli("resume " + d.string());
+    INFO(r.out);
+    CHECK(r.code == 2);
+    CHECK(has(r.out, "not a run directory"));
+    CHECK_FALSE(has(r.out, "stopped before its first checkpoint"));
+    CHECK(test_support::tree_bytes(d) == before);
+    CHECK_FALSE(fs::exists(d / "runner.lock"));
+    const Result st = cli("status " + d.string());
+    CHECK(has(st.out, "not a run directory"));
+  }
 }

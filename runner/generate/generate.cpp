@@ -148,7 +148,10 @@ std::vector<std::vector<int32_t>> tokenize_prompts(const TrainedModel& m, const 
     if (need > mc.seq_len)
       throw UserError({}, fmt::format("prompt {} ({} tokens) plus --max-new-tokens {} is {} tokens, over the model's "
                                       "context of {}", n, len, req.max_new_tokens, need, mc.seq_len),
-                      fmt::format("shorten the prompt or ask for at most {} new tokens", mc.seq_len - len));
+                      len >= mc.seq_len
+                          ? fmt::format("the prompt alone fills the context: shorten it to at most {} tokens, leaving room "
+                                        "for the new ones", mc.seq_len - 1)
+                          : fmt::format("shorten the prompt or ask for at most {} new tokens", mc.seq_len - len));
     longest = std::max(longest, need);
   }
   return seq;

@@ -215,6 +215,13 @@ void RunMetrics::print_step_line(int64_t step, const StepResult& s) {
              100 * plan_.flops_per_token * tok_per_step / (avg / 1e3) / std::max(1.0, peak_flops_),
              window_data_ / static_cast<double>(window_), format_bytes(static_cast<double>(mem)), human_duration(eta));
   if (scaler_active_) log_->info("  loss scale {:g} | {} step(s) skipped on overflow so far", s.scale, overflows_);
+  // An impossible MFU is said when first printed, not only in the summary a stopped run never
+  // reaches (the first step warms caches and is not judged).
+  const double mfu = plan_.flops_per_token * tok_per_step / (avg / 1e3) / std::max(1.0, peak_flops_);
+  if (mfu > 1.0 && step > 1 && !mfu_warned_) {
+    mfu_warned_ = true;
+    mfu_line(mfu);
+  }
   window_ = 0;
   window_ms_ = window_data_ = 0;
 }

@@ -176,6 +176,7 @@ class RunMetrics {
   std::optional<std::string> advice_;                 // advise_'s answer, once asked
   std::optional<GradReport> last_range_;  // the last gradient range report
   bool conflict_warned_ = false;
+  bool mfu_warned_ = false;  // MFU above 100% said at a step line
   LossScalerState scaler_;
   bool scaler_active_ = false;
   int64_t overflows_ = 0;

@@ -38,8 +38,13 @@ std::string slower_warning(const std::string& name, const ops::GemmChoice& c) {
   }
   std::string s = fmt::format("{} compute is slower than fp32 on this machine: its GEMMs widen the operands to fp32 and run "
                               "fp32's own sgemm with the conversions on top", name);
-  if (c.sgemm_gflops > 0 && c.fp32_gflops > 0)
+  // The figures are quoted only where they agree: on a small probe the widened GEMM can
+  // measure as fast as fp32's (noise), which a "slower" beside it would contradict.
+  if (c.sgemm_gflops > 0 && c.fp32_gflops > 0 && c.sgemm_gflops < c.fp32_gflops)
     s += fmt::format(" (measured {:.0f} against fp32's {:.0f} GFLOP/s)", c.sgemm_gflops, c.fp32_gflops);
+  else if (c.sgemm_gflops > 0 && c.fp32_gflops > 0)
+    s += fmt::format(" (the probe's GEMM alone measured alike, {:.0f} and fp32's {:.0f} GFLOP/s; the conversions of every "
+                     "operand in training come on top)", c.sgemm_gflops, c.fp32_gflops);
   s += then;
   if (c.why.find("RUNNER_GEMM_PATH=sgemm") != std::string::npos && c.onednn_available)
     s += "; or unset RUNNER_GEMM_PATH=sgemm, which keeps it off oneDNN's path";

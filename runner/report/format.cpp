@@ -3,7 +3,12 @@
 #include "runner/report/format.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <ctime>
+#include <iomanip>
+#include <optional>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -209,6 +214,48 @@ std::string percentiles_text(const json& ms) {
   return s;
 }
 
+namespace {
+
+std::string any_wall(const json& v) { return v.is_number() ? seconds_text(v.get<double>()) : any_text(v); }
+
+// "2026-12-03T12:00:00Z" (append_run_event's time) as Unix seconds; nullopt when it is not one.
+std::optional<double> event_time(const json& e) {
+  if (!e.contains("time") || !e["time"].is_string()) return std::nullopt;
+  std::tm tm{};
+  std::istringstream in(e["time"].get<std::string>());
+  in >> std::get_time(&tm, "%Y-%m-%dT%H:%M:%SZ");
+  if (in.fail()) return std::nullopt;
+  return static_cast<double>(timegm(&tm));
+}
+
+}  // namespace
+
+JobsWall jobs_wall(const std::vector<json>& events, const std::vector<json>& steps) {
+  std::vector<size_t> starts;
+  for (size_t i = 0; i < events.size(); ++i)
+    if (events[i].value("event", "") == "start") starts.push_back(i);
+  JobsWall w;
+  w.jobs = static_cast<int>(starts.size());
+  for (size_t k = 0; k < starts.size(); ++k) {
+    const size_t next = k + 1 < starts.size() ? starts[k + 1] : events.size();
+    std::optional<double> t0 = event_time(events[starts[k]]), t1;
+    for (size_t i = starts[k] + 1; i < next && !t1; ++i)
+      if (events[i].value("event", "") == "end") t1 = event_time(events[i]);
+    if (t0 && t1) {
+      w.wall_s += std::max(0.0, *t1 - *t0);
+      continue;
+    }
+    // No end record (a crash, a kill): the steps it trained and kept, up to where the next job resumed.
+    const int64_t from = std::max<int64_t>(0, events[starts[k]].value("resumed_from", int64_t{0}));
+    const int64_t to = k + 1 < starts.size() ? events[next].value("resumed_from", int64_t{-1}) : INT64_MAX;
+    for (const json& st : steps) {
+      const int64_t step = st.value("step", int64_t{0});
+      if (step > from && step <= to) w.wall_s += st.value("interval_ms", st.value("step_ms", 0.0)) / 1e3;
+    }
+  }
+  return w;
+}
+
 Rows summary_rows(const json& s, const json& plan) {
   Rows r;
   auto add = [&](const char* key, const char* label, auto&& text) {
@@ -217,7 +264,11 @@ Rows summary_rows(const json& s, const json& plan) {
   add("layout", "layout", [](const json& v) { return layout_text(v); });
   add("steps", "steps", [](const json& v) { return any_text(v); });
   add("tokens", "tokens", [](const json& v) { return v.is_number() ? count_text(v.get<double>()) : any_text(v); });
-  add("wall_s", "wall time", [](const json& v) { return v.is_number() ? seconds_text(v.get<double>()) : any_text(v); });
+  if (s.value("jobs", 0) > 1 && s.contains("all_jobs_wall_s") && s["all_jobs_wall_s"].is_number())
+    r.emplace_back("wall time", fmt::format("{} over {} jobs (the last: {})", seconds_text(s["all_jobs_wall_s"].get<double>()),
+                                            s["jobs"].get<int>(), s.contains("wall_s") ? any_wall(s["wall_s"]) : "?"));
+  else
+    add("wall_s", "wall time", [](const json& v) { return any_wall(v); });
   add("tokens_per_s", "tokens/s", [](const json& v) { return v.is_number() ? rate_text(v.get<double>()) : any_text(v); });
   if (const std::string m = mfu_text(s, plan); !m.empty()) r.emplace_back("MFU", m);
   add("step_ms", "step time", [](const json& v) { return percentiles_text(v); });
@@ -233,7 +284,7 @@ Rows summary_rows(const json& s, const json& plan) {
   add("checkpoint_ms", "checkpoint time", [](const json& v) { return v.is_number() ? ms_text(v.get<double>()) : any_text(v); });
   add("alerts", "alerts", [](const json& v) { return any_text(v); });
   // Fields shown above, folded into another row, or drawn in their own section.
-  static const char* const kDone[] = {"summary", "layout", "steps", "tokens", "wall_s", "tokens_per_s", "mfu", "peak_flops",
+  static const char* const kDone[] = {"summary", "layout", "steps", "tokens", "wall_s", "all_jobs_wall_s", "jobs", "tokens_per_s", "mfu", "peak_flops",
                                       "step_ms", "val_loss", "val_ppl", "accuracy", "skipped_steps", "loss_scale", "scale_conflict",
                                       "comm_hidden_fraction", "comm_hidden_ms", "comm_exposed_ms", "pipeline_idle_fraction",
                                       "plan_bubble", "checkpoint_ms", "alerts", "ledger", "top_ops", "breakdown_per_rank"};

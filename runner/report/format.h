@@ -47,6 +47,14 @@ std::string percentiles_text(const nlohmann::json& ms);
 // value is text in its unit; a field this table does not know is shown as plain "key value".
 using Rows = std::vector<std::pair<std::string, std::string>>;
 Rows summary_rows(const nlohmann::json& summary, const nlohmann::json& plan);
+// The wall time of every job of a run (events.jsonl's starts, each to its end record; a job
+// that crashed without one counts the steps it kept, their interval_ms), and how many jobs.
+// A summary's wall_s is its own job's alone.
+struct JobsWall {
+  double wall_s = 0;
+  int jobs = 0;
+};
+JobsWall jobs_wall(const std::vector<nlohmann::json>& events, const std::vector<nlohmann::json>& steps);
 Rows monitor_rows(const nlohmann::json& monitor);
 // The plan's figures (plan.json): parameters, layout, the batch equation, FLOPs per token,
 // whether it fits, and its warnings, notes and suggestions.

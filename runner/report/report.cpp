@@ -408,6 +408,14 @@ RunFiles read_run_files(const fs::path& run_dir, ReportInfo& info) {
       json j = json::parse(line, nullptr, false);
       if (!j.is_discarded() && j.is_object()) f.events.push_back(std::move(j));
     }
+  // The summary's wall time is its own job's: beside it, every job's of the run.
+  if (f.summary.is_object()) {
+    const report::JobsWall w = report::jobs_wall(f.events, f.steps);
+    if (w.jobs > 1) {
+      f.summary["jobs"] = w.jobs;
+      f.summary["all_jobs_wall_s"] = w.wall_s;
+    }
+  }
   f.recipe_text = fs::exists(run_dir / "recipe.yaml") ? slurp(run_dir / "recipe.yaml") : "";
   if (!f.recipe_text.empty()) f.recipe = report::recipe_view(f.recipe_text);
   if (fs::exists(run_dir / "plan.json")) f.plan = json::parse(slurp(run_dir / "plan.json"), nullptr, false);

@@ -58,27 +58,47 @@ std::vector<std::string> last_nodes(const RunHistory& h) {
   return expand_hostlist(h.events[s]["slurm"].value("node_list", ""));
 }
 
-// Failures of this Slurm job so far, and the last one (null: none).
-std::pair<int64_t, const nlohmann::json*> failures_of(const RunHistory& h, const std::string& job) {
-  int64_t n = 0;
+// Failures of this Slurm job so far, the last one (null: none), and whether the run started
+// again after it (a start record follows it).
+struct Failures {
+  int64_t restarts = 0;
   const nlohmann::json* last = nullptr;
+  bool started_since = false;
+};
+Failures failures_of(const RunHistory& h, const std::string& job) {
+  Failures f;
   for (const auto& e : h.events) {
     const std::string kind = e.value("event", "");
+    if (kind == "start" && f.last) f.started_since = true;
     if (kind != "restart" && kind != "no_restart") continue;
     if (!e.value("counted", false) || job_of(e) != job) continue;
-    last = &e;
-    if (kind == "restart") ++n;
+    f.last = &e;
+    f.started_since = false;
+    if (kind == "restart") ++f.restarts;
   }
-  return {n, last};
+  return f;
 }
 
 // The record of a failure, then the limit and the same-step rule: a restart or a refusal.
 RestartDecision judge(const RunHistory& h, const RestartPolicy& p, const SlurmEnv& env, nlohmann::json rec,
                       const std::vector<std::string>& lost) {
   const std::vector<std::string> had = last_nodes(h);
-  const auto [done, previous] = failures_of(h, env.job_id);
-  const int64_t attempt = done + 1;
+  const Failures f = failures_of(h, env.job_id);
+  const nlohmann::json* previous = f.last;
+  // One failure, one decision: this attempt of the job (its restart count) was judged already
+  // (the check asked twice, or both the start and the script saw it): the same answer, no
+  // second record, nothing counted twice.
+  if (previous && !f.started_since && previous->value("restart_count", int64_t{-1}) == env.restart_count) {
+    RestartDecision d;
+    d.action = previous->value("event", "") == "restart" ? RestartDecision::Action::restart : RestartDecision::Action::refuse;
+    d.backoff_s = previous->value("backoff_s", 0.0);
+    d.message = fmt::format("this failure was judged already ({}): {}", previous->value("event", ""),
+                            previous->value("cause", "?"));
+    return d;
+  }
+  const int64_t attempt = f.restarts + 1;
   rec["job_id"] = env.job_id;
+  rec["restart_count"] = env.restart_count;
   rec["attempt"] = attempt;
   rec["max_restarts"] = p.max_restarts;
   rec["nodes"] = had;
@@ -94,8 +114,11 @@ RestartDecision judge(const RunHistory& h, const RestartPolicy& p, const SlurmEn
                               : fmt::format("the limit of {} restart{} (train.max_restarts) is reached", p.max_restarts,
                                             p.max_restarts == 1 ? "" : "s");
     rec["reason"] = "limit";
-  } else if (previous && previous->value("step", int64_t{-2}) == h.step_reached &&
+  } else if (previous && f.started_since && previous->value("step", int64_t{-2}) == h.step_reached &&
              previous->value("checkpoint", int64_t{-2}) == h.checkpoint) {
+    // Only a run that started again and failed where it failed before repeats itself: an
+    // attempt whose ranks never started (the previous step's ranks still being torn down when
+    // srun launched) ran no step, and counts against the limit alone.
     why = fmt::format("it failed again at step {} with no progress since the previous failure ({}): a "
                       "restart would repeat it", h.step_reached, checkpoint_phrase(h.checkpoint));
     rec["reason"] = "same step";

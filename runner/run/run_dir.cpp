@@ -47,6 +47,15 @@ ResumeRequest prepare_resume(const std::string& run_dir, const std::vector<std::
                              bool strict) {
   if (!fs::is_directory(run_dir))
     throw UserError({run_dir, 0, 0}, "not a run directory", "pass the directory `runner train` wrote (runs/NAME)");
+  // Something `runner train` leaves in every run directory, from its lock on: otherwise this is
+  // another directory, said as `runner status` says it, and nothing is written in it (taking
+  // the lock below would leave a runner.lock behind).
+  bool a_run = false;
+  for (const char* f : {"recipe.yaml", "metrics.jsonl", "events.jsonl", "runner.lock", "checkpoints"})
+    a_run = a_run || fs::exists(fs::path(run_dir) / f);
+  if (!a_run)
+    throw UserError({run_dir, 0, 0}, "not a run directory (no recipe.yaml, metrics.jsonl or checkpoints/)",
+                    "pass the directory `runner train` wrote (runs/NAME, or its --run-dir)");
   // The checkpoint directory: the run's resolved recipe may place it elsewhere.
   const fs::path saved = fs::path(run_dir) / "recipe.yaml";
   std::string ckpt_dir = run_paths(Recipe{}, run_dir).checkpoint_dir;

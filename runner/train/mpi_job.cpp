@@ -1,6 +1,7 @@
 // A training job's processes (see mpi_job.h).
 #include "runner/train/mpi_job.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <array>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "ops/gemm_path.h"
@@ -51,6 +53,20 @@ std::unique_ptr<parallel::Communicator> device_world(std::unique_ptr<parallel::C
 #else
   return world;
 #endif
+}
+
+// One process started by hand, with a layout of several ranks: it needs a launcher. (The
+// plan would otherwise derive dp from hardware:'s device count and complain about that.)
+void need_launcher(const Recipe& r) {
+  const int64_t ranks = std::max<int64_t>(1, r.parallel.dp) * r.parallel.tp * r.parallel.pp;
+  if (ranks <= 1) return;
+  const char* key = r.parallel.tp > 1 ? "parallel.tp" : r.parallel.pp > 1 ? "parallel.pp" : "parallel.dp";
+  throw UserError(r.loc(key),
+                  fmt::format("this layout (dp {} x tp {} x pp {}) needs {} ranks, but this is one process, not started by "
+                              "mpirun or srun", r.parallel.dp > 0 ? std::to_string(r.parallel.dp) : std::string("1"),
+                              r.parallel.tp, r.parallel.pp, ranks),
+                  fmt::format("launch it as `mpirun -np {} runner ...` (or `srun -n {}`){}", ranks, ranks,
+                              r.parallel.dp > 0 ? "" : "; more ranks add data parallelism (dp derived from them)"));
 }
 
 }  // namespace
@@ -151,6 +167,7 @@ int Launch::train_recipe(Recipe recipe, TrainOptions opts, bool elastic) {
     recipe = searched_recipe(recipe, world_size(), "the job's ranks", &opts.resume_notes.back(), &search_json);
   }
   recipe = fit_allocation(recipe, world_size(), elastic, &opts.resume_notes);
+  if (!world_) need_launcher(recipe);
   ops::Backend& be = select_backend(recipe);
   const std::string run_dir = run_paths(recipe, opts.run_dir).run_dir;
   if (!search_json.empty() && rank() == 0) {
@@ -164,6 +181,7 @@ int Launch::train_recipe(Recipe recipe, TrainOptions opts, bool elastic) {
 
 int Launch::resume_run(const std::string& run_dir, const std::vector<std::string>& sets, TrainOptions opts) {
   ResumeRequest req = prepare_resume(run_dir, sets, opts.resume_step, opts.strict);
+  if (!world_) need_launcher(req.recipe);
   ops::Backend& be = select_backend(req.recipe);
   opts.run_dir = run_dir;
   opts.resume = true;

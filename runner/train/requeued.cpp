@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "runner/agree.h"
+#include "runner/observe/console_sink.h"
 #include "runner/run/restart.h"
 #include "runner/run/slurm.h"
 
@@ -27,11 +28,11 @@ int judge_requeued_start(parallel::Communicator& world, const Recipe& r, const R
   if (world.rank() == 0) {
     if (!d.record.is_null()) append_run_event(paths.run_dir, d.record);
     if (!change.is_null()) append_run_event(paths.run_dir, change);
-    if (!d.message.empty()) fmt::print(stderr, "runner: {}\n", d.message);
+    if (!d.message.empty()) console_write(stderr, fmt::format("runner: {}\n", d.message));
     if (!change.is_null())
-      fmt::print("runner: {} from {} to {} node(s) ({})\n", change["event"].get<std::string>() == "grow" ? "grown" : "shrunk",
-                 change["nodes_before"].get<int64_t>(), change["nodes_now"].get<int64_t>(), env.node_list);
-    std::fflush(stdout);
+      console_write(stdout, fmt::format("runner: {} from {} to {} node(s) ({})\n",
+                                        change["event"].get<std::string>() == "grow" ? "grown" : "shrunk",
+                                        change["nodes_before"].get<int64_t>(), change["nodes_now"].get<int64_t>(), env.node_list));
   }
   if (d.action == RestartDecision::Action::refuse) return kExitNoRestart;
   if (d.backoff_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(d.backoff_s));

@@ -9,14 +9,16 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/basic_file_sink.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "ops/backend.h"
 #include "ops/gemm_path.h"
+#include "runner/observe/console_sink.h"
 #include "runner/perf/gemm_report.h"
 #include "runner/run/slurm.h"
 #include "runner/signals.h"
@@ -62,12 +64,21 @@ void choose_threads(const Recipe& r) {
   else if (!std::getenv("OMP_NUM_THREADS")) share_cores_between_local_ranks();
 }
 
+void default_passive_waiting(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;  // the user's choice stands
+  if (::setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
+  ::execv("/proc/self/exe", argv);
+  // No /proc (or exec refused): the runtime's own default, which spins a while before it sleeps.
+  ::unsetenv("OMP_WAIT_POLICY");
+}
+
 std::shared_ptr<spdlog::logger> open_run_log(const std::string& run_dir, const parallel::Grid& grid, bool to_stdout) {
   fs::create_directories(run_dir);
-  auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(
-      (fs::path(run_dir) / fmt::format("log.rank{}.txt", grid.rank())).string());
+  const std::string file = (fs::path(run_dir) / fmt::format("log.rank{}.txt", grid.rank())).string();
+  auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(file);
   std::vector<spdlog::sink_ptr> sinks{file_sink};
-  if (to_stdout) sinks.push_back(std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
+  // A console that goes away (a pipe's reader exits) stops its own lines; the file goes on.
+  if (to_stdout) sinks.push_back(stdout_console_sink(file_sink, file));
   auto log = std::make_shared<spdlog::logger>("runner", sinks.begin(), sinks.end());
   // Ranks are named by their grid coordinates.
   log->set_pattern(grid.world_size() > 1 ? fmt::format("%H:%M:%S [{}] %v", grid.name()) : std::string("%H:%M:%S %v"));
@@ -86,7 +97,9 @@ void print_startup(spdlog::logger& log, const Plan& plan, const parallel::Grid& 
   std::istringstream table(plan.table());
   for (std::string line; std::getline(table, line);) log.info("{}", line);
   log.info("  data       {}", f.data);
-  log.info("  threads    {}{} (OpenMP; OpenBLAS shares the pool)", ops::num_threads(), multi ? " per rank" : "");
+  const char* wait = std::getenv("OMP_WAIT_POLICY");
+  log.info("  threads    {}{} (OpenMP, {}; OpenBLAS shares the pool)", ops::num_threads(), multi ? " per rank" : "",
+           wait ? fmt::format("OMP_WAIT_POLICY={}", wait) : std::string("the runtime's wait policy"));
   log.info("  MFU        against {:.1f} GFLOP/s{}: {}", f.peak_flops / 1e9,
            multi ? fmt::format(" over {} ranks", grid.world_size()) : std::string(), f.peak_source);
   log.info("  precision  {}", f.precision);

@@ -22,6 +22,14 @@ namespace runner {
 // machine's cores shared between the ranks on it.
 void choose_threads(const Recipe& r);
 
+// OpenMP threads that spin while they wait take cores from every other process on a busy
+// machine (steps ran 7-14x slower than with passive waiting), so passive waiting is the
+// default: when neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set, this sets
+// OMP_WAIT_POLICY=PASSIVE and executes this program again with the same arguments, because the
+// OpenMP runtime (which OpenBLAS and oneDNN share) reads it once, when it is loaded, before
+// main. Call first thing in main; returns only when nothing was to be done or exec failed.
+void default_passive_waiting(char** argv);
+
 // The run's logger: RUN_DIR/log.rankR.txt (the directory is created), and stdout when
 // `to_stdout`; lines carry the rank's grid coordinates when the job has several.
 std::shared_ptr<spdlog::logger> open_run_log(const std::string& run_dir, const parallel::Grid& grid, bool to_stdout);

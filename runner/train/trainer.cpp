@@ -8,6 +8,9 @@
 // (docs/invariants.md, invariant 6), and every rank agrees on such an error before any rank stops.
 #include "runner/train/trainer.h"
 
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <cstdio>
@@ -26,8 +29,10 @@
 #include "runner/checkpoint/resume.h"
 #include "runner/checkpoint/saver.h"
 #include "runner/data/data.h"
+#include "runner/observe/console_sink.h"
 #include "runner/observe/metrics.h"
 #include "runner/observe/op_profile.h"
+#include "runner/observe/slow_steps.h"
 #include "runner/observe/step_timer.h"
 #include "runner/observe/trace.h"
 #include "runner/perf/cost.h"
@@ -100,6 +105,9 @@ class Trainer {
       checkpoint_after_step();
       metrics->set_scaler(st.scaler, scaler.active());
       metrics->step_line(st.step, s);
+      if (slow) {
+        if (auto w = slow->step(s.total_ms / 1e3, live_machine)) warn_always({*w});
+      }
       if (tracer.end(st.step)) {
         metrics->flush_monitor();  // its gather, started inside the window, is in the trace
         tracer.write(paths.run_dir, plan.accum, log.get());
@@ -160,6 +168,8 @@ class Trainer {
   std::optional<InitFrom> init;      // model.init_from: the weights step 0 starts from (none: random)
   std::string run_tokenizer;         // the directory RUN_DIR/tokenizer/ is copied from ("" none)
   std::optional<RecipeHistory> history;  // rank 0: this job's recipe against the one the run ran with
+  std::string attempt;                   // this job's id in the run's records (start, hang)
+  std::optional<SlowStepCheck> slow;     // rank 0: steps far slower than predicted are said, once
   // Last: stopped and joined first when the Trainer ends, while everything it reads still lives.
   std::unique_ptr<Watchdog> watchdog;
 
@@ -204,7 +214,16 @@ class Trainer {
     }
     metrics->open(paths.run_dir, resumed_from);
     // Each start and stop of a job on this run directory (runner status reads them).
-    if (lead()) append_run_event(paths.run_dir, start_event(plan, grid.world_size(), resumed_from, opts.resume_notes));
+    // This job's ranks share one attempt id (rank 0's): a rank left over from an earlier
+    // attempt (stopped, then continued) can tell that the run moved on (watchdog.h).
+    int64_t token = lead() ? std::chrono::system_clock::now().time_since_epoch().count() / 1000 * 1000 + getpid() % 1000 : 0;
+    grid.world().allreduce_max(&token, 1);
+    attempt = std::to_string(token);
+    if (lead()) {
+      nlohmann::json ev = start_event(plan, grid.world_size(), resumed_from, opts.resume_notes);
+      ev["attempt"] = attempt;
+      append_run_event(paths.run_dir, ev);
+    }
     // The MFU peak first: the watchdog's predicted step reads the CPU's profile, whose peak is
     // the same cached figure, and the run must say it measured the one its MFU is against.
     measure_peaks();
@@ -229,7 +248,7 @@ class Trainer {
   void warn_always(const std::vector<std::string>& lines) {
     for (const std::string& l : lines) {
       log->warn("{}", l);
-      if (opts.quiet) fmt::print(stderr, "{}\n", l);
+      if (opts.quiet) console_write(stderr, l + "\n");
     }
   }
 
@@ -250,8 +269,7 @@ class Trainer {
       done = point->step > r.train.steps || run_has_ended(paths.run_dir, point->step);
     grid.world().allreduce_max(&done, 1);
     if (done && lead()) {
-      fmt::print("{}", finished_message(paths.run_dir, *point, r));
-      std::fflush(stdout);
+      console_write(stdout, finished_message(paths.run_dir, *point, r));
     }
     return done != 0;
   }
@@ -276,6 +294,7 @@ class Trainer {
     try {
       const StepCost c = predict_step(plan, hardware_profile(r.hardware));
       if (c.step_s <= 0) return;  // no prediction for this device
+      slow.emplace(c.step_s);
       metrics->set_prediction(c, [this, c](double share) { return search_layout_advice(plan, share, c.step_s); });
     } catch (const std::exception& e) {  // a bad profile costs the check, not the run
       log->warn("no predicted step for the monitor's communication check: {}", e.what());
@@ -294,7 +313,7 @@ class Trainer {
       }
     watchdog = std::make_unique<Watchdog>(paths.run_dir, grid.rank(), grid.world_size(),
                                           choose_timeout(r.train.collective_timeout, predicted, 0), log, lead(),
-                                          !opts.quiet && lead());
+                                          !opts.quiet && lead(), attempt);
   }
 
   void measure_peaks() {

@@ -1,7 +1,11 @@
 // The watchdog's thread, heartbeats and hang report; see watchdog.h for what and why.
 #include "runner/train/watchdog.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <chrono>
@@ -13,7 +17,9 @@
 
 #include <fmt/format.h>
 
+#include "parallel/comm.h"
 #include "runner/errors.h"
+#include "runner/run/run_dir.h"
 #include "runner/run/slurm.h"
 #include "runner/train/startup.h"
 
@@ -77,6 +83,36 @@ bool same_call(const parallel::WaitInfo& mine, int self, const nlohmann::json& t
   return theirs.value("op", "") == std::string(parallel::comm_op_name(mine.op)) && theirs.value("seq", int64_t{-1}) == mine.seq;
 }
 
+// Whether process `pid` of this host has exited (or is a zombie its parent has not reaped).
+bool process_gone(int pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  const size_t p = line.rfind(')');
+  return p != std::string::npos && p + 2 < line.size() && (line[p + 2] == 'Z' || line[p + 2] == 'X');
+}
+
+// Whether process `pid` of this host is stopped (SIGSTOP) and runs this same program.
+bool stopped_runner(int pid) {
+  if (pid <= 0 || pid == getpid()) return false;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  const size_t p = line.rfind(')');
+  if (p == std::string::npos || p + 2 >= line.size() || (line[p + 2] != 'T' && line[p + 2] != 't')) return false;
+  std::error_code a, b;
+  const fs::path theirs = fs::read_symlink("/proc/" + std::to_string(pid) + "/exe", a), mine = fs::read_symlink("/proc/self/exe", b);
+  return !a && !b && theirs == mine;
+}
+
+// The watchdog an MPI error reports to (one per process, while it runs).
+std::atomic<Watchdog*> g_active{nullptr};
+void on_comm_failure(const std::string& what) {
+  if (Watchdog* w = g_active.load()) w->comm_failed(what);
+}
+
 }  // namespace
 
 const char* phase_name(Phase p) {
@@ -134,6 +170,7 @@ std::optional<Heartbeat> read_heartbeat(const std::string& run_dir, int rank) {
     h.pid = j.value("pid", 0);
     h.host = j.value("host", "?");
     h.phase = j.value("phase", "?");
+    h.attempt = j.value("attempt", "");
     h.step = j.value("step", int64_t{0});
     h.exempt = j.value("exempt", false);
     h.time = j.value("time", 0.0);
@@ -167,8 +204,9 @@ nlohmann::json not_arrived(const parallel::WaitInfo& w, int self, const std::vec
 // Watchdog
 
 Watchdog::Watchdog(std::string run_dir, int rank, int world, TimeoutChoice timeout, std::shared_ptr<spdlog::logger> log,
-                   bool lead, bool log_on_console)
-    : run_dir_(std::move(run_dir)), host_(this_hostname()), rank_(rank), world_(world), choice_(std::move(timeout)),
+                   bool lead, bool log_on_console, std::string attempt)
+    : run_dir_(std::move(run_dir)), host_(this_hostname()), attempt_(std::move(attempt)), rank_(rank), world_(world),
+      parent_(getppid()), choice_(std::move(timeout)),
       log_(std::move(log)), lead_(lead), log_on_console_(log_on_console && log_ != nullptr), timeout_ms_(static_cast<int64_t>(choice_.seconds * 1e3)) {
   std::error_code ec;
   fs::create_directories(fs::path(run_dir_) / ".ranks", ec);
@@ -181,6 +219,8 @@ Watchdog::Watchdog(std::string run_dir, int rank, int world, TimeoutChoice timeo
                                 {"stale_s", heartbeat_stale_after(choice_.seconds)}});
   parallel::watch_enable(true);
   thread_ = std::thread([this] { loop(); });
+  g_active.store(this);
+  parallel::set_comm_failure_handler(&on_comm_failure);
 }
 
 Watchdog::~Watchdog() { stop(); }
@@ -193,6 +233,8 @@ void Watchdog::stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  Watchdog* self = this;
+  if (g_active.compare_exchange_strong(self, nullptr)) parallel::set_comm_failure_handler(nullptr);
   parallel::watch_enable(false);
   set_phase(Phase::Done, g_step.load());
   beat(parallel::watch_now_ns());
@@ -219,16 +261,34 @@ void Watchdog::step_done(double step_ms) {
 // after theirs). So its timers start over at that tick instead; the others name it.
 void Watchdog::loop() {
   std::unique_lock<std::mutex> lk(mu_);
-  int64_t last_tick = parallel::watch_now_ns();
+  int64_t last_tick = parallel::watch_now_ns(), last_beat = last_tick;
   while (!stopping_) {
-    const auto period = std::chrono::duration<double>(heartbeat_interval(timeout_s()));
+    // Checks every quarter second at most (a dead peer or a gone launcher is seen within it);
+    // the heartbeat is written at its own interval.
+    const auto period = std::chrono::duration<double>(std::min(0.25, heartbeat_interval(timeout_s())));
     cv_.wait_for(lk, period, [this] { return stopping_; });
     if (stopping_) break;
     lk.unlock();
     const int64_t now = parallel::watch_now_ns();
     const double gap_s = (now - last_tick) / 1e9;
     last_tick = now;
-    beat(now);
+    // The launcher is gone (mpirun returned, the step ended): so is the job. A rank left
+    // running would hold its cores and, continued after a stop, write into the run's records.
+    if (world_ > 1 && getppid() != parent_) {
+      const std::string msg = fmt::format("watchdog: rank {} (host {}, pid {}): its launcher (pid {}) is gone, so is the job; "
+                                          "exiting (exit {}) without a record", rank_, host_, getpid(), parent_, kExitHang);
+      std::fprintf(stderr, "%s\n", msg.c_str());
+      if (log_) {
+        log_->error("{}", msg);
+        log_->flush();
+      }
+      std::fflush(nullptr);
+      std::_Exit(kExitHang);
+    }
+    if ((now - last_beat) / 1e9 >= heartbeat_interval(timeout_s()) * 0.999) {
+      beat(now);
+      last_beat = now;
+    }
     if (gap_s > heartbeat_stale_after(timeout_s())) {
       last_exempt_ns_ = now;
       last_progress_ns_ = now;
@@ -248,7 +308,7 @@ void Watchdog::beat(int64_t now_ns) {
   const nlohmann::json j{{"rank", rank_}, {"host", host_}, {"pid", static_cast<int>(getpid())},
                          {"step", g_step.load(std::memory_order_relaxed)},
                          {"phase", phase_name(static_cast<Phase>(g_phase.load(std::memory_order_relaxed)))},
-                         {"exempt", exempt_now()}, {"time", wall_now()},
+                         {"exempt", exempt_now()}, {"time", wall_now()}, {"attempt", attempt_},
                          {"wait", wait_json(parallel::watch_current(), now_ns)}};
   const std::string path = heartbeat_path(run_dir_, rank_), tmp = path + ".tmp";
   {
@@ -295,6 +355,17 @@ std::vector<std::optional<Heartbeat>> Watchdog::read_beats(const std::vector<int
 
 void Watchdog::check_wait(const parallel::WaitInfo& w, int64_t now_ns) {
   const double timeout = timeout_s();
+  // A member whose process on this host is gone never arrives: no need to wait for the timeout.
+  if ((now_ns - w.since_ns) / 1e9 >= std::min(0.5, heartbeat_interval(timeout))) {
+    const std::vector<int> members = members_of(w);
+    const nlohmann::json gone = gone_members(members, read_beats(members));
+    if (!gone.empty()) {
+      const nlohmann::json wj = wait_json(w, now_ns);
+      nlohmann::json rec{{"kind", "gone"}, {"op", wj["op"]}, {"group", wj["group"]}, {"members", wj["members"]},
+                         {"bytes", w.bytes}, {"waited_s", (now_ns - w.since_ns) / 1e9}};
+      hang(fmt::format("waited {:.1f} s for {}", (now_ns - w.since_ns) / 1e9, describe_wait(wj)), rec, gone);
+    }
+  }
   const double since_s = (now_ns - std::max(w.since_ns, last_exempt_ns_)) / 1e9;
   if (since_s < timeout / 2) return;  // the other ranks' heartbeats are read only once a wait is long
   const std::vector<int> members = members_of(w);
@@ -357,9 +428,14 @@ void Watchdog::check_stall(int64_t now_ns) {
 void Watchdog::hang(const std::string& what, nlohmann::json rec, const nlohmann::json& missing) {
   const Phase p = static_cast<Phase>(g_phase.load(std::memory_order_relaxed));
   const int64_t step = g_step.load(std::memory_order_relaxed);
-  std::string msg = fmt::format("watchdog: rank {} (host {}, pid {}) {}, at step {} ({}); longer than the collective "
-                                "timeout {:g} s ({})", rank_, host_, getpid(), what, step, phase_name(p), timeout_s(),
-                                choice_.source);
+  const std::string kind = rec.value("kind", "");
+  // A peer that is gone stops the job before the timeout: no "longer than" then.
+  std::string msg = kind == "gone" || kind == "comm_error"
+                        ? fmt::format("watchdog: rank {} (host {}, pid {}) {}, at step {} ({})", rank_, host_, getpid(), what,
+                                      step, phase_name(p))
+                        : fmt::format("watchdog: rank {} (host {}, pid {}) {}, at step {} ({}); longer than the collective "
+                                      "timeout {:g} s ({})", rank_, host_, getpid(), what, step, phase_name(p), timeout_s(),
+                                      choice_.source);
   std::string who;
   for (const auto& m : missing) {
     const std::string state = m.value("state", "?");
@@ -367,7 +443,10 @@ void Watchdog::hang(const std::string& what, nlohmann::json rec, const nlohmann:
     const std::string doing = m.value("doing", "nothing");
     const std::string waiting = doing == "nothing" ? "" : ", waiting on " + doing;
     if (m.contains("host")) line += fmt::format(" (host {}, pid {})", m.value("host", "?"), m.value("pid", 0));
-    if (state == "stopped")
+    if (state == "gone")
+      line += fmt::format(" is gone: its process exited (last seen in {} at step {})", m.value("phase", "?"),
+                          m.value("step", int64_t{0}));
+    else if (state == "stopped")
       line += fmt::format(" did not arrive: its heartbeat stopped {:.1f} s ago (a stopped or dead process, or an "
                           "unreachable node); last seen in {} at step {}{}",
                           m.value("heartbeat_age_s", 0.0), m.value("phase", "?"), m.value("step", int64_t{0}), waiting);
@@ -381,7 +460,20 @@ void Watchdog::hang(const std::string& what, nlohmann::json rec, const nlohmann:
     msg += "\n  " + line;
     if (who.empty()) who = fmt::format("rank {}{}", m.value("rank", -1), m.contains("host") ? " on " + m.value("host", "?") : "");
   }
-  if (missing.empty()) msg += "\n  every member is waiting on this call: the network or the MPI library is stuck";
+  if (missing.empty())
+    msg += rec.value("kind", "") == "comm_error"
+               ? "\n  no rank could be named: every heartbeat is fresh (a rank on another host may have died just now)"
+               : "\n  every member is waiting on this call: the network or the MPI library is stuck";
+  // A stopped rank on this host outlives the job otherwise: the launcher's SIGTERM waits for a
+  // SIGCONT that may never come. Woken, it ends by itself: its peer (this rank) is gone, MPI
+  // returns an error, and its watchdog finds this hang recorded (or its launcher gone). Not
+  // killed: the launcher would then report its SIGKILL instead of this rank's exit 5.
+  for (const auto& m : missing)
+    if (m.value("state", "") == "stopped" && m.value("host", "") == host_ && stopped_runner(m.value("pid", 0))) {
+      ::kill(m.value("pid", 0), SIGCONT);
+      msg += fmt::format("\n  rank {} (pid {}) was stopped on this host: woken (SIGCONT), so that it ends with the job",
+                         m.value("rank", -1), m.value("pid", 0));
+    }
   msg += fmt::format("\n  stopping the job (exit {}); a restart resumes from the last published checkpoint", kExitHang);
   if (!log_on_console_) {
     std::fprintf(stderr, "%s\n", msg.c_str());
@@ -391,12 +483,26 @@ void Watchdog::hang(const std::string& what, nlohmann::json rec, const nlohmann:
     log_->error("{}", msg);
     log_->flush();
   }
+  // One hang, one record. A rank of an attempt the run has moved past (it was stopped, and
+  // continued after the next attempt started) records nothing; of this attempt's ranks, the
+  // first to take the hang's marker records it.
+  const std::string recorder = hang_recorder();
+  if (!recorder.empty()) {
+    if (log_) log_->error("watchdog: {}; no record written", recorder);
+    std::fprintf(stderr, "watchdog: rank %d: %s; no record written\n", rank_, recorder.c_str());
+    std::fflush(nullptr);
+    std::_Exit(kExitHang);
+  }
   rec.update({{"event", "hang"}, {"rank", rank_}, {"host", host_}, {"pid", static_cast<int>(getpid())}, {"step", step},
               {"phase", phase_name(p)}, {"timeout_s", timeout_s()}, {"timeout_source", choice_.source},
               {"not_arrived", missing}, {"message", msg.substr(0, msg.find('\n'))}});
   append_run_event(run_dir_, rec);
   std::string cause;
-  if (!missing.empty() && missing[0].value("state", "") == "stalled")
+  if (!missing.empty() && missing[0].value("state", "") == "gone")
+    cause = fmt::format("hang: {} is gone (its process exited)", who);
+  else if (rec.value("kind", "") == "comm_error")
+    cause = fmt::format("hang: {} (an MPI error in rank {})", who.empty() ? "a peer failed" : who + " did not arrive", rank_);
+  else if (!missing.empty() && missing[0].value("state", "") == "stalled")
     cause = fmt::format("hang: {} made no progress in {}", who, phase_name(p));
   else if (rec.value("kind", "") == "stall")
     cause = fmt::format("hang: {} did not arrive (rank {} waited in {})", who, rank_, phase_name(p));
@@ -406,6 +512,50 @@ void Watchdog::hang(const std::string& what, nlohmann::json rec, const nlohmann:
   append_end_event(run_dir_, cause.c_str(), step, kExitHang);
   std::fflush(nullptr);
   std::_Exit(kExitHang);
+}
+
+nlohmann::json Watchdog::gone_members(const std::vector<int>& ranks, const std::vector<std::optional<Heartbeat>>& beats) const {
+  nlohmann::json out = nlohmann::json::array();
+  const double now = wall_now();
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const std::optional<Heartbeat>& h = beats[i];
+    // Only this attempt's heartbeats: a requeued job's ranks start beside the files of the
+    // previous attempt's (dead) processes until they write their own. A rank that ended
+    // cleanly (phase done) is not gone either: the timeout judges what it left waiting.
+    if (ranks[i] == rank_ || !h || h->host != host_ || h->phase == "done") continue;
+    if (!attempt_.empty() && h->attempt != attempt_) continue;
+    if (!process_gone(h->pid)) continue;
+    out.push_back({{"rank", ranks[i]}, {"host", h->host}, {"pid", h->pid}, {"state", "gone"}, {"phase", h->phase},
+                   {"step", h->step}, {"heartbeat_age_s", now - h->time}, {"doing", describe_wait(h->wait)}});
+  }
+  return out;
+}
+
+void Watchdog::comm_failed(const std::string& what) {
+  std::vector<int> all;
+  for (int r = 0; r < world_; ++r) all.push_back(r);
+  const std::vector<std::optional<Heartbeat>> beats = read_beats(all);
+  nlohmann::json missing = gone_members(all, beats);
+  if (missing.empty())  // on another host: a stale heartbeat is the sign
+    for (const auto& m : not_arrived(parallel::WaitInfo{}, rank_, all, beats, wall_now(), heartbeat_stale_after(timeout_s())))
+      if (m.value("state", "") == "stopped") missing.push_back(m);
+  hang(fmt::format("got an error from MPI ({})", what), {{"kind", "comm_error"}, {"mpi_error", what}}, missing);
+}
+
+std::string Watchdog::hang_recorder() const {
+  if (attempt_.empty()) return "";
+  std::string last;
+  for (const auto& e : read_jsonl((fs::path(run_dir_) / "events.jsonl").string()))
+    if (e.value("event", "") == "start" && e.contains("attempt")) last = e.value("attempt", "");
+  if (!last.empty() && last != attempt_)
+    return fmt::format("this rank belongs to an earlier attempt of the run ({}; the run started again as {})", attempt_, last);
+  const std::string marker = (fs::path(run_dir_) / ".ranks" / ("hang-" + attempt_)).string();
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    ::close(fd);
+    return "";
+  }
+  return errno == EEXIST ? std::string("another rank of this attempt recorded the hang first") : std::string();
 }
 
 }  // namespace runner

@@ -1,13 +1,20 @@
 // The watchdog: no silent hangs. A thread per rank that
 //   - writes this rank's heartbeat, RUN_DIR/.ranks/rank-N.json (rank, host, pid, step, phase,
 //     the communication it waits on), atomically, every heartbeat_interval();
+//   - stops the job at once when a rank this one waits for is gone: its process on this host no
+//     longer exists, or an MPI call returned an error (MPI_ERRORS_RETURN: a dead peer);
+//   - ends this rank when its launcher is gone (mpirun returned, the job step ended), and, when
+//     it stops the job, kills the stopped ranks on this host, which no launcher's SIGTERM reaches:
+//     no rank outlives its job;
 //   - stops the job when a collective, send or receive has waited longer than the timeout
 //     (train.collective_timeout), naming from the other ranks' heartbeats who did not arrive: a
 //     rank whose heartbeat went stale (stopped, dead, on an unreachable node), or one that is
 //     elsewhere (its phase and step); and when this rank itself made no progress for longer than
 //     the timeout with no communication in flight (a stuck data loader or kernel);
 //   - stopping is: one message on stderr and the run log, a `hang` and an `end` record in
-//     events.jsonl, and exit kExitHang (5) at once (a rank blocked in MPI cannot unwind; the
+//     events.jsonl (once per hang: the first rank to see it writes them; the restart decision
+//     counts failures, and ranks that all see one hang must not look like several), and exit
+//     kExitHang (5) at once (a rank blocked in MPI cannot unwind; the
 //     launcher kills the others; the last published checkpoint is what a restart resumes).
 // Not hangs: start-up and this job's first step, checkpoint writes (this rank's, or seen in the
 // heartbeat of a rank being waited for). An exempt phase pushes the deadline out: the timeout
@@ -23,6 +30,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/types.h>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/logger.h>
@@ -58,6 +67,7 @@ double heartbeat_stale_after(double timeout_s);
 struct Heartbeat {
   int rank = -1, pid = 0;
   std::string host, phase;
+  std::string attempt;  // the job's attempt id ("" from a writer without one)
   int64_t step = 0;
   bool exempt = false;  // startup, first step, checkpoint
   double time = 0;      // wall clock (Unix seconds) when written
@@ -75,8 +85,11 @@ class Watchdog {
  public:
   // Starts the thread (and the comm layer's marking). `lead` writes the timeout record;
   // `log_on_console`: `log` already prints to the console, so a hang is not printed twice.
+  // `attempt`: this job's id, as its start record has it ("" none): one hang of an attempt gets
+  // one `hang` and one `end` record, from the first rank that sees it, and a rank left over
+  // from an earlier attempt writes none.
   Watchdog(std::string run_dir, int rank, int world, TimeoutChoice timeout, std::shared_ptr<spdlog::logger> log, bool lead,
-           bool log_on_console = false);
+           bool log_on_console = false, std::string attempt = "");
   ~Watchdog();  // stop()
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -88,6 +101,9 @@ class Watchdog {
   // Stops and joins the thread, writes the last heartbeat (phase done); marking off.
   void stop();
   static constexpr int kMeasureSteps = 3;  // steps timed after the first
+  // An MPI call returned an error (a peer died): names who is gone from the heartbeats, then
+  // stops as for a hang. Called on the thread that made the call; does not return.
+  [[noreturn]] void comm_failed(const std::string& what);
 
  private:
   void loop();
@@ -98,10 +114,16 @@ class Watchdog {
   bool exempt_now() const;
   std::vector<int> members_of(const parallel::WaitInfo& w) const;
   std::vector<std::optional<Heartbeat>> read_beats(const std::vector<int>& ranks) const;
+  // Members of `ranks` (self excluded) whose process on this host no longer exists: one
+  // not_arrived record each, state "gone".
+  nlohmann::json gone_members(const std::vector<int>& ranks, const std::vector<std::optional<Heartbeat>>& beats) const;
+  // "" when this rank records the hang; else why it does not.
+  std::string hang_recorder() const;
   [[noreturn]] void hang(const std::string& what, nlohmann::json rec, const nlohmann::json& missing);
 
-  std::string run_dir_, host_;
+  std::string run_dir_, host_, attempt_;
   int rank_, world_;
+  pid_t parent_;  // the launcher (mpirun, slurmstepd) that started this rank
   TimeoutChoice choice_;
   std::shared_ptr<spdlog::logger> log_;
   bool lead_, log_on_console_;

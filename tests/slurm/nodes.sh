@@ -127,4 +127,7 @@ fi
 
 n=$(failure_count)
 log "done: $n failure(s)"
+# The moments and kinds of every stop and loss follow from the seed: a failure names it, with
+# the command that replays it.
+[ "$n" -eq 0 ] || log "FAILED at seed $SEED: replay with RUNNER_SLURM_SEED=$SEED NODES_PARTS='$PARTS' bash $0 $RUNNER"
 [ "$n" -eq 0 ]
