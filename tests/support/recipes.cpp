@@ -102,15 +102,8 @@ std::vector<double> window_means(std::map<int64_t, double>& loss) {
   return means;
 }
 
-}  // namespace
-
-Run train(const std::string& precision, const std::string& recipe) {
-  const TempDir dir("quickstart_" + precision);
-  const fs::path run = dir / "run";
-  const Result res = sh(binary() + " train " + recipe + " --quiet --run-dir " + run.string() +
-                        " --set precision.compute=" + precision);
-  INFO(res.out);
-  REQUIRE(res.code == 0);
+// What one quickstart run's metrics say.
+Run read_run(const fs::path& run) {
   Run r;
   std::map<int64_t, double> loss;
   for (const nlohmann::json& j : metrics_records(run)) {
@@ -124,6 +117,38 @@ Run train(const std::string& precision, const std::string& recipe) {
   }
   r.window_means = window_means(loss);
   return r;
+}
+
+}  // namespace
+
+Run train(const std::string& precision, const std::string& recipe) {
+  const TempDir dir("quickstart_" + precision);
+  const fs::path run = dir / "run";
+  const Result res = sh(binary() + " train " + recipe + " --quiet --run-dir " + run.string() +
+                        " --set precision.compute=" + precision);
+  INFO(res.out);
+  REQUIRE(res.code == 0);
+  return read_run(run);
+}
+
+std::vector<Run> train_at_once(const std::vector<std::string>& precisions, const std::string& recipe) {
+  const TempDir dir("quickstart_at_once");
+  std::string cmd;
+  for (const std::string& p : precisions) {
+    const fs::path run = dir / p;
+    cmd += "{ " + binary() + " train " + recipe + " --quiet --run-dir " + run.string() + " --set precision.compute=" +
+           p + " --set train.threads=1 > " + (dir / (p + ".log")).string() + " 2>&1; echo $? > " +
+           (dir / (p + ".rc")).string() + "; } &\n";
+  }
+  sh(cmd + "wait");
+  std::vector<Run> runs;
+  for (const std::string& p : precisions) {
+    CAPTURE(p);
+    INFO(slurp(dir / (p + ".log")));
+    REQUIRE(slurp(dir / (p + ".rc")) == "0\n");
+    runs.push_back(read_run(dir / p));
+  }
+  return runs;
 }
 
 const Run& fp32() {
