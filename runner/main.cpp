@@ -15,8 +15,10 @@
 #include "ops/knobs.h"
 #include "runner/checkpoint/checkpoint.h"
 #include "runner/checkpoint/isolated.h"
+#include "runner/data/data.h"
 #include "runner/cli/command.h"
 #include "runner/errors.h"
+#include "runner/recipe/recipe.h"
 #include "runner/run/restart.h"
 #include "runner/signals.h"
 #include "runner/train/fault_hook.h"
@@ -87,6 +89,8 @@ int run_command(cli::Command& cmd, int* argc, char*** argv) {
 int main(int argc, char** argv) {
   default_passive_waiting(argv);  // before anything starts OpenMP's threads (runner/train/startup.h)
   disable_hdf5_exit_cleanup();  // a failed write's half-closed file must not crash the exit
+  // Recipe validation reads the prepared data's tokenizer vocabulary through the data room.
+  runner::set_data_vocabulary(runner::prepared_vocabulary);
   CLI::App app{"runner: a declarative training job runner for transformer language models"};
   app.set_version_flag("--version", std::string("runner ") + RUNNER_VERSION);
   app.require_subcommand(1);

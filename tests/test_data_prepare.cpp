@@ -326,9 +326,20 @@ TEST_CASE("train and plan on a prepared dataset: vocabulary and tokenizer mismat
                                       (d / "run_small").string());
     INFO(cmd << ": " << r.out);
     CHECK(r.code == 2);
-    CHECK(r.out.find("vocabulary 256") != std::string::npos);
-    CHECK(r.out.find("model.vocab_size is 200") != std::string::npos);
+    // At the key's line, by recipe validation (the data's tokenizer read from its manifest).
+    CHECK(r.out.find("small.yaml:3:") != std::string::npos);
+    CHECK(r.out.find("model.vocab_size = 200 is smaller than the vocabulary of the tokenizer the data was prepared "
+                     "with (256)") != std::string::npos);
   }
+  // With the recipe's other problems, in one report (not only once they are fixed).
+  std::string two = tiny_recipe(d / "bytes", 200);
+  two.replace(two.find("n_heads: 2"), 10, "n_heads: 3");
+  write(d / "two.yaml", two);
+  auto r2 = test_support::runner_cmd("plan " + (d / "two.yaml").string());
+  INFO(r2.out);
+  CHECK(r2.code == 2);
+  CHECK(r2.out.find("n_heads") != std::string::npos);
+  CHECK(r2.out.find("model.vocab_size = 200 is smaller") != std::string::npos);
   CHECK(!fs::exists(d / "run_small" / "metrics.jsonl"));
   write(d / "wrong_tok.yaml", tiny_recipe(d / "pairs", 65856, "  tokenizer: byte\n"));
   for (const char* cmd : {"plan", "train"}) {

@@ -195,6 +195,10 @@ struct DataTokenizer {
   int64_t eos_id = -1;
 };
 std::optional<DataTokenizer> data_tokenizer(const DataConfig& cfg);
+// The largest tokenizer vocabulary among the prepared datasets the data names (data.path or
+// every data.mix entry); nullopt when none is a prepared dataset. For validation
+// (runner::set_data_vocabulary).
+std::optional<int64_t> prepared_vocabulary(const DataConfig& cfg);
 
 // At `runner train` start (rank 0, after the checks): copies the data's tokenizer files to
 // RUN_DIR/tokenizer/ (not for the byte tokenizer: no such directory means byte) and records

@@ -301,6 +301,16 @@ std::optional<DataTokenizer> data_tokenizer(const DataConfig& cfg) {
   return DataTokenizer{m.tokenizer, (fs::path(dir) / "tokenizer").string(), m.eos_id};
 }
 
+std::optional<int64_t> prepared_vocabulary(const DataConfig& cfg) {
+  std::vector<std::string> dirs;
+  if (cfg.mix.empty()) dirs.push_back(cfg.path);
+  for (const auto& m : cfg.mix) dirs.push_back(m.path);
+  std::optional<int64_t> v;
+  for (const std::string& dir : dirs)
+    if (!dir.empty() && is_prepared_dataset(dir)) v = std::max(v.value_or(0), read_dataset_manifest(dir).tokenizer.vocab_size);
+  return v;
+}
+
 namespace {
 
 json tokenizer_json(const tok::TokenizerInfo& t) {

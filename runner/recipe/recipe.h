@@ -226,6 +226,14 @@ Recipe load_recipe_text(const std::string& text, const std::string& display_name
 // again after editing a Recipe in code. Throws UserError at the field's Recipe::loc.
 void validate_recipe(const Recipe& r);
 
+// The vocabulary of the tokenizer the recipe's data was made with, as the data room reads it
+// (a prepared dataset's manifest: runner/data, set by main), so that validation reports a
+// model.vocab_size below it at that key's line with the recipe's other problems, not only when
+// the data is opened after them. Null (tests that load recipes in-process) or a nullopt answer
+// (not a prepared dataset, not here): nothing is checked here; the data source still checks.
+using DataVocabulary = std::optional<int64_t> (*)(const DataConfig&);
+void set_data_vocabulary(DataVocabulary probe);
+
 // The recipe as resolved, every default filled in, as YAML text (saved in the run directory).
 std::string recipe_to_yaml(const Recipe& r);
 

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -269,12 +270,34 @@ void check_data_mix(Checks& c) {
              "name a directory written by runner data prepare");
 }
 
+DataVocabulary g_data_vocabulary = nullptr;
+
+// A model vocabulary below the data's tokenizer's: the token ids past it could not be embedded.
+void check_data_vocabulary(Checks& c) {
+  const Recipe& r = c.recipe();
+  if (!g_data_vocabulary || r.model.vocab_size <= 0) return;
+  if (!c.clean({"data.kind", "data.path", "data.mix", "model.vocab_size"})) return;
+  std::optional<int64_t> v;
+  try {
+    v = g_data_vocabulary(r.data);
+  } catch (const std::exception&) {
+    return;  // unreadable data: the data source names it when it opens the data
+  }
+  if (v && *v > r.model.vocab_size)
+    c.fail("model.vocab_size",
+           "model.vocab_size = " + std::to_string(r.model.vocab_size) +
+               " is smaller than the vocabulary of the tokenizer the data was prepared with (" + std::to_string(*v) +
+               "): its larger token ids would have no embedding",
+           "set model.vocab_size >= " + std::to_string(*v) + " (a multiple of 64 runs faster)");
+}
+
 // Data and hardware.
 void check_data_and_hardware(Checks& c) {
   const Recipe& r = c.recipe();
   const ModelConfig& m = r.model;
   const DataConfig& d = r.data;
   check_data_mix(c);
+  check_data_vocabulary(c);
   if (c.clean({"data.kind", "data.path", "data.mix"}) && d.mix.empty()) {
     if (d.kind != DataKind::addition && d.path.empty())
       c.fail("data.kind", "data kind " + to_string(d.kind) + " needs data.path",
@@ -312,6 +335,8 @@ std::vector<Problem> recipe_detail::cross_field_problems(const Recipe& r, const 
   check_data_and_hardware(c);
   return c.take();
 }
+
+void set_data_vocabulary(DataVocabulary probe) { g_data_vocabulary = probe; }
 
 void validate_recipe(const Recipe& r) {
   std::vector<Problem> problems = recipe_detail::cross_field_problems(r, {});
