@@ -422,6 +422,32 @@ void Watchdog::check_stall(int64_t now_ns) {
        {{"kind", "stall"}, {"waited_s", idle_s}}, missing);
 }
 
+namespace {
+// One line of a hang's message: a member that did not arrive, and what its heartbeat says.
+std::string missing_member_line(const nlohmann::json& m) {
+  const std::string state = m.value("state", "?");
+  std::string line = fmt::format("rank {}", m.value("rank", -1));
+  const std::string doing = m.value("doing", "nothing");
+  const std::string waiting = doing == "nothing" ? "" : ", waiting on " + doing;
+  if (m.contains("host")) line += fmt::format(" (host {}, pid {})", m.value("host", "?"), m.value("pid", 0));
+  if (state == "gone")
+    line += fmt::format(" is gone: its process exited (last seen in {} at step {})", m.value("phase", "?"),
+                        m.value("step", int64_t{0}));
+  else if (state == "stopped")
+    line += fmt::format(" did not arrive: its heartbeat stopped {:.1f} s ago (a stopped or dead process, or an "
+                        "unreachable node); last seen in {} at step {}{}",
+                        m.value("heartbeat_age_s", 0.0), m.value("phase", "?"), m.value("step", int64_t{0}), waiting);
+  else if (state == "elsewhere")
+    line += fmt::format(" did not arrive: it is in {} at step {}{}", m.value("phase", "?"), m.value("step", int64_t{0}),
+                        waiting);
+  else if (state == "stalled")
+    line += " is stuck itself";
+  else
+    line += " did not arrive and wrote no heartbeat (its watchdog never started)";
+  return line;
+}
+}  // namespace
+
 // One message, the records, exit 5. Runs on the watchdog's thread while the trainer's is
 // blocked (in MPI, a kernel, a read): nothing can unwind it, so logs are flushed and the
 // process ends with _Exit; the launcher stops the other ranks.
@@ -438,26 +464,7 @@ void Watchdog::hang(const std::string& what, nlohmann::json rec, const nlohmann:
                                       choice_.source);
   std::string who;
   for (const auto& m : missing) {
-    const std::string state = m.value("state", "?");
-    std::string line = fmt::format("rank {}", m.value("rank", -1));
-    const std::string doing = m.value("doing", "nothing");
-    const std::string waiting = doing == "nothing" ? "" : ", waiting on " + doing;
-    if (m.contains("host")) line += fmt::format(" (host {}, pid {})", m.value("host", "?"), m.value("pid", 0));
-    if (state == "gone")
-      line += fmt::format(" is gone: its process exited (last seen in {} at step {})", m.value("phase", "?"),
-                          m.value("step", int64_t{0}));
-    else if (state == "stopped")
-      line += fmt::format(" did not arrive: its heartbeat stopped {:.1f} s ago (a stopped or dead process, or an "
-                          "unreachable node); last seen in {} at step {}{}",
-                          m.value("heartbeat_age_s", 0.0), m.value("phase", "?"), m.value("step", int64_t{0}), waiting);
-    else if (state == "elsewhere")
-      line += fmt::format(" did not arrive: it is in {} at step {}{}", m.value("phase", "?"), m.value("step", int64_t{0}),
-                          waiting);
-    else if (state == "stalled")
-      line += " is stuck itself";
-    else
-      line += " did not arrive and wrote no heartbeat (its watchdog never started)";
-    msg += "\n  " + line;
+    msg += "\n  " + missing_member_line(m);
     if (who.empty()) who = fmt::format("rank {}{}", m.value("rank", -1), m.contains("host") ? " on " + m.value("host", "?") : "");
   }
   if (missing.empty())
