@@ -8,6 +8,7 @@
 #include "ops/executor.h"
 #include "ops/kernel_check.h"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -51,6 +52,14 @@ struct Executor::Impl {
   const Graph& g;
   Backend* be;  // null in dry-run mode
   bool dry() const { return be == nullptr; }
+  // native16_available(*be, t) for BF16 and F16, asked once (-1: not yet): it walks every
+  // native16 kind's kernels, and native16_call asks it for each node, each pass.
+  mutable std::array<int8_t, 2> native16_ok{-1, -1};
+  bool backend_native16(DType t) const {
+    int8_t& ok = native16_ok[t == DType::BF16 ? 0 : 1];
+    if (ok < 0) ok = native16_available(*be, t) ? 1 : 0;
+    return ok == 1;
+  }
 
   std::vector<Tensor> vals, grads;
   std::vector<char> live, glive, galias;
@@ -236,7 +245,7 @@ struct Executor::Impl {
         return false;
       }
     }
-    return dry() || native16_available(*be, t);
+    return dry() || backend_native16(t);
   }
 
   // Node n's input values as its kernels read them (fp32, widened from 16 bits, or int; or as
