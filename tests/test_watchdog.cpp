@@ -238,30 +238,31 @@ TEST_CASE("a rank stopped with SIGSTOP is named within the timeout + 10 s, exit 
   }
 }
 
-TEST_CASE("a rank killed with SIGKILL: the survivor names it (rank, host, pid) long before the timeout, exit 5; no rank outlives the job") {
-  const fs::path dir = kScratch.path / "sigkill";
-  // A 60 s timeout: only the dead process itself (not the timeout) can explain a quick stop.
+// Two ranks with a 60 s timeout (only the dead process itself, not the timeout, can explain a
+// quick stop), `env` in front; rank 1 is killed with SIGKILL once rank 0's heartbeat satisfies
+// `when`. Then the survivor must have named it (rank, host, pid) in its own words, not only
+// mpirun's, in one hang record, and no rank outlives the job.
+void check_killed_rank1_named(const fs::path& dir, const std::string& env,
+                              const std::function<bool(const runner::Heartbeat&)>& when) {
   const std::string cmd = test_support::mpirun(2) + RUNNER_BINARY + " train " + recipe() + " --quiet --run-dir " +
                           dir.string() + " --set train.collective_timeout=60 train.steps=400";
-  const std::string full = "RUNNER_FAULT_STEP_SLEEP_MS=100 RUNNER_FAULT_STEP_SLEEP_RANK=1 " + cmd;
   test_support::Result r;
-  std::thread job([&] { r = test_support::sh(full); });
+  std::thread job([&] { r = test_support::sh(env + " " + cmd); });
   int victim = 0, survivor = 0;
   for (int i = 0; i < 3000 && (victim == 0 || survivor == 0); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     auto h1 = runner::read_heartbeat(dir.string(), 1), h0 = runner::read_heartbeat(dir.string(), 0);
-    if (h1 && h0 && h1->step >= 3) victim = h1->pid, survivor = h0->pid;
+    if (h1 && h0 && h1->step >= 3 && when(*h0)) victim = h1->pid, survivor = h0->pid;
   }
-  REQUIRE(victim > 0);
-  kill(victim, SIGKILL);
+  if (victim > 0) kill(victim, SIGKILL);
   const auto t0 = std::chrono::steady_clock::now();
   job.join();
+  REQUIRE(victim > 0);
   const double took = seconds_since(t0);
   INFO(r.out);
   MESSAGE("SIGKILL to the job's end: " << took << " s (timeout 60 s)");
   CHECK(took < 30);
   CHECK_FALSE(alive(survivor));
-  // Rank 0 said who is gone, in its words, not only mpirun's.
   CHECK(r.out.find("watchdog: rank 0") != std::string::npos);
   CHECK(r.out.find("rank 1 (host " + hostname() + ", pid " + std::to_string(victim) + ") is gone") != std::string::npos);
   const std::vector<json> hangs = events(dir, "hang");
@@ -275,6 +276,19 @@ TEST_CASE("a rank killed with SIGKILL: the survivor names it (rank, host, pid) l
   REQUIRE(!ends.empty());
   CHECK(ends.back()["exit_code"] == runner::kExitHang);
   CHECK(ends.back()["cause"].get<std::string>().find("is gone") != std::string::npos);
+}
+
+TEST_CASE("a rank killed with SIGKILL: the survivor names it (rank, host, pid) long before the timeout, exit 5; no rank outlives the job") {
+  // Rank 1 is the slow one, so rank 0 mostly waits for it in a collective.
+  check_killed_rank1_named(kScratch.path / "sigkill", "RUNNER_FAULT_STEP_SLEEP_MS=100 RUNNER_FAULT_STEP_SLEEP_RANK=1",
+                           [](const runner::Heartbeat&) { return true; });
+}
+
+TEST_CASE("a rank killed while the survivor writes its checkpoint: named in the second between mpirun's SIGTERM and SIGKILL") {
+  // Rank 0's step-5 save takes 5 s longer and marks no collective: mpirun sees rank 1 die,
+  // sends rank 0 SIGTERM and, a second later, SIGKILL. Only the stop signal can tell rank 0 to look.
+  check_killed_rank1_named(kScratch.path / "sigkill_checkpoint", "RUNNER_FAULT_CKPT_SLEEP_MS=5000 RUNNER_FAULT_CKPT_SLEEP_RANK=0",
+                           [](const runner::Heartbeat& h0) { return h0.phase == "checkpoint" && h0.step == 5; });
 }
 
 TEST_CASE("a rank stopped inside its checkpoint write is named too: a stale heartbeat exempts nothing") {

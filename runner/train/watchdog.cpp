@@ -21,6 +21,7 @@
 #include "runner/errors.h"
 #include "runner/run/run_dir.h"
 #include "runner/run/slurm.h"
+#include "runner/signals.h"
 #include "runner/train/startup.h"
 
 namespace runner {
@@ -264,8 +265,12 @@ void Watchdog::loop() {
   int64_t last_tick = parallel::watch_now_ns(), last_beat = last_tick;
   while (!stopping_) {
     // Checks every quarter second at most (a dead peer or a gone launcher is seen within it);
-    // the heartbeat is written at its own interval.
-    const auto period = std::chrono::duration<double>(std::min(0.25, heartbeat_interval(timeout_s())));
+    // the heartbeat is written at its own interval. Inside a collective, or once a stop signal
+    // came, every 50 ms: a launcher that saw a rank die sends SIGTERM and SIGKILL one second
+    // apart (Open MPI's odls_base_sigkill_timeout), and in between this rank must name the
+    // dead one; its SIGKILL leaves no other chance, and a busy machine delays each tick.
+    const bool urgent = stop_requested() || parallel::watch_current().active;
+    const auto period = std::chrono::duration<double>(std::min(urgent ? 0.05 : 0.25, heartbeat_interval(timeout_s())));
     cv_.wait_for(lk, period, [this] { return stopping_; });
     if (stopping_) break;
     lk.unlock();
@@ -331,9 +336,34 @@ void Watchdog::check(int64_t now_ns) {
   // with no heartbeat yet). Its own checkpoint phase does not: a collective write waits on the
   // others, and whether they are writing too (fresh and exempt) or stopped is theirs to say.
   if (static_cast<Phase>(phase) == Phase::Startup || steps_done_.load() == 0) last_exempt_ns_ = now_ns;
+  check_stop_signal(now_ns);
   const parallel::WaitInfo w = parallel::watch_current();
   if (w.active) check_wait(w, now_ns);
   else check_stall(now_ns);
+}
+
+// A launcher that saw one of its ranks die stops the others with SIGTERM, then SIGKILL a second
+// later (Open MPI), and this rank may be anywhere then: in a collective, or writing its
+// checkpoint with no collective marked. So for the first two seconds after a stop signal the
+// ranks on this host are looked at on every tick, and one that is gone is named: otherwise
+// only the launcher's words ("exited on signal 9") would tell what happened. Ranks that ended
+// cleanly (preempted with their checkpoint, phase done) are not gone.
+void Watchdog::check_stop_signal(int64_t now_ns) {
+  if (world_ == 1 || !stop_requested()) return;
+  if (stop_seen_ns_ == 0) stop_seen_ns_ = now_ns;
+  if ((now_ns - stop_seen_ns_) / 1e9 > 2.0) return;
+  if (!host_peers_known_) {  // every heartbeat read once; hosts do not change within a job
+    std::vector<int> all;
+    for (int r = 0; r < world_; ++r) all.push_back(r);
+    const std::vector<std::optional<Heartbeat>> beats = read_beats(all);
+    for (size_t i = 0; i < all.size(); ++i)
+      if (beats[i] && beats[i]->host == host_) host_peers_.push_back(all[i]);
+    host_peers_known_ = true;
+  }
+  const nlohmann::json gone = gone_members(host_peers_, read_beats(host_peers_));
+  if (gone.empty()) return;
+  hang(fmt::format("was asked to stop ({}, as a launcher stops a job one of whose ranks died)", stop_signal_name()),
+       {{"kind", "gone"}, {"signal", stop_signal_name()}}, gone);
 }
 
 std::vector<int> Watchdog::members_of(const parallel::WaitInfo& w) const {
@@ -356,7 +386,9 @@ std::vector<std::optional<Heartbeat>> Watchdog::read_beats(const std::vector<int
 void Watchdog::check_wait(const parallel::WaitInfo& w, int64_t now_ns) {
   const double timeout = timeout_s();
   // A member whose process on this host is gone never arrives: no need to wait for the timeout.
-  if ((now_ns - w.since_ns) / 1e9 >= std::min(0.5, heartbeat_interval(timeout))) {
+  // Looked for once a wait is half a second old, or at once after a stop signal (the launcher
+  // stopping the job because a rank died).
+  if (stop_requested() || (now_ns - w.since_ns) / 1e9 >= std::min(0.5, heartbeat_interval(timeout))) {
     const std::vector<int> members = members_of(w);
     const nlohmann::json gone = gone_members(members, read_beats(members));
     if (!gone.empty()) {

@@ -111,6 +111,7 @@ class Watchdog {
   void check(int64_t now_ns);
   void check_wait(const parallel::WaitInfo& w, int64_t now_ns);
   void check_stall(int64_t now_ns);
+  void check_stop_signal(int64_t now_ns);
   bool exempt_now() const;
   std::vector<int> members_of(const parallel::WaitInfo& w) const;
   std::vector<std::optional<Heartbeat>> read_beats(const std::vector<int>& ranks) const;
@@ -134,6 +135,9 @@ class Watchdog {
   int64_t last_progress_ns_ = 0, last_exempt_ns_ = 0, seen_ticks_ = -1;
   int64_t phase_since_ns_ = 0;  // when this rank entered its present phase
   int seen_phase_ = -1;
+  int64_t stop_seen_ns_ = 0;  // when this thread first saw a stop signal (0: none yet)
+  std::vector<int> host_peers_;  // the other ranks on this host, from their heartbeats (once)
+  bool host_peers_known_ = false;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
