@@ -13,4 +13,4 @@ export OMP_WAIT_POLICY=PASSIVE
 SOAKS='^(test_quickstart16|test_generate_quickstart|test_slurm|test_slurm_nodes|soak_hardening|soak_outputs)$'
 # The strict-device variants (label strict, cmake/strict_tests.cmake: the device tests again on
 # hardware.device cpu-strict) are .ci/run's own step too: `ctest --test-dir build -L strict`.
-ctest --test-dir build --output-on-failure --timeout 900 -j1 -E "$SOAKS" -LE strict
+ctest --test-dir build --output-on-failure --timeout 900 -j2 -E "$SOAKS" -LE strict
