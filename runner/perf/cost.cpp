@@ -351,21 +351,21 @@ DpCost dp_cost(const Ctx& c, const StageCost& s, bool inter, double gbytes, doub
 }
 
 // ZeRO-3's parameter all-gathers on the critical stage, per micro-batch: the gather units
-// (each transformer layer's parameters together, each parameter outside the layers alone: the
-// ledger's), in the compute dtype, in forward order before the forward and in reverse before
+// (each transformer layer's parameters together, the parameters before and after the layers
+// one unit each: the ledger's), in the compute dtype, in forward order before the forward and in reverse before
 // the backward (not with reshard_after_forward false: the forward's stay). Unit i+1's gather
 // runs behind unit i's compute (prefetch): exposed is the first unit's gather and, for each
-// later unit, what of its gather its predecessor's compute does not cover. Units outside the
-// layers (embedding, final norm, head) are priced with no compute of their own to hide behind.
+// later unit, what of its gather its predecessor's compute does not cover. The units outside
+// the layers (embedding; final norm and head) are priced with no compute to hide behind.
 DpCost zero3_gathers(const Ctx& c, const StageCost& s, bool inter, double wbytes) {
   DpCost d;
   const Plan& p = c.p;
   if (p.dp <= 1 || p.recipe.parallel.zero < 3) return d;
   std::vector<double> gather, fwd, bwd;
-  int last = -1;
+  int last = -2;
   for (const ops::TensorDesc& t : p.layout->rank_params(s.stage, 0)) {
     const double bytes = static_cast<double>(ops::numel_of(t.shape)) * wbytes;
-    if (t.layer >= 0 && t.layer == last && !gather.empty()) { gather.back() += bytes; continue; }
+    if (t.layer == last) { gather.back() += bytes; continue; }
     gather.push_back(bytes), fwd.push_back(0), bwd.push_back(0);
     last = t.layer;
     for (const ChunkCost* k : s.chunks)

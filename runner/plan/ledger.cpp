@@ -81,13 +81,14 @@ void stage_activations(const Plan& p, int s, size_t wbytes, StageLedger& L) {
 namespace {
 
 // ZeRO-3's gather units of stage `stage` (tensor-parallel rank 0), in forward order, as element
-// counts: each transformer layer's parameters together, each parameter outside the layers (the
-// embedding, the final norm, the head) alone.
+// counts: each transformer layer's parameters together, and the parameters outside the layers
+// that come together (before the layers: the embeddings; after them: the final norm and the
+// head) as one unit each, as FSDP wraps them.
 std::vector<int64_t> zero3_units(const ModelLayout& lay, int stage) {
   std::vector<int64_t> units;
-  int last = -1;
+  int last = -2;
   for (const ops::TensorDesc& d : lay.rank_params(stage, 0)) {
-    if (d.layer >= 0 && d.layer == last && !units.empty()) units.back() += ops::numel_of(d.shape);
+    if (d.layer == last) units.back() += ops::numel_of(d.shape);
     else units.push_back(ops::numel_of(d.shape));
     last = d.layer;
   }
@@ -132,8 +133,8 @@ double largest(std::vector<int64_t> v, size_t n) {
 //     backward fills the next: the two largest buckets, as parallel/grad_sync.cpp cuts them
 //     (bucket_mb, whole parameters in reverse order, padded to a multiple of dp), in full size.
 //  3: the parameters too: the layer being computed and the next one prefetched, gathered in
-//     full (the two largest gather units: a transformer layer, or a parameter outside the
-//     layers such as the embedding or the head) in the compute dtype, or with
+//     full (the two largest gather units: a transformer layer, or the parameters before or
+//     after the layers, such as the embedding or the head) in the compute dtype, or with
 //     reshard_after_forward false every unit kept gathered from its forward to its backward
 //     (the stage's whole weights); and the full-size gradients of the unit being
 //     reduce-scattered (the largest unit, gradient dtype).

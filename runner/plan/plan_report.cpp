@@ -193,8 +193,8 @@ std::string Plan::table() const {
   o << "\n  memory per rank        ";
   for (auto& s : stages) o << fmt::format("{:>12}", pp > 1 ? fmt::format("stage {}", s.stage) : std::string("rank"));
   o << "\n";
-  // A sharded account says so: "gradients / dp 8".
-  const std::string per_dp = dp > 1 ? fmt::format(" / dp {}", dp) : "";
+  // A sharded account says so: "gradients /dp 8".
+  const std::string per_dp = dp > 1 ? fmt::format(" /dp {}", dp) : "";
   auto sharded = [&](const char* name, int64_t stage) {
     return r.parallel.zero >= stage ? name + per_dp : std::string(name);
   };
