@@ -196,7 +196,7 @@ TEST_CASE("train refuses zero 2 and 3 at the recipe's parallel.zero line; plan s
   INFO("train: " << train.out);
   CHECK(train.code == 2);
   CHECK(train.out.find((dir / "z2.yaml").string() + ":" + std::to_string(line) +
-                       ":9: parallel.zero: 2 is planned but not yet run by the trainer") != std::string::npos);
+                       ":3: parallel.zero: 2 is planned but not yet run by the trainer") != std::string::npos);
   CHECK(train.out.find("use 1") != std::string::npos);
   CHECK(fs::is_empty(cwd));
   const Result plan = run("plan " + (dir / "z2.yaml").string(), cwd.string());
