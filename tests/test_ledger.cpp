@@ -327,6 +327,10 @@ TEST_CASE("ZeRO 0/1/2/3 per rank, exact bytes, alone and under tp 2 x pp 2") {
     CHECK(table.find("parameters /dp 4") != std::string::npos);
     CHECK(table.find("gradients /dp 4") != std::string::npos);
     CHECK(table.find("optimizer states /dp 4") != std::string::npos);
+    const nlohmann::json j = plan(3, sets).to_json()["zero"];
+    CHECK(j["stage"] == 3);
+    CHECK(j["divided_by_dp"] == nlohmann::json::array({"parameters", "gradients", "optimizer"}));
+    CHECK(plan(1, sets).to_json()["zero"]["divided_by_dp"] == nlohmann::json::array({"optimizer"}));
   }
   SUBCASE("dp 4 x tp 2 x pp 2: this rank's tp and pp shard divided by dp") {
     // tp 2 halves every matrix and the vocabulary rows; the norms are replicated: a layer is

@@ -103,6 +103,13 @@ nlohmann::json Plan::to_json() const {
   j["name"] = recipe.name;
   j["world"] = world;
   j["grid"] = {{"dp", dp}, {"tp", tp}, {"pp", pp}};
+  // The ZeRO stage and the accounts it divides by dp (docs/parallel.md).
+  const int64_t z = recipe.parallel.zero;
+  json divided = json::array();
+  if (z >= 3) divided.push_back("parameters");
+  if (z >= 2) divided.push_back("gradients");
+  if (z >= 1) divided.push_back("optimizer");
+  j["zero"] = {{"stage", z}, {"divided_by_dp", divided}, {"reshard_after_forward", recipe.parallel.reshard_after_forward}};
   j["batch"] = {{"global", global}, {"micro", micro}, {"accum", accum}, {"derived", derived},
                 {"tokens_per_step", tokens_per_step}};
   j["vocab_padded"] = vocab_padded;
