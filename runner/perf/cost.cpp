@@ -352,8 +352,9 @@ DpCost dp_cost(const Ctx& c, const StageCost& s, bool inter, double gbytes, doub
 
 // ZeRO-3's parameter all-gathers on the critical stage, per micro-batch: the gather units
 // (each transformer layer's parameters together, the parameters before and after the layers
-// one unit each: the ledger's), in the compute dtype, in forward order before the forward and in reverse before
-// the backward (not with reshard_after_forward false: the forward's stay). Unit i+1's gather
+// one unit each: the ledger's), in the compute dtype, in forward order before the forward and
+// in reverse before the backward (not with reshard_after_forward false: the forward's stay),
+// over the dp axis only (a tp or pp rank gathers its own shard). Unit i+1's gather
 // runs behind unit i's compute (prefetch): exposed is the first unit's gather and, for each
 // later unit, what of its gather its predecessor's compute does not cover. The units outside
 // the layers (embedding; final norm and head) are priced with no compute to hide behind.

@@ -76,10 +76,6 @@ void stage_activations(const Plan& p, int s, size_t wbytes, StageLedger& L) {
   L.activations = peak;
 }
 
-}  // namespace
-
-namespace {
-
 // ZeRO-3's gather units of stage `stage` (tensor-parallel rank 0), in forward order, as element
 // counts: each transformer layer's parameters together, and the parameters outside the layers
 // that come together (before the layers: the embeddings; after them: the final norm and the
