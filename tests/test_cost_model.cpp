@@ -359,3 +359,66 @@ TEST_CASE("to_json carries every field of the prediction") {
   CHECK(j.at("step_s").get<double>() == doctest::Approx(c.step_s));
   CHECK(j.at("breakdown").at("comm_exposed").at("tp").get<double>() == doctest::Approx(c.comm_exposed.at("tp")));
 }
+
+// ZeRO-2: ZeRO-1's reduce-scatter after every micro-batch's backward (the shard cannot hold
+// an unsharded sum), the all-gather once. ZeRO-3: no all-gather after the optimizer; every
+// gather unit all-gathered before its forward and again before its backward, per micro-batch,
+// behind the previous unit's compute. The tiny model's units (tied embedding, GPT-2 layers):
+// before the layers wte + wpe, 64 x 32 + 16 x 32 = 2560; a layer 2C + 3C^2 + 3C + C^2 + C + 2C
+// + HC + H + CH + C = 12704; after them ln_f, 2C = 64.
+TEST_CASE("ZeRO-2 and ZeRO-3: reduce-scatter per micro-batch; ZeRO-3's gathers per layer, hidden behind compute") {
+  HardwareProfile hw = hand_profile();
+  auto rs = [&](double bytes) { return hw.collective_seconds(Collective::reduce_scatter, 2, bytes, false); };
+  auto ag = [&](double bytes) { return hw.collective_seconds(Collective::all_gather, 2, bytes, false); };
+  const double small = hw.collective_seconds(Collective::all_reduce, 2, 8, false) +
+                       hw.collective_seconds(Collective::all_reduce, 2, 16, false);
+  auto plan = [&](int zero, int64_t layers, std::vector<std::string> more = {}) {
+    std::vector<std::string> sets = {"parallel.dp=2", "batch.global=8", "parallel.bucket_mb=1000",
+                                     "parallel.zero=" + std::to_string(zero), "model.n_layers=" + std::to_string(layers)};
+    sets.insert(sets.end(), more.begin(), more.end());
+    return plan_of(sets);
+  };
+  const double layer = 12704, before = 2560, after = 64;
+  const Plan two = plan(2, 2);
+  REQUIRE(two.accum == 2);
+  REQUIRE(static_cast<double>(two.param_count) == before + 2 * layer + after);
+  const double padded = std::ceil(static_cast<double>(two.param_count) / 2) * 2;
+  SUBCASE("ZeRO-2: twice ZeRO-1's reduce-scatter at accum 2, one all-gather") {
+    const StepCost c = predict_step(two, hw);
+    CHECK(c.comm_total.at("dp") == doctest::Approx(2 * rs(4 * padded) + ag(4 * padded) + small).epsilon(1e-9));
+    CHECK(c.comm_exposed.at("dp") == doctest::Approx(2 * rs(4 * padded) + ag(4 * padded) + small).epsilon(1e-9));
+    const StepCost one = predict_step(plan(1, 2), hw);
+    CHECK(one.comm_total.at("dp") == doctest::Approx(rs(4 * padded) + ag(4 * padded) + small).epsilon(1e-9));
+  }
+  SUBCASE("ZeRO-3: per micro-batch each unit gathered twice; the total grows with the layers") {
+    auto gathers = [&](int64_t layers) {
+      return ag(4 * before) + static_cast<double>(layers) * ag(4 * layer) + ag(4 * after);
+    };
+    for (int64_t layers : {2, 4}) {
+      INFO(layers << " layers");
+      const Plan p = plan(3, layers);
+      const double pad = std::ceil(static_cast<double>(p.param_count) / 2) * 2;
+      const StepCost c = predict_step(p, hw);
+      CHECK(c.comm_total.at("dp") == doctest::Approx(2 * (2 * gathers(layers) + rs(4 * pad)) + small).epsilon(1e-9));
+      // Kept from forward to backward: one gather per unit.
+      const StepCost keep = predict_step(plan(3, layers, {"parallel.reshard_after_forward=false"}), hw);
+      CHECK(keep.comm_total.at("dp") == doctest::Approx(2 * (gathers(layers) + rs(4 * pad)) + small).epsilon(1e-9));
+    }
+    CHECK(predict_step(plan(3, 4), hw).comm_total.at("dp") > predict_step(plan(3, 2), hw).comm_total.at("dp"));
+  }
+  SUBCASE("ZeRO-3 with compute dominating: only the gathers nothing computes before are exposed") {
+    // GEMMs a million times slower: every layer's compute outlasts any gather. Exposed per pass
+    // is the first unit's gather and the one after a unit with no compute of its own (the
+    // embedding before layer 0 in the forward, ln_f before the last layer in the backward):
+    // the same for 2 layers and for 4.
+    for (ComputeProfile& c : hw.compute) c.gemm["fp32"][0].flops_per_s *= 1e-6;
+    for (int64_t layers : {2, 4}) {
+      INFO(layers << " layers");
+      const Plan p = plan(3, layers);
+      const double pad = std::ceil(static_cast<double>(p.param_count) / 2) * 2;
+      const StepCost c = predict_step(p, hw);
+      const double exposed = ag(4 * before) + ag(4 * layer) + ag(4 * after) + ag(4 * layer);
+      CHECK(c.comm_exposed.at("dp") == doctest::Approx(2 * (exposed + rs(4 * pad)) + small).epsilon(1e-9));
+    }
+  }
+}

@@ -268,3 +268,115 @@ TEST_CASE("KV-cache bytes per token scale with n_kv_heads (Llama 2 70B: 8 of 64 
   CHECK(per_token(4, "bf16") == 2.0 * 20 * 4 * 128 * 2);   // tp 8 does not divide 4: all 4 on every rank
   CHECK(per_token(8, "int8") == 2.0 * 20 * 1 * (128 + 4));  // int8: one fp32 scale per key-value head
 }
+
+// ZeRO shards over dp only, each stage one more account: 1 the optimizer states, 2 the
+// gradients, 3 the parameters; the communication account holds what is in flight (docs/
+// parallel.md). A small Llama-style model, untied, no biases, counted by hand: C 32, MLP 128
+// (SwiGLU: 2 x 128 rows in, 128 out), vocabulary 64, 4 layers. Per layer: two norms 2C, qkv
+// 3C^2, projection C^2, MLP 3HC: 64 + 4096 + 12288 = 16448; before the layers the embedding
+// VC = 2048; after them the final norm and the head, C + VC = 2080. bf16 compute, fp32
+// gradients (g 4), fp32 master and moments (12).
+TEST_CASE("ZeRO 0/1/2/3 per rank, exact bytes, alone and under tp 2 x pp 2") {
+  const std::string text =
+      "name: z\n"
+      "model: {vocab_size: 64, seq_len: 16, d_model: 32, n_layers: 4, n_heads: 2, norm: rmsnorm, activation: swiglu,\n"
+      "        position: rope, tie_embeddings: false, bias: false, dropout: 0.0}\n"
+      "batch: {micro: 2, accum: 1}\n"
+      "precision: {compute: bf16}\n";
+  auto plan = [&](int zero, std::vector<std::string> sets) {
+    sets.push_back("parallel.zero=" + std::to_string(zero));
+    return make_plan(load_recipe_text(text, "z.yaml", sets));
+  };
+  const double layer = 16448, before = 2048, after = 2080;
+  SUBCASE("dp 4 alone") {
+    const std::vector<std::string> sets = {"parallel.dp=4", "parallel.bucket_mb=0.000001"};  // a bucket per parameter
+    const Plan p0 = plan(0, sets);
+    const StageLedger& L0 = p0.stages[0];
+    const double P = before + 4 * layer + after;
+    REQUIRE(static_cast<double>(L0.params) == P);  // 69920
+    CHECK(L0.parameters == 2 * P);
+    CHECK(L0.gradients == 4 * P);
+    CHECK(L0.optimizer == 12 * P);
+    struct Want { int zero; double parameters, gradients, optimizer, communication; };
+    // zero 1: the received pieces, P/4 x 4 bytes. zero 2: the two largest buckets in full
+    // size, here the two largest parameters: two MLP-in weights, 2 x 2HC = 2 x 8192 elements.
+    // zero 3: two whole layers gathered in bf16 and one layer's full fp32 gradients.
+    const Want wants[] = {{1, 2 * P, 4 * P, 3 * P, P},
+                          {2, 2 * P, P, 3 * P, 2 * 8192 * 4},
+                          {3, P / 2, P, 3 * P, 2 * layer * 2 + layer * 4}};
+    for (const Want& w : wants) {
+      INFO("zero " << w.zero);
+      const StageLedger L = plan(w.zero, sets).stages[0];
+      CHECK(L.params == L0.params);  // the elements this rank computes with, sharded or not
+      CHECK(L.parameters == w.parameters);
+      CHECK(L.gradients == w.gradients);
+      CHECK(L.optimizer == w.optimizer);
+      CHECK(L.communication - L0.communication == w.communication);
+      CHECK(L.activations == L0.activations);
+    }
+    // Kept gathered from forward to backward: every layer's weights, not two.
+    std::vector<std::string> keep = sets;
+    keep.push_back("parallel.reshard_after_forward=false");
+    const StageLedger K = plan(3, keep).stages[0];
+    CHECK(K.communication - L0.communication == 2 * P + layer * 4);
+    // A smaller footprint at every stage, the table says what is divided.
+    CHECK(plan(3, sets).worst_stage().total() < plan(2, sets).worst_stage().total());
+    CHECK(plan(2, sets).worst_stage().total() < plan(1, sets).worst_stage().total());
+    const std::string table = plan(3, sets).table();
+    CHECK(table.find("ZeRO-3: parameters, gradients and optimizer states divided by dp 4") != std::string::npos);
+    CHECK(table.find("parameters /dp 4") != std::string::npos);
+    CHECK(table.find("gradients /dp 4") != std::string::npos);
+    CHECK(table.find("optimizer states /dp 4") != std::string::npos);
+    const nlohmann::json j = plan(3, sets).to_json()["zero"];
+    CHECK(j["stage"] == 3);
+    CHECK(j["divided_by_dp"] == nlohmann::json::array({"parameters", "gradients", "optimizer"}));
+    CHECK(plan(1, sets).to_json()["zero"]["divided_by_dp"] == nlohmann::json::array({"optimizer"}));
+  }
+  SUBCASE("dp 4 x tp 2 x pp 2: this rank's tp and pp shard divided by dp") {
+    // tp 2 halves every matrix and the vocabulary rows; the norms are replicated: a layer is
+    // 2C + (4C^2 + 3HC) / 2 = 8256, the embedding 1024, the final norm and head 32 + 1024.
+    const double tlayer = 8256, tbefore = 1024, tafter = 1056;
+    const std::vector<std::string> sets = {"parallel.dp=4", "parallel.tp=2", "parallel.pp=2", "batch.accum=2"};
+    const Plan p0 = plan(0, sets);
+    const double P[2] = {tbefore + 2 * tlayer, 2 * tlayer + tafter};
+    for (int zero : {1, 2, 3}) {
+      const Plan p = plan(zero, sets);
+      for (int s = 0; s < 2; ++s) {
+        INFO("zero " << zero << ", stage " << s);
+        const StageLedger& L = p.stages[static_cast<size_t>(s)];
+        REQUIRE(static_cast<double>(L.params) == P[s]);
+        CHECK(L.parameters == 2 * P[s] / (zero >= 3 ? 4 : 1));
+        CHECK(L.gradients == 4 * P[s] / (zero >= 2 ? 4 : 1));
+        CHECK(L.optimizer == 12 * P[s] / 4);
+        // One bucket (25 MiB) holds the whole stage: under zero 2 it is in flight in full
+        // (padded to dp: 17536 and 17568 are multiples of 4).
+        const double dp_comm = zero == 1 ? P[s] : zero == 2 ? 4 * P[s] : 2 * tlayer * 2 + tlayer * 4;
+        CHECK(L.communication - p0.stages[static_cast<size_t>(s)].communication == dp_comm);
+      }
+    }
+  }
+}
+
+TEST_CASE("recipes/llama-7b-zero3.yaml: a 7B model on 8 x 80 GB fits with ZeRO-3, not replicated") {
+  const std::string file = std::string(RUNNER_SOURCE_DIR) + "/recipes/llama-7b-zero3.yaml";
+  for (int zero : {0, 1, 2, 3}) {
+    const Plan p = make_plan(load_recipe(file, {"parallel.zero=" + std::to_string(zero)}));
+    const StageLedger& L = p.stages[0];
+    MESSAGE("llama-7b-zero3 at zero " << zero << ": parameters " << L.parameters / 1e9 << " GB, gradients "
+            << L.gradients / 1e9 << ", optimizer " << L.optimizer / 1e9 << ", activations " << L.activations / 1e9
+            << ", workspace " << L.workspace / 1e9 << ", communication " << L.communication / 1e9 << ", total "
+            << L.total() / 1e9 << " of " << p.device_memory / 1e9 << std::string(p.fits ? ": fits" : ": does not fit"));
+    CHECK(p.param_count == 6738415616);
+    const double P = 6738415616.0;
+    CHECK(L.parameters + L.gradients + L.optimizer ==
+          doctest::Approx(zero == 0 ? 18 * P : zero == 1 ? 6 * P + 12 * P / 8 : zero == 2 ? 2 * P + 16 * P / 8 : 18 * P / 8));
+    CHECK(p.fits == (zero != 0));
+  }
+  const Plan p3 = make_plan(load_recipe(file));
+  CHECK(p3.recipe.parallel.zero == 3);
+  CHECK(p3.fits);
+  // Two Llama layers gathered in bf16 (202,383,360 parameters each) and one layer's fp32 gradients.
+  const double layer = 4.0 * 4096 * 4096 + 3.0 * 4096 * 11008 + 2 * 4096;
+  CHECK(layer == 202383360.0);
+  CHECK(p3.stages[0].communication == 2 * layer * 2 + layer * 4);
+}

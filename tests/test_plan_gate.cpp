@@ -5,6 +5,7 @@
 // in one pass; and `runner data prepare` refuses a binary file unless --binary-ok.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -177,5 +178,35 @@ TEST_CASE("data prepare refuses a binary file unless --binary-ok, and writes not
   // Text with a few Latin-1 bytes is still text.
   write(dir / "latin1.txt", std::string(2000, 'a') + "caf\xe9 " + std::string(2000, 'b'));
   CHECK(run("data prepare " + (dir / "latin1.txt").string() + " " + (dir / "l.h5").string()).code == 0);
+  fs::remove_all(dir);
+}
+
+// ZeRO-2 and 3 are planned, not yet trained: plan accepts them, train refuses them at the
+// recipe's parallel.zero key (exit 2) before it writes anything; zero 1 still trains.
+TEST_CASE("train refuses zero 2 and 3 at the recipe's parallel.zero line; plan shows them") {
+  const fs::path dir = test_support::fresh_dir("plan_gate", "zero");
+  std::ifstream in(kQuick);
+  const std::string quick((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = quick + "\nparallel:\n  dp: 1\n  zero: 2\n";
+  const int line = static_cast<int>(std::count(quick.begin(), quick.end(), '\n')) + 4;
+  write(dir / "z2.yaml", text);
+  const fs::path cwd = dir / "cwd";
+  fs::create_directories(cwd);
+  const Result train = run("train " + (dir / "z2.yaml").string() + " --set train.steps=1", cwd.string());
+  INFO("train: " << train.out);
+  CHECK(train.code == 2);
+  CHECK(train.out.find((dir / "z2.yaml").string() + ":" + std::to_string(line) +
+                       ":3: parallel.zero: 2 is planned but not yet run by the trainer") != std::string::npos);
+  CHECK(train.out.find("use 1") != std::string::npos);
+  CHECK(fs::is_empty(cwd));
+  const Result plan = run("plan " + (dir / "z2.yaml").string(), cwd.string());
+  INFO("plan: " << plan.out);
+  CHECK(plan.code == 0);
+  CHECK(plan.out.find("ZeRO-2: gradients and optimizer states divided by dp 1") != std::string::npos);
+  CHECK(plan.out.find("ZeRO-2 with dp 1 shards nothing") != std::string::npos);
+  // --set: the same refusal, located at --set.
+  const Result set3 = run("train " + kQuick + " --set parallel.zero=3 train.steps=1", cwd.string());
+  CHECK(set3.code == 2);
+  CHECK(set3.out.find("parallel.zero: 3 is planned but not yet run by the trainer") != std::string::npos);
   fs::remove_all(dir);
 }

@@ -807,3 +807,41 @@ TEST_CASE("a recipe with very many problems prints a screenful, then how many mo
   CHECK(msg.find("unknown key 'junk_key_40'") == std::string::npos);
   CHECK(msg.find("\n... and 10 more\n50 problems") != std::string::npos);
 }
+
+TEST_CASE("parallel.zero takes 0..3; reshard_after_forward false only with zero 3; DeepSpeed and FSDP names point at zero") {
+  for (int zero : {0, 1, 2, 3}) {
+    INFO("zero " << zero);
+    CHECK(problems_of(kMinimal + "parallel:\n  zero: " + std::to_string(zero) + "\n").empty());
+    CHECK(load_recipe_text(kMinimal + "parallel: {zero: " + std::to_string(zero) + "}\n", "r.yaml").parallel.zero == zero);
+  }
+  auto ps = problems_of(kMinimal + "parallel:\n  zero: 4\n");
+  REQUIRE(ps.size() == 1);
+  CHECK(ps[0].rfind("9:9: parallel.zero must be one of 0, 1, 2, 3, got 4", 0) == 0);
+  // Default true; false is read and kept with zero 3.
+  CHECK(load_recipe_text(kMinimal, "r.yaml").parallel.reshard_after_forward);
+  const Recipe keep = load_recipe_text(kMinimal + "parallel: {zero: 3, reshard_after_forward: false}\n", "r.yaml");
+  CHECK_FALSE(keep.parallel.reshard_after_forward);
+  ps = problems_of(kMinimal + "parallel:\n  zero: 1\n  reshard_after_forward: false\n");
+  REQUIRE(ps.size() == 1);
+  CHECK(ps[0].rfind("10:3: parallel.reshard_after_forward: false only applies to zero 3 (parallel.zero is 1)", 0) == 0);
+  CHECK(ps[0].find("set zero: 3, or remove reshard_after_forward") != std::string::npos);
+  ps = problems_of(kMinimal, {"parallel.reshard_after_forward=false"});
+  REQUIRE(ps.size() == 1);
+  CHECK(ps[0].rfind("--set: parallel.reshard_after_forward: false only applies to zero 3", 0) == 0);
+  struct Case { const char* key; const char* tool; const char* note; };
+  const Case cases[] = {{"stage", "DeepSpeed", "stage 3 is zero: 3"},
+                        {"zero_optimization", "DeepSpeed", "its stage is our zero"},
+                        {"sharding_strategy", "PyTorch FSDP", "FULL_SHARD is zero: 3"},
+                        {"fsdp", "Hugging Face TrainingArguments", "full_shard is zero: 3"}};
+  for (const Case& c : cases) {
+    INFO(c.key);
+    ps = problems_of(kMinimal + "parallel:\n  " + c.key + ": 3\n");
+    REQUIRE(ps.size() == 1);
+    CHECK(ps[0].find("unknown key '" + std::string(c.key) + "' in parallel; that is " + c.tool +
+                     "'s name; here it is parallel.zero: write zero instead") != std::string::npos);
+    CHECK(ps[0].find(c.note) != std::string::npos);
+  }
+  ps = problems_of(kMinimal + "parallel:\n  fsdp_reshard_after_forward: never\n");
+  REQUIRE(ps.size() == 1);
+  CHECK(ps[0].find("here it is parallel.reshard_after_forward") != std::string::npos);
+}

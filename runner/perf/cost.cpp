@@ -13,6 +13,7 @@
 #include <cmath>
 #include <numeric>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -195,6 +196,7 @@ struct ChunkCost {
   double pp_fwd = 0, pp_bwd = 0;              // the blocking receives of activations / gradients
   double pp_total = 0;                        // sends and receives
   std::vector<double> bwd_end;                // per node: backward seconds until its backward is done
+  std::map<int, std::pair<double, double>> layer;  // per transformer layer: forward, backward (+ recompute)
   double f() const { return fwd + tp_fwd + pp_fwd; }
   double b() const { return bwd + rec + tp_bwd + tp_rec + pp_bwd; }
 };
@@ -215,6 +217,11 @@ ChunkCost chunk_cost(const Ctx& c, int vstage) {
       k.rec += nc.fwd;
       k.tp_rec += nc.tp_fwd;
       node_bwd[i] += nc.fwd + nc.tp_fwd;
+    }
+    if (n.layer >= 0) {
+      auto& [lf, lb] = k.layer[n.layer];
+      lf += nc.fwd + nc.tp_fwd;
+      lb += node_bwd[i];
     }
   }
   // Backward runs the nodes in reverse: node i's gradients are final after the nodes after it.
@@ -297,6 +304,10 @@ std::vector<double> grad_ready_times(const Ctx& c, const StageCost& s) {
 // dp; the tied embedding left out under pp), each launched when its last gradient is final
 // during the last micro-batch's backward, one at a time on the link. What ends after that
 // backward is exposed. ZeRO-1: reduce-scatter, then all-gather of the updated values (exposed).
+// ZeRO-2 and 3: the same reduce-scatter after every micro-batch's backward, each against its own
+// backward (a rank holds only its shard of the gradients, so they cannot accumulate in full
+// over the micro-batches); ZeRO-2 all-gathers the updated values as ZeRO-1, ZeRO-3 does not
+// (each forward gathers what it needs: zero3_gathers).
 struct DpCost {
   double total = 0, exposed = 0;
   int buckets = 0;
@@ -310,7 +321,8 @@ DpCost dp_cost(const Ctx& c, const StageCost& s, bool inter, double gbytes, doub
   const std::vector<int>& idx = lay.stage_params(s.stage);
   const std::vector<ops::TensorDesc> shards = lay.rank_params(s.stage, 0);
   const std::vector<double> ready = grad_ready_times(c, s);
-  const bool zero1 = p.recipe.parallel.zero >= 1;
+  const int64_t zero = p.recipe.parallel.zero;
+  const bool zero1 = zero >= 1;
   const double cap = std::max(1.0, p.recipe.parallel.bucket_mb * 1024.0 * 1024.0 / gbytes);
   double len = 0, at = 0, link_free = 0, gather = 0;
   auto close = [&] {
@@ -319,7 +331,7 @@ DpCost dp_cost(const Ctx& c, const StageCost& s, bool inter, double gbytes, doub
     const double t = c.coll(zero1 ? Collective::reduce_scatter : Collective::all_reduce, p.dp, len * gbytes, inter);
     link_free = std::max(link_free, at) + t;
     d.total += t;
-    if (zero1) gather += c.coll(Collective::all_gather, p.dp, len * wbytes, inter);
+    if (zero1 && zero <= 2) gather += c.coll(Collective::all_gather, p.dp, len * wbytes, inter);
     ++d.buckets;
     len = at = 0;
   };
@@ -332,8 +344,50 @@ DpCost dp_cost(const Ctx& c, const StageCost& s, bool inter, double gbytes, doub
   close();
   const double backward = s.chunks.empty() ? 0 : std::accumulate(s.chunks.begin(), s.chunks.end(), 0.0,
       [](double a, const ChunkCost* k) { return a + (k->bwd_end.empty() ? 0 : k->bwd_end.front()); });
-  d.exposed = std::max(0.0, link_free - backward) + gather;
-  d.total += gather;
+  const double times = zero >= 2 ? static_cast<double>(p.accum) : 1.0;
+  d.exposed = times * std::max(0.0, link_free - backward) + gather;
+  d.total = times * d.total + gather;
+  return d;
+}
+
+// ZeRO-3's parameter all-gathers on the critical stage, per micro-batch: the gather units
+// (each transformer layer's parameters together, the parameters before and after the layers
+// one unit each: the ledger's), in the compute dtype, in forward order before the forward and
+// in reverse before the backward (not with reshard_after_forward false: the forward's stay),
+// over the dp axis only (a tp or pp rank gathers its own shard). Unit i+1's gather
+// runs behind unit i's compute (prefetch): exposed is the first unit's gather and, for each
+// later unit, what of its gather its predecessor's compute does not cover. The units outside
+// the layers (embedding; final norm and head) are priced with no compute to hide behind.
+DpCost zero3_gathers(const Ctx& c, const StageCost& s, bool inter, double wbytes) {
+  DpCost d;
+  const Plan& p = c.p;
+  if (p.dp <= 1 || p.recipe.parallel.zero < 3) return d;
+  std::vector<double> gather, fwd, bwd;
+  int last = -2;
+  for (const ops::TensorDesc& t : p.layout->rank_params(s.stage, 0)) {
+    const double bytes = static_cast<double>(ops::numel_of(t.shape)) * wbytes;
+    if (t.layer == last) { gather.back() += bytes; continue; }
+    gather.push_back(bytes), fwd.push_back(0), bwd.push_back(0);
+    last = t.layer;
+    for (const ChunkCost* k : s.chunks)
+      if (auto it = k->layer.find(t.layer); t.layer >= 0 && it != k->layer.end())
+        fwd.back() += it->second.first, bwd.back() += it->second.second;
+  }
+  for (double& g : gather) g = c.coll(Collective::all_gather, p.dp, g, inter);
+  const size_t n = gather.size();
+  double total = 0, exposed = 0;
+  for (size_t i = 0; i < n; ++i) {
+    total += gather[i];
+    exposed += i == 0 ? gather[i] : std::max(0.0, gather[i] - fwd[i - 1]);
+  }
+  if (p.recipe.parallel.reshard_after_forward)
+    for (size_t i = n; i-- > 0;) {
+      total += gather[i];
+      exposed += i == n - 1 ? gather[i] : std::max(0.0, gather[i] - bwd[i + 1]);
+    }
+  const double m = static_cast<double>(p.accum);
+  d.total = m * total;
+  d.exposed = m * exposed;
   return d;
 }
 
@@ -467,7 +521,10 @@ StepCost predict_step(const Plan& p, const HardwareProfile& hw) {
   const auto [tied_pp, tied_dp] = tied_sums(c, s, gbytes, pp_inter, dp_inter);
   sc.comm_total["pp"] = m * s.pp_total + tied_pp;
   sc.comm_exposed["pp"] = m * s.pp + tied_pp;
-  const DpCost d = dp_cost(c, s, dp_inter, gbytes, wbytes);
+  DpCost d = dp_cost(c, s, dp_inter, gbytes, wbytes);
+  const DpCost g3 = zero3_gathers(c, s, dp_inter, wbytes);
+  d.total += g3.total;
+  d.exposed += g3.exposed;
   // The step's small all-reduces: the target-token count over dp, and the gradient norm over
   // the world (counted with the first group there is: dp, else tp, else pp).
   const double count = c.coll(Collective::all_reduce, p.dp, 8, dp_inter);

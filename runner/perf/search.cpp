@@ -61,6 +61,7 @@ struct Space {
   Fixed fixed;
   std::vector<RecomputeOption> recompute;
   int none = -1, automatic = -1;  // their indices in `recompute`, -1 when not searched
+  int max_zero = 3;               // SearchOptions::max_zero
   bool has(const char* key) const { return fixed.count(key) > 0; }
   // recompute auto rides on none's chain (run_chain): where none fits, auto recomputes nothing.
   bool paired(const Knobs& k) const { return none >= 0 && automatic >= 0 && k.recompute == automatic; }
@@ -271,8 +272,8 @@ std::vector<Knobs> chains(const Space& s) {
   std::vector<Knobs> out;
   for (const Knobs& g : grids(s))
     for (const auto& [sched, v] : schedules(s, g.pp))
-      for (int zero : {0, 1}) {
-        if (s.has("parallel.zero") ? zero != r.parallel.zero : (zero == 1 && g.dp == 1)) continue;
+      for (int zero : {0, 1, 2, 3}) {
+        if (s.has("parallel.zero") ? zero != r.parallel.zero : (zero >= 1 && g.dp == 1) || zero > s.max_zero) continue;
         for (bool sp : {false, true}) {
           if (s.has("parallel.sequence_parallel") ? sp != r.parallel.sequence_parallel : (sp && g.tp == 1)) continue;
           for (size_t rc = 0; rc < s.recompute.size(); ++rc) {
@@ -462,7 +463,8 @@ SearchCandidate to_candidate(const Space& s, const Scored& x) {
 SearchResult search_at(const Recipe& r, int64_t world, const Fixed& fixed, const HardwareProfile& hw,
                        const SearchOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
-  const Space s = make_space(r, world, fixed);
+  Space s = make_space(r, world, fixed);
+  s.max_zero = opt.max_zero;
   Tally t = run_chains(s, chains(s), hw, opt);
   const size_t top = std::min<size_t>(t.feasible.size(), static_cast<size_t>(std::max(opt.top, 1)));
   std::partial_sort(t.feasible.begin(), t.feasible.begin() + static_cast<std::ptrdiff_t>(top), t.feasible.end(), better);
@@ -485,7 +487,7 @@ std::string SearchCandidate::describe() const {
   std::string s = fmt::format("dp {} x tp {} x pp {}", c.dp, c.tp, c.pp);
   if (c.pp > 1) s += fmt::format(" {}", c.schedule) + (c.virtual_stages > 1 ? fmt::format(" v{}", c.virtual_stages) : "");
   s += fmt::format(", micro {} x accum {}", c.micro, c.accum);
-  if (c.zero) s += ", ZeRO-1";
+  if (c.zero) s += fmt::format(", ZeRO-{}", c.zero);
   if (c.sequence_parallel) s += ", sequence parallel";
   return s + ", recompute " + c.recompute;
 }
@@ -692,9 +694,10 @@ std::string write_candidate_yaml(const Recipe& r, const SearchCandidate& c) {
 }
 
 Recipe searched_recipe(const Recipe& r, int64_t world, const std::string& world_from, std::string* note,
-                       std::string* search_json) {
+                       std::string* search_json, int max_zero) {
   SearchOptions so;
   so.world = world;
+  so.max_zero = max_zero;
   so.top = 1;
   SearchResult res = search_layouts(r, so);
   if (world > 0) res.world_source = world_from;

@@ -29,6 +29,7 @@ struct SearchOptions {
   std::string profile;     // a calibrated profile file; empty: hardware.profile, else built in
   int threads = 0;         // planning threads; 0: every core
   bool exhaustive = false; // plan every candidate, no pruning (tests: the pruned search finds the same)
+  int max_zero = 3;        // the highest ZeRO stage searched where the recipe leaves zero free (train: 1, what it runs)
 };
 
 struct SearchCandidate {
@@ -72,7 +73,9 @@ std::string write_candidate_yaml(const Recipe& r, const SearchCandidate& c);
 // "layout searched: ..."; `search_json`, when given, the search's JSON (the run's search.json).
 // Deterministic: every rank of a job that calls it gets the same layout.
 // `world_from` names where a nonzero `world` came from ("--world", "the job's ranks").
+// `max_zero`: the highest ZeRO stage searched where the recipe leaves zero free (the trainer
+// passes 1: it does not yet run 2 and 3).
 Recipe searched_recipe(const Recipe& r, int64_t world, const std::string& world_from, std::string* note,
-                       std::string* search_json = nullptr);
+                       std::string* search_json = nullptr, int max_zero = 3);
 
 }  // namespace runner

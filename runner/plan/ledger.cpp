@@ -7,6 +7,7 @@
 // holds its chunk's activations until that micro-batch's backward, and a backward adds its
 // recompute transient. The schedule is Plan::schedule, the one the trainer runs.
 #include <algorithm>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -75,15 +76,96 @@ void stage_activations(const Plan& p, int s, size_t wbytes, StageLedger& L) {
   L.activations = peak;
 }
 
+// ZeRO-3's gather units of stage `stage` (tensor-parallel rank 0), in forward order, as element
+// counts: each transformer layer's parameters together, and the parameters outside the layers
+// that come together (before the layers: the embeddings; after them: the final norm and the
+// head) as one unit each, as FSDP wraps them.
+std::vector<int64_t> zero3_units(const ModelLayout& lay, int stage) {
+  std::vector<int64_t> units;
+  int last = -2;
+  for (const ops::TensorDesc& d : lay.rank_params(stage, 0)) {
+    if (d.layer == last) units.back() += ops::numel_of(d.shape);
+    else units.push_back(ops::numel_of(d.shape));
+    last = d.layer;
+  }
+  return units;
+}
+
+// The data-parallel gradient buckets of stage `stage` in elements, as parallel/grad_sync.cpp
+// cuts them: whole parameters in reverse order until `cap` elements, padded to a multiple of
+// dp; the tied embedding under pp is summed apart.
+std::vector<int64_t> grad_bucket_elems(const ModelLayout& lay, int stage, double cap, int64_t dp) {
+  std::vector<int64_t> out;
+  const std::vector<ops::TensorDesc> shards = lay.rank_params(stage, 0);
+  const std::vector<int>& idx = lay.stage_params(stage);
+  int64_t len = 0;
+  auto close = [&] {
+    if (len > 0) out.push_back((len + dp - 1) / dp * dp);
+    len = 0;
+  };
+  for (size_t k = shards.size(); k-- > 0;) {
+    if (lay.params()[static_cast<size_t>(idx[k])].tied()) continue;  // summed apart (pp)
+    len += ops::numel_of(shards[k].shape);
+    if (static_cast<double>(len) >= cap) close();
+  }
+  close();
+  return out;
+}
+
+// The sum of the `n` largest of `v`.
+double largest(std::vector<int64_t> v, size_t n) {
+  std::sort(v.begin(), v.end(), std::greater<>());
+  double s = 0;
+  for (size_t i = 0; i < std::min(n, v.size()); ++i) s += static_cast<double>(v[i]);
+  return s;
+}
+
+// The data-parallel communication buffers of a rank of stage `s` under each ZeRO stage (the
+// tensor-parallel all-reduces are in place; the pipeline's buffers are counted apart).
+//  0: buckets are reduced in place in the flat gradient buffer: nothing.
+//  1: each rank receives its reduced piece of every bucket: params / dp elements (gradient dtype).
+//  2: the gradients exist only as this rank's shard (the gradient account); the backward writes
+//     full-size gradients into a bucket, which is reduce-scattered into the shard while the
+//     backward fills the next: the two largest buckets, as parallel/grad_sync.cpp cuts them
+//     (bucket_mb, whole parameters in reverse order, padded to a multiple of dp), in full size.
+//  3: the parameters too: the layer being computed and the next one prefetched, gathered in
+//     full (the two largest gather units: a transformer layer, or the parameters before or
+//     after the layers, such as the embedding or the head) in the compute dtype, or with
+//     reshard_after_forward false every unit kept gathered from its forward to its backward
+//     (the stage's whole weights); and the full-size gradients of the unit being
+//     reduce-scattered (the largest unit, gradient dtype).
+double dp_buffers(const Recipe& r, const Plan& p, int s, int64_t params, double wbytes, double gbytes) {
+  if (p.dp <= 1 || r.parallel.zero == 0) return 0;
+  const ModelLayout& lay = *p.layout;
+  switch (r.parallel.zero) {
+    case 1: return static_cast<double>(params) * gbytes / static_cast<double>(p.dp);
+    case 2: {
+      const double cap = std::max(1.0, r.parallel.bucket_mb * 1024.0 * 1024.0 / gbytes);
+      return largest(grad_bucket_elems(lay, s, cap, p.dp), 2) * gbytes;
+    }
+    default: {
+      const std::vector<int64_t> units = zero3_units(lay, s);
+      const double gathered = r.parallel.reshard_after_forward ? largest(units, 2) : static_cast<double>(params);
+      return gathered * wbytes + largest(units, 1) * gbytes;
+    }
+  }
+}
+
 }  // namespace
 
+// ZeRO shards over the dp axis only: each account's divisor is dp where its stage shards it
+// (1: optimizer states; 2: and gradients; 3: and parameters), applied to this rank's tensor-
+// and pipeline-parallel shard of the model. A parameter held by two stages (the tied embedding
+// under pp) is divided like every other.
 void compute_ledger(const Recipe& r, Plan& p) {
   const PrecisionConfig& pr = r.precision;
   size_t wbytes = dtype_bytes(to_string(pr.compute));
   size_t gbytes = pr.compute == FloatFormat::fp32 ? 4 : dtype_bytes(to_string(pr.grad_accum));
   bool master = pr.compute != FloatFormat::fp32 && pr.master_weights == MasterWeights::fp32;
   double opt_per_param = 8.0 + (master ? 4.0 : 0.0);
-  int64_t zero_div = r.parallel.zero >= 1 ? p.dp : 1;
+  const int64_t z = r.parallel.zero;
+  const double dp = static_cast<double>(p.dp);
+  const double opt_div = z >= 1 ? dp : 1, grad_div = z >= 2 ? dp : 1, param_div = z >= 3 ? dp : 1;
   const ModelLayout& lay = *p.layout;
   p.stages.clear();
   int64_t first = 0;
@@ -95,24 +177,22 @@ void compute_ledger(const Recipe& r, Plan& p) {
     first = L.last_layer;
     for (const ops::TensorDesc& d : lay.rank_params(static_cast<int>(s), 0)) L.params += ops::numel_of(d.shape);
     stage_activations(p, static_cast<int>(s), wbytes, L);
-    L.parameters = static_cast<double>(L.params) * wbytes;
-    L.gradients = static_cast<double>(L.params) * gbytes;
-    L.optimizer = static_cast<double>(L.params) * opt_per_param / static_cast<double>(zero_div);
+    L.parameters = static_cast<double>(L.params) * wbytes / param_div;
+    L.gradients = static_cast<double>(L.params) * gbytes / grad_div;
+    L.optimizer = static_cast<double>(L.params) * opt_per_param / opt_div;
     // Host copies of the state: the asynchronous checkpoint's snapshot buffers and the
     // in-memory rollback snapshot each hold the parameters and the optimizer states. They
     // live in host memory, which is the device's memory only when the device is the CPU.
     if (device_kind(r.hardware).host) {
-      double state_copy = static_cast<double>(L.params) * 4.0 + L.optimizer;
+      double state_copy = static_cast<double>(L.params) * 4.0 / param_div + L.optimizer;
       if (r.checkpoint.async) L.workspace += state_copy;
       if (r.checkpoint.snapshot_every > 0) L.workspace += state_copy;
     }
     // The GPU backend's own buffers (cuBLASLt's workspace, scratch, the widened bias), held
     // from its start; its tensors' workspace is the dry run's, under cuBLASLt's GEMM paths.
     if (device_kind(r.hardware).gpu) L.workspace += static_cast<double>(ops::cuda::kFixedWorkspaceBytes);
-    // Communication buffers besides the pipeline's: data-parallel buckets are reduced in place
-    // in the flat gradient buffer (no copy), except under ZeRO-1, where each rank receives its
-    // reduced piece of every bucket (params / dp elements); tensor-parallel all-reduces are in place.
-    if (p.dp > 1 && r.parallel.zero >= 1) L.communication += static_cast<double>(L.params) * gbytes / static_cast<double>(p.dp);
+    L.communication += dp_buffers(r, p, static_cast<int>(s), L.params, static_cast<double>(wbytes),
+                                  static_cast<double>(gbytes));
     p.stages.push_back(L);
   }
 }

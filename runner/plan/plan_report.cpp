@@ -75,6 +75,21 @@ void recompute_auto_lines(std::ostringstream& o, const Plan& p) {
   }
 }
 
+// The ZeRO stage and what it divides over dp (ZeRO shards over the dp axis only: each account
+// is this rank's tensor- and pipeline-parallel shard, divided by dp).
+void zero_line(std::ostringstream& o, const Recipe& r, int64_t dp) {
+  const int64_t z = r.parallel.zero;
+  if (z == 0) return;
+  const char* what = z == 1 ? "optimizer states" : z == 2 ? "gradients and optimizer states"
+                                                          : "parameters, gradients and optimizer states";
+  o << fmt::format("  zero       ZeRO-{}: {} divided by dp {}", z, what, dp);
+  if (z == 3)
+    o << (r.parallel.reshard_after_forward ? "; each layer gathered before its forward and again before its backward"
+                                           : "; each layer gathered before its forward, kept until its backward");
+  if (z >= 2) o << "; planned only (runner train runs zero 0 and 1)";
+  o << "\n";
+}
+
 }  // namespace
 
 std::string Plan::bubble_formula(const char* sep) const {
@@ -88,6 +103,13 @@ nlohmann::json Plan::to_json() const {
   j["name"] = recipe.name;
   j["world"] = world;
   j["grid"] = {{"dp", dp}, {"tp", tp}, {"pp", pp}};
+  // The ZeRO stage and the accounts it divides by dp (docs/parallel.md).
+  const int64_t z = recipe.parallel.zero;
+  json divided = json::array();
+  if (z >= 3) divided.push_back("parameters");
+  if (z >= 2) divided.push_back("gradients");
+  if (z >= 1) divided.push_back("optimizer");
+  j["zero"] = {{"stage", z}, {"divided_by_dp", divided}, {"reshard_after_forward", recipe.parallel.reshard_after_forward}};
   j["batch"] = {{"global", global}, {"micro", micro}, {"accum", accum}, {"derived", derived},
                 {"tokens_per_step", tokens_per_step}};
   j["vocab_padded"] = vocab_padded;
@@ -157,7 +179,7 @@ std::string Plan::table() const {
                    r.model.seq_len);
   o << fmt::format("  grid       world {} = dp {} x tp {} x pp {}", world, dp, tp, pp);
   if (pp > 1) o << fmt::format("  stages [{}]  schedule {}", join(stage_layers), to_string(r.parallel.schedule));
-  if (r.parallel.zero) o << "  ZeRO-1";
+  if (r.parallel.zero) o << fmt::format("  ZeRO-{}", r.parallel.zero);
   if (r.parallel.sequence_parallel && tp > 1) o << "  sequence-parallel";
   o << "\n";
   if (world > 1)
@@ -173,18 +195,24 @@ std::string Plan::table() const {
                    r.precision.compute == FloatFormat::fp32 ? "-" : to_string(r.precision.master_weights),
                    r.precision.compute == FloatFormat::fp32 ? "fp32" : to_string(r.precision.grad_accum), to_string(r.recompute.mode));
   if (recompute_auto) recompute_auto_lines(o, *this);
+  zero_line(o, r, dp);
   if (pp > 1) o << fmt::format("  bubble     {:.1f}% = {}\n", 100 * bubble, bubble_formula(", "));
   o << "\n  memory per rank        ";
   for (auto& s : stages) o << fmt::format("{:>12}", pp > 1 ? fmt::format("stage {}", s.stage) : std::string("rank"));
   o << "\n";
-  auto row = [&](const char* name, auto get) {
+  // A sharded account says so: "gradients /dp 8".
+  const std::string per_dp = dp > 1 ? fmt::format(" /dp {}", dp) : "";
+  auto sharded = [&](const char* name, int64_t stage) {
+    return r.parallel.zero >= stage ? name + per_dp : std::string(name);
+  };
+  auto row = [&](const std::string& name, auto get) {
     o << fmt::format("  {:<22}", name);
     for (auto& s : stages) o << fmt::format("{:>12}", format_bytes(get(s)));
     o << "\n";
   };
-  row("parameters", [](const StageLedger& s) { return s.parameters; });
-  row("gradients", [](const StageLedger& s) { return s.gradients; });
-  row("optimizer states", [](const StageLedger& s) { return s.optimizer; });
+  row(sharded("parameters", 3), [](const StageLedger& s) { return s.parameters; });
+  row(sharded("gradients", 2), [](const StageLedger& s) { return s.gradients; });
+  row(sharded("optimizer states", 1), [](const StageLedger& s) { return s.optimizer; });
   row("activations", [](const StageLedger& s) { return s.activations; });
   row("workspace", [](const StageLedger& s) { return s.workspace; });
   row("communication", [](const StageLedger& s) { return s.communication; });

@@ -262,8 +262,8 @@ void layout_notes(const Recipe& r, Plan& p) {
   if (tp > r.hardware.devices_per_node && !device_kind(r.hardware).host)
     p.warnings.push_back(fmt::format("tp {} spans more than one node ({} devices per node): tensor parallelism across nodes is slow",
                                      tp, r.hardware.devices_per_node));
-  if (r.parallel.zero == 1 && p.dp == 1)
-    p.notes.push_back("ZeRO-1 with dp 1 shards nothing");
+  if (r.parallel.zero >= 1 && p.dp == 1)
+    p.notes.push_back(fmt::format("ZeRO-{} with dp 1 shards nothing", r.parallel.zero));
   // 16-bit gradient accumulation: every addition into the buffer rounds the running sum.
   const PrecisionConfig& pr = r.precision;
   if (pr.compute == FloatFormat::fp32 && pr.grad_accum != FloatFormat::fp32)

@@ -70,6 +70,7 @@ void visit(V& v, Self& p) {
   v("schedule", p.schedule);
   v("virtual_stages", p.virtual_stages);
   v("zero", p.zero);
+  v("reshard_after_forward", p.reshard_after_forward);
   v("sequence_parallel", p.sequence_parallel);
   v("stage_layers", p.stage_layers);
   v("bucket_mb", p.bucket_mb);

@@ -23,6 +23,8 @@ constexpr std::string_view kTitan = "torchtitan";
 constexpr std::string_view kHf = "Hugging Face config.json";
 constexpr std::string_view kHfTrain = "Hugging Face TrainingArguments";
 constexpr std::string_view kMany = "nanoGPT and Hugging Face";
+constexpr std::string_view kDs = "DeepSpeed";
+constexpr std::string_view kFsdp = "PyTorch FSDP";
 
 constexpr std::array kTable = {
     // model shape
@@ -84,9 +86,14 @@ constexpr std::array kTable = {
     ForeignKey{"virtual_pipeline_model_parallel_size", kMeg, "parallel.virtual_stages", "with schedule: interleaved"},
     ForeignKey{"tensor_parallel_degree", kTitan, "parallel.tp", ""},
     ForeignKey{"pipeline_parallel_degree", kTitan, "parallel.pp", ""},
-    ForeignKey{"data_parallel_shard_degree", kTitan, "parallel.dp", ""},
+    ForeignKey{"data_parallel_shard_degree", kTitan, "parallel.dp", "with zero: 3, as torchtitan shards (FSDP) over it"},
     ForeignKey{"data_parallel_replicate_degree", kTitan, "parallel.dp", ""},
     ForeignKey{"use_distributed_optimizer", kMeg, "parallel.zero", "zero: 1 shards the optimizer state over dp"},
+    ForeignKey{"zero_optimization", kDs, "parallel.zero", "its stage is our zero: 0, 1, 2 or 3"},
+    ForeignKey{"stage", kDs, "parallel.zero", "zero_optimization.stage 2 is zero: 2, stage 3 is zero: 3"},
+    ForeignKey{"sharding_strategy", kFsdp, "parallel.zero", "FULL_SHARD is zero: 3, SHARD_GRAD_OP is zero: 2, NO_SHARD zero: 0"},
+    ForeignKey{"fsdp", kHfTrain, "parallel.zero", "full_shard is zero: 3, shard_grad_op is zero: 2"},
+    ForeignKey{"fsdp_reshard_after_forward", kTitan, "parallel.reshard_after_forward", "with zero: 3; always is true, never false"},
     // optimizer and schedule
     ForeignKey{"learning_rate", "nanoGPT and Hugging Face", "optimizer.lr", ""},
     ForeignKey{"max_lr", kNano, "optimizer.lr", ""},

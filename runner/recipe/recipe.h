@@ -74,7 +74,10 @@ struct ParallelConfig {
   int64_t pp = 1;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int64_t virtual_stages = 1;      // interleaved 1F1B: model chunks per stage
-  int64_t zero = 0;                // 0 | 1
+  int64_t zero = 0;                // 0..3: what is sharded over dp (optimizer, +gradients, +parameters)
+  // zero 3: free each layer's gathered parameters after its forward and gather them again for
+  // its backward; false keeps every layer's gathered weights from forward to backward.
+  bool reshard_after_forward = true;
   bool sequence_parallel = false;
   std::vector<int64_t> stage_layers;  // explicit split of n_layers over pp stages (empty: even)
   double bucket_mb = 25.0;

@@ -163,6 +163,11 @@ void check_parallel(Checks& c) {
   const Recipe& r = c.recipe();
   const ParallelConfig& q = r.parallel;
   if (!q.stage_layers.empty() && c.clean({"parallel.stage_layers"})) check_stage_layers(c);
+  if (!q.reshard_after_forward && c.clean({"parallel.zero", "parallel.reshard_after_forward"}) && q.zero != 3)
+    c.fail("parallel.reshard_after_forward",
+           "parallel.reshard_after_forward: false only applies to zero 3 (parallel.zero is " + S(q.zero) +
+               "): only zero 3 gathers parameters",
+           "set zero: 3, or remove reshard_after_forward");
   if (!c.clean({"parallel.schedule", "parallel.virtual_stages"})) return;
   if (q.schedule == PipelineSchedule::interleaved) {
     if (c.clean({"parallel.pp"}) && q.pp < 2)

@@ -69,6 +69,16 @@ void need_launcher(const Recipe& r) {
                               r.parallel.dp > 0 ? "" : "; more ranks add data parallelism (dp derived from them)"));
 }
 
+// ZeRO-2 and 3 are planned (the ledger, the cost model, the search) but the trainer's
+// gradient sync shards only the optimizer state: refused before any work, on every rank alike.
+void refuse_unrun_zero(const Recipe& r) {
+  if (r.parallel.zero < 2) return;
+  throw UserError(r.loc("parallel.zero"),
+                  fmt::format("parallel.zero: {} is planned but not yet run by the trainer", r.parallel.zero),
+                  "use 1 (optimizer state sharded over dp) or 0 to train; `runner plan` shows what zero 2 and 3 "
+                  "would hold");
+}
+
 }  // namespace
 
 Launch::Launch(int* argc, char*** argv) {
@@ -161,10 +171,11 @@ int Launch::train(const Plan& p, const TrainOptions& opts, ops::Backend& be) {
 }
 
 int Launch::train_recipe(Recipe recipe, TrainOptions opts, bool elastic) {
+  refuse_unrun_zero(recipe);
   std::string search_json;
-  if (recipe.parallel.search) {
+  if (recipe.parallel.search) {  // searched among the stages the trainer runs
     opts.resume_notes.emplace_back();
-    recipe = searched_recipe(recipe, world_size(), "the job's ranks", &opts.resume_notes.back(), &search_json);
+    recipe = searched_recipe(recipe, world_size(), "the job's ranks", &opts.resume_notes.back(), &search_json, 1);
   }
   recipe = fit_allocation(recipe, world_size(), elastic, &opts.resume_notes);
   if (!world_) need_launcher(recipe);
@@ -181,6 +192,7 @@ int Launch::train_recipe(Recipe recipe, TrainOptions opts, bool elastic) {
 
 int Launch::resume_run(const std::string& run_dir, const std::vector<std::string>& sets, TrainOptions opts) {
   ResumeRequest req = prepare_resume(run_dir, sets, opts.resume_step, opts.strict);
+  refuse_unrun_zero(req.recipe);
   if (!world_) need_launcher(req.recipe);
   ops::Backend& be = select_backend(req.recipe);
   opts.run_dir = run_dir;
