@@ -96,12 +96,10 @@ PipelineRunner::PipelineRunner(std::vector<PipelineChunk> chunks, Communicator& 
       return ops::Tensor::zeros(d.shape, d.dtype, ops::Account::Communication);
     };
     for (size_t k = 0; k < ch.c.slots.size(); ++k) {
-      if (ch.c.prev_rank >= 0) {
-        ch.act_in.push_back(buffer(g.stage_input));
-        ch.grad_in.push_back(buffer(g.stage_input));
-      }
+      if (ch.c.prev_rank >= 0) ch.grad_in.push_back(buffer(g.stage_input));
       if (ch.c.next_rank >= 0) ch.act_out.push_back(buffer(g.stage_output));
     }
+    if (ch.c.prev_rank >= 0) ch.act_in = buffer(g.stage_input);
     if (ch.c.next_rank >= 0) ch.grad_out = buffer(g.stage_output);
     ch.act_sends.resize(ch.c.slots.size());
     ch.grad_sends.resize(ch.c.slots.size());
@@ -171,10 +169,10 @@ PipelineStats PipelineRunner::train(const std::vector<PipeAction>& schedule, con
       if (prev >= 0) {
         auto t = Clock::now();
         const int64_t w0 = trace_ ? ops::trace_now_ns() : 0;
-        world_.tensors().recv(ch.act_in[slot].raw(), ch.act_in[slot].nbytes(), prev, tag(vs, kAct));
+        world_.tensors().recv(ch.act_in.raw(), ch.act_in.nbytes(), prev, tag(vs, kAct));
         st.wait_ms += ms_since(t);
         if (trace_) idle("idle: waiting for activation", prev, a.micro, w0);
-        in = ch.act_in[slot].raw();
+        in = ch.act_in.raw();
       }
       if (next >= 0) {
         wait_send(ch.act_sends[slot], st.wait_ms, a.micro);
@@ -236,8 +234,8 @@ const ops::Tensor* PipelineRunner::eval_pass(const MicroBatch& mb, bool logits, 
   for (Chunk& ch : chunks_) {
     ops::Executor& ex = *ch.c.slots[0];
     const int prev = ch.c.prev_rank, next = ch.c.next_rank, vs = ch.c.vstage;
-    if (prev >= 0) world_.tensors().recv(ch.act_in[0].raw(), ch.act_in[0].nbytes(), prev, tag(vs, kEval));
-    const void* in = prev >= 0 ? ch.act_in[0].raw() : nullptr;
+    if (prev >= 0) world_.tensors().recv(ch.act_in.raw(), ch.act_in.nbytes(), prev, tag(vs, kEval));
+    const void* in = prev >= 0 ? ch.act_in.raw() : nullptr;
     if (next >= 0) {
       ex.forward(mb.tokens, mb.targets, false, 0, mb.sample_offset, in, ch.act_out[0].raw());
       world_.tensors().send(ch.act_out[0].raw(), ch.act_out[0].nbytes(), next, tag(vs + 1, kEval));

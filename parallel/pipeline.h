@@ -94,8 +94,11 @@ class PipelineRunner {
  private:
   struct Chunk {
     PipelineChunk c;
-    std::vector<ops::Tensor> act_in, act_out, grad_in;
-    ops::Tensor grad_out;
+    // Received: the executor copies an input activation into its own tensor at once, and a
+    // received gradient is read by the backward it arrives for, so one buffer each.
+    ops::Tensor act_in, grad_out;
+    // Sent: each stays in use until its isend completes, so one per micro-batch in flight.
+    std::vector<ops::Tensor> act_out, grad_in;
     std::vector<std::unique_ptr<Request>> act_sends, grad_sends;
   };
   void wait_send(std::unique_ptr<Request>& req, double& wait_ms, int micro);

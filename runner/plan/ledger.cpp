@@ -28,12 +28,13 @@ double stage_message_bytes(const GptSpec& spec, size_t wbytes) {
   return b;
 }
 
-// A pipeline stage's buffers for one model chunk, as the trainer allocates them: per
-// micro-batch in flight, the activation received and the gradient sent back (chunks after the
-// first) and the activation sent (chunks before the last), plus one received gradient.
+// A pipeline stage's buffers for one model chunk, as the trainer allocates them
+// (parallel::PipelineRunner): per micro-batch in flight, what it sends while the send is
+// outstanding (the gradient back, chunks after the first; the activation on, chunks before the
+// last), and one buffer for each thing it receives, which the executor copies in or reads at once.
 double pipeline_buffers(int vstage, int vstages, double in_flight, double message_bytes) {
   double b = 0;
-  if (vstage > 0) b += 2.0 * in_flight * message_bytes;
+  if (vstage > 0) b += (in_flight + 1.0) * message_bytes;
   if (vstage < vstages - 1) b += (in_flight + 1.0) * message_bytes;
   return b;
 }
