@@ -453,7 +453,7 @@ struct Shared {
     if (!bound.on) return false;
     const double lo = bound.lower(k);
     std::lock_guard<std::mutex> lock(m);
-    return best.size() >= top && lo > best.front();
+    return best.size() >= top && lo * (1 - 1e-9) > best.front();  // a margin for the sums' rounding
   }
   void found(double step_s) {
     std::lock_guard<std::mutex> lock(m);
