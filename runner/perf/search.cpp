@@ -7,7 +7,9 @@
 // flight are capped by the stage count, each holds more), so the first that does not fit ends
 // the chain and the larger ones are counted as memory rejections without planning them
 // (GPipe holds every micro-batch, so its chains are planned whole). test_search checks the
-// pruned search against the exhaustive one. Chains are independent and run on every core;
+// pruned search against the exhaustive one. On a GPU a candidate whose lower bound on its
+// step (Bound, below) is above the K-th best step found so far is skipped without planning,
+// and the chains run lowest bound first. Chains are independent and run on every core;
 // the merge and the ranking are in a fixed order, so every rank of a job gets the same answer.
 #include "runner/perf/search.h"
 
