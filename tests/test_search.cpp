@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "runner/perf/search.h"
 #include "runner/plan/plan.h"
 #include "runner/recipe/recipe.h"
+#include "runner_source_dir.h"  // RUNNER_SOURCE_DIR: the checkout (generated)
 #include "tests/support/process.h"
 #include "tests/support/recipes.h"
 #include "tests/support/temp_dir.h"
@@ -274,4 +276,112 @@ TEST_CASE("parallel: auto at train start: searched on every rank alike, logged, 
     CHECK(line0.find("dp " + std::to_string(p.dp) + " x tp " + std::to_string(p.tp)) != std::string::npos);
     if (np == 2) CHECK(searched_line(dir / "log.rank1.txt") == line0);  // both ranks chose the same
   }
+}
+
+// ---- The bound (search.cpp, Bound): candidates whose lower bound on the step is above the top
+// K's slowest are skipped unplanned. It holds only if it never exceeds the cost model's
+// prediction; then the bounded search returns exactly the exhaustive top K.
+
+namespace {
+
+// A published recipe (bench/published/) with its layout left to the search, as
+// bench/search_published.py's free search: every layout field but batch.global unconstrained.
+Recipe published_free(const std::string& name, const std::vector<std::string>& sets) {
+  const std::string path = std::string(RUNNER_SOURCE_DIR) + "/bench/published/" + name + ".yaml";
+  std::string text = slurp(path);
+  if (const size_t at = text.find("\n  stage_layers:"); at != std::string::npos)  // the search splits evenly
+    text.erase(at, text.find('\n', at + 1) - at);
+  Recipe r = load_recipe_text(text, path, sets);
+  for (auto it = r.locs.begin(); it != r.locs.end();) {
+    const std::string& k = it->first;
+    const bool layout = k.rfind("parallel.", 0) == 0 || k.rfind("recompute.", 0) == 0 || k == "batch.micro" ||
+                        k == "batch.accum";
+    it = layout ? r.locs.erase(it) : std::next(it);
+  }
+  r.parallel.stage_layers.clear();
+  r.recompute.layers.clear();
+  return r;
+}
+
+// The layout recipe on GPUs: a100-80gb nodes of `per_node` devices of `memory_gb`.
+Recipe gpu_layout(int64_t nodes, int64_t per_node, const std::string& memory_gb) {
+  return load("parallel: auto\nbatch:\n  global: 32\n",
+              {"hardware.device=a100-80gb", "hardware.nodes=" + std::to_string(nodes),
+               "hardware.devices_per_node=" + std::to_string(per_node), "hardware.memory_gb=" + memory_gb});
+}
+
+void same_top(const Recipe& r, int top) {
+  SearchOptions o;
+  o.top = top;
+  const SearchResult bounded = search_layouts(r, o);
+  o.exhaustive = true;
+  const SearchResult all = search_layouts(r, o);
+  CHECK(all.bounded == 0);
+  CHECK(bounded.bounded > 0);  // the bound skipped something: this checks it, not a search without it
+  CHECK(bounded.searched == all.searched);
+  int64_t rejected = 0;
+  for (const auto& [why, n] : bounded.rejected) rejected += n;
+  CHECK(bounded.searched == bounded.feasible + rejected + bounded.bounded);
+  REQUIRE(bounded.candidates.size() == all.candidates.size());
+  for (size_t i = 0; i < all.candidates.size(); ++i) {  // the same layouts, predictions and order
+    CAPTURE(i);
+    CHECK(bounded.candidates[i].describe() == all.candidates[i].describe());
+    CHECK(bounded.candidates[i].predicted.step_s == all.candidates[i].predicted.step_s);
+    CHECK(bounded.candidates[i].memory_bytes == all.candidates[i].memory_bytes);
+  }
+  const nlohmann::json j = bounded.to_json();
+  CHECK(j["search"]["skipped_by_bound"] == bounded.bounded);
+  CHECK(bounded.table().find(std::to_string(bounded.bounded) + " unplanned") != std::string::npos);
+}
+
+void bound_below(const Recipe& r) {
+  SearchOptions o;
+  const std::vector<BoundCheck> all = search_bound_check(r, o);
+  REQUIRE(all.size() > 10);
+  int tight = 0;
+  for (const BoundCheck& b : all) {
+    CAPTURE(b.layout);
+    CHECK(b.formula > 0);
+    CHECK(b.formula * (1 - 1e-9) <= b.predicted);  // the search's margin for rounding
+    CHECK(b.learnt * (1 - 1e-9) <= b.predicted);
+    CHECK(b.learnt >= b.formula);  // a plan's layers hold at least their GEMMs and attention
+    tight += b.learnt > 0.5 * b.predicted;
+  }
+  CHECK(tight > static_cast<int>(all.size()) / 2);  // a bound of 0 would hold too: it is near
+}
+
+}  // namespace
+
+TEST_CASE("the bound never exceeds the cost model's prediction, over every candidate that fits") {
+  SUBCASE("the layout model on 2 nodes of 4 GPUs") { bound_below(gpu_layout(2, 4, "80")); }
+  SUBCASE("Megatron 1.7B (A100) on 16 GPUs") { bound_below(published_free("megatron-a100-1.7b", {"hardware.nodes=2"})); }
+  SUBCASE("Llama 3 (grouped-query attention, SwiGLU, RoPE), 8 of its layers on 16 H100s") {
+    bound_below(published_free("llama3-405b-h100-8192", {"hardware.nodes=2", "model.n_layers=8", "batch.global=64"}));
+  }
+}
+
+TEST_CASE("the bounded search returns exactly the exhaustive top K: layouts, predicted times, order") {
+  SUBCASE("the layout model on 2 nodes of 4 GPUs") { same_top(gpu_layout(2, 4, "80"), 20); }
+  SUBCASE("Megatron 1.7B (A100) on 16 GPUs") { same_top(published_free("megatron-a100-1.7b", {"hardware.nodes=2"}), 10); }
+  SUBCASE("Megatron 1T (A100), 16 of its 128 layers on 64 GPUs") {
+    same_top(published_free("megatron-a100-1t", {"hardware.nodes=8", "model.n_layers=16", "batch.global=256"}), 5);
+  }
+  SUBCASE("Megatron 76B (A100) on its 1,024 GPUs, top 1 as parallel: auto asks") {
+    same_top(published_free("megatron-a100-76b", {}), 1);
+  }
+}
+
+TEST_CASE("tp stays inside a node unless the recipe fixes it") {
+  const auto tps = [](const Recipe& r) {
+    SearchOptions o;
+    o.top = 100000;
+    std::set<int64_t> out;
+    for (const SearchCandidate& c : search_layouts(r, o).candidates) out.insert(c.tp);
+    return out;
+  };
+  CHECK(tps(gpu_layout(4, 2, "80")) == std::set<int64_t>{1, 2});     // 4 heads allow tp 4: 2 per node cap it
+  CHECK(tps(gpu_layout(2, 4, "80")) == std::set<int64_t>{1, 2, 4});  // 4 per node: tp 4 is searched
+  Recipe fixed = load("parallel:\n  tp: 4\nbatch:\n  global: 32\n",
+                      {"hardware.device=a100-80gb", "hardware.nodes=4", "hardware.devices_per_node=2"});
+  CHECK(tps(fixed) == std::set<int64_t>{4});  // the recipe asks: across nodes
 }

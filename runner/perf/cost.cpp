@@ -478,20 +478,46 @@ void finish(const Plan& p, const HardwareProfile& hw, StepCost& sc) {
   sc.mfu = peak > 0 ? per_device / peak : 0;
 }
 
+// The pricing context of a plan: threads, dtype, the host's oversubscription, whether tp
+// crosses nodes.
+void set_up(Ctx& c, int64_t node) {
+  const Plan& p = c.p;
+  c.host = device_kind(p.recipe.hardware).host;
+  if (c.host && c.hw.cores > 0) {
+    const double busy = static_cast<double>(std::min<int64_t>(p.world, node)) * std::max(1, c.threads);
+    c.oversubscribed = std::max(1.0, busy / c.hw.cores);
+  }
+  c.tp_inter = p.tp > 1 && crosses_nodes(p, node, 't');
+}
+
 }  // namespace
+
+std::vector<LayerSeconds> layer_seconds(const Plan& p, const HardwareProfile& hw) {
+  RUNNER_CHECK(p.layout != nullptr, "layer_seconds needs the plan's layout (make_plan)");
+  Ctx c{p, hw, threads_per_rank(p, hw), to_string(p.recipe.precision.compute)};
+  set_up(c, ranks_per_node(p, hw));
+  std::vector<LayerSeconds> out(static_cast<size_t>(p.recipe.model.n_layers));
+  const ModelLayout& lay = *p.layout;
+  for (int v = 0; v < lay.vstages(); ++v) {
+    const ops::Graph& g = lay.graph(v);
+    for (const ops::Node& n : g.nodes) {  // as chunk_cost prices them
+      if (n.layer < 0 || n.layer >= p.recipe.model.n_layers) continue;
+      const NodeCost nc = node_cost(c, g, n);
+      LayerSeconds& l = out[static_cast<size_t>(n.layer)];
+      l.pass += nc.fwd + nc.bwd + nc.tp_fwd + nc.tp_bwd;
+      if (n.recompute) l.recompute += nc.fwd + nc.tp_fwd;
+    }
+  }
+  return out;
+}
 
 StepCost predict_step(const Plan& p, const HardwareProfile& hw) {
   RUNNER_CHECK(p.layout != nullptr, "predict_step needs the plan's layout (make_plan)");
   StepCost sc;
   sc.threads = threads_per_rank(p, hw);
   Ctx c{p, hw, sc.threads, to_string(p.recipe.precision.compute)};
-  c.host = device_kind(p.recipe.hardware).host;
   const int64_t node = ranks_per_node(p, hw);
-  if (device_kind(p.recipe.hardware).host && hw.cores > 0) {
-    const double busy = static_cast<double>(std::min<int64_t>(p.world, node)) * std::max(1, sc.threads);
-    c.oversubscribed = std::max(1.0, busy / hw.cores);
-  }
-  c.tp_inter = p.tp > 1 && crosses_nodes(p, node, 't');
+  set_up(c, node);
   const bool dp_inter = p.dp > 1 && crosses_nodes(p, node, 'd'), pp_inter = p.pp > 1 && crosses_nodes(p, node, 'p');
   const ModelLayout& lay = *p.layout;
   const int P = lay.pp();

@@ -12,6 +12,7 @@
 #pragma once
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -44,6 +45,15 @@ struct StepCost {
 
 // The plan's predicted step on `hw`. The plan must be the full make_plan result (its layout).
 StepCost predict_step(const Plan& p, const HardwareProfile& hw);
+
+// Per transformer layer (model.n_layers entries) of the plan's layout, one micro-batch: its
+// nodes' forward + backward seconds with their tensor-parallel collectives (`pass`) and the
+// recompute's extra forward (`recompute`), priced as predict_step prices them: the critical
+// stage's per-micro-batch f + b is at least its layers' sum. The search's bound reads it.
+struct LayerSeconds {
+  double pass = 0, recompute = 0;
+};
+std::vector<LayerSeconds> layer_seconds(const Plan& p, const HardwareProfile& hw);
 
 // Threads per rank a run of the plan gets on `hw` (CPU: train.threads, else the node's cores
 // shared by its ranks, as runner/train/startup.cpp shares them; GPU: 0).

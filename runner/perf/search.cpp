@@ -7,7 +7,9 @@
 // flight are capped by the stage count, each holds more), so the first that does not fit ends
 // the chain and the larger ones are counted as memory rejections without planning them
 // (GPipe holds every micro-batch, so its chains are planned whole). test_search checks the
-// pruned search against the exhaustive one. Chains are independent and run on every core;
+// pruned search against the exhaustive one. On a GPU a candidate whose lower bound on its
+// step (Bound, below) is above the K-th best step found so far is skipped without planning,
+// and the chains run lowest bound first. Chains are independent and run on every core;
 // the merge and the ranking are in a fixed order, so every rank of a job gets the same answer.
 #include "runner/perf/search.h"
 
@@ -15,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <mutex>
 #include <cstdlib>
 #include <numeric>
@@ -78,10 +81,12 @@ struct Tally {
   std::vector<Scored> feasible;
   std::map<std::string, int64_t> rejected;
   int64_t searched = 0;
+  int64_t bounded = 0;  // skipped unplanned: their lower bound is above the top-K's K-th step
   void add(Tally&& t) {
     for (Scored& s : t.feasible) feasible.push_back(std::move(s));
     for (const auto& [why, n] : t.rejected) rejected[why] += n;
     searched += t.searched;
+    bounded += t.bounded;
   }
 };
 
@@ -312,6 +317,111 @@ std::string rule_of(const UserError& e) {
   return "divisibility: " + out;
 }
 
+// ---- The bound: a lower bound on predict_step's step_s from the knobs alone, no plan.
+//
+// predict_step's step_s is compute + recompute + bubble + optimizer + data + exposed
+// communication, every term >= 0, and compute + recompute + the exposed tp and pp terms are at
+// least m (accum) times the critical stage's per-micro-batch f + b; the bubble is (all stages'
+// f + b - the critical stage's) / v. So step_s >= (m - 1/v) crit + all / v for any crit at most
+// the critical stage's f + b and all at most the sum over stages (m >= 1 >= 1/v: increasing in
+// crit). Each transformer layer's f + b is at least its four GEMMs forward and backward and its
+// attention core, priced by the same profile calls at the same shapes as the cost model prices
+// the graph's nodes (a GEMM whose shape is not known here is left out: 0 keeps it a bound);
+// every other node, collective and term adds >= 0. A stage holds at least its layers, the
+// critical one at least the largest stage's. Under recompute full each layer's nodes run their
+// forward again. A host device's profile is per thread count and oversubscription: no bound.
+struct LayerTimes {
+  double fwd = 0, bwd = 0;
+};
+
+LayerTimes layer_times(const Space& s, const HardwareProfile& hw, int64_t tp, int64_t micro) {
+  const ModelConfig& m = s.r->model;
+  const std::string dt = to_string(s.r->precision.compute);
+  const int64_t N = micro * m.seq_len, C = m.d_model, H = m.mlp_hidden(), NH = m.n_heads, NKV = m.kv_heads();
+  const int64_t fc = activation_facts(m.activation).gated ? 2 * H : H;
+  LayerTimes t;
+  const auto linear = [&](int64_t oc, int64_t ic) {  // ops/op_linear.cpp: gemms
+    t.fwd += hw.gemm_seconds(dt, N, oc, ic, 0);
+    t.bwd += hw.gemm_seconds(dt, N, ic, oc, 0) + hw.gemm_seconds(dt, oc, ic, N, 0);
+  };
+  if (C % NH == 0 && NKV % tp == 0) linear((NH + 2 * NKV) * (C / NH) / tp, C);
+  linear(C, C / tp);
+  linear(fc / tp, C);
+  linear(C, H / tp);
+  if (C % NH == 0) {
+    t.fwd += hw.attention_seconds(dt, micro * (NH / tp), m.seq_len, C / NH, false, 0);
+    t.bwd += hw.attention_seconds(dt, micro * (NH / tp), m.seq_len, C / NH, true, 0);
+  }
+  return t;
+}
+
+// A layer's f + b depends on the knobs that shape its graph, (tp, sequence parallelism,
+// micro-batch), and with recompute on the recompute option: the first plan of each key tells it
+// exactly (layer_seconds, the least over its layers) for every later candidate of that key.
+// Recompute auto chooses per plan, so its key holds no recompute (none is the least).
+struct Bound {
+  using Key = std::tuple<int64_t, bool, int64_t, int>;  // tp, sp, micro, recompute (-1: without)
+  const Space& s;
+  const HardwareProfile& hw;
+  bool on = false;
+  std::mutex m;
+  std::map<std::pair<int64_t, int64_t>, LayerTimes> layers;  // (tp, micro): GEMMs and attention
+  std::map<Key, double> planned;                              // a layer's f + b from a plan
+
+  int rc_key(const Knobs& k) const {
+    const bool fixed = k.recompute != s.automatic && !s.has("recompute.layers");
+    return fixed ? k.recompute : -1;
+  }
+  void learn(const Knobs& k, const Plan& p) {
+    if (!on || !p.layout) return;
+    const Key with{k.tp, k.sp, k.micro, rc_key(k)}, without{k.tp, k.sp, k.micro, -1};
+    {
+      std::lock_guard<std::mutex> lock(m);
+      if (planned.count(with) && planned.count(without)) return;
+    }
+    double pass = std::numeric_limits<double>::infinity(), all = pass;
+    for (const LayerSeconds& l : layer_seconds(p, hw)) pass = std::min(pass, l.pass), all = std::min(all, l.pass + l.recompute);
+    std::lock_guard<std::mutex> lock(m);
+    planned.try_emplace(without, pass);
+    planned.try_emplace(with, all);  // no-op where with is without: the pass alone
+  }
+  // A layer's least f + b: planned, else its GEMMs and attention (and their forward again under full).
+  double per_layer(const Knobs& k) {
+    std::lock_guard<std::mutex> lock(m);
+    if (const auto it = planned.find({k.tp, k.sp, k.micro, rc_key(k)}); it != planned.end()) return it->second;
+    if (const auto it = planned.find({k.tp, k.sp, k.micro, -1}); it != planned.end()) return it->second;
+    const auto key = std::make_pair(k.tp, k.micro);
+    auto it = layers.find(key);
+    if (it == layers.end()) it = layers.emplace(key, layer_times(s, hw, k.tp, k.micro)).first;
+    const bool full = s.recompute[static_cast<size_t>(k.recompute)].mode == RecomputeMode::full &&
+                      !s.has("recompute.layers");
+    return it->second.fwd + it->second.bwd + (full ? it->second.fwd : 0.0);
+  }
+
+  Bound(const Space& sp, const HardwareProfile& h, bool exhaustive)
+      : s(sp), hw(h), on(!exhaustive && !device_kind(sp.r->hardware).host) {}
+  double lower(const Knobs& k) {
+    if (!on) return 0;
+    const Recipe& r = *s.r;
+    const double per = per_layer(k);
+    int64_t most = r.model.n_layers / k.pp;
+    if (s.has("parallel.stage_layers"))
+      most = *std::max_element(r.parallel.stage_layers.begin(), r.parallel.stage_layers.end());
+    const double v = static_cast<double>(k.v), crit = static_cast<double>(most) * per;
+    const double all = static_cast<double>(r.model.n_layers) * per;
+    return (static_cast<double>(k.accum) - 1.0 / v) * crit + all / v;
+  }
+  // The lowest bound over a chain's micro-batches: the chains are run lowest first.
+  double chain_lower(Knobs k, const std::vector<int64_t>& ms) {
+    double lo = std::numeric_limits<double>::infinity();
+    for (int64_t mb : ms) {
+      k.micro = mb, k.accum = s.global / (k.dp * mb);
+      lo = std::min(lo, lower(k));
+    }
+    return lo;
+  }
+};
+
 // A candidate known not to fit in memory, unplanned: "memory", unless a layout rule refuses it
 // first (as make_plan would: the rules are checked before the ledger is built).
 std::string layout_rule(const Space& s, const Knobs& k) {
@@ -334,8 +444,31 @@ struct Shared {
   const Space& s;
   const HardwareProfile& hw;
   bool exhaustive = false;
+  Bound& bound;
+  size_t top = 1;
   std::mutex m;
   std::map<std::tuple<int64_t, int64_t, int64_t, int>, bool> state_too_big;
+  std::vector<double> best;  // the `top` lowest step times found so far, a max-heap
+
+  // A candidate whose bound is above the K-th best step found cannot enter the top K (ties:
+  // strictly above, so an equal step still gets planned and ranked by better()).
+  bool beaten(const Knobs& k) {
+    if (!bound.on) return false;
+    const double lo = bound.lower(k);
+    std::lock_guard<std::mutex> lock(m);
+    return best.size() >= top && lo * (1 - 1e-9) > best.front();  // a margin for the sums' rounding
+  }
+  void found(double step_s) {
+    std::lock_guard<std::mutex> lock(m);
+    if (best.size() < top) {
+      best.push_back(step_s);
+      std::push_heap(best.begin(), best.end());
+    } else if (step_s < best.front()) {
+      std::pop_heap(best.begin(), best.end());
+      best.back() = step_s;
+      std::push_heap(best.begin(), best.end());
+    }
+  }
 
   static auto key(const Knobs& k) { return std::make_tuple(k.tp, k.pp, k.dp, k.zero); }
   bool too_big(const Knobs& k) {
@@ -379,13 +512,21 @@ Tally plan_chain(Shared& sh, const Knobs& chain, const ByMicro* same, ByMicro* f
     ++t.searched;
     if (const auto it = same ? same->find(k.micro) : ByMicro::const_iterator{}; same && it != same->end()) {
       t.feasible.push_back({k, it->second.memory, it->second.cost});
+      sh.found(it->second.cost.step_s);
+      continue;
+    }
+    if (sh.beaten(k)) {  // a layout rule refusing it is still counted as that rule (cheap, no ledger)
+      if (const std::string rule = layout_rule(s, k); rule != "memory") ++t.rejected[rule];
+      else ++t.bounded;
       continue;
     }
     try {
       const Plan p = plan_detail::make_plan(candidate_recipe(s, k), s.world, false);
       sh.record(k, p);
+      sh.bound.learn(k, p);
       if (p.fits) {
         t.feasible.push_back({k, p.worst_stage().total(), predict_step(p, sh.hw)});
+        sh.found(t.feasible.back().cost.step_s);
         if (fit) (*fit)[k.micro] = t.feasible.back();
         continue;
       }
@@ -417,8 +558,17 @@ Tally run_chain(Shared& sh, const Knobs& chain) {
 
 // Every chain on every core; the results merged in the chains' order (the pruning's counts
 // are the planning's, so the merge does not depend on which thread ran what first).
-Tally run_chains(const Space& s, const std::vector<Knobs>& cs, const HardwareProfile& hw, const SearchOptions& opt) {
-  Shared sh{s, hw, opt.exhaustive, {}, {}};
+Tally run_chains(const Space& s, std::vector<Knobs> cs, const HardwareProfile& hw, const SearchOptions& opt) {
+  Bound bound(s, hw, opt.exhaustive);
+  Shared sh{s, hw, opt.exhaustive, bound, static_cast<size_t>(std::max(opt.top, 1)), {}, {}, {}};
+  if (bound.on) {  // lowest bound first: good layouts early, so the K-th best step falls fast
+    std::vector<std::pair<double, size_t>> order;
+    for (size_t i = 0; i < cs.size(); ++i) order.push_back({bound.chain_lower(cs[i], micros(s, cs[i].dp)), i});
+    std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<Knobs> sorted;
+    for (const auto& [lo, i] : order) sorted.push_back(cs[i]);
+    cs = std::move(sorted);
+  }
   std::vector<Tally> out(cs.size());
   if (!cs.empty()) out[0] = run_chain(sh, cs[0]);  // first on this thread: lazy globals settle
   std::atomic<size_t> next{1};
@@ -473,6 +623,7 @@ SearchResult search_at(const Recipe& r, int64_t world, const Fixed& fixed, const
   for (const std::string& k : fixed) res.constraints.push_back(constraint_line(r, k));
   for (size_t i = 0; i < top; ++i) res.candidates.push_back(to_candidate(s, t.feasible[i]));
   res.searched = t.searched;
+  res.bounded = t.bounded;
   res.feasible = static_cast<int64_t>(t.feasible.size());
   res.rejected = std::move(t.rejected);
   res.profile_source = hw.source;
@@ -481,6 +632,32 @@ SearchResult search_at(const Recipe& r, int64_t world, const Fixed& fixed, const
 }
 
 }  // namespace
+
+std::vector<BoundCheck> search_bound_check(const Recipe& r, const SearchOptions& opt) {
+  std::string source;
+  const int64_t world = world_of(r, opt, source);
+  const HardwareProfile hw = opt.profile.empty() ? hardware_profile(r.hardware) : hardware_profile(r.hardware, opt.profile);
+  const Space s = make_space(r, world, fixed_keys(r));
+  Bound learnt(s, hw, false), formula(s, hw, false);
+  std::vector<BoundCheck> out;
+  for (const Knobs& chain : chains(s))
+    for (int64_t mb : micros(s, chain.dp)) {
+      Knobs k = chain;
+      k.micro = mb, k.accum = s.global / (k.dp * mb);
+      try {
+        const Plan p = plan_detail::make_plan(candidate_recipe(s, k), s.world, false);
+        if (!p.fits) continue;
+        learnt.learn(k, p);  // the first plan of its key teaches the layer's cost, as in the search
+        SearchCandidate c;
+        c.dp = k.dp, c.tp = k.tp, c.pp = k.pp, c.virtual_stages = k.v, c.micro = k.micro, c.accum = k.accum;
+        c.zero = k.zero, c.sequence_parallel = k.sp, c.schedule = to_string(k.schedule);
+        c.recompute = s.recompute[static_cast<size_t>(k.recompute)].name;
+        out.push_back({c.describe(), formula.lower(k), learnt.lower(k), predict_step(p, hw).step_s});
+      } catch (const UserError&) {
+      }
+    }
+  return out;
+}
 
 std::string SearchCandidate::describe() const {
   const SearchCandidate& c = *this;
@@ -568,7 +745,7 @@ nlohmann::json SearchResult::to_json() const {
   for (const SearchCandidate& c : candidates) cands.push_back(c.to_json());
   return {{"search",
            {{"world", world}, {"world_source", world_source}, {"constraints", constraints}, {"candidates", cands},
-            {"searched", searched}, {"feasible", feasible}, {"rejected", rejected}, {"seconds", seconds},
+            {"searched", searched}, {"feasible", feasible}, {"rejected", rejected}, {"skipped_by_bound", bounded}, {"seconds", seconds},
             {"profile", profile_source}}}};
 }
 
@@ -593,6 +770,8 @@ std::string SearchResult::table() const {
   o += fmt::format("searched {} layouts in {} ({:.0f}/s): {} fit", searched, seconds_text(seconds),
                    seconds > 0 ? static_cast<double>(searched) / seconds : 0.0, feasible);
   for (const auto& [why, n] : rejected) o += fmt::format("; rejected {} {}", n, why);
+  if (bounded > 0) o += fmt::format("; skipped {} unplanned (their lower bound is above the top {}'s slowest)", bounded,
+                                    candidates.size());
   return o + "\n";
 }
 

@@ -4,8 +4,9 @@
 // interleaved); micro-batch and accumulation under the batch equation; ZeRO-1; sequence
 // parallelism; recompute (none, selective sets, auto, full). A field the recipe writes
 // (Recipe::locs: `parallel.tp: 8`, `batch.micro: 1`, `recompute.mode: full`) is a constraint;
-// the rest is searched. Every candidate goes through make_plan, the exact ledger, so a layout
-// shown never runs out of memory. Nothing fits: a UserError naming the constraints and the
+// the rest is searched. Every candidate ranked goes through make_plan, the exact ledger, so a
+// layout shown never runs out of memory; on a GPU a candidate whose lower bound on its step is
+// above the K-th best found is skipped unplanned (it cannot be in the top K; counted apart). Nothing fits: a UserError naming the constraints and the
 // nearest layouts that would fit.
 // SearchResult::measured is filled by `--verify` (runner/perf/verify.h).
 #pragma once
@@ -28,7 +29,7 @@ struct SearchOptions {
   int top = 5;             // candidates kept in SearchResult::candidates
   std::string profile;     // a calibrated profile file; empty: hardware.profile, else built in
   int threads = 0;         // planning threads; 0: every core
-  bool exhaustive = false; // plan every candidate, no pruning (tests: the pruned search finds the same)
+  bool exhaustive = false; // plan every candidate, no pruning nor bound (tests: the pruned search finds the same)
   int max_zero = 3;        // the highest ZeRO stage searched where the recipe leaves zero free (train: 1, what it runs)
 };
 
@@ -51,7 +52,11 @@ struct SearchResult {
   std::string world_source;                    // "--world", "hardware: 2 nodes x 8 devices", "Slurm allocation: ..."
   std::vector<std::string> constraints;        // "parallel.tp = 8 (recipe.yaml:12:7)", ...
   std::vector<SearchCandidate> candidates;     // best first (after --verify: by measured step)
-  int64_t searched = 0, feasible = 0;
+  int64_t searched = 0, feasible = 0;  // searched = feasible + rejected + bounded
+  // Skipped unplanned: a lower bound on their step (the knobs' GEMMs and attention at the
+  // profile's rates, and the bubble; docs/search.md) is above the K-th best step found, so
+  // they cannot be among the top K. Not planned: whether they fit is not known.
+  int64_t bounded = 0;
   std::map<std::string, int64_t> rejected;     // reason ("memory", "divisibility: ...") -> count
   double seconds = 0;                          // the search's own time
   std::string profile_source;                  // HardwareProfile::source
@@ -60,6 +65,16 @@ struct SearchResult {
 };
 
 SearchResult search_layouts(const Recipe& r, const SearchOptions& opt);
+
+// Tests: every candidate that fits, planned in the search's chain order, with the search's lower
+// bounds on its step (from its knobs' GEMMs and attention alone; from the layer costs the first
+// plan of its key taught, as the search learns them) beside its predicted step. On a host
+// device both bounds are 0 (the search bounds nothing there).
+struct BoundCheck {
+  std::string layout;  // SearchCandidate::describe()
+  double formula = 0, learnt = 0, predicted = 0;
+};
+std::vector<BoundCheck> search_bound_check(const Recipe& r, const SearchOptions& opt);
 
 // The recipe with the candidate's layout filled in, as YAML (`--write OUT.yaml`): the input
 // recipe's text with parallel, batch and recompute replaced, when that reads back as exactly
