@@ -393,9 +393,9 @@ DpCost zero3_gathers(const Ctx& c, const StageCost& s, bool inter, double wbytes
 
 // AdamW over the parameters this rank updates (all of its stage's, or its ZeRO-1 piece of
 // each), one fused memory-bound pass: reads the gradient, the moments (and the fp32 master),
-// writes the moments and the weights (the 16-bit cast of the master is this write) and, issue
-// 29 ([i29: optimizer], Backend::adamw_update_zero_grad), the gradient's zeros for the next
-// step, written back from the cache in the same pass. Before it the gradient-norm pass reads
+// writes the moments and the weights (the 16-bit cast of the master is this write) and
+// (Backend::adamw_update_zero_grad) the gradient's zeros for the next step, written back from
+// the cache in the same pass. Before it the gradient-norm pass reads
 // the gradients it counts. A separate zeroing pass remains only for the gradient elements the
 // update does not visit (outside this rank's ZeRO-1 pieces). Same bytes as before the fusion
 // (the zeros' write moved from the "zero" pass into "adamw"), one pass and its calls fewer.
