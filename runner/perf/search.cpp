@@ -591,14 +591,19 @@ bool better(const Scored& a, const Scored& b) {
   return a.k.key() < b.k.key();
 }
 
-SearchCandidate to_candidate(const Space& s, const Scored& x) {
+// The candidate's layout fields alone (what describe() prints), from its knobs.
+SearchCandidate layout_of(const Space& s, const Knobs& k) {
   SearchCandidate c;
-  const Knobs& k = x.k;
   c.dp = k.dp, c.tp = k.tp, c.pp = k.pp, c.virtual_stages = k.v, c.micro = k.micro, c.accum = k.accum;
   c.zero = k.zero, c.sequence_parallel = k.sp;
   c.schedule = to_string(k.schedule);
   c.recompute = s.recompute[static_cast<size_t>(k.recompute)].name;
-  c.recipe = candidate_recipe(s, k);
+  return c;
+}
+
+SearchCandidate to_candidate(const Space& s, const Scored& x) {
+  SearchCandidate c = layout_of(s, x.k);
+  c.recipe = candidate_recipe(s, x.k);
   c.memory_bytes = x.memory;
   c.predicted = x.cost;
   // A shown layout's own exact ledger, whatever the search took over (run_chain's auto twin).
@@ -648,11 +653,7 @@ std::vector<BoundCheck> search_bound_check(const Recipe& r, const SearchOptions&
         const Plan p = plan_detail::make_plan(candidate_recipe(s, k), s.world, false);
         if (!p.fits) continue;
         learnt.learn(k, p);  // the first plan of its key teaches the layer's cost, as in the search
-        SearchCandidate c;
-        c.dp = k.dp, c.tp = k.tp, c.pp = k.pp, c.virtual_stages = k.v, c.micro = k.micro, c.accum = k.accum;
-        c.zero = k.zero, c.sequence_parallel = k.sp, c.schedule = to_string(k.schedule);
-        c.recompute = s.recompute[static_cast<size_t>(k.recompute)].name;
-        out.push_back({c.describe(), formula.lower(k), learnt.lower(k), predict_step(p, hw).step_s});
+        out.push_back({layout_of(s, k).describe(), formula.lower(k), learnt.lower(k), predict_step(p, hw).step_s});
       } catch (const UserError&) {
       }
     }

@@ -6,8 +6,8 @@
 // (Recipe::locs: `parallel.tp: 8`, `batch.micro: 1`, `recompute.mode: full`) is a constraint;
 // the rest is searched. Every candidate ranked goes through make_plan, the exact ledger, so a
 // layout shown never runs out of memory; on a GPU a candidate whose lower bound on its step is
-// above the K-th best found is skipped unplanned (it cannot be in the top K; counted apart). Nothing fits: a UserError naming the constraints and the
-// nearest layouts that would fit.
+// above the K-th best found is skipped unplanned (it cannot be in the top K; counted apart).
+// Nothing fits: a UserError naming the constraints and the nearest layouts that would fit.
 // SearchResult::measured is filled by `--verify` (runner/perf/verify.h).
 #pragma once
 #include <cstdint>
