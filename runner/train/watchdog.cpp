@@ -352,15 +352,15 @@ void Watchdog::check_stop_signal(int64_t now_ns) {
   if (world_ == 1 || !stop_requested()) return;
   if (stop_seen_ns_ == 0) stop_seen_ns_ = now_ns;
   if ((now_ns - stop_seen_ns_) / 1e9 > 2.0) return;
-  if (!host_peers_known_) {  // every heartbeat read once; hosts do not change within a job
+  if (!host_peers_) {  // every heartbeat read once; hosts do not change within a job
     std::vector<int> all;
     for (int r = 0; r < world_; ++r) all.push_back(r);
     const std::vector<std::optional<Heartbeat>> beats = read_beats(all);
+    host_peers_.emplace();
     for (size_t i = 0; i < all.size(); ++i)
-      if (beats[i] && beats[i]->host == host_) host_peers_.push_back(all[i]);
-    host_peers_known_ = true;
+      if (beats[i] && beats[i]->host == host_) host_peers_->push_back(all[i]);
   }
-  const nlohmann::json gone = gone_members(host_peers_, read_beats(host_peers_));
+  const nlohmann::json gone = gone_members(*host_peers_, read_beats(*host_peers_));
   if (gone.empty()) return;
   hang(fmt::format("was asked to stop ({}, as a launcher stops a job one of whose ranks died)", stop_signal_name()),
        {{"kind", "gone"}, {"signal", stop_signal_name()}}, gone);
@@ -386,9 +386,9 @@ std::vector<std::optional<Heartbeat>> Watchdog::read_beats(const std::vector<int
 void Watchdog::check_wait(const parallel::WaitInfo& w, int64_t now_ns) {
   const double timeout = timeout_s();
   // A member whose process on this host is gone never arrives: no need to wait for the timeout.
-  // Looked for once a wait is half a second old, or at once after a stop signal (the launcher
-  // stopping the job because a rank died).
-  if (stop_requested() || (now_ns - w.since_ns) / 1e9 >= std::min(0.5, heartbeat_interval(timeout))) {
+  // Looked for once a wait is half a second old (after a stop signal, check_stop_signal looks
+  // at once).
+  if ((now_ns - w.since_ns) / 1e9 >= std::min(0.5, heartbeat_interval(timeout))) {
     const std::vector<int> members = members_of(w);
     const nlohmann::json gone = gone_members(members, read_beats(members));
     if (!gone.empty()) {

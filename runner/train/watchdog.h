@@ -136,8 +136,7 @@ class Watchdog {
   int64_t phase_since_ns_ = 0;  // when this rank entered its present phase
   int seen_phase_ = -1;
   int64_t stop_seen_ns_ = 0;  // when this thread first saw a stop signal (0: none yet)
-  std::vector<int> host_peers_;  // the other ranks on this host, from their heartbeats (once)
-  bool host_peers_known_ = false;
+  std::optional<std::vector<int>> host_peers_;  // the ranks on this host, from their heartbeats (read once)
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
